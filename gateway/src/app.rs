@@ -1,0 +1,262 @@
+//! The composition root: everything the gateway runs is wired here, so the
+//! whole system reads in one place and tests start it in-process.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::task::JoinSet;
+use tracing::info;
+
+use crate::admin::{self, AdminState};
+use crate::config::{CertificatesConfig, Config};
+use crate::drain::{self, ActiveStreams, DrainTrigger};
+use crate::inbound::Inbound;
+use crate::listener::bind;
+use crate::metrics::ProxyFamilies;
+use crate::outbound::Outbound;
+use crate::pool::Pool;
+use crate::registry::Registry;
+use crate::tls::{CertDir, CertSource, DevCa, TlsContext, TlsMetrics};
+use crate::workloads::{parse_workload_file, WorkloadFileWatcher, WorkloadStore};
+
+/// The embedded default configuration (`tidegate run` without `--config`).
+pub const DEFAULT_CONFIG: &str = include_str!("../defaults/tidegate.yaml");
+/// The embedded default workload set.
+pub const DEFAULT_WORKLOADS: &str = include_str!("../defaults/workloads.yaml");
+
+/// Addresses actually bound (tests configure port 0).
+#[derive(Clone, Copy, Debug)]
+pub struct BoundAddrs {
+    pub outbound: SocketAddr,
+    pub inbound: SocketAddr,
+    pub admin: SocketAddr,
+    pub metrics: SocketAddr,
+    pub readiness: SocketAddr,
+    pub demo_echo: Option<SocketAddr>,
+}
+
+/// A running gateway.
+pub struct App {
+    pub addrs: BoundAddrs,
+    pub workloads: Arc<WorkloadStore>,
+    pub registry: Arc<Registry>,
+    pub pool: Arc<Pool>,
+    pub tls: Arc<TlsContext>,
+    pub outbound: Arc<Outbound>,
+    admin: Arc<AdminState>,
+    streams: ActiveStreams,
+    trigger: DrainTrigger,
+    tasks: JoinSet<()>,
+    shutdown_deadline: Duration,
+}
+
+/// The certificate source a config asks for (also used by `tidegate connect`).
+pub fn cert_source(config: &Config) -> anyhow::Result<Arc<dyn CertSource>> {
+    Ok(match &config.certificates {
+        CertificatesConfig::DevCa {
+            state_dir,
+            root_out,
+            validity,
+        } => {
+            let ca = match state_dir {
+                Some(dir) => DevCa::open(dir, *validity)
+                    .with_context(|| format!("certificates.state_dir {}", dir.display()))?,
+                None => DevCa::new(*validity)?,
+            };
+            if let Some(path) = root_out {
+                ca.write_root(path).context("certificates.root_out")?;
+            }
+            Arc::new(ca)
+        }
+        CertificatesConfig::Dir {
+            dir, trust_bundle, ..
+        } => CertDir::load(dir, trust_bundle).context("certificates.dir")?,
+    })
+}
+
+/// Loads the configured workload file once (or the embedded set).
+pub fn load_workloads(config: &Config, store: &Arc<WorkloadStore>) -> anyhow::Result<()> {
+    match &config.workloads.file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("workloads.file {}", path.display()))?;
+            store.publish(parse_workload_file(&text)?);
+        }
+        None => store.publish(parse_workload_file(DEFAULT_WORKLOADS)?),
+    }
+    Ok(())
+}
+
+/// Binds every listener and starts every task. Returns once the gateway is ready.
+pub async fn build(config: Config) -> anyhow::Result<App> {
+    let mut registry = prometheus_client::registry::Registry::with_prefix("tidegate");
+    let (trigger, drain) = drain::channel();
+    let mut tasks = JoinSet::new();
+
+    let workloads = WorkloadStore::new(&config.trust_domain, &config.node_name);
+    match &config.workloads.file {
+        Some(path) => {
+            let watcher =
+                WorkloadFileWatcher::start(path, config.workloads.reload_interval, workloads.clone())?;
+            tasks.spawn(watcher.run(drain.clone()));
+        }
+        None => load_workloads(&config, &workloads)?,
+    }
+
+    let (source, certdir): (Arc<dyn CertSource>, Option<Arc<CertDir>>) = match &config.certificates {
+        CertificatesConfig::Dir {
+            dir, trust_bundle, ..
+        } => {
+            let d = CertDir::load(dir, trust_bundle).context("certificates.dir")?;
+            (d.clone(), Some(d))
+        }
+        CertificatesConfig::DevCa { .. } => (cert_source(&config)?, None),
+    };
+    if let (Some(d), CertificatesConfig::Dir { reload_interval, .. }) = (certdir, &config.certificates) {
+        tasks.spawn(d.watch(*reload_interval, drain.clone()));
+    }
+    let tls = Arc::new(TlsContext::new(
+        source,
+        &config.trust_domain,
+        TlsMetrics::register(&mut registry),
+    ));
+
+    let families = ProxyFamilies::register(&mut registry);
+    let streams = ActiveStreams::default();
+    let conn_registry = Arc::new(Registry::default());
+    let pool = Pool::new(tls.clone(), config.hbone.clone(), config.pool.clone(), &mut registry);
+    tasks.spawn(pool.clone().evict_idle(drain.clone()));
+
+    let l = &config.listeners;
+    let inbound_listener = bind("inbound", l.inbound)?;
+    let outbound_listener = bind("outbound", l.outbound)?;
+    let admin_listener = bind("admin", l.admin)?;
+    let metrics_listener = bind("metrics", l.metrics)?;
+    let ready_listener = bind("readiness", l.readiness)?;
+
+    let inbound = Inbound::new(
+        workloads.clone(),
+        tls.clone(),
+        config.hbone.clone(),
+        conn_registry.clone(),
+        families.direction("inbound"),
+        streams.clone(),
+    );
+    let outbound = Outbound::new(
+        workloads.clone(),
+        pool.clone(),
+        config.hbone.port,
+        families.direction("outbound"),
+        streams.clone(),
+    );
+
+    let demo_echo = match &config.demo {
+        Some(demo) => {
+            let l = crate::demo::bind_echo(demo.echo)
+                .await
+                .with_context(|| format!("demo.echo {}", demo.echo))?;
+            let addr = l.local_addr()?;
+            tasks.spawn(crate::demo::run_echo(l, drain.clone()));
+            Some(addr)
+        }
+        None => None,
+    };
+
+    let addrs = BoundAddrs {
+        outbound: outbound_listener.local_addr()?,
+        inbound: inbound_listener.local_addr()?,
+        admin: admin_listener.local_addr()?,
+        metrics: metrics_listener.local_addr()?,
+        readiness: ready_listener.local_addr()?,
+        demo_echo,
+    };
+
+    let admin_state = Arc::new(AdminState {
+        node: config.node_name.clone(),
+        workloads: workloads.clone(),
+        registry: conn_registry.clone(),
+        pool: pool.clone(),
+        metrics: registry,
+        ready: Default::default(),
+    });
+
+    tasks.spawn(inbound.run(inbound_listener, drain.clone()));
+    tasks.spawn(outbound.clone().run(outbound_listener, drain.clone()));
+    tasks.spawn(admin::serve(admin_listener, admin_state.clone(), admin::admin, drain.clone()));
+    tasks.spawn(admin::serve(metrics_listener, admin_state.clone(), admin::metrics, drain.clone()));
+    tasks.spawn(admin::serve(ready_listener, admin_state.clone(), admin::readiness, drain.clone()));
+    admin_state.ready.store(true, Ordering::Release);
+    info!(
+        node = %config.node_name,
+        inbound = %addrs.inbound,
+        outbound = %addrs.outbound,
+        admin = %addrs.admin,
+        "tidegate ready"
+    );
+
+    Ok(App {
+        addrs,
+        workloads,
+        registry: conn_registry,
+        pool,
+        tls,
+        outbound,
+        admin: admin_state,
+        streams,
+        trigger,
+        tasks,
+        shutdown_deadline: config.shutdown.deadline,
+    })
+}
+
+impl App {
+    /// The Prometheus text of this gateway's metrics (what `/metrics` serves).
+    pub fn metrics_text(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.admin.metrics)
+            .expect("encoding to a String cannot fail");
+        out
+    }
+
+    /// Streams open in either direction.
+    pub fn open_streams(&self) -> usize {
+        self.streams.count()
+    }
+
+    /// Drains and stops: listeners close at once, inbound tunnels get a
+    /// graceful GOAWAY, pooled tunnels are evicted (GOAWAY once their streams
+    /// end); returns when no stream is left or at the deadline, whichever first.
+    pub async fn shutdown(mut self) {
+        let deadline = self.trigger.start(self.shutdown_deadline);
+        self.admin.ready.store(false, Ordering::Release);
+        self.pool.evict_all();
+        info!(
+            streams = self.streams.count(),
+            deadline_ms = self.shutdown_deadline.as_millis() as u64,
+            "draining"
+        );
+        let idle = tokio::time::timeout_at(deadline, self.streams.idle()).await;
+        match idle {
+            Ok(()) => info!("drained: no streams left"),
+            Err(_) => info!(streams = self.streams.count(), "drain deadline reached"),
+        }
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+    }
+
+    /// Runs until SIGTERM or SIGINT, then [`App::shutdown`].
+    pub async fn run_until_signal(self) -> anyhow::Result<()> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        tokio::select! {
+            _ = term.recv() => info!("SIGTERM"),
+            _ = int.recv() => info!("SIGINT"),
+        }
+        self.shutdown().await;
+        Ok(())
+    }
+}

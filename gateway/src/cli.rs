@@ -1,0 +1,74 @@
+//! Command-line interface. `main` parses this and calls one function.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{Config, ConfigError};
+use crate::identity::SpiffeId;
+
+#[derive(Debug, Parser)]
+#[command(name = "tidegate", version, about = "Per-node HBONE gateway with WebAssembly drain policies")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub config: ConfigArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ConfigArgs {
+    /// Config file (YAML). Without it, the embedded default (demo workloads, dev CA, echo backend).
+    #[arg(long, short = 'c', env = "TIDEGATE_CONFIG", global = true)]
+    pub config: Option<PathBuf>,
+    /// Override a config key, e.g. `--set listeners.admin=127.0.0.1:16000` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE", global = true)]
+    pub sets: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gateway (the default).
+    Run,
+    /// Pipe stdin/stdout through an HBONE tunnel to a workload (nc over HBONE).
+    Connect(ConnectArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ConnectArgs {
+    /// Destination workload address.
+    #[arg(long)]
+    pub to: SocketAddr,
+    /// Identity to connect as (needs a certificate from the configured source).
+    #[arg(long = "as", value_name = "SPIFFE_ID")]
+    pub as_identity: Option<SpiffeId>,
+    /// HBONE address to dial; default `<to ip>:<hbone.port>`.
+    #[arg(long)]
+    pub via: Option<SocketAddr>,
+    /// Identity the server must present; default: the workload's from the workload file.
+    #[arg(long, value_name = "SPIFFE_ID")]
+    pub server_identity: Option<SpiffeId>,
+}
+
+impl ConfigArgs {
+    /// The typed config: embedded default or `--config`, then `TIDEGATE_*`, then `--set`.
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        let env = std::env::vars();
+        match &self.config {
+            Some(path) => Config::load(Some(path), env, &self.sets),
+            None => {
+                let dir = std::env::temp_dir().join(format!("tidegate-default-{}", std::process::id()));
+                let _ = std::fs::create_dir_all(&dir);
+                let path = dir.join("tidegate.yaml");
+                std::fs::write(&path, crate::app::DEFAULT_CONFIG).map_err(|source| ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                let cfg = Config::load(Some(&path), env, &self.sets);
+                let _ = std::fs::remove_dir_all(&dir);
+                cfg
+            }
+        }
+    }
+}

@@ -1,0 +1,507 @@
+//! The gateway's one typed configuration.
+//!
+//! Layers, lowest first: built-in defaults, the YAML file (`--config`), the
+//! environment (`TIDEGATE_<KEY>` with `__` between nesting levels, e.g.
+//! `TIDEGATE_LISTENERS__ADMIN=127.0.0.1:16000`) and `--set key.path=value`
+//! flags. Everything is parsed once here; no other module reads the
+//! environment. A bad value is an error naming the key and the accepted form.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_yaml::{Mapping, Value};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid YAML: {source}")]
+    Yaml {
+        path: PathBuf,
+        source: serde_yaml::Error,
+    },
+    #[error("config key `{key}`: {message}")]
+    Invalid { key: String, message: String },
+    #[error("override {input:?} is not of the form key.path=value")]
+    Override { input: String },
+}
+
+fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_owned(),
+        message: message.into(),
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Name of the node this gateway serves; workloads with this `node` are local.
+    pub node_name: String,
+    /// SPIFFE trust domain of this mesh; peers from other trust domains are refused.
+    pub trust_domain: String,
+    pub listeners: Listeners,
+    pub hbone: HboneConfig,
+    pub pool: PoolConfig,
+    pub certificates: CertificatesConfig,
+    pub workloads: WorkloadsConfig,
+    pub shutdown: ShutdownConfig,
+    /// Optional demo echo backend started in-process (the embedded default uses it).
+    pub demo: Option<DemoConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            node_name: "node-a".into(),
+            trust_domain: "cluster.local".into(),
+            listeners: Listeners::default(),
+            hbone: HboneConfig::default(),
+            pool: PoolConfig::default(),
+            certificates: CertificatesConfig::default(),
+            workloads: WorkloadsConfig::default(),
+            shutdown: ShutdownConfig::default(),
+            demo: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Listeners {
+    /// Transparent outbound capture (iptables REDIRECT target).
+    pub outbound: SocketAddr,
+    /// HBONE inbound (mTLS + HTTP/2 CONNECT).
+    pub inbound: SocketAddr,
+    /// Admin API; keep it on localhost.
+    pub admin: SocketAddr,
+    /// Prometheus `/metrics`.
+    pub metrics: SocketAddr,
+    /// `/healthz/ready`.
+    pub readiness: SocketAddr,
+}
+
+impl Default for Listeners {
+    fn default() -> Self {
+        Listeners {
+            outbound: ([0, 0, 0, 0], 15001).into(),
+            inbound: ([0, 0, 0, 0], 15008).into(),
+            admin: ([127, 0, 0, 1], 15000).into(),
+            metrics: ([0, 0, 0, 0], 15020).into(),
+            readiness: ([0, 0, 0, 0], 15021).into(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HboneConfig {
+    /// Port dialed on peer workloads for HBONE.
+    pub port: u16,
+    #[serde(deserialize_with = "de_bytes_u32")]
+    pub stream_window: u32,
+    #[serde(deserialize_with = "de_bytes_u32")]
+    pub connection_window: u32,
+    #[serde(deserialize_with = "de_bytes_u32")]
+    pub max_frame_size: u32,
+    /// Streams a peer may open concurrently on one inbound tunnel.
+    pub max_concurrent_streams: u32,
+    #[serde(deserialize_with = "de_bytes_u32")]
+    pub max_header_list_size: u32,
+    #[serde(with = "duration")]
+    pub keepalive_interval: Duration,
+    #[serde(with = "duration")]
+    pub keepalive_timeout: Duration,
+    /// Bound on TCP connect + TLS + HTTP/2 handshakes, and on dialing upstreams.
+    #[serde(with = "duration")]
+    pub connect_timeout: Duration,
+}
+
+impl Default for HboneConfig {
+    fn default() -> Self {
+        HboneConfig {
+            port: 15008,
+            stream_window: 4 << 20,
+            connection_window: 16 << 20,
+            max_frame_size: 1 << 20,
+            max_concurrent_streams: 200,
+            max_header_list_size: 16 << 10,
+            keepalive_interval: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(20),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolConfig {
+    /// A pooled tunnel carries at most this many streams; ztunnel uses 100.
+    pub max_streams_per_tunnel: usize,
+    /// A tunnel without streams for this long is closed.
+    #[serde(with = "duration")]
+    pub idle_timeout: Duration,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            max_streams_per_tunnel: 100,
+            idle_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Where workload certificates come from.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(tag = "source", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum CertificatesConfig {
+    /// Built-in development CA minting short-lived certificates in memory.
+    DevCa {
+        /// Keep the CA's root certificate and key here so other processes
+        /// (`tidegate connect`, a second gateway) share the CA. In memory only if unset.
+        #[serde(default)]
+        state_dir: Option<PathBuf>,
+        /// Also write the root certificate (PEM) here for peers to trust.
+        #[serde(default)]
+        root_out: Option<PathBuf>,
+        #[serde(default = "default_cert_validity", with = "duration")]
+        validity: Duration,
+    },
+    /// A directory of `<name>.crt`/`<name>.key` PEM pairs and a trust bundle,
+    /// reloaded when files change.
+    Dir {
+        dir: PathBuf,
+        trust_bundle: PathBuf,
+        #[serde(default = "default_reload_interval", with = "duration")]
+        reload_interval: Duration,
+    },
+}
+
+fn default_cert_validity() -> Duration {
+    Duration::from_secs(3600)
+}
+
+fn default_reload_interval() -> Duration {
+    Duration::from_secs(2)
+}
+
+impl Default for CertificatesConfig {
+    fn default() -> Self {
+        CertificatesConfig::DevCa {
+            state_dir: None,
+            root_out: None,
+            validity: default_cert_validity(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkloadsConfig {
+    /// YAML workload file, watched and reloaded. Unset: the embedded demo set.
+    pub file: Option<PathBuf>,
+    #[serde(with = "duration")]
+    pub reload_interval: Duration,
+}
+
+impl Default for WorkloadsConfig {
+    fn default() -> Self {
+        WorkloadsConfig {
+            file: None,
+            reload_interval: default_reload_interval(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShutdownConfig {
+    /// After SIGTERM, open streams get this long to finish before they are closed.
+    #[serde(with = "duration")]
+    pub deadline: Duration,
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        ShutdownConfig {
+            deadline: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DemoConfig {
+    /// Address of the in-process echo backend.
+    pub echo: SocketAddr,
+}
+
+impl Config {
+    /// Builds the config from an optional file, environment pairs and `--set` overrides.
+    pub fn load<E>(file: Option<&Path>, env: E, sets: &[String]) -> Result<Config, ConfigError>
+    where
+        E: IntoIterator<Item = (String, String)>,
+    {
+        let mut root = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.to_owned(),
+                    source,
+                })?;
+                let v: Value = serde_yaml::from_str(&text).map_err(|source| ConfigError::Yaml {
+                    path: path.to_owned(),
+                    source,
+                })?;
+                match v {
+                    Value::Null => Value::Mapping(Mapping::new()),
+                    v => v,
+                }
+            }
+            None => Value::Mapping(Mapping::new()),
+        };
+        let mut env: Vec<(String, String)> = env
+            .into_iter()
+            .filter_map(|(k, v)| env_key(&k).map(|k| (k, v)))
+            .collect();
+        env.sort();
+        for (key, value) in env {
+            set_path(&mut root, &key, &value)?;
+        }
+        for s in sets {
+            let (key, value) = s
+                .split_once('=')
+                .ok_or_else(|| ConfigError::Override { input: s.clone() })?;
+            set_path(&mut root, key.trim(), value)?;
+        }
+        Self::from_value(root)
+    }
+
+    /// Parses a YAML document (used by tests and the embedded default).
+    pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
+        let v: Value = serde_yaml::from_str(text).map_err(|e| invalid("<root>", e.to_string()))?;
+        Self::from_value(v)
+    }
+
+    fn from_value(v: Value) -> Result<Config, ConfigError> {
+        let cfg: Config = serde_path_to_error::deserialize(v).map_err(|e| {
+            let key = e.path().to_string();
+            invalid(&key, e.into_inner().to_string())
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let h = &self.hbone;
+        if !(16_384..=16_777_215).contains(&h.max_frame_size) {
+            return Err(invalid(
+                "hbone.max_frame_size",
+                "must be between 16KiB and 16MiB-1 (RFC 9113 §4.2)",
+            ));
+        }
+        for (key, v) in [
+            ("hbone.stream_window", h.stream_window),
+            ("hbone.connection_window", h.connection_window),
+        ] {
+            if !(65_535..=i32::MAX as u32).contains(&v) {
+                return Err(invalid(key, "must be between 65535 and 2^31-1 bytes"));
+            }
+        }
+        if h.max_concurrent_streams == 0 {
+            return Err(invalid("hbone.max_concurrent_streams", "must be at least 1"));
+        }
+        if h.keepalive_interval.is_zero() || h.keepalive_timeout.is_zero() {
+            return Err(invalid(
+                "hbone.keepalive_interval",
+                "keepalive interval and timeout must be greater than zero",
+            ));
+        }
+        if self.pool.max_streams_per_tunnel == 0 {
+            return Err(invalid("pool.max_streams_per_tunnel", "must be at least 1"));
+        }
+        if self.node_name.is_empty() {
+            return Err(invalid("node_name", "must not be empty"));
+        }
+        if crate::identity::SpiffeId::new(&self.trust_domain, "x", "y")
+            .to_string()
+            .parse::<crate::identity::SpiffeId>()
+            .is_err()
+        {
+            return Err(invalid(
+                "trust_domain",
+                "must be a DNS-like name (letters, digits, '-', '.')",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `TIDEGATE_LISTENERS__ADMIN` → `listeners.admin`. Variables that are flags
+/// of their own (`TIDEGATE_CONFIG`, `TIDEGATE_LOG`) are not config keys.
+fn env_key(name: &str) -> Option<String> {
+    let rest = name.strip_prefix("TIDEGATE_")?;
+    if matches!(rest, "CONFIG" | "LOG" | "SET") || rest.is_empty() {
+        return None;
+    }
+    Some(rest.to_ascii_lowercase().replace("__", "."))
+}
+
+fn set_path(root: &mut Value, key: &str, raw: &str) -> Result<(), ConfigError> {
+    if key.is_empty() || key.split('.').any(str::is_empty) {
+        return Err(ConfigError::Override {
+            input: format!("{key}={raw}"),
+        });
+    }
+    let value: Value = serde_yaml::from_str(raw).unwrap_or_else(|_| Value::String(raw.into()));
+    let mut cur = root;
+    let segments: Vec<&str> = key.split('.').collect();
+    for (i, seg) in segments.iter().enumerate() {
+        let map = match cur {
+            Value::Mapping(m) => m,
+            other => {
+                *other = Value::Mapping(Mapping::new());
+                match other {
+                    Value::Mapping(m) => m,
+                    _ => unreachable!(),
+                }
+            }
+        };
+        let k = Value::String((*seg).to_owned());
+        if i == segments.len() - 1 {
+            map.insert(k, value);
+            return Ok(());
+        }
+        cur = map.entry(k).or_insert(Value::Mapping(Mapping::new()));
+    }
+    Ok(())
+}
+
+/// Durations are written `250ms`, `10s`, `5m`, `1h` (a bare number means seconds).
+pub mod duration {
+    use super::*;
+
+    pub fn parse(s: &str) -> Result<Duration, String> {
+        let s = s.trim();
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        let n: u64 = num
+            .parse()
+            .map_err(|_| format!("{s:?} is not a duration like 500ms, 10s, 5m or 1h"))?;
+        let d = match unit.trim() {
+            "ms" => Duration::from_millis(n),
+            "" | "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n * 60),
+            "h" => Duration::from_secs(n * 3600),
+            _ => return Err(format!("{s:?} is not a duration like 500ms, 10s, 5m or 1h")),
+        };
+        Ok(d)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let v = Value::deserialize(d)?;
+        match v {
+            Value::Number(n) if n.as_u64().is_some() => Ok(Duration::from_secs(n.as_u64().unwrap())),
+            Value::String(s) => parse(&s).map_err(serde::de::Error::custom),
+            other => Err(serde::de::Error::custom(format!(
+                "{other:?} is not a duration like 500ms, 10s, 5m or 1h"
+            ))),
+        }
+    }
+
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{}ms", d.as_millis()))
+    }
+}
+
+/// Byte sizes: a number, or `64KiB`, `4MiB`.
+fn de_bytes_u32<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let err = |s: &str| {
+        serde::de::Error::custom(format!(
+            "{s:?} is not a byte size like 65536, 64KiB or 4MiB (at most 4GiB-1)"
+        ))
+    };
+    let v = Value::deserialize(d)?;
+    let n: u64 = match v {
+        Value::Number(n) => n.as_u64().ok_or_else(|| err(&n.to_string()))?,
+        Value::String(s) => {
+            let t = s.trim();
+            let (num, mult) = if let Some(n) = t.strip_suffix("KiB") {
+                (n, 1u64 << 10)
+            } else if let Some(n) = t.strip_suffix("MiB") {
+                (n, 1 << 20)
+            } else {
+                (t, 1)
+            };
+            num.trim().parse::<u64>().map_err(|_| err(&s))? * mult
+        }
+        other => return Err(err(&format!("{other:?}"))),
+    };
+    u32::try_from(n).map_err(|_| err(&n.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(yaml: &str, env: &[(&str, &str)], sets: &[&str]) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, yaml).unwrap();
+        Config::load(
+            Some(&path),
+            env.iter().map(|(k, v)| (k.to_string(), v.to_string())),
+            &sets.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        )
+    }
+
+    #[test]
+    fn defaults_follow_ztunnel_ports_and_windows() {
+        let c = Config::load(None, Vec::new(), &[]).unwrap();
+        assert_eq!(c.listeners.inbound.port(), 15008);
+        assert_eq!(c.listeners.outbound.port(), 15001);
+        assert_eq!(c.listeners.admin.to_string(), "127.0.0.1:15000");
+        assert_eq!(c.hbone.stream_window, 4 << 20);
+        assert_eq!(c.hbone.connection_window, 16 << 20);
+        assert_eq!(c.pool.max_streams_per_tunnel, 100);
+    }
+
+    #[test]
+    fn layers_apply_file_then_env_then_flags() {
+        let c = load(
+            "node_name: from-file\nhbone:\n  stream_window: 1MiB\n  keepalive_interval: 250ms\n",
+            &[
+                ("TIDEGATE_NODE_NAME", "from-env"),
+                ("TIDEGATE_LISTENERS__ADMIN", "127.0.0.1:16000"),
+                ("UNRELATED", "x"),
+            ],
+            &["listeners.admin=127.0.0.1:17000"],
+        )
+        .unwrap();
+        assert_eq!(c.node_name, "from-env");
+        assert_eq!(c.listeners.admin.port(), 17000);
+        assert_eq!(c.hbone.stream_window, 1 << 20);
+        assert_eq!(c.hbone.keepalive_interval, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let e = load("listeners:\n  admin: nope\n", &[], &[]).unwrap_err().to_string();
+        assert!(e.contains("`listeners.admin`"), "{e}");
+        let e = load("hbone:\n  keepalive_timeout: soon\n", &[], &[]).unwrap_err().to_string();
+        assert!(e.contains("`hbone.keepalive_timeout`") && e.contains("500ms"), "{e}");
+        let e = load("pool:\n  max_streams_per_tunel: 3\n", &[], &[]).unwrap_err().to_string();
+        assert!(e.contains("unknown field `max_streams_per_tunel`"), "{e}");
+        let e = load("", &[], &["hbone.max_frame_size=10"]).unwrap_err().to_string();
+        assert!(e.contains("`hbone.max_frame_size`"), "{e}");
+        let e = load("", &[], &["no-equals-sign"]).unwrap_err().to_string();
+        assert!(e.contains("key.path=value"), "{e}");
+        let e = load("certificates:\n  source: vault\n", &[], &[]).unwrap_err().to_string();
+        assert!(e.contains("`certificates`") && e.contains("dev-ca"), "{e}");
+    }
+}

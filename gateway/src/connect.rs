@@ -1,0 +1,84 @@
+//! `tidegate connect`: nc over HBONE. Dials a workload's gateway with mTLS,
+//! opens one CONNECT stream and pipes stdin/stdout through it.
+
+use std::future::poll_fn;
+
+use anyhow::{bail, Context as _};
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::cli::ConnectArgs;
+use crate::config::Config;
+use crate::identity::SpiffeId;
+use crate::tls::{TlsContext, TlsMetrics};
+use crate::workloads::WorkloadStore;
+
+pub async fn run(config: Config, args: ConnectArgs) -> anyhow::Result<()> {
+    let store = WorkloadStore::new(&config.trust_domain, &config.node_name);
+    crate::app::load_workloads(&config, &store)?;
+    let server_identity = match args.server_identity {
+        Some(id) => id,
+        None => store
+            .snapshot()
+            .by_ip(args.to.ip())
+            .map(|w| w.identity.clone())
+            .with_context(|| {
+                format!(
+                    "{} is not a known workload; pass --server-identity spiffe://... or add it to the workload file",
+                    args.to.ip()
+                )
+            })?,
+    };
+    let me = args.as_identity.unwrap_or_else(|| {
+        SpiffeId::new(&config.trust_domain, "default", "tidegate-connect")
+    });
+    let via = args
+        .via
+        .unwrap_or_else(|| std::net::SocketAddr::new(args.to.ip(), config.hbone.port));
+    let source = crate::app::cert_source(&config)?;
+    let tls = TlsContext::new(source, &config.trust_domain, TlsMetrics::default());
+    let (send, conn) = crate::hbone::client::dial(&tls, &config.hbone, &me, &server_identity, via)
+        .await
+        .with_context(|| format!("dialing {via} as {me}"))?;
+    let driver = tokio::spawn(conn);
+    let (mut tx, mut rx) =
+        crate::hbone::client::connect_stream(send, args.to, config.hbone.connect_timeout)
+            .await
+            .with_context(|| format!("CONNECT {}", args.to))?;
+
+    let upload = async {
+        let mut stdin = tokio::io::stdin();
+        loop {
+            let mut buf = BytesMut::with_capacity(16 * 1024);
+            let n = stdin.read_buf(&mut buf).await?;
+            if n == 0 {
+                tx.send_data(bytes::Bytes::new(), true)?;
+                return anyhow::Ok(());
+            }
+            let mut data = buf.freeze();
+            while !data.is_empty() {
+                tx.reserve_capacity(data.len());
+                let Some(cap) = poll_fn(|cx| tx.poll_capacity(cx)).await else {
+                    bail!("stream closed by the peer");
+                };
+                let n = cap?.min(data.len());
+                tx.send_data(data.split_to(n), false)?;
+            }
+        }
+    };
+    let download = async {
+        let mut stdout = tokio::io::stdout();
+        while let Some(chunk) = rx.data().await {
+            let chunk = chunk?;
+            stdout.write_all(&chunk).await?;
+            stdout.flush().await?;
+            rx.flow_control().release_capacity(chunk.len())?;
+        }
+        anyhow::Ok(())
+    };
+    let (up, down) = tokio::join!(upload, download);
+    up.context("sending")?;
+    down.context("receiving")?;
+    driver.abort();
+    Ok(())
+}

@@ -1,0 +1,39 @@
+//! The demo echo backend of the embedded default: echoes every byte back and
+//! half-closes when the client does.
+
+use std::net::SocketAddr;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::drain::DrainWatch;
+
+pub async fn bind_echo(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+pub async fn run_echo(listener: TcpListener, mut drain: DrainWatch) {
+    loop {
+        let (mut tcp, _) = tokio::select! {
+            a = listener.accept() => match a {
+                Ok(a) => a,
+                Err(_) => continue,
+            },
+            _ = drain.signaled() => return,
+        };
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 16 * 1024];
+            loop {
+                match tcp.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if tcp.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            let _ = tcp.shutdown().await;
+        });
+    }
+}

@@ -1,0 +1,38 @@
+//! HBONE: HTTP/2 CONNECT tunnels over mutual TLS, as ztunnel speaks it.
+//!
+//! - [`server`]: the inbound side of one tunnel (CONNECT validation, upstream dial).
+//! - [`client`]: dialing a tunnel to a peer gateway and opening CONNECT streams.
+//! - [`copy`]: moving bytes between an HTTP/2 stream and a TCP socket.
+//! - [`keepalive`]: HTTP/2 PING liveness for both sides.
+
+pub mod client;
+pub mod copy;
+pub mod keepalive;
+pub mod server;
+
+use crate::config::HboneConfig;
+
+/// Response header carrying the reason for a refused CONNECT (HTTP/2 has no reason phrase).
+pub const REASON_HEADER: &str = "tidegate-reason";
+
+pub(crate) fn server_builder(cfg: &HboneConfig) -> h2::server::Builder {
+    let mut b = h2::server::Builder::new();
+    b.initial_window_size(cfg.stream_window)
+        .initial_connection_window_size(cfg.connection_window)
+        .max_frame_size(cfg.max_frame_size)
+        .max_concurrent_streams(cfg.max_concurrent_streams)
+        .max_header_list_size(cfg.max_header_list_size)
+        .max_send_buffer_size(cfg.max_frame_size as usize);
+    b
+}
+
+pub(crate) fn client_builder(cfg: &HboneConfig) -> h2::client::Builder {
+    let mut b = h2::client::Builder::new();
+    b.initial_window_size(cfg.stream_window)
+        .initial_connection_window_size(cfg.connection_window)
+        .max_frame_size(cfg.max_frame_size)
+        .max_header_list_size(cfg.max_header_list_size)
+        .max_send_buffer_size(cfg.max_frame_size as usize)
+        .enable_push(false);
+    b
+}

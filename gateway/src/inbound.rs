@@ -1,0 +1,120 @@
+//! Inbound: the HBONE listener (port 15008). Accept → pick the destination
+//! workload from the connection's original destination → TLS presenting that
+//! workload's certificate → HTTP/2 server (see [`crate::hbone::server`]).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{debug, field, info_span, Instrument};
+
+use crate::config::HboneConfig;
+use crate::drain::{ActiveStreams, DrainWatch};
+use crate::metrics::ProxyMetrics;
+use crate::registry::Registry;
+use crate::tls::TlsContext;
+use crate::workloads::WorkloadStore;
+
+/// Everything an inbound tunnel needs; shared by all of them.
+pub struct Inbound {
+    pub(crate) workloads: Arc<WorkloadStore>,
+    pub(crate) tls: Arc<TlsContext>,
+    pub(crate) cfg: HboneConfig,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) metrics: ProxyMetrics,
+    pub(crate) streams: ActiveStreams,
+}
+
+impl Inbound {
+    pub fn new(
+        workloads: Arc<WorkloadStore>,
+        tls: Arc<TlsContext>,
+        cfg: HboneConfig,
+        registry: Arc<Registry>,
+        metrics: ProxyMetrics,
+        streams: ActiveStreams,
+    ) -> Arc<Self> {
+        Arc::new(Inbound {
+            workloads,
+            tls,
+            cfg,
+            registry,
+            metrics,
+            streams,
+        })
+    }
+
+    /// Accepts until the drain signal fires, then drops the listener so new
+    /// connections are refused at once. Each tunnel then drains on its own:
+    /// graceful GOAWAY, streams finish, closed at the deadline.
+    pub async fn run(self: Arc<Self>, listener: TcpListener, mut drain: DrainWatch) {
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = drain.signaled() => return,
+            };
+            match accepted {
+                Ok((tcp, peer)) => {
+                    let this = self.clone();
+                    let drain = drain.clone();
+                    tokio::spawn(async move { this.serve(tcp, peer, drain).await });
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off briefly instead of spinning.
+                    debug!(error = %e, "inbound accept failed");
+                    self.metrics.connection_failed("accept");
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+            }
+        }
+    }
+
+    async fn serve(self: Arc<Self>, tcp: TcpStream, peer_addr: SocketAddr, drain: DrainWatch) {
+        let dialed = match crate::listener::destination(&tcp) {
+            Ok(a) => a,
+            Err(_) => return self.metrics.connection_failed("no_destination"),
+        };
+        let span = info_span!(
+            "inbound",
+            peer.addr = %peer_addr,
+            dst.addr = %dialed,
+            dst.workload = field::Empty,
+            peer.identity = field::Empty,
+        );
+        async move {
+            let snapshot = self.workloads.snapshot();
+            let Some(workload) = snapshot.by_ip(dialed.ip()).filter(|w| w.local).cloned() else {
+                debug!("dialed address is not a workload on this node; closing");
+                return self.metrics.connection_failed("no_local_workload");
+            };
+            tracing::Span::current().record("dst.workload", workload.uid());
+            let _ = tcp.set_nodelay(true);
+            let handshake = tokio::time::timeout(
+                self.cfg.connect_timeout,
+                self.tls.accept(&workload.identity, tcp),
+            )
+            .await;
+            let (tls, peer) = match handshake {
+                Ok(Ok(x)) => x,
+                Ok(Err(e)) => {
+                    debug!(error = %e, "tls handshake failed");
+                    return self.metrics.connection_failed(e.reason());
+                }
+                Err(_) => return self.metrics.connection_failed("handshake_timeout"),
+            };
+            tracing::Span::current().record("peer.identity", field::display(&peer));
+            self.metrics.connections_opened.inc();
+            let registration = self.registry.register(workload.uid(), peer.clone(), peer_addr);
+            let ctx = crate::hbone::server::TunnelCtx {
+                peer,
+                peer_addr,
+                dialed,
+                workload,
+            };
+            crate::hbone::server::serve(self.clone(), tls, ctx, registration, drain).await;
+            self.metrics.connections_closed.inc();
+        }
+        .instrument(span)
+        .await
+    }
+}

@@ -1,0 +1,64 @@
+use clap::Parser;
+use tidegate::cli::{Cli, Command};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("TIDEGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(run(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tidegate: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let config = cli.config.load()?;
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Run => {
+            let demo = config.demo.is_some();
+            let app = tidegate::app::build(config).await?;
+            if demo {
+                print_next_steps(&app);
+            }
+            app.run_until_signal().await
+        }
+        Command::Connect(args) => tidegate::connect::run(config, args).await,
+    }
+}
+
+fn print_next_steps(app: &tidegate::app::App) {
+    // Listeners on 0.0.0.0 are reachable on loopback; print addresses one can paste.
+    let local = |a: std::net::SocketAddr| {
+        if a.ip().is_unspecified() {
+            std::net::SocketAddr::from(([127, 0, 0, 1], a.port()))
+        } else {
+            a
+        }
+    };
+    let a = &app.addrs;
+    let echo = a.demo_echo.map(|e| e.to_string()).unwrap_or_default();
+    eprintln!(
+        "\ntidegate is running on the embedded default (demo workloads, development CA).\n\
+         Try, in another terminal:\n\
+         \n  echo hello | cargo run -q --release -p tidegate -- connect --to {echo}\n\
+         \n  curl -s http://{admin}/config_dump     # workloads, tunnels, pool\n\
+         \n  curl -s http://{metrics}/metrics        # Prometheus metrics\n\
+         \n  curl -s http://{ready}/healthz/ready\n\
+         \nCtrl-C drains and stops.\n",
+        admin = local(a.admin),
+        metrics = local(a.metrics),
+        ready = local(a.readiness),
+    );
+}

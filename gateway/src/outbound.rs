@@ -1,0 +1,252 @@
+//! Outbound: transparent capture (port 15001). The original destination comes
+//! from `SO_ORIGINAL_DST` (iptables REDIRECT), the source workload from the
+//! source IP. HBONE destinations get a CONNECT stream on a pooled tunnel to
+//! `<dst ip>:15008`; others are passed through as plain TCP.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{debug, info_span, Instrument};
+
+use crate::drain::{ActiveStreams, DrainWatch};
+use crate::hbone::copy::{copy_bidirectional, Transferred};
+use crate::metrics::{AccessLog, ProxyMetrics};
+use crate::pool::{Pool, PoolError, PoolKey};
+use crate::workloads::{Protocol, WorkloadStore};
+
+#[derive(Debug, thiserror::Error)]
+pub enum OutboundError {
+    #[error("connection was not redirected (no original destination)")]
+    NotRedirected,
+    #[error("source {0} is not a workload on this node")]
+    UnknownSource(std::net::IpAddr),
+    #[error("destination {0} is the outbound listener itself")]
+    Loop(SocketAddr),
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    #[error("passthrough connect to {addr}: {source}")]
+    Passthrough {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+impl OutboundError {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            OutboundError::NotRedirected => "not_redirected",
+            OutboundError::UnknownSource(_) => "unknown_source",
+            OutboundError::Loop(_) => "loop",
+            OutboundError::Pool(e) => e.reason(),
+            OutboundError::Passthrough { .. } => "passthrough_connect",
+        }
+    }
+}
+
+pub struct Outbound {
+    workloads: Arc<WorkloadStore>,
+    pool: Arc<Pool>,
+    hbone_port: u16,
+    metrics: ProxyMetrics,
+    streams: ActiveStreams,
+    listen_addr: std::sync::OnceLock<SocketAddr>,
+}
+
+impl Outbound {
+    pub fn new(
+        workloads: Arc<WorkloadStore>,
+        pool: Arc<Pool>,
+        hbone_port: u16,
+        metrics: ProxyMetrics,
+        streams: ActiveStreams,
+    ) -> Arc<Self> {
+        Arc::new(Outbound {
+            workloads,
+            pool,
+            hbone_port,
+            metrics,
+            streams,
+            listen_addr: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// Accepts captured connections until the drain signal fires, then drops
+    /// the listener. Proxied connections go on until they end or the process
+    /// exits at the drain deadline.
+    pub async fn run(self: Arc<Self>, listener: TcpListener, mut drain: DrainWatch) {
+        if let Ok(a) = listener.local_addr() {
+            let _ = self.listen_addr.set(a);
+        }
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = drain.signaled() => return,
+            };
+            match accepted {
+                Ok((tcp, src)) => {
+                    let this = self.clone();
+                    tokio::spawn(async move {
+                        let Some(dst) = crate::listener::original_dst(&tcp) else {
+                            this.metrics.connection_failed(OutboundError::NotRedirected.reason());
+                            return;
+                        };
+                        this.proxy(tcp, src, dst).await;
+                    });
+                }
+                Err(e) => {
+                    debug!(error = %e, "outbound accept failed");
+                    self.metrics.connection_failed("accept");
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+            }
+        }
+    }
+
+    /// Proxies one captured application connection from `src` to its original
+    /// destination `dst`. The listener calls this after reading
+    /// `SO_ORIGINAL_DST`; tests and tools with their own capture call it directly.
+    pub async fn proxy(&self, tcp: TcpStream, src: SocketAddr, dst: SocketAddr) {
+        let span = info_span!("outbound", src.addr = %src, dst.addr = %dst);
+        async {
+            self.metrics.connections_opened.inc();
+            let started = Instant::now();
+            let _ = tcp.set_nodelay(true);
+            let _guard = self.streams.track();
+            match self.proxy_inner(&tcp, src, dst, started).await {
+                Ok(()) => {}
+                Err(e) => {
+                    debug!(error = %e, "outbound connection failed");
+                    self.metrics.connection_failed(e.reason());
+                    self.metrics.stream_ended(e.reason());
+                    AccessLog {
+                        direction: "outbound",
+                        src_identity: "",
+                        dst_identity: "",
+                        src_addr: src,
+                        dst_addr: dst,
+                        moved: Transferred::default(),
+                        duration: started.elapsed(),
+                        result: e.reason(),
+                    }
+                    .emit();
+                    // Reset rather than FIN: the application must not mistake a
+                    // failed connect for an empty response.
+                    let _ = socket2::SockRef::from(&tcp).set_linger(Some(std::time::Duration::ZERO));
+                }
+            }
+            self.metrics.connections_closed.inc();
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn proxy_inner(
+        &self,
+        tcp: &TcpStream,
+        src: SocketAddr,
+        dst: SocketAddr,
+        started: Instant,
+    ) -> Result<(), OutboundError> {
+        if self.listen_addr.get() == Some(&dst) {
+            return Err(OutboundError::Loop(dst));
+        }
+        let snapshot = self.workloads.snapshot();
+        let source = snapshot
+            .by_ip(src.ip())
+            .filter(|w| w.local)
+            .cloned()
+            .ok_or(OutboundError::UnknownSource(src.ip()))?;
+        let Some(target) = snapshot
+            .by_ip(dst.ip())
+            .filter(|w| w.spec.protocol == Protocol::Hbone)
+            .cloned()
+        else {
+            return self.passthrough(tcp, src, dst, started).await;
+        };
+        drop(snapshot);
+        let key = PoolKey {
+            src: source.identity.clone(),
+            dst: target.identity.clone(),
+            dst_addr: SocketAddr::new(dst.ip(), self.hbone_port),
+        };
+        let stream = self.pool.connect(&key, dst).await?;
+        self.metrics.streams_open.inc();
+        let (moved, result) =
+            copy_bidirectional(tcp, stream.send, stream.recv, &self.metrics.bytes).await;
+        self.metrics.streams_open.dec();
+        let outcome = match &result {
+            Ok(()) => "ok",
+            Err(e) => e.reason(),
+        };
+        self.metrics.stream_ended(outcome);
+        AccessLog {
+            direction: "outbound",
+            src_identity: &key.src.to_string(),
+            dst_identity: &key.dst.to_string(),
+            src_addr: src,
+            dst_addr: dst,
+            moved,
+            duration: started.elapsed(),
+            result: outcome,
+        }
+        .emit();
+        drop(stream.slot);
+        Ok(())
+    }
+
+    async fn passthrough(
+        &self,
+        tcp: &TcpStream,
+        src: SocketAddr,
+        dst: SocketAddr,
+        started: Instant,
+    ) -> Result<(), OutboundError> {
+        let upstream = TcpStream::connect(dst)
+            .await
+            .map_err(|source| OutboundError::Passthrough { addr: dst, source })?;
+        let _ = upstream.set_nodelay(true);
+        let (up, down) = tokio::join!(copy_tcp(tcp, &upstream), copy_tcp(&upstream, tcp));
+        let result = up.and_then(|u| down.map(|d| (u, d)));
+        let (up, down) = result.as_ref().copied().unwrap_or_default();
+        let outcome = if result.is_ok() { "ok" } else { "passthrough_error" };
+        self.metrics.stream_ended(outcome);
+        AccessLog {
+            direction: "outbound",
+            src_identity: "",
+            dst_identity: "",
+            src_addr: src,
+            dst_addr: dst,
+            moved: Transferred {
+                tcp_to_h2: up,
+                h2_to_tcp: down,
+            },
+            duration: started.elapsed(),
+            result: outcome,
+        }
+        .emit();
+        Ok(())
+    }
+}
+
+/// One direction of a plain TCP copy, half-closing `to` at EOF.
+async fn copy_tcp(from: &TcpStream, to: &TcpStream) -> std::io::Result<u64> {
+    let mut total = 0;
+    loop {
+        from.readable().await?;
+        let mut buf = bytes::BytesMut::with_capacity(16 * 1024);
+        match from.try_read_buf(&mut buf) {
+            Ok(0) => {
+                socket2::SockRef::from(to).shutdown(std::net::Shutdown::Write)?;
+                return Ok(total);
+            }
+            Ok(n) => {
+                total += n as u64;
+                crate::hbone::copy::write_all(to, &buf).await?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}

@@ -1,0 +1,447 @@
+//! The outbound tunnel pool, keyed by (source identity, destination identity,
+//! destination workload address).
+//!
+//! - Single-flight dialing per key: concurrent requests for a key with no
+//!   usable tunnel wait for one dial instead of each dialing.
+//! - At most `max_streams_per_tunnel` streams per tunnel; a full tunnel is
+//!   used again as soon as one of its streams ends.
+//! - A tunnel that received GOAWAY (or whose connection broke) takes no new
+//!   streams; its open streams finish, then it closes.
+//! - Tunnels idle for `idle_timeout` are closed.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use h2::{RecvStream, SendStream};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+use tokio::time::Instant;
+use tracing::{debug, info_span, warn, Instrument};
+
+use crate::config::{HboneConfig, PoolConfig};
+use crate::drain::DrainWatch;
+use crate::hbone::client::{self, DialError, StreamError};
+use crate::identity::SpiffeId;
+use crate::tls::TlsContext;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, Serialize)]
+pub struct PoolKey {
+    pub src: SpiffeId,
+    pub dst: SpiffeId,
+    /// The destination workload's HBONE address (`ip:15008`).
+    pub dst_addr: SocketAddr,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("dial {addr}: {source}")]
+    Dial { addr: SocketAddr, source: DialError },
+    #[error("stream to {addr}: {source}")]
+    Stream { addr: SocketAddr, source: StreamError },
+}
+
+impl PoolError {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            PoolError::Dial { source, .. } => source.reason(),
+            PoolError::Stream { source, .. } => source.reason(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Default)]
+struct PoolMetrics {
+    tunnels: Gauge,
+    opened: Counter,
+    dial_failures: Family<ReasonLabel, Counter>,
+    goaways_received: Counter,
+    closed: Family<ReasonLabel, Counter>,
+}
+
+impl PoolMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let m = PoolMetrics::default();
+        let r = registry.sub_registry_with_prefix("pool");
+        r.register("tunnels", "Pooled outbound tunnels open now", m.tunnels.clone());
+        r.register("tunnels_opened", "Outbound tunnels dialed", m.opened.clone());
+        r.register(
+            "dial_failures",
+            "Outbound tunnel dials that failed, by reason",
+            m.dial_failures.clone(),
+        );
+        r.register(
+            "goaways_received",
+            "Pooled tunnels that received GOAWAY from the peer",
+            m.goaways_received.clone(),
+        );
+        r.register(
+            "tunnels_closed",
+            "Pooled tunnels closed, by reason",
+            m.closed.clone(),
+        );
+        m
+    }
+}
+
+/// One pooled tunnel.
+pub struct Tunnel {
+    pub id: u64,
+    pub key: PoolKey,
+    /// `None` once evicted: dropping the last handle makes h2 send GOAWAY and
+    /// close the connection as soon as its streams end.
+    send: Mutex<Option<SendRequest<Bytes>>>,
+    streams: AtomicUsize,
+    streams_total: AtomicU64,
+    goaway: AtomicBool,
+    closed: AtomicBool,
+    opened: Instant,
+    idle_since: Mutex<Option<Instant>>,
+}
+
+impl Tunnel {
+    pub fn streams(&self) -> usize {
+        self.streams.load(Ordering::Acquire)
+    }
+
+    pub fn received_goaway(&self) -> bool {
+        self.goaway.load(Ordering::Acquire)
+    }
+
+    /// Still connected and accepting new streams from the peer's point of view.
+    fn usable(&self) -> bool {
+        if self.closed.load(Ordering::Acquire) || self.goaway.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut guard = self.send.lock().unwrap();
+        let Some(send) = guard.as_mut() else {
+            return false;
+        };
+        // h2 records a received GOAWAY as a connection error that poll_ready reports.
+        let mut cx = Context::from_waker(Waker::noop());
+        match send.poll_ready(&mut cx) {
+            Poll::Ready(Err(_)) => {
+                self.goaway.store(true, Ordering::Release);
+                false
+            }
+            _ => true,
+        }
+    }
+
+    fn evict(&self) {
+        self.send.lock().unwrap().take();
+    }
+}
+
+/// A reserved stream slot on a tunnel; released on drop.
+pub struct StreamSlot {
+    tunnel: Arc<Tunnel>,
+}
+
+impl StreamSlot {
+    pub fn tunnel(&self) -> &Arc<Tunnel> {
+        &self.tunnel
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        if self.tunnel.streams.fetch_sub(1, Ordering::AcqRel) == 1 {
+            *self.tunnel.idle_since.lock().unwrap() = Some(Instant::now());
+        }
+    }
+}
+
+#[derive(Default)]
+struct KeyEntry {
+    tunnels: Mutex<Vec<Arc<Tunnel>>>,
+    dialing: tokio::sync::Mutex<()>,
+}
+
+pub struct Pool {
+    tls: Arc<TlsContext>,
+    hbone: HboneConfig,
+    cfg: PoolConfig,
+    keys: Mutex<HashMap<PoolKey, Arc<KeyEntry>>>,
+    next_id: AtomicU64,
+    metrics: PoolMetrics,
+}
+
+/// An established CONNECT stream on a pooled tunnel.
+pub struct PooledStream {
+    pub send: SendStream<Bytes>,
+    pub recv: RecvStream,
+    pub slot: StreamSlot,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TunnelDump {
+    pub id: u64,
+    pub src: String,
+    pub dst: String,
+    pub dst_addr: SocketAddr,
+    pub streams: usize,
+    pub streams_total: u64,
+    pub age_ms: u128,
+    pub goaway_received: bool,
+}
+
+impl Pool {
+    pub fn new(
+        tls: Arc<TlsContext>,
+        hbone: HboneConfig,
+        cfg: PoolConfig,
+        registry: &mut Registry,
+    ) -> Arc<Self> {
+        Arc::new(Pool {
+            tls,
+            hbone,
+            cfg,
+            keys: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+            metrics: PoolMetrics::register(registry),
+        })
+    }
+
+    /// Opens a CONNECT stream to `authority` through a tunnel for `key`,
+    /// reusing a pooled tunnel when one has room.
+    pub async fn connect(
+        self: &Arc<Self>,
+        key: &PoolKey,
+        authority: SocketAddr,
+    ) -> Result<PooledStream, PoolError> {
+        let entry = self.entry(key);
+        // A tunnel may turn out to have received GOAWAY between checkout and
+        // use; such a stream never reached the peer, so retry a few times.
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let slot = match checkout(&entry, self.cfg.max_streams_per_tunnel) {
+                Some(slot) => slot,
+                None => self.dial_single_flight(key, &entry).await?,
+            };
+            let send = slot.tunnel.send.lock().unwrap().clone();
+            let Some(send) = send else { continue };
+            match client::connect_stream(send, authority, self.hbone.connect_timeout).await {
+                Ok((send, recv)) => return Ok(PooledStream { send, recv, slot }),
+                Err(e) if e.retryable() && attempts < 3 => {
+                    debug!(error = %e, tunnel = slot.tunnel.id, "tunnel refused the stream; retrying on another");
+                    slot.tunnel.goaway.store(true, Ordering::Release);
+                }
+                Err(source) => {
+                    return Err(PoolError::Stream {
+                        addr: key.dst_addr,
+                        source,
+                    })
+                }
+            }
+        }
+    }
+
+    fn entry(&self, key: &PoolKey) -> Arc<KeyEntry> {
+        self.keys
+            .lock()
+            .unwrap()
+            .entry(key.clone())
+            .or_default()
+            .clone()
+    }
+
+    async fn dial_single_flight(
+        self: &Arc<Self>,
+        key: &PoolKey,
+        entry: &Arc<KeyEntry>,
+    ) -> Result<StreamSlot, PoolError> {
+        let _dialing = entry.dialing.lock().await;
+        // Someone else may have dialed while we waited.
+        if let Some(slot) = checkout(entry, self.cfg.max_streams_per_tunnel) {
+            return Ok(slot);
+        }
+        let (send, conn) = client::dial(&self.tls, &self.hbone, &key.src, &key.dst, key.dst_addr)
+            .await
+            .map_err(|source| {
+                self.metrics
+                    .dial_failures
+                    .get_or_create(&ReasonLabel {
+                        reason: source.reason(),
+                    })
+                    .inc();
+                PoolError::Dial {
+                    addr: key.dst_addr,
+                    source,
+                }
+            })?;
+        let tunnel = Arc::new(Tunnel {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            key: key.clone(),
+            send: Mutex::new(Some(send)),
+            streams: AtomicUsize::new(1),
+            streams_total: AtomicU64::new(1),
+            goaway: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            opened: Instant::now(),
+            idle_since: Mutex::new(None),
+        });
+        self.metrics.opened.inc();
+        self.metrics.tunnels.inc();
+        entry.tunnels.lock().unwrap().push(tunnel.clone());
+        self.spawn_driver(tunnel.clone(), entry.clone(), conn);
+        Ok(StreamSlot { tunnel })
+    }
+
+    /// Drives the tunnel's connection and keepalive; removes it when it ends.
+    fn spawn_driver(
+        self: &Arc<Self>,
+        tunnel: Arc<Tunnel>,
+        entry: Arc<KeyEntry>,
+        mut conn: client::ClientConnection,
+    ) {
+        let pool = self.clone();
+        let span = info_span!("tunnel", id = tunnel.id, dst = %tunnel.key.dst_addr);
+        tokio::spawn(
+            async move {
+                let ping = conn.ping_pong().expect("ping_pong is taken once");
+                let keepalive = crate::hbone::keepalive::run(
+                    ping,
+                    pool.hbone.keepalive_interval,
+                    pool.hbone.keepalive_timeout,
+                );
+                let reason = tokio::select! {
+                    r = &mut conn => match r {
+                        Ok(()) => "closed",
+                        Err(e) if e.is_go_away() => "goaway",
+                        Err(e) => {
+                            debug!(error = %e, "tunnel failed");
+                            "error"
+                        }
+                    },
+                    e = keepalive => {
+                        warn!(error = %e, "closing dead tunnel");
+                        "keepalive_timeout"
+                    }
+                };
+                if tunnel.received_goaway() || reason == "goaway" {
+                    pool.metrics.goaways_received.inc();
+                }
+                tunnel.closed.store(true, Ordering::Release);
+                tunnel.evict();
+                entry
+                    .tunnels
+                    .lock()
+                    .unwrap()
+                    .retain(|t| !Arc::ptr_eq(t, &tunnel));
+                pool.metrics.tunnels.dec();
+                pool.metrics.closed.get_or_create(&ReasonLabel { reason }).inc();
+                debug!(reason, "tunnel closed");
+            }
+            .instrument(span),
+        );
+    }
+
+    /// Closes tunnels idle for longer than the idle timeout. Runs until drained.
+    pub async fn evict_idle(self: Arc<Self>, mut drain: DrainWatch) {
+        let period = (self.cfg.idle_timeout / 4).clamp(Duration::from_millis(5), Duration::from_secs(30));
+        let mut tick = tokio::time::interval(period);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.evict_idle_once(),
+                _ = drain.signaled() => return,
+            }
+        }
+    }
+
+    fn evict_idle_once(&self) {
+        let now = Instant::now();
+        for entry in self.entries() {
+            let mut tunnels = entry.tunnels.lock().unwrap();
+            tunnels.retain(|t| {
+                let idle = t.streams() == 0
+                    && t
+                        .idle_since
+                        .lock()
+                        .unwrap()
+                        .is_some_and(|since| now.duration_since(since) >= self.cfg.idle_timeout);
+                if idle {
+                    debug!(tunnel = t.id, "evicting idle tunnel");
+                    t.evict();
+                }
+                !idle
+            });
+        }
+        self.keys
+            .lock()
+            .unwrap()
+            .retain(|_, e| !e.tunnels.lock().unwrap().is_empty() || e.dialing.try_lock().is_err());
+    }
+
+    /// Evicts every pooled tunnel: idle ones close at once, busy ones when
+    /// their streams end. Used at shutdown.
+    pub fn evict_all(&self) {
+        for entry in self.entries() {
+            for t in entry.tunnels.lock().unwrap().drain(..) {
+                t.evict();
+            }
+        }
+    }
+
+    fn entries(&self) -> Vec<Arc<KeyEntry>> {
+        self.keys.lock().unwrap().values().cloned().collect()
+    }
+
+    pub fn tunnels(&self) -> Vec<Arc<Tunnel>> {
+        self.entries()
+            .iter()
+            .flat_map(|e| e.tunnels.lock().unwrap().clone())
+            .collect()
+    }
+
+    pub fn dump(&self) -> Vec<TunnelDump> {
+        let now = Instant::now();
+        self.tunnels()
+            .iter()
+            .map(|t| TunnelDump {
+                id: t.id,
+                src: t.key.src.to_string(),
+                dst: t.key.dst.to_string(),
+                dst_addr: t.key.dst_addr,
+                streams: t.streams(),
+                streams_total: t.streams_total.load(Ordering::Relaxed),
+                age_ms: now.duration_since(t.opened).as_millis(),
+                goaway_received: t.received_goaway(),
+            })
+            .collect()
+    }
+}
+
+/// Reserves a slot on the first usable tunnel with room.
+fn checkout(entry: &KeyEntry, max: usize) -> Option<StreamSlot> {
+    let tunnels = entry.tunnels.lock().unwrap();
+    for t in tunnels.iter() {
+        if !t.usable() {
+            continue;
+        }
+        let reserved = t
+            .streams
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1));
+        if reserved.is_ok() {
+            t.streams_total.fetch_add(1, Ordering::Relaxed);
+            *t.idle_since.lock().unwrap() = None;
+            return Some(StreamSlot { tunnel: t.clone() });
+        }
+    }
+    None
+}

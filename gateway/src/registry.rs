@@ -1,0 +1,163 @@
+//! The registry of live inbound HBONE tunnels and their streams, per
+//! destination workload. The admin dump shows it; the drain engine acts on it.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use serde::Serialize;
+use tokio::sync::Notify;
+
+use crate::identity::SpiffeId;
+
+#[derive(Debug, Default)]
+pub struct Registry {
+    tunnels: Mutex<BTreeMap<u64, Arc<InboundTunnel>>>,
+    next_id: AtomicU64,
+}
+
+#[derive(Debug)]
+pub struct InboundTunnel {
+    pub id: u64,
+    pub workload_uid: String,
+    pub peer: SpiffeId,
+    pub peer_addr: SocketAddr,
+    pub opened_at: SystemTime,
+    streams: AtomicUsize,
+    streams_total: AtomicU64,
+    goaway: Notify,
+}
+
+impl InboundTunnel {
+    pub fn streams(&self) -> usize {
+        self.streams.load(Ordering::Relaxed)
+    }
+
+    /// Counts a stream for as long as the returned guard lives.
+    pub fn stream_started(self: &Arc<Self>) -> StreamCount {
+        self.streams.fetch_add(1, Ordering::Relaxed);
+        self.streams_total.fetch_add(1, Ordering::Relaxed);
+        StreamCount(self.clone())
+    }
+
+    /// Asks the tunnel to start a graceful GOAWAY (the serving task acts on it).
+    pub fn request_goaway(&self) {
+        self.goaway.notify_one();
+    }
+
+    /// Resolves when a GOAWAY was requested for this tunnel.
+    pub async fn goaway_requested(&self) {
+        self.goaway.notified().await
+    }
+}
+
+#[derive(Debug)]
+pub struct StreamCount(Arc<InboundTunnel>);
+
+impl Drop for StreamCount {
+    fn drop(&mut self) {
+        self.0.streams.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Removes the tunnel from the registry when dropped.
+#[derive(Debug)]
+pub struct Registration {
+    registry: Arc<Registry>,
+    pub tunnel: Arc<InboundTunnel>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.registry.tunnels.lock().unwrap().remove(&self.tunnel.id);
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct TunnelDump {
+    pub id: u64,
+    pub workload_uid: String,
+    pub peer_identity: String,
+    pub peer_addr: SocketAddr,
+    pub age_ms: u128,
+    pub streams: usize,
+    pub streams_total: u64,
+}
+
+impl Registry {
+    pub fn register(
+        self: &Arc<Self>,
+        workload_uid: &str,
+        peer: SpiffeId,
+        peer_addr: SocketAddr,
+    ) -> Registration {
+        let tunnel = Arc::new(InboundTunnel {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            workload_uid: workload_uid.to_owned(),
+            peer,
+            peer_addr,
+            opened_at: SystemTime::now(),
+            streams: AtomicUsize::new(0),
+            streams_total: AtomicU64::new(0),
+            goaway: Notify::new(),
+        });
+        self.tunnels
+            .lock()
+            .unwrap()
+            .insert(tunnel.id, tunnel.clone());
+        Registration {
+            registry: self.clone(),
+            tunnel,
+        }
+    }
+
+    pub fn for_workload(&self, uid: &str) -> Vec<Arc<InboundTunnel>> {
+        self.tunnels
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|t| t.workload_uid == uid)
+            .cloned()
+            .collect()
+    }
+
+    /// Requests a graceful GOAWAY on every tunnel of `uid`; returns how many.
+    pub fn goaway_workload(&self, uid: &str) -> usize {
+        let tunnels = self.for_workload(uid);
+        for t in &tunnels {
+            t.request_goaway();
+        }
+        tunnels.len()
+    }
+
+    pub fn len(&self) -> usize {
+        self.tunnels.lock().unwrap().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn dump(&self) -> Vec<TunnelDump> {
+        let now = SystemTime::now();
+        self.tunnels
+            .lock()
+            .unwrap()
+            .values()
+            .map(|t| TunnelDump {
+                id: t.id,
+                workload_uid: t.workload_uid.clone(),
+                peer_identity: t.peer.to_string(),
+                peer_addr: t.peer_addr,
+                age_ms: now
+                    .duration_since(t.opened_at)
+                    .unwrap_or_default()
+                    .as_millis(),
+                streams: t.streams(),
+                streams_total: t.streams_total.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,178 @@
+//! The workload store: every workload the gateway knows, published by one
+//! writer as an immutable snapshot that the data path reads without locks.
+
+mod file;
+
+pub use file::{parse_workload_file, WorkloadFile, WorkloadFileError, WorkloadFileWatcher};
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use serde::{Deserialize, Serialize};
+
+use crate::identity::SpiffeId;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Protocol {
+    /// The workload's node runs an HBONE gateway: tunnel to it.
+    #[default]
+    Hbone,
+    /// Plain TCP pass-through.
+    Tcp,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum LifecycleState {
+    #[default]
+    Running,
+    Terminating,
+}
+
+/// One workload as written in the workload file (and later: from Kubernetes).
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadSpec {
+    pub uid: String,
+    pub name: String,
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    #[serde(default = "default_service_account")]
+    pub service_account: String,
+    pub ips: Vec<IpAddr>,
+    pub node: String,
+    #[serde(default)]
+    pub protocol: Protocol,
+    #[serde(default)]
+    pub state: LifecycleState,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+    /// Inbound authorization: SPIFFE ids (a trailing `*` matches a prefix)
+    /// allowed to open streams to this workload. Empty: any peer of the trust domain.
+    #[serde(default)]
+    pub allow: Vec<String>,
+}
+
+fn default_namespace() -> String {
+    "default".into()
+}
+
+fn default_service_account() -> String {
+    "default".into()
+}
+
+/// A workload with its derived identity.
+#[derive(Debug, Serialize)]
+pub struct Workload {
+    #[serde(flatten)]
+    pub spec: WorkloadSpec,
+    pub identity: SpiffeId,
+    /// True when `spec.node` is this gateway's node.
+    pub local: bool,
+}
+
+impl Workload {
+    pub fn uid(&self) -> &str {
+        &self.spec.uid
+    }
+
+    /// Whether `peer` may open streams to this workload.
+    pub fn allows(&self, peer: &SpiffeId) -> bool {
+        if self.spec.allow.is_empty() {
+            return true;
+        }
+        let peer = peer.to_string();
+        self.spec.allow.iter().any(|p| match p.strip_suffix('*') {
+            Some(prefix) => peer.starts_with(prefix),
+            None => *p == peer,
+        })
+    }
+}
+
+/// An immutable view of all workloads.
+#[derive(Debug, Default)]
+pub struct WorkloadSnapshot {
+    by_uid: BTreeMap<String, Arc<Workload>>,
+    by_ip: HashMap<IpAddr, Arc<Workload>>,
+    /// Bumped on every publish.
+    pub generation: u64,
+}
+
+impl WorkloadSnapshot {
+    pub fn by_ip(&self, ip: IpAddr) -> Option<&Arc<Workload>> {
+        self.by_ip.get(&ip)
+    }
+
+    pub fn by_uid(&self, uid: &str) -> Option<&Arc<Workload>> {
+        self.by_uid.get(uid)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Workload>> {
+        self.by_uid.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_uid.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_uid.is_empty()
+    }
+}
+
+/// The single place workloads are published. Readers call [`WorkloadStore::snapshot`].
+#[derive(Debug)]
+pub struct WorkloadStore {
+    current: ArcSwap<WorkloadSnapshot>,
+    trust_domain: String,
+    node: String,
+    changed: tokio::sync::watch::Sender<u64>,
+}
+
+impl WorkloadStore {
+    pub fn new(trust_domain: &str, node: &str) -> Arc<Self> {
+        Arc::new(WorkloadStore {
+            current: ArcSwap::from_pointee(WorkloadSnapshot::default()),
+            trust_domain: trust_domain.to_owned(),
+            node: node.to_owned(),
+            changed: tokio::sync::watch::channel(0).0,
+        })
+    }
+
+    pub fn snapshot(&self) -> Arc<WorkloadSnapshot> {
+        self.current.load_full()
+    }
+
+    /// Notified with the generation after every publish.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Replaces the whole set atomically. The specs were validated by the parser.
+    pub fn publish(&self, specs: Vec<WorkloadSpec>) {
+        let generation = self.current.load().generation + 1;
+        let mut snap = WorkloadSnapshot {
+            generation,
+            ..Default::default()
+        };
+        for spec in specs {
+            let identity = SpiffeId::new(&self.trust_domain, &spec.namespace, &spec.service_account);
+            let w = Arc::new(Workload {
+                local: spec.node == self.node,
+                identity,
+                spec,
+            });
+            for ip in &w.spec.ips {
+                snap.by_ip.insert(*ip, w.clone());
+            }
+            snap.by_uid.insert(w.spec.uid.clone(), w);
+        }
+        self.current.store(Arc::new(snap));
+        self.changed.send_replace(generation);
+    }
+}
