@@ -97,6 +97,12 @@ impl Goaway {
         self
     }
 
+    /// Graceful or immediate, chosen at run time (e.g. from configuration).
+    pub fn mode(mut self, mode: GoawayMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
     /// Wait this long after the decision before sending.
     pub fn delay_ms(mut self, ms: u64) -> Self {
         self.delay_ms = ms;

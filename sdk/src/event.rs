@@ -305,6 +305,19 @@ pub enum Event {
     TimerFired(TimerFired),
 }
 
+/// Every [`Event::kind`], in WIT order.
+pub const EVENT_KINDS: [&str; 9] = [
+    "workload-added",
+    "shutdown-started",
+    "network-teardown",
+    "workload-deleted",
+    "peer-terminating",
+    "peer-deleted",
+    "connect-failing",
+    "gateway-shutdown",
+    "timer-fired",
+];
+
 impl Event {
     /// The WIT (and YAML) name of the event's case, e.g. `"shutdown-started"`.
     pub fn kind(&self) -> &'static str {

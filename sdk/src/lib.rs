@@ -49,7 +49,7 @@ pub use action::{
 };
 pub use event::{
     ConnectFailing, Event, GatewayShutdown, NetworkTeardown, PeerInfo, PeerState, ShutdownStarted,
-    Subject, TimerFired, WorkloadInfo, WorkloadState,
+    Subject, TimerFired, WorkloadInfo, WorkloadState, EVENT_KINDS,
 };
 
 /// The WIT package this SDK implements; the host checks it at load.
