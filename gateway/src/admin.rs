@@ -77,7 +77,10 @@ pub fn metrics(state: &AdminState, req: &Request<Incoming>) -> Response<Body> {
     }
     let mut out = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &state.metrics) {
-        return text(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics: {e}\n"));
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding metrics: {e}\n"),
+        );
     }
     Response::builder()
         .header(
@@ -96,7 +99,10 @@ pub fn readiness(state: &AdminState, req: &Request<Incoming>) -> Response<Body> 
     if state.ready.load(Ordering::Acquire) {
         text(StatusCode::OK, "ready\n")
     } else {
-        text(StatusCode::SERVICE_UNAVAILABLE, "not ready: starting or draining\n")
+        text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: starting or draining\n",
+        )
     }
 }
 

@@ -99,14 +99,18 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let workloads = WorkloadStore::new(&config.trust_domain, &config.node_name);
     match &config.workloads.file {
         Some(path) => {
-            let watcher =
-                WorkloadFileWatcher::start(path, config.workloads.reload_interval, workloads.clone())?;
+            let watcher = WorkloadFileWatcher::start(
+                path,
+                config.workloads.reload_interval,
+                workloads.clone(),
+            )?;
             tasks.spawn(watcher.run(drain.clone()));
         }
         None => load_workloads(&config, &workloads)?,
     }
 
-    let (source, certdir): (Arc<dyn CertSource>, Option<Arc<CertDir>>) = match &config.certificates {
+    let (source, certdir): (Arc<dyn CertSource>, Option<Arc<CertDir>>) = match &config.certificates
+    {
         CertificatesConfig::Dir {
             dir, trust_bundle, ..
         } => {
@@ -115,7 +119,13 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         }
         CertificatesConfig::DevCa { .. } => (cert_source(&config)?, None),
     };
-    if let (Some(d), CertificatesConfig::Dir { reload_interval, .. }) = (certdir, &config.certificates) {
+    if let (
+        Some(d),
+        CertificatesConfig::Dir {
+            reload_interval, ..
+        },
+    ) = (certdir, &config.certificates)
+    {
         tasks.spawn(d.watch(*reload_interval, drain.clone()));
     }
     let tls = Arc::new(TlsContext::new(
@@ -127,7 +137,12 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let families = ProxyFamilies::register(&mut registry);
     let streams = ActiveStreams::default();
     let conn_registry = Arc::new(Registry::default());
-    let pool = Pool::new(tls.clone(), config.hbone.clone(), config.pool.clone(), &mut registry);
+    let pool = Pool::new(
+        tls.clone(),
+        config.hbone.clone(),
+        config.pool.clone(),
+        &mut registry,
+    );
     tasks.spawn(pool.clone().evict_idle(drain.clone()));
 
     let l = &config.listeners;
@@ -185,9 +200,24 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
 
     tasks.spawn(inbound.run(inbound_listener, drain.clone()));
     tasks.spawn(outbound.clone().run(outbound_listener, drain.clone()));
-    tasks.spawn(admin::serve(admin_listener, admin_state.clone(), admin::admin, drain.clone()));
-    tasks.spawn(admin::serve(metrics_listener, admin_state.clone(), admin::metrics, drain.clone()));
-    tasks.spawn(admin::serve(ready_listener, admin_state.clone(), admin::readiness, drain.clone()));
+    tasks.spawn(admin::serve(
+        admin_listener,
+        admin_state.clone(),
+        admin::admin,
+        drain.clone(),
+    ));
+    tasks.spawn(admin::serve(
+        metrics_listener,
+        admin_state.clone(),
+        admin::metrics,
+        drain.clone(),
+    ));
+    tasks.spawn(admin::serve(
+        ready_listener,
+        admin_state.clone(),
+        admin::readiness,
+        drain.clone(),
+    ));
     admin_state.ready.store(true, Ordering::Release);
     info!(
         node = %config.node_name,

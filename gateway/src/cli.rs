@@ -9,7 +9,11 @@ use crate::config::{Config, ConfigError};
 use crate::identity::SpiffeId;
 
 #[derive(Debug, Parser)]
-#[command(name = "tidegate", version, about = "Per-node HBONE gateway with WebAssembly drain policies")]
+#[command(
+    name = "tidegate",
+    version,
+    about = "Per-node HBONE gateway with WebAssembly drain policies"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -32,7 +36,7 @@ pub enum Command {
     /// Run the gateway (the default).
     Run,
     /// Pipe stdin/stdout through an HBONE tunnel to a workload (nc over HBONE).
-    Connect(ConnectArgs),
+    Connect(Box<ConnectArgs>),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -58,12 +62,15 @@ impl ConfigArgs {
         match &self.config {
             Some(path) => Config::load(Some(path), env, &self.sets),
             None => {
-                let dir = std::env::temp_dir().join(format!("tidegate-default-{}", std::process::id()));
+                let dir =
+                    std::env::temp_dir().join(format!("tidegate-default-{}", std::process::id()));
                 let _ = std::fs::create_dir_all(&dir);
                 let path = dir.join("tidegate.yaml");
-                std::fs::write(&path, crate::app::DEFAULT_CONFIG).map_err(|source| ConfigError::Read {
-                    path: path.clone(),
-                    source,
+                std::fs::write(&path, crate::app::DEFAULT_CONFIG).map_err(|source| {
+                    ConfigError::Read {
+                        path: path.clone(),
+                        source,
+                    }
                 })?;
                 let cfg = Config::load(Some(&path), env, &self.sets);
                 let _ = std::fs::remove_dir_all(&dir);

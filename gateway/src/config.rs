@@ -314,7 +314,10 @@ impl Config {
             }
         }
         if h.max_concurrent_streams == 0 {
-            return Err(invalid("hbone.max_concurrent_streams", "must be at least 1"));
+            return Err(invalid(
+                "hbone.max_concurrent_streams",
+                "must be at least 1",
+            ));
         }
         if h.keepalive_interval.is_zero() || h.keepalive_timeout.is_zero() {
             return Err(invalid(
@@ -406,7 +409,9 @@ pub mod duration {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let v = Value::deserialize(d)?;
         match v {
-            Value::Number(n) if n.as_u64().is_some() => Ok(Duration::from_secs(n.as_u64().unwrap())),
+            Value::Number(n) if n.as_u64().is_some() => {
+                Ok(Duration::from_secs(n.as_u64().unwrap()))
+            }
             Value::String(s) => parse(&s).map_err(serde::de::Error::custom),
             other => Err(serde::de::Error::custom(format!(
                 "{other:?} is not a duration like 500ms, 10s, 5m or 1h"
@@ -491,17 +496,30 @@ mod tests {
 
     #[test]
     fn bad_values_name_the_key() {
-        let e = load("listeners:\n  admin: nope\n", &[], &[]).unwrap_err().to_string();
+        let e = load("listeners:\n  admin: nope\n", &[], &[])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("`listeners.admin`"), "{e}");
-        let e = load("hbone:\n  keepalive_timeout: soon\n", &[], &[]).unwrap_err().to_string();
-        assert!(e.contains("`hbone.keepalive_timeout`") && e.contains("500ms"), "{e}");
-        let e = load("pool:\n  max_streams_per_tunel: 3\n", &[], &[]).unwrap_err().to_string();
+        let e = load("hbone:\n  keepalive_timeout: soon\n", &[], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`hbone.keepalive_timeout`") && e.contains("500ms"),
+            "{e}"
+        );
+        let e = load("pool:\n  max_streams_per_tunel: 3\n", &[], &[])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown field `max_streams_per_tunel`"), "{e}");
-        let e = load("", &[], &["hbone.max_frame_size=10"]).unwrap_err().to_string();
+        let e = load("", &[], &["hbone.max_frame_size=10"])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("`hbone.max_frame_size`"), "{e}");
         let e = load("", &[], &["no-equals-sign"]).unwrap_err().to_string();
         assert!(e.contains("key.path=value"), "{e}");
-        let e = load("certificates:\n  source: vault\n", &[], &[]).unwrap_err().to_string();
+        let e = load("certificates:\n  source: vault\n", &[], &[])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("`certificates`") && e.contains("dev-ca"), "{e}");
     }
 }

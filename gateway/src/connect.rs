@@ -29,9 +29,9 @@ pub async fn run(config: Config, args: ConnectArgs) -> anyhow::Result<()> {
                 )
             })?,
     };
-    let me = args.as_identity.unwrap_or_else(|| {
-        SpiffeId::new(&config.trust_domain, "default", "tidegate-connect")
-    });
+    let me = args
+        .as_identity
+        .unwrap_or_else(|| SpiffeId::new(&config.trust_domain, "default", "tidegate-connect"));
     let via = args
         .via
         .unwrap_or_else(|| std::net::SocketAddr::new(args.to.ip(), config.hbone.port));

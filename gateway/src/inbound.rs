@@ -104,7 +104,9 @@ impl Inbound {
             };
             tracing::Span::current().record("peer.identity", field::display(&peer));
             self.metrics.connections_opened.inc();
-            let registration = self.registry.register(workload.uid(), peer.clone(), peer_addr);
+            let registration = self
+                .registry
+                .register(workload.uid(), peer.clone(), peer_addr);
             let ctx = crate::hbone::server::TunnelCtx {
                 peer,
                 peer_addr,

@@ -18,7 +18,8 @@ pub struct BindError {
 /// Binds a TCP listener with SO_REUSEADDR and SO_REUSEPORT.
 pub fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, BindError> {
     let err = |source| BindError { what, addr, source };
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(err)?;
+    let socket =
+        Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(err)?;
     socket.set_reuse_address(true).map_err(err)?;
     socket.set_reuse_port(true).map_err(err)?;
     socket.set_nonblocking(true).map_err(err)?;

@@ -34,7 +34,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             app.run_until_signal().await
         }
-        Command::Connect(args) => tidegate::connect::run(config, args).await,
+        Command::Connect(args) => tidegate::connect::run(config, *args).await,
     }
 }
 

@@ -89,7 +89,8 @@ impl Outbound {
                     let this = self.clone();
                     tokio::spawn(async move {
                         let Some(dst) = crate::listener::original_dst(&tcp) else {
-                            this.metrics.connection_failed(OutboundError::NotRedirected.reason());
+                            this.metrics
+                                .connection_failed(OutboundError::NotRedirected.reason());
                             return;
                         };
                         this.proxy(tcp, src, dst).await;
@@ -133,7 +134,8 @@ impl Outbound {
                     .emit();
                     // Reset rather than FIN: the application must not mistake a
                     // failed connect for an empty response.
-                    let _ = socket2::SockRef::from(&tcp).set_linger(Some(std::time::Duration::ZERO));
+                    let _ =
+                        socket2::SockRef::from(&tcp).set_linger(Some(std::time::Duration::ZERO));
                 }
             }
             self.metrics.connections_closed.inc();
@@ -210,7 +212,11 @@ impl Outbound {
         let (up, down) = tokio::join!(copy_tcp(tcp, &upstream), copy_tcp(&upstream, tcp));
         let result = up.and_then(|u| down.map(|d| (u, d)));
         let (up, down) = result.as_ref().copied().unwrap_or_default();
-        let outcome = if result.is_ok() { "ok" } else { "passthrough_error" };
+        let outcome = if result.is_ok() {
+            "ok"
+        } else {
+            "passthrough_error"
+        };
         self.metrics.stream_ended(outcome);
         AccessLog {
             direction: "outbound",

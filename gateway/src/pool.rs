@@ -10,6 +10,7 @@
 //! - Tunnels idle for `idle_timeout` are closed.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -47,7 +48,10 @@ pub enum PoolError {
     #[error("dial {addr}: {source}")]
     Dial { addr: SocketAddr, source: DialError },
     #[error("stream to {addr}: {source}")]
-    Stream { addr: SocketAddr, source: StreamError },
+    Stream {
+        addr: SocketAddr,
+        source: StreamError,
+    },
 }
 
 impl PoolError {
@@ -77,8 +81,16 @@ impl PoolMetrics {
     fn register(registry: &mut Registry) -> Self {
         let m = PoolMetrics::default();
         let r = registry.sub_registry_with_prefix("pool");
-        r.register("tunnels", "Pooled outbound tunnels open now", m.tunnels.clone());
-        r.register("tunnels_opened", "Outbound tunnels dialed", m.opened.clone());
+        r.register(
+            "tunnels",
+            "Pooled outbound tunnels open now",
+            m.tunnels.clone(),
+        );
+        r.register(
+            "tunnels_opened",
+            "Outbound tunnels dialed",
+            m.opened.clone(),
+        );
         r.register(
             "dial_failures",
             "Outbound tunnel dials that failed, by reason",
@@ -111,6 +123,7 @@ pub struct Tunnel {
     closed: AtomicBool,
     opened: Instant,
     idle_since: Mutex<Option<Instant>>,
+    goaways_received: Counter,
 }
 
 impl Tunnel {
@@ -124,21 +137,34 @@ impl Tunnel {
 
     /// Still connected and accepting new streams from the peer's point of view.
     fn usable(&self) -> bool {
-        if self.closed.load(Ordering::Acquire) || self.goaway.load(Ordering::Acquire) {
+        if self.closed.load(Ordering::Acquire) {
             return false;
+        }
+        self.refresh_goaway();
+        !self.goaway.load(Ordering::Acquire)
+    }
+
+    /// h2 records a received GOAWAY as a connection error that `poll_ready`
+    /// reports; notice it (the driver calls this after every poll).
+    fn refresh_goaway(&self) {
+        if self.goaway.load(Ordering::Acquire) {
+            return;
         }
         let mut guard = self.send.lock().unwrap();
         let Some(send) = guard.as_mut() else {
-            return false;
+            return;
         };
-        // h2 records a received GOAWAY as a connection error that poll_ready reports.
         let mut cx = Context::from_waker(Waker::noop());
-        match send.poll_ready(&mut cx) {
-            Poll::Ready(Err(_)) => {
-                self.goaway.store(true, Ordering::Release);
-                false
-            }
-            _ => true,
+        if let Poll::Ready(Err(_)) = send.poll_ready(&mut cx) {
+            drop(guard);
+            self.mark_goaway();
+        }
+    }
+
+    fn mark_goaway(&self) {
+        if !self.goaway.swap(true, Ordering::AcqRel) {
+            self.goaways_received.inc();
+            debug!(tunnel = self.id, "tunnel received GOAWAY; no new streams");
         }
     }
 
@@ -240,7 +266,7 @@ impl Pool {
                 Ok((send, recv)) => return Ok(PooledStream { send, recv, slot }),
                 Err(e) if e.retryable() && attempts < 3 => {
                     debug!(error = %e, tunnel = slot.tunnel.id, "tunnel refused the stream; retrying on another");
-                    slot.tunnel.goaway.store(true, Ordering::Release);
+                    slot.tunnel.mark_goaway();
                 }
                 Err(source) => {
                     return Err(PoolError::Stream {
@@ -295,6 +321,7 @@ impl Pool {
             closed: AtomicBool::new(false),
             opened: Instant::now(),
             idle_since: Mutex::new(None),
+            goaways_received: self.metrics.goaways_received.clone(),
         });
         self.metrics.opened.inc();
         self.metrics.tunnels.inc();
@@ -320,8 +347,15 @@ impl Pool {
                     pool.hbone.keepalive_interval,
                     pool.hbone.keepalive_timeout,
                 );
+                // Poll the connection, and after each poll check whether the
+                // peer sent GOAWAY so the tunnel stops taking streams at once.
+                let watched = std::future::poll_fn(|cx| {
+                    let r = std::pin::Pin::new(&mut conn).poll(cx);
+                    tunnel.refresh_goaway();
+                    r
+                });
                 let reason = tokio::select! {
-                    r = &mut conn => match r {
+                    r = watched => match r {
                         Ok(()) => "closed",
                         Err(e) if e.is_go_away() => "goaway",
                         Err(e) => {
@@ -334,8 +368,8 @@ impl Pool {
                         "keepalive_timeout"
                     }
                 };
-                if tunnel.received_goaway() || reason == "goaway" {
-                    pool.metrics.goaways_received.inc();
+                if reason == "goaway" {
+                    tunnel.mark_goaway();
                 }
                 tunnel.closed.store(true, Ordering::Release);
                 tunnel.evict();
@@ -345,7 +379,10 @@ impl Pool {
                     .unwrap()
                     .retain(|t| !Arc::ptr_eq(t, &tunnel));
                 pool.metrics.tunnels.dec();
-                pool.metrics.closed.get_or_create(&ReasonLabel { reason }).inc();
+                pool.metrics
+                    .closed
+                    .get_or_create(&ReasonLabel { reason })
+                    .inc();
                 debug!(reason, "tunnel closed");
             }
             .instrument(span),
@@ -354,7 +391,8 @@ impl Pool {
 
     /// Closes tunnels idle for longer than the idle timeout. Runs until drained.
     pub async fn evict_idle(self: Arc<Self>, mut drain: DrainWatch) {
-        let period = (self.cfg.idle_timeout / 4).clamp(Duration::from_millis(5), Duration::from_secs(30));
+        let period =
+            (self.cfg.idle_timeout / 4).clamp(Duration::from_millis(5), Duration::from_secs(30));
         let mut tick = tokio::time::interval(period);
         loop {
             tokio::select! {
@@ -370,8 +408,7 @@ impl Pool {
             let mut tunnels = entry.tunnels.lock().unwrap();
             tunnels.retain(|t| {
                 let idle = t.streams() == 0
-                    && t
-                        .idle_since
+                    && t.idle_since
                         .lock()
                         .unwrap()
                         .is_some_and(|since| now.duration_since(since) >= self.cfg.idle_timeout);
@@ -436,7 +473,9 @@ fn checkout(entry: &KeyEntry, max: usize) -> Option<StreamSlot> {
         }
         let reserved = t
             .streams
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1));
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            });
         if reserved.is_ok() {
             t.streams_total.fetch_add(1, Ordering::Relaxed);
             *t.idle_since.lock().unwrap() = None;

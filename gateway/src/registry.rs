@@ -71,7 +71,11 @@ pub struct Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.registry.tunnels.lock().unwrap().remove(&self.tunnel.id);
+        self.registry
+            .tunnels
+            .lock()
+            .unwrap()
+            .remove(&self.tunnel.id);
     }
 }
 

@@ -1,1 +1,288 @@
+//! Test harness for tidegate's end-to-end tests and benchmarks: in-process
+//! gateways on port 0, echo backends, a test-side capture that stands in for
+//! iptables REDIRECT, metric readers and a bounded `eventually`.
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tidegate::app::App;
+use tidegate::config::Config;
+use tidegate::outbound::Outbound;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+/// `127.<octet>.0.<host>`: each test uses its own octet so logs stay readable.
+pub fn ip(octet: u8, host: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, octet, 0, host))
+}
+
+/// Raises the open-file soft limit to the hard limit (1,000-stream tests need ~4,000 fds).
+pub fn raise_fd_limit() {
+    unsafe {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TIDEGATE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// An echo server: echoes every byte and half-closes when the client does.
+pub async fn echo_server(ip: IpAddr) -> SocketAddr {
+    let l = TcpListener::bind(SocketAddr::new(ip, 0)).await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = l.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let (mut r, mut w) = tcp.into_split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// Stands in for iptables REDIRECT: accepts application connections and hands
+/// them to the gateway's outbound with a fixed original destination.
+pub struct Capture {
+    pub addr: SocketAddr,
+}
+
+impl Capture {
+    pub async fn start(outbound: Arc<Outbound>, original_dst: SocketAddr) -> Capture {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, src)) = l.accept().await else {
+                    return;
+                };
+                let ob = outbound.clone();
+                tokio::spawn(async move { ob.proxy(tcp, src, original_dst).await });
+            }
+        });
+        Capture { addr }
+    }
+
+    /// An application connection from `src_ip` (the source workload's IP).
+    pub async fn connect(&self, src_ip: IpAddr) -> TcpStream {
+        self.try_connect(src_ip).await.unwrap()
+    }
+
+    /// Like [`Capture::connect`], for connections the gateway may refuse
+    /// (and reset) before the connect completes.
+    pub async fn try_connect(&self, src_ip: IpAddr) -> std::io::Result<TcpStream> {
+        let s = TcpSocket::new_v4()?;
+        s.bind(SocketAddr::new(src_ip, 0))?;
+        let tcp = s.connect(self.addr).await?;
+        let _ = tcp.set_nodelay(true);
+        Ok(tcp)
+    }
+}
+
+/// Writes `data`, reads until `data.len()` bytes came back.
+pub async fn round_trip(tcp: &mut TcpStream, data: &[u8]) -> std::io::Result<Vec<u8>> {
+    tcp.write_all(data).await?;
+    let mut back = vec![0; data.len()];
+    tcp.read_exact(&mut back).await?;
+    Ok(back)
+}
+
+/// The value of the sample `series` (name with labels, exactly as encoded) or 0.
+pub fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            let (name, value) = l.rsplit_once(' ')?;
+            (name == series).then(|| value.parse().ok())?
+        })
+        .unwrap_or(0.0)
+}
+
+/// Polls `check` every few milliseconds until it holds; panics after `within`.
+pub async fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !check() {
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {within:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Identities used by [`TwoNodes`].
+pub const TRUST_DOMAIN: &str = "cluster.local";
+
+/// A two-node mesh in one process: `server` (node-b) hosts the `echo`
+/// workload and its backend; `client` (node-a) hosts the `client` workload
+/// whose application connections enter through [`TwoNodes::capture`].
+pub struct TwoNodes {
+    pub dir: tempfile::TempDir,
+    pub octet: u8,
+    pub server: App,
+    pub client: App,
+    /// The echo workload's backend (authority of CONNECTs).
+    pub echo: SocketAddr,
+    pub client_ip: IpAddr,
+    pub capture: Capture,
+}
+
+pub struct Options {
+    /// Extra YAML merged into both gateways' config (e.g. pool settings).
+    pub client_yaml: String,
+    pub server_yaml: String,
+    /// Service account the *client* gateway believes the echo workload has
+    /// (to test a server presenting the wrong identity).
+    pub client_view_of_echo_sa: String,
+    /// Replaces the shared development CA (YAML of the `certificates` key's value).
+    pub certificates: Option<String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            client_yaml: String::new(),
+            server_yaml: String::new(),
+            client_view_of_echo_sa: "echo".into(),
+            certificates: None,
+        }
+    }
+}
+
+pub fn workloads_yaml(octet: u8, echo_sa: &str) -> String {
+    format!(
+        r#"workloads:
+- {{uid: echo-uid, name: echo, namespace: demo, service_account: {echo_sa}, ips: [{echo}], node: node-b}}
+- {{uid: other-uid, name: other, namespace: demo, service_account: other, ips: [{other}], node: node-b}}
+- {{uid: locked-uid, name: locked, namespace: demo, service_account: locked, ips: [{locked}], node: node-b, allow: ["spiffe://cluster.local/ns/demo/sa/nobody"]}}
+- {{uid: client-uid, name: client, namespace: demo, service_account: client, ips: [{client}], node: node-a}}
+"#,
+        echo = ip(octet, 2),
+        client = ip(octet, 3),
+        other = ip(octet, 4),
+        locked = ip(octet, 5),
+    )
+}
+
+/// A gateway config on port 0 sharing the dev CA in `ca_dir`.
+pub fn gateway_config(
+    node: &str,
+    ca_dir: &std::path::Path,
+    workloads: &std::path::Path,
+    hbone_port: u16,
+    extra: &str,
+) -> Config {
+    let certs = format!("{{source: dev-ca, state_dir: {}}}", ca_dir.display());
+    gateway_config_with(node, &certs, workloads, hbone_port, extra)
+}
+
+/// Like [`gateway_config`] with an explicit `certificates` value (flow-style YAML).
+pub fn gateway_config_with(
+    node: &str,
+    certificates: &str,
+    workloads: &std::path::Path,
+    hbone_port: u16,
+    extra: &str,
+) -> Config {
+    let yaml = format!(
+        r#"node_name: {node}
+trust_domain: {TRUST_DOMAIN}
+listeners:
+  outbound: 127.0.0.1:0
+  inbound: 0.0.0.0:0
+  admin: 127.0.0.1:0
+  metrics: 127.0.0.1:0
+  readiness: 127.0.0.1:0
+certificates: {certificates}
+workloads:
+  file: {workloads}
+  reload_interval: 50ms
+hbone:
+  port: {hbone_port}
+{extra}
+"#,
+        workloads = workloads.display(),
+    );
+    Config::from_yaml(&yaml).unwrap_or_else(|e| panic!("test config: {e}\n{yaml}"))
+}
+
+impl TwoNodes {
+    pub async fn start(octet: u8) -> TwoNodes {
+        Self::with(octet, Options::default()).await
+    }
+
+    pub async fn with(octet: u8, opts: Options) -> TwoNodes {
+        init_tracing();
+        raise_fd_limit();
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca");
+        let server_wl = dir.path().join("server-workloads.yaml");
+        let client_wl = dir.path().join("client-workloads.yaml");
+        std::fs::write(&server_wl, workloads_yaml(octet, "echo")).unwrap();
+        std::fs::write(
+            &client_wl,
+            workloads_yaml(octet, &opts.client_view_of_echo_sa),
+        )
+        .unwrap();
+        let echo = echo_server(ip(octet, 2)).await;
+        let certs = opts
+            .certificates
+            .clone()
+            .unwrap_or_else(|| format!("{{source: dev-ca, state_dir: {}}}", ca.display()));
+        let server = tidegate::app::build(gateway_config_with(
+            "node-b",
+            &certs,
+            &server_wl,
+            15008,
+            &opts.server_yaml,
+        ))
+        .await
+        .unwrap();
+        let port = server.addrs.inbound.port();
+        let client = tidegate::app::build(gateway_config_with(
+            "node-a",
+            &certs,
+            &client_wl,
+            port,
+            &opts.client_yaml,
+        ))
+        .await
+        .unwrap();
+        let capture = Capture::start(client.outbound.clone(), echo).await;
+        TwoNodes {
+            dir,
+            octet,
+            server,
+            client,
+            echo,
+            client_ip: ip(octet, 3),
+            capture,
+        }
+    }
+
+    pub async fn app_conn(&self) -> TcpStream {
+        self.capture.connect(self.client_ip).await
+    }
+
+    pub fn ca_dir(&self) -> PathBuf {
+        self.dir.path().join("ca")
+    }
+}

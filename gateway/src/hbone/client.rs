@@ -75,7 +75,9 @@ impl StreamError {
                 _ => "status_other",
             },
             StreamError::H2(e) if e.is_go_away() => "tunnel_goaway",
-            StreamError::H2(e) if e.reason() == Some(h2::Reason::REFUSED_STREAM) => "refused_stream",
+            StreamError::H2(e) if e.reason() == Some(h2::Reason::REFUSED_STREAM) => {
+                "refused_stream"
+            }
             StreamError::H2(_) => "tunnel_error",
             StreamError::Timeout(_) => "connect_timeout",
         }

@@ -130,12 +130,16 @@ pub async fn serve(
     mut drain: DrainWatch,
 ) {
     let cfg = &inbound.cfg;
-    let mut conn = match super::server_builder(cfg).handshake::<_, Bytes>(tls).await {
-        Ok(c) => c,
-        Err(e) => {
+    // A peer that completes TLS but never sends the HTTP/2 preface must not
+    // hold a task forever: the handshake is bounded like the TLS one.
+    let handshake = super::server_builder(cfg).handshake::<_, Bytes>(tls);
+    let mut conn = match tokio::time::timeout(cfg.connect_timeout, handshake).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
             debug!(error = %e, "http/2 handshake failed");
             return inbound.metrics.connection_failed("h2_handshake");
         }
+        Err(_) => return inbound.metrics.connection_failed("h2_handshake_timeout"),
     };
     let ping = conn.ping_pong().expect("ping_pong is taken once");
     let keepalive = super::keepalive::run(ping, cfg.keepalive_interval, cfg.keepalive_timeout);
@@ -224,11 +228,21 @@ async fn handle_stream(
                     .expect("static response");
                 let _ = respond.send_response(resp, true);
                 inbound.metrics.stream_ended(e.reason());
-                log(inbound, ctx, ctx.dialed, Default::default(), started, e.reason());
+                log(
+                    inbound,
+                    ctx,
+                    ctx.dialed,
+                    Default::default(),
+                    started,
+                    e.reason(),
+                );
                 return;
             }
         };
-        let resp = Response::builder().status(StatusCode::OK).body(()).expect("static");
+        let resp = Response::builder()
+            .status(StatusCode::OK)
+            .body(())
+            .expect("static");
         let send = match respond.send_response(resp, false) {
             Ok(s) => s,
             Err(e) => {
@@ -258,7 +272,12 @@ async fn dial(
     let connect = tokio::time::timeout(timeout, TcpStream::connect(target)).await;
     let tcp = match connect {
         Ok(Ok(t)) => t,
-        Ok(Err(source)) => return Err(InboundError::Upstream { addr: target, source }),
+        Ok(Err(source)) => {
+            return Err(InboundError::Upstream {
+                addr: target,
+                source,
+            })
+        }
         Err(_) => {
             return Err(InboundError::Upstream {
                 addr: target,

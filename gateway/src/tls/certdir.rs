@@ -165,8 +165,8 @@ fn parse(files: &Files, digest: u64) -> Result<Snapshot, CertDirError> {
             "no PEM certificates found".into(),
         ));
     }
-    let roots = Roots::from_certs(roots)
-        .map_err(|e| invalid(Path::new("trust bundle"), e.to_string()))?;
+    let roots =
+        Roots::from_certs(roots).map_err(|e| invalid(Path::new("trust bundle"), e.to_string()))?;
     let mut keys = HashMap::new();
     for (path, cert_pem, key_pem) in &files.pairs {
         let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)

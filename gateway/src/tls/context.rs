@@ -52,7 +52,9 @@ pub fn classify(err: &std::io::Error) -> &'static str {
     };
     match tls {
         E::NoCertificatesPresented => "no_client_cert",
-        E::InvalidCertificate(C::UnknownIssuer) => "untrusted_ca",
+        // No trust anchor issued it; a CA with the same name but another key
+        // shows up as a bad signature on the chain.
+        E::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => "untrusted_ca",
         E::InvalidCertificate(C::Expired) => "expired",
         E::InvalidCertificate(C::Other(o)) => match o.0.downcast_ref::<IdentityError>() {
             Some(id) => id.reason(),
@@ -89,6 +91,9 @@ impl ResolvesClientCert for Fixed {
     }
 }
 
+/// A server config and the certificate it was built with.
+type CachedServerConfig = (Arc<CertifiedKey>, Arc<ServerConfig>);
+
 /// TLS for every local identity. Server configs are cached per identity and
 /// rebuilt when the certificate changes; trust bundle changes apply at once
 /// because the verifiers read the current roots on every handshake.
@@ -96,7 +101,7 @@ pub struct TlsContext {
     source: Arc<dyn CertSource>,
     provider: Arc<CryptoProvider>,
     trust_domain: String,
-    server_cache: Mutex<HashMap<SpiffeId, (Arc<CertifiedKey>, Arc<ServerConfig>)>>,
+    server_cache: Mutex<HashMap<SpiffeId, CachedServerConfig>>,
     pub metrics: TlsMetrics,
 }
 
@@ -172,7 +177,8 @@ impl TlsContext {
         tcp: TcpStream,
     ) -> Result<(ServerTls, SpiffeId), HandshakeError> {
         let result = self.accept_inner(local, tcp).await;
-        self.metrics.record_handshake("inbound", result.as_ref().err());
+        self.metrics
+            .record_handshake("inbound", result.as_ref().err());
         result
     }
 
@@ -213,7 +219,8 @@ impl TlsContext {
                 })
         }
         .await;
-        self.metrics.record_handshake("outbound", result.as_ref().err());
+        self.metrics
+            .record_handshake("outbound", result.as_ref().err());
         result
     }
 }

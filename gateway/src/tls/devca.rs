@@ -50,7 +50,12 @@ impl DevCa {
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
         let params = ca_params();
         let cert = params.self_signed(&key)?;
-        Self::from_parts(cert.pem(), cert.der().clone(), Issuer::new(params, key), validity)
+        Self::from_parts(
+            cert.pem(),
+            cert.der().clone(),
+            Issuer::new(params, key),
+            validity,
+        )
     }
 
     /// Loads `ca.crt`/`ca.key` from `dir`, creating them on first use.
@@ -128,7 +133,10 @@ impl DevCa {
         let (cert, key) = self.mint(id)?;
         let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
         let signer = provider().key_provider.load_private_key(der)?;
-        Ok(Arc::new(CertifiedKey::new(vec![cert.der().clone()], signer)))
+        Ok(Arc::new(CertifiedKey::new(
+            vec![cert.der().clone()],
+            signer,
+        )))
     }
 }
 

@@ -11,7 +11,9 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, OtherError, SignatureScheme};
+use rustls::{
+    CertificateError, DigitallySignedStruct, DistinguishedName, OtherError, SignatureScheme,
+};
 
 use super::CertSource;
 use crate::identity::SpiffeId;
@@ -85,9 +87,7 @@ fn webpki_to_rustls(e: webpki::Error) -> rustls::Error {
         W::CertExpired { .. } => CertificateError::Expired,
         W::CertNotValidYet { .. } => CertificateError::NotValidYet,
         W::InvalidSignatureForPublicKey => CertificateError::BadSignature,
-        W::RequiredEkuNotFoundContext(_) => {
-            CertificateError::InvalidPurpose
-        }
+        W::RequiredEkuNotFoundContext(_) => CertificateError::InvalidPurpose,
         W::BadDer | W::BadDerTime => CertificateError::BadEncoding,
         other => CertificateError::Other(OtherError(Arc::new(other))),
     };
@@ -171,7 +171,12 @@ impl ClientCertVerifier for SpiffeClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -180,7 +185,12 @@ impl ClientCertVerifier for SpiffeClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
@@ -238,7 +248,12 @@ impl ServerCertVerifier for SpiffeServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -247,7 +262,12 @@ impl ServerCertVerifier for SpiffeServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {

@@ -60,10 +60,7 @@ pub fn parse_workload_file(text: &str) -> Result<Vec<WorkloadSpec>, WorkloadFile
                 return Err(bad("ips", format!("IP {ip} is used by two workloads")));
             }
         }
-        let id = format!(
-            "spiffe://x/ns/{}/sa/{}",
-            w.namespace, w.service_account
-        );
+        let id = format!("spiffe://x/ns/{}/sa/{}", w.namespace, w.service_account);
         if let Err(e) = id.parse::<crate::identity::SpiffeId>() {
             return Err(bad("namespace", e.to_string()));
         }
@@ -151,7 +148,10 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("workloads[1].uid") && e.contains("duplicate"), "{e}");
+        assert!(
+            e.contains("workloads[1].uid") && e.contains("duplicate"),
+            "{e}"
+        );
         let e = parse_workload_file("workloads:\n- {uid: a, name: a, ips: [not-an-ip], node: n}\n")
             .unwrap_err()
             .to_string();
@@ -161,7 +161,10 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("workloads[1].ips") && e.contains("10.0.0.1"), "{e}");
+        assert!(
+            e.contains("workloads[1].ips") && e.contains("10.0.0.1"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -186,13 +189,25 @@ mod tests {
     fn reload_keeps_previous_set_on_error() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("w.yaml");
-        std::fs::write(&path, "workloads:\n- {uid: a, name: a, ips: [10.0.0.1], node: n}\n").unwrap();
+        std::fs::write(
+            &path,
+            "workloads:\n- {uid: a, name: a, ips: [10.0.0.1], node: n}\n",
+        )
+        .unwrap();
         let store = WorkloadStore::new("td", "n");
-        let mut w = WorkloadFileWatcher::start(&path, Duration::from_millis(10), store.clone()).unwrap();
+        let mut w =
+            WorkloadFileWatcher::start(&path, Duration::from_millis(10), store.clone()).unwrap();
         std::fs::write(&path, "workloads: [oops").unwrap();
         w.poll_once();
-        assert!(store.snapshot().by_uid("a").is_some(), "a bad file must not drop workloads");
-        std::fs::write(&path, "workloads:\n- {uid: b, name: b, ips: [10.0.0.2], node: n}\n").unwrap();
+        assert!(
+            store.snapshot().by_uid("a").is_some(),
+            "a bad file must not drop workloads"
+        );
+        std::fs::write(
+            &path,
+            "workloads:\n- {uid: b, name: b, ips: [10.0.0.2], node: n}\n",
+        )
+        .unwrap();
         w.poll_once();
         let snap = store.snapshot();
         assert!(snap.by_uid("b").is_some() && snap.by_uid("a").is_none());
@@ -202,14 +217,23 @@ mod tests {
     async fn watcher_task_publishes_changes() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("w.yaml");
-        std::fs::write(&path, "workloads:\n- {uid: a, name: a, ips: [10.0.0.1], node: n}\n").unwrap();
+        std::fs::write(
+            &path,
+            "workloads:\n- {uid: a, name: a, ips: [10.0.0.1], node: n}\n",
+        )
+        .unwrap();
         let store = WorkloadStore::new("td", "n");
         let mut changes = store.subscribe();
         let (trigger, watch) = crate::drain::channel();
-        let w = WorkloadFileWatcher::start(&path, Duration::from_millis(10), store.clone()).unwrap();
+        let w =
+            WorkloadFileWatcher::start(&path, Duration::from_millis(10), store.clone()).unwrap();
         changes.borrow_and_update();
         let task = tokio::spawn(w.run(watch));
-        std::fs::write(&path, "workloads:\n- {uid: b, name: b, ips: [10.0.0.2], node: n}\n").unwrap();
+        std::fs::write(
+            &path,
+            "workloads:\n- {uid: b, name: b, ips: [10.0.0.2], node: n}\n",
+        )
+        .unwrap();
         changes.changed().await.unwrap();
         assert!(store.snapshot().by_uid("b").is_some());
         trigger.start(Duration::from_secs(1));

@@ -161,7 +161,8 @@ impl WorkloadStore {
             ..Default::default()
         };
         for spec in specs {
-            let identity = SpiffeId::new(&self.trust_domain, &spec.namespace, &spec.service_account);
+            let identity =
+                SpiffeId::new(&self.trust_domain, &spec.namespace, &spec.service_account);
             let w = Arc::new(Workload {
                 local: spec.node == self.node,
                 identity,

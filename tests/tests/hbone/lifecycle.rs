@@ -1,0 +1,284 @@
+//! Certificates reloaded under live tunnels, keepalive, admin endpoints and
+//! shutdown.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tidegate::config::HboneConfig;
+use tidegate::hbone::client::{connect_stream, dial};
+use tidegate::identity::SpiffeId;
+use tidegate::tls::{CertDir, DevCa, TlsContext, TlsMetrics};
+use tidegate_e2e::{eventually, ip, metric, round_trip, Options, TwoNodes};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn sa(name: &str) -> SpiffeId {
+    SpiffeId::new("cluster.local", "demo", name)
+}
+
+async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut out = String::new();
+    tcp.read_to_string(&mut out).await.unwrap();
+    let status = out[9..12].parse().unwrap();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|x| x.1.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn write_pair(ca: &DevCa, dir: &std::path::Path, name: &str) {
+    let (cert, key) = ca.mint_pem(&sa(name)).unwrap();
+    // Key first, then certificate: a poll between the two sees a mismatched
+    // pair at worst for one interval, never a certificate without its key.
+    std::fs::write(dir.join(format!("{name}.key.tmp")), key).unwrap();
+    std::fs::write(dir.join(format!("{name}.crt.tmp")), cert).unwrap();
+    std::fs::rename(
+        dir.join(format!("{name}.key.tmp")),
+        dir.join(format!("{name}.key")),
+    )
+    .unwrap();
+    std::fs::rename(
+        dir.join(format!("{name}.crt.tmp")),
+        dir.join(format!("{name}.crt")),
+    )
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_directory_reloads_without_dropping_tunnels() {
+    let certs = tempfile::tempdir().unwrap();
+    let ca = DevCa::new(Duration::from_secs(600)).unwrap();
+    std::fs::write(certs.path().join("bundle.pem"), ca.root_pem()).unwrap();
+    let dir = certs.path().join("certs");
+    std::fs::create_dir(&dir).unwrap();
+    write_pair(&ca, &dir, "echo");
+    write_pair(&ca, &dir, "client");
+    let nodes = TwoNodes::with(
+        41,
+        Options {
+            certificates: Some(format!(
+                "{{source: dir, dir: {}, trust_bundle: {}, reload_interval: 20ms}}",
+                dir.display(),
+                certs.path().join("bundle.pem").display()
+            )),
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut held = nodes.app_conn().await;
+    assert_eq!(round_trip(&mut held, b"before").await.unwrap(), b"before");
+
+    // What the server presents to a new tunnel, seen by a verifying client.
+    let verifier_source = CertDir::load(&dir, &certs.path().join("bundle.pem")).unwrap();
+    let tls = TlsContext::new(
+        verifier_source.clone(),
+        "cluster.local",
+        TlsMetrics::default(),
+    );
+    let hbone_addr = SocketAddr::new(ip(41, 2), nodes.server.addrs.inbound.port());
+    let presented = || async {
+        let tcp = TcpStream::connect(hbone_addr).await.unwrap();
+        let s = tls
+            .connect(&sa("client"), &sa("echo"), hbone_addr.ip(), tcp)
+            .await
+            .unwrap();
+        s.get_ref().1.peer_certificates().unwrap()[0].clone()
+    };
+    let before = presented().await;
+
+    write_pair(&ca, &dir, "echo");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if presented().await != before {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "new certificate never presented"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The tunnel established with the old certificate still carries its stream.
+    assert_eq!(round_trip(&mut held, b"after").await.unwrap(), b"after");
+    assert_eq!(
+        metric(
+            &nodes.client.metrics_text(),
+            "tidegate_pool_tunnels_opened_total"
+        ),
+        1.0
+    );
+
+    // A broken file set is refused and the previous certificates stay.
+    std::fs::write(dir.join("echo.crt"), "not a certificate").unwrap();
+    let err = verifier_source.reload().unwrap_err().to_string();
+    assert!(err.contains("echo.crt"), "the error names the file: {err}");
+    assert_eq!(verifier_source.identities(), vec![sa("client"), sa("echo")]);
+    let mut fresh = nodes.app_conn().await;
+    assert_eq!(round_trip(&mut fresh, b"x").await.unwrap(), b"x");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_closes_a_peer_that_stops_answering() {
+    let nodes = TwoNodes::with(
+        42,
+        Options {
+            server_yaml: "  keepalive_interval: 100ms\n  keepalive_timeout: 200ms\n".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let ca = Arc::new(DevCa::open(&nodes.ca_dir(), Duration::from_secs(600)).unwrap());
+    let tls = TlsContext::new(ca, "cluster.local", TlsMetrics::default());
+    let addr = SocketAddr::new(ip(42, 2), nodes.server.addrs.inbound.port());
+    let (send, mut conn) = dial(
+        &tls,
+        &HboneConfig::default(),
+        &sa("client"),
+        &sa("echo"),
+        addr,
+    )
+    .await
+    .unwrap();
+    // Drive the connection only until one stream is up, then go silent:
+    // the server's PINGs are never answered.
+    let stream = tokio::select! {
+        s = connect_stream(send, nodes.echo, Duration::from_secs(5)) => s.unwrap(),
+        r = &mut conn => panic!("connection ended early: {r:?}"),
+    };
+    assert_eq!(nodes.server.registry.len(), 1);
+    eventually(
+        "server closed the silent tunnel",
+        Duration::from_secs(10),
+        || nodes.server.registry.is_empty(),
+    )
+    .await;
+    assert_eq!(
+        metric(
+            &nodes.server.metrics_text(),
+            r#"tidegate_connections_failed_total{direction="inbound",reason="keepalive_timeout"}"#
+        ),
+        1.0
+    );
+    drop((stream, conn));
+    // Everybody else is still served.
+    let mut tcp = nodes.app_conn().await;
+    assert_eq!(round_trip(&mut tcp, b"ok").await.unwrap(), b"ok");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_endpoints_show_tunnels_streams_and_readiness() {
+    let nodes = TwoNodes::start(43).await;
+    let mut held = nodes.app_conn().await;
+    assert_eq!(round_trip(&mut held, b"hello").await.unwrap(), b"hello");
+
+    let (status, body) = http_get(nodes.server.addrs.admin, "/config_dump").await;
+    assert_eq!(status, 200);
+    let dump: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let tunnels = dump["inbound_tunnels"].as_array().unwrap();
+    assert_eq!(tunnels.len(), 1, "{body}");
+    assert_eq!(tunnels[0]["workload_uid"], "echo-uid");
+    assert_eq!(tunnels[0]["streams"], 1);
+    assert_eq!(
+        tunnels[0]["peer_identity"],
+        "spiffe://cluster.local/ns/demo/sa/client"
+    );
+    assert!(dump["workloads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|w| w["uid"] == "echo-uid"));
+
+    let (_, body) = http_get(nodes.client.addrs.admin, "/config_dump").await;
+    let dump: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(dump["pool"][0]["streams"], 1, "{body}");
+
+    let (status, body) = http_get(nodes.server.addrs.readiness, "/healthz/ready").await;
+    assert_eq!((status, body.as_str()), (200, "ready\n"));
+    let (status, body) = http_get(nodes.server.addrs.metrics, "/metrics").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        metric(&body, r#"tidegate_streams_open{direction="inbound"}"#),
+        1.0
+    );
+    let (status, body) = http_get(nodes.server.addrs.admin, "/nope").await;
+    assert_eq!(status, 404);
+    assert!(body.contains("/config_dump"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_refuses_new_connections_and_waits_for_open_streams() {
+    let TwoNodes {
+        dir: _dir,
+        server,
+        client,
+        capture,
+        client_ip,
+        ..
+    } = TwoNodes::start(44).await;
+    let mut held = capture.connect(client_ip).await;
+    assert_eq!(round_trip(&mut held, b"one").await.unwrap(), b"one");
+    let inbound = SocketAddr::new(ip(44, 2), server.addrs.inbound.port());
+    let readiness = server.addrs.readiness;
+    let (status, _) = http_get(readiness, "/healthz/ready").await;
+    assert_eq!(status, 200);
+
+    let shutdown = tokio::spawn(server.shutdown());
+    eventually("inbound listener closed", Duration::from_secs(5), || {
+        std::net::TcpStream::connect(inbound).is_err()
+    })
+    .await;
+    // The open stream still works while the gateway drains...
+    assert_eq!(round_trip(&mut held, b"two").await.unwrap(), b"two");
+    assert!(
+        !shutdown.is_finished(),
+        "shutdown must wait for the open stream"
+    );
+    // ...and shutdown completes once it ends.
+    held.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    held.read_to_end(&mut rest).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), shutdown)
+        .await
+        .expect("shutdown returns when the last stream ends")
+        .unwrap();
+    drop(client);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_cuts_streams_at_the_deadline() {
+    let TwoNodes {
+        dir: _dir,
+        server,
+        client,
+        capture,
+        client_ip,
+        ..
+    } = TwoNodes::with(
+        45,
+        Options {
+            server_yaml: "shutdown:\n  deadline: 300ms\n".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut held = capture.connect(client_ip).await;
+    assert_eq!(round_trip(&mut held, b"one").await.unwrap(), b"one");
+    tokio::time::timeout(Duration::from_secs(10), server.shutdown())
+        .await
+        .expect("shutdown is bounded by its deadline");
+    // The stream was cut: the application sees the end of it.
+    let mut rest = Vec::new();
+    let r = tokio::time::timeout(Duration::from_secs(10), held.read_to_end(&mut rest))
+        .await
+        .expect("the cut reaches the application");
+    assert!(r.is_err() || rest.is_empty());
+    drop(client);
+}
