@@ -170,16 +170,17 @@ async fn tls_refusals_are_specific() {
     // 4. The server presents an identity other than the expected one: the
     // client refuses before sending anything.
     let tls = TlsContext::new(real_ca(&nodes), "cluster.local", TlsMetrics::default());
-    let err = dial(
+    let refused = dial(
         &tls,
         &hbone,
         &id("cluster.local", "client"),
         &id("cluster.local", "impostor"),
         addr,
     )
-    .await
-    .err()
-    .expect("a server with the wrong SAN must be refused");
+    .await;
+    let Err(err) = refused else {
+        panic!("a server with the wrong SAN must be refused");
+    };
     assert_eq!(err.reason(), "unexpected_identity", "{err}");
     eventually(
         "server saw the client's rejection",
