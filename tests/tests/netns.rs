@@ -1,0 +1,783 @@
+//! Transparent capture end to end across two gateways, with real network
+//! namespaces, veth pairs and iptables REDIRECT (issue 2).
+//!
+//! ```text
+//!  pa (client app)          na (node A)                      nb (node B)             pb (echo :8080)
+//!  eth0 10.X.1.2 ──veth── to-pa 10.X.1.1                                    to-pb 10.X.2.1 ──veth── eth0 10.X.2.2
+//!                           PREROUTING -i to-pa -p tcp        PREROUTING -d 10.X.2.2 --dport 15008
+//!                             REDIRECT :15001                   REDIRECT :15008
+//!                           gateway A   to-nb 10.X.0.1 ──veth── to-na 10.X.0.2   gateway B
+//! ```
+//!
+//! Pod A dials pod B's IP directly; node A's iptables redirects the connection
+//! to gateway A's outbound listener, which reads `SO_ORIGINAL_DST`, opens (or
+//! reuses) a pooled mTLS + HTTP/2 tunnel to `10.X.2.2:15008`; node B's iptables
+//! redirects that to gateway B's inbound listener, which dials the echo server
+//! from node B. Each gateway, the echo server and the client run on their own
+//! OS thread that entered its namespace with `setns()` before creating a
+//! current-thread tokio runtime, so every socket lives where it should.
+//!
+//! Needs root, `ip` and `iptables`; skipped (with a message) otherwise.
+
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tidegate::app::BoundAddrs;
+use tidegate::config::Config;
+use tidegate_e2e::metric;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+
+const OUTBOUND_PORT: u16 = 15001;
+const HBONE_PORT: u16 = 15008;
+const ECHO_PORT: u16 = 8080;
+/// Bound on any single step (a round trip, a gateway start, a metric to settle).
+const STEP: Duration = Duration::from_secs(30);
+
+// ---------------------------------------------------------------------------
+// Topology: four namespaces joined by three veth pairs.
+
+/// Names and addresses derived from the process id, so concurrent runs (and
+/// leftovers of a killed run) never collide.
+struct Topology {
+    na: String,
+    nb: String,
+    pa: String,
+    pb: String,
+    /// Second octet of every address: 10.X.{0,1,2}.0/24.
+    x: u8,
+}
+
+impl Topology {
+    fn for_this_process() -> Topology {
+        let pid = std::process::id();
+        Topology {
+            na: format!("tg{pid}na"),
+            nb: format!("tg{pid}nb"),
+            pa: format!("tg{pid}pa"),
+            pb: format!("tg{pid}pb"),
+            x: 100 + (pid % 150) as u8,
+        }
+    }
+
+    fn all(&self) -> [&str; 4] {
+        [&self.na, &self.nb, &self.pa, &self.pb]
+    }
+
+    fn addr(&self, subnet: u8, host: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, self.x, subnet, host)
+    }
+    /// Node A on the node link.
+    fn node_a(&self) -> Ipv4Addr {
+        self.addr(0, 1)
+    }
+    /// Node B on the node link.
+    fn node_b(&self) -> Ipv4Addr {
+        self.addr(0, 2)
+    }
+    /// Node A's side of pod A's veth (pod A's gateway).
+    fn node_a_to_pod(&self) -> Ipv4Addr {
+        self.addr(1, 1)
+    }
+    fn pod_a(&self) -> Ipv4Addr {
+        self.addr(1, 2)
+    }
+    /// Node B's side of pod B's veth: the address gateway B dials pod B from.
+    fn node_b_to_pod(&self) -> Ipv4Addr {
+        self.addr(2, 1)
+    }
+    fn pod_b(&self) -> Ipv4Addr {
+        self.addr(2, 2)
+    }
+}
+
+/// Runs a command line (arguments separated by whitespace); panics with its
+/// stderr when it cannot run or fails.
+fn run(cmdline: &str) {
+    let args: Vec<&str> = cmdline.split_whitespace().collect();
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("netns setup: cannot run `{cmdline}`: {e}"));
+    if !out.status.success() {
+        panic!(
+            "netns setup: `{cmdline}` failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+}
+
+/// Deletes the namespaces (their veths go with them) when dropped, panic or not.
+struct NetnsGuard {
+    names: Vec<String>,
+}
+
+impl Drop for NetnsGuard {
+    fn drop(&mut self) {
+        for ns in &self.names {
+            let out = Command::new("ip").args(["netns", "del", ns]).output();
+            match out {
+                Ok(o) if o.status.success() => {}
+                Ok(o) => eprintln!(
+                    "netns cleanup: `ip netns del {ns}` failed: {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                ),
+                Err(e) => eprintln!("netns cleanup: cannot run `ip netns del {ns}`: {e}"),
+            }
+        }
+    }
+}
+
+/// Creates the namespaces, veths, addresses, routes, forwarding and the two
+/// REDIRECT rules. The guard is armed before the first namespace exists.
+fn build_topology(t: &Topology) -> NetnsGuard {
+    // A killed earlier process with our pid may have left namespaces behind.
+    for ns in t.all() {
+        let _ = Command::new("ip").args(["netns", "del", ns]).output();
+    }
+    let mut guard = NetnsGuard { names: Vec::new() };
+    for ns in t.all() {
+        run(&format!("ip netns add {ns}"));
+        guard.names.push(ns.to_owned());
+        run(&format!("ip -n {ns} link set lo up"));
+    }
+    let (na, nb, pa, pb) = (&t.na, &t.nb, &t.pa, &t.pb);
+    // Veths are created inside the node namespace with the peer placed
+    // directly in the other namespace: the host namespace is never touched.
+    let pairs = [
+        (na, "to-pa", t.node_a_to_pod(), pa, "eth0", t.pod_a()),
+        (nb, "to-pb", t.node_b_to_pod(), pb, "eth0", t.pod_b()),
+        (na, "to-nb", t.node_a(), nb, "to-na", t.node_b()),
+    ];
+    for (ns1, if1, a1, ns2, if2, a2) in pairs {
+        run(&format!(
+            "ip -n {ns1} link add {if1} type veth peer name {if2} netns {ns2}"
+        ));
+        run(&format!("ip -n {ns1} addr add {a1}/24 dev {if1}"));
+        run(&format!("ip -n {ns2} addr add {a2}/24 dev {if2}"));
+        run(&format!("ip -n {ns1} link set {if1} up"));
+        run(&format!("ip -n {ns2} link set {if2} up"));
+    }
+    run(&format!(
+        "ip -n {pa} route add default via {}",
+        t.node_a_to_pod()
+    ));
+    run(&format!(
+        "ip -n {pb} route add default via {}",
+        t.node_b_to_pod()
+    ));
+    run(&format!(
+        "ip -n {na} route add {}/24 via {}",
+        t.addr(2, 0),
+        t.node_b()
+    ));
+    run(&format!(
+        "ip -n {nb} route add {}/24 via {}",
+        t.addr(1, 0),
+        t.node_a()
+    ));
+    for ns in [na, nb] {
+        run(&format!(
+            "ip netns exec {ns} sysctl -q -w net.ipv4.ip_forward=1"
+        ));
+    }
+    // Outbound capture: everything pod A sends over TCP lands on gateway A.
+    run(&format!(
+        "ip netns exec {na} iptables -t nat -A PREROUTING -i to-pa -p tcp \
+         -j REDIRECT --to-ports {OUTBOUND_PORT}"
+    ));
+    // HBONE to pod B lands on gateway B's inbound listener.
+    run(&format!(
+        "ip netns exec {nb} iptables -t nat -A PREROUTING -p tcp -d {} --dport {HBONE_PORT} \
+         -j REDIRECT --to-ports {HBONE_PORT}",
+        t.pod_b()
+    ));
+    guard
+}
+
+// ---------------------------------------------------------------------------
+// Threads living in a namespace.
+
+/// Moves the calling thread into the named network namespace and checks that
+/// it arrived there.
+fn enter_netns(ns: &str) -> Result<(), String> {
+    let path = format!("/var/run/netns/{ns}");
+    let file = std::fs::File::open(&path).map_err(|e| format!("open {path}: {e}"))?;
+    // SAFETY: `file` is an open namespace file descriptor for the duration of the call.
+    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+    if rc != 0 {
+        return Err(format!(
+            "setns({path}): {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let want = file
+        .metadata()
+        .map_err(|e| format!("stat {path}: {e}"))?
+        .ino();
+    let have = std::fs::metadata("/proc/thread-self/ns/net")
+        .map_err(|e| format!("stat /proc/thread-self/ns/net: {e}"))?
+        .ino();
+    if want != have {
+        return Err(format!(
+            "after setns({path}) the thread is in netns inode {have}, not {want}"
+        ));
+    }
+    Ok(())
+}
+
+/// An OS thread inside a network namespace driving a current-thread tokio
+/// runtime. Futures given to [`NsThread::spawn`] run on that thread, so the
+/// sockets they create belong to the namespace.
+struct NsThread {
+    ns: String,
+    handle: tokio::runtime::Handle,
+    stop: Option<oneshot::Sender<()>>,
+    join: Option<std::thread::JoinHandle<()>>,
+}
+
+impl NsThread {
+    /// Starts the thread; it runs `main(stop)` until that returns (`stop`
+    /// fires when the `NsThread` is dropped). `main`'s future need not be `Send`.
+    fn start<F, Fut>(ns: &str, main: F) -> NsThread
+    where
+        F: FnOnce(oneshot::Receiver<()>) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + 'static,
+    {
+        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let name = ns.to_owned();
+        let join = std::thread::Builder::new()
+            .name(format!("netns-{ns}"))
+            .spawn(move || {
+                if let Err(e) = enter_netns(&name) {
+                    let _ = handle_tx.send(Err(e));
+                    return;
+                }
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = handle_tx.send(Err(format!("tokio runtime: {e}")));
+                        return;
+                    }
+                };
+                let _ = handle_tx.send(Ok(rt.handle().clone()));
+                rt.block_on(main(stop_rx));
+            })
+            .expect("spawn namespace thread");
+        let handle = match handle_rx.recv_timeout(STEP) {
+            Ok(Ok(h)) => h,
+            Ok(Err(e)) => panic!("thread for netns {ns}: {e}"),
+            Err(e) => panic!("thread for netns {ns} did not start: {e}"),
+        };
+        NsThread {
+            ns: ns.to_owned(),
+            handle,
+            stop: Some(stop_tx),
+            join: Some(join),
+        }
+    }
+
+    /// A thread that only runs what is spawned on it.
+    fn idle(ns: &str) -> NsThread {
+        Self::start(ns, |stop| async move {
+            let _ = stop.await;
+        })
+    }
+
+    /// Runs `fut` inside the namespace; panics (naming the namespace) if it
+    /// panicked or did not finish within `within`.
+    async fn run<T: Send + 'static>(
+        &self,
+        what: &str,
+        within: Duration,
+        fut: impl Future<Output = T> + Send + 'static,
+    ) -> T {
+        let task = self.handle.spawn(fut);
+        match tokio::time::timeout(within, task).await {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => panic!("{what} (in netns {}): task failed: {e}", self.ns),
+            Err(_) => panic!("{what} (in netns {}): timed out after {within:?}", self.ns),
+        }
+    }
+}
+
+impl Drop for NsThread {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(join) = self.join.take() {
+            if join.join().is_err() {
+                eprintln!("thread for netns {} panicked", self.ns);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Gateways and the echo server.
+
+enum GatewayCmd {
+    Metrics(oneshot::Sender<String>),
+}
+
+/// An in-process gateway on its own thread inside a node namespace. The
+/// `App` never leaves that thread; its metrics come back over a channel.
+struct Gateway {
+    name: &'static str,
+    addrs: BoundAddrs,
+    cmds: mpsc::UnboundedSender<GatewayCmd>,
+    /// Kept for its `Drop`: stops the gateway and joins its thread.
+    _thread: NsThread,
+}
+
+impl Gateway {
+    async fn start(name: &'static str, ns: &str, config: Config) -> Gateway {
+        let (ready_tx, ready_rx) = oneshot::channel::<Result<BoundAddrs, String>>();
+        let (cmds, mut cmd_rx) = mpsc::unbounded_channel();
+        let thread = NsThread::start(ns, move |mut stop| async move {
+            let app = match tidegate::app::build(config).await {
+                Ok(app) => app,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(format!("{e:#}")));
+                    return;
+                }
+            };
+            let _ = ready_tx.send(Ok(app.addrs));
+            loop {
+                tokio::select! {
+                    _ = &mut stop => break,
+                    cmd = cmd_rx.recv() => match cmd {
+                        Some(GatewayCmd::Metrics(reply)) => {
+                            let _ = reply.send(app.metrics_text());
+                        }
+                        None => break,
+                    },
+                }
+            }
+            // Bounded by `shutdown.deadline` in the config; this is a backstop.
+            let _ = tokio::time::timeout(Duration::from_secs(10), app.shutdown()).await;
+        });
+        let addrs = match tokio::time::timeout(STEP, ready_rx).await {
+            Ok(Ok(Ok(addrs))) => addrs,
+            Ok(Ok(Err(e))) => panic!("gateway {name} in netns {ns} failed to start: {e}"),
+            Ok(Err(_)) => panic!("gateway {name} in netns {ns} exited before it was ready"),
+            Err(_) => panic!("gateway {name} in netns {ns} not ready within {STEP:?}"),
+        };
+        Gateway {
+            name,
+            addrs,
+            cmds,
+            _thread: thread,
+        }
+    }
+
+    async fn metrics(&self) -> String {
+        let (tx, rx) = oneshot::channel();
+        self.cmds
+            .send(GatewayCmd::Metrics(tx))
+            .unwrap_or_else(|_| panic!("gateway {} is gone", self.name));
+        tokio::time::timeout(STEP, rx)
+            .await
+            .unwrap_or_else(|_| panic!("gateway {} did not answer for metrics", self.name))
+            .unwrap_or_else(|_| panic!("gateway {} dropped the metrics request", self.name))
+    }
+
+    /// Waits until `check` holds on this gateway's metrics; on timeout panics
+    /// with `what` and the full metrics text.
+    async fn wait_metrics(&self, what: &str, check: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = self.metrics().await;
+            if check(&text) {
+                return text;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "gateway {}: timed out waiting for: {what}\n--- metrics ---\n{text}",
+                    self.name
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// Echoes every byte back and half-closes when the client does; records the
+/// peer address of every accepted connection.
+async fn start_echo(pod: &NsThread) -> Arc<Mutex<Vec<SocketAddr>>> {
+    let peers = Arc::new(Mutex::new(Vec::new()));
+    let seen = peers.clone();
+    pod.run("echo server bind", STEP, async move {
+        let l = TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], ECHO_PORT)))
+            .await
+            .expect("echo server: bind 0.0.0.0:8080");
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, peer)) = l.accept().await else {
+                    return;
+                };
+                seen.lock().unwrap().push(peer);
+                tokio::spawn(async move {
+                    let (mut r, mut w) = tcp.into_split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                    let _ = w.shutdown().await;
+                });
+            }
+        });
+    })
+    .await;
+    peers
+}
+
+/// Pattern bytes that differ at every offset modulo small powers of two, so a
+/// dropped, duplicated or reordered chunk changes the result.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// One application connection from pod A to `dst`: writes `data`, half-closes,
+/// reads to EOF. Writing and reading run concurrently (the payload is larger
+/// than any socket buffer). Runs inside pod A's namespace.
+async fn echo_round_trip(dst: SocketAddr, data: Arc<Vec<u8>>) -> Result<Vec<u8>, String> {
+    let io = async move {
+        let tcp = TcpStream::connect(dst)
+            .await
+            .map_err(|e| format!("connect {dst}: {e}"))?;
+        tcp.set_nodelay(true).map_err(|e| e.to_string())?;
+        let (mut r, mut w) = tcp.into_split();
+        let writer = async move {
+            w.write_all(&data).await?;
+            w.shutdown().await
+        };
+        let reader = async move {
+            let mut back = Vec::new();
+            r.read_to_end(&mut back).await.map(|_| back)
+        };
+        let (wrote, back) = tokio::join!(writer, reader);
+        wrote.map_err(|e| format!("write to {dst}: {e}"))?;
+        back.map_err(|e| format!("read from {dst}: {e}"))
+    };
+    tokio::time::timeout(STEP, io)
+        .await
+        .unwrap_or_else(|_| Err(format!("round trip to {dst} timed out after {STEP:?}")))
+}
+
+fn gateway_config(node: &str, ca: &std::path::Path, workloads: &std::path::Path) -> Config {
+    let yaml = format!(
+        r#"node_name: {node}
+trust_domain: cluster.local
+listeners:
+  outbound: 0.0.0.0:{OUTBOUND_PORT}
+  inbound: 0.0.0.0:{HBONE_PORT}
+  admin: 127.0.0.1:0
+  metrics: 127.0.0.1:0
+  readiness: 127.0.0.1:0
+certificates:
+  source: dev-ca
+  state_dir: {ca}
+workloads:
+  file: {workloads}
+hbone:
+  port: {HBONE_PORT}
+shutdown:
+  deadline: 2s
+"#,
+        ca = ca.display(),
+        workloads = workloads.display(),
+    );
+    Config::from_yaml(&yaml).unwrap_or_else(|e| panic!("test config: {e}\n{yaml}"))
+}
+
+fn tool_missing(cmd: &str, arg: &str) -> bool {
+    !matches!(Command::new(cmd).arg(arg).output(), Ok(o) if o.status.success())
+}
+
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn transparent_capture_across_two_gateways_in_network_namespaces() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIPPED netns test: needs root for network namespaces and iptables");
+        return;
+    }
+    if tool_missing("ip", "-V") || tool_missing("iptables", "--version") {
+        println!("SKIPPED netns test: `ip` (iproute2) or `iptables` is not installed");
+        return;
+    }
+    tidegate_e2e::init_tracing();
+    tidegate_e2e::raise_fd_limit();
+    let started = Instant::now();
+
+    // Drop order is the reverse of declaration: threads (and their sockets)
+    // go first, then the namespaces, then the temporary directory.
+    let dir = tempfile::tempdir().unwrap();
+    let t = Topology::for_this_process();
+    let _netns = build_topology(&t);
+
+    let workloads = dir.path().join("workloads.yaml");
+    std::fs::write(
+        &workloads,
+        format!(
+            "workloads:\n\
+             - {{uid: client-uid, name: client, namespace: demo, service_account: client, ips: [{}], node: node-a}}\n\
+             - {{uid: echo-uid, name: echo, namespace: demo, service_account: echo, ips: [{}], node: node-b}}\n",
+            t.pod_a(),
+            t.pod_b(),
+        ),
+    )
+    .unwrap();
+    let ca = dir.path().join("ca");
+
+    // Gateway A first: it creates the shared dev CA that gateway B then opens.
+    let gw_a = Gateway::start("A", &t.na, gateway_config("node-a", &ca, &workloads)).await;
+    let gw_b = Gateway::start("B", &t.nb, gateway_config("node-b", &ca, &workloads)).await;
+    assert_eq!(gw_a.addrs.outbound.port(), OUTBOUND_PORT);
+    assert_eq!(gw_b.addrs.inbound.port(), HBONE_PORT);
+    let pod_b = NsThread::idle(&t.pb);
+    let peers = start_echo(&pod_b).await;
+    let pod_a = NsThread::idle(&t.pa);
+    let echo = SocketAddr::new(IpAddr::V4(t.pod_b()), ECHO_PORT);
+
+    // 1. One MiB from pod A to pod B's IP, half-closed, comes back intact.
+    let big = Arc::new(pattern(1 << 20, 0x7de6_a7e0));
+    let back = pod_a
+        .run("1 MiB round trip", STEP, echo_round_trip(echo, big.clone()))
+        .await
+        .unwrap_or_else(|e| panic!("pod A -> pod B: {e}"));
+    assert_eq!(back.len(), big.len(), "echoed length");
+    assert!(back == *big, "echoed bytes differ from the bytes sent");
+    let first = peers.lock().unwrap().first().copied();
+    assert_eq!(
+        first.map(|p| p.ip()),
+        Some(IpAddr::V4(t.node_b_to_pod())),
+        "pod B must see the connection from node B (gateway B dialed it); pod A is {}: \
+         the connection bypassed the gateways",
+        t.pod_a()
+    );
+
+    // A few more connections: they must reuse the pooled tunnel.
+    for i in 0..4u64 {
+        let data = Arc::new(pattern(4096, i + 1));
+        let back = pod_a
+            .run(
+                "small round trip",
+                STEP,
+                echo_round_trip(echo, data.clone()),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("pod A -> pod B, connection {i}: {e}"));
+        assert!(back == *data, "connection {i}: echoed bytes differ");
+    }
+    let mut conns = 5.0;
+
+    // 2. The bytes went through both gateways over one pooled HBONE tunnel.
+    let a = gw_a
+        .wait_metrics("5 outbound streams ended ok", |m| {
+            metric(
+                m,
+                r#"tidegate_streams_ended_total{direction="outbound",reason="ok"}"#,
+            ) == conns
+        })
+        .await;
+    assert_eq!(
+        metric(
+            &a,
+            r#"tidegate_connections_opened_total{direction="outbound"}"#
+        ),
+        conns,
+        "gateway A captured every app connection\n{a}"
+    );
+    assert_eq!(
+        metric(&a, "tidegate_pool_tunnels_opened_total"),
+        1.0,
+        "one pooled tunnel\n{a}"
+    );
+    assert_eq!(
+        metric(&a, r#"tidegate_tls_handshakes_total{direction="outbound"}"#),
+        1.0,
+        "gateway A: one client handshake\n{a}"
+    );
+    assert!(
+        metric(
+            &a,
+            r#"tidegate_bytes_total{direction="outbound",flow="tcp_to_tunnel"}"#
+        ) >= big.len() as f64,
+        "gateway A tunneled the payload\n{a}"
+    );
+    let b = gw_b
+        .wait_metrics(
+            "5 inbound streams ended ok and the payload forwarded",
+            |m| {
+                metric(
+                    m,
+                    r#"tidegate_streams_ended_total{direction="inbound",reason="ok"}"#,
+                ) == conns
+                    && metric(
+                        m,
+                        r#"tidegate_bytes_total{direction="inbound",flow="tunnel_to_tcp"}"#,
+                    ) >= big.len() as f64
+            },
+        )
+        .await;
+    assert_eq!(
+        metric(
+            &b,
+            r#"tidegate_connections_opened_total{direction="inbound"}"#
+        ),
+        1.0,
+        "gateway B: one HBONE tunnel\n{b}"
+    );
+    assert_eq!(
+        metric(&b, r#"tidegate_tls_handshakes_total{direction="inbound"}"#),
+        1.0,
+        "gateway B: one server handshake\n{b}"
+    );
+    assert!(
+        metric(
+            &b,
+            r#"tidegate_bytes_total{direction="inbound",flow="tcp_to_tunnel"}"#
+        ) >= big.len() as f64,
+        "gateway B carried the echo back\n{b}"
+    );
+
+    // 3. Twenty sequential, then fifty concurrent connections.
+    for i in 0..20u64 {
+        let data = Arc::new(pattern(16 << 10, 100 + i));
+        let back = pod_a
+            .run(
+                "sequential round trip",
+                STEP,
+                echo_round_trip(echo, data.clone()),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("sequential connection {i}: {e}"));
+        assert!(
+            back == *data,
+            "sequential connection {i}: echoed bytes differ"
+        );
+    }
+    conns += 20.0;
+    let results = pod_a
+        .run("50 concurrent round trips", STEP * 2, async move {
+            let mut set = tokio::task::JoinSet::new();
+            for i in 0..50u64 {
+                set.spawn(async move {
+                    let data = Arc::new(pattern(64 << 10, 1000 + i));
+                    let back = echo_round_trip(echo, data.clone()).await?;
+                    if back != *data {
+                        return Err(format!("concurrent connection {i}: echoed bytes differ"));
+                    }
+                    Ok(())
+                });
+            }
+            let mut out = Vec::new();
+            while let Some(r) = set.join_next().await {
+                out.push(r.map_err(|e| e.to_string()).and_then(|r| r));
+            }
+            out
+        })
+        .await;
+    let failed: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of 50 concurrent connections failed: {failed:#?}",
+        failed.len()
+    );
+    assert_eq!(results.len(), 50);
+    conns += 50.0;
+
+    let a = gw_a
+        .wait_metrics("all outbound streams ended ok", |m| {
+            metric(
+                m,
+                r#"tidegate_streams_ended_total{direction="outbound",reason="ok"}"#,
+            ) == conns
+        })
+        .await;
+    assert_eq!(
+        metric(
+            &a,
+            r#"tidegate_connections_opened_total{direction="outbound"}"#
+        ),
+        conns,
+        "{a}"
+    );
+    assert_eq!(
+        metric(&a, "tidegate_pool_tunnels_opened_total"),
+        1.0,
+        "still one pooled tunnel\n{a}"
+    );
+    assert_eq!(
+        metric(&a, r#"tidegate_tls_handshakes_total{direction="outbound"}"#),
+        1.0,
+        "{a}"
+    );
+    let b = gw_b
+        .wait_metrics("all inbound streams ended ok", |m| {
+            metric(
+                m,
+                r#"tidegate_streams_ended_total{direction="inbound",reason="ok"}"#,
+            ) == conns
+        })
+        .await;
+    assert_eq!(
+        metric(
+            &b,
+            r#"tidegate_connections_opened_total{direction="inbound"}"#
+        ),
+        1.0,
+        "still one tunnel\n{b}"
+    );
+    assert_eq!(
+        metric(&b, r#"tidegate_tls_handshakes_total{direction="inbound"}"#),
+        1.0,
+        "{b}"
+    );
+
+    // 4. Pod B saw every connection coming from node B (gateway B dialed it),
+    //    never from pod A.
+    let peers = peers.lock().unwrap().clone();
+    assert_eq!(
+        peers.len() as f64,
+        conns,
+        "echo server accepted one connection per app connection: {peers:?}"
+    );
+    let node_b = IpAddr::V4(t.node_b_to_pod());
+    let strays: Vec<_> = peers.iter().filter(|p| p.ip() != node_b).collect();
+    assert!(
+        strays.is_empty(),
+        "echo server saw connections not coming from node B ({node_b}): {strays:?} (pod A is {})",
+        t.pod_a()
+    );
+
+    println!(
+        "netns: {conns} connections pod A ({}) -> gateway A ({}) => gateway B ({}) -> pod B ({}) over 1 tunnel in {:?}",
+        t.pod_a(),
+        t.na,
+        t.nb,
+        t.pod_b(),
+        started.elapsed()
+    );
+    drop((pod_a, pod_b, gw_b, gw_a));
+}
