@@ -174,6 +174,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
                 .await
                 .with_context(|| format!("demo.echo {}", demo.echo))?;
             let addr = l.local_addr()?;
+            info!(%addr, "demo echo backend listening");
             tasks.spawn(crate::demo::run_echo(l, drain.clone()));
             Some(addr)
         }

@@ -520,6 +520,6 @@ mod tests {
         let e = load("certificates:\n  source: vault\n", &[], &[])
             .unwrap_err()
             .to_string();
-        assert!(e.contains("`certificates`") && e.contains("dev-ca"), "{e}");
+        assert!(e.contains("`certificates.source`") && e.contains("dev-ca"), "{e}");
     }
 }

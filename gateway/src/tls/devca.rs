@@ -58,25 +58,48 @@ impl DevCa {
         )
     }
 
-    /// Loads `ca.crt`/`ca.key` from `dir`, creating them on first use.
+    /// Loads the CA from `dir/ca.pem` (certificate and key), creating it on
+    /// first use. Creation is atomic (a hard link that fails if another
+    /// process won the race), so gateways and `tidegate connect` starting
+    /// together always end up sharing one CA. The root alone is also written
+    /// to `dir/ca.crt` for peers to trust.
     pub fn open(dir: &Path, validity: Duration) -> Result<Self, DevCaError> {
         let io = |path: &Path| {
             let path = path.to_owned();
             move |source| DevCaError::Io { path, source }
         };
-        let (crt, key) = (dir.join("ca.crt"), dir.join("ca.key"));
-        if !crt.exists() || !key.exists() {
+        let pem_path = dir.join("ca.pem");
+        if !pem_path.exists() {
             std::fs::create_dir_all(dir).map_err(io(dir))?;
             let k = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
             let cert = ca_params().self_signed(&k)?;
-            write_private(&key, &k.serialize_pem()).map_err(io(&key))?;
-            std::fs::write(&crt, cert.pem()).map_err(io(&crt))?;
+            let tmp = dir.join(format!(".ca.pem.{}.tmp", std::process::id()));
+            write_private(&tmp, &format!("{}{}", cert.pem(), k.serialize_pem()))
+                .map_err(io(&tmp))?;
+            let linked = std::fs::hard_link(&tmp, &pem_path);
+            let _ = std::fs::remove_file(&tmp);
+            match linked {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io(&pem_path)(e)),
+            }
         }
-        let crt_pem = std::fs::read_to_string(&crt).map_err(io(&crt))?;
-        let key_pem = std::fs::read_to_string(&key).map_err(io(&key))?;
+        let both = std::fs::read_to_string(&pem_path).map_err(io(&pem_path))?;
+        let (crt_pem, key_pem) = split_pem(&both).ok_or_else(|| {
+            io(&pem_path)(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "expected a CERTIFICATE and a PRIVATE KEY block",
+            ))
+        })?;
         let k = KeyPair::from_pem(&key_pem)?;
-        let der = pem_to_der(&crt_pem).map_err(io(&crt))?;
+        let der = pem_to_der(&crt_pem).map_err(io(&pem_path))?;
         let issuer = Issuer::from_ca_cert_pem(&crt_pem, k)?;
+        let crt_path = dir.join("ca.crt");
+        if std::fs::read_to_string(&crt_path).ok().as_deref() != Some(crt_pem.as_str()) {
+            let tmp = dir.join(format!(".ca.crt.{}.tmp", std::process::id()));
+            std::fs::write(&tmp, &crt_pem).map_err(io(&tmp))?;
+            std::fs::rename(&tmp, &crt_path).map_err(io(&crt_path))?;
+        }
         Self::from_parts(crt_pem, der, issuer, validity)
     }
 
@@ -175,6 +198,18 @@ fn ca_params() -> CertificateParams {
     p
 }
 
+/// Splits a file holding one certificate and one private key (either order).
+fn split_pem(text: &str) -> Option<(String, String)> {
+    let block = |label: &str| {
+        let begin = format!("-----BEGIN {label}-----");
+        let end = format!("-----END {label}-----");
+        let a = text.find(&begin)?;
+        let b = text[a..].find(&end)? + a + end.len();
+        Some(format!("{}\n", &text[a..b]))
+    };
+    Some((block("CERTIFICATE")?, block("PRIVATE KEY")?))
+}
+
 fn pem_to_der(pem: &str) -> std::io::Result<CertificateDer<'static>> {
     use rustls::pki_types::pem::PemObject;
     CertificateDer::from_pem_slice(pem.as_bytes())
@@ -191,4 +226,45 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
         .mode(0o600)
         .open(path)?;
     f.write_all(text.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tls::identity_of;
+
+    #[test]
+    fn minted_certificates_carry_only_the_identity() {
+        let ca = DevCa::new(Duration::from_secs(60)).unwrap();
+        let id: SpiffeId = "spiffe://td/ns/a/sa/b".parse().unwrap();
+        let key = ca.certified_key(&id).unwrap();
+        assert_eq!(identity_of(&key.cert[0]).unwrap(), id);
+        // Cached until half-life.
+        assert!(Arc::ptr_eq(&key, &ca.certified_key(&id).unwrap()));
+    }
+
+    #[test]
+    fn processes_opening_one_state_dir_share_the_ca() {
+        let dir = tempfile::tempdir().unwrap();
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let d = dir.path().to_owned();
+                std::thread::spawn(move || {
+                    DevCa::open(&d, Duration::from_secs(60))
+                        .unwrap()
+                        .root_pem()
+                        .to_owned()
+                })
+            })
+            .collect();
+        let roots: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert!(
+            roots.windows(2).all(|w| w[0] == w[1]),
+            "all openers must see one CA"
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("ca.crt")).unwrap(),
+            roots[0]
+        );
+    }
 }
