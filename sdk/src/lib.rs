@@ -167,3 +167,8 @@ pub mod __private {
 
 #[cfg(test)]
 mod tests;
+
+/// The README's Rust examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -50,9 +50,10 @@ pub fn build_all(root: &Path, out: &Path) -> Result<()> {
         }
         std::fs::write(&path, &bytes).with_context(|| format!("writing {}", path.display()))?;
         println!(
-            "{:<34} {:>8} bytes  exports {}",
+            "{:<34} {:>8} bytes  imports [{}]  exports [{}]",
             plugin.out_name.display().to_string(),
             bytes.len(),
+            summary.imports.join(", "),
             summary.exports.join(", ")
         );
     }

@@ -131,6 +131,17 @@ mod tests {
     }
 
     #[test]
+    fn the_sdk_readme_trace_example_passes() {
+        let readme = include_str!("../../../sdk/README.md");
+        let start = readme.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
+        let len = readme[start..].find("```").expect("the block's end");
+        Trace::from_yaml(&readme[start..start + len])
+            .unwrap()
+            .run::<DrainAtTeardown>()
+            .unwrap();
+    }
+
+    #[test]
     fn trace_passes() {
         Trace::from_yaml(include_str!("../trace.yaml"))
             .unwrap()
