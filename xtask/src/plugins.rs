@@ -82,10 +82,7 @@ fn ensure_wasm_target() -> Result<()> {
             String::from_utf8_lossy(&listed.stderr).trim()
         );
     }
-    if String::from_utf8_lossy(&listed.stdout)
-        .lines()
-        .any(|l| l.trim() == WASM_TARGET)
-    {
+    if target_listed(&String::from_utf8_lossy(&listed.stdout)) {
         return Ok(());
     }
     eprintln!(
@@ -103,6 +100,11 @@ fn ensure_wasm_target() -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Whether `rustup target list --installed` output names the wasm target.
+fn target_listed(stdout: &str) -> bool {
+    stdout.lines().any(|l| l.trim() == WASM_TARGET)
 }
 
 /// A crate of the plugins workspace that builds a cdylib.
@@ -188,6 +190,15 @@ fn plugins_from_metadata(plugins_dir: &Path, metadata: Metadata) -> Result<Vec<P
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_installed_target_is_recognised_exactly() {
+        assert!(target_listed(
+            "x86_64-unknown-linux-gnu\nwasm32-unknown-unknown\n"
+        ));
+        assert!(!target_listed("x86_64-unknown-linux-gnu\nwasm32-wasip2\n"));
+        assert!(!target_listed("wasm32-unknown-unknown-extra\n"));
+    }
 
     #[test]
     fn output_names_follow_the_directory_layout() {
