@@ -37,6 +37,28 @@ pub enum Command {
     Run,
     /// Pipe stdin/stdout through an HBONE tunnel to a workload (nc over HBONE).
     Connect(Box<ConnectArgs>),
+    /// Work with drain-policy plugins without starting the gateway.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Play a trace (events and expected actions) against a plugin in the real host.
+    Test {
+        /// The plugin component (.wasm).
+        plugin: PathBuf,
+        /// The trace file (YAML; format in sdk/README.md).
+        trace: PathBuf,
+    },
+    /// Validate a plugin as a hot swap would: contract version, imports, init, self-test event.
+    Check {
+        /// The plugin component (.wasm).
+        plugin: PathBuf,
+        /// Configuration passed to the plugin's init (e.g. JSON).
+        #[arg(long, default_value = "")]
+        policy_config: String,
+    },
 }
 
 #[derive(Debug, Clone, Args)]

@@ -51,6 +51,7 @@ pub struct Config {
     pub certificates: CertificatesConfig,
     pub workloads: WorkloadsConfig,
     pub shutdown: ShutdownConfig,
+    pub policies: PoliciesConfig,
     /// Optional demo echo backend started in-process (the embedded default uses it).
     pub demo: Option<DemoConfig>,
 }
@@ -66,6 +67,7 @@ impl Default for Config {
             certificates: CertificatesConfig::default(),
             workloads: WorkloadsConfig::default(),
             shutdown: ShutdownConfig::default(),
+            policies: PoliciesConfig::default(),
             demo: None,
         }
     }
@@ -235,6 +237,117 @@ impl Default for ShutdownConfig {
     }
 }
 
+/// Drain policies: plugins by name, bindings to workloads, limits.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoliciesConfig {
+    /// Policy for workloads no annotation or binding selects. Unset: the fallback.
+    pub default: Option<String>,
+    /// Built-in policy used when a plugin cannot decide (trap, timeout, memory,
+    /// invalid result, quarantine, not loaded).
+    pub fallback: crate::policy::Fallback,
+    /// Bound on one `decide` call (epoch deadline).
+    #[serde(with = "duration")]
+    pub call_deadline: Duration,
+    /// Bound on `init` when an instance is (re)created.
+    #[serde(with = "duration")]
+    pub init_deadline: Duration,
+    /// Linear memory cap per plugin instance.
+    #[serde(deserialize_with = "de_bytes_u32")]
+    pub memory_limit: u32,
+    /// A plugin version failing this many calls within `quarantine_window` is quarantined.
+    pub quarantine_failures: usize,
+    #[serde(with = "duration")]
+    pub quarantine_window: Duration,
+    /// Most actions taken from one decision.
+    pub max_actions: usize,
+    #[serde(with = "duration")]
+    pub max_delay: Duration,
+    #[serde(with = "duration")]
+    pub max_deadline: Duration,
+    #[serde(with = "duration")]
+    pub max_hold: Duration,
+    #[serde(with = "duration")]
+    pub max_backoff: Duration,
+    #[serde(with = "duration")]
+    pub max_timer: Duration,
+    /// How often plugin files are checked for changes.
+    #[serde(with = "duration")]
+    pub reload_interval: Duration,
+    /// Policies by name.
+    pub plugins: std::collections::BTreeMap<String, PluginSpec>,
+    /// First match wins; the workload annotation `tidegate.io/drain-policy` overrides.
+    pub bindings: Vec<BindingSpec>,
+}
+
+impl Default for PoliciesConfig {
+    fn default() -> Self {
+        PoliciesConfig {
+            default: None,
+            fallback: crate::policy::Fallback::default(),
+            call_deadline: Duration::from_millis(5),
+            init_deadline: Duration::from_millis(200),
+            memory_limit: 16 << 20,
+            quarantine_failures: 5,
+            quarantine_window: Duration::from_secs(60),
+            max_actions: 32,
+            max_delay: Duration::from_secs(60),
+            max_deadline: Duration::from_secs(600),
+            max_hold: Duration::from_secs(30),
+            max_backoff: Duration::from_secs(300),
+            max_timer: Duration::from_secs(3600),
+            reload_interval: Duration::from_secs(2),
+            plugins: Default::default(),
+            bindings: Vec::new(),
+        }
+    }
+}
+
+impl PoliciesConfig {
+    pub fn bounds(&self) -> crate::policy::Bounds {
+        crate::policy::Bounds {
+            max_actions: self.max_actions,
+            max_delay: self.max_delay,
+            max_deadline: self.max_deadline,
+            max_hold: self.max_hold,
+            max_backoff: self.max_backoff,
+            max_timer: self.max_timer,
+            ..Default::default()
+        }
+    }
+}
+
+/// One policy: a component file and the configuration passed to its `init`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginSpec {
+    pub file: PathBuf,
+    /// A string is passed verbatim; a mapping is passed as JSON.
+    #[serde(default)]
+    pub config: Value,
+}
+
+impl PluginSpec {
+    pub fn config_text(&self) -> String {
+        match &self.config {
+            Value::Null => String::new(),
+            Value::String(s) => s.clone(),
+            other => serde_json::to_string(other).unwrap_or_default(),
+        }
+    }
+}
+
+/// Binds workloads (by namespace and/or labels) to a policy.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BindingSpec {
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub selector: std::collections::BTreeMap<String, String>,
+    pub policy: String,
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DemoConfig {
@@ -327,6 +440,35 @@ impl Config {
         }
         if self.pool.max_streams_per_tunnel == 0 {
             return Err(invalid("pool.max_streams_per_tunnel", "must be at least 1"));
+        }
+        let p = &self.policies;
+        if p.call_deadline.is_zero() {
+            return Err(invalid(
+                "policies.call_deadline",
+                "must be greater than zero",
+            ));
+        }
+        if p.max_actions == 0 || p.quarantine_failures == 0 {
+            return Err(invalid(
+                "policies.max_actions",
+                "max_actions and quarantine_failures must be at least 1",
+            ));
+        }
+        if let Some(d) = &p.default {
+            if !p.plugins.contains_key(d) {
+                return Err(invalid(
+                    "policies.default",
+                    format!("names {d:?}, which is not under policies.plugins"),
+                ));
+            }
+        }
+        for (i, b) in p.bindings.iter().enumerate() {
+            if !p.plugins.contains_key(&b.policy) {
+                return Err(invalid(
+                    &format!("policies.bindings[{i}].policy"),
+                    format!("names {:?}, which is not under policies.plugins", b.policy),
+                ));
+            }
         }
         if self.node_name.is_empty() {
             return Err(invalid("node_name", "must not be empty"));
@@ -520,6 +662,9 @@ mod tests {
         let e = load("certificates:\n  source: vault\n", &[], &[])
             .unwrap_err()
             .to_string();
-        assert!(e.contains("`certificates.source`") && e.contains("dev-ca"), "{e}");
+        assert!(
+            e.contains("`certificates.source`") && e.contains("dev-ca"),
+            "{e}"
+        );
     }
 }

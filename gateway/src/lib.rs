@@ -18,6 +18,7 @@ pub mod inbound;
 pub mod listener;
 pub mod metrics;
 pub mod outbound;
+pub mod policy;
 pub mod pool;
 pub mod registry;
 pub mod tls;

@@ -1,5 +1,5 @@
 use clap::Parser;
-use tidegate::cli::{Cli, Command};
+use tidegate::cli::{Cli, Command, PolicyCommand};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> std::process::ExitCode {
@@ -24,6 +24,9 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Some(Command::Policy(cmd)) = cli.command {
+        return policy(cmd);
+    }
     let config = cli.config.load()?;
     match cli.command.unwrap_or(Command::Run) {
         Command::Run => {
@@ -35,6 +38,25 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             app.run_until_signal().await
         }
         Command::Connect(args) => tidegate::connect::run(config, *args).await,
+        Command::Policy(_) => unreachable!("handled above"),
+    }
+}
+
+/// `tidegate policy …`: prints the report; a failure is the error (exit 1).
+fn policy(cmd: PolicyCommand) -> anyhow::Result<()> {
+    let result = match cmd {
+        PolicyCommand::Test { plugin, trace } => tidegate::policy::trace::test(&plugin, &trace),
+        PolicyCommand::Check {
+            plugin,
+            policy_config,
+        } => tidegate::policy::trace::check(&plugin, &policy_config),
+    };
+    match result {
+        Ok(report) => {
+            println!("{report}");
+            Ok(())
+        }
+        Err(e) => anyhow::bail!("{e}"),
     }
 }
 

@@ -1,0 +1,497 @@
+//! The policy engine: the set of loaded policies (one immutable snapshot,
+//! swapped atomically by one writer), per-workload selection, decisions with
+//! fallback, and hot swap from files or the admin API.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use arc_swap::ArcSwap;
+use serde::Serialize;
+use tidegate_sdk as sdk;
+use tracing::{info, warn};
+
+use super::error::{FailureKind, LoadError};
+use super::metrics::{DecisionLabels, KindLabels, PolicyLabels, PolicyMetrics};
+use super::plugin::{PluginVersion, QuarantineRule};
+use super::runtime::{Clock, PolicyRuntime, RuntimeLimits};
+use super::validate::{validate, Bounds, Ignored};
+use crate::config::PoliciesConfig;
+use crate::drain::DrainWatch;
+use crate::workloads::Workload;
+
+/// The annotation that picks a workload's policy by name.
+pub const POLICY_ANNOTATION: &str = "tidegate.io/drain-policy";
+
+/// Loaded versions by policy name.
+#[derive(Default)]
+struct PolicySet {
+    versions: BTreeMap<String, Arc<PluginVersion>>,
+}
+
+/// Where a policy comes from and what happened when it was last loaded.
+#[derive(Clone, Debug, Default)]
+struct Source {
+    file: Option<PathBuf>,
+    config: String,
+    /// Digest of the file's bytes last looked at (loaded or refused).
+    file_digest: Option<u64>,
+    last_error: Option<String>,
+    last_error_at: Option<SystemTime>,
+}
+
+/// How a workload's policy was chosen.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SelectedBy {
+    Annotation,
+    Binding(usize),
+    Default,
+    Fallback,
+}
+
+/// The policy bound to a workload, pinned: a drain that starts with a version
+/// keeps it even if a new one is swapped in meanwhile.
+#[derive(Clone, Debug)]
+pub struct Selection {
+    pub name: String,
+    pub by: SelectedBy,
+    pub version: Option<Arc<PluginVersion>>,
+}
+
+/// Why the fallback decided instead of the plugin.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FallbackReason {
+    pub kind: String,
+    pub detail: String,
+}
+
+/// The outcome of one event.
+#[derive(Clone, Debug, Serialize)]
+pub struct Decision {
+    pub policy: String,
+    pub version: Option<String>,
+    /// Validated actions to execute.
+    pub actions: Vec<sdk::Action>,
+    /// Set when the fallback decided.
+    pub fallback: Option<FallbackReason>,
+    pub ignored: usize,
+    pub clamped: usize,
+    #[serde(skip)]
+    pub latency: Duration,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PolicyStatus {
+    pub name: String,
+    pub file: Option<PathBuf>,
+    pub loaded: bool,
+    pub version: Option<String>,
+    pub contract: Option<String>,
+    pub size: Option<usize>,
+    pub loaded_at_unix_ms: Option<u128>,
+    pub calls: u64,
+    pub failures: u64,
+    pub instantiations: u64,
+    pub quarantined: bool,
+    pub last_error: Option<String>,
+}
+
+pub struct PolicyEngine {
+    runtime: Arc<PolicyRuntime>,
+    current: ArcSwap<PolicySet>,
+    sources: Mutex<BTreeMap<String, Source>>,
+    /// One writer: loads and swaps are serialised.
+    writer: Mutex<()>,
+    cfg: PoliciesConfig,
+    bounds: Bounds,
+    quarantine: QuarantineRule,
+    pub metrics: PolicyMetrics,
+}
+
+fn unix_ms(t: SystemTime) -> u128 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
+}
+
+fn file_digest(bytes: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish()
+}
+
+impl PolicyEngine {
+    /// Builds the engine; no plugin is loaded yet (see [`PolicyEngine::load_configured`]).
+    pub fn new(cfg: &PoliciesConfig, metrics: PolicyMetrics) -> anyhow::Result<Arc<Self>> {
+        let limits = RuntimeLimits {
+            call_deadline: cfg.call_deadline,
+            init_deadline: cfg.init_deadline,
+            memory_bytes: cfg.memory_limit as usize,
+            ..RuntimeLimits::default()
+        };
+        let runtime = PolicyRuntime::new(limits, metrics.clone())
+            .map_err(|e| anyhow::anyhow!("policy runtime: {e:#}"))?;
+        let sources = cfg
+            .plugins
+            .iter()
+            .map(|(name, spec)| {
+                (
+                    name.clone(),
+                    Source {
+                        file: Some(spec.file.clone()),
+                        config: spec.config_text(),
+                        ..Default::default()
+                    },
+                )
+            })
+            .collect();
+        Ok(Arc::new(PolicyEngine {
+            runtime,
+            current: ArcSwap::from_pointee(PolicySet::default()),
+            sources: Mutex::new(sources),
+            writer: Mutex::new(()),
+            bounds: cfg.bounds(),
+            quarantine: QuarantineRule {
+                failures: cfg.quarantine_failures,
+                window: cfg.quarantine_window,
+            },
+            cfg: cfg.clone(),
+            metrics,
+        }))
+    }
+
+    pub fn runtime(&self) -> &Arc<PolicyRuntime> {
+        &self.runtime
+    }
+
+    /// Loads every configured plugin file. A plugin that fails is reported
+    /// (log, metric, `GET /policies`) and its workloads use the fallback; the
+    /// gateway serves traffic either way.
+    pub fn load_configured(&self) -> Vec<(String, Result<(), LoadError>)> {
+        let names: Vec<(String, PathBuf)> = self
+            .sources
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|(n, s)| s.file.clone().map(|f| (n.clone(), f)))
+            .collect();
+        names
+            .into_iter()
+            .map(|(name, file)| {
+                let r = self.load_file(&name, &file).map(|_| ());
+                (name, r)
+            })
+            .collect()
+    }
+
+    fn load_file(&self, name: &str, file: &Path) -> Result<Arc<PluginVersion>, LoadError> {
+        let bytes = std::fs::read(file).map_err(|source| LoadError::Read {
+            path: file.to_owned(),
+            source,
+        });
+        let bytes = match bytes {
+            Ok(b) => b,
+            Err(e) => {
+                self.record(name, None, Err(&e));
+                return Err(e);
+            }
+        };
+        self.install(name, &bytes, None)
+            .inspect(|_| {
+                if let Some(s) = self.sources.lock().unwrap().get_mut(name) {
+                    s.file_digest = Some(file_digest(&bytes));
+                }
+            })
+            .inspect_err(|_| {
+                if let Some(s) = self.sources.lock().unwrap().get_mut(name) {
+                    s.file_digest = Some(file_digest(&bytes));
+                }
+            })
+    }
+
+    /// Compiles and validates `bytes` (version, imports, `init`, a self-test
+    /// event), then swaps it in for `name` atomically. On any failure the
+    /// previous version stays and the reason is returned and recorded.
+    /// CPU-heavy: call from a blocking thread.
+    pub fn install(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        config: Option<&str>,
+    ) -> Result<Arc<PluginVersion>, LoadError> {
+        let _writer = self.writer.lock().unwrap();
+        let config = match config {
+            Some(c) => c.to_owned(),
+            None => self
+                .sources
+                .lock()
+                .unwrap()
+                .get(name)
+                .map(|s| s.config.clone())
+                .unwrap_or_default(),
+        };
+        let started = Instant::now();
+        let loaded = PluginVersion::load(&self.runtime, name, bytes, &config, self.quarantine);
+        match loaded {
+            Ok(v) => {
+                let mut next = PolicySet {
+                    versions: self.current.load().versions.clone(),
+                };
+                let previous = next.versions.insert(name.to_owned(), v.clone());
+                self.current.store(Arc::new(next));
+                info!(
+                    policy = name,
+                    version = %v.hash,
+                    previous = previous.as_ref().map(|p| p.hash.as_str()).unwrap_or("none"),
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "policy loaded"
+                );
+                self.record(name, Some(&config), Ok(()));
+                Ok(v)
+            }
+            Err(e) => {
+                warn!(policy = name, error = %e, "policy refused; previous version stays");
+                self.record(name, Some(&config), Err(&e));
+                Err(e)
+            }
+        }
+    }
+
+    fn record(&self, name: &str, config: Option<&str>, result: Result<(), &LoadError>) {
+        let kind = match result {
+            Ok(()) => "ok",
+            Err(e) => e.reason(),
+        };
+        self.metrics
+            .swaps
+            .get_or_create(&KindLabels {
+                policy: name.to_owned(),
+                kind,
+            })
+            .inc();
+        let mut sources = self.sources.lock().unwrap();
+        let s = sources.entry(name.to_owned()).or_default();
+        if let Some(c) = config {
+            s.config = c.to_owned();
+        }
+        match result {
+            Ok(()) => s.last_error = None,
+            Err(e) => {
+                s.last_error = Some(e.to_string());
+                s.last_error_at = Some(SystemTime::now());
+            }
+        }
+    }
+
+    /// The loaded version of `name`, if any.
+    pub fn version(&self, name: &str) -> Option<Arc<PluginVersion>> {
+        self.current.load().versions.get(name).cloned()
+    }
+
+    /// Picks the policy for a workload: its `tidegate.io/drain-policy`
+    /// annotation, else the first matching binding, else the default, else
+    /// the built-in fallback. An annotation naming an unknown policy is
+    /// logged and ignored.
+    pub fn select(&self, workload: &Workload) -> Selection {
+        let spec = &workload.spec;
+        let known = |n: &str| self.cfg.plugins.contains_key(n) || self.version(n).is_some();
+        let pinned = |name: &str, by| Selection {
+            name: name.to_owned(),
+            by,
+            version: self.version(name),
+        };
+        if let Some(name) = spec.annotations.get(POLICY_ANNOTATION) {
+            if known(name) {
+                return pinned(name, SelectedBy::Annotation);
+            }
+            warn!(
+                workload = %spec.uid,
+                policy = %name,
+                "annotation {POLICY_ANNOTATION} names an unknown policy; using bindings/default"
+            );
+        }
+        for (i, b) in self.cfg.bindings.iter().enumerate() {
+            let ns_ok = b.namespace.as_ref().is_none_or(|ns| *ns == spec.namespace);
+            let labels_ok = b
+                .selector
+                .iter()
+                .all(|(k, v)| spec.labels.get(k) == Some(v));
+            if ns_ok && labels_ok {
+                return pinned(&b.policy, SelectedBy::Binding(i));
+            }
+        }
+        if let Some(name) = &self.cfg.default {
+            return pinned(name, SelectedBy::Default);
+        }
+        Selection {
+            name: self.cfg.fallback.name().to_owned(),
+            by: SelectedBy::Fallback,
+            version: None,
+        }
+    }
+
+    /// Decides `event` with the selected version (or the fallback), then validates.
+    pub fn decide(&self, selection: &Selection, event: &sdk::Event) -> Decision {
+        self.decide_at(selection, event, Clock::Wall)
+    }
+
+    pub fn decide_at(&self, selection: &Selection, event: &sdk::Event, clock: Clock) -> Decision {
+        let started = Instant::now();
+        let (raw, fallback) = match &selection.version {
+            Some(v) => match v.decide(event, clock) {
+                Ok(actions) => (actions, None),
+                Err(f) => {
+                    self.on_failure(v, f.kind, &f.detail);
+                    (
+                        self.cfg.fallback.decide(event),
+                        Some(FallbackReason {
+                            kind: f.kind.label().to_owned(),
+                            detail: f.detail,
+                        }),
+                    )
+                }
+            },
+            None => {
+                let fb = (selection.by != SelectedBy::Fallback).then(|| FallbackReason {
+                    kind: "not_loaded".into(),
+                    detail: format!("policy {} is not loaded", selection.name),
+                });
+                (self.cfg.fallback.decide(event), fb)
+            }
+        };
+        let latency = started.elapsed();
+        let validated = validate(event, raw, &self.bounds);
+        let policy = selection.name.clone();
+        self.metrics
+            .decisions
+            .get_or_create(&DecisionLabels {
+                policy: policy.clone(),
+                event: event.kind(),
+                decided_by: if fallback.is_some() || selection.version.is_none() {
+                    self.cfg.fallback.name()
+                } else {
+                    "plugin"
+                },
+            })
+            .inc();
+        if fallback.is_none() && selection.version.is_some() {
+            self.metrics
+                .latency
+                .get_or_create(&PolicyLabels {
+                    policy: policy.clone(),
+                })
+                .observe(latency.as_secs_f64());
+        }
+        for (why, action) in &validated.ignored {
+            if *why == Ignored::OtherSubject {
+                warn!(policy = %policy, action = ?action.subject(), "ignored an action about another workload");
+            }
+            self.metrics
+                .ignored
+                .get_or_create(&KindLabels {
+                    policy: policy.clone(),
+                    kind: why.label(),
+                })
+                .inc();
+        }
+        if validated.clamped > 0 {
+            self.metrics
+                .clamped
+                .get_or_create(&PolicyLabels {
+                    policy: policy.clone(),
+                })
+                .inc_by(validated.clamped as u64);
+        }
+        Decision {
+            policy,
+            version: selection.version.as_ref().map(|v| v.hash.clone()),
+            actions: validated.actions,
+            fallback,
+            ignored: validated.ignored.len(),
+            clamped: validated.clamped,
+            latency,
+        }
+    }
+
+    fn on_failure(&self, v: &PluginVersion, kind: FailureKind, detail: &str) {
+        warn!(policy = %v.name, version = %v.hash, %kind, detail, "plugin call failed; the fallback decides");
+        self.metrics
+            .failures
+            .get_or_create(&KindLabels {
+                policy: v.name.clone(),
+                kind: kind.label(),
+            })
+            .inc();
+        if kind != FailureKind::Quarantined && v.is_quarantined() {
+            // This failure tipped it over.
+            warn!(policy = %v.name, version = %v.hash, "plugin version quarantined until replaced");
+            self.metrics
+                .quarantines
+                .get_or_create(&PolicyLabels {
+                    policy: v.name.clone(),
+                })
+                .inc();
+        }
+    }
+
+    /// `GET /policies`.
+    pub fn list(&self) -> Vec<PolicyStatus> {
+        let set = self.current.load();
+        let sources = self.sources.lock().unwrap();
+        let mut names: Vec<&String> = sources.keys().chain(set.versions.keys()).collect();
+        names.sort();
+        names.dedup();
+        names
+            .into_iter()
+            .map(|name| {
+                let v = set.versions.get(name);
+                let s = sources.get(name);
+                PolicyStatus {
+                    name: name.clone(),
+                    file: s.and_then(|s| s.file.clone()),
+                    loaded: v.is_some(),
+                    version: v.map(|v| v.hash.clone()),
+                    contract: v.map(|v| v.contract.to_string()),
+                    size: v.map(|v| v.size),
+                    loaded_at_unix_ms: v.map(|v| unix_ms(v.loaded_at)),
+                    calls: v.map(|v| v.calls()).unwrap_or(0),
+                    failures: v.map(|v| v.failures()).unwrap_or(0),
+                    instantiations: v.map(|v| v.instantiations()).unwrap_or(0),
+                    quarantined: v.is_some_and(|v| v.is_quarantined()),
+                    last_error: s.and_then(|s| s.last_error.clone()),
+                }
+            })
+            .collect()
+    }
+
+    /// Watches plugin files and swaps in changed ones until drained. Loading
+    /// runs on a blocking thread, off the data path.
+    pub async fn watch_files(self: Arc<Self>, interval: Duration, mut drain: DrainWatch) {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = drain.signaled() => return,
+            }
+            let changed: Vec<(String, PathBuf)> = {
+                let sources = self.sources.lock().unwrap();
+                sources
+                    .iter()
+                    .filter_map(|(n, s)| {
+                        let f = s.file.as_ref()?;
+                        let bytes = std::fs::read(f).ok()?;
+                        (Some(file_digest(&bytes)) != s.file_digest).then(|| (n.clone(), f.clone()))
+                    })
+                    .collect()
+            };
+            for (name, file) in changed {
+                let this = self.clone();
+                let _ = tokio::task::spawn_blocking(move || this.load_file(&name, &file)).await;
+            }
+        }
+    }
+}

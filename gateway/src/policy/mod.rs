@@ -1,0 +1,27 @@
+//! Drain policies as WebAssembly components.
+//!
+//! - [`bindings`]: the host side of the WIT contract (generated, only here).
+//! - [`runtime`]: engine, epoch deadlines, memory caps, host imports.
+//! - [`plugin`]: one compiled version, warm instance, failure handling.
+//! - [`engine`]: the loaded set, selection per workload, decisions, hot swap.
+//! - [`validate`], [`fallback`], [`version`], [`metrics`].
+
+pub mod bindings;
+mod convert;
+pub mod engine;
+mod error;
+mod fallback;
+pub mod metrics;
+pub mod plugin;
+pub mod runtime;
+pub mod trace;
+mod validate;
+pub mod version;
+
+pub use engine::{Decision, PolicyEngine, SelectedBy, Selection, POLICY_ANNOTATION};
+pub use error::{CallFailure, FailureKind, LoadError};
+pub use fallback::Fallback;
+pub use metrics::PolicyMetrics;
+pub use plugin::{PluginVersion, QuarantineRule};
+pub use runtime::{Clock, PolicyRuntime, RuntimeLimits};
+pub use validate::{validate, Bounds, Ignored, Validated};

@@ -1,0 +1,183 @@
+//! The wasmtime side: one engine for every plugin, an epoch ticker that
+//! bounds calls, per-store memory caps, and the host functions a policy may
+//! import (log, now-ms, metric) — nothing else, no WASI.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use wasmtime::component::{HasSelf, Linker};
+use wasmtime::{Config as WasmConfig, Engine, ResourceLimiter};
+
+use super::bindings::tidegate::policy::{host, types};
+use super::bindings::DrainPolicy;
+use super::metrics::PolicyMetrics;
+
+/// Limits applied to every plugin call.
+#[derive(Clone, Debug)]
+pub struct RuntimeLimits {
+    /// A `decide` call is interrupted after this long.
+    pub call_deadline: Duration,
+    /// `init` (run on every fresh instance) gets this long.
+    pub init_deadline: Duration,
+    /// Linear memory cap per instance.
+    pub memory_bytes: usize,
+    /// Log lines a single call may write through `host.log`.
+    pub logs_per_call: u32,
+}
+
+impl Default for RuntimeLimits {
+    fn default() -> Self {
+        RuntimeLimits {
+            call_deadline: Duration::from_millis(5),
+            init_deadline: Duration::from_millis(100),
+            memory_bytes: 16 << 20,
+            logs_per_call: 8,
+        }
+    }
+}
+
+const EPOCH_TICK: Duration = Duration::from_millis(1);
+
+/// Where `host.now-ms` reads its time: the wall clock, or a trace's value.
+#[derive(Clone, Copy, Debug, Default)]
+pub enum Clock {
+    #[default]
+    Wall,
+    Fixed(u64),
+}
+
+impl Clock {
+    pub fn now_ms(self) -> u64 {
+        match self {
+            Clock::Fixed(t) => t,
+            Clock::Wall => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+        }
+    }
+}
+
+/// The data of one plugin store.
+pub struct HostState {
+    pub(super) policy: String,
+    pub(super) clock: Clock,
+    pub(super) memory_cap: usize,
+    pub(super) memory_exceeded: bool,
+    pub(super) logs_left: u32,
+    pub(super) metrics: PolicyMetrics,
+}
+
+impl ResourceLimiter for HostState {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.memory_cap {
+            self.memory_exceeded = true;
+            // An error (not `Ok(false)`) traps at once: a guest allocator
+            // would otherwise spin or abort in ways that look like other bugs.
+            wasmtime::bail!("memory cap of {} bytes exceeded", self.memory_cap);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 100_000)
+    }
+}
+
+impl types::Host for HostState {}
+
+impl host::Host for HostState {
+    fn log(&mut self, level: types::LogLevel, message: String) {
+        if self.logs_left == 0 {
+            return;
+        }
+        self.logs_left -= 1;
+        let message: String = message.chars().take(512).collect();
+        let policy = self.policy.as_str();
+        match level {
+            types::LogLevel::Trace => tracing::trace!(policy, "{message}"),
+            types::LogLevel::Debug => tracing::debug!(policy, "{message}"),
+            types::LogLevel::Info => tracing::info!(policy, "{message}"),
+            types::LogLevel::Warn => tracing::warn!(policy, "{message}"),
+            types::LogLevel::Error => tracing::error!(policy, "{message}"),
+        }
+    }
+
+    fn now_ms(&mut self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    fn metric(&mut self, name: String, delta: u64) {
+        self.metrics.plugin_counter(&self.policy, &name, delta);
+    }
+}
+
+/// The shared engine and linker.
+pub struct PolicyRuntime {
+    pub(super) engine: Engine,
+    pub(super) linker: Linker<HostState>,
+    pub(super) limits: RuntimeLimits,
+    pub(super) metrics: PolicyMetrics,
+    stop: Arc<AtomicBool>,
+}
+
+impl PolicyRuntime {
+    pub fn new(limits: RuntimeLimits, metrics: PolicyMetrics) -> wasmtime::Result<Arc<Self>> {
+        let mut cfg = WasmConfig::new();
+        cfg.wasm_component_model(true)
+            .epoch_interruption(true)
+            .cranelift_opt_level(wasmtime::OptLevel::Speed);
+        let engine = Engine::new(&cfg)?;
+        let mut linker = Linker::new(&engine);
+        DrainPolicy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        spawn_ticker(engine.clone(), stop.clone());
+        Ok(Arc::new(PolicyRuntime {
+            engine,
+            linker,
+            limits,
+            metrics,
+            stop,
+        }))
+    }
+
+    pub fn limits(&self) -> &RuntimeLimits {
+        &self.limits
+    }
+
+    /// Epoch ticks for a deadline (at least one, plus one for the tick in progress).
+    pub(super) fn ticks(d: Duration) -> u64 {
+        (d.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64 + 1
+    }
+}
+
+impl Drop for PolicyRuntime {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Advances the engine's epoch every millisecond, so a call's deadline of N
+/// ticks interrupts it after ~N ms whatever it is doing.
+fn spawn_ticker(engine: Engine, stop: Arc<AtomicBool>) {
+    std::thread::Builder::new()
+        .name("policy-epoch".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(EPOCH_TICK);
+                engine.increment_epoch();
+            }
+        })
+        .expect("spawn the policy epoch ticker");
+}

@@ -1,0 +1,211 @@
+//! The host validates every action a policy returns: actions about anything
+//! but the event's subjects are ignored and counted, numbers are clamped to
+//! configured bounds, the list is bounded.
+
+use std::time::Duration;
+
+use tidegate_sdk as sdk;
+
+/// Bounds on what a policy may ask for.
+#[derive(Clone, Debug)]
+pub struct Bounds {
+    pub max_actions: usize,
+    pub max_delay: Duration,
+    pub max_deadline: Duration,
+    pub max_hold: Duration,
+    pub max_backoff: Duration,
+    pub max_timer: Duration,
+    pub max_log_len: usize,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            max_actions: 32,
+            max_delay: Duration::from_secs(60),
+            max_deadline: Duration::from_secs(600),
+            max_hold: Duration::from_secs(30),
+            max_backoff: Duration::from_secs(300),
+            max_timer: Duration::from_secs(3600),
+            max_log_len: 1024,
+        }
+    }
+}
+
+/// Why an action was dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Ignored {
+    /// It names a workload, peer or destination the event is not about.
+    OtherSubject,
+    /// `hold-teardown` outside `network-teardown`.
+    NotApplicable,
+    /// Past `max_actions`.
+    TooMany,
+}
+
+impl Ignored {
+    pub fn label(self) -> &'static str {
+        match self {
+            Ignored::OtherSubject => "other_subject",
+            Ignored::NotApplicable => "not_applicable",
+            Ignored::TooMany => "too_many",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Validated {
+    pub actions: Vec<sdk::Action>,
+    pub ignored: Vec<(Ignored, sdk::Action)>,
+    /// How many numbers were clamped.
+    pub clamped: usize,
+}
+
+fn clamp_ms(v: &mut u64, max: Duration, clamped: &mut usize) {
+    let max = max.as_millis() as u64;
+    if *v > max {
+        *v = max;
+        *clamped += 1;
+    }
+}
+
+fn clamp_f64(v: &mut f64, lo: f64, hi: f64, clamped: &mut usize) {
+    let c = if v.is_nan() { lo } else { v.clamp(lo, hi) };
+    if c != *v || v.is_nan() {
+        *v = c;
+        *clamped += 1;
+    }
+}
+
+pub fn validate(event: &sdk::Event, actions: Vec<sdk::Action>, bounds: &Bounds) -> Validated {
+    let subjects = event.subjects();
+    let mut out = Validated::default();
+    let max_hold = match event {
+        sdk::Event::NetworkTeardown(t) => {
+            Some(Duration::from_millis(t.max_hold_ms).min(bounds.max_hold))
+        }
+        _ => None,
+    };
+    for mut action in actions {
+        if out.actions.len() >= bounds.max_actions {
+            out.ignored.push((Ignored::TooMany, action));
+            continue;
+        }
+        if let Some(s) = action.subject() {
+            if !subjects.contains(&s) {
+                out.ignored.push((Ignored::OtherSubject, action));
+                continue;
+            }
+        }
+        let c = &mut out.clamped;
+        match &mut action {
+            sdk::Action::Goaway(g) => {
+                clamp_ms(&mut g.delay_ms, bounds.max_delay, c);
+                if let Some(d) = g.hard_deadline_ms.as_mut() {
+                    clamp_ms(d, bounds.max_deadline, c);
+                }
+            }
+            sdk::Action::Backoff(b) => {
+                clamp_ms(&mut b.max_ms, bounds.max_backoff, c);
+                clamp_ms(&mut b.initial_ms, Duration::from_millis(b.max_ms), c);
+                clamp_f64(&mut b.multiplier, 1.0, 16.0, c);
+                clamp_f64(&mut b.jitter, 0.0, 1.0, c);
+            }
+            sdk::Action::HoldTeardown(h) => match max_hold {
+                Some(max) => clamp_ms(&mut h.bound_ms, max, c),
+                None => {
+                    out.ignored.push((Ignored::NotApplicable, action));
+                    continue;
+                }
+            },
+            sdk::Action::SetTimer(t) => clamp_ms(&mut t.after_ms, bounds.max_timer, c),
+            sdk::Action::Log(l) => {
+                if l.message.len() > bounds.max_log_len {
+                    let mut end = bounds.max_log_len;
+                    while !l.message.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    l.message.truncate(end);
+                    *c += 1;
+                }
+            }
+            sdk::Action::Evict(_) | sdk::Action::OciDrain(_) => {}
+        }
+        out.actions.push(action);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn teardown(uid: &str) -> sdk::Event {
+        sdk::Event::NetworkTeardown(sdk::NetworkTeardown {
+            workload: sdk::WorkloadState::new(sdk::WorkloadInfo::new(uid)),
+            since_shutdown_ms: None,
+            max_hold_ms: 5_000,
+        })
+    }
+
+    #[test]
+    fn other_subjects_are_ignored_and_numbers_clamped() {
+        let w = sdk::WorkloadInfo::new("mine");
+        let other = sdk::WorkloadInfo::new("theirs");
+        let actions = vec![
+            sdk::Action::goaway_inbound(&w)
+                .delay_ms(u64::MAX)
+                .hard_deadline_ms(u64::MAX)
+                .into(),
+            sdk::Action::goaway_inbound(&other).into(),
+            sdk::Action::HoldTeardown(sdk::HoldTeardown {
+                workload: "mine".into(),
+                bound_ms: 60_000,
+            }),
+        ];
+        let v = validate(&teardown("mine"), actions, &Bounds::default());
+        assert_eq!(v.actions.len(), 2);
+        assert_eq!(v.ignored.len(), 1);
+        assert_eq!(v.ignored[0].0, Ignored::OtherSubject);
+        let sdk::Action::Goaway(g) = &v.actions[0] else {
+            panic!()
+        };
+        assert_eq!(g.delay_ms, 60_000);
+        assert_eq!(g.hard_deadline_ms, Some(600_000));
+        let sdk::Action::HoldTeardown(h) = &v.actions[1] else {
+            panic!()
+        };
+        assert_eq!(h.bound_ms, 5_000, "bounded by the event's max-hold-ms");
+        assert_eq!(v.clamped, 3);
+    }
+
+    #[test]
+    fn hold_outside_teardown_and_floods_are_dropped() {
+        let event = sdk::Event::WorkloadAdded(sdk::WorkloadState::new(sdk::WorkloadInfo::new("w")));
+        let hold = sdk::Action::HoldTeardown(sdk::HoldTeardown {
+            workload: "w".into(),
+            bound_ms: 1,
+        });
+        let mut actions = vec![hold];
+        for _ in 0..40 {
+            actions.push(sdk::Action::Log(sdk::LogLine {
+                level: sdk::LogLevel::Info,
+                message: "x".repeat(5000),
+            }));
+        }
+        let v = validate(&event, actions, &Bounds::default());
+        assert_eq!(v.actions.len(), 32);
+        assert!(v.ignored.iter().any(|(r, _)| *r == Ignored::NotApplicable));
+        assert_eq!(
+            v.ignored
+                .iter()
+                .filter(|(r, _)| *r == Ignored::TooMany)
+                .count(),
+            8
+        );
+        let sdk::Action::Log(l) = &v.actions[0] else {
+            panic!()
+        };
+        assert_eq!(l.message.len(), 1024);
+    }
+}
