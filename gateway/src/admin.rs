@@ -15,6 +15,7 @@ use tokio::net::TcpListener;
 use tracing::debug;
 
 use crate::drain::DrainWatch;
+use crate::policy::PolicyEngine;
 use crate::pool::Pool;
 use crate::registry::Registry;
 use crate::workloads::WorkloadStore;
@@ -27,6 +28,7 @@ pub struct AdminState {
     pub workloads: Arc<WorkloadStore>,
     pub registry: Arc<Registry>,
     pub pool: Arc<Pool>,
+    pub policies: Arc<PolicyEngine>,
     pub metrics: prometheus_client::registry::Registry,
     pub ready: AtomicBool,
 }
@@ -48,9 +50,26 @@ fn json_response(v: serde_json::Value) -> Response<Body> {
         .expect("static response")
 }
 
+/// Largest plugin accepted by `PUT /policies/<name>`.
+const MAX_PLUGIN_BYTES: usize = 32 << 20;
+
+/// Header carrying the configuration for a plugin uploaded with PUT.
+pub const POLICY_CONFIG_HEADER: &str = "tidegate-policy-config";
+
 /// Routes of the admin port.
-pub fn admin(state: &AdminState, req: &Request<Incoming>) -> Response<Body> {
+pub async fn admin(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body> {
+    if let Some(name) = req.uri().path().strip_prefix("/policies/") {
+        let name = name.to_owned();
+        return match *req.method() {
+            Method::PUT => put_policy(state, name, req).await,
+            _ => text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "use PUT /policies/<name> with the component as the body\n",
+            ),
+        };
+    }
     match (req.method(), req.uri().path()) {
+        (&Method::GET, "/policies") => json_response(json!({ "policies": state.policies.list() })),
         (&Method::GET, "/config_dump") => {
             let snapshot = state.workloads.snapshot();
             let workloads: Vec<_> = snapshot.iter().map(|w| w.as_ref()).collect();
@@ -65,13 +84,74 @@ pub fn admin(state: &AdminState, req: &Request<Incoming>) -> Response<Body> {
         (_, "/config_dump") => text(StatusCode::METHOD_NOT_ALLOWED, "use GET /config_dump\n"),
         (_, path) => text(
             StatusCode::NOT_FOUND,
-            format!("no admin endpoint {path}; try GET /config_dump\n"),
+            format!("no admin endpoint {path}; try GET /config_dump, GET /policies, PUT /policies/<name>\n"),
         ),
     }
 }
 
+/// Compiles and validates the uploaded plugin off the data path, then swaps
+/// it in. A refused plugin leaves the previous version in place: 422 with the reason.
+async fn put_policy(state: Arc<AdminState>, name: String, req: Request<Incoming>) -> Response<Body> {
+    use http_body_util::BodyExt;
+    let valid_name = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if !valid_name {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("policy name {name:?} must be 1-64 letters, digits, '-' or '_'\n"),
+        );
+    }
+    let config = match req.headers().get(POLICY_CONFIG_HEADER).map(|v| v.to_str()) {
+        Some(Ok(c)) => Some(c.to_owned()),
+        Some(Err(_)) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!("header {POLICY_CONFIG_HEADER} must be visible ASCII\n"),
+            )
+        }
+        None => None,
+    };
+    let body = http_body_util::Limited::new(req.into_body(), MAX_PLUGIN_BYTES);
+    let bytes = match body.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return text(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("cannot read the plugin (at most {MAX_PLUGIN_BYTES} bytes): {e}\n"),
+            )
+        }
+    };
+    let policies = state.policies.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        policies
+            .install(&name, &bytes, config.as_deref())
+            .map(|v| (v.name.clone(), v.hash.clone()))
+    })
+    .await;
+    match result {
+        Ok(Ok((name, version))) => json_response(json!({ "policy": name, "version": version, "result": "swapped" })),
+        Ok(Err(e)) => Response::builder()
+            .status(StatusCode::UNPROCESSABLE_ENTITY)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(
+                serde_json::to_vec_pretty(&json!({
+                    "result": "refused",
+                    "reason": e.reason(),
+                    "error": e.to_string(),
+                    "kept": "the previous version (if any) stays in place",
+                }))
+                .expect("json"),
+            )))
+            .expect("static response"),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("loader crashed: {e}\n")),
+    }
+}
+
 /// Routes of the metrics port.
-pub fn metrics(state: &AdminState, req: &Request<Incoming>) -> Response<Body> {
+pub async fn metrics(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body> {
     if req.uri().path() != "/metrics" {
         return text(StatusCode::NOT_FOUND, "try GET /metrics\n");
     }
@@ -92,7 +172,7 @@ pub fn metrics(state: &AdminState, req: &Request<Incoming>) -> Response<Body> {
 }
 
 /// Routes of the readiness port.
-pub fn readiness(state: &AdminState, req: &Request<Incoming>) -> Response<Body> {
+pub async fn readiness(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body> {
     if req.uri().path() != "/healthz/ready" {
         return text(StatusCode::NOT_FOUND, "try GET /healthz/ready\n");
     }
@@ -108,12 +188,11 @@ pub fn readiness(state: &AdminState, req: &Request<Incoming>) -> Response<Body> 
 
 /// Serves HTTP/1.1 with `route` until drained; in-flight requests are short and
 /// simply dropped with the process.
-pub async fn serve(
-    listener: TcpListener,
-    state: Arc<AdminState>,
-    route: fn(&AdminState, &Request<Incoming>) -> Response<Body>,
-    mut drain: DrainWatch,
-) {
+pub async fn serve<F, Fut>(listener: TcpListener, state: Arc<AdminState>, route: F, mut drain: DrainWatch)
+where
+    F: Fn(Arc<AdminState>, Request<Incoming>) -> Fut + Copy + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Response<Body>> + Send + 'static,
+{
     loop {
         let (tcp, _) = tokio::select! {
             a = listener.accept() => match a {
@@ -128,8 +207,8 @@ pub async fn serve(
         let state = state.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let resp = route(&state, &req);
-                async move { Ok::<_, Infallible>(resp) }
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(route(state, req).await) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(tcp), svc)

@@ -17,6 +17,7 @@ use crate::inbound::Inbound;
 use crate::listener::bind;
 use crate::metrics::ProxyFamilies;
 use crate::outbound::Outbound;
+use crate::policy::{PolicyEngine, PolicyMetrics};
 use crate::pool::Pool;
 use crate::registry::Registry;
 use crate::tls::{CertDir, CertSource, DevCa, TlsContext, TlsMetrics};
@@ -46,6 +47,7 @@ pub struct App {
     pub pool: Arc<Pool>,
     pub tls: Arc<TlsContext>,
     pub outbound: Arc<Outbound>,
+    pub policies: Arc<PolicyEngine>,
     admin: Arc<AdminState>,
     streams: ActiveStreams,
     trigger: DrainTrigger,
@@ -145,6 +147,17 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     );
     tasks.spawn(pool.clone().evict_idle(drain.clone()));
 
+    // Policies load before readiness; a plugin that fails to load is
+    // reported and its workloads use the fallback — traffic is served anyway.
+    let policies = PolicyEngine::new(&config.policies, PolicyMetrics::register(&mut registry))?;
+    let loading = policies.clone();
+    for (name, result) in tokio::task::spawn_blocking(move || loading.load_configured()).await? {
+        if let Err(e) = result {
+            tracing::error!(policy = %name, error = %e, "policy not loaded; its workloads use the fallback");
+        }
+    }
+    tasks.spawn(policies.clone().watch_files(config.policies.reload_interval, drain.clone()));
+
     let l = &config.listeners;
     let inbound_listener = bind("inbound", l.inbound)?;
     let outbound_listener = bind("outbound", l.outbound)?;
@@ -195,6 +208,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         workloads: workloads.clone(),
         registry: conn_registry.clone(),
         pool: pool.clone(),
+        policies: policies.clone(),
         metrics: registry,
         ready: Default::default(),
     });
@@ -235,6 +249,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         pool,
         tls,
         outbound,
+        policies,
         admin: admin_state,
         streams,
         trigger,

@@ -5,6 +5,11 @@
 //!   it imports nothing but `tidegate:policy/…`, and write
 //!   `DIR/<name>.wasm` (fixtures: `DIR/fixtures/<name>.wasm`). `DIR`
 //!   defaults to `<repo>/target/plugins`.
+//! - `test`: the project's whole test run (the README's test command): build
+//!   the plugins, run every test of the workspace, then the plugins' native
+//!   tests.
+//! - `demo [ARGS…]`: build the plugins and run the gateway (release) on the
+//!   embedded default; extra arguments go to `tidegate run`.
 
 mod component;
 mod plugins;
@@ -14,7 +19,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 
-const USAGE: &str = "usage: cargo xtask plugins [--out DIR]";
+const USAGE: &str = "usage: cargo xtask plugins [--out DIR] | test | demo [ARGS…]";
 
 fn main() -> ExitCode {
     match run(std::env::args().skip(1).collect()) {
@@ -40,9 +45,37 @@ fn run(args: Vec<String>) -> Result<()> {
             }
             plugins::build_all(&root, &out)
         }
+        Some("test") => {
+            let root = repo_root();
+            plugins::build_all(&root, &root.join("target").join("plugins"))?;
+            run_cargo(&root, &["test", "--workspace"])?;
+            run_cargo(&root.join("plugins"), &["test", "--workspace", "--target-dir", "../target/plugins/native"])
+        }
+        Some("demo") => {
+            let root = repo_root();
+            plugins::build_all(&root, &root.join("target").join("plugins"))?;
+            let mut cmd = vec!["run", "--release", "-q", "-p", "tidegate", "--", "run"];
+            let extra: Vec<String> = args.collect();
+            cmd.extend(extra.iter().map(String::as_str));
+            run_cargo(&root, &cmd)
+        }
         Some(other) => bail!("unknown task {other:?}\n{USAGE}"),
         None => bail!("{USAGE}"),
     }
+}
+
+/// Runs cargo with `args` in `dir`, inheriting stdio; fails on a non-zero exit.
+fn run_cargo(dir: &std::path::Path, args: &[&str]) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .current_dir(dir)
+        .args(args)
+        .status()
+        .with_context(|| format!("running cargo {}", args.join(" ")))?;
+    if !status.success() {
+        bail!("cargo {} failed ({status})", args.join(" "));
+    }
+    Ok(())
 }
 
 /// The main workspace root: xtask lives in `<root>/xtask`.

@@ -3,7 +3,7 @@
 /// A plugin refused at load or swap time; the previous version (if any) stays.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("cannot read plugin {path}: {source}")]
+    #[error("cannot read plugin {path}: {source} (reference plugins are built by `cargo xtask plugins`)")]
     Read {
         path: std::path::PathBuf,
         source: std::io::Error,
