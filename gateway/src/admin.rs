@@ -91,7 +91,11 @@ pub async fn admin(state: Arc<AdminState>, req: Request<Incoming>) -> Response<B
 
 /// Compiles and validates the uploaded plugin off the data path, then swaps
 /// it in. A refused plugin leaves the previous version in place: 422 with the reason.
-async fn put_policy(state: Arc<AdminState>, name: String, req: Request<Incoming>) -> Response<Body> {
+async fn put_policy(
+    state: Arc<AdminState>,
+    name: String,
+    req: Request<Incoming>,
+) -> Response<Body> {
     use http_body_util::BodyExt;
     let valid_name = !name.is_empty()
         && name.len() <= 64
@@ -132,7 +136,9 @@ async fn put_policy(state: Arc<AdminState>, name: String, req: Request<Incoming>
     })
     .await;
     match result {
-        Ok(Ok((name, version))) => json_response(json!({ "policy": name, "version": version, "result": "swapped" })),
+        Ok(Ok((name, version))) => {
+            json_response(json!({ "policy": name, "version": version, "result": "swapped" }))
+        }
         Ok(Err(e)) => Response::builder()
             .status(StatusCode::UNPROCESSABLE_ENTITY)
             .header(header::CONTENT_TYPE, "application/json")
@@ -146,7 +152,10 @@ async fn put_policy(state: Arc<AdminState>, name: String, req: Request<Incoming>
                 .expect("json"),
             )))
             .expect("static response"),
-        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("loader crashed: {e}\n")),
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("loader crashed: {e}\n"),
+        ),
     }
 }
 
@@ -188,8 +197,12 @@ pub async fn readiness(state: Arc<AdminState>, req: Request<Incoming>) -> Respon
 
 /// Serves HTTP/1.1 with `route` until drained; in-flight requests are short and
 /// simply dropped with the process.
-pub async fn serve<F, Fut>(listener: TcpListener, state: Arc<AdminState>, route: F, mut drain: DrainWatch)
-where
+pub async fn serve<F, Fut>(
+    listener: TcpListener,
+    state: Arc<AdminState>,
+    route: F,
+    mut drain: DrainWatch,
+) where
     F: Fn(Arc<AdminState>, Request<Incoming>) -> Fut + Copy + Send + Sync + 'static,
     Fut: std::future::Future<Output = Response<Body>> + Send + 'static,
 {

@@ -156,7 +156,11 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             tracing::error!(policy = %name, error = %e, "policy not loaded; its workloads use the fallback");
         }
     }
-    tasks.spawn(policies.clone().watch_files(config.policies.reload_interval, drain.clone()));
+    tasks.spawn(
+        policies
+            .clone()
+            .watch_files(config.policies.reload_interval, drain.clone()),
+    );
 
     let l = &config.listeners;
     let inbound_listener = bind("inbound", l.inbound)?;
