@@ -37,7 +37,7 @@ fn plugin(rel: &str) -> PathBuf {
 
 fn engine(extra: &str) -> (Arc<PolicyEngine>, prometheus_client::registry::Registry) {
     let cfg = Config::from_yaml(&format!(
-        "policies:\n  call_deadline: 20ms\n  quarantine_failures: 3\n{extra}"
+        "policies:\n  call_deadline: 200ms\n  quarantine_failures: 3\n{extra}"
     ))
     .unwrap();
     let mut registry = prometheus_client::registry::Registry::with_prefix("tidegate");

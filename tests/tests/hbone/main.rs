@@ -3,5 +3,6 @@
 
 mod integrity;
 mod lifecycle;
+mod policies;
 mod pool;
 mod rejections;
