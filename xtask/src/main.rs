@@ -49,7 +49,15 @@ fn run(args: Vec<String>) -> Result<()> {
             let root = repo_root();
             plugins::build_all(&root, &root.join("target").join("plugins"))?;
             run_cargo(&root, &["test", "--workspace"])?;
-            run_cargo(&root.join("plugins"), &["test", "--workspace", "--target-dir", "../target/plugins/native"])
+            run_cargo(
+                &root.join("plugins"),
+                &[
+                    "test",
+                    "--workspace",
+                    "--target-dir",
+                    "../target/plugins/native",
+                ],
+            )
         }
         Some("demo") => {
             let root = repo_root();
