@@ -136,6 +136,9 @@ impl PolicyRuntime {
     pub fn new(limits: RuntimeLimits, metrics: PolicyMetrics) -> wasmtime::Result<Arc<Self>> {
         let mut cfg = WasmConfig::new();
         cfg.wasm_component_model(true)
+            // Concurrent (async) component execution is not used; with it on,
+            // every call pays 2-3x for bookkeeping (measured, DESIGN.md).
+            .concurrency_support(false)
             .epoch_interruption(true)
             .cranelift_opt_level(wasmtime::OptLevel::Speed);
         let engine = Engine::new(&cfg)?;
