@@ -383,8 +383,8 @@ impl Config {
             .filter_map(|(k, v)| env_key(&k).map(|k| (k, v)))
             .collect();
         env.sort();
-        for (key, value) in env {
-            set_path(&mut root, &key, &value)?;
+        for (key, value) in &env {
+            set_path(&mut root, key, value)?;
         }
         for s in sets {
             let (key, value) = s
@@ -392,7 +392,28 @@ impl Config {
                 .ok_or_else(|| ConfigError::Override { input: s.clone() })?;
             set_path(&mut root, key.trim(), value)?;
         }
-        Self::from_value(root)
+        Self::from_value(root).map_err(|e| match e {
+            // Say where a key came from when the environment set it.
+            ConfigError::Invalid { key, message } => {
+                let from_env = env.iter().find(|(k, _)| {
+                    let (parent, last) = k.rsplit_once('.').unwrap_or(("", k));
+                    let parent_matches = key.trim_matches('.') == parent;
+                    *k == key
+                        || parent_matches && message.contains(&format!("unknown field `{last}`"))
+                });
+                match from_env {
+                    Some((k, _)) => ConfigError::Invalid {
+                        key,
+                        message: format!(
+                            "{message} (set by the environment variable TIDEGATE_{})",
+                            k.to_ascii_uppercase().replace('.', "__")
+                        ),
+                    },
+                    None => ConfigError::Invalid { key, message },
+                }
+            }
+            other => other,
+        })
     }
 
     /// Parses a YAML document (used by tests and the embedded default).
@@ -657,6 +678,20 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("`hbone.max_frame_size`"), "{e}");
+        let e = load("", &[("TIDEGATE_BENCH_MODE", "x")], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unknown field `bench_mode`") && e.contains("TIDEGATE_BENCH_MODE"),
+            "{e}"
+        );
+        let e = load("", &[("TIDEGATE_POOL__IDLE_TIMEOUT", "later")], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`pool.idle_timeout`") && e.contains("TIDEGATE_POOL__IDLE_TIMEOUT"),
+            "{e}"
+        );
         let e = load("", &[], &["no-equals-sign"]).unwrap_err().to_string();
         assert!(e.contains("key.path=value"), "{e}");
         let e = load("certificates:\n  source: vault\n", &[], &[])
