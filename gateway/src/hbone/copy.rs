@@ -1,7 +1,7 @@
 //! Bidirectional copy between a TCP socket and an HTTP/2 stream, with half-close.
 //!
-//! No buffer is held while a direction is idle: a read buffer is kept only
-//! while reads keep filling it, and handed to HTTP/2 as `Bytes`;
+//! No buffer is held while a direction is idle: a read buffer is allocated
+//! only after the socket reports readable, and handed to HTTP/2 as `Bytes`;
 //! received frames are written straight from h2's buffers. An idle
 //! connection therefore costs its task, its h2 stream state and its socket —
 //! the figure the memory benchmark checks.
@@ -96,12 +96,8 @@ async fn tcp_to_h2(
     counter: &Counter,
     total: &mut u64,
 ) -> Result<(), CopyError> {
-    // Held only while the socket keeps filling it (bulk transfer); dropped
-    // after a short read, so an idle stream holds no buffer. While held,
-    // `reserve` reuses the allocation once h2 has written earlier chunks.
-    let mut buf = BytesMut::new();
     loop {
-        // Wait for data (or a reset of the h2 stream).
+        // Wait for data (or a reset of the h2 stream) without holding a buffer.
         tokio::select! {
             r = tcp.readable() => r?,
             r = poll_fn(|cx| send.poll_reset(cx)) => {
@@ -111,10 +107,7 @@ async fn tcp_to_h2(
                 )));
             }
         }
-        if buf.capacity() - buf.len() < READ_CHUNK / 4 {
-            buf.reserve(READ_CHUNK);
-        }
-        let room = buf.capacity() - buf.len();
+        let mut buf = BytesMut::with_capacity(READ_CHUNK);
         match tcp.try_read_buf(&mut buf) {
             Ok(0) => {
                 send.send_data(Bytes::new(), true)?;
@@ -123,12 +116,7 @@ async fn tcp_to_h2(
             Ok(n) => {
                 *total += n as u64;
                 counter.inc_by(n as u64);
-                let chunk = buf.split().freeze();
-                if n < room {
-                    // Drained the socket: don't keep a buffer while idle.
-                    buf = BytesMut::new();
-                }
-                send_all(send, chunk).await?;
+                send_all(send, buf.freeze()).await?;
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e.into()),
