@@ -48,8 +48,9 @@ fn run(args: Vec<String>) -> Result<()> {
         Some("test") => {
             let root = repo_root();
             plugins::build_all(&root, &root.join("target").join("plugins"))?;
-            run_cargo(&root, &["test", "--workspace"])?;
-            run_cargo(
+            let mut tally = Tally::default();
+            let workspace = run_tests(&root, &["test", "--workspace"], &mut tally);
+            let plugins = run_tests(
                 &root.join("plugins"),
                 &[
                     "test",
@@ -57,7 +58,14 @@ fn run(args: Vec<String>) -> Result<()> {
                     "--target-dir",
                     "../target/plugins/native",
                 ],
-            )
+                &mut tally,
+            );
+            // One closing line for the whole run, whatever ran last.
+            println!(
+                "\ntests: {} passed, {} failed, {} skipped",
+                tally.passed, tally.failed, tally.ignored
+            );
+            workspace.and(plugins)
         }
         Some("demo") => {
             let root = repo_root();
@@ -70,6 +78,60 @@ fn run(args: Vec<String>) -> Result<()> {
         Some(other) => bail!("unknown task {other:?}\n{USAGE}"),
         None => bail!("{USAGE}"),
     }
+}
+
+/// Test counts summed over every `test result:` line.
+#[derive(Debug, Default)]
+struct Tally {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+impl Tally {
+    /// Adds a libtest summary line (`test result: ok. 3 passed; 0 failed; 1 ignored; …`).
+    fn add_line(&mut self, line: &str) {
+        let Some(rest) = line.trim().strip_prefix("test result: ") else {
+            return;
+        };
+        for part in rest.split(';') {
+            let words: Vec<&str> = part.split_whitespace().collect();
+            let (n, what) = match words.as_slice() {
+                [_, n, what] | [n, what] => (*n, *what),
+                _ => continue,
+            };
+            let Ok(n) = n.parse::<u64>() else { continue };
+            match what {
+                "passed" => self.passed += n,
+                "failed" => self.failed += n,
+                "ignored" => self.ignored += n,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Runs `cargo test …`, echoing its output and counting results.
+fn run_tests(dir: &std::path::Path, args: &[&str], tally: &mut Tally) -> Result<()> {
+    use std::io::BufRead;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut child = std::process::Command::new(cargo)
+        .current_dir(dir)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running cargo {}", args.join(" ")))?;
+    let stdout = child.stdout.take().expect("piped");
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.context("reading cargo test output")?;
+        println!("{line}");
+        tally.add_line(&line);
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("cargo {} failed ({status})", args.join(" "));
+    }
+    Ok(())
 }
 
 /// Runs cargo with `args` in `dir`, inheriting stdio; fails on a non-zero exit.
@@ -93,4 +155,20 @@ fn repo_root() -> PathBuf {
         .parent()
         .expect("xtask is one level below the workspace root")
         .to_path_buf()
+}
+
+#[cfg(test)]
+mod tally_tests {
+    use super::Tally;
+
+    #[test]
+    fn sums_libtest_summaries() {
+        let mut t = Tally::default();
+        t.add_line("test result: ok. 16 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s");
+        t.add_line(
+            "test result: FAILED. 3 passed; 2 failed; 1 ignored; 0 measured; 0 filtered out",
+        );
+        t.add_line("running 3 tests");
+        assert_eq!((t.passed, t.failed, t.ignored), (19, 2, 1));
+    }
 }

@@ -276,7 +276,6 @@ impl PluginVersion {
         self.failures.load(Ordering::Relaxed)
     }
 
-    /// Instances created so far (1 after load; +1 after every failure).
     /// Exports and imports of the component, for `tidegate policy check`.
     pub fn interface(&self) -> (Vec<String>, Vec<String>) {
         let ty = self.pre.instance_pre().component().component_type();
@@ -287,6 +286,8 @@ impl PluginVersion {
         )
     }
 
+    /// Instances created since the version was swapped in: 1 after the first
+    /// decision, +1 after every failed call.
     pub fn instantiations(&self) -> u64 {
         self.instantiations.load(Ordering::Relaxed)
     }

@@ -139,6 +139,9 @@ impl PolicyRuntime {
             // Concurrent (async) component execution is not used; with it on,
             // every call pays 2-3x for bookkeeping (measured, DESIGN.md).
             .concurrency_support(false)
+            // A trap is logged with its message; capturing the wasm backtrace
+            // made a failing call cost more than re-instantiating (measured).
+            .wasm_backtrace_max_frames(None)
             .epoch_interruption(true)
             .cranelift_opt_level(wasmtime::OptLevel::Speed);
         let engine = Engine::new(&cfg)?;
@@ -153,6 +156,11 @@ impl PolicyRuntime {
             metrics,
             stop,
         }))
+    }
+
+    /// The wasmtime engine (benchmarks time compilation with it).
+    pub fn engine(&self) -> &Engine {
+        &self.engine
     }
 
     pub fn limits(&self) -> &RuntimeLimits {
