@@ -121,17 +121,14 @@ impl Outbound {
                     debug!(error = %e, "outbound connection failed");
                     self.metrics.connection_failed(e.reason());
                     self.metrics.stream_ended(e.reason());
-                    AccessLog {
-                        direction: "outbound",
-                        src_identity: "",
-                        dst_identity: "",
-                        src_addr: src,
-                        dst_addr: dst,
-                        moved: Transferred::default(),
-                        duration: started.elapsed(),
-                        result: e.reason(),
-                    }
-                    .emit();
+                    access_log(
+                        ("", ""),
+                        src,
+                        dst,
+                        Transferred::default(),
+                        started,
+                        e.reason(),
+                    );
                     // Reset rather than FIN: the application must not mistake a
                     // failed connect for an empty response.
                     let _ =
@@ -183,17 +180,8 @@ impl Outbound {
             Err(e) => e.reason(),
         };
         self.metrics.stream_ended(outcome);
-        AccessLog {
-            direction: "outbound",
-            src_identity: &key.src.to_string(),
-            dst_identity: &key.dst.to_string(),
-            src_addr: src,
-            dst_addr: dst,
-            moved,
-            duration: started.elapsed(),
-            result: outcome,
-        }
-        .emit();
+        let ids = (key.src.to_string(), key.dst.to_string());
+        access_log((&ids.0, &ids.1), src, dst, moved, started, outcome);
         drop(stream.slot);
         Ok(())
     }
@@ -218,20 +206,11 @@ impl Outbound {
             "passthrough_error"
         };
         self.metrics.stream_ended(outcome);
-        AccessLog {
-            direction: "outbound",
-            src_identity: "",
-            dst_identity: "",
-            src_addr: src,
-            dst_addr: dst,
-            moved: Transferred {
-                tcp_to_h2: up,
-                h2_to_tcp: down,
-            },
-            duration: started.elapsed(),
-            result: outcome,
-        }
-        .emit();
+        let moved = Transferred {
+            tcp_to_h2: up,
+            h2_to_tcp: down,
+        };
+        access_log(("", ""), src, dst, moved, started, outcome);
         Ok(())
     }
 }
@@ -255,4 +234,27 @@ async fn copy_tcp(from: &TcpStream, to: &TcpStream) -> std::io::Result<u64> {
             Err(e) => return Err(e),
         }
     }
+}
+
+/// The access-log line of one outbound connection (identities empty when
+/// none was established: refused early, or plain TCP).
+fn access_log(
+    (src_identity, dst_identity): (&str, &str),
+    src: SocketAddr,
+    dst: SocketAddr,
+    moved: Transferred,
+    started: Instant,
+    result: &str,
+) {
+    AccessLog {
+        direction: "outbound",
+        src_identity,
+        dst_identity,
+        src_addr: src,
+        dst_addr: dst,
+        moved,
+        duration: started.elapsed(),
+        result,
+    }
+    .emit();
 }

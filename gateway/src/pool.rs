@@ -121,6 +121,8 @@ pub struct Tunnel {
     streams_total: AtomicU64,
     goaway: AtomicBool,
     closed: AtomicBool,
+    /// Set when the pool evicted it (idle or shutdown) rather than the peer closing it.
+    evicted: AtomicBool,
     opened: Instant,
     idle_since: Mutex<Option<Instant>>,
     goaways_received: Counter,
@@ -169,6 +171,7 @@ impl Tunnel {
     }
 
     fn evict(&self) {
+        self.evicted.store(true, Ordering::Release);
         self.send.lock().unwrap().take();
     }
 }
@@ -322,6 +325,7 @@ impl Pool {
             streams_total: AtomicU64::new(1),
             goaway: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            evicted: AtomicBool::new(false),
             opened: Instant::now(),
             idle_since: Mutex::new(None),
             goaways_received: self.metrics.goaways_received.clone(),
@@ -359,6 +363,8 @@ impl Pool {
                 });
                 let reason = tokio::select! {
                     r = watched => match r {
+                        // Our own GOAWAY after eviction may cross the peer's.
+                        _ if tunnel.evicted.load(Ordering::Acquire) => "evicted",
                         Ok(()) => "closed",
                         Err(e) if e.is_go_away() => "goaway",
                         Err(e) => {
@@ -375,7 +381,7 @@ impl Pool {
                     tunnel.mark_goaway();
                 }
                 tunnel.closed.store(true, Ordering::Release);
-                tunnel.evict();
+                tunnel.send.lock().unwrap().take();
                 entry
                     .tunnels
                     .lock()

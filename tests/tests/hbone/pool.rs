@@ -186,7 +186,10 @@ async fn idle_tunnels_are_evicted() {
     .await;
     let m = nodes.client.metrics_text();
     assert_eq!(
-        metric(&m, r#"tidegate_pool_tunnels_closed_total{reason="closed"}"#),
+        metric(
+            &m,
+            r#"tidegate_pool_tunnels_closed_total{reason="evicted"}"#
+        ),
         1.0
     );
     assert_eq!(metric(&m, "tidegate_pool_tunnels"), 0.0);
