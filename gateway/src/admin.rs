@@ -29,6 +29,7 @@ pub struct AdminState {
     pub registry: Arc<Registry>,
     pub pool: Arc<Pool>,
     pub policies: Arc<PolicyEngine>,
+    pub drains: Arc<crate::drains::DrainEngine>,
     pub metrics: prometheus_client::registry::Registry,
     pub ready: AtomicBool,
 }
@@ -68,7 +69,12 @@ pub async fn admin(state: Arc<AdminState>, req: Request<Incoming>) -> Response<B
             ),
         };
     }
+    if let Some(rest) = req.uri().path().strip_prefix("/workloads/") {
+        let rest = rest.to_owned();
+        return workload_event(state, req.method().clone(), &rest, req.uri().query()).await;
+    }
     match (req.method(), req.uri().path()) {
+        (&Method::GET, "/drains") => json_response(json!({ "drains": state.drains.list() })),
         (&Method::GET, "/policies") => json_response(json!({ "policies": state.policies.list() })),
         (&Method::GET, "/config_dump") => {
             let snapshot = state.workloads.snapshot();
@@ -86,6 +92,46 @@ pub async fn admin(state: Arc<AdminState>, req: Request<Incoming>) -> Response<B
             StatusCode::NOT_FOUND,
             format!("no admin endpoint {path}; try GET /config_dump, GET /policies, PUT /policies/<name>\n"),
         ),
+    }
+}
+
+/// `POST /workloads/<uid>/shutdown-starting[?grace=30s]`,
+/// `POST /workloads/<uid>/teardown`, `DELETE /workloads/<uid>`: lifecycle
+/// events for operators, scripts and tests. A teardown answers once the
+/// policy's hold (if any) is over.
+async fn workload_event(
+    state: Arc<AdminState>,
+    method: Method,
+    rest: &str,
+    query: Option<&str>,
+) -> Response<Body> {
+    use crate::drains::{Lifecycle, Trigger};
+    let (uid, what) = match (method, rest.split_once('/')) {
+        (Method::POST, Some((uid, "shutdown-starting"))) => {
+            let grace = query
+                .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("grace=")))
+                .map(crate::config::duration::parse);
+            let grace = match grace {
+                None => Ok(std::time::Duration::from_secs(30)),
+                Some(g) => g,
+            };
+            match grace {
+                Ok(grace) => (uid, Lifecycle::ShutdownStarted { grace }),
+                Err(e) => return text(StatusCode::BAD_REQUEST, format!("query `grace`: {e}\n")),
+            }
+        }
+        (Method::POST, Some((uid, "teardown"))) => (uid, Lifecycle::Teardown),
+        (Method::DELETE, None) => (rest, Lifecycle::Deleted),
+        _ => {
+            return text(
+                StatusCode::NOT_FOUND,
+                "use POST /workloads/<uid>/shutdown-starting[?grace=30s], POST /workloads/<uid>/teardown or DELETE /workloads/<uid>\n",
+            )
+        }
+    };
+    match state.drains.on_lifecycle(uid, what, Trigger::Admin).await {
+        Ok(outcome) => json_response(serde_json::to_value(outcome).expect("outcome serializes")),
+        Err(e) => text(StatusCode::NOT_FOUND, format!("{e}\n")),
     }
 }
 

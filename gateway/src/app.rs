@@ -48,6 +48,7 @@ pub struct App {
     pub tls: Arc<TlsContext>,
     pub outbound: Arc<Outbound>,
     pub policies: Arc<PolicyEngine>,
+    pub drains: Arc<crate::drains::DrainEngine>,
     admin: Arc<AdminState>,
     streams: ActiveStreams,
     trigger: DrainTrigger,
@@ -162,6 +163,16 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             .watch_files(config.policies.reload_interval, drain.clone()),
     );
 
+    let drains = crate::drains::DrainEngine::new(
+        workloads.clone(),
+        conn_registry.clone(),
+        pool.clone(),
+        policies.clone(),
+        config.drains.clone(),
+        crate::drains::DrainMetrics::register(&mut registry),
+    );
+    tasks.spawn(drains.clone().watch_workloads(drain.clone()));
+
     let l = &config.listeners;
     let inbound_listener = bind("inbound", l.inbound)?;
     let outbound_listener = bind("outbound", l.outbound)?;
@@ -176,6 +187,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         conn_registry.clone(),
         families.direction("inbound"),
         streams.clone(),
+        crate::inbound::GoawayMetrics::register(&mut registry),
     );
     let outbound = Outbound::new(
         workloads.clone(),
@@ -213,6 +225,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         registry: conn_registry.clone(),
         pool: pool.clone(),
         policies: policies.clone(),
+        drains: drains.clone(),
         metrics: registry,
         ready: Default::default(),
     });
@@ -254,6 +267,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         tls,
         outbound,
         policies,
+        drains,
         admin: admin_state,
         streams,
         trigger,

@@ -52,6 +52,7 @@ pub struct Config {
     pub workloads: WorkloadsConfig,
     pub shutdown: ShutdownConfig,
     pub policies: PoliciesConfig,
+    pub drains: DrainsConfig,
     /// Optional demo echo backend started in-process (the embedded default uses it).
     pub demo: Option<DemoConfig>,
 }
@@ -68,6 +69,7 @@ impl Default for Config {
             workloads: WorkloadsConfig::default(),
             shutdown: ShutdownConfig::default(),
             policies: PoliciesConfig::default(),
+            drains: DrainsConfig::default(),
             demo: None,
         }
     }
@@ -233,6 +235,31 @@ impl Default for ShutdownConfig {
     fn default() -> Self {
         ShutdownConfig {
             deadline: Duration::from_secs(10),
+        }
+    }
+}
+
+/// How drains are executed.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DrainsConfig {
+    /// Longest a network teardown is held for a drain (also `max-hold-ms` in events).
+    #[serde(with = "duration")]
+    pub max_hold: Duration,
+    /// Grace period assumed when a source does not give one (workload file).
+    #[serde(with = "duration")]
+    pub default_grace: Duration,
+    /// Hard deadline of a GOAWAY whose action names none.
+    #[serde(with = "duration")]
+    pub default_goaway_deadline: Duration,
+}
+
+impl Default for DrainsConfig {
+    fn default() -> Self {
+        DrainsConfig {
+            max_hold: Duration::from_secs(30),
+            default_grace: Duration::from_secs(30),
+            default_goaway_deadline: Duration::from_secs(30),
         }
     }
 }

@@ -15,6 +15,36 @@ use crate::registry::Registry;
 use crate::tls::TlsContext;
 use crate::workloads::WorkloadStore;
 
+/// GOAWAYs sent on inbound tunnels because a drain asked.
+#[derive(Clone, Debug)]
+pub struct GoawayMetrics {
+    sent: prometheus_client::metrics::counter::Counter,
+    latency: prometheus_client::metrics::histogram::Histogram,
+}
+
+impl GoawayMetrics {
+    pub fn register(registry: &mut prometheus_client::registry::Registry) -> Self {
+        let m = GoawayMetrics {
+            sent: Default::default(),
+            // 50 µs .. ~3 s
+            latency: prometheus_client::metrics::histogram::Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(50e-6, 2.0, 16),
+            ),
+        };
+        registry.register(
+            "drain_goaways_sent",
+            "GOAWAYs sent on inbound tunnels because a drain asked",
+            m.sent.clone(),
+        );
+        registry.register(
+            "drain_event_to_goaway_seconds",
+            "Time from the decision to the GOAWAY handed to the tunnel",
+            m.latency.clone(),
+        );
+        m
+    }
+}
+
 /// Everything an inbound tunnel needs; shared by all of them.
 pub struct Inbound {
     pub(crate) workloads: Arc<WorkloadStore>,
@@ -23,6 +53,7 @@ pub struct Inbound {
     pub(crate) registry: Arc<Registry>,
     pub(crate) metrics: ProxyMetrics,
     pub(crate) streams: ActiveStreams,
+    pub(crate) goaways: GoawayMetrics,
 }
 
 impl Inbound {
@@ -33,6 +64,7 @@ impl Inbound {
         registry: Arc<Registry>,
         metrics: ProxyMetrics,
         streams: ActiveStreams,
+        goaways: GoawayMetrics,
     ) -> Arc<Self> {
         Arc::new(Inbound {
             workloads,
@@ -41,7 +73,16 @@ impl Inbound {
             registry,
             metrics,
             streams,
+            goaways,
         })
+    }
+
+    /// Records the first GOAWAY a command made a tunnel send.
+    pub(crate) fn goaway_sent(&self, cmd: crate::registry::GoawayCommand) {
+        self.goaways.sent.inc();
+        self.goaways
+            .latency
+            .observe(cmd.issued.elapsed().as_secs_f64());
     }
 
     /// Accepts until the drain signal fires, then drops the listener so new

@@ -12,6 +12,7 @@ pub mod config;
 pub mod connect;
 pub mod demo;
 pub mod drain;
+pub mod drains;
 pub mod hbone;
 pub mod identity;
 pub mod inbound;

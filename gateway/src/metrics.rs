@@ -144,6 +144,8 @@ pub struct AccessLog<'a> {
     pub moved: Transferred,
     pub duration: Duration,
     pub result: &'a str,
+    /// The drain that asked the stream's tunnel to go away, if one did.
+    pub drained_by: Option<&'a str>,
 }
 
 impl AccessLog<'_> {
@@ -159,6 +161,7 @@ impl AccessLog<'_> {
             bytes_from_tunnel = self.moved.h2_to_tcp,
             duration_ms = self.duration.as_millis() as u64,
             result = self.result,
+            drained_by = self.drained_by,
             "stream ended"
         );
     }

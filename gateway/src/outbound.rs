@@ -255,6 +255,7 @@ fn access_log(
         moved,
         duration: started.elapsed(),
         result,
+        drained_by: None,
     }
     .emit();
 }

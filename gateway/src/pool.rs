@@ -123,6 +123,8 @@ pub struct Tunnel {
     closed: AtomicBool,
     /// Set when the pool evicted it (idle or shutdown) rather than the peer closing it.
     evicted: AtomicBool,
+    /// Close now, open streams or not (evict `now`).
+    kill: tokio::sync::Notify,
     opened: Instant,
     idle_since: Mutex<Option<Instant>>,
     goaways_received: Counter,
@@ -326,6 +328,7 @@ impl Pool {
             goaway: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             evicted: AtomicBool::new(false),
+            kill: tokio::sync::Notify::new(),
             opened: Instant::now(),
             idle_since: Mutex::new(None),
             goaways_received: self.metrics.goaways_received.clone(),
@@ -376,6 +379,7 @@ impl Pool {
                         warn!(error = %e, "closing dead tunnel");
                         "keepalive_timeout"
                     }
+                    _ = tunnel.kill.notified() => "evicted_now",
                 };
                 if reason == "goaway" {
                     tunnel.mark_goaway();
@@ -442,6 +446,27 @@ impl Pool {
                 t.evict();
             }
         }
+    }
+
+    /// Evicts the tunnels whose key matches: they take no new streams and
+    /// close (client-side GOAWAY) when their streams end — or at once when
+    /// `now`, resetting open streams. Returns how many.
+    pub fn evict_matching(&self, now: bool, matches: impl Fn(&PoolKey) -> bool) -> usize {
+        let mut n = 0;
+        for entry in self.entries() {
+            entry.tunnels.lock().unwrap().retain(|t| {
+                if !matches(&t.key) {
+                    return true;
+                }
+                n += 1;
+                t.evict();
+                if now {
+                    t.kill.notify_one();
+                }
+                false
+            });
+        }
+        n
     }
 
     fn entries(&self) -> Vec<Arc<KeyEntry>> {

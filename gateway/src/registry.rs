@@ -4,11 +4,12 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 
 use serde::Serialize;
-use tokio::sync::Notify;
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::identity::SpiffeId;
 
@@ -27,7 +28,20 @@ pub struct InboundTunnel {
     pub opened_at: SystemTime,
     streams: AtomicUsize,
     streams_total: AtomicU64,
-    goaway: Notify,
+    goaway: watch::Sender<Option<GoawayCommand>>,
+    /// Set once a drain asked this tunnel to go away: shown in access logs.
+    drained_by: OnceLock<String>,
+}
+
+/// What the serving task does when asked to go away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GoawayCommand {
+    /// Two-phase GOAWAY (streams finish) or one GOAWAY and close at once.
+    pub graceful: bool,
+    /// Remaining streams are reset and the tunnel closed at this instant.
+    pub deadline: Option<Instant>,
+    /// When the decision was made (for the event → GOAWAY histogram).
+    pub issued: Instant,
 }
 
 impl InboundTunnel {
@@ -42,14 +56,33 @@ impl InboundTunnel {
         StreamCount(self.clone())
     }
 
-    /// Asks the tunnel to start a graceful GOAWAY (the serving task acts on it).
-    pub fn request_goaway(&self) {
-        self.goaway.notify_one();
+    /// Asks the serving task to send GOAWAY. A later command can only make
+    /// things stricter: immediate wins over graceful, the earlier deadline wins.
+    pub fn request_goaway(&self, cmd: GoawayCommand, drained_by: &str) {
+        let _ = self.drained_by.set(drained_by.to_owned());
+        self.goaway.send_modify(|cur| {
+            *cur = Some(match *cur {
+                None => cmd,
+                Some(prev) => GoawayCommand {
+                    graceful: prev.graceful && cmd.graceful,
+                    deadline: match (prev.deadline, cmd.deadline) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    },
+                    issued: prev.issued.min(cmd.issued),
+                },
+            })
+        });
     }
 
-    /// Resolves when a GOAWAY was requested for this tunnel.
-    pub async fn goaway_requested(&self) {
-        self.goaway.notified().await
+    /// Watches GOAWAY commands for this tunnel (the serving task).
+    pub fn goaway_commands(&self) -> watch::Receiver<Option<GoawayCommand>> {
+        self.goaway.subscribe()
+    }
+
+    /// Which drain asked this tunnel to go away, if any.
+    pub fn drained_by(&self) -> Option<&str> {
+        self.drained_by.get().map(String::as_str)
     }
 }
 
@@ -88,6 +121,7 @@ pub struct TunnelDump {
     pub age_ms: u128,
     pub streams: usize,
     pub streams_total: u64,
+    pub draining: Option<String>,
 }
 
 impl Registry {
@@ -105,7 +139,8 @@ impl Registry {
             opened_at: SystemTime::now(),
             streams: AtomicUsize::new(0),
             streams_total: AtomicU64::new(0),
-            goaway: Notify::new(),
+            goaway: watch::channel(None).0,
+            drained_by: OnceLock::new(),
         });
         self.tunnels
             .lock()
@@ -127,13 +162,24 @@ impl Registry {
             .collect()
     }
 
-    /// Requests a graceful GOAWAY on every tunnel of `uid`; returns how many.
+    /// Requests a graceful GOAWAY, without deadline, on every tunnel of
+    /// `uid`; returns how many.
     pub fn goaway_workload(&self, uid: &str) -> usize {
         let tunnels = self.for_workload(uid);
+        let cmd = GoawayCommand {
+            graceful: true,
+            deadline: None,
+            issued: Instant::now(),
+        };
         for t in &tunnels {
-            t.request_goaway();
+            t.request_goaway(cmd, "admin");
         }
         tunnels.len()
+    }
+
+    /// Open streams over all tunnels of `uid`.
+    pub fn streams_of(&self, uid: &str) -> usize {
+        self.for_workload(uid).iter().map(|t| t.streams()).sum()
     }
 
     pub fn len(&self) -> usize {
@@ -161,6 +207,7 @@ impl Registry {
                     .as_millis(),
                 streams: t.streams(),
                 streams_total: t.streams_total.load(Ordering::Relaxed),
+                draining: t.drained_by().map(str::to_owned),
             })
             .collect()
     }

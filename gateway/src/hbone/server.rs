@@ -150,6 +150,7 @@ pub async fn serve(
     let mut deadline_set = false;
     let deadline = tokio::time::sleep(std::time::Duration::ZERO);
     tokio::pin!(deadline);
+    let mut commands = tunnel.goaway_commands();
     loop {
         tokio::select! {
             next = conn.accept() => match next {
@@ -157,8 +158,9 @@ pub async fn serve(
                     let inbound = inbound.clone();
                     let ctx = ctx.clone();
                     let count = tunnel.stream_started();
+                    let tunnel = tunnel.clone();
                     tokio::spawn(async move {
-                        handle_stream(&inbound, &ctx, req, respond).await;
+                        handle_stream(&inbound, &ctx, &tunnel, req, respond).await;
                         drop(count);
                     });
                 }
@@ -182,10 +184,30 @@ pub async fn serve(
                 deadline_set = true;
                 deadline.as_mut().reset(d);
             }
-            _ = tunnel.goaway_requested(), if !goaway_sent => {
-                debug!("GOAWAY requested");
-                conn.graceful_shutdown();
-                goaway_sent = true;
+            changed = commands.changed() => {
+                let Some(cmd) = *commands.borrow_and_update() else { continue };
+                if changed.is_err() {
+                    continue;
+                }
+                if !goaway_sent || !cmd.graceful {
+                    if cmd.graceful {
+                        debug!("GOAWAY requested: graceful");
+                        conn.graceful_shutdown();
+                    } else {
+                        debug!("GOAWAY requested: immediate");
+                        conn.abrupt_shutdown(h2::Reason::NO_ERROR);
+                    }
+                    if !goaway_sent {
+                        inbound.goaway_sent(cmd);
+                    }
+                    goaway_sent = true;
+                }
+                if let Some(d) = cmd.deadline {
+                    if !deadline_set || d < deadline.deadline() {
+                        deadline_set = true;
+                        deadline.as_mut().reset(d);
+                    }
+                }
             }
             _ = &mut deadline, if deadline_set => {
                 debug!(streams = tunnel.streams(), "drain deadline reached; closing tunnel");
@@ -205,6 +227,7 @@ pub async fn serve(
 async fn handle_stream(
     inbound: &Inbound,
     ctx: &TunnelCtx,
+    tunnel: &crate::registry::InboundTunnel,
     req: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
 ) {
@@ -229,8 +252,8 @@ async fn handle_stream(
                 let _ = respond.send_response(resp, true);
                 inbound.metrics.stream_ended(e.reason());
                 log(
-                    inbound,
                     ctx,
+                    None,
                     ctx.dialed,
                     Default::default(),
                     started,
@@ -259,7 +282,7 @@ async fn handle_stream(
             Err(e) => e.reason(),
         };
         inbound.metrics.stream_ended(outcome);
-        log(inbound, ctx, target, moved, started, outcome);
+        log(ctx, tunnel.drained_by(), target, moved, started, outcome);
     }
     .instrument(span)
     .await
@@ -290,14 +313,13 @@ async fn dial(
 }
 
 fn log(
-    inbound: &Inbound,
     ctx: &TunnelCtx,
+    drained_by: Option<&str>,
     dst: SocketAddr,
     moved: super::copy::Transferred,
     started: Instant,
     result: &str,
 ) {
-    let _ = inbound;
     AccessLog {
         direction: "inbound",
         src_identity: &ctx.peer.to_string(),
@@ -307,6 +329,7 @@ fn log(
         moved,
         duration: started.elapsed(),
         result,
+        drained_by,
     }
     .emit();
 }

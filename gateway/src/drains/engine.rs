@@ -1,0 +1,568 @@
+//! Per-workload lifecycle and the drains it starts.
+//!
+//! Transitions only move forward — running → shutting down → torn down →
+//! deleted — so the same transition seen twice (from the workload file and
+//! the admin API, or a retried CNI DEL) drains once. A drain pins the policy
+//! version that started it; later events of the same workload are decided by
+//! that version even if a new one was swapped in meanwhile.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use tidegate_sdk as sdk;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::executor::{self, Executed};
+use super::metrics::{DrainLabels, DrainMetrics, EndLabels, EventLabels};
+use crate::config::DrainsConfig;
+use crate::drain::DrainWatch;
+use crate::policy::{PolicyEngine, Selection};
+use crate::pool::Pool;
+use crate::registry::Registry;
+use crate::workloads::{LifecycleState, Workload, WorkloadStore};
+
+/// Where a lifecycle event came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Trigger {
+    Admin,
+    WorkloadFile,
+    Cni,
+    Timer,
+}
+
+impl Trigger {
+    pub fn label(self) -> &'static str {
+        match self {
+            Trigger::Admin => "admin",
+            Trigger::WorkloadFile => "workload-file",
+            Trigger::Cni => "cni",
+            Trigger::Timer => "timer",
+        }
+    }
+}
+
+/// A lifecycle transition of a local workload.
+#[derive(Clone, Copy, Debug)]
+pub enum Lifecycle {
+    /// Termination started; the pod's grace period.
+    ShutdownStarted { grace: Duration },
+    /// The app exited; the network is about to go (CNI DEL).
+    Teardown,
+    /// The workload is gone.
+    Deleted,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum Phase {
+    Running,
+    ShuttingDown,
+    TornDown,
+    Deleted,
+}
+
+impl Lifecycle {
+    fn phase(self) -> Phase {
+        match self {
+            Lifecycle::ShutdownStarted { .. } => Phase::ShuttingDown,
+            Lifecycle::Teardown => Phase::TornDown,
+            Lifecycle::Deleted => Phase::Deleted,
+        }
+    }
+
+    fn kind(self) -> &'static str {
+        match self {
+            Lifecycle::ShutdownStarted { .. } => "shutdown-started",
+            Lifecycle::Teardown => "network-teardown",
+            Lifecycle::Deleted => "workload-deleted",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DrainError {
+    #[error("no workload with uid {0:?} on this node")]
+    UnknownWorkload(String),
+}
+
+/// The network-teardown acknowledgement.
+#[derive(Clone, Debug, Serialize)]
+pub struct TeardownAck {
+    /// `idle` (no stream left), `bound` (the hold expired), `no-hold` (the
+    /// policy asked for none) or `already` (this teardown was acknowledged before).
+    pub result: &'static str,
+    pub held_ms: u64,
+    pub streams_left: usize,
+}
+
+/// What handling one lifecycle event did.
+#[derive(Clone, Debug, Serialize)]
+pub struct Outcome {
+    pub uid: String,
+    pub event: &'static str,
+    pub duplicate: bool,
+    pub policy: Option<String>,
+    pub version: Option<String>,
+    pub fallback: Option<String>,
+    pub actions: Vec<String>,
+    pub teardown: Option<TeardownAck>,
+}
+
+/// A drain in progress (or finished), as `GET /drains` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct DrainView {
+    pub uid: String,
+    pub workload: String,
+    pub policy: String,
+    pub version: Option<String>,
+    pub trigger: Trigger,
+    pub phase: String,
+    pub started_unix_ms: u128,
+    pub deadline_unix_ms: Option<u128>,
+    pub actions_taken: Vec<String>,
+    pub tunnels_remaining: usize,
+    pub streams_remaining: usize,
+    pub ended: Option<&'static str>,
+}
+
+struct DrainState {
+    workload: Arc<Workload>,
+    phase: Phase,
+    selection: Selection,
+    trigger: Trigger,
+    started: SystemTime,
+    shutdown_at: Option<Instant>,
+    deadline: Option<SystemTime>,
+    actions: Vec<String>,
+    ended: Option<&'static str>,
+}
+
+pub struct DrainEngine {
+    pub(super) workloads: Arc<WorkloadStore>,
+    pub(super) registry: Arc<Registry>,
+    pub(super) pool: Arc<Pool>,
+    pub(super) policies: Arc<PolicyEngine>,
+    pub(super) cfg: DrainsConfig,
+    pub(super) metrics: DrainMetrics,
+    drains: Mutex<BTreeMap<String, DrainState>>,
+    first_seen: Mutex<HashMap<String, Instant>>,
+}
+
+fn unix_ms(t: SystemTime) -> u128 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
+}
+
+impl DrainEngine {
+    pub fn new(
+        workloads: Arc<WorkloadStore>,
+        registry: Arc<Registry>,
+        pool: Arc<Pool>,
+        policies: Arc<PolicyEngine>,
+        cfg: DrainsConfig,
+        metrics: DrainMetrics,
+    ) -> Arc<Self> {
+        Arc::new(DrainEngine {
+            workloads,
+            registry,
+            pool,
+            policies,
+            cfg,
+            metrics,
+            drains: Mutex::new(BTreeMap::new()),
+            first_seen: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// What a policy is told about a local workload right now.
+    pub(super) fn state_of(&self, w: &Workload) -> sdk::WorkloadState {
+        let uid = w.uid();
+        let age = self
+            .first_seen
+            .lock()
+            .unwrap()
+            .entry(uid.to_owned())
+            .or_insert_with(Instant::now)
+            .elapsed();
+        let tunnels = self.registry.for_workload(uid);
+        let outbound = self
+            .pool
+            .tunnels()
+            .iter()
+            .filter(|t| t.key.src == w.identity)
+            .count();
+        sdk::WorkloadState {
+            info: sdk::WorkloadInfo {
+                uid: uid.to_owned(),
+                name: w.spec.name.clone(),
+                namespace: w.spec.namespace.clone(),
+                identity: w.identity.to_string(),
+                labels: w.spec.labels.clone(),
+                annotations: w.spec.annotations.clone(),
+            },
+            inbound_tunnels: tunnels.len() as u32,
+            inbound_streams: tunnels.iter().map(|t| t.streams()).sum::<usize>() as u32,
+            outbound_pooled_tunnels: outbound as u32,
+            age_ms: age.as_millis() as u64,
+        }
+    }
+
+    fn lookup(&self, uid: &str) -> Option<Arc<Workload>> {
+        if let Some(w) = self.workloads.snapshot().by_uid(uid).filter(|w| w.local) {
+            return Some(w.clone());
+        }
+        // Deleted from the store already: the drain remembers it.
+        self.drains
+            .lock()
+            .unwrap()
+            .get(uid)
+            .map(|d| d.workload.clone())
+    }
+
+    /// Handles one lifecycle transition: decides with the workload's policy,
+    /// executes the actions, and for a teardown waits for the hold (if any)
+    /// before returning the acknowledgement.
+    pub async fn on_lifecycle(
+        self: &Arc<Self>,
+        uid: &str,
+        what: Lifecycle,
+        trigger: Trigger,
+    ) -> Result<Outcome, DrainError> {
+        let workload = self
+            .lookup(uid)
+            .ok_or_else(|| DrainError::UnknownWorkload(uid.to_owned()))?;
+        let decided_at = Instant::now();
+        let (selection, since_shutdown, duplicate) = {
+            let mut drains = self.drains.lock().unwrap();
+            let d = drains.entry(uid.to_owned()).or_insert_with(|| DrainState {
+                workload: workload.clone(),
+                phase: Phase::Running,
+                selection: self.policies.select(&workload),
+                trigger,
+                started: SystemTime::now(),
+                shutdown_at: None,
+                deadline: None,
+                actions: Vec::new(),
+                ended: None,
+            });
+            let duplicate = d.phase >= what.phase();
+            if !duplicate {
+                if d.phase == Phase::Running {
+                    // This event starts the drain.
+                    d.trigger = trigger;
+                    d.started = SystemTime::now();
+                    self.metrics
+                        .started
+                        .get_or_create(&DrainLabels {
+                            policy: d.selection.name.clone(),
+                            trigger: trigger.label(),
+                        })
+                        .inc();
+                    self.metrics
+                        .streams_at_start
+                        .observe(self.registry.streams_of(uid) as f64);
+                }
+                d.phase = what.phase();
+                if let Lifecycle::ShutdownStarted { grace } = what {
+                    d.shutdown_at = Some(decided_at);
+                    d.deadline = Some(SystemTime::now() + grace);
+                }
+            }
+            (
+                d.selection.clone(),
+                d.shutdown_at.map(|t| t.elapsed()),
+                duplicate,
+            )
+        };
+        if duplicate {
+            self.metrics
+                .duplicates
+                .get_or_create(&EventLabels { event: what.kind() })
+                .inc();
+            return Ok(Outcome {
+                uid: uid.to_owned(),
+                event: what.kind(),
+                duplicate: true,
+                policy: Some(selection.name),
+                version: selection.version.map(|v| v.hash.clone()),
+                fallback: None,
+                actions: vec![],
+                teardown: matches!(what, Lifecycle::Teardown).then_some(TeardownAck {
+                    result: "already",
+                    held_ms: 0,
+                    streams_left: self.registry.streams_of(uid),
+                }),
+            });
+        }
+        let event = self.event_for(&workload, what, since_shutdown);
+        let decision = self.policies.decide(&selection, &event);
+        info!(
+            workload = uid,
+            event = what.kind(),
+            policy = %decision.policy,
+            version = decision.version.as_deref().unwrap_or("builtin"),
+            actions = decision.actions.len(),
+            fallback = decision.fallback.as_ref().map(|f| f.kind.as_str()),
+            trigger = trigger.label(),
+            "drain decision"
+        );
+        let executed = executor::execute(self, &workload, &decision.actions, decided_at);
+        self.record(uid, &executed);
+        let teardown = match what {
+            Lifecycle::Teardown => Some(
+                self.hold_teardown(uid, &selection, executed.hold, decided_at)
+                    .await,
+            ),
+            _ => None,
+        };
+        if matches!(what, Lifecycle::Deleted) {
+            self.end(uid, &selection, "completed");
+        }
+        Ok(Outcome {
+            uid: uid.to_owned(),
+            event: what.kind(),
+            duplicate: false,
+            policy: Some(decision.policy),
+            version: decision.version,
+            fallback: decision
+                .fallback
+                .map(|f| format!("{}: {}", f.kind, f.detail)),
+            actions: executed.descriptions,
+            teardown,
+        })
+    }
+
+    fn event_for(
+        &self,
+        w: &Workload,
+        what: Lifecycle,
+        since_shutdown: Option<Duration>,
+    ) -> sdk::Event {
+        let state = self.state_of(w);
+        match what {
+            Lifecycle::ShutdownStarted { grace } => {
+                sdk::Event::ShutdownStarted(sdk::ShutdownStarted {
+                    workload: state,
+                    grace_deadline_ms: unix_ms(SystemTime::now() + grace) as u64,
+                    grace_remaining_ms: grace.as_millis() as u64,
+                })
+            }
+            Lifecycle::Teardown => sdk::Event::NetworkTeardown(sdk::NetworkTeardown {
+                workload: state,
+                since_shutdown_ms: since_shutdown.map(|d| d.as_millis() as u64),
+                max_hold_ms: self.cfg.max_hold.as_millis() as u64,
+            }),
+            Lifecycle::Deleted => sdk::Event::WorkloadDeleted(state),
+        }
+    }
+
+    pub(super) fn record(&self, uid: &str, executed: &Executed) {
+        if let Some(d) = self.drains.lock().unwrap().get_mut(uid) {
+            d.actions.extend(executed.descriptions.iter().cloned());
+        }
+    }
+
+    fn end(&self, uid: &str, selection: &Selection, result: &'static str) {
+        let mut drains = self.drains.lock().unwrap();
+        if let Some(d) = drains.get_mut(uid) {
+            if d.ended.is_none() {
+                d.ended = Some(result);
+                self.metrics
+                    .ended
+                    .get_or_create(&EndLabels {
+                        policy: selection.name.clone(),
+                        result,
+                    })
+                    .inc();
+            }
+        }
+    }
+
+    /// Holds the teardown until the workload's inbound streams are gone or
+    /// the bound expires, whichever first.
+    async fn hold_teardown(
+        &self,
+        uid: &str,
+        selection: &Selection,
+        hold: Option<Duration>,
+        started: Instant,
+    ) -> TeardownAck {
+        let ack = match hold {
+            None => TeardownAck {
+                result: "no-hold",
+                held_ms: 0,
+                streams_left: self.registry.streams_of(uid),
+            },
+            Some(bound) => {
+                let until = started + bound.min(self.cfg.max_hold);
+                let mut tick = tokio::time::interval(Duration::from_millis(5));
+                loop {
+                    let left = self.registry.streams_of(uid);
+                    // The bound is checked first: a GOAWAY deadline equal to
+                    // the bound cuts the streams at that instant, and that is
+                    // a forced end, not an idle one.
+                    if Instant::now() >= until {
+                        self.metrics.teardown_timeouts.inc();
+                        break TeardownAck {
+                            result: "bound",
+                            held_ms: started.elapsed().as_millis() as u64,
+                            streams_left: left,
+                        };
+                    }
+                    if left == 0 {
+                        break TeardownAck {
+                            result: "idle",
+                            held_ms: started.elapsed().as_millis() as u64,
+                            streams_left: 0,
+                        };
+                    }
+                    tick.tick().await;
+                }
+            }
+        };
+        self.metrics
+            .teardown_ack
+            .observe(started.elapsed().as_secs_f64());
+        self.end(
+            uid,
+            selection,
+            if ack.result == "bound" {
+                "forced"
+            } else {
+                "completed"
+            },
+        );
+        ack
+    }
+
+    /// A timer the policy asked for fired: decided by the drain's pinned version.
+    pub(super) fn timer_fired(self: &Arc<Self>, subject: String, tag: String) {
+        let (selection, workload) = {
+            let drains = self.drains.lock().unwrap();
+            match drains.get(&subject) {
+                Some(d) => (d.selection.clone(), Some(d.workload.clone())),
+                None => match self.lookup(&subject) {
+                    Some(w) => (self.policies.select(&w), Some(w)),
+                    None => return,
+                },
+            }
+        };
+        let event = sdk::Event::TimerFired(sdk::TimerFired {
+            subject: subject.clone(),
+            tag,
+            workload: workload.as_deref().map(|w| self.state_of(w)),
+        });
+        let decision = self.policies.decide(&selection, &event);
+        if let Some(w) = workload {
+            let executed = executor::execute(self, &w, &decision.actions, Instant::now());
+            self.record(&subject, &executed);
+        }
+    }
+
+    /// `GET /drains`.
+    pub fn list(&self) -> Vec<DrainView> {
+        let drains = self.drains.lock().unwrap();
+        drains
+            .iter()
+            .filter(|(_, d)| d.phase > Phase::Running)
+            .map(|(uid, d)| DrainView {
+                uid: uid.clone(),
+                workload: format!("{}/{}", d.workload.spec.namespace, d.workload.spec.name),
+                policy: d.selection.name.clone(),
+                version: d.selection.version.as_ref().map(|v| v.hash.clone()),
+                trigger: d.trigger,
+                phase: format!("{:?}", d.phase),
+                started_unix_ms: unix_ms(d.started),
+                deadline_unix_ms: d.deadline.map(unix_ms),
+                actions_taken: d.actions.clone(),
+                tunnels_remaining: self.registry.for_workload(uid).len(),
+                streams_remaining: self.registry.streams_of(uid),
+                ended: d.ended,
+            })
+            .collect()
+    }
+
+    /// Raises lifecycle events from workload-file changes until drained: a
+    /// local workload whose state becomes `terminating` starts shutting down
+    /// (with the configured grace period); one that disappears is deleted.
+    pub async fn watch_workloads(self: Arc<Self>, mut drain: DrainWatch) {
+        let mut changes = self.workloads.subscribe();
+        let mut previous = self.workloads.snapshot();
+        loop {
+            tokio::select! {
+                r = changes.changed() => if r.is_err() { return },
+                _ = drain.signaled() => return,
+            }
+            let current = self.workloads.snapshot();
+            for old in previous.iter().filter(|w| w.local) {
+                let uid = old.uid();
+                let now = current.by_uid(uid);
+                let what = match now {
+                    None => Some(Lifecycle::Deleted),
+                    Some(w)
+                        if w.spec.state == LifecycleState::Terminating
+                            && old.spec.state != LifecycleState::Terminating =>
+                    {
+                        Some(Lifecycle::ShutdownStarted {
+                            grace: self.cfg.default_grace,
+                        })
+                    }
+                    _ => None,
+                };
+                if let Some(what) = what {
+                    if now.is_none() {
+                        // Keep the last known facts for the deleted event.
+                        self.drains
+                            .lock()
+                            .unwrap()
+                            .entry(uid.to_owned())
+                            .or_insert_with(|| DrainState {
+                                workload: old.clone(),
+                                phase: Phase::Running,
+                                selection: self.policies.select(old),
+                                trigger: Trigger::WorkloadFile,
+                                started: SystemTime::now(),
+                                shutdown_at: None,
+                                deadline: None,
+                                actions: Vec::new(),
+                                ended: None,
+                            });
+                    }
+                    let this = self.clone();
+                    let uid = uid.to_owned();
+                    tokio::spawn(async move {
+                        if let Err(e) = this.on_lifecycle(&uid, what, Trigger::WorkloadFile).await {
+                            warn!(error = %e, "lifecycle event from the workload file failed");
+                        }
+                    });
+                }
+            }
+            // Newly terminating workloads that were not known before.
+            for w in current
+                .iter()
+                .filter(|w| w.local && w.spec.state == LifecycleState::Terminating)
+            {
+                if previous.by_uid(w.uid()).is_none() {
+                    let this = self.clone();
+                    let uid = w.uid().to_owned();
+                    let grace = self.cfg.default_grace;
+                    tokio::spawn(async move {
+                        let _ = this
+                            .on_lifecycle(
+                                &uid,
+                                Lifecycle::ShutdownStarted { grace },
+                                Trigger::WorkloadFile,
+                            )
+                            .await;
+                    });
+                }
+            }
+            previous = current;
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! Turns validated actions into effects on real tunnels.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tidegate_sdk as sdk;
+use tokio::time::Instant;
+use tracing::info;
+
+use super::engine::DrainEngine;
+use crate::identity::SpiffeId;
+use crate::registry::GoawayCommand;
+use crate::workloads::Workload;
+
+/// What was done, for `GET /drains` and the caller.
+#[derive(Debug, Default)]
+pub(super) struct Executed {
+    pub descriptions: Vec<String>,
+    /// Set by a `hold-teardown` action.
+    pub hold: Option<Duration>,
+}
+
+/// Executes `actions` about `workload`, decided at `decided_at`.
+pub(super) fn execute(
+    engine: &Arc<DrainEngine>,
+    workload: &Arc<Workload>,
+    actions: &[sdk::Action],
+    decided_at: Instant,
+) -> Executed {
+    let mut out = Executed::default();
+    for action in actions {
+        let text = match action {
+            sdk::Action::Goaway(g) => goaway(engine, workload, g, decided_at),
+            sdk::Action::Evict(e) => {
+                let now = e.when == sdk::EvictWhen::Now;
+                match identity_of(engine, &e.peer) {
+                    Some(id) => {
+                        let n = engine.pool.evict_matching(now, |k| k.dst == id);
+                        engine.metrics.action("evict", "executed");
+                        format!(
+                            "evict {n} pooled tunnels to {} ({})",
+                            e.peer,
+                            if now { "now" } else { "when idle" }
+                        )
+                    }
+                    None => {
+                        engine.metrics.action("evict", "unknown_peer");
+                        format!("evict: peer {} is not a known workload", e.peer)
+                    }
+                }
+            }
+            sdk::Action::Backoff(b) => {
+                engine.metrics.action("backoff", "not_implemented");
+                format!(
+                    "backoff for {}: not executed (client-side backoff is not implemented yet)",
+                    b.destination
+                )
+            }
+            sdk::Action::OciDrain(o) => {
+                engine.metrics.action("oci_drain", "not_configured");
+                format!(
+                    "oci-drain {} drain={}: not configured (no OCI integration)",
+                    o.workload, o.drain
+                )
+            }
+            sdk::Action::HoldTeardown(h) => {
+                let bound = Duration::from_millis(h.bound_ms);
+                out.hold = Some(out.hold.map_or(bound, |b| b.max(bound)));
+                engine.metrics.action("hold_teardown", "executed");
+                format!("hold teardown up to {} ms", h.bound_ms)
+            }
+            sdk::Action::SetTimer(t) => {
+                let engine = engine.clone();
+                let (subject, tag) = (t.subject.clone(), t.tag.clone());
+                let after = Duration::from_millis(t.after_ms);
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(decided_at + after).await;
+                    engine.timer_fired(subject, tag);
+                });
+                format!("timer {:?} in {} ms", t.tag, t.after_ms)
+            }
+            sdk::Action::Log(l) => {
+                info!(workload = %workload.uid(), level = ?l.level, "policy: {}", l.message);
+                format!("log {:?}", l.message)
+            }
+        };
+        out.descriptions.push(text);
+    }
+    out
+}
+
+fn identity_of(engine: &DrainEngine, uid: &str) -> Option<SpiffeId> {
+    engine
+        .workloads
+        .snapshot()
+        .by_uid(uid)
+        .map(|w| w.identity.clone())
+}
+
+fn goaway(
+    engine: &Arc<DrainEngine>,
+    workload: &Arc<Workload>,
+    g: &sdk::Goaway,
+    decided_at: Instant,
+) -> String {
+    let graceful = g.mode == sdk::GoawayMode::Graceful;
+    let hard = g
+        .hard_deadline_ms
+        .map(Duration::from_millis)
+        .unwrap_or(engine.cfg.default_goaway_deadline);
+    let cmd = GoawayCommand {
+        graceful,
+        deadline: Some(decided_at + Duration::from_millis(g.delay_ms) + hard),
+        issued: decided_at,
+    };
+    let label = format!(
+        "{} goaway ({})",
+        if graceful { "graceful" } else { "immediate" },
+        g.workload
+    );
+    let mut parts = Vec::new();
+    if matches!(
+        g.target,
+        sdk::GoawayTarget::Inbound | sdk::GoawayTarget::Both
+    ) {
+        let inbound = engine.registry.for_workload(&g.workload);
+        parts.push(format!("{} inbound tunnels", inbound.len()));
+        let delay = Duration::from_millis(g.delay_ms);
+        if delay.is_zero() {
+            for t in &inbound {
+                t.request_goaway(cmd, &label);
+            }
+        } else {
+            let engine = engine.clone();
+            let (uid, label) = (g.workload.clone(), label.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep_until(decided_at + delay).await;
+                for t in engine.registry.for_workload(&uid) {
+                    t.request_goaway(cmd, &label);
+                }
+            });
+        }
+    }
+    if matches!(
+        g.target,
+        sdk::GoawayTarget::Outbound | sdk::GoawayTarget::Both
+    ) {
+        let id = if g.workload == workload.uid() {
+            Some(workload.identity.clone())
+        } else {
+            identity_of(engine, &g.workload)
+        };
+        let n = id.map_or(0, |id| {
+            engine
+                .pool
+                .evict_matching(!graceful, |k| k.src == id || k.dst == id)
+        });
+        parts.push(format!("{n} pooled outbound tunnels"));
+    }
+    engine.metrics.action("goaway", "executed");
+    format!(
+        "{label}: {}, delay {} ms, hard deadline {} ms",
+        parts.join(" + "),
+        g.delay_ms,
+        hard.as_millis()
+    )
+}

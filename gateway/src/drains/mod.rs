@@ -1,0 +1,15 @@
+//! The drain engine: lifecycle events in, policy decisions, actions executed
+//! on real tunnels.
+//!
+//! - [`engine`]: per-workload lifecycle (idempotent transitions), the event
+//!   a policy sees, the pinned policy version of a drain, `GET /drains`.
+//! - [`executor`]: GOAWAY on inbound tunnels, eviction of pooled tunnels,
+//!   teardown holds, timers.
+//! - [`metrics`]: drains started / completed / forced, teardown holds.
+
+pub mod engine;
+mod executor;
+mod metrics;
+
+pub use engine::{DrainEngine, DrainError, Lifecycle, Outcome, TeardownAck, Trigger};
+pub use metrics::DrainMetrics;

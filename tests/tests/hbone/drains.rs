@@ -1,0 +1,252 @@
+//! The drain engine end to end: lifecycle events through the admin API and
+//! the workload file, decided by real policy components, executed on real
+//! tunnels and observed from the client gateway.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tidegate_e2e::{eventually, metric, round_trip, Options, TwoNodes};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn plugin(name: &str) -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/plugins")
+        .join(format!("{name}.wasm"));
+    assert!(
+        p.exists(),
+        "{} missing: run `cargo xtask plugins`",
+        p.display()
+    );
+    p
+}
+
+async fn with_policy(octet: u8, name: &str, config: &str) -> TwoNodes {
+    TwoNodes::with(
+        octet,
+        Options {
+            server_yaml: format!(
+                "policies:\n  default: p\n  plugins:\n    p:\n      file: {}\n      config: '{config}'\n",
+                plugin(name).display()
+            ),
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+async fn post(addr: SocketAddr, method: &str, path: &str) -> serde_json::Value {
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut out = String::new();
+    tcp.read_to_string(&mut out).await.unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    serde_json::from_str(out.split_once("\r\n\r\n").unwrap().1).unwrap()
+}
+
+fn client_saw_goaway(nodes: &TwoNodes) -> bool {
+    nodes.client.pool.dump().iter().any(|t| t.goaway_received)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn goaway_on_term_start_drains_at_shutdown_start() {
+    let nodes = with_policy(61, "goaway-on-term-start", "").await;
+    let admin = nodes.server.addrs.admin;
+    let mut held = nodes.app_conn().await;
+    assert_eq!(round_trip(&mut held, b"one").await.unwrap(), b"one");
+
+    let out = post(
+        admin,
+        "POST",
+        "/workloads/echo-uid/shutdown-starting?grace=30s",
+    )
+    .await;
+    assert_eq!(out["duplicate"], false);
+    assert_eq!(out["policy"], "p");
+    let actions = out["actions"].as_array().unwrap();
+    assert_eq!(actions.len(), 1, "{out}");
+    assert!(
+        actions[0].as_str().unwrap().contains("graceful goaway"),
+        "{out}"
+    );
+    eventually(
+        "the client gateway sees GOAWAY",
+        Duration::from_secs(5),
+        || client_saw_goaway(&nodes),
+    )
+    .await;
+
+    // Later application connections ride a new tunnel; the old stream goes on.
+    let mut fresh = nodes.app_conn().await;
+    assert_eq!(round_trip(&mut fresh, b"new").await.unwrap(), b"new");
+    assert_eq!(
+        metric(
+            &nodes.client.metrics_text(),
+            "tidegate_pool_tunnels_opened_total"
+        ),
+        2.0
+    );
+    assert_eq!(round_trip(&mut held, b"two").await.unwrap(), b"two");
+
+    // The same transition again (another source) drains once.
+    let again = post(admin, "POST", "/workloads/echo-uid/shutdown-starting").await;
+    assert_eq!(again["duplicate"], true);
+    let m = nodes.server.metrics_text();
+    assert_eq!(
+        metric(
+            &m,
+            r#"tidegate_drain_started_total{policy="p",trigger="admin"}"#
+        ),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            r#"tidegate_drain_duplicate_events_total{event="shutdown-started"}"#
+        ),
+        1.0
+    );
+    assert_eq!(metric(&m, "tidegate_drain_goaways_sent_total"), 1.0);
+    assert_eq!(
+        metric(&m, "tidegate_drain_event_to_goaway_seconds_count"),
+        1.0
+    );
+
+    let drains = post(admin, "GET", "/drains").await;
+    let d = &drains["drains"][0];
+    assert_eq!(d["uid"], "echo-uid");
+    assert_eq!(d["trigger"], "admin");
+    assert_eq!(d["policy"], "p");
+    assert_eq!(
+        d["version"],
+        nodes.server.policies.version("p").unwrap().hash.as_str()
+    );
+    // The held stream and the fresh one (on the new tunnel) are still open.
+    assert_eq!(d["streams_remaining"], 2, "{drains}");
+    assert_eq!(d["tunnels_remaining"], 2, "{drains}");
+    drop(fresh);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_at_teardown_waits_for_the_last_moment_and_holds_the_ack() {
+    let nodes =
+        std::sync::Arc::new(with_policy(62, "drain-at-teardown", r#"{"hold-ms": 20000}"#).await);
+    let admin = nodes.server.addrs.admin;
+    let mut held = nodes.app_conn().await;
+    assert_eq!(round_trip(&mut held, b"one").await.unwrap(), b"one");
+
+    let out = post(admin, "POST", "/workloads/echo-uid/shutdown-starting").await;
+    assert_eq!(out["actions"].as_array().unwrap().len(), 0, "{out}");
+    // Nothing was asked of the tunnel: pooled tunnels keep being reused.
+    assert!(nodes
+        .server
+        .registry
+        .dump()
+        .iter()
+        .all(|t| t.draining.is_none()));
+    let mut second = nodes.app_conn().await;
+    assert_eq!(round_trip(&mut second, b"reuse").await.unwrap(), b"reuse");
+    second.shutdown().await.unwrap();
+    assert_eq!(
+        metric(
+            &nodes.client.metrics_text(),
+            "tidegate_pool_tunnels_opened_total"
+        ),
+        1.0
+    );
+
+    // Teardown: GOAWAY now, acknowledgement once the last stream ended.
+    let teardown =
+        tokio::spawn(async move { post(admin, "POST", "/workloads/echo-uid/teardown").await });
+    eventually(
+        "the client gateway sees GOAWAY at teardown",
+        Duration::from_secs(5),
+        || client_saw_goaway(&nodes),
+    )
+    .await;
+    assert!(
+        !teardown.is_finished(),
+        "the acknowledgement waits for open streams"
+    );
+    assert_eq!(round_trip(&mut held, b"still").await.unwrap(), b"still");
+    held.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    held.read_to_end(&mut rest).await.unwrap();
+    let ack = tokio::time::timeout(Duration::from_secs(10), teardown)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ack["teardown"]["result"], "idle", "{ack}");
+    // The tunnel closes (GOAWAY + close_notify) once idle.
+    eventually("server tunnel closed", Duration::from_secs(5), || {
+        nodes.server.registry.is_empty()
+    })
+    .await;
+    let m = nodes.server.metrics_text();
+    assert_eq!(
+        metric(
+            &m,
+            r#"tidegate_drain_ended_total{policy="p",result="completed"}"#
+        ),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(metric(&m, "tidegate_drain_teardown_ack_seconds_count"), 1.0);
+    // A retried DEL is acknowledged at once.
+    let again = post(admin, "POST", "/workloads/echo-uid/teardown").await;
+    assert_eq!(again["teardown"]["result"], "already");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teardown_hold_is_bounded() {
+    let nodes = with_policy(63, "drain-at-teardown", r#"{"hold-ms": 200}"#).await;
+    let mut held = nodes.app_conn().await;
+    assert_eq!(round_trip(&mut held, b"one").await.unwrap(), b"one");
+    let ack = post(
+        nodes.server.addrs.admin,
+        "POST",
+        "/workloads/echo-uid/teardown",
+    )
+    .await;
+    assert_eq!(ack["teardown"]["result"], "bound", "{ack}");
+    assert!(ack["teardown"]["held_ms"].as_u64().unwrap() >= 200, "{ack}");
+    let m = nodes.server.metrics_text();
+    assert_eq!(metric(&m, "tidegate_drain_teardown_timeouts_total"), 1.0);
+    assert_eq!(
+        metric(
+            &m,
+            r#"tidegate_drain_ended_total{policy="p",result="forced"}"#
+        ),
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workload_file_raises_shutdown_and_delete() {
+    let nodes = with_policy(64, "goaway-on-term-start", "").await;
+    let mut held = nodes.app_conn().await;
+    assert_eq!(round_trip(&mut held, b"one").await.unwrap(), b"one");
+    let file = nodes.dir.path().join("server-workloads.yaml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let terminating = text.replacen("node: node-b}", "node: node-b, state: terminating}", 1);
+    assert_ne!(text, terminating);
+    std::fs::write(&file, terminating).unwrap();
+    eventually(
+        "GOAWAY from the file's transition",
+        Duration::from_secs(10),
+        || client_saw_goaway(&nodes),
+    )
+    .await;
+    let drains = nodes.server.drains.list();
+    assert_eq!(drains.len(), 1);
+    assert_eq!(drains[0].uid, "echo-uid");
+    assert_eq!(format!("{:?}", drains[0].trigger), "WorkloadFile");
+}
