@@ -73,7 +73,7 @@ impl DevCa {
             std::fs::create_dir_all(dir).map_err(io(dir))?;
             let k = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
             let cert = ca_params().self_signed(&k)?;
-            let tmp = dir.join(format!(".ca.pem.{}.tmp", std::process::id()));
+            let tmp = dir.join(unique_tmp("ca.pem"));
             write_private(&tmp, &format!("{}{}", cert.pem(), k.serialize_pem()))
                 .map_err(io(&tmp))?;
             let linked = std::fs::hard_link(&tmp, &pem_path);
@@ -96,7 +96,7 @@ impl DevCa {
         let issuer = Issuer::from_ca_cert_pem(&crt_pem, k)?;
         let crt_path = dir.join("ca.crt");
         if std::fs::read_to_string(&crt_path).ok().as_deref() != Some(crt_pem.as_str()) {
-            let tmp = dir.join(format!(".ca.crt.{}.tmp", std::process::id()));
+            let tmp = dir.join(unique_tmp("ca.crt"));
             std::fs::write(&tmp, &crt_pem).map_err(io(&tmp))?;
             std::fs::rename(&tmp, &crt_path).map_err(io(&crt_path))?;
         }
@@ -196,6 +196,13 @@ fn ca_params() -> CertificateParams {
     p.not_before = (now - Duration::from_secs(300)).into();
     p.not_after = (now + Duration::from_secs(365 * 24 * 3600)).into();
     p
+}
+
+/// A temporary file name no other process or thread uses.
+fn unique_tmp(name: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!(".{name}.{}.{n}.tmp", std::process::id())
 }
 
 /// Splits a file holding one certificate and one private key (either order).
