@@ -150,6 +150,8 @@ pub struct DrainEngine {
     pub(super) metrics: DrainMetrics,
     drains: Mutex<BTreeMap<String, DrainState>>,
     first_seen: Mutex<HashMap<String, Instant>>,
+    /// Workloads removed from the store recently, so actions can still name them.
+    removed: Mutex<HashMap<String, Arc<Workload>>>,
 }
 
 fn unix_ms(t: SystemTime) -> u128 {
@@ -176,6 +178,7 @@ impl DrainEngine {
             metrics,
             drains: Mutex::new(BTreeMap::new()),
             first_seen: Mutex::new(HashMap::new()),
+            removed: Mutex::new(HashMap::new()),
         })
     }
 
@@ -440,6 +443,71 @@ impl DrainEngine {
         ack
     }
 
+    /// Any workload by uid, including one removed from the store recently.
+    pub(super) fn any_workload(&self, uid: &str) -> Option<Arc<Workload>> {
+        self.workloads
+            .snapshot()
+            .by_uid(uid)
+            .cloned()
+            .or_else(|| self.removed.lock().unwrap().get(uid).cloned())
+    }
+
+    /// A peer we pool tunnels to is terminating or was deleted. Decided by
+    /// the policy of a local workload that pools tunnels to it; nothing
+    /// happens when no tunnel is pooled to the peer.
+    pub fn on_peer(self: &Arc<Self>, peer: &Arc<Workload>, deleted: bool) -> Option<Outcome> {
+        let tunnels: Vec<_> = self
+            .pool
+            .tunnels()
+            .into_iter()
+            .filter(|t| t.key.dst == peer.identity)
+            .collect();
+        let first = tunnels.first()?;
+        let snapshot = self.workloads.snapshot();
+        let source = snapshot
+            .iter()
+            .find(|w| w.local && w.identity == first.key.src)?
+            .clone();
+        let selection = self.policies.select(&source);
+        let state = sdk::PeerState {
+            peer: sdk::PeerInfo {
+                uid: peer.uid().to_owned(),
+                name: peer.spec.name.clone(),
+                namespace: peer.spec.namespace.clone(),
+                identity: peer.identity.to_string(),
+                address: first.key.dst_addr.to_string(),
+            },
+            pooled_tunnels: tunnels.len() as u32,
+            active_streams: tunnels.iter().map(|t| t.streams()).sum::<usize>() as u32,
+        };
+        let (event, kind) = if deleted {
+            (sdk::Event::PeerDeleted(state), "peer-deleted")
+        } else {
+            (sdk::Event::PeerTerminating(state), "peer-terminating")
+        };
+        let decision = self.policies.decide(&selection, &event);
+        let executed = executor::execute(self, &source, &decision.actions, Instant::now());
+        info!(
+            peer = peer.uid(),
+            event = kind,
+            policy = %decision.policy,
+            actions = ?executed.descriptions,
+            "peer decision"
+        );
+        Some(Outcome {
+            uid: peer.uid().to_owned(),
+            event: kind,
+            duplicate: false,
+            policy: Some(decision.policy),
+            version: decision.version,
+            fallback: decision
+                .fallback
+                .map(|f| format!("{}: {}", f.kind, f.detail)),
+            actions: executed.descriptions,
+            teardown: None,
+        })
+    }
+
     /// A timer the policy asked for fired: decided by the drain's pinned version.
     pub(super) fn timer_fired(self: &Arc<Self>, subject: String, tag: String) {
         let (selection, workload) = {
@@ -499,6 +567,27 @@ impl DrainEngine {
                 _ = drain.signaled() => return,
             }
             let current = self.workloads.snapshot();
+            for old in previous.iter() {
+                if current.by_uid(old.uid()).is_none() {
+                    self.removed
+                        .lock()
+                        .unwrap()
+                        .insert(old.uid().to_owned(), old.clone());
+                }
+            }
+            for old in previous.iter().filter(|w| !w.local) {
+                let deleted = match current.by_uid(old.uid()) {
+                    None => true,
+                    Some(w)
+                        if w.spec.state == LifecycleState::Terminating
+                            && old.spec.state != LifecycleState::Terminating =>
+                    {
+                        false
+                    }
+                    _ => continue,
+                };
+                self.on_peer(old, deleted);
+            }
             for old in previous.iter().filter(|w| w.local) {
                 let uid = old.uid();
                 let now = current.by_uid(uid);

@@ -90,11 +90,7 @@ pub(super) fn execute(
 }
 
 fn identity_of(engine: &DrainEngine, uid: &str) -> Option<SpiffeId> {
-    engine
-        .workloads
-        .snapshot()
-        .by_uid(uid)
-        .map(|w| w.identity.clone())
+    engine.any_workload(uid).map(|w| w.identity.clone())
 }
 
 fn goaway(

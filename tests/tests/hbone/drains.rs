@@ -250,3 +250,54 @@ async fn the_workload_file_raises_shutdown_and_delete() {
     assert_eq!(drains[0].uid, "echo-uid");
     assert_eq!(format!("{:?}", drains[0].trigger), "WorkloadFile");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evict_on_delete_closes_pooled_tunnels_to_a_deleted_peer() {
+    let nodes = TwoNodes::with(
+        65,
+        Options {
+            client_yaml: format!(
+                "policies:\n  default: p\n  plugins:\n    p: {{file: {}}}\n",
+                plugin("evict-on-delete").display()
+            ),
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut held = nodes.app_conn().await;
+    assert_eq!(round_trip(&mut held, b"one").await.unwrap(), b"one");
+    assert_eq!(nodes.client.pool.dump().len(), 1);
+    // The client node learns that the echo workload (a peer) is gone.
+    let file = nodes.dir.path().join("client-workloads.yaml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let without_echo: String = text
+        .lines()
+        .filter(|l| !l.contains("uid: echo-uid"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&file, without_echo).unwrap();
+    // Evicted at once (keepalive would take 10 s + 20 s to notice anything).
+    eventually("pooled tunnel evicted", Duration::from_secs(5), || {
+        nodes.client.pool.dump().is_empty()
+    })
+    .await;
+    let mut rest = Vec::new();
+    let r = tokio::time::timeout(Duration::from_secs(5), held.read_to_end(&mut rest))
+        .await
+        .expect("the evicted stream ends");
+    assert!(r.is_err() || rest.is_empty());
+    eventually("closed as evicted_now", Duration::from_secs(5), || {
+        metric(
+            &nodes.client.metrics_text(),
+            r#"tidegate_pool_tunnels_closed_total{reason="evicted_now"}"#,
+        ) == 1.0
+    })
+    .await;
+    assert_eq!(
+        metric(
+            &nodes.client.metrics_text(),
+            r#"tidegate_drain_actions_total{action="evict",result="executed"}"#
+        ),
+        1.0
+    );
+}
