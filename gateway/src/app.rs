@@ -172,6 +172,11 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         crate::drains::DrainMetrics::register(&mut registry),
     );
     tasks.spawn(drains.clone().watch_workloads(drain.clone()));
+    if let Some(path) = &config.drains.cni_socket {
+        let l = crate::drains::cni::bind(path)
+            .with_context(|| format!("drains.cni_socket {}", path.display()))?;
+        tasks.spawn(crate::drains::cni::serve(l, drains.clone(), drain.clone()));
+    }
 
     let l = &config.listeners;
     let inbound_listener = bind("inbound", l.inbound)?;

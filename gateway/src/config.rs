@@ -252,6 +252,8 @@ pub struct DrainsConfig {
     /// Hard deadline of a GOAWAY whose action names none.
     #[serde(with = "duration")]
     pub default_goaway_deadline: Duration,
+    /// Unix socket `tidegate-cni` asks on CNI DEL; unset: no CNI hook.
+    pub cni_socket: Option<PathBuf>,
 }
 
 impl Default for DrainsConfig {
@@ -260,6 +262,7 @@ impl Default for DrainsConfig {
             max_hold: Duration::from_secs(30),
             default_grace: Duration::from_secs(30),
             default_goaway_deadline: Duration::from_secs(30),
+            cni_socket: None,
         }
     }
 }

@@ -7,6 +7,7 @@
 //!   teardown holds, timers.
 //! - [`metrics`]: drains started / completed / forced, teardown holds.
 
+pub mod cni;
 pub mod engine;
 mod executor;
 mod metrics;
