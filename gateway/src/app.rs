@@ -172,6 +172,13 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         crate::drains::DrainMetrics::register(&mut registry),
     );
     tasks.spawn(drains.clone().watch_workloads(drain.clone()));
+    let (failures_tx, failures_rx) = tokio::sync::mpsc::unbounded_channel();
+    pool.report_failures_to(failures_tx);
+    tasks.spawn(
+        drains
+            .clone()
+            .watch_connect_failures(failures_rx, drain.clone()),
+    );
     if let Some(path) = &config.drains.cni_socket {
         let l = crate::drains::cni::bind(path)
             .with_context(|| format!("drains.cni_socket {}", path.display()))?;
@@ -301,6 +308,12 @@ impl App {
     pub async fn shutdown(mut self) {
         let deadline = self.trigger.start(self.shutdown_deadline);
         self.admin.ready.store(false, Ordering::Release);
+        // Listeners are closing; the policies plan first, then the default
+        // drain (graceful GOAWAY inbound, client-side GOAWAY on the pool).
+        let plan = self.drains.on_gateway_shutdown(self.shutdown_deadline);
+        if !plan.is_empty() {
+            info!(actions = ?plan, "gateway shutdown plan from the policies");
+        }
         self.pool.evict_all();
         info!(
             streams = self.streams.count(),

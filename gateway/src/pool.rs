@@ -43,8 +43,38 @@ pub struct PoolKey {
     pub dst_addr: SocketAddr,
 }
 
+/// Consecutive connect failures to one destination, reported to the drain engine.
+#[derive(Clone, Debug)]
+pub struct ConnectFailure {
+    pub key: PoolKey,
+    pub consecutive: u32,
+    pub failing_for: Duration,
+    pub last_error: String,
+}
+
+/// Exponential backoff a policy set for a destination.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BackoffParams {
+    pub initial: Duration,
+    pub max: Duration,
+    pub multiplier: f64,
+    pub jitter: f64,
+}
+
+#[derive(Debug)]
+struct DestState {
+    consecutive: u32,
+    first_failure: Instant,
+    backoff: Option<BackoffParams>,
+    /// Retries attempted under the current backoff.
+    attempt: u32,
+    until: Option<Instant>,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
+    #[error("{addr} is backing off after repeated connect failures ({remaining_ms} ms left)")]
+    BackingOff { addr: SocketAddr, remaining_ms: u64 },
     #[error("dial {addr}: {source}")]
     Dial { addr: SocketAddr, source: DialError },
     #[error("stream to {addr}: {source}")]
@@ -57,6 +87,7 @@ pub enum PoolError {
 impl PoolError {
     pub fn reason(&self) -> &'static str {
         match self {
+            PoolError::BackingOff { .. } => "backing_off",
             PoolError::Dial { source, .. } => source.reason(),
             PoolError::Stream { source, .. } => source.reason(),
         }
@@ -75,6 +106,8 @@ struct PoolMetrics {
     dial_failures: Family<ReasonLabel, Counter>,
     goaways_received: Counter,
     closed: Family<ReasonLabel, Counter>,
+    backoffs: Counter,
+    fast_failed: Counter,
 }
 
 impl PoolMetrics {
@@ -105,6 +138,16 @@ impl PoolMetrics {
             "tunnels_closed",
             "Pooled tunnels closed, by reason",
             m.closed.clone(),
+        );
+        r.register(
+            "backoff_activations",
+            "Backoffs a policy set on a destination after connect failures",
+            m.backoffs.clone(),
+        );
+        r.register(
+            "backoff_fast_failures",
+            "Application connections refused at once because their destination backs off",
+            m.fast_failed.clone(),
         );
         m
     }
@@ -210,6 +253,8 @@ pub struct Pool {
     keys: Mutex<HashMap<PoolKey, Arc<KeyEntry>>>,
     next_id: AtomicU64,
     metrics: PoolMetrics,
+    dests: Mutex<HashMap<SocketAddr, DestState>>,
+    failures: Mutex<Option<tokio::sync::mpsc::UnboundedSender<ConnectFailure>>>,
 }
 
 /// An established CONNECT stream on a pooled tunnel.
@@ -245,6 +290,8 @@ impl Pool {
             keys: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
             metrics: PoolMetrics::register(registry),
+            dests: Mutex::new(HashMap::new()),
+            failures: Mutex::new(None),
         })
     }
 
@@ -255,6 +302,13 @@ impl Pool {
         key: &PoolKey,
         authority: SocketAddr,
     ) -> Result<PooledStream, PoolError> {
+        if let Some(remaining) = self.backing_off(key.dst_addr) {
+            self.metrics.fast_failed.inc();
+            return Err(PoolError::BackingOff {
+                addr: key.dst_addr,
+                remaining_ms: remaining.as_millis() as u64,
+            });
+        }
         let entry = self.entry(key);
         // A tunnel may turn out to have received GOAWAY between checkout and
         // use; such a stream never reached the peer, so retry a few times.
@@ -314,11 +368,14 @@ impl Pool {
                         reason: source.reason(),
                     })
                     .inc();
+                self.dial_failed(key, &source.to_string());
                 PoolError::Dial {
                     addr: key.dst_addr,
                     source,
                 }
             })?;
+        // Success ends any backoff for the destination.
+        self.dests.lock().unwrap().remove(&key.dst_addr);
         let tunnel = Arc::new(Tunnel {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             key: key.clone(),
@@ -448,6 +505,64 @@ impl Pool {
         }
     }
 
+    /// Where consecutive connect failures are reported (the drain engine).
+    pub fn report_failures_to(&self, tx: tokio::sync::mpsc::UnboundedSender<ConnectFailure>) {
+        *self.failures.lock().unwrap() = Some(tx);
+    }
+
+    fn dial_failed(&self, key: &PoolKey, error: &str) {
+        let now = Instant::now();
+        let report = {
+            let mut dests = self.dests.lock().unwrap();
+            let d = dests.entry(key.dst_addr).or_insert(DestState {
+                consecutive: 0,
+                first_failure: now,
+                backoff: None,
+                attempt: 0,
+                until: None,
+            });
+            d.consecutive += 1;
+            if let Some(b) = d.backoff {
+                // Still failing under backoff: wait longer before the next try.
+                d.attempt += 1;
+                d.until = Some(now + backoff_wait(b, d.attempt));
+            }
+            ConnectFailure {
+                key: key.clone(),
+                consecutive: d.consecutive,
+                failing_for: now.duration_since(d.first_failure),
+                last_error: error.to_owned(),
+            }
+        };
+        if let Some(tx) = self.failures.lock().unwrap().as_ref() {
+            let _ = tx.send(report);
+        }
+    }
+
+    /// Starts (or replaces) a backoff for `addr`: new application connections
+    /// to it fail at once until the wait is over; a successful connect ends it.
+    pub fn set_backoff(&self, addr: SocketAddr, params: BackoffParams) {
+        let now = Instant::now();
+        let mut dests = self.dests.lock().unwrap();
+        let d = dests.entry(addr).or_insert(DestState {
+            consecutive: 0,
+            first_failure: now,
+            backoff: None,
+            attempt: 0,
+            until: None,
+        });
+        d.backoff = Some(params);
+        d.attempt = 1;
+        d.until = Some(now + backoff_wait(params, 1));
+        self.metrics.backoffs.inc();
+    }
+
+    fn backing_off(&self, addr: SocketAddr) -> Option<Duration> {
+        let dests = self.dests.lock().unwrap();
+        let until = dests.get(&addr)?.until?;
+        until.checked_duration_since(Instant::now())
+    }
+
     /// Evicts the tunnels whose key matches: they take no new streams and
     /// close (client-side GOAWAY) when their streams end — or at once when
     /// `now`, resetting open streams. Returns how many.
@@ -517,4 +632,44 @@ fn checkout(entry: &KeyEntry, max: usize) -> Option<StreamSlot> {
         }
     }
     None
+}
+
+/// The n-th wait (n from 1): min(initial * multiplier^(n-1), max), randomised
+/// by ± jitter × that value.
+fn backoff_wait(b: BackoffParams, n: u32) -> Duration {
+    let base = b.initial.as_secs_f64() * b.multiplier.powi(n.saturating_sub(1) as i32);
+    let base = base.min(b.max.as_secs_f64());
+    // A cheap, good-enough random number: the clock's nanoseconds, mixed.
+    let mut x = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() as u64)
+        .unwrap_or(1)
+        | 1;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    let unit = (x % 10_000) as f64 / 10_000.0 * 2.0 - 1.0; // [-1, 1)
+    Duration::from_secs_f64((base * (1.0 + b.jitter * unit)).max(0.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_to_its_max_within_jitter() {
+        let b = BackoffParams {
+            initial: Duration::from_millis(100),
+            max: Duration::from_millis(1000),
+            multiplier: 2.0,
+            jitter: 0.2,
+        };
+        for (n, base) in [(1, 100.0), (2, 200.0), (3, 400.0), (5, 1000.0), (9, 1000.0)] {
+            let w = backoff_wait(b, n).as_secs_f64() * 1000.0;
+            assert!(
+                w >= base * 0.8 - 1e-6 && w <= base * 1.2 + 1e-6,
+                "n={n}: {w} vs {base}"
+            );
+        }
+    }
 }

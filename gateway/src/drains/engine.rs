@@ -508,6 +508,92 @@ impl DrainEngine {
         })
     }
 
+    /// Turns the pool's connect-failure reports into `connect-failing`
+    /// events, decided by the source workload's policy (e.g. a backoff).
+    pub async fn watch_connect_failures(
+        self: Arc<Self>,
+        mut failures: tokio::sync::mpsc::UnboundedReceiver<crate::pool::ConnectFailure>,
+        mut drain: DrainWatch,
+    ) {
+        loop {
+            let f = tokio::select! {
+                f = failures.recv() => match f { Some(f) => f, None => return },
+                _ = drain.signaled() => return,
+            };
+            let snapshot = self.workloads.snapshot();
+            let Some(source) = snapshot
+                .iter()
+                .find(|w| w.local && w.identity == f.key.src)
+                .cloned()
+            else {
+                continue;
+            };
+            let peer = snapshot.by_ip(f.key.dst_addr.ip()).map(|p| sdk::PeerInfo {
+                uid: p.uid().to_owned(),
+                name: p.spec.name.clone(),
+                namespace: p.spec.namespace.clone(),
+                identity: p.identity.to_string(),
+                address: f.key.dst_addr.to_string(),
+            });
+            let event = sdk::Event::ConnectFailing(sdk::ConnectFailing {
+                destination: f.key.dst_addr.to_string(),
+                peer,
+                consecutive_failures: f.consecutive,
+                last_error: f.last_error.clone(),
+                failing_for_ms: f.failing_for.as_millis() as u64,
+            });
+            let selection = self.policies.select(&source);
+            let decision = self.policies.decide(&selection, &event);
+            let executed = executor::execute(&self, &source, &decision.actions, Instant::now());
+            if !executed.descriptions.is_empty() {
+                info!(
+                    destination = %f.key.dst_addr,
+                    consecutive = f.consecutive,
+                    policy = %decision.policy,
+                    actions = ?executed.descriptions,
+                    "connect-failing decision"
+                );
+            }
+        }
+    }
+
+    /// The gateway itself is stopping: each policy is asked for a plan for
+    /// the local workloads it governs (a `gateway-shutdown` event with the
+    /// deadline), and its actions are executed before the default drain.
+    pub fn on_gateway_shutdown(self: &Arc<Self>, deadline: Duration) -> Vec<String> {
+        let snapshot = self.workloads.snapshot();
+        let mut by_policy: BTreeMap<String, (Selection, Vec<Arc<Workload>>)> = BTreeMap::new();
+        for w in snapshot.iter().filter(|w| w.local) {
+            let sel = self.policies.select(w);
+            by_policy
+                .entry(sel.name.clone())
+                .or_insert_with(|| (sel, Vec::new()))
+                .1
+                .push(w.clone());
+        }
+        let mut done = Vec::new();
+        let now = Instant::now();
+        for (_, (selection, workloads)) in by_policy {
+            let event = sdk::Event::GatewayShutdown(sdk::GatewayShutdown {
+                deadline_ms: unix_ms(SystemTime::now() + deadline) as u64,
+                remaining_ms: deadline.as_millis() as u64,
+                workloads: workloads.iter().map(|w| self.state_of(w)).collect(),
+            });
+            let decision = self.policies.decide(&selection, &event);
+            for w in &workloads {
+                let mine: Vec<sdk::Action> = decision
+                    .actions
+                    .iter()
+                    .filter(|a| a.subject().is_none_or(|s| s == w.uid()))
+                    .cloned()
+                    .collect();
+                let executed = executor::execute(self, w, &mine, now);
+                done.extend(executed.descriptions);
+            }
+        }
+        done
+    }
+
     /// A timer the policy asked for fired: decided by the drain's pinned version.
     pub(super) fn timer_fired(self: &Arc<Self>, subject: String, tag: String) {
         let (selection, workload) = {

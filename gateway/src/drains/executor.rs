@@ -49,13 +49,28 @@ pub(super) fn execute(
                     }
                 }
             }
-            sdk::Action::Backoff(b) => {
-                engine.metrics.action("backoff", "not_implemented");
-                format!(
-                    "backoff for {}: not executed (client-side backoff is not implemented yet)",
-                    b.destination
-                )
-            }
+            sdk::Action::Backoff(b) => match b.destination.parse::<std::net::SocketAddr>() {
+                Ok(addr) => {
+                    engine.pool.set_backoff(
+                        addr,
+                        crate::pool::BackoffParams {
+                            initial: Duration::from_millis(b.initial_ms),
+                            max: Duration::from_millis(b.max_ms),
+                            multiplier: b.multiplier,
+                            jitter: b.jitter,
+                        },
+                    );
+                    engine.metrics.action("backoff", "executed");
+                    format!(
+                        "backoff for {}: {}..{} ms ×{} ±{}",
+                        b.destination, b.initial_ms, b.max_ms, b.multiplier, b.jitter
+                    )
+                }
+                Err(_) => {
+                    engine.metrics.action("backoff", "bad_destination");
+                    format!("backoff: {:?} is not a destination address", b.destination)
+                }
+            },
             sdk::Action::OciDrain(o) => {
                 engine.metrics.action("oci_drain", "not_configured");
                 format!(

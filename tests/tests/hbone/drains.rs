@@ -301,3 +301,72 @@ async fn evict_on_delete_closes_pooled_tunnels_to_a_deleted_peer() {
         1.0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_connect_failures_back_off_and_fail_fast() {
+    let TwoNodes {
+        dir: _dir,
+        server,
+        client,
+        capture,
+        client_ip,
+        ..
+    } = TwoNodes::with(
+        66,
+        Options {
+            client_yaml: format!(
+                "policies:\n  default: p\n  plugins:\n    p:\n      file: {}\n      config: '{{\"failure-threshold\": 2, \"backoff-initial-ms\": 60000, \"backoff-max-ms\": 60000}}'\n",
+                plugin("evict-on-delete").display()
+            ),
+            ..Default::default()
+        },
+    )
+    .await;
+    // The destination's gateway goes away: dials are refused.
+    server.shutdown().await;
+    let dial_failures = |m: &str| {
+        metric(
+            m,
+            r#"tidegate_pool_dial_failures_total{reason="connect_refused"}"#,
+        )
+    };
+    for i in 1..=2 {
+        if let Ok(mut tcp) = capture.try_connect(client_ip).await {
+            let mut rest = Vec::new();
+            let _ = tcp.read_to_end(&mut rest).await;
+        }
+        eventually("dial failure counted", Duration::from_secs(5), || {
+            dial_failures(&client.metrics_text()) == i as f64
+        })
+        .await;
+    }
+    eventually("the policy set a backoff", Duration::from_secs(5), || {
+        metric(
+            &client.metrics_text(),
+            "tidegate_pool_backoff_activations_total",
+        ) == 1.0
+    })
+    .await;
+    // While backing off, application connections fail at once, without a dial.
+    if let Ok(mut tcp) = capture.try_connect(client_ip).await {
+        let mut rest = Vec::new();
+        let _ = tcp.read_to_end(&mut rest).await;
+        assert!(rest.is_empty());
+    }
+    eventually("fast failure counted", Duration::from_secs(5), || {
+        metric(
+            &client.metrics_text(),
+            "tidegate_pool_backoff_fast_failures_total",
+        ) == 1.0
+    })
+    .await;
+    let m = client.metrics_text();
+    assert_eq!(dial_failures(&m), 2.0, "no dial while backing off");
+    assert_eq!(
+        metric(
+            &m,
+            r#"tidegate_connections_failed_total{direction="outbound",reason="backing_off"}"#
+        ),
+        1.0
+    );
+}
