@@ -1,0 +1,1391 @@
+//! Drain policies end to end in real network namespaces (issue 4, acceptance
+//! tests): two nodes, a client pod and a server pod, iptables REDIRECT on
+//! both nodes, two in-process gateways on `setns()` threads (the topology and
+//! helpers of `netns.rs`), lifecycle events through the server gateway's
+//! admin API and the real `tidegate-cni` binary.
+//!
+//! ```text
+//!  pa (client app)          na (node A)                      nb (node B)             pb (echo :8080)
+//!  eth0 10.X.1.2 ──veth── to-pa 10.X.1.1                                    to-pb 10.X.2.1 ──veth── eth0 10.X.2.2
+//!                           gateway A   to-nb 10.X.0.1 ──veth── to-na 10.X.0.2   gateway B
+//! ```
+//!
+//! In every scenario the client pod keeps opening short request/response
+//! connections to the server pod and holds one long-lived stream; the server
+//! pod goes through shutdown starting (admin POST) → the app keeps serving →
+//! network teardown (`tidegate-cni` DEL over the gateway's Unix socket) →
+//! deleted (admin DELETE). One test per reference policy; each asserts
+//! counts and orderings only and prints its figures.
+//!
+//! Needs root, `ip` and `iptables`; skipped (with a message) otherwise.
+
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tidegate::app::BoundAddrs;
+use tidegate::config::Config;
+use tidegate_e2e::metric;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+
+const OUTBOUND_PORT: u16 = 15001;
+const HBONE_PORT: u16 = 15008;
+const ECHO_PORT: u16 = 8080;
+/// Bound on any single step (a round trip, a gateway start, a metric to settle).
+const STEP: Duration = Duration::from_secs(30);
+/// The server pod's workload uid (what `K8S_POD_UID` names on CNI DEL).
+const ECHO_UID: &str = "echo-uid";
+
+// ---------------------------------------------------------------------------
+// Topology: four namespaces joined by three veth pairs (as in netns.rs).
+
+/// Names and addresses derived from the process id and the scenario number,
+/// so the scenarios of this binary (run in parallel), concurrent runs and
+/// leftovers of a killed run never collide.
+struct Topology {
+    na: String,
+    nb: String,
+    pa: String,
+    pb: String,
+    /// Second octet of every address: 10.X.{0,1,2}.0/24.
+    x: u8,
+}
+
+impl Topology {
+    fn for_scenario(k: u8) -> Topology {
+        let pid = std::process::id();
+        Topology {
+            na: format!("tgd{pid}s{k}na"),
+            nb: format!("tgd{pid}s{k}nb"),
+            pa: format!("tgd{pid}s{k}pa"),
+            pb: format!("tgd{pid}s{k}pb"),
+            x: 20 + (pid % 50) as u8 * 4 + (k % 4),
+        }
+    }
+
+    fn all(&self) -> [&str; 4] {
+        [&self.na, &self.nb, &self.pa, &self.pb]
+    }
+
+    fn addr(&self, subnet: u8, host: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, self.x, subnet, host)
+    }
+    /// Node A on the node link.
+    fn node_a(&self) -> Ipv4Addr {
+        self.addr(0, 1)
+    }
+    /// Node B on the node link.
+    fn node_b(&self) -> Ipv4Addr {
+        self.addr(0, 2)
+    }
+    /// Node A's side of pod A's veth (pod A's gateway).
+    fn node_a_to_pod(&self) -> Ipv4Addr {
+        self.addr(1, 1)
+    }
+    fn pod_a(&self) -> Ipv4Addr {
+        self.addr(1, 2)
+    }
+    /// Node B's side of pod B's veth: the address gateway B dials pod B from.
+    fn node_b_to_pod(&self) -> Ipv4Addr {
+        self.addr(2, 1)
+    }
+    fn pod_b(&self) -> Ipv4Addr {
+        self.addr(2, 2)
+    }
+}
+
+/// Runs a command line (arguments separated by whitespace); panics with its
+/// stderr when it cannot run or fails.
+fn run(cmdline: &str) {
+    let args: Vec<&str> = cmdline.split_whitespace().collect();
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("netns setup: cannot run `{cmdline}`: {e}"));
+    if !out.status.success() {
+        panic!(
+            "netns setup: `{cmdline}` failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+}
+
+/// Deletes the namespaces (their veths go with them) when dropped, panic or not.
+struct NetnsGuard {
+    names: Vec<String>,
+}
+
+impl Drop for NetnsGuard {
+    fn drop(&mut self) {
+        for ns in &self.names {
+            let out = Command::new("ip").args(["netns", "del", ns]).output();
+            match out {
+                Ok(o) if o.status.success() => {}
+                Ok(o) => eprintln!(
+                    "netns cleanup: `ip netns del {ns}` failed: {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                ),
+                Err(e) => eprintln!("netns cleanup: cannot run `ip netns del {ns}`: {e}"),
+            }
+        }
+    }
+}
+
+/// Creates the namespaces, veths, addresses, routes, forwarding and the two
+/// REDIRECT rules. The guard is armed before the first namespace exists.
+fn build_topology(t: &Topology) -> NetnsGuard {
+    // A killed earlier process with our pid may have left namespaces behind.
+    for ns in t.all() {
+        let _ = Command::new("ip").args(["netns", "del", ns]).output();
+    }
+    let mut guard = NetnsGuard { names: Vec::new() };
+    for ns in t.all() {
+        run(&format!("ip netns add {ns}"));
+        guard.names.push(ns.to_owned());
+        run(&format!("ip -n {ns} link set lo up"));
+    }
+    let (na, nb, pa, pb) = (&t.na, &t.nb, &t.pa, &t.pb);
+    // Veths are created inside the node namespace with the peer placed
+    // directly in the other namespace: the host namespace is never touched.
+    let pairs = [
+        (na, "to-pa", t.node_a_to_pod(), pa, "eth0", t.pod_a()),
+        (nb, "to-pb", t.node_b_to_pod(), pb, "eth0", t.pod_b()),
+        (na, "to-nb", t.node_a(), nb, "to-na", t.node_b()),
+    ];
+    for (ns1, if1, a1, ns2, if2, a2) in pairs {
+        run(&format!(
+            "ip -n {ns1} link add {if1} type veth peer name {if2} netns {ns2}"
+        ));
+        run(&format!("ip -n {ns1} addr add {a1}/24 dev {if1}"));
+        run(&format!("ip -n {ns2} addr add {a2}/24 dev {if2}"));
+        run(&format!("ip -n {ns1} link set {if1} up"));
+        run(&format!("ip -n {ns2} link set {if2} up"));
+    }
+    run(&format!(
+        "ip -n {pa} route add default via {}",
+        t.node_a_to_pod()
+    ));
+    run(&format!(
+        "ip -n {pb} route add default via {}",
+        t.node_b_to_pod()
+    ));
+    run(&format!(
+        "ip -n {na} route add {}/24 via {}",
+        t.addr(2, 0),
+        t.node_b()
+    ));
+    run(&format!(
+        "ip -n {nb} route add {}/24 via {}",
+        t.addr(1, 0),
+        t.node_a()
+    ));
+    for ns in [na, nb] {
+        run(&format!(
+            "ip netns exec {ns} sysctl -q -w net.ipv4.ip_forward=1"
+        ));
+    }
+    // Outbound capture: everything pod A sends over TCP lands on gateway A.
+    run(&format!(
+        "ip netns exec {na} iptables -t nat -A PREROUTING -i to-pa -p tcp \
+         -j REDIRECT --to-ports {OUTBOUND_PORT}"
+    ));
+    // HBONE to pod B lands on gateway B's inbound listener.
+    run(&format!(
+        "ip netns exec {nb} iptables -t nat -A PREROUTING -p tcp -d {} --dport {HBONE_PORT} \
+         -j REDIRECT --to-ports {HBONE_PORT}",
+        t.pod_b()
+    ));
+    guard
+}
+
+// ---------------------------------------------------------------------------
+// Threads living in a namespace.
+
+/// Moves the calling thread into the named network namespace and checks that
+/// it arrived there.
+fn enter_netns(ns: &str) -> Result<(), String> {
+    let path = format!("/var/run/netns/{ns}");
+    let file = std::fs::File::open(&path).map_err(|e| format!("open {path}: {e}"))?;
+    // SAFETY: `file` is an open namespace file descriptor for the duration of the call.
+    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+    if rc != 0 {
+        return Err(format!(
+            "setns({path}): {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let want = file
+        .metadata()
+        .map_err(|e| format!("stat {path}: {e}"))?
+        .ino();
+    let have = std::fs::metadata("/proc/thread-self/ns/net")
+        .map_err(|e| format!("stat /proc/thread-self/ns/net: {e}"))?
+        .ino();
+    if want != have {
+        return Err(format!(
+            "after setns({path}) the thread is in netns inode {have}, not {want}"
+        ));
+    }
+    Ok(())
+}
+
+/// An OS thread inside a network namespace driving a current-thread tokio
+/// runtime. Futures given to [`NsThread::spawn`] run on that thread, so the
+/// sockets they create belong to the namespace.
+struct NsThread {
+    ns: String,
+    handle: tokio::runtime::Handle,
+    stop: Option<oneshot::Sender<()>>,
+    join: Option<std::thread::JoinHandle<()>>,
+}
+
+impl NsThread {
+    /// Starts the thread; it runs `main(stop)` until that returns (`stop`
+    /// fires when the `NsThread` is dropped). `main`'s future need not be `Send`.
+    fn start<F, Fut>(ns: &str, main: F) -> NsThread
+    where
+        F: FnOnce(oneshot::Receiver<()>) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + 'static,
+    {
+        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let name = ns.to_owned();
+        let join = std::thread::Builder::new()
+            .name(format!("netns-{ns}"))
+            .spawn(move || {
+                if let Err(e) = enter_netns(&name) {
+                    let _ = handle_tx.send(Err(e));
+                    return;
+                }
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = handle_tx.send(Err(format!("tokio runtime: {e}")));
+                        return;
+                    }
+                };
+                let _ = handle_tx.send(Ok(rt.handle().clone()));
+                rt.block_on(main(stop_rx));
+            })
+            .expect("spawn namespace thread");
+        let handle = match handle_rx.recv_timeout(STEP) {
+            Ok(Ok(h)) => h,
+            Ok(Err(e)) => panic!("thread for netns {ns}: {e}"),
+            Err(e) => panic!("thread for netns {ns} did not start: {e}"),
+        };
+        NsThread {
+            ns: ns.to_owned(),
+            handle,
+            stop: Some(stop_tx),
+            join: Some(join),
+        }
+    }
+
+    /// A thread that only runs what is spawned on it.
+    fn idle(ns: &str) -> NsThread {
+        Self::start(ns, |stop| async move {
+            let _ = stop.await;
+        })
+    }
+
+    /// Runs `fut` inside the namespace; panics (naming the namespace) if it
+    /// panicked or did not finish within `within`.
+    async fn run<T: Send + 'static>(
+        &self,
+        what: &str,
+        within: Duration,
+        fut: impl Future<Output = T> + Send + 'static,
+    ) -> T {
+        let task = self.handle.spawn(fut);
+        match tokio::time::timeout(within, task).await {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => panic!("{what} (in netns {}): task failed: {e}", self.ns),
+            Err(_) => panic!("{what} (in netns {}): timed out after {within:?}", self.ns),
+        }
+    }
+}
+
+impl Drop for NsThread {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(join) = self.join.take() {
+            if join.join().is_err() {
+                eprintln!("thread for netns {} panicked", self.ns);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Gateways and the echo server.
+
+enum GatewayCmd {
+    Metrics(oneshot::Sender<String>),
+}
+
+/// An in-process gateway on its own thread inside a node namespace. The
+/// `App` never leaves that thread; its metrics come back over a channel and
+/// other work (admin requests) runs as tasks on the same thread.
+struct Gateway {
+    name: &'static str,
+    addrs: BoundAddrs,
+    cmds: mpsc::UnboundedSender<GatewayCmd>,
+    /// Stops the gateway and joins its thread when dropped.
+    thread: NsThread,
+}
+
+impl Gateway {
+    async fn start(name: &'static str, ns: &str, config: Config) -> Gateway {
+        let (ready_tx, ready_rx) = oneshot::channel::<Result<BoundAddrs, String>>();
+        let (cmds, mut cmd_rx) = mpsc::unbounded_channel();
+        let thread = NsThread::start(ns, move |mut stop| async move {
+            let app = match tidegate::app::build(config).await {
+                Ok(app) => app,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(format!("{e:#}")));
+                    return;
+                }
+            };
+            let _ = ready_tx.send(Ok(app.addrs));
+            loop {
+                tokio::select! {
+                    _ = &mut stop => break,
+                    cmd = cmd_rx.recv() => match cmd {
+                        Some(GatewayCmd::Metrics(reply)) => {
+                            let _ = reply.send(app.metrics_text());
+                        }
+                        None => break,
+                    },
+                }
+            }
+            // Bounded by `shutdown.deadline` in the config; this is a backstop.
+            let _ = tokio::time::timeout(Duration::from_secs(10), app.shutdown()).await;
+        });
+        let addrs = match tokio::time::timeout(STEP, ready_rx).await {
+            Ok(Ok(Ok(addrs))) => addrs,
+            Ok(Ok(Err(e))) => panic!("gateway {name} in netns {ns} failed to start: {e}"),
+            Ok(Err(_)) => panic!("gateway {name} in netns {ns} exited before it was ready"),
+            Err(_) => panic!("gateway {name} in netns {ns} not ready within {STEP:?}"),
+        };
+        Gateway {
+            name,
+            addrs,
+            cmds,
+            thread,
+        }
+    }
+
+    async fn metrics(&self) -> String {
+        let (tx, rx) = oneshot::channel();
+        self.cmds
+            .send(GatewayCmd::Metrics(tx))
+            .unwrap_or_else(|_| panic!("gateway {} is gone", self.name));
+        tokio::time::timeout(STEP, rx)
+            .await
+            .unwrap_or_else(|_| panic!("gateway {} did not answer for metrics", self.name))
+            .unwrap_or_else(|_| panic!("gateway {} dropped the metrics request", self.name))
+    }
+
+    /// Waits (at most `within`) until `check` holds on this gateway's
+    /// metrics; on timeout panics with `what` and the full metrics text.
+    async fn wait_metrics_within(
+        &self,
+        what: &str,
+        within: Duration,
+        check: impl Fn(&str) -> bool,
+    ) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let text = self.metrics().await;
+            if check(&text) {
+                return text;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "gateway {}: timed out after {within:?} waiting for: {what}\n--- metrics ---\n{text}",
+                    self.name
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    async fn wait_metrics(&self, what: &str, check: impl Fn(&str) -> bool) -> String {
+        self.wait_metrics_within(what, Duration::from_secs(10), check)
+            .await
+    }
+
+    /// One admin request (`method path`) to this gateway, made from a task on
+    /// its own thread: the admin listener is 127.0.0.1 of the node namespace.
+    /// Returns the status code and the JSON body (`null` if not JSON).
+    async fn admin(&self, method: &str, path: &str) -> (u16, serde_json::Value) {
+        let addr = self.addrs.admin;
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+        );
+        let what = format!("admin {method} {path} on gateway {}", self.name);
+        let out = self
+            .thread
+            .run(&what, STEP, async move {
+                let mut tcp = TcpStream::connect(addr)
+                    .await
+                    .map_err(|e| format!("connect {addr}: {e}"))?;
+                tcp.write_all(request.as_bytes())
+                    .await
+                    .map_err(|e| format!("write: {e}"))?;
+                let mut out = String::new();
+                tcp.read_to_string(&mut out)
+                    .await
+                    .map_err(|e| format!("read: {e}"))?;
+                Ok::<String, String>(out)
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let status: u16 = out
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{what}: not an HTTP response: {out:?}"));
+        let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+        (
+            status,
+            serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+        )
+    }
+
+    /// Like [`Gateway::admin`]; panics unless the answer is 200.
+    async fn admin_ok(&self, method: &str, path: &str) -> serde_json::Value {
+        let (status, body) = self.admin(method, path).await;
+        assert_eq!(
+            status, 200,
+            "admin {method} {path} on gateway {}: {body}",
+            self.name
+        );
+        body
+    }
+}
+
+/// The sum of every sample of `name` (all label sets).
+fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+const OPENED: &str = "tidegate_pool_tunnels_opened_total";
+const GOAWAYS: &str = "tidegate_pool_goaways_received_total";
+const POOLED: &str = "tidegate_pool_tunnels";
+const CLOSED: &str = "tidegate_pool_tunnels_closed_total";
+
+/// `reason=count` of every pooled tunnel closed so far.
+fn closed_reasons(text: &str) -> String {
+    let prefix = format!("{CLOSED}{{reason=\"");
+    let v: Vec<String> = text
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(&prefix)?;
+            let (reason, value) = rest.split_once("\"} ")?;
+            Some(format!("{reason}={value}"))
+        })
+        .collect();
+    v.join(",")
+}
+
+/// Echoes every byte back and half-closes when the client does.
+async fn start_echo(pod: &NsThread) {
+    pod.run("echo server bind", STEP, async move {
+        let l = TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], ECHO_PORT)))
+            .await
+            .expect("echo server: bind 0.0.0.0:8080");
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = l.accept().await else {
+                    return;
+                };
+                tokio::spawn(async move {
+                    let (mut r, mut w) = tcp.into_split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                    let _ = w.shutdown().await;
+                });
+            }
+        });
+    })
+    .await;
+}
+
+/// One short application connection: writes `data`, half-closes, reads to
+/// EOF, compares. Runs inside pod A's namespace.
+async fn echo_round_trip(dst: SocketAddr, data: Vec<u8>) -> Result<(), String> {
+    let io = async move {
+        let mut tcp = TcpStream::connect(dst)
+            .await
+            .map_err(|e| format!("connect {dst}: {e}"))?;
+        tcp.set_nodelay(true).map_err(|e| e.to_string())?;
+        tcp.write_all(&data)
+            .await
+            .map_err(|e| format!("write to {dst}: {e}"))?;
+        tcp.shutdown()
+            .await
+            .map_err(|e| format!("shutdown to {dst}: {e}"))?;
+        let mut back = Vec::new();
+        tcp.read_to_end(&mut back)
+            .await
+            .map_err(|e| format!("read from {dst}: {e}"))?;
+        if back != data {
+            return Err(format!(
+                "echo from {dst}: {} bytes back, want the {} sent",
+                back.len(),
+                data.len()
+            ));
+        }
+        Ok(())
+    };
+    tokio::time::timeout(STEP, io)
+        .await
+        .unwrap_or_else(|_| Err(format!("round trip to {dst} timed out after {STEP:?}")))
+}
+
+/// The client pod's stream of short connections, one after the other.
+struct Loader {
+    stop: Arc<AtomicBool>,
+    ok: Arc<AtomicUsize>,
+    failures: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Loader {
+    fn start(pod_a: &NsThread, dst: SocketAddr) -> Loader {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ok = Arc::new(AtomicUsize::new(0));
+        let failures = Arc::new(Mutex::new(Vec::new()));
+        let (s, o, f) = (stop.clone(), ok.clone(), failures.clone());
+        let task = pod_a.handle.spawn(async move {
+            let mut i = 0u32;
+            while !s.load(Ordering::Acquire) {
+                let data = format!("request {i}\n").into_bytes();
+                match echo_round_trip(dst, data).await {
+                    Ok(()) => {
+                        o.fetch_add(1, Ordering::AcqRel);
+                    }
+                    Err(e) => f.lock().unwrap().push(format!("request {i}: {e}")),
+                }
+                i += 1;
+                // Pacing (a client doing requests now and then), not a wait.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        Loader {
+            stop,
+            ok,
+            failures,
+            task,
+        }
+    }
+
+    fn ok(&self) -> usize {
+        self.ok.load(Ordering::Acquire)
+    }
+
+    /// Waits (bounded) until `n` more requests than now succeeded; panics
+    /// with the failures seen if they do not.
+    async fn wait_more_ok(&self, n: usize, what: &str) {
+        let want = self.ok() + n;
+        let deadline = Instant::now() + STEP;
+        while self.ok() < want {
+            if Instant::now() > deadline {
+                panic!(
+                    "{what}: only {} of {want} requests succeeded within {STEP:?}; failures: {:#?}",
+                    self.ok(),
+                    self.failures.lock().unwrap()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Stops after the request in flight; returns (succeeded, failures).
+    async fn stop(self) -> (usize, Vec<String>) {
+        self.stop.store(true, Ordering::Release);
+        match tokio::time::timeout(STEP * 2, self.task).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => panic!("client loader task failed: {e}"),
+            Err(_) => panic!("client loader did not stop within {:?}", STEP * 2),
+        }
+        let failures = self.failures.lock().unwrap().clone();
+        (self.ok.load(Ordering::Acquire), failures)
+    }
+}
+
+/// The client pod's long-lived stream; all I/O on it runs on pod A's thread.
+struct Held {
+    tcp: Option<TcpStream>,
+    rounds: u32,
+}
+
+impl Held {
+    async fn open(pod_a: &NsThread, dst: SocketAddr) -> Held {
+        let tcp = pod_a
+            .run("open the long-lived stream", STEP, async move {
+                let tcp = TcpStream::connect(dst).await?;
+                tcp.set_nodelay(true)?;
+                Ok::<_, std::io::Error>(tcp)
+            })
+            .await
+            .unwrap_or_else(|e| panic!("long-lived stream to {dst}: {e}"));
+        let mut held = Held {
+            tcp: Some(tcp),
+            rounds: 0,
+        };
+        held.round_trip(pod_a, "first round").await;
+        held
+    }
+
+    /// One request/response on the stream; panics if it fails.
+    async fn round_trip(&mut self, pod_a: &NsThread, what: &str) {
+        let mut tcp = self.tcp.take().expect("long-lived stream already closed");
+        self.rounds += 1;
+        let data = format!("held round {}\n", self.rounds).into_bytes();
+        let (tcp, r) = pod_a
+            .run("long-lived stream round trip", STEP, async move {
+                let r = async {
+                    tcp.write_all(&data).await?;
+                    let mut back = vec![0; data.len()];
+                    tcp.read_exact(&mut back).await?;
+                    Ok::<_, std::io::Error>(back == data)
+                }
+                .await;
+                (tcp, r)
+            })
+            .await;
+        match r {
+            Ok(true) => {}
+            Ok(false) => panic!("long-lived stream ({what}): echoed bytes differ"),
+            Err(e) => panic!("long-lived stream ({what}): {e}"),
+        }
+        self.tcp = Some(tcp);
+    }
+
+    /// Half-closes and reads to EOF (the stream ends cleanly).
+    async fn close(&mut self, pod_a: &NsThread) {
+        let mut tcp = self.tcp.take().expect("long-lived stream already closed");
+        pod_a
+            .run("close the long-lived stream", STEP, async move {
+                tcp.shutdown().await?;
+                let mut rest = Vec::new();
+                tcp.read_to_end(&mut rest).await?;
+                Ok::<_, std::io::Error>(rest.len())
+            })
+            .await
+            .unwrap_or_else(|e| panic!("closing the long-lived stream: {e}"));
+    }
+
+    /// Waits (at most `within`) for the gateway to end the stream: EOF or an
+    /// error (reset). Panics if it stays open.
+    async fn wait_ended(&mut self, pod_a: &NsThread, within: Duration) -> String {
+        let mut tcp = self.tcp.take().expect("long-lived stream already closed");
+        pod_a
+            .run("the long-lived stream ends", within, async move {
+                let mut rest = Vec::new();
+                match tcp.read_to_end(&mut rest).await {
+                    Ok(n) => format!("EOF after {n} bytes"),
+                    Err(e) => format!("error: {e}"),
+                }
+            })
+            .await
+    }
+}
+
+// ---------------------------------------------------------------------------
+// tidegate-cni, the real binary.
+
+/// `target/debug/tidegate-cni`, next to the directory of this test
+/// executable (`target/debug/deps`); built once if missing.
+fn cni_binary() -> PathBuf {
+    static BUILT: Mutex<()> = Mutex::new(());
+    let exe = std::env::current_exe().expect("current_exe");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test executable lives in target/<profile>/deps");
+    let bin = profile_dir.join("tidegate-cni");
+    let _once = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if !bin.exists() {
+        let out = Command::new(env!("CARGO"))
+            .args(["build", "-p", "tidegate", "--bin", "tidegate-cni"])
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .output()
+            .expect("run cargo build for tidegate-cni");
+        assert!(
+            out.status.success(),
+            "cargo build -p tidegate --bin tidegate-cni failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(bin.exists(), "{} missing after the build", bin.display());
+    bin
+}
+
+/// `tidegate-cni` DEL for `uid`, run on a background OS thread (it only
+/// talks to the Unix socket, so the namespace of the thread does not matter).
+struct CniDel {
+    started: Instant,
+    join: std::thread::JoinHandle<(Output, Instant)>,
+}
+
+impl CniDel {
+    fn start(socket: &Path, uid: &str, timeout_ms: u64) -> CniDel {
+        let bin = cni_binary();
+        let conf = format!(
+            r#"{{"cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "tidegate-cni",
+                "socket": "{}", "timeout_ms": {timeout_ms},
+                "prevResult": {{"cniVersion": "1.0.0", "interfaces": [{{"name": "eth0"}}]}}}}"#,
+            socket.display()
+        );
+        let args =
+            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=demo;K8S_POD_NAME=echo;K8S_POD_UID={uid}");
+        let started = Instant::now();
+        let join = std::thread::spawn(move || {
+            let mut child = Command::new(&bin)
+                .env("CNI_COMMAND", "DEL")
+                .env("CNI_CONTAINERID", "c0ffee")
+                .env("CNI_NETNS", "/var/run/netns/none")
+                .env("CNI_IFNAME", "eth0")
+                .env("CNI_PATH", "/opt/cni/bin")
+                .env("CNI_ARGS", args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
+            {
+                use std::io::Write;
+                let mut stdin = child.stdin.take().unwrap();
+                stdin.write_all(conf.as_bytes()).unwrap();
+            }
+            let out = child.wait_with_output().unwrap();
+            (out, Instant::now())
+        });
+        CniDel { started, join }
+    }
+
+    fn exited(&self) -> bool {
+        self.join.is_finished()
+    }
+
+    /// Waits (bounded) for the process to exit; returns its output, its
+    /// stderr and how long it ran.
+    async fn wait(self, within: Duration) -> (Output, String, Duration) {
+        let deadline = Instant::now() + within;
+        while !self.join.is_finished() {
+            assert!(
+                Instant::now() < deadline,
+                "tidegate-cni DEL did not exit within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let (out, ended) = self.join.join().expect("tidegate-cni thread panicked");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out, stderr, ended.duration_since(self.started))
+    }
+}
+
+/// Runs DEL to completion; panics unless it exits 0 and reached the gateway.
+async fn cni_del(socket: &Path) -> (String, Duration) {
+    let (out, stderr, took) = CniDel::start(socket, ECHO_UID, 15_000).wait(STEP).await;
+    assert!(out.status.success(), "tidegate-cni DEL failed: {stderr}");
+    assert!(
+        stderr.contains("drained") && !stderr.contains("not drained"),
+        "tidegate-cni DEL did not get the gateway's acknowledgement: {stderr}"
+    );
+    (stderr, took)
+}
+
+// ---------------------------------------------------------------------------
+// A scenario: topology, gateways, pods.
+
+fn plugin(name: &str) -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/plugins")
+        .join(format!("{name}.wasm"));
+    assert!(
+        p.exists(),
+        "{} missing: run `cargo xtask plugins`",
+        p.display()
+    );
+    p.canonicalize().unwrap()
+}
+
+/// `policies:` YAML binding every local workload to `name` (with `config`).
+fn policy_yaml(name: &str, config: &str) -> String {
+    let config = if config.is_empty() {
+        String::new()
+    } else {
+        format!("\n      config: '{config}'")
+    };
+    format!(
+        "policies:\n  default: p\n  plugins:\n    p:\n      file: {}{config}\n",
+        plugin(name).display()
+    )
+}
+
+fn gateway_config(node: &str, ca: &Path, workloads: &Path, extra: &str) -> Config {
+    let yaml = format!(
+        r#"node_name: {node}
+trust_domain: cluster.local
+listeners:
+  outbound: 0.0.0.0:{OUTBOUND_PORT}
+  inbound: 0.0.0.0:{HBONE_PORT}
+  admin: 127.0.0.1:0
+  metrics: 127.0.0.1:0
+  readiness: 127.0.0.1:0
+certificates:
+  source: dev-ca
+  state_dir: {ca}
+workloads:
+  file: {workloads}
+  reload_interval: 50ms
+hbone:
+  port: {HBONE_PORT}
+shutdown:
+  deadline: 2s
+{extra}"#,
+        ca = ca.display(),
+        workloads = workloads.display(),
+    );
+    Config::from_yaml(&yaml).unwrap_or_else(|e| panic!("test config: {e}\n{yaml}"))
+}
+
+fn workloads_yaml(t: &Topology, with_echo: bool) -> String {
+    let mut s = format!(
+        "workloads:\n\
+         - {{uid: client-uid, name: client, namespace: demo, service_account: client, ips: [{}], node: node-a}}\n",
+        t.pod_a()
+    );
+    if with_echo {
+        s.push_str(&format!(
+            "- {{uid: {ECHO_UID}, name: echo, namespace: demo, service_account: echo, ips: [{}], node: node-b}}\n",
+            t.pod_b()
+        ));
+    }
+    s
+}
+
+/// Replaces `path` atomically (write a sibling, rename over).
+fn write_atomically(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// Everything one scenario runs on. Fields drop in declaration order:
+/// threads (and their sockets) first, then the namespaces, then the files.
+struct Scenario {
+    pod_a: NsThread,
+    _pod_b: NsThread,
+    gw_b: Gateway,
+    gw_a: Gateway,
+    _netns: NetnsGuard,
+    dir: tempfile::TempDir,
+    echo: SocketAddr,
+    cni_socket: PathBuf,
+    client_workloads: PathBuf,
+    t: Topology,
+}
+
+impl Scenario {
+    /// Builds scenario `k`'s topology and starts both gateways: gateway B
+    /// (node B, hosting the echo pod) with `server_policy`, the CNI socket
+    /// enabled; gateway A (node A, hosting the client pod) with `client_policy`.
+    async fn start(k: u8, server_policy: &str, client_policy: &str) -> Scenario {
+        tidegate_e2e::init_tracing();
+        tidegate_e2e::raise_fd_limit();
+        let dir = tempfile::tempdir().unwrap();
+        let t = Topology::for_scenario(k);
+        let netns = build_topology(&t);
+        let server_workloads = dir.path().join("server-workloads.yaml");
+        let client_workloads = dir.path().join("client-workloads.yaml");
+        std::fs::write(&server_workloads, workloads_yaml(&t, true)).unwrap();
+        std::fs::write(&client_workloads, workloads_yaml(&t, true)).unwrap();
+        let ca = dir.path().join("ca");
+        let cni_socket = dir.path().join("cni.sock");
+        // Gateway A first: it creates the shared dev CA that gateway B then opens.
+        let gw_a = Gateway::start(
+            "A",
+            &t.na,
+            gateway_config("node-a", &ca, &client_workloads, client_policy),
+        )
+        .await;
+        let server_extra = format!(
+            "{server_policy}drains: {{cni_socket: {}}}\n",
+            cni_socket.display()
+        );
+        let gw_b = Gateway::start(
+            "B",
+            &t.nb,
+            gateway_config("node-b", &ca, &server_workloads, &server_extra),
+        )
+        .await;
+        assert_eq!(gw_a.addrs.outbound.port(), OUTBOUND_PORT);
+        assert_eq!(gw_b.addrs.inbound.port(), HBONE_PORT);
+        let pod_b = NsThread::idle(&t.pb);
+        start_echo(&pod_b).await;
+        let pod_a = NsThread::idle(&t.pa);
+        let echo = SocketAddr::new(IpAddr::V4(t.pod_b()), ECHO_PORT);
+        Scenario {
+            pod_a,
+            _pod_b: pod_b,
+            gw_b,
+            gw_a,
+            _netns: netns,
+            dir,
+            echo,
+            cni_socket,
+            client_workloads,
+            t,
+        }
+    }
+
+    /// The common beginning: the long-lived stream, then the client's
+    /// requests flowing over one pooled tunnel.
+    async fn serving(&self) -> (Held, Loader) {
+        let held = Held::open(&self.pod_a, self.echo).await;
+        let loader = Loader::start(&self.pod_a, self.echo);
+        loader.wait_more_ok(5, "before the shutdown starts").await;
+        let a = self.gw_a.metrics().await;
+        assert_eq!(metric(&a, OPENED), 1.0, "one pooled tunnel so far\n{a}");
+        assert_eq!(metric(&a, GOAWAYS), 0.0, "{a}");
+        (held, loader)
+    }
+
+    async fn shutdown_starting(&self) -> serde_json::Value {
+        let out = self
+            .gw_b
+            .admin_ok(
+                "POST",
+                &format!("/workloads/{ECHO_UID}/shutdown-starting?grace=30s"),
+            )
+            .await;
+        assert_eq!(out["duplicate"], false, "{out}");
+        assert_eq!(out["event"], "shutdown-started", "{out}");
+        out
+    }
+
+    async fn delete(&self) {
+        let out = self
+            .gw_b
+            .admin_ok("DELETE", &format!("/workloads/{ECHO_UID}"))
+            .await;
+        assert_eq!(out["duplicate"], false, "{out}");
+        assert_eq!(out["event"], "workload-deleted", "{out}");
+    }
+}
+
+fn skip() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIPPED netns drain test: needs root for network namespaces and iptables");
+        return true;
+    }
+    if tool_missing("ip", "-V") || tool_missing("iptables", "--version") {
+        println!("SKIPPED netns drain test: `ip` (iproute2) or `iptables` is not installed");
+        return true;
+    }
+    false
+}
+
+fn tool_missing(cmd: &str, arg: &str) -> bool {
+    !matches!(Command::new(cmd).arg(arg).output(), Ok(o) if o.status.success())
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
+
+/// The server's own measure of event → first GOAWAY on the wire (mean).
+fn wire_goaway(b: &str) -> String {
+    let n = metric(b, "tidegate_drain_event_to_goaway_seconds_count");
+    if n == 0.0 {
+        return "none".into();
+    }
+    let sum = metric(b, "tidegate_drain_event_to_goaway_seconds_sum");
+    format!("{:.3} ms (server, {n} GOAWAY)", sum / n * 1e3)
+}
+
+// ---------------------------------------------------------------------------
+// The scenarios.
+
+/// Option 1: GOAWAY as soon as the shutdown starts.
+#[tokio::test]
+async fn goaway_on_term_start_in_network_namespaces() {
+    if skip() {
+        return;
+    }
+    let s = Scenario::start(
+        0,
+        &policy_yaml("goaway-on-term-start", r#"{"deadline-margin-ms": 2000}"#),
+        "",
+    )
+    .await;
+    let (mut held, loader) = s.serving().await;
+
+    let event = Instant::now();
+    let out = s.shutdown_starting().await;
+    let actions = out["actions"].as_array().unwrap();
+    assert_eq!(actions.len(), 1, "{out}");
+    assert!(actions[0].as_str().unwrap().contains("goaway"), "{out}");
+    s.gw_a
+        .wait_metrics("gateway A receives GOAWAY after the shutdown starts", |m| {
+            metric(m, GOAWAYS) == 1.0
+        })
+        .await;
+    let goaway_seen = event.elapsed();
+
+    // The app keeps serving: later connections ride a new tunnel, the held
+    // stream goes on on the old one.
+    loader.wait_more_ok(10, "after the GOAWAY").await;
+    let a = s
+        .gw_a
+        .wait_metrics("a new tunnel for connections after the GOAWAY", |m| {
+            metric(m, OPENED) >= 2.0
+        })
+        .await;
+    let opened_during = metric(&a, OPENED) - 1.0;
+    held.round_trip(&s.pod_a, "after the GOAWAY").await;
+    held.close(&s.pod_a).await;
+    // The old tunnel closes on the client side once its last stream ended.
+    s.gw_a
+        .wait_metrics("the GOAWAYed tunnel closes once idle", |m| {
+            metric_sum(m, CLOSED) >= 1.0
+        })
+        .await;
+    let drained = event.elapsed();
+    let (ok, failures) = loader.stop().await;
+    assert!(
+        failures.is_empty(),
+        "{} of {} requests failed while the app served: {failures:#?}",
+        failures.len(),
+        ok + failures.len()
+    );
+    let a = s.gw_a.metrics().await;
+    assert_eq!(metric(&a, GOAWAYS), 1.0, "exactly one GOAWAY\n{a}");
+
+    // Teardown through the real CNI plugin, then deleted.
+    let teardown = Instant::now();
+    let (stderr, del_took) = cni_del(&s.cni_socket).await;
+    s.delete().await;
+    let a = s.gw_a.metrics().await;
+    assert_eq!(
+        metric(&a, GOAWAYS),
+        1.0,
+        "no further GOAWAY at teardown\n{a}"
+    );
+    let b = s.gw_b.metrics().await;
+    assert_eq!(metric(&b, "tidegate_drain_goaways_sent_total"), 1.0, "{b}");
+    assert_eq!(
+        metric(
+            &b,
+            r#"tidegate_drain_started_total{policy="p",trigger="admin"}"#
+        ),
+        1.0,
+        "{b}"
+    );
+    assert!(goaway_seen < teardown.duration_since(event));
+    println!(
+        "netns_drains goaway-on-term-start ({}/{}): failed requests {} of {}; tunnels opened during termination {}; \
+         event -> first GOAWAY {} (observed on gateway A: {}), before teardown; time to drain (event -> old tunnel closed on A) {}; tunnels closed on A [{}]; \
+         CNI DEL {}: {}",
+        s.t.na,
+        s.t.nb,
+        failures.len(),
+        ok + failures.len(),
+        opened_during,
+        wire_goaway(&b),
+        ms(goaway_seen),
+        ms(drained),
+        closed_reasons(&a),
+        ms(del_took),
+        stderr.trim()
+    );
+    let _ = &s.dir;
+}
+
+/// Option 2: nothing at shutdown start; GOAWAY at teardown, whose
+/// acknowledgement (CNI DEL) waits for the last stream.
+#[tokio::test]
+async fn drain_at_teardown_in_network_namespaces() {
+    if skip() {
+        return;
+    }
+    let s = Scenario::start(
+        1,
+        &policy_yaml("drain-at-teardown", r#"{"hold-ms": 20000}"#),
+        "",
+    )
+    .await;
+    let (mut held, loader) = s.serving().await;
+
+    let event = Instant::now();
+    let out = s.shutdown_starting().await;
+    assert_eq!(out["actions"].as_array().unwrap().len(), 0, "{out}");
+    // The pooled tunnel keeps being reused until teardown.
+    loader.wait_more_ok(10, "after the shutdown started").await;
+    held.round_trip(&s.pod_a, "after the shutdown started")
+        .await;
+    let (ok, failures) = loader.stop().await;
+    let a = s.gw_a.metrics().await;
+    assert_eq!(
+        metric(&a, OPENED),
+        1.0,
+        "one tunnel, reused until teardown\n{a}"
+    );
+    assert_eq!(metric(&a, GOAWAYS), 0.0, "no GOAWAY before teardown\n{a}");
+    assert!(
+        failures.is_empty(),
+        "{} of {} requests failed while the app served: {failures:#?}",
+        failures.len(),
+        ok + failures.len()
+    );
+
+    // Teardown: the real CNI plugin, in the background.
+    let del = CniDel::start(&s.cni_socket, ECHO_UID, 15_000);
+    let teardown = del.started;
+    s.gw_a
+        .wait_metrics("gateway A receives GOAWAY at teardown", |m| {
+            metric(m, GOAWAYS) == 1.0
+        })
+        .await;
+    let goaway_seen = teardown.elapsed();
+    // The stream still works and DEL is still held by the gateway.
+    held.round_trip(&s.pod_a, "after the teardown GOAWAY").await;
+    let drains = s.gw_b.admin_ok("GET", "/drains").await;
+    assert_eq!(drains["drains"][0]["uid"], ECHO_UID, "{drains}");
+    assert_eq!(drains["drains"][0]["streams_remaining"], 1, "{drains}");
+    assert!(
+        !del.exited(),
+        "tidegate-cni DEL returned while the long-lived stream was open: {drains}"
+    );
+    // The last stream ends: the teardown is acknowledged, DEL returns.
+    let closed = Instant::now();
+    held.close(&s.pod_a).await;
+    let (out, stderr, del_took) = del.wait(STEP).await;
+    let after_close = closed.elapsed();
+    assert!(out.status.success(), "tidegate-cni DEL failed: {stderr}");
+    assert!(
+        stderr.contains("drained") && stderr.contains(r#""result":"idle""#),
+        "DEL must return after the drain, with result idle: {stderr}"
+    );
+    // GOAWAY then close (close_notify): the client's pool lets the tunnel go.
+    let a = s
+        .gw_a
+        .wait_metrics("gateway A's tunnel closed after the drain", |m| {
+            metric_sum(m, CLOSED) >= 1.0 && metric(m, POOLED) == 0.0
+        })
+        .await;
+    let tunnel_closed = teardown.elapsed();
+    assert_eq!(metric(&a, OPENED), 1.0, "{a}");
+    // A clean end (GOAWAY, then TLS close_notify): without close_notify the
+    // TLS read fails and the pool counts the close as an error.
+    assert_eq!(
+        metric(&a, &format!("{CLOSED}{{reason=\"error\"}}")),
+        0.0,
+        "the tunnel ended cleanly\n{a}"
+    );
+    s.delete().await;
+    let b = s.gw_b.metrics().await;
+    assert_eq!(
+        metric(
+            &b,
+            r#"tidegate_drain_ended_total{policy="p",result="completed"}"#
+        ),
+        1.0,
+        "{b}"
+    );
+    assert_eq!(
+        metric(&b, "tidegate_drain_teardown_timeouts_total"),
+        0.0,
+        "{b}"
+    );
+    println!(
+        "netns_drains drain-at-teardown ({}/{}): failed requests {} of {}; tunnels opened during termination {}; \
+         shutdown start -> teardown {}; teardown -> first GOAWAY {} (observed on gateway A: {}); \
+         time to drain (CNI DEL ran {}, returned {} after the last stream closed); teardown -> tunnel closed on A {} [{}]; \
+         CNI DEL: {}",
+        s.t.na,
+        s.t.nb,
+        failures.len(),
+        ok + failures.len(),
+        metric(&a, OPENED) - 1.0,
+        ms(teardown.duration_since(event)),
+        wire_goaway(&b),
+        ms(goaway_seen),
+        ms(del_took),
+        ms(after_close),
+        ms(tunnel_closed),
+        closed_reasons(&a),
+        stderr.trim()
+    );
+    let _ = &s.dir;
+}
+
+/// Option 4: nothing proactive; the pooled tunnel outlives the teardown (the
+/// PING timeout that eventually closes it is covered elsewhere).
+#[tokio::test]
+async fn keepalive_only_in_network_namespaces() {
+    if skip() {
+        return;
+    }
+    let s = Scenario::start(2, &policy_yaml("keepalive-only", ""), "").await;
+    let (mut held, loader) = s.serving().await;
+
+    let out = s.shutdown_starting().await;
+    assert_eq!(out["actions"].as_array().unwrap().len(), 0, "{out}");
+    loader.wait_more_ok(10, "after the shutdown started").await;
+    let (ok, failures) = loader.stop().await;
+    assert!(
+        failures.is_empty(),
+        "{} of {} requests failed while the app served: {failures:#?}",
+        failures.len(),
+        ok + failures.len()
+    );
+    let (stderr, del_took) = cni_del(&s.cni_socket).await;
+    assert!(
+        stderr.contains(r#""actions":[]"#),
+        "no action at teardown: {stderr}"
+    );
+    // A round trip on the held stream after the teardown: any GOAWAY sent
+    // before it would have reached gateway A before this data.
+    held.round_trip(&s.pod_a, "after the teardown").await;
+    let a = s.gw_a.metrics().await;
+    assert_eq!(metric(&a, GOAWAYS), 0.0, "nothing proactive\n{a}");
+    assert_eq!(
+        metric(&a, POOLED),
+        1.0,
+        "the pool still holds its tunnel\n{a}"
+    );
+    assert_eq!(metric(&a, OPENED), 1.0, "{a}");
+    assert_eq!(metric_sum(&a, CLOSED), 0.0, "{a}");
+    let drains = s.gw_b.admin_ok("GET", "/drains").await;
+    let list = drains["drains"].as_array().unwrap();
+    assert_eq!(list.len(), 1, "{drains}");
+    assert_eq!(list[0]["uid"], ECHO_UID, "{drains}");
+    assert_eq!(
+        list[0]["actions_taken"].as_array().unwrap().len(),
+        0,
+        "{drains}"
+    );
+    let b = s.gw_b.metrics().await;
+    assert_eq!(metric(&b, "tidegate_drain_goaways_sent_total"), 0.0, "{b}");
+    s.delete().await;
+    held.close(&s.pod_a).await;
+    println!(
+        "netns_drains keepalive-only ({}/{}): failed requests {} of {}; tunnels opened during termination 0; \
+         event -> first GOAWAY: none (by design); tunnel still pooled on A after teardown; time to drain: left to keepalive; \
+         CNI DEL {}: {}",
+        s.t.na,
+        s.t.nb,
+        failures.len(),
+        ok + failures.len(),
+        ms(del_took),
+        stderr.trim()
+    );
+    let _ = &s.dir;
+}
+
+/// Option 3, bound on the client gateway: a deleted peer's pooled tunnels
+/// are evicted at once, long before keepalive (10 s + 20 s) could notice.
+#[tokio::test]
+async fn evict_on_delete_in_network_namespaces() {
+    if skip() {
+        return;
+    }
+    let s = Scenario::start(
+        3,
+        &policy_yaml("keepalive-only", ""),
+        &policy_yaml("evict-on-delete", ""),
+    )
+    .await;
+    let (mut held, loader) = s.serving().await;
+
+    let out = s.shutdown_starting().await;
+    assert_eq!(out["actions"].as_array().unwrap().len(), 0, "{out}");
+    loader.wait_more_ok(10, "after the shutdown started").await;
+    let (ok, failures) = loader.stop().await;
+    assert!(
+        failures.is_empty(),
+        "{} of {} requests failed while the app served: {failures:#?}",
+        failures.len(),
+        ok + failures.len()
+    );
+    let (stderr, del_took) = cni_del(&s.cni_socket).await;
+    held.round_trip(&s.pod_a, "after the teardown").await;
+    let a = s.gw_a.metrics().await;
+    assert_eq!(metric(&a, POOLED), 1.0, "{a}");
+    assert_eq!(metric(&a, GOAWAYS), 0.0, "{a}");
+
+    // The client node learns that the server pod is gone.
+    let deleted = Instant::now();
+    write_atomically(&s.client_workloads, &workloads_yaml(&s.t, false));
+    let a = s
+        .gw_a
+        .wait_metrics_within(
+            "gateway A evicts its pooled tunnel to the deleted peer",
+            Duration::from_secs(5),
+            |m| {
+                metric(m, POOLED) == 0.0
+                    && metric(
+                        m,
+                        r#"tidegate_pool_tunnels_closed_total{reason="evicted_now"}"#,
+                    ) == 1.0
+            },
+        )
+        .await;
+    let evicted = deleted.elapsed();
+    assert_eq!(
+        metric(&a, GOAWAYS),
+        0.0,
+        "evicted by gateway A, not closed by the server\n{a}"
+    );
+    assert_eq!(
+        metric(
+            &a,
+            r#"tidegate_drain_actions_total{action="evict",result="executed"}"#
+        ),
+        1.0,
+        "{a}"
+    );
+    let ended = held.wait_ended(&s.pod_a, Duration::from_secs(5)).await;
+    s.delete().await;
+    println!(
+        "netns_drains evict-on-delete ({}/{}): failed requests {} of {}; tunnels opened during termination {}; \
+         event -> first GOAWAY: none from the server (client-side eviction); peer deleted (file rewritten) -> pooled tunnel evicted on A {} [{}] \
+         (bounded at 5 s; keepalive needs 10 s + 20 s); long-lived stream: {ended}; CNI DEL {}: {}",
+        s.t.na,
+        s.t.nb,
+        failures.len(),
+        ok + failures.len(),
+        metric(&a, OPENED) - 1.0,
+        ms(evicted),
+        closed_reasons(&a),
+        ms(del_took),
+        stderr.trim()
+    );
+    let _ = &s.dir;
+}
