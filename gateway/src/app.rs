@@ -52,6 +52,9 @@ pub struct App {
     admin: Arc<AdminState>,
     streams: ActiveStreams,
     trigger: DrainTrigger,
+    stop_accepting: DrainTrigger,
+    /// The HBONE and capture accept loops: awaited before tunnels drain.
+    accept_loops: Vec<tokio::task::JoinHandle<()>>,
     tasks: JoinSet<()>,
     shutdown_deadline: Duration,
 }
@@ -242,8 +245,11 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         ready: Default::default(),
     });
 
-    tasks.spawn(inbound.run(inbound_listener, drain.clone()));
-    tasks.spawn(outbound.clone().run(outbound_listener, drain.clone()));
+    let (stop_accepting, accepting) = drain::channel();
+    let accept_loops = vec![
+        tokio::spawn(inbound.run(inbound_listener, accepting.clone(), drain.clone())),
+        tokio::spawn(outbound.clone().run(outbound_listener, accepting)),
+    ];
     tasks.spawn(admin::serve(
         admin_listener,
         admin_state.clone(),
@@ -283,6 +289,8 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         admin: admin_state,
         streams,
         trigger,
+        stop_accepting,
+        accept_loops,
         tasks,
         shutdown_deadline: config.shutdown.deadline,
     })
@@ -306,6 +314,13 @@ impl App {
     /// graceful GOAWAY, pooled tunnels are evicted (GOAWAY once their streams
     /// end); returns when no stream is left or at the deadline, whichever first.
     pub async fn shutdown(mut self) {
+        // Listeners close first: once they are gone, a peer told to go away
+        // can only reach a gateway that takes new connections (a new one
+        // bound with SO_REUSEPORT during an upgrade), never this one.
+        self.stop_accepting.start(self.shutdown_deadline);
+        for l in self.accept_loops.drain(..) {
+            let _ = l.await;
+        }
         let deadline = self.trigger.start(self.shutdown_deadline);
         self.admin.ready.store(false, Ordering::Release);
         // Listeners are closing; the policies plan first, then the default

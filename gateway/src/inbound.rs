@@ -85,14 +85,19 @@ impl Inbound {
             .observe(cmd.issued.elapsed().as_secs_f64());
     }
 
-    /// Accepts until the drain signal fires, then drops the listener so new
-    /// connections are refused at once. Each tunnel then drains on its own:
-    /// graceful GOAWAY, streams finish, closed at the deadline.
-    pub async fn run(self: Arc<Self>, listener: TcpListener, mut drain: DrainWatch) {
+    /// Accepts until `stop_accepting` fires, then drops the listener so new
+    /// connections are refused at once. Each tunnel drains on its own when
+    /// `drain` fires: graceful GOAWAY, streams finish, closed at the deadline.
+    pub async fn run(
+        self: Arc<Self>,
+        listener: TcpListener,
+        mut stop_accepting: DrainWatch,
+        drain: DrainWatch,
+    ) {
         loop {
             let accepted = tokio::select! {
                 a = listener.accept() => a,
-                _ = drain.signaled() => return,
+                _ = stop_accepting.signaled() => return,
             };
             match accepted {
                 Ok((tcp, peer)) => {

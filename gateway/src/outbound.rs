@@ -179,6 +179,11 @@ impl Outbound {
             Ok(()) => "ok",
             Err(e) => e.reason(),
         };
+        if result.is_err() {
+            // The tunnel broke or was cut: reset, so the application does not
+            // take it for a normal end of stream.
+            let _ = socket2::SockRef::from(tcp).set_linger(Some(std::time::Duration::ZERO));
+        }
         self.metrics.stream_ended(outcome);
         let ids = (key.src.to_string(), key.dst.to_string());
         access_log((&ids.0, &ids.1), src, dst, moved, started, outcome);

@@ -281,6 +281,10 @@ async fn handle_stream(
             Ok(()) => "ok",
             Err(e) => e.reason(),
         };
+        if result.is_err() {
+            // Reset the workload's side too: a cut stream is not a clean end.
+            let _ = socket2::SockRef::from(&upstream).set_linger(Some(std::time::Duration::ZERO));
+        }
         inbound.metrics.stream_ended(outcome);
         log(ctx, tunnel.drained_by(), target, moved, started, outcome);
     }

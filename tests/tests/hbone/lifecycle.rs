@@ -282,3 +282,50 @@ async fn shutdown_cuts_streams_at_the_deadline() {
     assert!(r.is_err() || rest.is_empty());
     drop(client);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_gateway_takes_new_connections_while_the_first_drains() {
+    let TwoNodes {
+        dir,
+        server: old,
+        client,
+        capture,
+        client_ip,
+        ..
+    } = TwoNodes::start(46).await;
+    let mut held = capture.connect(client_ip).await;
+    assert_eq!(round_trip(&mut held, b"old").await.unwrap(), b"old");
+    // The upgrade: a new gateway binds the same HBONE port (SO_REUSEPORT).
+    let port = old.addrs.inbound.port();
+    let mut cfg = tidegate_e2e::gateway_config(
+        "node-b",
+        &dir.path().join("ca"),
+        &dir.path().join("server-workloads.yaml"),
+        15008,
+        "",
+    );
+    cfg.listeners.inbound = SocketAddr::from(([0, 0, 0, 0], port));
+    let new = tidegate::app::build(cfg).await.unwrap();
+    assert_eq!(new.addrs.inbound.port(), port);
+    let draining = tokio::spawn(old.shutdown());
+    // The client's pooled tunnel gets GOAWAY from the old gateway; new
+    // application connections ride a new tunnel, accepted by the new one.
+    eventually("client sees GOAWAY", Duration::from_secs(5), || {
+        client.pool.dump().iter().any(|t| t.goaway_received)
+    })
+    .await;
+    let mut fresh = capture.connect(client_ip).await;
+    assert_eq!(round_trip(&mut fresh, b"new").await.unwrap(), b"new");
+    assert_eq!(new.registry.len(), 1, "the new gateway took the new tunnel");
+    // The old gateway keeps serving its open stream until it ends.
+    assert_eq!(round_trip(&mut held, b"still").await.unwrap(), b"still");
+    assert!(!draining.is_finished());
+    held.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    held.read_to_end(&mut rest).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), draining)
+        .await
+        .expect("the old gateway exits once its last stream ended")
+        .unwrap();
+    assert_eq!(round_trip(&mut fresh, b"after").await.unwrap(), b"after");
+}
