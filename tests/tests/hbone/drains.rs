@@ -370,3 +370,75 @@ async fn repeated_connect_failures_back_off_and_fail_fast() {
         1.0
     );
 }
+
+/// Forwards TCP to `to` until frozen; frozen, it keeps every socket open but
+/// moves no byte — a peer that vanished without closing anything.
+async fn blackhole_proxy(to: SocketAddr) -> (SocketAddr, std::sync::Arc<tokio::sync::Notify>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let freeze = std::sync::Arc::new(tokio::sync::Notify::new());
+    let f = freeze.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((a, _)) = l.accept().await else { return };
+            let b = tokio::net::TcpStream::connect(to).await.unwrap();
+            let f = f.clone();
+            tokio::spawn(async move {
+                let (mut ar, mut aw) = a.into_split();
+                let (mut br, mut bw) = b.into_split();
+                tokio::select! {
+                    _ = async { tokio::join!(tokio::io::copy(&mut ar, &mut bw), tokio::io::copy(&mut br, &mut aw)) } => {}
+                    _ = f.notified() => {
+                        // Hold the sockets, forward nothing.
+                        std::future::pending::<()>().await;
+                    }
+                }
+            });
+        }
+    });
+    (addr, freeze)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_only_leaves_a_vanished_peer_to_the_ping_timeout() {
+    let nodes = TwoNodes::start(67).await;
+    // A third gateway on node A dials node B through a proxy that can freeze.
+    let (proxy, freeze) = blackhole_proxy(SocketAddr::new(
+        tidegate_e2e::ip(67, 2),
+        nodes.server.addrs.inbound.port(),
+    ))
+    .await;
+    let mut cfg = tidegate_e2e::gateway_config(
+        "node-a",
+        &nodes.ca_dir(),
+        &nodes.dir.path().join("client-workloads.yaml"),
+        0,
+        "  keepalive_interval: 100ms\n  keepalive_timeout: 200ms\npolicies:\n  fallback: keepalive-only\n",
+    );
+    cfg.hbone.port = proxy.port();
+    let client = tidegate::app::build(cfg).await.unwrap();
+    // One stream on a pooled tunnel through the proxy (keepalive-only: no
+    // policy acts; only the PING timeout can notice the peer is gone).
+    let key = tidegate::pool::PoolKey {
+        src: tidegate::identity::SpiffeId::new("cluster.local", "demo", "client"),
+        dst: tidegate::identity::SpiffeId::new("cluster.local", "demo", "echo"),
+        dst_addr: proxy,
+    };
+    let stream = client.pool.connect(&key, nodes.echo).await.unwrap();
+    assert_eq!(client.pool.dump().len(), 1);
+    freeze.notify_waiters();
+    eventually(
+        "the PING timeout closes the stale tunnel",
+        Duration::from_secs(10),
+        || client.pool.dump().is_empty(),
+    )
+    .await;
+    assert_eq!(
+        metric(
+            &client.metrics_text(),
+            r#"tidegate_pool_tunnels_closed_total{reason="keepalive_timeout"}"#
+        ),
+        1.0
+    );
+    drop(stream);
+}
