@@ -26,9 +26,9 @@ impl GoawayMetrics {
     pub fn register(registry: &mut prometheus_client::registry::Registry) -> Self {
         let m = GoawayMetrics {
             sent: Default::default(),
-            // 50 µs .. ~3 s
+            // 5 µs .. ~5 s
             latency: prometheus_client::metrics::histogram::Histogram::new(
-                prometheus_client::metrics::histogram::exponential_buckets(50e-6, 2.0, 16),
+                prometheus_client::metrics::histogram::exponential_buckets(5e-6, 2.0, 20),
             ),
         };
         registry.register(
