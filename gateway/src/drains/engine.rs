@@ -376,6 +376,9 @@ impl DrainEngine {
             if d.ended.is_none() {
                 d.ended = Some(result);
                 self.metrics
+                    .streams_at_end
+                    .observe(self.registry.streams_of(uid) as f64);
+                self.metrics
                     .ended
                     .get_or_create(&EndLabels {
                         policy: selection.name.clone(),

@@ -38,6 +38,7 @@ pub struct DrainMetrics {
     pub(super) duplicates: Family<EventLabels, Counter>,
     pub(super) actions: Family<ActionLabels, Counter>,
     pub(super) streams_at_start: Histogram,
+    pub(super) streams_at_end: Histogram,
     pub(super) teardown_ack: Histogram,
     pub(super) teardown_timeouts: Counter,
 }
@@ -50,6 +51,7 @@ impl DrainMetrics {
             duplicates: Family::default(),
             actions: Family::default(),
             streams_at_start: Histogram::new(exponential_buckets(1.0, 4.0, 10)),
+            streams_at_end: Histogram::new(exponential_buckets(1.0, 4.0, 10)),
             teardown_ack: Histogram::new(exponential_buckets(1e-3, 2.0, 16)),
             teardown_timeouts: Counter::default(),
         };
@@ -78,6 +80,11 @@ impl DrainMetrics {
             "streams_at_start",
             "Inbound streams open when a drain started",
             m.streams_at_start.clone(),
+        );
+        r.register(
+            "streams_at_end",
+            "Inbound streams still open when a drain ended (cut if forced)",
+            m.streams_at_end.clone(),
         );
         r.register(
             "teardown_ack_seconds",

@@ -200,6 +200,12 @@ async fn drain_at_teardown_waits_for_the_last_moment_and_holds_the_ack() {
         "{m}"
     );
     assert_eq!(metric(&m, "tidegate_drain_teardown_ack_seconds_count"), 1.0);
+    assert_eq!(metric(&m, "tidegate_drain_streams_at_end_count"), 1.0);
+    assert_eq!(
+        metric(&m, "tidegate_drain_streams_at_end_sum"),
+        0.0,
+        "ended idle"
+    );
     // A retried DEL is acknowledged at once.
     let again = post(admin, "POST", "/workloads/echo-uid/teardown").await;
     assert_eq!(again["teardown"]["result"], "already");
