@@ -2,6 +2,8 @@
 //! gateways on port 0, echo backends, a test-side capture that stands in for
 //! iptables REDIRECT, metric readers and a bounded `eventually`.
 
+pub mod netns;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,0 +1,311 @@
+//! Network namespaces for end-to-end tests: two "nodes" and two "pods"
+//! joined by veth pairs, iptables REDIRECT on the nodes, and threads that
+//! run a tokio runtime inside a namespace (sockets are created in the
+//! namespace of the thread that creates them).
+
+use std::future::Future;
+use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::process::Command;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+pub const OUTBOUND_PORT: u16 = 15001;
+pub const HBONE_PORT: u16 = 15008;
+pub const ECHO_PORT: u16 = 8080;
+/// Bound on any single step (a round trip, a gateway start, a metric to settle).
+pub const STEP: Duration = Duration::from_secs(30);
+
+// ---------------------------------------------------------------------------
+// Topology: four namespaces joined by three veth pairs.
+
+/// Names and addresses derived from the process id, so concurrent runs (and
+/// leftovers of a killed run) never collide.
+pub struct Topology {
+    pub na: String,
+    pub nb: String,
+    pub pa: String,
+    pub pb: String,
+    /// Second octet of every address: 10.X.{0,1,2}.0/24.
+    pub x: u8,
+}
+
+impl Topology {
+    /// Scenario `k` (0..4) of a test binary whose namespaces start with `tag`.
+    pub fn new(tag: &str, k: u8) -> Topology {
+        let pid = std::process::id();
+        Topology {
+            na: format!("{tag}{pid}s{k}na"),
+            nb: format!("{tag}{pid}s{k}nb"),
+            pa: format!("{tag}{pid}s{k}pa"),
+            pb: format!("{tag}{pid}s{k}pb"),
+            x: 20 + (pid % 50) as u8 * 4 + (k % 4),
+        }
+    }
+
+    pub fn all(&self) -> [&str; 4] {
+        [&self.na, &self.nb, &self.pa, &self.pb]
+    }
+
+    pub fn addr(&self, subnet: u8, host: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, self.x, subnet, host)
+    }
+    /// Node A on the node link.
+    pub fn node_a(&self) -> Ipv4Addr {
+        self.addr(0, 1)
+    }
+    /// Node B on the node link.
+    pub fn node_b(&self) -> Ipv4Addr {
+        self.addr(0, 2)
+    }
+    /// Node A's side of pod A's veth (pod A's gateway).
+    pub fn node_a_to_pod(&self) -> Ipv4Addr {
+        self.addr(1, 1)
+    }
+    pub fn pod_a(&self) -> Ipv4Addr {
+        self.addr(1, 2)
+    }
+    /// Node B's side of pod B's veth: the address gateway B dials pod B from.
+    pub fn node_b_to_pod(&self) -> Ipv4Addr {
+        self.addr(2, 1)
+    }
+    pub fn pod_b(&self) -> Ipv4Addr {
+        self.addr(2, 2)
+    }
+}
+
+/// Runs a command line (arguments separated by whitespace); panics with its
+/// stderr when it cannot run or fails.
+pub fn run(cmdline: &str) {
+    let args: Vec<&str> = cmdline.split_whitespace().collect();
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("netns setup: cannot run `{cmdline}`: {e}"));
+    if !out.status.success() {
+        panic!(
+            "netns setup: `{cmdline}` failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+}
+
+/// Deletes the namespaces (their veths go with them) when dropped, panic or not.
+pub struct NetnsGuard {
+    names: Vec<String>,
+}
+
+impl Drop for NetnsGuard {
+    fn drop(&mut self) {
+        for ns in &self.names {
+            let out = Command::new("ip").args(["netns", "del", ns]).output();
+            match out {
+                Ok(o) if o.status.success() => {}
+                Ok(o) => eprintln!(
+                    "netns cleanup: `ip netns del {ns}` failed: {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                ),
+                Err(e) => eprintln!("netns cleanup: cannot run `ip netns del {ns}`: {e}"),
+            }
+        }
+    }
+}
+
+/// Creates the namespaces, veths, addresses, routes, forwarding and the two
+/// REDIRECT rules. The guard is armed before the first namespace exists.
+pub fn build_topology(t: &Topology) -> NetnsGuard {
+    // A killed earlier process with our pid may have left namespaces behind.
+    for ns in t.all() {
+        let _ = Command::new("ip").args(["netns", "del", ns]).output();
+    }
+    let mut guard = NetnsGuard { names: Vec::new() };
+    for ns in t.all() {
+        run(&format!("ip netns add {ns}"));
+        guard.names.push(ns.to_owned());
+        run(&format!("ip -n {ns} link set lo up"));
+    }
+    let (na, nb, pa, pb) = (&t.na, &t.nb, &t.pa, &t.pb);
+    // Veths are created inside the node namespace with the peer placed
+    // directly in the other namespace: the host namespace is never touched.
+    let pairs = [
+        (na, "to-pa", t.node_a_to_pod(), pa, "eth0", t.pod_a()),
+        (nb, "to-pb", t.node_b_to_pod(), pb, "eth0", t.pod_b()),
+        (na, "to-nb", t.node_a(), nb, "to-na", t.node_b()),
+    ];
+    for (ns1, if1, a1, ns2, if2, a2) in pairs {
+        run(&format!(
+            "ip -n {ns1} link add {if1} type veth peer name {if2} netns {ns2}"
+        ));
+        run(&format!("ip -n {ns1} addr add {a1}/24 dev {if1}"));
+        run(&format!("ip -n {ns2} addr add {a2}/24 dev {if2}"));
+        run(&format!("ip -n {ns1} link set {if1} up"));
+        run(&format!("ip -n {ns2} link set {if2} up"));
+    }
+    run(&format!(
+        "ip -n {pa} route add default via {}",
+        t.node_a_to_pod()
+    ));
+    run(&format!(
+        "ip -n {pb} route add default via {}",
+        t.node_b_to_pod()
+    ));
+    run(&format!(
+        "ip -n {na} route add {}/24 via {}",
+        t.addr(2, 0),
+        t.node_b()
+    ));
+    run(&format!(
+        "ip -n {nb} route add {}/24 via {}",
+        t.addr(1, 0),
+        t.node_a()
+    ));
+    for ns in [na, nb] {
+        run(&format!(
+            "ip netns exec {ns} sysctl -q -w net.ipv4.ip_forward=1"
+        ));
+    }
+    // Outbound capture: everything pod A sends over TCP lands on gateway A.
+    run(&format!(
+        "ip netns exec {na} iptables -t nat -A PREROUTING -i to-pa -p tcp \
+         -j REDIRECT --to-ports {OUTBOUND_PORT}"
+    ));
+    // HBONE to pod B lands on gateway B's inbound listener.
+    run(&format!(
+        "ip netns exec {nb} iptables -t nat -A PREROUTING -p tcp -d {} --dport {HBONE_PORT} \
+         -j REDIRECT --to-ports {HBONE_PORT}",
+        t.pod_b()
+    ));
+    guard
+}
+
+// ---------------------------------------------------------------------------
+// Threads living in a namespace.
+
+/// Moves the calling thread into the named network namespace and checks that
+/// it arrived there.
+pub fn enter_netns(ns: &str) -> Result<(), String> {
+    let path = format!("/var/run/netns/{ns}");
+    let file = std::fs::File::open(&path).map_err(|e| format!("open {path}: {e}"))?;
+    // SAFETY: `file` is an open namespace file descriptor for the duration of the call.
+    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+    if rc != 0 {
+        return Err(format!(
+            "setns({path}): {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let want = file
+        .metadata()
+        .map_err(|e| format!("stat {path}: {e}"))?
+        .ino();
+    let have = std::fs::metadata("/proc/thread-self/ns/net")
+        .map_err(|e| format!("stat /proc/thread-self/ns/net: {e}"))?
+        .ino();
+    if want != have {
+        return Err(format!(
+            "after setns({path}) the thread is in netns inode {have}, not {want}"
+        ));
+    }
+    Ok(())
+}
+
+/// An OS thread inside a network namespace driving a current-thread tokio
+/// runtime. Futures given to [`NsThread::spawn`] run on that thread, so the
+/// sockets they create belong to the namespace.
+pub struct NsThread {
+    ns: String,
+    /// The runtime inside the namespace: spawn work there to stay in it.
+    pub handle: tokio::runtime::Handle,
+    stop: Option<oneshot::Sender<()>>,
+    join: Option<std::thread::JoinHandle<()>>,
+}
+
+impl NsThread {
+    /// Starts the thread; it runs `main(stop)` until that returns (`stop`
+    /// fires when the `NsThread` is dropped). `main`'s future need not be `Send`.
+    pub fn start<F, Fut>(ns: &str, main: F) -> NsThread
+    where
+        F: FnOnce(oneshot::Receiver<()>) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + 'static,
+    {
+        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let name = ns.to_owned();
+        let join = std::thread::Builder::new()
+            .name(format!("netns-{ns}"))
+            .spawn(move || {
+                if let Err(e) = enter_netns(&name) {
+                    let _ = handle_tx.send(Err(e));
+                    return;
+                }
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = handle_tx.send(Err(format!("tokio runtime: {e}")));
+                        return;
+                    }
+                };
+                let _ = handle_tx.send(Ok(rt.handle().clone()));
+                rt.block_on(main(stop_rx));
+            })
+            .expect("spawn namespace thread");
+        let handle = match handle_rx.recv_timeout(STEP) {
+            Ok(Ok(h)) => h,
+            Ok(Err(e)) => panic!("thread for netns {ns}: {e}"),
+            Err(e) => panic!("thread for netns {ns} did not start: {e}"),
+        };
+        NsThread {
+            ns: ns.to_owned(),
+            handle,
+            stop: Some(stop_tx),
+            join: Some(join),
+        }
+    }
+
+    /// A thread that only runs what is spawned on it.
+    pub fn idle(ns: &str) -> NsThread {
+        Self::start(ns, |stop| async move {
+            let _ = stop.await;
+        })
+    }
+
+    /// Runs `fut` inside the namespace; panics (naming the namespace) if it
+    /// panicked or did not finish within `within`.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        what: &str,
+        within: Duration,
+        fut: impl Future<Output = T> + Send + 'static,
+    ) -> T {
+        let task = self.handle.spawn(fut);
+        match tokio::time::timeout(within, task).await {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => panic!("{what} (in netns {}): task failed: {e}", self.ns),
+            Err(_) => panic!("{what} (in netns {}): timed out after {within:?}", self.ns),
+        }
+    }
+}
+
+impl Drop for NsThread {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(join) = self.join.take() {
+            if join.join().is_err() {
+                eprintln!("thread for netns {} panicked", self.ns);
+            }
+        }
+    }
+}
+
+/// Whether `cmd arg` fails to run (a missing tool).
+pub fn tool_missing(cmd: &str, arg: &str) -> bool {
+    !matches!(Command::new(cmd).arg(arg).output(), Ok(o) if o.status.success())
+}
