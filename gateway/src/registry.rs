@@ -17,6 +17,8 @@ use crate::identity::SpiffeId;
 pub struct Registry {
     tunnels: Mutex<BTreeMap<u64, Arc<InboundTunnel>>>,
     next_id: AtomicU64,
+    /// Woken whenever a stream or a tunnel ends (see [`Registry::wait_idle`]).
+    ended: Arc<tokio::sync::Notify>,
 }
 
 #[derive(Debug)]
@@ -29,6 +31,7 @@ pub struct InboundTunnel {
     streams: AtomicUsize,
     streams_total: AtomicU64,
     goaway: watch::Sender<Option<GoawayCommand>>,
+    ended: Arc<tokio::sync::Notify>,
     /// Set once a drain asked this tunnel to go away: shown in access logs.
     drained_by: OnceLock<String>,
 }
@@ -92,6 +95,7 @@ pub struct StreamCount(Arc<InboundTunnel>);
 impl Drop for StreamCount {
     fn drop(&mut self) {
         self.0.streams.fetch_sub(1, Ordering::Relaxed);
+        self.0.ended.notify_waiters();
     }
 }
 
@@ -140,6 +144,7 @@ impl Registry {
             streams: AtomicUsize::new(0),
             streams_total: AtomicU64::new(0),
             goaway: watch::channel(None).0,
+            ended: self.ended.clone(),
             drained_by: OnceLock::new(),
         });
         self.tunnels
@@ -175,6 +180,24 @@ impl Registry {
             t.request_goaway(cmd, "admin");
         }
         tunnels.len()
+    }
+
+    /// Waits until `uid` has no open inbound stream or `until` passes;
+    /// returns whether it became idle in time.
+    pub async fn wait_idle(&self, uid: &str, until: Instant) -> bool {
+        loop {
+            let ended = self.ended.notified();
+            tokio::pin!(ended);
+            // Registered before the check, so no ending stream is missed.
+            ended.as_mut().enable();
+            if self.streams_of(uid) == 0 {
+                return true;
+            }
+            tokio::select! {
+                _ = ended => {}
+                _ = tokio::time::sleep_until(until) => return self.streams_of(uid) == 0,
+            }
+        }
     }
 
     /// Open streams over all tunnels of `uid`.

@@ -139,7 +139,12 @@ struct DrainState {
     deadline: Option<SystemTime>,
     actions: Vec<String>,
     ended: Option<&'static str>,
+    ended_at: Option<Instant>,
 }
+
+/// How long ended drains and removed workloads are remembered (for
+/// `GET /drains` and late actions naming them) before they are forgotten.
+const RETAIN: Duration = Duration::from_secs(600);
 
 pub struct DrainEngine {
     pub(super) workloads: Arc<WorkloadStore>,
@@ -151,7 +156,7 @@ pub struct DrainEngine {
     drains: Mutex<BTreeMap<String, DrainState>>,
     first_seen: Mutex<HashMap<String, Instant>>,
     /// Workloads removed from the store recently, so actions can still name them.
-    removed: Mutex<HashMap<String, Arc<Workload>>>,
+    removed: Mutex<HashMap<String, (Arc<Workload>, Instant)>>,
 }
 
 fn unix_ms(t: SystemTime) -> u128 {
@@ -252,6 +257,7 @@ impl DrainEngine {
                 deadline: None,
                 actions: Vec::new(),
                 ended: None,
+                ended_at: None,
             });
             let duplicate = d.phase >= what.phase();
             if !duplicate {
@@ -375,6 +381,7 @@ impl DrainEngine {
         if let Some(d) = drains.get_mut(uid) {
             if d.ended.is_none() {
                 d.ended = Some(result);
+                d.ended_at = Some(Instant::now());
                 self.metrics
                     .streams_at_end
                     .observe(self.registry.streams_of(uid) as f64);
@@ -406,28 +413,22 @@ impl DrainEngine {
             },
             Some(bound) => {
                 let until = started + bound.min(self.cfg.max_hold);
-                let mut tick = tokio::time::interval(Duration::from_millis(5));
-                loop {
-                    let left = self.registry.streams_of(uid);
-                    // The bound is checked first: a GOAWAY deadline equal to
-                    // the bound cuts the streams at that instant, and that is
-                    // a forced end, not an idle one.
-                    if Instant::now() >= until {
-                        self.metrics.teardown_timeouts.inc();
-                        break TeardownAck {
-                            result: "bound",
-                            held_ms: started.elapsed().as_millis() as u64,
-                            streams_left: left,
-                        };
+                // A GOAWAY deadline equal to the bound cuts the streams at
+                // that very instant: that is a forced end, not an idle one.
+                let idle = self.registry.wait_idle(uid, until).await && Instant::now() < until;
+                if idle {
+                    TeardownAck {
+                        result: "idle",
+                        held_ms: started.elapsed().as_millis() as u64,
+                        streams_left: 0,
                     }
-                    if left == 0 {
-                        break TeardownAck {
-                            result: "idle",
-                            held_ms: started.elapsed().as_millis() as u64,
-                            streams_left: 0,
-                        };
+                } else {
+                    self.metrics.teardown_timeouts.inc();
+                    TeardownAck {
+                        result: "bound",
+                        held_ms: started.elapsed().as_millis() as u64,
+                        streams_left: self.registry.streams_of(uid),
                     }
-                    tick.tick().await;
                 }
             }
         };
@@ -448,11 +449,13 @@ impl DrainEngine {
 
     /// Any workload by uid, including one removed from the store recently.
     pub(super) fn any_workload(&self, uid: &str) -> Option<Arc<Workload>> {
-        self.workloads
-            .snapshot()
-            .by_uid(uid)
-            .cloned()
-            .or_else(|| self.removed.lock().unwrap().get(uid).cloned())
+        self.workloads.snapshot().by_uid(uid).cloned().or_else(|| {
+            self.removed
+                .lock()
+                .unwrap()
+                .get(uid)
+                .map(|(w, _)| w.clone())
+        })
     }
 
     /// A peer we pool tunnels to is terminating or was deleted. Decided by
@@ -661,7 +664,7 @@ impl DrainEngine {
                     self.removed
                         .lock()
                         .unwrap()
-                        .insert(old.uid().to_owned(), old.clone());
+                        .insert(old.uid().to_owned(), (old.clone(), Instant::now()));
                 }
             }
             for old in previous.iter().filter(|w| !w.local) {
@@ -709,6 +712,7 @@ impl DrainEngine {
                                 deadline: None,
                                 actions: Vec::new(),
                                 ended: None,
+                                ended_at: None,
                             });
                     }
                     let this = self.clone();
@@ -740,7 +744,21 @@ impl DrainEngine {
                     });
                 }
             }
+            self.forget_old(&current);
             previous = current;
         }
+    }
+
+    /// Bounds the engine's memory under pod churn: ended drains of gone
+    /// workloads, removed workloads and ages are dropped after [`RETAIN`].
+    fn forget_old(&self, current: &crate::workloads::WorkloadSnapshot) {
+        let old = |t: Instant| t.elapsed() > RETAIN;
+        let mut drains = self.drains.lock().unwrap();
+        drains.retain(|uid, d| current.by_uid(uid).is_some() || !d.ended_at.is_some_and(old));
+        self.removed.lock().unwrap().retain(|_, (_, at)| !old(*at));
+        self.first_seen
+            .lock()
+            .unwrap()
+            .retain(|uid, _| current.by_uid(uid).is_some() || drains.contains_key(uid));
     }
 }

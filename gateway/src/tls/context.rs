@@ -12,7 +12,9 @@ use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, ServerConfig, SignatureScheme};
 use tokio::net::TcpStream;
 
-use super::verify::{identity_of, IdentityError, SpiffeClientVerifier, SpiffeServerVerifier};
+use super::verify::{
+    identity_of, Chain, IdentityError, SpiffeClientVerifier, SpiffeServerVerifier,
+};
 use super::{provider, CertError, CertSource, TlsMetrics, ALPN_H2};
 use crate::identity::SpiffeId;
 
@@ -116,6 +118,13 @@ impl TlsContext {
         }
     }
 
+    fn chain(&self) -> Chain {
+        Chain {
+            source: self.source.clone(),
+            provider: self.provider.clone(),
+        }
+    }
+
     pub fn source(&self) -> &Arc<dyn CertSource> {
         &self.source
     }
@@ -129,8 +138,7 @@ impl TlsContext {
             }
         }
         let verifier = Arc::new(SpiffeClientVerifier {
-            source: self.source.clone(),
-            provider: self.provider.clone(),
+            chain: self.chain(),
             trust_domain: self.trust_domain.clone(),
         });
         let mut cfg = ServerConfig::builder_with_provider(self.provider.clone())
@@ -155,8 +163,7 @@ impl TlsContext {
     ) -> Result<Arc<ClientConfig>, CertError> {
         let key = self.source.certified_key(src)?;
         let verifier = Arc::new(SpiffeServerVerifier {
-            source: self.source.clone(),
-            provider: self.provider.clone(),
+            chain: self.chain(),
             expected: expected.clone(),
         });
         let mut cfg = ClientConfig::builder_with_provider(self.provider.clone())

@@ -94,33 +94,76 @@ fn webpki_to_rustls(e: webpki::Error) -> rustls::Error {
     rustls::Error::InvalidCertificate(ce)
 }
 
-fn verify_chain(
-    source: &dyn CertSource,
-    provider: &CryptoProvider,
-    end_entity: &CertificateDer<'_>,
-    intermediates: &[CertificateDer<'_>],
-    now: UnixTime,
-    usage: webpki::KeyUsage,
-) -> Result<SpiffeId, rustls::Error> {
-    let roots = source.roots();
-    let cert = webpki::EndEntityCert::try_from(end_entity).map_err(webpki_to_rustls)?;
-    cert.verify_for_usage(
-        provider.signature_verification_algorithms.all,
-        &roots.anchors,
-        intermediates,
-        now,
-        usage,
-        None,
-        None,
-    )
-    .map_err(webpki_to_rustls)?;
-    Ok(identity_of(end_entity)?)
+/// What both sides verify: the chain leads to the trust bundle (read on
+/// every handshake, so bundle reloads apply at once) and handshake
+/// signatures use the provider's algorithms.
+pub(super) struct Chain {
+    pub source: Arc<dyn CertSource>,
+    pub provider: Arc<CryptoProvider>,
+}
+
+impl Chain {
+    /// Verifies the chain for `usage`; returns the leaf's SPIFFE id.
+    fn verify(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+        usage: webpki::KeyUsage,
+    ) -> Result<SpiffeId, rustls::Error> {
+        let roots = self.source.roots();
+        let cert = webpki::EndEntityCert::try_from(end_entity).map_err(webpki_to_rustls)?;
+        cert.verify_for_usage(
+            self.provider.signature_verification_algorithms.all,
+            &roots.anchors,
+            intermediates,
+            now,
+            usage,
+            None,
+            None,
+        )
+        .map_err(webpki_to_rustls)?;
+        Ok(identity_of(end_entity)?)
+    }
+
+    fn tls12(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn tls13(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
 }
 
 /// Server side (port 15008): a client certificate is mandatory and must be of our trust domain.
 pub(super) struct SpiffeClientVerifier {
-    pub source: Arc<dyn CertSource>,
-    pub provider: Arc<CryptoProvider>,
+    pub chain: Chain,
     pub trust_domain: String,
 }
 
@@ -147,9 +190,7 @@ impl ClientCertVerifier for SpiffeClientVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        let id = verify_chain(
-            &*self.source,
-            &self.provider,
+        let id = self.chain.verify(
             end_entity,
             intermediates,
             now,
@@ -171,12 +212,7 @@ impl ClientCertVerifier for SpiffeClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.chain.tls12(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -185,25 +221,17 @@ impl ClientCertVerifier for SpiffeClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.chain.tls13(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.chain.schemes()
     }
 }
 
 /// Client side: the server must present exactly the destination workload's identity.
 pub(super) struct SpiffeServerVerifier {
-    pub source: Arc<dyn CertSource>,
-    pub provider: Arc<CryptoProvider>,
+    pub chain: Chain,
     pub expected: SpiffeId,
 }
 
@@ -224,9 +252,7 @@ impl ServerCertVerifier for SpiffeServerVerifier {
         _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let id = verify_chain(
-            &*self.source,
-            &self.provider,
+        let id = self.chain.verify(
             end_entity,
             intermediates,
             now,
@@ -248,12 +274,7 @@ impl ServerCertVerifier for SpiffeServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.chain.tls12(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -262,17 +283,10 @@ impl ServerCertVerifier for SpiffeServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.chain.tls13(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.chain.schemes()
     }
 }

@@ -255,6 +255,20 @@ async fn the_workload_file_raises_shutdown_and_delete() {
     assert_eq!(drains.len(), 1);
     assert_eq!(drains[0].uid, "echo-uid");
     assert_eq!(format!("{:?}", drains[0].trigger), "WorkloadFile");
+    assert_eq!(drains[0].ended, None);
+    // The workload disappears from the file: deleted, and the drain ends.
+    let text = std::fs::read_to_string(&file).unwrap();
+    let without: String = text
+        .lines()
+        .filter(|l| !l.contains("uid: echo-uid"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&file, without).unwrap();
+    eventually("deleted from the file", Duration::from_secs(10), || {
+        nodes.server.drains.list()[0].phase == "Deleted"
+    })
+    .await;
+    assert_eq!(nodes.server.drains.list()[0].ended, Some("completed"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
