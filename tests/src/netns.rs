@@ -8,9 +8,13 @@ use std::net::Ipv4Addr;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
+use tidegate::app::BoundAddrs;
+use tidegate::config::Config;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
 
 pub const OUTBOUND_PORT: u16 = 15001;
 pub const HBONE_PORT: u16 = 15008;
@@ -308,4 +312,153 @@ impl Drop for NsThread {
 /// Whether `cmd arg` fails to run (a missing tool).
 pub fn tool_missing(cmd: &str, arg: &str) -> bool {
     !matches!(Command::new(cmd).arg(arg).output(), Ok(o) if o.status.success())
+}
+
+// ---------------------------------------------------------------------------
+// Gateways.
+
+pub enum GatewayCmd {
+    Metrics(oneshot::Sender<String>),
+}
+
+/// An in-process gateway on its own thread inside a node namespace. The
+/// `App` never leaves that thread; its metrics come back over a channel and
+/// other work (admin requests) runs as tasks on the same thread.
+pub struct Gateway {
+    pub name: &'static str,
+    pub addrs: BoundAddrs,
+    pub cmds: mpsc::UnboundedSender<GatewayCmd>,
+    /// Stops the gateway and joins its thread when dropped.
+    pub thread: NsThread,
+}
+
+impl Gateway {
+    pub async fn start(name: &'static str, ns: &str, config: Config) -> Gateway {
+        let (ready_tx, ready_rx) = oneshot::channel::<Result<BoundAddrs, String>>();
+        let (cmds, mut cmd_rx) = mpsc::unbounded_channel();
+        let thread = NsThread::start(ns, move |mut stop| async move {
+            let app = match tidegate::app::build(config).await {
+                Ok(app) => app,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(format!("{e:#}")));
+                    return;
+                }
+            };
+            let _ = ready_tx.send(Ok(app.addrs));
+            loop {
+                tokio::select! {
+                    _ = &mut stop => break,
+                    cmd = cmd_rx.recv() => match cmd {
+                        Some(GatewayCmd::Metrics(reply)) => {
+                            let _ = reply.send(app.metrics_text());
+                        }
+                        None => break,
+                    },
+                }
+            }
+            // Bounded by `shutdown.deadline` in the config; this is a backstop.
+            let _ = tokio::time::timeout(Duration::from_secs(10), app.shutdown()).await;
+        });
+        let addrs = match tokio::time::timeout(STEP, ready_rx).await {
+            Ok(Ok(Ok(addrs))) => addrs,
+            Ok(Ok(Err(e))) => panic!("gateway {name} in netns {ns} failed to start: {e}"),
+            Ok(Err(_)) => panic!("gateway {name} in netns {ns} exited before it was ready"),
+            Err(_) => panic!("gateway {name} in netns {ns} not ready within {STEP:?}"),
+        };
+        Gateway {
+            name,
+            addrs,
+            cmds,
+            thread,
+        }
+    }
+
+    pub async fn metrics(&self) -> String {
+        let (tx, rx) = oneshot::channel();
+        self.cmds
+            .send(GatewayCmd::Metrics(tx))
+            .unwrap_or_else(|_| panic!("gateway {} is gone", self.name));
+        tokio::time::timeout(STEP, rx)
+            .await
+            .unwrap_or_else(|_| panic!("gateway {} did not answer for metrics", self.name))
+            .unwrap_or_else(|_| panic!("gateway {} dropped the metrics request", self.name))
+    }
+
+    /// Waits (at most `within`) until `check` holds on this gateway's
+    /// metrics; on timeout panics with `what` and the full metrics text.
+    pub async fn wait_metrics_within(
+        &self,
+        what: &str,
+        within: Duration,
+        check: impl Fn(&str) -> bool,
+    ) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let text = self.metrics().await;
+            if check(&text) {
+                return text;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "gateway {}: timed out after {within:?} waiting for: {what}\n--- metrics ---\n{text}",
+                    self.name
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    pub async fn wait_metrics(&self, what: &str, check: impl Fn(&str) -> bool) -> String {
+        self.wait_metrics_within(what, Duration::from_secs(10), check)
+            .await
+    }
+
+    /// One admin request (`method path`) to this gateway, made from a task on
+    /// its own thread: the admin listener is 127.0.0.1 of the node namespace.
+    /// Returns the status code and the JSON body (`null` if not JSON).
+    pub async fn admin(&self, method: &str, path: &str) -> (u16, serde_json::Value) {
+        let addr = self.addrs.admin;
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+        );
+        let what = format!("admin {method} {path} on gateway {}", self.name);
+        let out = self
+            .thread
+            .run(&what, STEP, async move {
+                let mut tcp = TcpStream::connect(addr)
+                    .await
+                    .map_err(|e| format!("connect {addr}: {e}"))?;
+                tcp.write_all(request.as_bytes())
+                    .await
+                    .map_err(|e| format!("write: {e}"))?;
+                let mut out = String::new();
+                tcp.read_to_string(&mut out)
+                    .await
+                    .map_err(|e| format!("read: {e}"))?;
+                Ok::<String, String>(out)
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let status: u16 = out
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{what}: not an HTTP response: {out:?}"));
+        let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+        (
+            status,
+            serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+        )
+    }
+
+    /// Like [`Gateway::admin`]; panics unless the answer is 200.
+    pub async fn admin_ok(&self, method: &str, path: &str) -> serde_json::Value {
+        let (status, body) = self.admin(method, path).await;
+        assert_eq!(
+            status, 200,
+            "admin {method} {path} on gateway {}: {body}",
+            self.name
+        );
+        body
+    }
 }

@@ -21,107 +21,20 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use tidegate::app::BoundAddrs;
 use tidegate::config::Config;
 use tidegate_e2e::metric;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot};
 
 use tidegate_e2e::netns::{
-    build_topology, tool_missing, NsThread, Topology, ECHO_PORT, HBONE_PORT, OUTBOUND_PORT, STEP,
+    build_topology, tool_missing, Gateway, NsThread, Topology, ECHO_PORT, HBONE_PORT,
+    OUTBOUND_PORT, STEP,
 };
 
 // ---------------------------------------------------------------------------
 // Gateways and the echo server.
-
-enum GatewayCmd {
-    Metrics(oneshot::Sender<String>),
-}
-
-/// An in-process gateway on its own thread inside a node namespace. The
-/// `App` never leaves that thread; its metrics come back over a channel.
-struct Gateway {
-    name: &'static str,
-    addrs: BoundAddrs,
-    cmds: mpsc::UnboundedSender<GatewayCmd>,
-    /// Kept for its `Drop`: stops the gateway and joins its thread.
-    _thread: NsThread,
-}
-
-impl Gateway {
-    async fn start(name: &'static str, ns: &str, config: Config) -> Gateway {
-        let (ready_tx, ready_rx) = oneshot::channel::<Result<BoundAddrs, String>>();
-        let (cmds, mut cmd_rx) = mpsc::unbounded_channel();
-        let thread = NsThread::start(ns, move |mut stop| async move {
-            let app = match tidegate::app::build(config).await {
-                Ok(app) => app,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(format!("{e:#}")));
-                    return;
-                }
-            };
-            let _ = ready_tx.send(Ok(app.addrs));
-            loop {
-                tokio::select! {
-                    _ = &mut stop => break,
-                    cmd = cmd_rx.recv() => match cmd {
-                        Some(GatewayCmd::Metrics(reply)) => {
-                            let _ = reply.send(app.metrics_text());
-                        }
-                        None => break,
-                    },
-                }
-            }
-            // Bounded by `shutdown.deadline` in the config; this is a backstop.
-            let _ = tokio::time::timeout(Duration::from_secs(10), app.shutdown()).await;
-        });
-        let addrs = match tokio::time::timeout(STEP, ready_rx).await {
-            Ok(Ok(Ok(addrs))) => addrs,
-            Ok(Ok(Err(e))) => panic!("gateway {name} in netns {ns} failed to start: {e}"),
-            Ok(Err(_)) => panic!("gateway {name} in netns {ns} exited before it was ready"),
-            Err(_) => panic!("gateway {name} in netns {ns} not ready within {STEP:?}"),
-        };
-        Gateway {
-            name,
-            addrs,
-            cmds,
-            _thread: thread,
-        }
-    }
-
-    async fn metrics(&self) -> String {
-        let (tx, rx) = oneshot::channel();
-        self.cmds
-            .send(GatewayCmd::Metrics(tx))
-            .unwrap_or_else(|_| panic!("gateway {} is gone", self.name));
-        tokio::time::timeout(STEP, rx)
-            .await
-            .unwrap_or_else(|_| panic!("gateway {} did not answer for metrics", self.name))
-            .unwrap_or_else(|_| panic!("gateway {} dropped the metrics request", self.name))
-    }
-
-    /// Waits until `check` holds on this gateway's metrics; on timeout panics
-    /// with `what` and the full metrics text.
-    async fn wait_metrics(&self, what: &str, check: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let text = self.metrics().await;
-            if check(&text) {
-                return text;
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "gateway {}: timed out waiting for: {what}\n--- metrics ---\n{text}",
-                    self.name
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-}
 
 /// Echoes every byte back and half-closes when the client does; records the
 /// peer address of every accepted connection.
