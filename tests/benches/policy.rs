@@ -330,6 +330,7 @@ fn gateway_workload(policy: &str) -> Workload {
             labels,
             annotations,
             allow: Vec::new(),
+            oci_backend_draining: false,
         },
         identity: SpiffeId::new("cluster.local", NS, "checkout"),
         local: true,

@@ -56,6 +56,11 @@ pub struct WorkloadSpec {
     /// allowed to open streams to this workload. Empty: any peer of the trust domain.
     #[serde(default)]
     pub allow: Vec<String>,
+    /// Opt-in to OCI load-balancer backend draining: set in the workload file,
+    /// or by Kubernetes discovery when a Service selecting the pod carries
+    /// `tidegate.io/oci-backend-draining: "true"`.
+    #[serde(default)]
+    pub oci_backend_draining: bool,
 }
 
 fn default_namespace() -> String {
