@@ -204,3 +204,204 @@ fn del_waits_for_the_gateway_to_drain_the_pod() {
         assert!(m.contains(r#"tidegate_drain_started_total{policy="p",trigger="cni"} 1"#), "{m}");
     });
 }
+
+// ---- `tidegate-cni install` / `uninstall` against real directories ----
+
+const FLANNEL: &str = r#"{
+  "name": "cbr0",
+  "cniVersion": "1.0.0",
+  "plugins": [
+    {"type": "flannel", "delegate": {"hairpinMode": true, "isDefaultGateway": true}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}"#;
+
+fn admin(command: &str, bin: &Path, conf: &Path, extra: &[&str]) -> Output {
+    Command::new(CNI)
+        .env_remove("CNI_COMMAND")
+        .arg(command)
+        .arg("--cni-bin-dir")
+        .arg(bin)
+        .arg("--cni-conf-dir")
+        .arg(conf)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+fn json_file(p: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+}
+
+#[test]
+fn install_chains_after_the_primary_plugin_and_uninstall_restores_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bin, conf) = (dir.path().join("bin"), dir.path().join("net.d"));
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::write(conf.join("10-flannel.conflist"), FLANNEL).unwrap();
+    // Not the primary (lexically later): must stay untouched.
+    std::fs::write(
+        conf.join("99-loopback.conf"),
+        r#"{"cniVersion":"1.0.0","name":"lo","type":"loopback"}"#,
+    )
+    .unwrap();
+
+    let out = admin(
+        "install",
+        &bin,
+        &conf,
+        &["--socket", "/run/tg.sock", "--timeout-ms", "5000"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list = json_file(&conf.join("10-flannel.conflist"));
+    let plugins = list["plugins"].as_array().unwrap();
+    assert_eq!(plugins.len(), 3);
+    assert_eq!(
+        plugins[0]["type"], "flannel",
+        "the primary plugin stays first"
+    );
+    assert_eq!(
+        plugins[0]["delegate"]["hairpinMode"], true,
+        "its settings are kept"
+    );
+    assert_eq!(
+        plugins[2],
+        serde_json::json!({"type": "tidegate-cni", "socket": "/run/tg.sock", "timeout_ms": 5000})
+    );
+    assert_eq!(
+        json_file(&conf.join("99-loopback.conf"))["type"],
+        "loopback"
+    );
+
+    // The installed binary is executable and is the plugin.
+    let installed = bin.join("tidegate-cni");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&installed).unwrap().permissions().mode() & 0o777,
+        0o755
+    );
+    let v = Command::new(&installed)
+        .env("CNI_COMMAND", "VERSION")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&v.stdout).contains("supportedVersions"));
+
+    // Idempotent: a second run changes nothing and says nothing.
+    let before = std::fs::read(conf.join("10-flannel.conflist")).unwrap();
+    let out = admin(
+        "install",
+        &bin,
+        &conf,
+        &["--socket", "/run/tg.sock", "--timeout-ms", "5000"],
+    );
+    assert!(out.status.success());
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(
+        std::fs::read(conf.join("10-flannel.conflist")).unwrap(),
+        before
+    );
+
+    // The primary plugin rewrites its file (dropping us): install re-chains once.
+    std::fs::write(conf.join("10-flannel.conflist"), FLANNEL).unwrap();
+    let out = admin("install", &bin, &conf, &[]);
+    assert!(out.status.success());
+    let plugins = json_file(&conf.join("10-flannel.conflist"))["plugins"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        plugins
+            .iter()
+            .filter(|p| p["type"] == "tidegate-cni")
+            .count(),
+        1
+    );
+
+    let out = admin("uninstall", &bin, &conf, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want: serde_json::Value = serde_json::from_str(FLANNEL).unwrap();
+    assert_eq!(json_file(&conf.join("10-flannel.conflist")), want);
+    assert!(!installed.exists(), "uninstall removes the binary");
+    // No temporary files left behind.
+    let names: Vec<_> = std::fs::read_dir(&conf)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+}
+
+#[test]
+fn a_single_plugin_conf_becomes_a_list_and_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bin, conf) = (dir.path().join("bin"), dir.path().join("net.d"));
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(&conf).unwrap();
+    let single = r#"{"cniVersion": "0.4.0", "name": "mynet", "type": "bridge", "bridge": "cni0"}"#;
+    std::fs::write(conf.join("10-bridge.conf"), single).unwrap();
+
+    let out = admin("install", &bin, &conf, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!conf.join("10-bridge.conf").exists());
+    let list = json_file(&conf.join("10-bridge.conflist"));
+    assert_eq!(list["cniVersion"], "0.4.0");
+    assert_eq!(list["name"], "mynet");
+    assert_eq!(list["plugins"][0]["bridge"], "cni0");
+    assert_eq!(list["plugins"][1]["type"], "tidegate-cni");
+
+    let out = admin("uninstall", &bin, &conf, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(conf.join("10-bridge.conf")).unwrap(),
+        single
+    );
+    assert!(!conf.join("10-bridge.conflist").exists());
+}
+
+#[test]
+fn install_refuses_clearly_without_a_primary_configuration_or_arguments() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bin, conf) = (dir.path().join("bin"), dir.path().join("net.d"));
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(&conf).unwrap();
+    let out = admin("install", &bin, &conf, &[]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no CNI network configuration") && err.contains("net.d"),
+        "{err}"
+    );
+
+    std::fs::write(conf.join("10-broken.conflist"), "{not json").unwrap();
+    let out = admin("install", &bin, &conf, &[]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("10-broken.conflist"));
+
+    let out = Command::new(CNI)
+        .env_remove("CNI_COMMAND")
+        .args(["install", "--watch", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--watch"));
+}

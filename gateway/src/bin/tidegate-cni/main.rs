@@ -8,6 +8,9 @@
 //!   gateway that is down or slow never blocks pod deletion beyond the bound:
 //!   DEL then succeeds and says why on stderr.
 //! - VERSION answers the versions this plugin supports.
+//! - Outside the runtime (no `CNI_COMMAND`), `tidegate-cni install` and
+//!   `tidegate-cni uninstall` put the plugin on the node and chain it into
+//!   the primary network configuration (see [`install`]).
 //!
 //! Network configuration keys of our own: `socket` (default
 //! `/var/run/tidegate/cni.sock`) and `timeout_ms`.
@@ -21,6 +24,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+
+mod install;
 
 const SUPPORTED: [&str; 6] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0", "1.1.1"];
 const DEFAULT_SOCKET: &str = "/var/run/tidegate/cni.sock";
@@ -43,6 +48,12 @@ fn err(code: u32, msg: &str, details: impl Into<String>) -> CniError {
 
 fn main() -> ExitCode {
     let command = std::env::var("CNI_COMMAND").unwrap_or_default();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if command.is_empty() {
+        if let Some(sub @ ("install" | "uninstall")) = args.first().map(String::as_str) {
+            return install::main(sub, &args[1..]);
+        }
+    }
     let mut stdin = String::new();
     if command != "VERSION" {
         let _ = std::io::stdin().read_to_string(&mut stdin);
