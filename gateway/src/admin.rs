@@ -226,10 +226,19 @@ pub async fn metrics(state: Arc<AdminState>, req: Request<Incoming>) -> Response
         .expect("static response")
 }
 
-/// Routes of the readiness port.
+/// Routes of the readiness port: `/healthz/ready` (traffic may be sent) and
+/// `/healthz/live` (the process serves; a liveness probe must not depend on
+/// readiness, or a slow first sync would get the gateway killed).
 pub async fn readiness(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body> {
-    if req.uri().path() != "/healthz/ready" {
-        return text(StatusCode::NOT_FOUND, "try GET /healthz/ready\n");
+    match req.uri().path() {
+        "/healthz/ready" => {}
+        "/healthz/live" => return text(StatusCode::OK, "live\n"),
+        _ => {
+            return text(
+                StatusCode::NOT_FOUND,
+                "try GET /healthz/ready or /healthz/live\n",
+            )
+        }
     }
     if state.ready.load(Ordering::Acquire) {
         text(StatusCode::OK, "ready\n")

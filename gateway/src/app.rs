@@ -53,6 +53,8 @@ pub struct App {
     streams: ActiveStreams,
     trigger: DrainTrigger,
     stop_accepting: DrainTrigger,
+    /// Stops the admin, metrics and readiness servers at the very end.
+    stop_admin: DrainTrigger,
     /// The HBONE and capture accept loops: awaited before tunnels drain.
     accept_loops: Vec<tokio::task::JoinHandle<()>>,
     tasks: JoinSet<()>,
@@ -250,23 +252,26 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         tokio::spawn(inbound.run(inbound_listener, accepting.clone(), drain.clone())),
         tokio::spawn(outbound.clone().run(outbound_listener, accepting)),
     ];
+    // Admin, metrics and probes keep answering through the whole drain (the
+    // kubelet probes a terminating gateway; operators watch `GET /drains`).
+    let (stop_admin, admin_watch) = drain::channel();
     tasks.spawn(admin::serve(
         admin_listener,
         admin_state.clone(),
         admin::admin,
-        drain.clone(),
+        admin_watch.clone(),
     ));
     tasks.spawn(admin::serve(
         metrics_listener,
         admin_state.clone(),
         admin::metrics,
-        drain.clone(),
+        admin_watch.clone(),
     ));
     tasks.spawn(admin::serve(
         ready_listener,
         admin_state.clone(),
         admin::readiness,
-        drain.clone(),
+        admin_watch,
     ));
     admin_state.ready.store(true, Ordering::Release);
     info!(
@@ -290,6 +295,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         streams,
         trigger,
         stop_accepting,
+        stop_admin,
         accept_loops,
         tasks,
         shutdown_deadline: config.shutdown.deadline,
@@ -340,6 +346,7 @@ impl App {
             Ok(()) => info!("drained: no streams left"),
             Err(_) => info!(streams = self.streams.count(), "drain deadline reached"),
         }
+        self.stop_admin.start(Duration::ZERO);
         self.tasks.abort_all();
         while self.tasks.join_next().await.is_some() {}
     }

@@ -241,6 +241,12 @@ async fn shutdown_refuses_new_connections_and_waits_for_open_streams() {
         !shutdown.is_finished(),
         "shutdown must wait for the open stream"
     );
+    // Draining: not ready for new traffic, but alive (a liveness probe must
+    // not kill a gateway that is draining).
+    let (status, _) = http_get(readiness, "/healthz/ready").await;
+    assert_eq!(status, 503);
+    let (status, body) = http_get(readiness, "/healthz/live").await;
+    assert_eq!((status, body.as_str()), (200, "live\n"));
     // ...and shutdown completes once it ends.
     held.shutdown().await.unwrap();
     let mut rest = Vec::new();
