@@ -1,0 +1,181 @@
+//! The `oci:` configuration section (disabled by default).
+//!
+//! ```yaml
+//! oci:
+//!   enabled: true
+//!   region: us-ashburn-1            # endpoint https://iaas.<region>.oraclecloud.com
+//!   # endpoint: https://127.0.0.1:8443  # overrides the region's endpoint
+//!   ca_file: /etc/ssl/certs/ca-certificates.crt
+//!   load_balancers: [ocid1.loadbalancer.oc1..aaaa]
+//!   auth: {mode: api-key, tenancy: ocid1.tenancy.., user: ocid1.user.., fingerprint: "aa:bb:..", key_file: /etc/oci/key.pem}
+//!   opt_in: [{namespace: shop, selector: {app: web}}]   # besides the Service annotation
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::duration;
+use crate::workloads::WorkloadSpec;
+
+/// OCI's own limit: backends per backend set and per load balancer
+/// (draining backends count).
+pub const OCI_BACKEND_LIMIT: usize = 512;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OciConfig {
+    pub enabled: bool,
+    /// The region whose Load Balancing endpoint is used.
+    pub region: String,
+    /// `https://host[:port]`; default `https://iaas.<region>.oraclecloud.com`.
+    pub endpoint: Option<String>,
+    /// PEM CA certificates trusted for the endpoint (the system bundle by default).
+    pub ca_file: PathBuf,
+    /// Load balancer OCIDs whose backends are drained.
+    pub load_balancers: Vec<String>,
+    pub auth: Option<OciAuth>,
+    /// Workloads opted in by configuration, besides `oci_backend_draining`
+    /// (the Service annotation `tidegate.io/oci-backend-draining: "true"`).
+    pub opt_in: Vec<OptIn>,
+    /// A backend set (or a load balancer) holding this many backends is at
+    /// capacity: the policy's `at-capacity` choice applies.
+    pub capacity_limit: usize,
+    /// How often a terminating pod's backends are re-checked (and drain
+    /// re-asserted if another controller reset it).
+    #[serde(with = "duration")]
+    pub reassert_interval: Duration,
+    /// Bound on one API call.
+    #[serde(with = "duration")]
+    pub request_timeout: Duration,
+    /// Attempts per backend change (412, 409, 429, 5xx and FAILED work
+    /// requests are retried up to this many times in all).
+    pub max_attempts: u32,
+    #[serde(with = "duration")]
+    pub backoff_base: Duration,
+    #[serde(with = "duration")]
+    pub backoff_max: Duration,
+    #[serde(with = "duration")]
+    pub work_request_poll: Duration,
+    /// A work request not finished within this is given up.
+    #[serde(with = "duration")]
+    pub work_request_timeout: Duration,
+}
+
+impl Default for OciConfig {
+    fn default() -> Self {
+        OciConfig {
+            enabled: false,
+            region: String::new(),
+            endpoint: None,
+            ca_file: "/etc/ssl/certs/ca-certificates.crt".into(),
+            load_balancers: Vec::new(),
+            auth: None,
+            opt_in: Vec::new(),
+            capacity_limit: OCI_BACKEND_LIMIT,
+            reassert_interval: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(10),
+            max_attempts: 8,
+            backoff_base: Duration::from_millis(250),
+            backoff_max: Duration::from_secs(10),
+            work_request_poll: Duration::from_millis(500),
+            work_request_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// How requests are signed.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(tag = "mode", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum OciAuth {
+    /// A user API key: key id `<tenancy>/<user>/<fingerprint>`.
+    ApiKey {
+        tenancy: String,
+        user: String,
+        fingerprint: String,
+        key_file: PathBuf,
+    },
+}
+
+/// Workloads in `namespace` whose labels include all of `selector`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptIn {
+    pub namespace: String,
+    #[serde(default)]
+    pub selector: BTreeMap<String, String>,
+}
+
+impl OciConfig {
+    pub fn endpoint(&self) -> String {
+        self.endpoint
+            .clone()
+            .unwrap_or_else(|| format!("https://iaas.{}.oraclecloud.com", self.region))
+    }
+
+    /// Whether `w` opted in (its Service's annotation, or this config).
+    pub fn opted_in(&self, w: &WorkloadSpec) -> bool {
+        w.oci_backend_draining
+            || self.opt_in.iter().any(|o| {
+                o.namespace == w.namespace
+                    && o.selector.iter().all(|(k, v)| w.labels.get(k) == Some(v))
+            })
+    }
+
+    /// `(key, message)` of the first problem.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if self.auth.is_none() {
+            return Err((
+                "oci.auth",
+                "required when oci.enabled is true: {mode: api-key, tenancy, user, fingerprint, key_file}".into(),
+            ));
+        }
+        if let Some(OciAuth::ApiKey {
+            tenancy,
+            user,
+            fingerprint,
+            ..
+        }) = &self.auth
+        {
+            for (key, v) in [
+                ("oci.auth.tenancy", tenancy),
+                ("oci.auth.user", user),
+                ("oci.auth.fingerprint", fingerprint),
+            ] {
+                if v.is_empty() {
+                    return Err((key, "must not be empty".into()));
+                }
+            }
+        }
+        if self.load_balancers.is_empty() {
+            return Err((
+                "oci.load_balancers",
+                "name at least one load balancer OCID".into(),
+            ));
+        }
+        if self.endpoint.is_none() && self.region.is_empty() {
+            return Err(("oci.region", "set the region (or oci.endpoint)".into()));
+        }
+        if !(1..=OCI_BACKEND_LIMIT).contains(&self.capacity_limit) {
+            return Err((
+                "oci.capacity_limit",
+                format!("must be 1..={OCI_BACKEND_LIMIT}"),
+            ));
+        }
+        if self.max_attempts == 0 {
+            return Err(("oci.max_attempts", "must be at least 1".into()));
+        }
+        if self.reassert_interval.is_zero() || self.work_request_poll.is_zero() {
+            return Err((
+                "oci.reassert_interval",
+                "intervals must be greater than zero".into(),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,578 @@
+//! Drains (or un-drains) one workload's OCI backends, safely.
+//!
+//! Per backend change: read the backend (its load balancer's ETag comes
+//! with it), resend every field as read with `drain` set, under `If-Match`;
+//! poll the work request to SUCCEEDED or FAILED. Changes to one load
+//! balancer run one at a time (a FIFO lock per load balancer), and each
+//! re-reads after the previous work request finished, so the ETag is always
+//! fresh. 412 → re-read and retry at once; 409 IncorrectState, 429, 5xx, a
+//! transport error or a FAILED work request → bounded exponential backoff
+//! with jitter, at most `max_attempts` in all; any other 4xx (401
+//! NotAuthenticated, 404 of the load balancer, 400) stops this workload's
+//! drain with the error shown in `GET /drains`.
+//!
+//! Level-triggered: while the workload is still in the store, its backends
+//! are re-read every `reassert_interval` (or at once when the store changes)
+//! and `drain=true` is asserted again if another controller reset it. The
+//! loop ends when the workload is gone or none of its backends is left.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+use tracing::{info, warn, Instrument as _};
+
+use super::client::{OciClient, OciError};
+use super::config::OciConfig;
+use super::metrics::{CapacityLabels, OciMetrics, OutcomeLabels};
+use super::model::{LoadBalancer, UpdateBackendDetails};
+use crate::workloads::{WorkloadSnapshot, WorkloadStore};
+
+/// What the policy wants done when a backend set is at capacity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AtCapacity {
+    /// Delete the backend instead of draining it, to make room for the
+    /// replacement pod.
+    RemoveEarly,
+    /// Drain it and keep it (the replacement may not fit).
+    Keep,
+}
+
+impl AtCapacity {
+    fn label(self) -> &'static str {
+        match self {
+            AtCapacity::RemoveEarly => "remove-early",
+            AtCapacity::Keep => "keep",
+        }
+    }
+}
+
+/// A workload's OCI drain as `GET /drains` shows it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct OciStatus {
+    /// `running`, `done` (backends gone or workload gone), `failed`, `not-opted-in`.
+    pub state: &'static str,
+    pub drain: bool,
+    /// `<lb>/<set>/<ip:port>` → `drained`, `undrained`, `removed`, `pending`, `gone`.
+    pub backends: BTreeMap<String, &'static str>,
+    /// Lifecycle event → first drain SUCCEEDED, per backend.
+    pub latency_ms: BTreeMap<String, u64>,
+    pub reasserted: u64,
+    /// Capacity events: which set was full and what was done.
+    pub capacity: Vec<String>,
+    pub error: Option<String>,
+}
+
+/// What one backend change ended in.
+#[derive(Debug, PartialEq, Eq)]
+enum Applied {
+    /// Our work request SUCCEEDED.
+    Changed,
+    /// It already had the wanted value.
+    Already,
+    Removed,
+    /// The backend no longer exists.
+    Gone,
+}
+
+/// Why a change stopped without success.
+#[derive(Debug, thiserror::Error)]
+enum Stop {
+    #[error("{0}")]
+    Fatal(OciError),
+    #[error("gave up after {attempts} attempts: {last}")]
+    Exhausted { attempts: u32, last: String },
+}
+
+/// One backend of the workload, as found on a load balancer.
+struct Target {
+    lb: String,
+    set: String,
+    name: String,
+    drain: bool,
+    /// Backends in its set and on its load balancer.
+    set_len: usize,
+    lb_len: usize,
+}
+
+impl Target {
+    fn key(&self) -> String {
+        format!("{}/{}/{}", self.lb, self.set, self.name)
+    }
+}
+
+pub struct OciDrainer {
+    cfg: OciConfig,
+    client: OciClient,
+    workloads: Arc<WorkloadStore>,
+    metrics: OciMetrics,
+    lb_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    status: Mutex<HashMap<String, OciStatus>>,
+}
+
+impl std::fmt::Debug for OciDrainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OciDrainer")
+            .field("endpoint", &self.client.endpoint())
+            .finish()
+    }
+}
+
+/// The result of handing a request to the drainer (for the action log).
+#[derive(Debug)]
+pub struct Accepted {
+    /// A metric label: `started`, `not_opted_in`, `unknown_workload`, `running`.
+    pub result: &'static str,
+    pub description: String,
+}
+
+impl OciDrainer {
+    pub fn new(
+        cfg: OciConfig,
+        client: OciClient,
+        workloads: Arc<WorkloadStore>,
+        metrics: OciMetrics,
+    ) -> Arc<Self> {
+        Arc::new(OciDrainer {
+            cfg,
+            client,
+            workloads,
+            metrics,
+            lb_locks: Mutex::new(HashMap::new()),
+            status: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The drain of workload `uid`, if one was requested.
+    pub fn status(&self, uid: &str) -> Option<OciStatus> {
+        self.status.lock().unwrap().get(uid).cloned()
+    }
+
+    /// Hands over a request from the `oci-drain` action; returns at once
+    /// (the API calls run in a task of their own). `event_at` is when the
+    /// lifecycle event was decided (the drain latency is measured from it).
+    pub fn request(
+        self: &Arc<Self>,
+        uid: &str,
+        drain: bool,
+        at_capacity: AtCapacity,
+        event_at: Instant,
+    ) -> Accepted {
+        let snapshot = self.workloads.snapshot();
+        let Some(w) = snapshot.by_uid(uid) else {
+            return Accepted {
+                result: "unknown_workload",
+                description: format!("oci-drain {uid}: not a known workload"),
+            };
+        };
+        let mut status = self.status.lock().unwrap();
+        if !self.cfg.opted_in(&w.spec) {
+            status.insert(
+                uid.to_owned(),
+                OciStatus {
+                    state: "not-opted-in",
+                    drain,
+                    ..Default::default()
+                },
+            );
+            return Accepted {
+                result: "not_opted_in",
+                description: format!(
+                    "oci-drain {uid}: not opted in (Service annotation tidegate.io/oci-backend-draining or oci.opt_in)"
+                ),
+            };
+        }
+        if let Some(s) = status.get(uid) {
+            if s.state == "running" && s.drain == drain {
+                return Accepted {
+                    result: "running",
+                    description: format!("oci-drain {uid} drain={drain}: already running"),
+                };
+            }
+        }
+        status.insert(
+            uid.to_owned(),
+            OciStatus {
+                state: "running",
+                drain,
+                ..Default::default()
+            },
+        );
+        drop(status);
+        let this = self.clone();
+        let uid = uid.to_owned();
+        let span = tracing::info_span!("oci_drain", workload = %uid, drain);
+        tokio::spawn(
+            async move { this.run(&uid, drain, at_capacity, event_at).await }.instrument(span),
+        );
+        Accepted {
+            result: "started",
+            description: format!(
+                "oci-drain drain={drain} on {} load balancer(s) (at capacity: {})",
+                self.cfg.load_balancers.len(),
+                at_capacity.label()
+            ),
+        }
+    }
+
+    fn update(&self, uid: &str, f: impl FnOnce(&mut OciStatus)) {
+        if let Some(s) = self.status.lock().unwrap().get_mut(uid) {
+            f(s);
+        }
+    }
+
+    async fn run(&self, uid: &str, drain: bool, at_capacity: AtCapacity, event_at: Instant) {
+        let mut changes = self.workloads.subscribe();
+        let mut pass = 0u64;
+        loop {
+            let snapshot = self.workloads.snapshot();
+            let Some(ips) = snapshot.by_uid(uid).map(|w| w.spec.ips.clone()) else {
+                info!("workload gone: stop");
+                self.update(uid, |s| s.state = "done");
+                return;
+            };
+            match self
+                .pass(uid, &ips, &snapshot, drain, at_capacity, event_at, pass)
+                .await
+            {
+                Err(e) => {
+                    warn!(error = %e, "OCI backend drain stopped");
+                    self.metrics
+                        .backends
+                        .get_or_create(&OutcomeLabels { result: "failed" })
+                        .inc();
+                    self.update(uid, |s| {
+                        s.state = "failed";
+                        s.error = Some(e.to_string());
+                    });
+                    return;
+                }
+                Ok(0) => {
+                    info!("no backend of the workload left: stop");
+                    self.update(uid, |s| s.state = "done");
+                    return;
+                }
+                Ok(_) if !drain => {
+                    self.update(uid, |s| s.state = "done");
+                    return;
+                }
+                Ok(_) => {}
+            }
+            pass += 1;
+            tokio::select! {
+                _ = tokio::time::sleep(self.cfg.reassert_interval) => {}
+                r = changes.changed() => if r.is_err() { return },
+            }
+        }
+    }
+
+    /// One look at every configured load balancer; returns how many of the
+    /// workload's backends are still there.
+    #[allow(clippy::too_many_arguments)]
+    async fn pass(
+        &self,
+        uid: &str,
+        ips: &[IpAddr],
+        snapshot: &WorkloadSnapshot,
+        drain: bool,
+        at_capacity: AtCapacity,
+        event_at: Instant,
+        pass: u64,
+    ) -> Result<usize, Stop> {
+        let mut left = 0;
+        for lb in &self.cfg.load_balancers {
+            let lock = self.lb_lock(lb);
+            let targets = {
+                let _one_at_a_time = lock.lock().await;
+                let (view, _) = self.retrying(|| self.client.get_load_balancer(lb)).await?;
+                targets_of(lb, &view, uid, ips, snapshot)
+            };
+            for t in targets {
+                let key = t.key();
+                if t.drain == drain {
+                    left += 1;
+                    self.update(uid, |s| {
+                        s.backends.insert(key, state_word(drain));
+                    });
+                    continue;
+                }
+                let full =
+                    drain && (t.set_len >= self.cfg.capacity_limit || t.lb_len >= self.cfg.capacity_limit);
+                let remove = full && at_capacity == AtCapacity::RemoveEarly;
+                if full {
+                    let what = format!(
+                        "{key}: backend set holds {} / load balancer {} backends (limit {}): {}",
+                        t.set_len,
+                        t.lb_len,
+                        self.cfg.capacity_limit,
+                        at_capacity.label()
+                    );
+                    warn!(backend = %key, set_backends = t.set_len, lb_backends = t.lb_len, choice = at_capacity.label(), "OCI backend set at capacity");
+                    self.metrics
+                        .capacity
+                        .get_or_create(&CapacityLabels {
+                            choice: at_capacity.label(),
+                        })
+                        .inc();
+                    self.update(uid, |s| s.capacity.push(what));
+                }
+                self.update(uid, |s| {
+                    s.backends.insert(key.clone(), "pending");
+                });
+                let applied = {
+                    let _one_at_a_time = lock.lock().await;
+                    self.apply(&t, drain, remove).await?
+                };
+                let word = match applied {
+                    Applied::Gone => "gone",
+                    Applied::Removed => "removed",
+                    Applied::Already => state_word(drain),
+                    Applied::Changed => {
+                        left += 1;
+                        let result = if drain { "drained" } else { "undrained" };
+                        self.metrics
+                            .backends
+                            .get_or_create(&OutcomeLabels { result })
+                            .inc();
+                        if pass == 0 {
+                            let ms = event_at.elapsed();
+                            if drain {
+                                self.metrics.drain_latency.observe(ms.as_secs_f64());
+                            }
+                            self.update(uid, |s| {
+                                s.latency_ms.insert(key.clone(), ms.as_millis() as u64);
+                            });
+                            info!(backend = %key, latency_ms = ms.as_millis() as u64, "backend {result}");
+                        } else if drain {
+                            info!(backend = %key, "drain reset by another writer: re-asserted");
+                            self.metrics.reasserted.inc();
+                            self.update(uid, |s| s.reasserted += 1);
+                        }
+                        result
+                    }
+                };
+                if applied == Applied::Removed {
+                    self.metrics
+                        .backends
+                        .get_or_create(&OutcomeLabels { result: "removed" })
+                        .inc();
+                }
+                if applied == Applied::Already {
+                    left += 1;
+                }
+                self.update(uid, |s| {
+                    s.backends.insert(key, word);
+                });
+            }
+        }
+        Ok(left)
+    }
+
+    fn lb_lock(&self, lb: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.lb_locks
+            .lock()
+            .unwrap()
+            .entry(lb.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// Read-modify-write of one backend under `If-Match`, then its work
+    /// request. The caller holds the load balancer's lock.
+    async fn apply(&self, t: &Target, drain: bool, remove: bool) -> Result<Applied, Stop> {
+        let mut last = String::new();
+        for attempt in 0..self.cfg.max_attempts {
+            let read = self.client.get_backend(&t.lb, &t.set, &t.name).await;
+            let (backend, etag) = match read {
+                Ok(r) => r,
+                Err(e) if e.status() == Some(404) => return Ok(Applied::Gone),
+                Err(e) => {
+                    last = e.to_string();
+                    self.backoff(&e, attempt).await?;
+                    continue;
+                }
+            };
+            if !remove && backend.drain == drain {
+                return Ok(Applied::Already);
+            }
+            let sent = if remove {
+                self.client
+                    .delete_backend(&t.lb, &t.set, &t.name, &etag)
+                    .await
+            } else {
+                let details = UpdateBackendDetails::with_drain(&backend, drain);
+                self.client
+                    .update_backend(&t.lb, &t.set, &t.name, &details, &etag)
+                    .await
+            };
+            let wr = match sent {
+                Ok(wr) => wr,
+                Err(e) if e.status() == Some(404) => return Ok(Applied::Gone),
+                Err(e) if e.status() == Some(412) => {
+                    // Another writer changed the load balancer: re-read.
+                    self.metrics.retry("etag");
+                    last = e.to_string();
+                    continue;
+                }
+                Err(e) => {
+                    last = e.to_string();
+                    self.backoff(&e, attempt).await?;
+                    continue;
+                }
+            };
+            match self.await_work_request(&wr).await? {
+                true => {
+                    return Ok(if remove {
+                        Applied::Removed
+                    } else {
+                        Applied::Changed
+                    })
+                }
+                false => {
+                    last = format!("work request {wr} FAILED");
+                    self.metrics.retry("work_request_failed");
+                    tokio::time::sleep(self.delay(attempt)).await;
+                }
+            }
+        }
+        Err(Stop::Exhausted {
+            attempts: self.cfg.max_attempts,
+            last,
+        })
+    }
+
+    /// Polls a work request; true when SUCCEEDED, false when FAILED.
+    async fn await_work_request(&self, id: &str) -> Result<bool, Stop> {
+        let started = Instant::now();
+        let mut errors = 0;
+        loop {
+            match self.client.get_work_request(id).await {
+                Ok(wr) if wr.lifecycle_state == "SUCCEEDED" || wr.lifecycle_state == "FAILED" => {
+                    self.metrics
+                        .work_request
+                        .observe(started.elapsed().as_secs_f64());
+                    if wr.lifecycle_state == "FAILED" {
+                        warn!(work_request = id, message = %wr.message, "work request FAILED");
+                    }
+                    return Ok(wr.lifecycle_state == "SUCCEEDED");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.backoff(&e, errors).await?;
+                    errors += 1;
+                    if errors >= self.cfg.max_attempts {
+                        return Err(Stop::Exhausted {
+                            attempts: errors,
+                            last: e.to_string(),
+                        });
+                    }
+                    continue;
+                }
+            }
+            if started.elapsed() > self.cfg.work_request_timeout {
+                return Err(Stop::Exhausted {
+                    attempts: 1,
+                    last: format!(
+                        "work request {id} not finished within {:?}",
+                        self.cfg.work_request_timeout
+                    ),
+                });
+            }
+            tokio::time::sleep(self.cfg.work_request_poll).await;
+        }
+    }
+
+    /// Runs a read with the retry rules (no ETag involved).
+    async fn retrying<T, F, Fut>(&self, mut call: F) -> Result<T, Stop>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, OciError>>,
+    {
+        let mut last = String::new();
+        for attempt in 0..self.cfg.max_attempts {
+            match call().await {
+                Ok(v) => return Ok(v),
+                Err(e) => {
+                    last = e.to_string();
+                    self.backoff(&e, attempt).await?;
+                }
+            }
+        }
+        Err(Stop::Exhausted {
+            attempts: self.cfg.max_attempts,
+            last,
+        })
+    }
+
+    /// Sleeps before a retry of a transient error; a permanent one stops.
+    async fn backoff(&self, e: &OciError, attempt: u32) -> Result<(), Stop> {
+        let reason = match e.status() {
+            Some(409) if e.code() == "IncorrectState" || e.code() == "Conflict" => "conflict",
+            Some(429) => "throttled",
+            Some(s) if s >= 500 => "server",
+            None if matches!(e, OciError::Transport { .. }) => "transport",
+            _ => return Err(Stop::Fatal(e.clone())),
+        };
+        self.metrics.retry(reason);
+        tokio::time::sleep(self.delay(attempt)).await;
+        Ok(())
+    }
+
+    /// Exponential with "equal jitter": half fixed, half random.
+    fn delay(&self, attempt: u32) -> Duration {
+        let exp = self
+            .cfg
+            .backoff_base
+            .saturating_mul(1u32 << attempt.min(16))
+            .min(self.cfg.backoff_max);
+        exp / 2 + exp.mul_f64(fastrand::f64() / 2.0)
+    }
+}
+
+fn state_word(drain: bool) -> &'static str {
+    if drain {
+        "drained"
+    } else {
+        "undrained"
+    }
+}
+
+/// The workload's backends on `lb`: `ipAddress` is one of the workload's
+/// IPs and that IP belongs to this workload uid alone. An IP several
+/// workloads share (a node IP: host-network pods, NodePort backends) is a
+/// node backend and never drained.
+fn targets_of(
+    lb: &str,
+    view: &LoadBalancer,
+    uid: &str,
+    ips: &[IpAddr],
+    snapshot: &WorkloadSnapshot,
+) -> Vec<Target> {
+    let shared = |ip: IpAddr| snapshot.iter().filter(|w| w.spec.ips.contains(&ip)).count() > 1;
+    let lb_len = view.backend_sets.values().map(|s| s.backends.len()).sum();
+    let mut out = Vec::new();
+    for (set_name, set) in &view.backend_sets {
+        for b in &set.backends {
+            let Ok(ip) = b.ip_address.parse::<IpAddr>() else {
+                continue;
+            };
+            let owner = snapshot.by_ip(ip).map(|w| w.uid());
+            if !ips.contains(&ip) || owner != Some(uid) || shared(ip) {
+                continue;
+            }
+            out.push(Target {
+                lb: lb.to_owned(),
+                set: set_name.clone(),
+                name: b.name.clone(),
+                drain: b.drain,
+                set_len: set.backends.len(),
+                lb_len,
+            });
+        }
+    }
+    out
+}
