@@ -131,8 +131,8 @@ impl OciClient {
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_owned();
-        let server_name = ServerName::try_from(host.clone())
-            .map_err(|_| EndpointError::Url(endpoint.into()))?;
+        let server_name =
+            ServerName::try_from(host.clone()).map_err(|_| EndpointError::Url(endpoint.into()))?;
         let tls = tls_connector(roots_pem).map_err(|message| EndpointError::Ca {
             path: ca_path.into(),
             message,

@@ -12,6 +12,7 @@
 //! ```
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -37,6 +38,10 @@ pub struct OciConfig {
     /// Load balancer OCIDs whose backends are drained.
     pub load_balancers: Vec<String>,
     pub auth: Option<OciAuth>,
+    /// Node addresses (CIDRs, e.g. `10.0.0.0/16`): a backend there is a node
+    /// backend (a NodePort behind a node IP, or a host-network pod) that
+    /// serves many pods, and is never drained.
+    pub node_networks: Vec<Cidr>,
     /// Workloads opted in by configuration, besides `oci_backend_draining`
     /// (the Service annotation `tidegate.io/oci-backend-draining: "true"`).
     pub opt_in: Vec<OptIn>,
@@ -73,6 +78,7 @@ impl Default for OciConfig {
             ca_file: "/etc/ssl/certs/ca-certificates.crt".into(),
             load_balancers: Vec::new(),
             auth: None,
+            node_networks: Vec::new(),
             opt_in: Vec::new(),
             capacity_limit: OCI_BACKEND_LIMIT,
             reassert_interval: Duration::from_secs(10),
@@ -177,5 +183,91 @@ impl OciConfig {
             ));
         }
         Ok(())
+    }
+}
+
+/// An address range, `ip/prefix` (a bare IP is a /32 or /128).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let bits = |a: IpAddr| -> (u128, u8) {
+            match a {
+                IpAddr::V4(v) => (u32::from(v) as u128, 32),
+                IpAddr::V6(v) => (u128::from(v), 128),
+            }
+        };
+        let ((net, width), (ip, ip_width)) = (bits(self.addr), bits(ip));
+        if width != ip_width {
+            return false;
+        }
+        let host_bits = u32::from(width - self.prefix);
+        net.checked_shr(host_bits).unwrap_or(0) == ip.checked_shr(host_bits).unwrap_or(0)
+    }
+}
+
+impl std::str::FromStr for Cidr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("{s:?} is not an address range like 10.0.0.0/16");
+        let (addr, prefix) = s.split_once('/').unwrap_or((s, ""));
+        let addr: IpAddr = addr.parse().map_err(|_| bad())?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = if prefix.is_empty() {
+            max
+        } else {
+            prefix.parse().map_err(|_| bad())?
+        };
+        if prefix > max {
+            return Err(bad());
+        }
+        Ok(Cidr { addr, prefix })
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+impl<'de> Deserialize<'de> for Cidr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for Cidr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidrs_contain_what_they_should() {
+        let c: Cidr = "10.0.0.0/16".parse().unwrap();
+        assert!(c.contains("10.0.255.1".parse().unwrap()));
+        assert!(!c.contains("10.1.0.1".parse().unwrap()));
+        assert!(!c.contains("::1".parse().unwrap()));
+        let one: Cidr = "10.0.0.2".parse().unwrap();
+        assert!(
+            one.contains("10.0.0.2".parse().unwrap()) && !one.contains("10.0.0.3".parse().unwrap())
+        );
+        assert!("0.0.0.0/0"
+            .parse::<Cidr>()
+            .unwrap()
+            .contains("1.2.3.4".parse().unwrap()));
+        assert!("10.0.0.0/33".parse::<Cidr>().is_err());
     }
 }

@@ -289,7 +289,7 @@ impl OciDrainer {
             let targets = {
                 let _one_at_a_time = lock.lock().await;
                 let (view, _) = self.retrying(|| self.client.get_load_balancer(lb)).await?;
-                targets_of(lb, &view, uid, ips, snapshot)
+                targets_of(lb, &view, uid, ips, snapshot, &self.cfg.node_networks)
             };
             for t in targets {
                 let key = t.key();
@@ -300,8 +300,9 @@ impl OciDrainer {
                     });
                     continue;
                 }
-                let full =
-                    drain && (t.set_len >= self.cfg.capacity_limit || t.lb_len >= self.cfg.capacity_limit);
+                let full = drain
+                    && (t.set_len >= self.cfg.capacity_limit
+                        || t.lb_len >= self.cfg.capacity_limit);
                 let remove = full && at_capacity == AtCapacity::RemoveEarly;
                 if full {
                     let what = format!(
@@ -542,17 +543,18 @@ fn state_word(drain: bool) -> &'static str {
 }
 
 /// The workload's backends on `lb`: `ipAddress` is one of the workload's
-/// IPs and that IP belongs to this workload uid alone. An IP several
-/// workloads share (a node IP: host-network pods, NodePort backends) is a
-/// node backend and never drained.
+/// IPs and the store says that IP belongs to this exact workload uid. A
+/// backend in a node network (a NodePort behind a node IP, a host-network
+/// pod) serves many pods and is never drained.
 fn targets_of(
     lb: &str,
     view: &LoadBalancer,
     uid: &str,
     ips: &[IpAddr],
     snapshot: &WorkloadSnapshot,
+    node_networks: &[super::config::Cidr],
 ) -> Vec<Target> {
-    let shared = |ip: IpAddr| snapshot.iter().filter(|w| w.spec.ips.contains(&ip)).count() > 1;
+    let node = |ip: IpAddr| node_networks.iter().any(|n| n.contains(ip));
     let lb_len = view.backend_sets.values().map(|s| s.backends.len()).sum();
     let mut out = Vec::new();
     for (set_name, set) in &view.backend_sets {
@@ -561,7 +563,7 @@ fn targets_of(
                 continue;
             };
             let owner = snapshot.by_ip(ip).map(|w| w.uid());
-            if !ips.contains(&ip) || owner != Some(uid) || shared(ip) {
+            if !ips.contains(&ip) || owner != Some(uid) || node(ip) {
                 continue;
             }
             out.push(Target {

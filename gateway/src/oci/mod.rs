@@ -17,8 +17,8 @@
 //!
 //! Safety rules (from the OCI native ingress review of backend draining):
 //! only opted-in workloads; only the exact pod's IPs; node backends (an IP
-//! shared by several workloads, e.g. a node IP with a NodePort) are never
-//! touched; every field other than `drain` is resent as read, under the load
+//! in `oci.node_networks`, e.g. a node IP with a NodePort, or a host-network
+//! pod's) are never touched; every field other than `drain` is resent as read, under the load
 //! balancer's ETag, so another writer's change is never overwritten.
 
 pub mod auth;
@@ -30,7 +30,7 @@ pub mod model;
 pub mod sign;
 
 pub use client::{OciClient, OciError};
-pub use config::{OciAuth, OciConfig, OptIn, OCI_BACKEND_LIMIT};
+pub use config::{Cidr, OciAuth, OciConfig, OptIn, OCI_BACKEND_LIMIT};
 pub use drainer::{OciDrainer, OciStatus};
 pub use metrics::OciMetrics;
 
@@ -86,5 +86,10 @@ pub fn from_config(
         metrics.clone(),
     )?;
     tracing::info!(endpoint = %client.endpoint(), load_balancers = cfg.load_balancers.len(), "OCI backend draining enabled");
-    Ok(Some(OciDrainer::new(cfg.clone(), client, workloads, metrics)))
+    Ok(Some(OciDrainer::new(
+        cfg.clone(),
+        client,
+        workloads,
+        metrics,
+    )))
 }

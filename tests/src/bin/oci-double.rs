@@ -24,7 +24,10 @@ fn main() -> anyhow::Result<()> {
     let mut backends = Vec::new();
     let mut cfg = DoubleConfig::default();
     while let Some(a) = args.next() {
-        let mut value = || args.next().ok_or_else(|| anyhow::anyhow!("{a} needs a value"));
+        let mut value = || {
+            args.next()
+                .ok_or_else(|| anyhow::anyhow!("{a} needs a value"))
+        };
         match a.as_str() {
             "--listen" => listen = value()?,
             "--key-id" => key_id = Some(value()?),
@@ -49,7 +52,8 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let key_id = key_id.ok_or_else(|| anyhow::anyhow!("--key-id is required"))?;
-    let pem = std::fs::read(public_key.ok_or_else(|| anyhow::anyhow!("--public-key is required"))?)?;
+    let pem =
+        std::fs::read(public_key.ok_or_else(|| anyhow::anyhow!("--public-key is required"))?)?;
     cfg.keys = HashMap::from([(key_id, public_key_der(&pem).map_err(anyhow::Error::msg)?)]);
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -71,7 +75,11 @@ fn main() -> anyhow::Result<()> {
             if let Some(out) = ca_out {
                 std::fs::copy(double.ca_file(), &out)?;
             }
-            println!("oci-double listening on {} (CA {})", double.endpoint(), double.ca_file().display());
+            println!(
+                "oci-double listening on {} (CA {})",
+                double.endpoint(),
+                double.ca_file().display()
+            );
             let mut seen = 0;
             loop {
                 tokio::time::sleep(Duration::from_millis(200)).await;

@@ -68,7 +68,11 @@ async fn handle(
     state: Arc<Mutex<State>>,
 ) -> Response<Full<Bytes>> {
     let (parts, body) = req.into_parts();
-    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     let method = parts.method.as_str().to_owned();
     let target = parts
         .uri
@@ -202,12 +206,14 @@ fn route(
         (_, ["20170115", "loadBalancers", lb, rest @ ..]) => {
             let lb = lb.to_string();
             let Some(l) = s.lbs.get(&lb) else {
-                return error(404, "NotAuthorizedOrNotFound", format!("no load balancer {lb}"));
+                return error(
+                    404,
+                    "NotAuthorizedOrNotFound",
+                    format!("no load balancer {lb}"),
+                );
             };
             let etag = vec![("etag", l.etag.to_string())];
-            let set_json = |name: &str, b: &Vec<Backend>| {
-                json!({"name": name, "policy": "ROUND_ROBIN", "backends": b})
-            };
+            let set_json = |name: &str, b: &Vec<Backend>| json!({"name": name, "policy": "ROUND_ROBIN", "backends": b});
             match (method, rest) {
                 ("GET", []) => {
                     let sets: serde_json::Map<String, Value> = l
@@ -230,7 +236,11 @@ fn route(
                     None => error(404, "NotAuthorizedOrNotFound", "no such backend set"),
                 },
                 ("GET", ["backendSets", set, "backends", name]) => {
-                    match l.sets.get(*set).and_then(|b| b.iter().find(|b| b.name == *name)) {
+                    match l
+                        .sets
+                        .get(*set)
+                        .and_then(|b| b.iter().find(|b| b.name == *name))
+                    {
                         Some(b) => (200, json!(b), etag),
                         None => error(404, "NotAuthorizedOrNotFound", "no such backend"),
                     }

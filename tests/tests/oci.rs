@@ -1,0 +1,544 @@
+//! OCI load-balancer backend draining end to end (issue 6): the real gateway
+//! (`app::build`, the workload file, the drain engine, the `oci-drain`
+//! plugin from target/plugins) against the OCI Load Balancing API double
+//! over HTTPS with verified request signatures.
+//!
+//! Pods here have addresses in 10.1.0.0/24 that only exist as data in the
+//! double's backend sets: nothing connects to them.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tidegate::app::App;
+use tidegate::config::Config;
+use tidegate_e2e::oci_double::{public_key_der, DoubleConfig, OciDouble};
+use tidegate_e2e::{eventually, gateway_config_with, init_tracing, metric};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const LB1: &str = "ocid1.loadbalancer.oc1..one";
+const LB2: &str = "ocid1.loadbalancer.oc1..two";
+const KEY_ID: &str = "ocid1.tenancy.oc1..t/ocid1.user.oc1..u/c6:92:57";
+const WITHIN: Duration = Duration::from_secs(10);
+
+// The pods (node-a is this gateway's node).
+const A: &str = "10.1.0.5";
+const B: &str = "10.1.0.6";
+/// Not opted in.
+const C: &str = "10.1.0.7";
+/// Opted in by `oci.opt_in` (namespace shop, app=api), not by annotation.
+const API: &str = "10.1.0.8";
+/// A node IP behind a NodePort: serves many pods.
+const NODE: &str = "10.0.0.1";
+/// A host-network pod has its node's IP: a node backend too.
+const HOSTNET: &str = "10.0.0.2";
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../gateway/tests/fixtures/oci")
+        .join(name)
+}
+
+fn plugin(name: &str) -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/plugins")
+        .join(format!("{name}.wasm"));
+    assert!(
+        p.exists(),
+        "{} missing: run `cargo xtask plugins`",
+        p.display()
+    );
+    p.canonicalize().unwrap()
+}
+
+/// The workload file: `terminating` pods are in shutdown, `gone` are absent.
+fn write_pods(path: &Path, terminating: &[&str], gone: &[&str]) {
+    let pods = [
+        ("a", A, "web", "true"),
+        ("b", B, "web", "true"),
+        ("c", C, "web", "false"),
+        ("api", API, "shop", "false"),
+        ("host", HOSTNET, "web", "true"),
+    ];
+    let mut yaml = String::from("workloads:\n");
+    for (name, ip, ns, opted) in pods {
+        if gone.contains(&name) {
+            continue;
+        }
+        let state = if terminating.contains(&name) {
+            "terminating"
+        } else {
+            "running"
+        };
+        yaml.push_str(&format!(
+            "- {{uid: uid-{name}, name: {name}, namespace: {ns}, ips: [{ip}], node: node-a, state: {state}, labels: {{app: {name}}}, oci_backend_draining: {opted}}}\n"
+        ));
+    }
+    // Atomic replace: the watcher never reads half a file.
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, yaml).unwrap();
+    std::fs::rename(tmp, path).unwrap();
+}
+
+struct Rig {
+    dir: tempfile::TempDir,
+    double: OciDouble,
+    app: App,
+}
+
+struct Opts {
+    at_capacity: &'static str,
+    capacity_limit: usize,
+    key: &'static str,
+    max_attempts: u32,
+    double: DoubleConfig,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            at_capacity: "keep",
+            capacity_limit: 512,
+            key: "api_key.pem",
+            max_attempts: 8,
+            double: DoubleConfig::default(),
+        }
+    }
+}
+
+impl Rig {
+    async fn start(opts: Opts) -> Rig {
+        init_tracing();
+        let mut dcfg = opts.double;
+        let public = public_key_der(&std::fs::read(fixture("api_key.pem")).unwrap()).unwrap();
+        dcfg.keys = HashMap::from([(KEY_ID.to_owned(), public)]);
+        let double = OciDouble::start(dcfg).await;
+        double.add_load_balancer(LB1);
+        double.add_load_balancer(LB2);
+        for ip in [A, B, C, API] {
+            double.add_backend(LB1, "web", ip, 8080).unwrap();
+        }
+        double.add_backend(LB1, "web", NODE, 30080).unwrap();
+        double.add_backend(LB1, "web", HOSTNET, 30081).unwrap();
+        double.add_backend(LB1, "tls", A, 8443).unwrap();
+        double.add_backend(LB2, "web", A, 8080).unwrap();
+
+        let dir = tempfile::tempdir().unwrap();
+        let workloads = dir.path().join("workloads.yaml");
+        write_pods(&workloads, &[], &[]);
+        let extra = format!(
+            r#"policies:
+  default: p
+  plugins:
+    p:
+      file: {plugin}
+      config: '{{"require-opt-in": false, "at-capacity": "{at_capacity}"}}'
+oci:
+  enabled: true
+  endpoint: {endpoint}
+  ca_file: {ca}
+  load_balancers: [{LB1}, {LB2}]
+  auth: {{mode: api-key, tenancy: ocid1.tenancy.oc1..t, user: ocid1.user.oc1..u, fingerprint: "c6:92:57", key_file: {key}}}
+  opt_in: [{{namespace: shop, selector: {{app: api}}}}]
+  node_networks: [10.0.0.0/24]
+  capacity_limit: {capacity_limit}
+  max_attempts: {max_attempts}
+  reassert_interval: 100ms
+  backoff_base: 5ms
+  backoff_max: 40ms
+  work_request_poll: 10ms
+"#,
+            plugin = plugin("oci-drain").display(),
+            at_capacity = opts.at_capacity,
+            endpoint = double.endpoint(),
+            ca = double.ca_file().display(),
+            key = fixture(opts.key).display(),
+            capacity_limit = opts.capacity_limit,
+            max_attempts = opts.max_attempts,
+        );
+        let config = gateway_config_with("node-a", "{source: dev-ca}", &workloads, 15008, &extra);
+        let app = tidegate::app::build(config).await.unwrap();
+        Rig { dir, double, app }
+    }
+
+    fn pods(&self, terminating: &[&str], gone: &[&str]) {
+        write_pods(&self.dir.path().join("workloads.yaml"), terminating, gone);
+    }
+
+    fn drain_of(&self, lb: &str, set: &str, ip: &str, port: u16) -> bool {
+        self.double
+            .backend(lb, set, &format!("{ip}:{port}"))
+            .unwrap_or_else(|| panic!("backend {ip}:{port} missing from {lb}/{set}"))
+            .drain
+    }
+
+    /// The `oci` part of the workload's entry in `GET /drains` (real HTTP).
+    async fn oci_status(&self, uid: &str) -> serde_json::Value {
+        let body = admin_get(self.app.addrs.admin, "/drains").await;
+        body["drains"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["uid"] == uid)
+            .map(|d| d["oci"].clone())
+            .unwrap_or(serde_json::Value::Null)
+    }
+
+    async fn wait_state(&self, uid: &str, state: &str) -> serde_json::Value {
+        self.wait_for(uid, state, |s| s["state"] == state).await
+    }
+
+    /// Polls `GET /drains` until the workload's OCI status satisfies `check`.
+    async fn wait_for(
+        &self,
+        uid: &str,
+        what: &str,
+        check: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = tokio::time::Instant::now() + WITHIN;
+        loop {
+            let s = self.oci_status(uid).await;
+            if check(&s) {
+                return s;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{uid}: OCI drain never reached {what}: {s}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+async fn admin_get(addr: SocketAddr, path: &str) -> serde_json::Value {
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    tcp.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    tcp.read_to_string(&mut out).await.unwrap();
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("GET {path}: {e}: {out}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_exactly_the_pods_backends_and_only_opted_in_pods() {
+    let rig = Rig::start(Opts::default()).await;
+    // Fields other than drain must survive: set them as an operator would.
+    rig.double.with(|s| {
+        s.other_writer(LB1, "web", "10.1.0.5:8080", |b| {
+            b.weight = 5;
+            b.max_connections = Some(100);
+        })
+    });
+    let t0 = std::time::Instant::now();
+    rig.pods(&["a", "c", "api", "host"], &[]);
+    eventually("pod a's three backends drained", WITHIN, || {
+        rig.drain_of(LB1, "web", A, 8080)
+            && rig.drain_of(LB1, "tls", A, 8443)
+            && rig.drain_of(LB2, "web", A, 8080)
+    })
+    .await;
+    let elapsed = t0.elapsed();
+    let keys = [
+        format!("{LB1}/web/10.1.0.5:8080"),
+        format!("{LB1}/tls/10.1.0.5:8443"),
+        format!("{LB2}/web/10.1.0.5:8080"),
+    ];
+    let a = rig
+        .wait_for("uid-a", "three backends drained", |s| {
+            keys.iter().all(|k| s["backends"][k] == "drained")
+        })
+        .await;
+    assert_eq!(a["state"], "running", "re-asserting while terminating: {a}");
+    rig.wait_for("uid-api", "drained", |s| {
+        s["backends"][format!("{LB1}/web/10.1.0.8:8080")] == "drained"
+    })
+    .await;
+    assert!(rig.drain_of(LB1, "web", API, 8080));
+
+    let web_a = rig.double.backend(LB1, "web", "10.1.0.5:8080").unwrap();
+    assert_eq!((web_a.weight, web_a.max_connections), (5, Some(100)));
+    assert!(!web_a.backup && !web_a.offline);
+    // Untouched: another pod, the pod without opt-in, node backends.
+    for (ip, port) in [(B, 8080), (C, 8080), (NODE, 30080), (HOSTNET, 30081)] {
+        assert!(!rig.drain_of(LB1, "web", ip, port), "{ip}:{port} drained");
+        assert_eq!(
+            rig.double.mutations_of(&format!("{ip}:{port}")),
+            0,
+            "{ip}:{port} was written to"
+        );
+    }
+    let host = rig.wait_state("uid-host", "done").await;
+    assert!(
+        host["backends"].as_object().is_none_or(|b| b.is_empty()),
+        "{host}"
+    );
+    let c = rig.wait_state("uid-c", "not-opted-in").await;
+    assert!(c["backends"].as_object().is_none_or(|b| b.is_empty()));
+
+    // GET /drains shows the outcome per backend, with its latency.
+    for key in &keys {
+        assert!(a["latency_ms"][key].is_u64(), "{a}");
+    }
+    let m = rig.app.metrics_text();
+    let count = metric(&m, "tidegate_oci_drain_latency_seconds_count");
+    let sum = metric(&m, "tidegate_oci_drain_latency_seconds_sum");
+    assert_eq!(count, 4.0, "{m}");
+    assert!(
+        metric(
+            &m,
+            "tidegate_oci_calls_total{operation=\"UpdateBackend\",status=\"204\"}"
+        ) >= 4.0
+    );
+    assert!(metric(&m, "tidegate_oci_backends_total{result=\"drained\"}") >= 4.0);
+    println!(
+        "event → drain SUCCEEDED: mean {:.1} ms over {count} backends (work requests take {:?}+{:?} in the double); \
+         file write → all three of pod a's backends drained: {elapsed:?}",
+        sum / count * 1e3,
+        DoubleConfig::default().accepted_delay,
+        DoubleConfig::default().progress_delay,
+    );
+
+    // The pod is gone: the re-assert loop stops.
+    rig.pods(&[], &["a"]);
+    rig.wait_state("uid-a", "done").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pods_on_one_load_balancer_are_serialized_with_fresh_etags() {
+    let rig = Rig::start(Opts {
+        double: DoubleConfig {
+            accepted_delay: Duration::from_millis(30),
+            progress_delay: Duration::from_millis(60),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let etag_before = rig.double.etag(LB1);
+    rig.pods(&["a", "b"], &[]);
+    eventually("pods a and b drained", WITHIN, || {
+        rig.drain_of(LB1, "web", A, 8080)
+            && rig.drain_of(LB1, "tls", A, 8443)
+            && rig.drain_of(LB1, "web", B, 8080)
+    })
+    .await;
+    // One work request at a time (the double answers 409 IncorrectState to
+    // a mutation while another runs) and never a stale ETag (412).
+    assert_eq!(rig.double.count("UpdateBackend", 409), 0);
+    assert_eq!(rig.double.count("UpdateBackend", 412), 0);
+    let lb1_updates = rig
+        .double
+        .calls()
+        .iter()
+        .filter(|c| c.operation == "UpdateBackend" && c.path.contains(LB1))
+        .count();
+    assert_eq!(lb1_updates, 3);
+    // Each accepted mutation bumps the ETag twice (accepted, completed).
+    assert!(rig.double.etag(LB1) >= etag_before + 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_412_race_converges_without_overwriting_the_other_writer() {
+    let rig = Rig::start(Opts::default()).await;
+    // Between tidegate's read and its write, another writer changes the
+    // backend's weight, backup and offline flags.
+    rig.double.before_next_update(|s| {
+        s.other_writer(LB1, "web", "10.1.0.6:8080", |b| {
+            b.weight = 7;
+            b.backup = true;
+            b.offline = true;
+        });
+    });
+    rig.pods(&["b"], &[]);
+    eventually("pod b drained", WITHIN, || {
+        rig.drain_of(LB1, "web", B, 8080)
+    })
+    .await;
+    let b = rig.double.backend(LB1, "web", "10.1.0.6:8080").unwrap();
+    assert_eq!((b.weight, b.backup, b.offline), (7, true, true), "{b:?}");
+    assert_eq!(rig.double.count("UpdateBackend", 412), 1);
+    let m = rig.app.metrics_text();
+    assert_eq!(
+        metric(&m, "tidegate_oci_retries_total{reason=\"etag\"}"),
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_storm_converges_within_the_bound_and_a_longer_one_gives_up() {
+    let rig = Rig::start(Opts {
+        max_attempts: 6,
+        ..Default::default()
+    })
+    .await;
+    rig.double
+        .inject("GetLoadBalancer", 429, "TooManyRequests", 2);
+    rig.double
+        .inject("UpdateBackend", 429, "TooManyRequests", 4);
+    rig.pods(&["b"], &[]);
+    eventually("pod b drained through the storm", WITHIN, || {
+        rig.drain_of(LB1, "web", B, 8080)
+    })
+    .await;
+    assert_eq!(rig.double.count("UpdateBackend", 429), 4);
+    assert_eq!(
+        metric(
+            &rig.app.metrics_text(),
+            "tidegate_oci_retries_total{reason=\"throttled\"}"
+        ),
+        6.0
+    );
+
+    // More 429s than attempts: the drain stops with a clear error, bounded.
+    rig.double
+        .inject("UpdateBackend", 429, "TooManyRequests", 50);
+    rig.pods(&["b", "a"], &[]);
+    let s = rig.wait_state("uid-a", "failed").await;
+    let error = s["error"].as_str().unwrap();
+    assert!(
+        error.contains("gave up after 6 attempts") && error.contains("429"),
+        "{error}"
+    );
+    assert_eq!(rig.double.count("UpdateBackend", 429), 4 + 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_by_the_foreign_controller_is_reasserted() {
+    let rig = Rig::start(Opts::default()).await;
+    rig.pods(&["b"], &[]);
+    eventually("pod b drained", WITHIN, || {
+        rig.drain_of(LB1, "web", B, 8080)
+    })
+    .await;
+    let updates = rig.double.mutations_of("10.1.0.6:8080");
+    // The replacement pod joins; OCI's own controller rewrites the set with drain=false.
+    rig.double.set_foreign_controller(true);
+    rig.double
+        .add_backend(LB1, "web", "10.1.0.9", 8080)
+        .unwrap();
+    assert!(!rig.drain_of(LB1, "web", B, 8080), "the reset happened");
+    eventually("drain re-asserted", WITHIN, || {
+        rig.drain_of(LB1, "web", B, 8080)
+    })
+    .await;
+    assert_eq!(rig.double.mutations_of("10.1.0.6:8080"), updates + 1);
+    let s = rig
+        .wait_for("uid-b", "one re-assertion", |s| s["reasserted"] == 1)
+        .await;
+    assert_eq!(s["state"], "running", "{s}");
+    assert!(
+        metric(
+            &rig.app.metrics_text(),
+            "tidegate_oci_drains_reasserted_total"
+        ) >= 1.0
+    );
+    // The replacement (not terminating) is never drained.
+    assert!(!rig.drain_of(LB1, "web", "10.1.0.9", 8080));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_capacity_the_policy_choice_is_honoured() {
+    // The "web" set of LB1 holds 6 backends: a limit of 6 makes it full.
+    let remove = Rig::start(Opts {
+        at_capacity: "remove-early",
+        capacity_limit: 6,
+        ..Default::default()
+    })
+    .await;
+    remove.pods(&["b"], &[]);
+    eventually("pod b's backend removed to make room", WITHIN, || {
+        remove.double.backend(LB1, "web", "10.1.0.6:8080").is_none()
+    })
+    .await;
+    assert_eq!(remove.double.count("DeleteBackend", 204), 1);
+    assert_eq!(remove.double.count("UpdateBackend", 204), 0);
+    let s = remove.wait_state("uid-b", "done").await;
+    assert!(
+        s["capacity"][0]
+            .as_str()
+            .unwrap()
+            .contains("(limit 6): remove-early"),
+        "{s}"
+    );
+    let m = remove.app.metrics_text();
+    assert_eq!(
+        metric(
+            &m,
+            "tidegate_oci_capacity_events_total{choice=\"remove-early\"}"
+        ),
+        1.0
+    );
+    // The replacement now fits.
+    remove
+        .double
+        .add_backend(LB1, "web", "10.1.0.9", 8080)
+        .unwrap();
+
+    let keep = Rig::start(Opts {
+        at_capacity: "keep",
+        capacity_limit: 6,
+        ..Default::default()
+    })
+    .await;
+    keep.pods(&["b"], &[]);
+    eventually("pod b drained and kept", WITHIN, || {
+        keep.drain_of(LB1, "web", B, 8080)
+    })
+    .await;
+    assert_eq!(keep.double.count("DeleteBackend", 204), 0);
+    let m = keep.app.metrics_text();
+    assert_eq!(
+        metric(&m, "tidegate_oci_capacity_events_total{choice=\"keep\"}"),
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_credentials_are_a_clear_error_and_never_retried() {
+    // Signed with a key the double does not know for this key id.
+    let rig = Rig::start(Opts {
+        key: "other_key.pem",
+        ..Default::default()
+    })
+    .await;
+    rig.pods(&["a"], &[]);
+    let s = rig.wait_state("uid-a", "failed").await;
+    let error = s["error"].as_str().unwrap();
+    assert!(
+        error.contains("GetLoadBalancer: HTTP 401 NotAuthenticated"),
+        "{error}"
+    );
+    // The task ended on the first 401: one call, and no more afterwards.
+    assert_eq!(rig.double.calls().len(), 1);
+    rig.pods(&["a", "b"], &[]);
+    rig.wait_state("uid-b", "failed").await;
+    assert_eq!(rig.double.calls().len(), 2);
+    assert!(!rig.drain_of(LB1, "web", A, 8080));
+}
+
+#[test]
+fn enabling_oci_without_credentials_names_the_key() {
+    let e = Config::from_yaml("oci: {enabled: true, region: r, load_balancers: [x]}").unwrap_err();
+    assert!(e.to_string().contains("`oci.auth`"), "{e}");
+    let e = Config::from_yaml(
+        "oci: {enabled: true, region: r, auth: {mode: api-key, tenancy: t, user: u, fingerprint: f, key_file: /k}}",
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("`oci.load_balancers`"), "{e}");
+}
+
+#[tokio::test]
+async fn an_unreadable_key_file_fails_the_build_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let workloads = dir.path().join("w.yaml");
+    write_pods(&workloads, &[], &[]);
+    let extra = "oci: {enabled: true, region: r, load_balancers: [x], auth: {mode: api-key, tenancy: t, user: u, fingerprint: f, key_file: /nonexistent/key.pem}}";
+    let config = gateway_config_with("node-a", "{source: dev-ca}", &workloads, 15008, extra);
+    let e = tidegate::app::build(config).await.err().unwrap();
+    assert!(
+        format!("{e:#}").contains("oci.auth.key_file /nonexistent/key.pem"),
+        "{e:#}"
+    );
+}
