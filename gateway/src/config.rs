@@ -465,7 +465,9 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        self.oci.check().map_err(|(key, message)| invalid(key, message))?;
+        self.oci
+            .check()
+            .map_err(|(key, message)| invalid(key, message))?;
         let h = &self.hbone;
         if !(16_384..=16_777_215).contains(&h.max_frame_size) {
             return Err(invalid(
