@@ -92,6 +92,8 @@ struct Opts {
     capacity_limit: usize,
     key: &'static str,
     max_attempts: u32,
+    /// Sign with OKE workload identity, this service-account token in the token file.
+    workload_identity: Option<&'static str>,
     double: DoubleConfig,
 }
 
@@ -102,6 +104,7 @@ impl Default for Opts {
             capacity_limit: 512,
             key: "api_key.pem",
             max_attempts: 8,
+            workload_identity: None,
             double: DoubleConfig::default(),
         }
     }
@@ -127,6 +130,22 @@ impl Rig {
         let dir = tempfile::tempdir().unwrap();
         let workloads = dir.path().join("workloads.yaml");
         write_pods(&workloads, &[], &[]);
+        let auth = match opts.workload_identity {
+            Some(token) => {
+                let file = dir.path().join("sa-token");
+                std::fs::write(&file, token).unwrap();
+                format!(
+                    "{{mode: workload-identity, proxymux_endpoint: {}, token_file: {}, ca_file: {}}}",
+                    double.endpoint(),
+                    file.display(),
+                    double.ca_file().display()
+                )
+            }
+            None => format!(
+                "{{mode: api-key, tenancy: ocid1.tenancy.oc1..t, user: ocid1.user.oc1..u, fingerprint: \"c6:92:57\", key_file: {}}}",
+                fixture(opts.key).display()
+            ),
+        };
         let extra = format!(
             r#"policies:
   default: p
@@ -139,7 +158,7 @@ oci:
   endpoint: {endpoint}
   ca_file: {ca}
   load_balancers: [{LB1}, {LB2}]
-  auth: {{mode: api-key, tenancy: ocid1.tenancy.oc1..t, user: ocid1.user.oc1..u, fingerprint: "c6:92:57", key_file: {key}}}
+  auth: {auth}
   opt_in: [{{namespace: shop, selector: {{app: api}}}}]
   node_networks: [10.0.0.0/24]
   capacity_limit: {capacity_limit}
@@ -153,7 +172,6 @@ oci:
             at_capacity = opts.at_capacity,
             endpoint = double.endpoint(),
             ca = double.ca_file().display(),
-            key = fixture(opts.key).display(),
             capacity_limit = opts.capacity_limit,
             max_attempts = opts.max_attempts,
         );
@@ -516,6 +534,48 @@ async fn bad_credentials_are_a_clear_error_and_never_retried() {
     rig.wait_state("uid-b", "failed").await;
     assert_eq!(rig.double.calls().len(), 2);
     assert!(!rig.drain_of(LB1, "web", A, 8080));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workload_identity_signs_with_the_session_key() {
+    let rig = Rig::start(Opts {
+        workload_identity: Some("sa-token-of-tidegate"),
+        double: DoubleConfig {
+            service_account_tokens: vec!["sa-token-of-tidegate".into()],
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    rig.pods(&["b"], &[]);
+    eventually("pod b drained", WITHIN, || {
+        rig.drain_of(LB1, "web", B, 8080)
+    })
+    .await;
+    // One exchange; every API call after it was signed under `ST$<token>`
+    // with the ephemeral key (the double verifies each against that key).
+    assert_eq!(rig.double.count("ResourcePrincipalSessionToken", 200), 1);
+    assert_eq!(rig.double.count("UpdateBackend", 204), 1);
+    assert!(rig.double.calls().iter().all(|c| c.status != 401));
+
+    // A token the proxymux refuses: a clear error, no API call.
+    let refused = Rig::start(Opts {
+        workload_identity: Some("stolen-token"),
+        double: DoubleConfig {
+            service_account_tokens: vec!["sa-token-of-tidegate".into()],
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    refused.pods(&["b"], &[]);
+    let s = refused.wait_state("uid-b", "failed").await;
+    let error = s["error"].as_str().unwrap();
+    assert!(
+        error.contains("token exchange") && error.contains("HTTP 401"),
+        "{error}"
+    );
+    assert_eq!(refused.double.calls().len(), 1);
 }
 
 #[test]

@@ -2,22 +2,19 @@
 //! tokio-rustls, one connection per request (calls are rare: a few per
 //! terminating pod), each bounded by a timeout.
 
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http::{Method, Request, StatusCode};
-use http_body_util::{BodyExt as _, Full};
-use hyper_util::rt::TokioIo;
-use rustls_pki_types::ServerName;
+use http::Method;
 use serde::de::DeserializeOwned;
-use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
 use tracing::debug;
+
+use super::auth::Credentials;
+use super::transport::Endpoint;
 
 use super::metrics::OciMetrics;
 use super::model::{Backend, ErrorBody, LoadBalancer, UpdateBackendDetails, WorkRequest};
-use super::sign::{Signer, ToSign, CONTENT_TYPE};
+use super::sign::{ToSign, CONTENT_TYPE};
 
 /// The API version prefix of every path.
 pub const API: &str = "/20170115";
@@ -44,7 +41,7 @@ pub enum OciError {
         operation: &'static str,
         message: String,
     },
-    #[error("{operation}: signing failed: {message}")]
+    #[error("{operation}: cannot sign the request: {message}")]
     Sign {
         operation: &'static str,
         message: String,
@@ -77,21 +74,16 @@ pub enum EndpointError {
 
 /// A parsed response.
 struct Response {
-    status: StatusCode,
+    status: u16,
     etag: Option<String>,
     work_request: Option<String>,
     body: Bytes,
 }
 
-/// The client for one endpoint and one signer.
+/// The client for one endpoint and one identity.
 pub struct OciClient {
-    host: String,
-    port: u16,
-    /// `host[:port]` as the Host header and the signature carry it.
-    authority: String,
-    server_name: ServerName<'static>,
-    tls: TlsConnector,
-    signer: Arc<Signer>,
+    endpoint: Endpoint,
+    auth: Credentials,
     timeout: Duration,
     metrics: OciMetrics,
 }
@@ -99,58 +91,42 @@ pub struct OciClient {
 impl std::fmt::Debug for OciClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OciClient")
-            .field("endpoint", &self.authority)
-            .field("key_id", &self.signer.key_id())
+            .field("endpoint", &self.endpoint.url())
             .finish()
     }
 }
 
 impl OciClient {
-    /// `endpoint` is `https://host[:port]`; `roots` are the PEM CA
-    /// certificates trusted for it.
+    /// `endpoint` is `https://host[:port]`; `roots_pem` are the PEM CA
+    /// certificates trusted for it (read from `ca_path`).
     pub fn new(
         endpoint: &str,
         roots_pem: &[u8],
         ca_path: &str,
-        signer: Arc<Signer>,
+        auth: Credentials,
         timeout: Duration,
         metrics: OciMetrics,
     ) -> Result<Self, EndpointError> {
-        let uri: http::Uri = endpoint
-            .parse()
-            .map_err(|_| EndpointError::Url(endpoint.into()))?;
-        if uri.scheme_str() != Some("https") {
-            return Err(EndpointError::Url(endpoint.into()));
-        }
-        let authority = uri
-            .authority()
-            .ok_or_else(|| EndpointError::Url(endpoint.into()))?
-            .clone();
-        let host = authority
-            .host()
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_owned();
-        let server_name =
-            ServerName::try_from(host.clone()).map_err(|_| EndpointError::Url(endpoint.into()))?;
-        let tls = tls_connector(roots_pem).map_err(|message| EndpointError::Ca {
-            path: ca_path.into(),
-            message,
+        let endpoint = Endpoint::new(endpoint, roots_pem, true).map_err(|message| {
+            if message.contains("https://") {
+                EndpointError::Url(endpoint.into())
+            } else {
+                EndpointError::Ca {
+                    path: ca_path.into(),
+                    message,
+                }
+            }
         })?;
         Ok(OciClient {
-            port: authority.port_u16().unwrap_or(443),
-            authority: authority.as_str().to_owned(),
-            host,
-            server_name,
-            tls,
-            signer,
+            endpoint,
+            auth,
             timeout,
             metrics,
         })
     }
 
     pub fn endpoint(&self) -> String {
-        format!("https://{}", self.authority)
+        self.endpoint.url()
     }
 
     pub async fn get_load_balancer(&self, lb: &str) -> Result<(LoadBalancer, String), OciError> {
@@ -235,7 +211,7 @@ impl OciClient {
             })
         });
         let status = match &result {
-            Ok(r) => r.status.as_u16().to_string(),
+            Ok(r) => r.status.to_string(),
             Err(OciError::Status { status, .. }) => status.to_string(),
             Err(_) => "error".to_owned(),
         };
@@ -258,87 +234,55 @@ impl OciClient {
         };
         let target = format!("{API}{path}");
         let date = httpdate::fmt_http_date(SystemTime::now());
-        let signed = self
-            .signer
+        let sign_error = |message: String| OciError::Sign { operation, message };
+        let signer = self
+            .auth
+            .signer()
+            .await
+            .map_err(|e| sign_error(e.to_string()))?;
+        let signed = signer
             .sign(&ToSign {
                 method: method.as_str(),
                 target: &target,
-                host: &self.authority,
+                host: self.endpoint.authority(),
                 date: &date,
                 body: body.as_deref(),
             })
-            .map_err(|e| OciError::Sign {
-                operation,
-                message: e.to_string(),
-            })?;
-        let mut req = Request::builder()
-            .method(method.clone())
-            .uri(&target)
-            .header("host", &self.authority)
-            .header("date", &date)
-            .header("authorization", signed.authorization)
-            .header("accept", CONTENT_TYPE);
+            .map_err(|e| sign_error(e.to_string()))?;
+        let mut headers = vec![
+            ("date", date.clone()),
+            ("authorization", signed.authorization),
+            ("accept", CONTENT_TYPE.to_owned()),
+        ];
         if let Some(etag) = if_match {
-            req = req.header("if-match", etag);
+            headers.push(("if-match", etag.to_owned()));
         }
         if let (Some(b), Some(sha)) = (&body, signed.content_sha256) {
-            req = req
-                .header("content-type", CONTENT_TYPE)
-                .header("content-length", b.len())
-                .header("x-content-sha256", sha);
+            headers.push(("content-type", CONTENT_TYPE.to_owned()));
+            headers.push(("content-length", b.len().to_string()));
+            headers.push(("x-content-sha256", sha));
         }
-        let req = req
-            .body(Full::new(Bytes::from(body.unwrap_or_default())))
-            .map_err(|e| transport(e.to_string()))?;
-
-        let tcp = TcpStream::connect((self.host.as_str(), self.port))
+        let r = self
+            .endpoint
+            .send(method.as_str(), &target, &headers, body.unwrap_or_default())
             .await
-            .map_err(|e| transport(e.to_string()))?;
-        let tls = self
-            .tls
-            .connect(self.server_name.clone(), tcp)
-            .await
-            .map_err(|e| transport(format!("TLS: {e}")))?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-            .await
-            .map_err(|e| transport(e.to_string()))?;
-        tokio::spawn(conn);
-        let resp = sender
-            .send_request(req)
-            .await
-            .map_err(|e| transport(e.to_string()))?;
-        let status = resp.status();
-        let header = |name: &str| {
-            resp.headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        let etag = header("etag");
-        let work_request = header("opc-work-request-id");
-        let request_id = header("opc-request-id").unwrap_or_default();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| transport(e.to_string()))?
-            .to_bytes();
-        debug!(operation, %method, path = %target, status = status.as_u16(), "oci call");
-        if !status.is_success() {
-            let e: ErrorBody = serde_json::from_slice(&body).unwrap_or_default();
+            .map_err(transport)?;
+        debug!(operation, %method, path = %target, status = r.status, "oci call");
+        if !(200..300).contains(&r.status) {
+            let e: ErrorBody = serde_json::from_slice(&r.body).unwrap_or_default();
             return Err(OciError::Status {
                 operation,
-                status: status.as_u16(),
+                status: r.status,
                 code: e.code,
                 message: e.message,
-                request_id,
+                request_id: r.header("opc-request-id").unwrap_or_default(),
             });
         }
         Ok(Response {
-            status,
-            etag,
-            work_request,
-            body,
+            status: r.status,
+            etag: r.header("etag"),
+            work_request: r.header("opc-work-request-id"),
+            body: r.body,
         })
     }
 }
@@ -359,26 +303,4 @@ fn decode<T: DeserializeOwned>(operation: &'static str, body: &[u8]) -> Result<T
         operation,
         message: e.to_string(),
     })
-}
-
-fn tls_connector(roots_pem: &[u8]) -> Result<TlsConnector, String> {
-    use rustls_pki_types::pem::PemObject as _;
-    use rustls_pki_types::CertificateDer;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(roots_pem) {
-        let cert = cert.map_err(|e| e.to_string())?;
-        // A system bundle may hold a few certificates rustls rejects; skip them.
-        let _ = roots.add(cert);
-    }
-    if roots.is_empty() {
-        return Err("no CA certificate in the file".into());
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| e.to_string())?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    Ok(TlsConnector::from(Arc::new(config)))
 }

@@ -8,6 +8,7 @@
 //!   ca_file: /etc/ssl/certs/ca-certificates.crt
 //!   load_balancers: [ocid1.loadbalancer.oc1..aaaa]
 //!   auth: {mode: api-key, tenancy: ocid1.tenancy.., user: ocid1.user.., fingerprint: "aa:bb:..", key_file: /etc/oci/key.pem}
+//!   # or: auth: {mode: workload-identity, proxymux_endpoint: "https://10.96.0.1:12250"}
 //!   opt_in: [{namespace: shop, selector: {app: web}}]   # besides the Service annotation
 //! ```
 
@@ -103,6 +104,25 @@ pub enum OciAuth {
         fingerprint: String,
         key_file: PathBuf,
     },
+    /// OKE workload identity: the pod's service-account token is exchanged
+    /// for a resource-principal session token (key id `ST$<token>`).
+    WorkloadIdentity {
+        /// The cluster's proxymux: `https://<KUBERNETES_SERVICE_HOST>:12250`.
+        proxymux_endpoint: String,
+        #[serde(default = "default_sa_token")]
+        token_file: PathBuf,
+        /// CA of the proxymux certificate (the service-account CA).
+        #[serde(default = "default_sa_ca")]
+        ca_file: PathBuf,
+    },
+}
+
+fn default_sa_token() -> PathBuf {
+    "/var/run/secrets/kubernetes.io/serviceaccount/token".into()
+}
+
+fn default_sa_ca() -> PathBuf {
+    "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt".into()
 }
 
 /// Workloads in `namespace` whose labels include all of `selector`.
@@ -138,7 +158,7 @@ impl OciConfig {
         if self.auth.is_none() {
             return Err((
                 "oci.auth",
-                "required when oci.enabled is true: {mode: api-key, tenancy, user, fingerprint, key_file}".into(),
+                "required when oci.enabled is true: {mode: api-key, tenancy, user, fingerprint, key_file} or {mode: workload-identity, proxymux_endpoint}".into(),
             ));
         }
         if let Some(OciAuth::ApiKey {
@@ -156,6 +176,17 @@ impl OciConfig {
                 if v.is_empty() {
                     return Err((key, "must not be empty".into()));
                 }
+            }
+        }
+        if let Some(OciAuth::WorkloadIdentity {
+            proxymux_endpoint, ..
+        }) = &self.auth
+        {
+            if !proxymux_endpoint.starts_with("https://") {
+                return Err((
+                    "oci.auth.proxymux_endpoint",
+                    "must be https://<KUBERNETES_SERVICE_HOST>:12250".into(),
+                ));
             }
         }
         if self.load_balancers.is_empty() {

@@ -7,7 +7,7 @@
 //! the pod terminates.
 //!
 //! - [`sign`]: OCI HTTP signatures (version 1, rsa-sha256).
-//! - [`auth`]: the signing key (API key).
+//! - [`auth`]: the signing key (API key, or OKE workload identity's session key).
 //! - [`client`]: signed HTTPS calls (GetLoadBalancer, GetBackend,
 //!   UpdateBackend, DeleteBackend, GetWorkRequest).
 //! - [`model`]: the API's JSON types.
@@ -28,6 +28,7 @@ pub mod drainer;
 pub mod metrics;
 pub mod model;
 pub mod sign;
+mod transport;
 
 pub use client::{OciClient, OciError};
 pub use config::{Cidr, OciAuth, OciConfig, OptIn, OCI_BACKEND_LIMIT};
@@ -68,7 +69,17 @@ pub fn from_config(
             user,
             fingerprint,
             key_file,
-        }) => auth::api_key(tenancy, user, fingerprint, key_file)?,
+        }) => auth::Credentials::Static(auth::api_key(tenancy, user, fingerprint, key_file)?),
+        Some(OciAuth::WorkloadIdentity {
+            proxymux_endpoint,
+            token_file,
+            ca_file,
+        }) => auth::Credentials::WorkloadIdentity(auth::WorkloadIdentity::new(
+            proxymux_endpoint,
+            token_file,
+            ca_file,
+            cfg.request_timeout,
+        )?),
         None => return Err(OciSetupError::NoAuth),
     };
     let ca_path = cfg.ca_file.display().to_string();

@@ -10,7 +10,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
-use super::verify::{verify, Seen};
+use super::verify::{spki_key, verify, Seen};
 use super::{Backend, Call, State, WorkRequest};
 
 type Reply = (u16, Value, Vec<(&'static str, String)>);
@@ -103,12 +103,16 @@ async fn handle(
             header: &header,
             body: &body,
         };
-        let reply = match verify(&seen, &s.cfg.keys, s.cfg.max_clock_skew) {
-            Err(why) => error(401, "NotAuthenticated", why),
-            Ok(_) => match injected(&mut s, operation) {
-                Some(r) => r,
-                None => route(&mut s, &state, &method, &segments, &header, &body),
-            },
+        let reply = if operation == "ResourcePrincipalSessionToken" {
+            session_token(&mut s, &header, &body)
+        } else {
+            match verify(&seen, &s.cfg.keys, s.cfg.max_clock_skew) {
+                Err(why) => error(401, "NotAuthenticated", why),
+                Ok(_) => match injected(&mut s, operation) {
+                    Some(r) => r,
+                    None => route(&mut s, &state, &method, &segments, &header, &body),
+                },
+            }
         };
         s.calls.push(Call {
             method: method.clone(),
@@ -149,6 +153,7 @@ fn operation(method: &str, seg: &[&str]) -> &'static str {
             "DeleteBackend"
         }
         ("GET", ["20170115", "loadBalancerWorkRequests", _]) => "GetWorkRequest",
+        ("POST", ["resourcePrincipalSessionTokens"]) => "ResourcePrincipalSessionToken",
         _ => "Unknown",
     }
 }
@@ -411,4 +416,50 @@ fn complete(s: &mut State, lb: &str, set: &str, name: Option<&str>, change: Chan
             true
         }
     }
+}
+
+/// The OKE proxymux: a service-account token and a pod key in, a session
+/// token out; the pod key is accepted under `ST$<token>` from then on.
+fn session_token(s: &mut State, header: &dyn Fn(&str) -> Option<String>, body: &[u8]) -> Reply {
+    use base64::Engine as _;
+    let bearer = header("authorization").unwrap_or_default();
+    let token = bearer.strip_prefix("Bearer ").unwrap_or("");
+    if !s.cfg.service_account_tokens.iter().any(|t| t == token) {
+        return error(
+            401,
+            "NotAuthenticated",
+            "service account token not accepted",
+        );
+    }
+    let v: Value = serde_json::from_slice(body).unwrap_or_default();
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let Some(key) = v["podKey"]
+        .as_str()
+        .and_then(|k| b64.decode(k).ok())
+        .and_then(|spki| spki_key(&spki))
+    else {
+        return error(
+            400,
+            "InvalidParameter",
+            "podKey must be a base64 SubjectPublicKeyInfo",
+        );
+    };
+    let url = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        + s.cfg.session_lifetime;
+    let n = s.id("");
+    let jwt = format!(
+        "{}.{}.{}",
+        url.encode(r#"{"alg":"RS256","typ":"JWT"}"#),
+        url.encode(
+            json!({"exp": exp.as_secs(), "sub": "ocid1.workload.oc1..double", "jti": n})
+                .to_string()
+        ),
+        url.encode("double-signature"),
+    );
+    s.cfg.keys.insert(format!("ST${jwt}"), key);
+    let answer = b64.encode(json!({"token": format!("ST${jwt}")}).to_string());
+    (200, Value::String(answer), vec![])
 }

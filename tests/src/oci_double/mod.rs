@@ -25,6 +25,12 @@
 //!   "foreign controller" that rewrites a backend set with `drain=false`
 //!   whenever its membership changes (as OCI's own ingress controllers do).
 //!
+//! It also plays the OKE proxymux for workload identity: `POST
+//! /resourcePrincipalSessionTokens` with `Authorization: Bearer <service
+//! account token>` and `{"podKey": "<base64 SPKI>"}` answers a JSON string of
+//! base64 `{"token": "ST$<jwt>"}` and accepts signatures by that pod key
+//! under key id `ST$<jwt>` from then on.
+//!
 //! The test side inspects state and counts calls through [`OciDouble`].
 
 mod http;
@@ -90,6 +96,10 @@ pub struct DoubleConfig {
     pub backend_limit: usize,
     pub faults: FaultRates,
     pub foreign_controller: bool,
+    /// Service-account tokens the OKE proxymux endpoint
+    /// (`POST /resourcePrincipalSessionTokens`) exchanges for session tokens.
+    pub service_account_tokens: Vec<String>,
+    pub session_lifetime: Duration,
 }
 
 impl Default for DoubleConfig {
@@ -102,6 +112,8 @@ impl Default for DoubleConfig {
             backend_limit: 512,
             faults: FaultRates::default(),
             foreign_controller: false,
+            service_account_tokens: Vec::new(),
+            session_lifetime: Duration::from_secs(3600),
         }
     }
 }

@@ -50,7 +50,7 @@ fn der(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
 }
 
 /// SubjectPublicKeyInfo → the BIT STRING's key bytes.
-fn spki_key(spki: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn spki_key(spki: &[u8]) -> Option<Vec<u8>> {
     let (0x30, seq, _) = der(spki)? else {
         return None;
     };
