@@ -71,7 +71,7 @@ pub fn api_key(
 /// Where signers come from.
 pub enum Credentials {
     Static(Arc<Signer>),
-    WorkloadIdentity(WorkloadIdentity),
+    WorkloadIdentity(Box<WorkloadIdentity>),
 }
 
 impl Credentials {

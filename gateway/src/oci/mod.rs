@@ -74,12 +74,12 @@ pub fn from_config(
             proxymux_endpoint,
             token_file,
             ca_file,
-        }) => auth::Credentials::WorkloadIdentity(auth::WorkloadIdentity::new(
+        }) => auth::Credentials::WorkloadIdentity(Box::new(auth::WorkloadIdentity::new(
             proxymux_endpoint,
             token_file,
             ca_file,
             cfg.request_timeout,
-        )?),
+        )?)),
         None => return Err(OciSetupError::NoAuth),
     };
     let ca_path = cfg.ca_file.display().to_string();
