@@ -602,3 +602,174 @@ async fn an_unreadable_key_file_fails_the_build_naming_the_key() {
         "{e:#}"
     );
 }
+
+/// One signed request to the double, with a chosen date and key.
+async fn raw(
+    double: &OciDouble,
+    key: &str,
+    date: std::time::SystemTime,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    if_match: Option<&str>,
+) -> tidegate::oci::transport::RawResponse {
+    use tidegate::oci::sign::{parse_private_key, Signer, ToSign};
+    let ca = std::fs::read(double.ca_file()).unwrap();
+    let endpoint = tidegate::oci::transport::Endpoint::new(&double.endpoint(), &ca, true).unwrap();
+    let signer = Signer::new(
+        KEY_ID.into(),
+        parse_private_key(&std::fs::read(fixture(key)).unwrap()).unwrap(),
+    );
+    let date = httpdate::fmt_http_date(date);
+    let target = format!("/20170115{path}");
+    let signed = signer
+        .sign(&ToSign {
+            method,
+            target: &target,
+            host: endpoint.authority(),
+            date: &date,
+            body: body.map(str::as_bytes),
+        })
+        .unwrap();
+    let mut headers = vec![("date", date), ("authorization", signed.authorization)];
+    if let Some(sha) = signed.content_sha256 {
+        headers.push(("content-type", "application/json".into()));
+        headers.push(("content-length", body.unwrap().len().to_string()));
+        headers.push(("x-content-sha256", sha));
+    }
+    if let Some(e) = if_match {
+        headers.push(("if-match", e.into()));
+    }
+    let body = body.unwrap_or("").as_bytes().to_vec();
+    endpoint
+        .send(method, &target, &headers, body)
+        .await
+        .unwrap()
+}
+
+fn code(r: &tidegate::oci::transport::RawResponse) -> (u16, String) {
+    assert!(
+        r.header("opc-request-id").is_some(),
+        "every answer has an opc-request-id"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+    (r.status, v["code"].as_str().unwrap_or("").to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_double_follows_the_published_api() {
+    let public = public_key_der(&std::fs::read(fixture("api_key.pem")).unwrap()).unwrap();
+    let double = OciDouble::start(DoubleConfig {
+        keys: HashMap::from([(KEY_ID.to_owned(), public)]),
+        backend_limit: 2,
+        ..Default::default()
+    })
+    .await;
+    double.add_load_balancer(LB1);
+    double.add_backend(LB1, "web", A, 8080).unwrap();
+    double.add_backend(LB1, "web", B, 8080).unwrap();
+    assert!(double.add_backend(LB1, "web", C, 8080).is_err(), "limit 2");
+    let now = std::time::SystemTime::now;
+    let lb_path = format!("/loadBalancers/{LB1}");
+    let a_path = format!("{lb_path}/backendSets/web/backends/10.1.0.5:8080");
+
+    let r = raw(&double, "api_key.pem", now(), "GET", &lb_path, None, None).await;
+    assert_eq!(r.status, 200);
+    let etag = r.header("etag").unwrap();
+    // Clock skew over 5 minutes, or another key: 401 NotAuthenticated.
+    let stale = now() - Duration::from_secs(360);
+    let r = raw(&double, "api_key.pem", stale, "GET", &lb_path, None, None).await;
+    assert_eq!(code(&r), (401, "NotAuthenticated".into()));
+    let r = raw(&double, "other_key.pem", now(), "GET", &lb_path, None, None).await;
+    assert_eq!(code(&r), (401, "NotAuthenticated".into()));
+    // Missing required fields: 400.
+    let partial = r#"{"weight":1,"backup":false,"drain":true}"#;
+    let r = raw(
+        &double,
+        "api_key.pem",
+        now(),
+        "PUT",
+        &a_path,
+        Some(partial),
+        Some(&etag),
+    )
+    .await;
+    assert_eq!(code(&r), (400, "MissingParameter".into()));
+    assert!(String::from_utf8_lossy(&r.body).contains("offline"));
+    // A stale If-Match: 412.
+    let full = r#"{"weight":1,"backup":false,"drain":true,"offline":false}"#;
+    let r = raw(
+        &double,
+        "api_key.pem",
+        now(),
+        "PUT",
+        &a_path,
+        Some(full),
+        Some("0"),
+    )
+    .await;
+    assert_eq!(code(&r), (412, "NoEtagMatch".into()));
+    // Accepted: a work request; the change shows only when it is done.
+    let r = raw(
+        &double,
+        "api_key.pem",
+        now(),
+        "PUT",
+        &a_path,
+        Some(full),
+        Some(&etag),
+    )
+    .await;
+    assert_eq!(r.status, 204);
+    let wr = r.header("opc-work-request-id").unwrap();
+    assert!(!double.backend(LB1, "web", "10.1.0.5:8080").unwrap().drain);
+    let etag2 = double.etag(LB1).to_string();
+    assert_ne!(etag2, etag, "an accepted mutation moves the ETag");
+    // Another mutation while it runs: 409 IncorrectState.
+    let r = raw(
+        &double,
+        "api_key.pem",
+        now(),
+        "PUT",
+        &a_path,
+        Some(full),
+        Some(&etag2),
+    )
+    .await;
+    assert_eq!(code(&r), (409, "IncorrectState".into()));
+    let wr_path = format!("/loadBalancerWorkRequests/{wr}");
+    let mut states = Vec::new();
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    loop {
+        let r = raw(&double, "api_key.pem", now(), "GET", &wr_path, None, None).await;
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        let state = v["lifecycleState"].as_str().unwrap().to_owned();
+        if states.last() != Some(&state) {
+            states.push(state.clone());
+        }
+        if state == "SUCCEEDED" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{states:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(states.last().unwrap(), "SUCCEEDED");
+    assert!(states
+        .iter()
+        .all(|s| ["ACCEPTED", "IN_PROGRESS", "SUCCEEDED"].contains(&s.as_str())));
+    assert!(double.backend(LB1, "web", "10.1.0.5:8080").unwrap().drain);
+    // Backend limit on CreateBackend.
+    let create = r#"{"ipAddress":"10.1.0.7","port":8080,"weight":1,"backup":false,"drain":false,"offline":false}"#;
+    let path = format!("{lb_path}/backendSets/web/backends");
+    let r = raw(
+        &double,
+        "api_key.pem",
+        now(),
+        "POST",
+        &path,
+        Some(create),
+        None,
+    )
+    .await;
+    assert_eq!(code(&r), (400, "LimitExceeded".into()));
+}

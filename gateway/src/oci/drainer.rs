@@ -65,6 +65,24 @@ pub struct OciStatus {
     /// Capacity events: which set was full and what was done.
     pub capacity: Vec<String>,
     pub error: Option<String>,
+    /// Which request this is: a newer request for the workload supersedes it.
+    #[serde(skip)]
+    generation: u64,
+    /// When it ended (kept for `GET /drains` for [`RETAIN`]).
+    #[serde(skip)]
+    ended_at: Option<Instant>,
+}
+
+/// How long an ended drain's status is kept once its workload is gone.
+const RETAIN: Duration = Duration::from_secs(600);
+
+/// One request being carried out.
+struct Job {
+    uid: String,
+    generation: u64,
+    drain: bool,
+    at_capacity: AtCapacity,
+    event_at: Instant,
 }
 
 /// What one backend change ended in.
@@ -170,12 +188,18 @@ impl OciDrainer {
             };
         };
         let mut status = self.status.lock().unwrap();
+        status.retain(|uid, s| {
+            snapshot.by_uid(uid).is_some() || s.ended_at.is_none_or(|t| t.elapsed() < RETAIN)
+        });
+        let generation = status.get(uid).map_or(0, |s| s.generation + 1);
         if !self.cfg.opted_in(&w.spec) {
             status.insert(
                 uid.to_owned(),
                 OciStatus {
                     state: "not-opted-in",
                     drain,
+                    generation,
+                    ended_at: Some(Instant::now()),
                     ..Default::default()
                 },
             );
@@ -199,16 +223,21 @@ impl OciDrainer {
             OciStatus {
                 state: "running",
                 drain,
+                generation,
                 ..Default::default()
             },
         );
         drop(status);
         let this = self.clone();
-        let uid = uid.to_owned();
+        let job = Job {
+            uid: uid.to_owned(),
+            generation,
+            drain,
+            at_capacity,
+            event_at,
+        };
         let span = tracing::info_span!("oci_drain", workload = %uid, drain);
-        tokio::spawn(
-            async move { this.run(&uid, drain, at_capacity, event_at).await }.instrument(span),
-        );
+        tokio::spawn(async move { this.run(job).await }.instrument(span));
         Accepted {
             result: "started",
             description: format!(
@@ -219,33 +248,42 @@ impl OciDrainer {
         }
     }
 
-    fn update(&self, uid: &str, f: impl FnOnce(&mut OciStatus)) {
-        if let Some(s) = self.status.lock().unwrap().get_mut(uid) {
-            f(s);
+    /// Updates the job's status; false once a newer request superseded it.
+    fn update(&self, job: &Job, f: impl FnOnce(&mut OciStatus)) -> bool {
+        match self.status.lock().unwrap().get_mut(&job.uid) {
+            Some(s) if s.generation == job.generation => {
+                f(s);
+                if s.state != "running" {
+                    s.ended_at = Some(Instant::now());
+                }
+                true
+            }
+            _ => false,
         }
     }
 
-    async fn run(&self, uid: &str, drain: bool, at_capacity: AtCapacity, event_at: Instant) {
+    async fn run(&self, job: Job) {
         let mut changes = self.workloads.subscribe();
         let mut pass = 0u64;
         loop {
+            if !self.update(&job, |_| {}) {
+                info!("superseded by a newer oci-drain request: stop");
+                return;
+            }
             let snapshot = self.workloads.snapshot();
-            let Some(ips) = snapshot.by_uid(uid).map(|w| w.spec.ips.clone()) else {
+            let Some(ips) = snapshot.by_uid(&job.uid).map(|w| w.spec.ips.clone()) else {
                 info!("workload gone: stop");
-                self.update(uid, |s| s.state = "done");
+                self.update(&job, |s| s.state = "done");
                 return;
             };
-            match self
-                .pass(uid, &ips, &snapshot, drain, at_capacity, event_at, pass)
-                .await
-            {
+            match self.pass(&job, &ips, &snapshot, pass).await {
                 Err(e) => {
                     warn!(error = %e, "OCI backend drain stopped");
                     self.metrics
                         .backends
                         .get_or_create(&OutcomeLabels { result: "failed" })
                         .inc();
-                    self.update(uid, |s| {
+                    self.update(&job, |s| {
                         s.state = "failed";
                         s.error = Some(e.to_string());
                     });
@@ -253,11 +291,11 @@ impl OciDrainer {
                 }
                 Ok(0) => {
                     info!("no backend of the workload left: stop");
-                    self.update(uid, |s| s.state = "done");
+                    self.update(&job, |s| s.state = "done");
                     return;
                 }
-                Ok(_) if !drain => {
-                    self.update(uid, |s| s.state = "done");
+                Ok(_) if !job.drain => {
+                    self.update(&job, |s| s.state = "done");
                     return;
                 }
                 Ok(_) => {}
@@ -272,19 +310,19 @@ impl OciDrainer {
 
     /// One look at every configured load balancer; returns how many of the
     /// workload's backends are still there.
-    #[allow(clippy::too_many_arguments)]
     async fn pass(
         &self,
-        uid: &str,
+        job: &Job,
         ips: &[IpAddr],
         snapshot: &WorkloadSnapshot,
-        drain: bool,
-        at_capacity: AtCapacity,
-        event_at: Instant,
         pass: u64,
     ) -> Result<usize, Stop> {
+        let (uid, drain, at_capacity) = (job.uid.as_str(), job.drain, job.at_capacity);
         let mut left = 0;
         for lb in &self.cfg.load_balancers {
+            if pass > 0 && !self.update(job, |_| {}) {
+                return Ok(0);
+            }
             let lock = self.lb_lock(lb);
             let targets = {
                 let _one_at_a_time = lock.lock().await;
@@ -295,7 +333,7 @@ impl OciDrainer {
                 let key = t.key();
                 if t.drain == drain {
                     left += 1;
-                    self.update(uid, |s| {
+                    self.update(job, |s| {
                         s.backends.insert(key, state_word(drain));
                     });
                     continue;
@@ -319,9 +357,9 @@ impl OciDrainer {
                             choice: at_capacity.label(),
                         })
                         .inc();
-                    self.update(uid, |s| s.capacity.push(what));
+                    self.update(job, |s| s.capacity.push(what));
                 }
-                self.update(uid, |s| {
+                self.update(job, |s| {
                     s.backends.insert(key.clone(), "pending");
                 });
                 let applied = {
@@ -340,18 +378,18 @@ impl OciDrainer {
                             .get_or_create(&OutcomeLabels { result })
                             .inc();
                         if pass == 0 {
-                            let ms = event_at.elapsed();
+                            let ms = job.event_at.elapsed();
                             if drain {
                                 self.metrics.drain_latency.observe(ms.as_secs_f64());
                             }
-                            self.update(uid, |s| {
+                            self.update(job, |s| {
                                 s.latency_ms.insert(key.clone(), ms.as_millis() as u64);
                             });
                             info!(backend = %key, latency_ms = ms.as_millis() as u64, "backend {result}");
                         } else if drain {
                             info!(backend = %key, "drain reset by another writer: re-asserted");
                             self.metrics.reasserted.inc();
-                            self.update(uid, |s| s.reasserted += 1);
+                            self.update(job, |s| s.reasserted += 1);
                         }
                         result
                     }
@@ -365,7 +403,7 @@ impl OciDrainer {
                 if applied == Applied::Already {
                     left += 1;
                 }
-                self.update(uid, |s| {
+                self.update(job, |s| {
                     s.backends.insert(key, word);
                 });
             }

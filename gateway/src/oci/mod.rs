@@ -28,7 +28,7 @@ pub mod drainer;
 pub mod metrics;
 pub mod model;
 pub mod sign;
-mod transport;
+pub mod transport;
 
 pub use client::{OciClient, OciError};
 pub use config::{Cidr, OciAuth, OciConfig, OptIn, OCI_BACKEND_LIMIT};
