@@ -41,8 +41,8 @@ pub enum AuthError {
         path: String,
         source: std::io::Error,
     },
-    #[error("oci.auth.proxymux_endpoint: {0}")]
-    Endpoint(String),
+    #[error("oci.auth.proxymux_endpoint / oci.auth.ca_file: {0}")]
+    Endpoint(transport::EndpointError),
     #[error("workload identity: cannot generate the session key: {0}")]
     KeyGen(String),
     #[error("workload identity: token exchange with {endpoint} failed: {message}")]

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use tracing::debug;
 
 use super::auth::Credentials;
-use super::transport::Endpoint;
+use super::transport::{self, Endpoint};
 
 use super::metrics::OciMetrics;
 use super::model::{Backend, ErrorBody, LoadBalancer, UpdateBackendDetails, WorkRequest};
@@ -107,15 +107,12 @@ impl OciClient {
         timeout: Duration,
         metrics: OciMetrics,
     ) -> Result<Self, EndpointError> {
-        let endpoint = Endpoint::new(endpoint, roots_pem, true).map_err(|message| {
-            if message.contains("https://") {
-                EndpointError::Url(endpoint.into())
-            } else {
-                EndpointError::Ca {
-                    path: ca_path.into(),
-                    message,
-                }
-            }
+        let endpoint = Endpoint::new(endpoint, roots_pem, true).map_err(|e| match e {
+            transport::EndpointError::Url(url) => EndpointError::Url(url),
+            transport::EndpointError::Ca(message) => EndpointError::Ca {
+                path: ca_path.into(),
+                message,
+            },
         })?;
         Ok(OciClient {
             endpoint,

@@ -207,11 +207,14 @@ impl OciConfig {
         if self.max_attempts == 0 {
             return Err(("oci.max_attempts", "must be at least 1".into()));
         }
-        if self.reassert_interval.is_zero() || self.work_request_poll.is_zero() {
-            return Err((
-                "oci.reassert_interval",
-                "intervals must be greater than zero".into(),
-            ));
+        for (key, d) in [
+            ("oci.reassert_interval", self.reassert_interval),
+            ("oci.work_request_poll", self.work_request_poll),
+            ("oci.request_timeout", self.request_timeout),
+        ] {
+            if d.is_zero() {
+                return Err((key, "must be greater than zero".into()));
+            }
         }
         Ok(())
     }

@@ -341,74 +341,83 @@ impl OciDrainer {
                 let full = drain
                     && (t.set_len >= self.cfg.capacity_limit
                         || t.lb_len >= self.cfg.capacity_limit);
-                let remove = full && at_capacity == AtCapacity::RemoveEarly;
                 if full {
-                    let what = format!(
-                        "{key}: backend set holds {} / load balancer {} backends (limit {}): {}",
-                        t.set_len,
-                        t.lb_len,
-                        self.cfg.capacity_limit,
-                        at_capacity.label()
-                    );
-                    warn!(backend = %key, set_backends = t.set_len, lb_backends = t.lb_len, choice = at_capacity.label(), "OCI backend set at capacity");
-                    self.metrics
-                        .capacity
-                        .get_or_create(&CapacityLabels {
-                            choice: at_capacity.label(),
-                        })
-                        .inc();
-                    self.update(job, |s| s.capacity.push(what));
+                    self.at_capacity(job, &t);
                 }
+                let mut was_drained = false;
                 self.update(job, |s| {
+                    was_drained = s.backends.get(&key) == Some(&"drained");
                     s.backends.insert(key.clone(), "pending");
                 });
                 let applied = {
                     let _one_at_a_time = lock.lock().await;
+                    let remove = full && at_capacity == AtCapacity::RemoveEarly;
                     self.apply(&t, drain, remove).await?
                 };
-                let word = match applied {
-                    Applied::Gone => "gone",
-                    Applied::Removed => "removed",
-                    Applied::Already => state_word(drain),
-                    Applied::Changed => {
-                        left += 1;
-                        let result = if drain { "drained" } else { "undrained" };
-                        self.metrics
-                            .backends
-                            .get_or_create(&OutcomeLabels { result })
-                            .inc();
-                        if pass == 0 {
-                            let ms = job.event_at.elapsed();
-                            if drain {
-                                self.metrics.drain_latency.observe(ms.as_secs_f64());
-                            }
-                            self.update(job, |s| {
-                                s.latency_ms.insert(key.clone(), ms.as_millis() as u64);
-                            });
-                            info!(backend = %key, latency_ms = ms.as_millis() as u64, "backend {result}");
-                        } else if drain {
-                            info!(backend = %key, "drain reset by another writer: re-asserted");
-                            self.metrics.reasserted.inc();
-                            self.update(job, |s| s.reasserted += 1);
-                        }
-                        result
-                    }
-                };
-                if applied == Applied::Removed {
-                    self.metrics
-                        .backends
-                        .get_or_create(&OutcomeLabels { result: "removed" })
-                        .inc();
-                }
-                if applied == Applied::Already {
+                if matches!(applied, Applied::Changed | Applied::Already) {
                     left += 1;
                 }
-                self.update(job, |s| {
-                    s.backends.insert(key, word);
-                });
+                self.record(job, key, applied, was_drained);
             }
         }
         Ok(left)
+    }
+
+    /// A full backend set or load balancer: a warning, a metric, a status line.
+    fn at_capacity(&self, job: &Job, t: &Target) {
+        let choice = job.at_capacity.label();
+        let key = t.key();
+        warn!(backend = %key, set_backends = t.set_len, lb_backends = t.lb_len, choice, "OCI backend set at capacity");
+        self.metrics
+            .capacity
+            .get_or_create(&CapacityLabels { choice })
+            .inc();
+        let what = format!(
+            "{key}: backend set holds {} / load balancer {} backends (limit {}): {choice}",
+            t.set_len, t.lb_len, self.cfg.capacity_limit,
+        );
+        self.update(job, |s| s.capacity.push(what));
+    }
+
+    /// Metrics and status for one backend change. A drain that had
+    /// succeeded before and had to be made again was reset by another writer.
+    fn record(&self, job: &Job, key: String, applied: Applied, was_drained: bool) {
+        let word = match applied {
+            Applied::Gone => "gone",
+            Applied::Already => state_word(job.drain),
+            Applied::Removed => {
+                self.metrics
+                    .backends
+                    .get_or_create(&OutcomeLabels { result: "removed" })
+                    .inc();
+                "removed"
+            }
+            Applied::Changed => {
+                let result = state_word(job.drain);
+                self.metrics
+                    .backends
+                    .get_or_create(&OutcomeLabels { result })
+                    .inc();
+                if was_drained && job.drain {
+                    info!(backend = %key, "drain reset by another writer: re-asserted");
+                    self.metrics.reasserted.inc();
+                    self.update(job, |s| s.reasserted += 1);
+                } else {
+                    let latency = job.event_at.elapsed();
+                    if job.drain {
+                        self.metrics.drain_latency.observe(latency.as_secs_f64());
+                    }
+                    info!(backend = %key, latency_ms = latency.as_millis() as u64, "backend {result}");
+                    self.update(job, |s| {
+                        s.latency_ms.insert(key.clone(), latency.as_millis() as u64);
+                    });
+                }
+                result
+            }
+        };
+        self.update(job, |s| {
+            s.backends.insert(key, word);
+        });
     }
 
     fn lb_lock(&self, lb: &str) -> Arc<tokio::sync::Mutex<()>> {

@@ -14,6 +14,14 @@ use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    #[error("{0:?} is not an https:// URL with a host")]
+    Url(String),
+    #[error("CA certificates: {0}")]
+    Ca(String),
+}
+
 /// An answer.
 pub struct RawResponse {
     pub status: u16,
@@ -43,8 +51,8 @@ impl Endpoint {
     /// `roots_pem`: PEM CA certificates. `check_name: false` verifies the
     /// chain but not the certificate's name (the OKE proxymux is reached by
     /// IP with a certificate that may not name it; the OCI SDKs do the same).
-    pub fn new(url: &str, roots_pem: &[u8], check_name: bool) -> Result<Self, String> {
-        let bad = || format!("{url:?} is not an https:// URL with a host");
+    pub fn new(url: &str, roots_pem: &[u8], check_name: bool) -> Result<Self, EndpointError> {
+        let bad = || EndpointError::Url(url.to_owned());
         let uri: http::Uri = url.parse().map_err(|_| bad())?;
         if uri.scheme_str() != Some("https") {
             return Err(bad());
@@ -61,7 +69,7 @@ impl Endpoint {
             authority: authority.as_str().to_owned(),
             host,
             server_name,
-            tls: tls_connector(roots_pem, check_name)?,
+            tls: tls_connector(roots_pem, check_name).map_err(EndpointError::Ca)?,
         })
     }
 
