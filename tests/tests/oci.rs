@@ -558,6 +558,26 @@ async fn workload_identity_signs_with_the_session_key() {
     assert_eq!(rig.double.count("UpdateBackend", 204), 1);
     assert!(rig.double.calls().iter().all(|c| c.status != 401));
 
+    // The session is revoked: the next call gets 401, the session is renewed
+    // (a new key and token) and the re-assert loop carries on.
+    rig.double
+        .with(|s| s.cfg.keys.retain(|k, _| !k.starts_with("ST$")));
+    eventually("a second session after the 401", WITHIN, || {
+        rig.double.count("ResourcePrincipalSessionToken", 200) == 2
+    })
+    .await;
+    let after = rig.double.calls().len();
+    eventually("signed calls accepted again", WITHIN, || {
+        rig.double.calls()[after..]
+            .iter()
+            .any(|c| c.operation == "GetLoadBalancer" && c.status == 200)
+    })
+    .await;
+    assert_eq!(
+        rig.wait_state("uid-b", "running").await["error"],
+        serde_json::Value::Null
+    );
+
     // A token the proxymux refuses: a clear error, no API call.
     let refused = Rig::start(Opts {
         workload_identity: Some("stolen-token"),

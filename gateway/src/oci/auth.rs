@@ -14,7 +14,12 @@
 //!   certificate's name is not checked), and gets a JSON string holding
 //!   base64 of `{"token": "ST$<jwt>"}`. Requests are then signed with the
 //!   ephemeral key under key id `ST$<jwt>`. The session is renewed (new key,
-//!   new token) when less than a fifth of its lifetime, or 5 minutes, is left.
+//!   new token) when less than a fifth of its lifetime, or 5 minutes, is left,
+//!   and once after a 401 from the API.
+//!
+//! The `rsa` crate only generates the key here: its known timing
+//! side-channel (RUSTSEC-2023-0071, Marvin) concerns private-key operations,
+//! which ring performs.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -80,6 +85,19 @@ impl Credentials {
         match self {
             Credentials::Static(s) => Ok(s.clone()),
             Credentials::WorkloadIdentity(w) => w.signer().await,
+        }
+    }
+
+    /// Drops the current session so the next call obtains a new one; false
+    /// when there is nothing to renew (an API key).
+    pub async fn renew(&self) -> bool {
+        match self {
+            Credentials::Static(_) => false,
+            Credentials::WorkloadIdentity(w) => {
+                tracing::info!("OCI answered 401 to the session token: renewing the session");
+                *w.session.lock().await = None;
+                true
+            }
         }
     }
 }

@@ -187,6 +187,9 @@ impl OciClient {
         decode(op, &r.body)
     }
 
+    /// One API call, bounded by the timeout and counted. A 401 with a
+    /// session token renews the session and tries once more (the token may
+    /// have been revoked or the clock moved); an API key's 401 is final.
     async fn call(
         &self,
         operation: &'static str,
@@ -195,25 +198,33 @@ impl OciClient {
         body: Option<Vec<u8>>,
         if_match: Option<&str>,
     ) -> Result<Response, OciError> {
-        let result = tokio::time::timeout(
-            self.timeout,
-            self.call_once(operation, method, path, body, if_match),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            Err(OciError::Transport {
-                operation,
-                endpoint: self.endpoint(),
-                message: format!("no answer within {:?}", self.timeout),
-            })
-        });
-        let status = match &result {
-            Ok(r) => r.status.to_string(),
-            Err(OciError::Status { status, .. }) => status.to_string(),
-            Err(_) => "error".to_owned(),
-        };
-        self.metrics.call(operation, status);
-        result
+        let mut renewed = false;
+        loop {
+            let result = tokio::time::timeout(
+                self.timeout,
+                self.call_once(operation, method.clone(), path, body.clone(), if_match),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(OciError::Transport {
+                    operation,
+                    endpoint: self.endpoint(),
+                    message: format!("no answer within {:?}", self.timeout),
+                })
+            });
+            let status = match &result {
+                Ok(r) => r.status.to_string(),
+                Err(OciError::Status { status, .. }) => status.to_string(),
+                Err(_) => "error".to_owned(),
+            };
+            self.metrics.call(operation, status);
+            match &result {
+                Err(e) if e.status() == Some(401) && !renewed && self.auth.renew().await => {
+                    renewed = true;
+                }
+                _ => return result,
+            }
+        }
     }
 
     async fn call_once(

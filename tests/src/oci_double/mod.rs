@@ -153,7 +153,7 @@ type Hook = Box<dyn FnOnce(&mut State) + Send>;
 
 /// The double's whole state, behind one lock.
 pub struct State {
-    pub(crate) cfg: DoubleConfig,
+    pub cfg: DoubleConfig,
     pub(crate) lbs: BTreeMap<String, Lb>,
     pub(crate) work_requests: BTreeMap<String, WorkRequest>,
     pub(crate) calls: Vec<Call>,
