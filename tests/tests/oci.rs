@@ -578,6 +578,25 @@ async fn workload_identity_signs_with_the_session_key() {
         serde_json::Value::Null
     );
 
+    // Sessions are renewed before they expire (a fifth of the lifetime
+    // ahead), without a single 401.
+    let short = Rig::start(Opts {
+        workload_identity: Some("sa-token-of-tidegate"),
+        double: DoubleConfig {
+            service_account_tokens: vec!["sa-token-of-tidegate".into()],
+            session_lifetime: Duration::from_secs(2),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    short.pods(&["b"], &[]);
+    eventually("a renewed session", WITHIN, || {
+        short.double.count("ResourcePrincipalSessionToken", 200) >= 2
+    })
+    .await;
+    assert!(short.double.calls().iter().all(|c| c.status != 401));
+
     // A token the proxymux refuses: a clear error, no API call.
     let refused = Rig::start(Opts {
         workload_identity: Some("stolen-token"),
@@ -778,6 +797,39 @@ async fn the_double_follows_the_published_api() {
         .iter()
         .all(|s| ["ACCEPTED", "IN_PROGRESS", "SUCCEEDED"].contains(&s.as_str())));
     assert!(double.backend(LB1, "web", "10.1.0.5:8080").unwrap().drain);
+    // The gateway's client reads what the double serves, ETag included.
+    let client = tidegate::oci::OciClient::new(
+        &double.endpoint(),
+        &std::fs::read(double.ca_file()).unwrap(),
+        "ca.pem",
+        tidegate::oci::auth::Credentials::Static(
+            tidegate::oci::auth::api_key(
+                "ocid1.tenancy.oc1..t",
+                "ocid1.user.oc1..u",
+                "c6:92:57",
+                &fixture("api_key.pem"),
+            )
+            .unwrap(),
+        ),
+        Duration::from_secs(5),
+        tidegate::oci::OciMetrics::register(&mut Default::default()),
+    )
+    .unwrap();
+    let (set, etag) = client.get_backend_set(LB1, "web").await.unwrap();
+    assert_eq!(etag, double.etag(LB1).to_string());
+    assert_eq!(set.backends.len(), 2);
+    assert!(set.backends[0].drain && !set.backends[1].drain);
+    let (lb, _) = client.get_load_balancer(LB1).await.unwrap();
+    assert_eq!(lb.backend_sets["web"], set);
+    let e = client
+        .get_backend(LB1, "web", "10.9.9.9:1")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.status(), e.code()),
+        (Some(404), "NotAuthorizedOrNotFound")
+    );
+
     // Backend limit on CreateBackend.
     let create = r#"{"ipAddress":"10.1.0.7","port":8080,"weight":1,"backup":false,"drain":false,"offline":false}"#;
     let path = format!("{lb_path}/backendSets/web/backends");

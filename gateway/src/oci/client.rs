@@ -13,7 +13,9 @@ use super::auth::Credentials;
 use super::transport::{self, Endpoint};
 
 use super::metrics::OciMetrics;
-use super::model::{Backend, ErrorBody, LoadBalancer, UpdateBackendDetails, WorkRequest};
+use super::model::{
+    Backend, BackendSet, ErrorBody, LoadBalancer, UpdateBackendDetails, WorkRequest,
+};
 use super::sign::{ToSign, CONTENT_TYPE};
 
 /// The API version prefix of every path.
@@ -131,6 +133,17 @@ impl OciClient {
         let r = self
             .call(op, Method::GET, &format!("/loadBalancers/{lb}"), None, None)
             .await?;
+        Ok((decode(op, &r.body)?, r.etag.unwrap_or_default()))
+    }
+
+    pub async fn get_backend_set(
+        &self,
+        lb: &str,
+        set: &str,
+    ) -> Result<(BackendSet, String), OciError> {
+        let op = "GetBackendSet";
+        let path = format!("/loadBalancers/{lb}/backendSets/{set}");
+        let r = self.call(op, Method::GET, &path, None, None).await?;
         Ok((decode(op, &r.body)?, r.etag.unwrap_or_default()))
     }
 
