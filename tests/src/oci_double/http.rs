@@ -362,14 +362,24 @@ fn mutate(
         set_state(&shared, &wr, "IN_PROGRESS");
         tokio::time::sleep(progress).await;
         let mut s = shared.lock().unwrap();
-        let ok = complete(&mut s, &lb, &set, name.as_deref(), change);
+        let injected = s.fail_work_requests > 0;
+        let ok = if injected {
+            s.fail_work_requests -= 1;
+            false
+        } else {
+            complete(&mut s, &lb, &set, name.as_deref(), change)
+        };
         let l = s.lbs.get_mut(&lb).unwrap();
         l.etag += 1;
         l.busy = None;
         let wr = s.work_requests.get_mut(&wr).unwrap();
         wr.state = if ok { "SUCCEEDED" } else { "FAILED" };
         if !ok {
-            wr.message = "the backend no longer exists".into();
+            wr.message = if injected {
+                "injected failure".into()
+            } else {
+                "the backend no longer exists".into()
+            };
         }
     });
     (204, Value::Null, vec![("opc-work-request-id", id)])

@@ -161,6 +161,8 @@ pub struct State {
     pub(crate) injected: VecDeque<(&'static str, u16, &'static str)>,
     pub(crate) before_update: Option<Hook>,
     pub(crate) next_id: u64,
+    /// The next this many work requests end FAILED without applying.
+    pub fail_work_requests: usize,
 }
 
 impl State {
@@ -252,6 +254,7 @@ impl OciDouble {
             injected: VecDeque::new(),
             before_update: None,
             next_id: 0,
+            fail_work_requests: 0,
         }));
         let (addr, ca_pem) = http::serve(bind, state.clone()).await;
         std::fs::write(dir.path().join("ca.pem"), ca_pem).unwrap();
