@@ -148,6 +148,10 @@ impl Rig {
         };
         let extra = format!(
             r#"policies:
+  # Generous bounds: the tests run in parallel on 2 cores, and a decision
+  # cut by its deadline would fall back to a policy without oci-drain.
+  call_deadline: 500ms
+  init_deadline: 5s
   default: p
   plugins:
     p:

@@ -667,102 +667,113 @@ impl DrainEngine {
     /// Raises lifecycle events from workload-file changes until drained: a
     /// local workload whose state becomes `terminating` starts shutting down
     /// (with the configured grace period); one that disappears is deleted.
-    pub async fn watch_workloads(self: Arc<Self>, mut drain: DrainWatch) {
+    ///
+    /// The starting snapshot is taken when this is called, not when the
+    /// returned task first runs: a change published in between (a workload
+    /// file rewritten right after start-up) is still seen as a change.
+    pub fn watch_workloads(
+        self: Arc<Self>,
+        mut drain: DrainWatch,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut changes = self.workloads.subscribe();
         let mut previous = self.workloads.snapshot();
-        loop {
-            tokio::select! {
-                r = changes.changed() => if r.is_err() { return },
-                _ = drain.signaled() => return,
-            }
-            let current = self.workloads.snapshot();
-            for old in previous.iter() {
-                if current.by_uid(old.uid()).is_none() {
-                    self.removed
-                        .lock()
-                        .unwrap()
-                        .insert(old.uid().to_owned(), (old.clone(), Instant::now()));
+        async move {
+            loop {
+                tokio::select! {
+                    r = changes.changed() => if r.is_err() { return },
+                    _ = drain.signaled() => return,
                 }
-            }
-            for old in previous.iter().filter(|w| !w.local) {
-                let deleted = match current.by_uid(old.uid()) {
-                    None => true,
-                    Some(w)
-                        if w.spec.state == LifecycleState::Terminating
-                            && old.spec.state != LifecycleState::Terminating =>
-                    {
-                        false
-                    }
-                    _ => continue,
-                };
-                self.on_peer(old, deleted);
-            }
-            for old in previous.iter().filter(|w| w.local) {
-                let uid = old.uid();
-                let now = current.by_uid(uid);
-                let what = match now {
-                    None => Some(Lifecycle::Deleted),
-                    Some(w)
-                        if w.spec.state == LifecycleState::Terminating
-                            && old.spec.state != LifecycleState::Terminating =>
-                    {
-                        Some(Lifecycle::ShutdownStarted {
-                            grace: self.cfg.default_grace,
-                        })
-                    }
-                    _ => None,
-                };
-                if let Some(what) = what {
-                    if now.is_none() {
-                        // Keep the last known facts for the deleted event.
-                        self.drains
+                let current = self.workloads.snapshot();
+                for old in previous.iter() {
+                    if current.by_uid(old.uid()).is_none() {
+                        self.removed
                             .lock()
                             .unwrap()
-                            .entry(uid.to_owned())
-                            .or_insert_with(|| DrainState {
-                                workload: old.clone(),
-                                phase: Phase::Running,
-                                selection: self.policies.select(old),
-                                trigger: Trigger::WorkloadFile,
-                                started: SystemTime::now(),
-                                shutdown_at: None,
-                                deadline: None,
-                                actions: Vec::new(),
-                                ended: None,
-                                ended_at: None,
-                            });
+                            .insert(old.uid().to_owned(), (old.clone(), Instant::now()));
                     }
-                    let this = self.clone();
-                    let uid = uid.to_owned();
-                    tokio::spawn(async move {
-                        if let Err(e) = this.on_lifecycle(&uid, what, Trigger::WorkloadFile).await {
-                            warn!(error = %e, "lifecycle event from the workload file failed");
+                }
+                for old in previous.iter().filter(|w| !w.local) {
+                    let deleted = match current.by_uid(old.uid()) {
+                        None => true,
+                        Some(w)
+                            if w.spec.state == LifecycleState::Terminating
+                                && old.spec.state != LifecycleState::Terminating =>
+                        {
+                            false
                         }
-                    });
+                        _ => continue,
+                    };
+                    self.on_peer(old, deleted);
                 }
-            }
-            // Newly terminating workloads that were not known before.
-            for w in current
-                .iter()
-                .filter(|w| w.local && w.spec.state == LifecycleState::Terminating)
-            {
-                if previous.by_uid(w.uid()).is_none() {
-                    let this = self.clone();
-                    let uid = w.uid().to_owned();
-                    let grace = self.cfg.default_grace;
-                    tokio::spawn(async move {
-                        let _ = this
-                            .on_lifecycle(
-                                &uid,
-                                Lifecycle::ShutdownStarted { grace },
-                                Trigger::WorkloadFile,
-                            )
-                            .await;
-                    });
+                for old in previous.iter().filter(|w| w.local) {
+                    let uid = old.uid();
+                    let now = current.by_uid(uid);
+                    let what = match now {
+                        None => Some(Lifecycle::Deleted),
+                        Some(w)
+                            if w.spec.state == LifecycleState::Terminating
+                                && old.spec.state != LifecycleState::Terminating =>
+                        {
+                            Some(Lifecycle::ShutdownStarted {
+                                grace: self.cfg.default_grace,
+                            })
+                        }
+                        _ => None,
+                    };
+                    if let Some(what) = what {
+                        if now.is_none() {
+                            // Keep the last known facts for the deleted event.
+                            self.drains
+                                .lock()
+                                .unwrap()
+                                .entry(uid.to_owned())
+                                .or_insert_with(|| DrainState {
+                                    workload: old.clone(),
+                                    phase: Phase::Running,
+                                    selection: self.policies.select(old),
+                                    trigger: Trigger::WorkloadFile,
+                                    started: SystemTime::now(),
+                                    shutdown_at: None,
+                                    deadline: None,
+                                    actions: Vec::new(),
+                                    ended: None,
+                                    ended_at: None,
+                                });
+                        }
+                        let this = self.clone();
+                        let uid = uid.to_owned();
+                        tokio::spawn(async move {
+                            if let Err(e) =
+                                this.on_lifecycle(&uid, what, Trigger::WorkloadFile).await
+                            {
+                                warn!(error = %e, "lifecycle event from the workload file failed");
+                            }
+                        });
+                    }
                 }
+                // Newly terminating workloads that were not known before.
+                for w in current
+                    .iter()
+                    .filter(|w| w.local && w.spec.state == LifecycleState::Terminating)
+                {
+                    if previous.by_uid(w.uid()).is_none() {
+                        let this = self.clone();
+                        let uid = w.uid().to_owned();
+                        let grace = self.cfg.default_grace;
+                        tokio::spawn(async move {
+                            let _ = this
+                                .on_lifecycle(
+                                    &uid,
+                                    Lifecycle::ShutdownStarted { grace },
+                                    Trigger::WorkloadFile,
+                                )
+                                .await;
+                        });
+                    }
+                }
+                self.forget_old(&current);
+                previous = current;
             }
-            self.forget_old(&current);
-            previous = current;
         }
     }
 
