@@ -301,9 +301,21 @@ impl OciDrainer {
                 Ok(_) => {}
             }
             pass += 1;
-            tokio::select! {
-                _ = tokio::time::sleep(self.cfg.reassert_interval) => {}
-                r = changes.changed() => if r.is_err() { return },
+            // At most one pass per interval, however often the store changes;
+            // a change only ends the wait early when the workload is gone.
+            let next = Instant::now() + self.cfg.reassert_interval;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(next) => break,
+                    r = changes.changed() => {
+                        if r.is_err() {
+                            return;
+                        }
+                        if self.workloads.snapshot().by_uid(&job.uid).is_none() {
+                            break;
+                        }
+                    }
+                }
             }
         }
     }
