@@ -673,107 +673,112 @@ impl DrainEngine {
     /// file rewritten right after start-up) is still seen as a change.
     pub fn watch_workloads(
         self: Arc<Self>,
-        mut drain: DrainWatch,
+        drain: DrainWatch,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let mut changes = self.workloads.subscribe();
-        let mut previous = self.workloads.snapshot();
-        async move {
-            loop {
-                tokio::select! {
-                    r = changes.changed() => if r.is_err() { return },
-                    _ = drain.signaled() => return,
+        let changes = self.workloads.subscribe();
+        let previous = self.workloads.snapshot();
+        self.watch_workloads_from(changes, previous, drain)
+    }
+
+    async fn watch_workloads_from(
+        self: Arc<Self>,
+        mut changes: tokio::sync::watch::Receiver<u64>,
+        mut previous: Arc<crate::workloads::WorkloadSnapshot>,
+        mut drain: DrainWatch,
+    ) {
+        loop {
+            tokio::select! {
+                r = changes.changed() => if r.is_err() { return },
+                _ = drain.signaled() => return,
+            }
+            let current = self.workloads.snapshot();
+            for old in previous.iter() {
+                if current.by_uid(old.uid()).is_none() {
+                    self.removed
+                        .lock()
+                        .unwrap()
+                        .insert(old.uid().to_owned(), (old.clone(), Instant::now()));
                 }
-                let current = self.workloads.snapshot();
-                for old in previous.iter() {
-                    if current.by_uid(old.uid()).is_none() {
-                        self.removed
+            }
+            for old in previous.iter().filter(|w| !w.local) {
+                let deleted = match current.by_uid(old.uid()) {
+                    None => true,
+                    Some(w)
+                        if w.spec.state == LifecycleState::Terminating
+                            && old.spec.state != LifecycleState::Terminating =>
+                    {
+                        false
+                    }
+                    _ => continue,
+                };
+                self.on_peer(old, deleted);
+            }
+            for old in previous.iter().filter(|w| w.local) {
+                let uid = old.uid();
+                let now = current.by_uid(uid);
+                let what = match now {
+                    None => Some(Lifecycle::Deleted),
+                    Some(w)
+                        if w.spec.state == LifecycleState::Terminating
+                            && old.spec.state != LifecycleState::Terminating =>
+                    {
+                        Some(Lifecycle::ShutdownStarted {
+                            grace: self.cfg.default_grace,
+                        })
+                    }
+                    _ => None,
+                };
+                if let Some(what) = what {
+                    if now.is_none() {
+                        // Keep the last known facts for the deleted event.
+                        self.drains
                             .lock()
                             .unwrap()
-                            .insert(old.uid().to_owned(), (old.clone(), Instant::now()));
+                            .entry(uid.to_owned())
+                            .or_insert_with(|| DrainState {
+                                workload: old.clone(),
+                                phase: Phase::Running,
+                                selection: self.policies.select(old),
+                                trigger: Trigger::WorkloadFile,
+                                started: SystemTime::now(),
+                                shutdown_at: None,
+                                deadline: None,
+                                actions: Vec::new(),
+                                ended: None,
+                                ended_at: None,
+                            });
                     }
-                }
-                for old in previous.iter().filter(|w| !w.local) {
-                    let deleted = match current.by_uid(old.uid()) {
-                        None => true,
-                        Some(w)
-                            if w.spec.state == LifecycleState::Terminating
-                                && old.spec.state != LifecycleState::Terminating =>
-                        {
-                            false
+                    let this = self.clone();
+                    let uid = uid.to_owned();
+                    tokio::spawn(async move {
+                        if let Err(e) = this.on_lifecycle(&uid, what, Trigger::WorkloadFile).await {
+                            warn!(error = %e, "lifecycle event from the workload file failed");
                         }
-                        _ => continue,
-                    };
-                    self.on_peer(old, deleted);
+                    });
                 }
-                for old in previous.iter().filter(|w| w.local) {
-                    let uid = old.uid();
-                    let now = current.by_uid(uid);
-                    let what = match now {
-                        None => Some(Lifecycle::Deleted),
-                        Some(w)
-                            if w.spec.state == LifecycleState::Terminating
-                                && old.spec.state != LifecycleState::Terminating =>
-                        {
-                            Some(Lifecycle::ShutdownStarted {
-                                grace: self.cfg.default_grace,
-                            })
-                        }
-                        _ => None,
-                    };
-                    if let Some(what) = what {
-                        if now.is_none() {
-                            // Keep the last known facts for the deleted event.
-                            self.drains
-                                .lock()
-                                .unwrap()
-                                .entry(uid.to_owned())
-                                .or_insert_with(|| DrainState {
-                                    workload: old.clone(),
-                                    phase: Phase::Running,
-                                    selection: self.policies.select(old),
-                                    trigger: Trigger::WorkloadFile,
-                                    started: SystemTime::now(),
-                                    shutdown_at: None,
-                                    deadline: None,
-                                    actions: Vec::new(),
-                                    ended: None,
-                                    ended_at: None,
-                                });
-                        }
-                        let this = self.clone();
-                        let uid = uid.to_owned();
-                        tokio::spawn(async move {
-                            if let Err(e) =
-                                this.on_lifecycle(&uid, what, Trigger::WorkloadFile).await
-                            {
-                                warn!(error = %e, "lifecycle event from the workload file failed");
-                            }
-                        });
-                    }
-                }
-                // Newly terminating workloads that were not known before.
-                for w in current
-                    .iter()
-                    .filter(|w| w.local && w.spec.state == LifecycleState::Terminating)
-                {
-                    if previous.by_uid(w.uid()).is_none() {
-                        let this = self.clone();
-                        let uid = w.uid().to_owned();
-                        let grace = self.cfg.default_grace;
-                        tokio::spawn(async move {
-                            let _ = this
-                                .on_lifecycle(
-                                    &uid,
-                                    Lifecycle::ShutdownStarted { grace },
-                                    Trigger::WorkloadFile,
-                                )
-                                .await;
-                        });
-                    }
-                }
-                self.forget_old(&current);
-                previous = current;
             }
+            // Newly terminating workloads that were not known before.
+            for w in current
+                .iter()
+                .filter(|w| w.local && w.spec.state == LifecycleState::Terminating)
+            {
+                if previous.by_uid(w.uid()).is_none() {
+                    let this = self.clone();
+                    let uid = w.uid().to_owned();
+                    let grace = self.cfg.default_grace;
+                    tokio::spawn(async move {
+                        let _ = this
+                            .on_lifecycle(
+                                &uid,
+                                Lifecycle::ShutdownStarted { grace },
+                                Trigger::WorkloadFile,
+                            )
+                            .await;
+                    });
+                }
+            }
+            self.forget_old(&current);
+            previous = current;
         }
     }
 
