@@ -314,12 +314,18 @@ async fn shutdown_drains_exactly_the_pods_backends_and_only_opted_in_pods() {
         ) >= 4.0
     );
     assert!(metric(&m, "tidegate_oci_backends_total{result=\"drained\"}") >= 4.0);
+    let wr_count = metric(&m, "tidegate_oci_work_request_seconds_count");
+    let wr_sum = metric(&m, "tidegate_oci_work_request_seconds_sum");
+    let d = DoubleConfig::default();
     println!(
-        "event → drain SUCCEEDED: mean {:.1} ms over {count} backends (work requests take {:?}+{:?} in the double); \
-         file write → all three of pod a's backends drained: {elapsed:?}",
+        "event → drain SUCCEEDED per backend of pod a (serialized per load balancer): {}; \
+         mean over {count} backends {:.1} ms; work request accepted → SUCCEEDED seen: mean {:.1} ms \
+         (the double takes {:?}+{:?}, polled every 10 ms); file write → pod a's three backends drained: {elapsed:?}",
+        a["latency_ms"],
         sum / count * 1e3,
-        DoubleConfig::default().accepted_delay,
-        DoubleConfig::default().progress_delay,
+        wr_sum / wr_count * 1e3,
+        d.accepted_delay,
+        d.progress_delay,
     );
 
     // The pod is gone: the re-assert loop stops.
