@@ -419,17 +419,37 @@ async fn a_429_storm_converges_within_the_bound_and_a_longer_one_gives_up() {
         6.0
     );
 
+    // 409 IncorrectState, a 503 and a FAILED work request are retried too.
+    rig.double.inject("UpdateBackend", 409, "IncorrectState", 1);
+    rig.double
+        .inject("UpdateBackend", 503, "ServiceUnavailable", 1);
+    rig.double.with(|s| s.fail_work_requests = 1);
+    rig.pods(&["b", "api"], &[]);
+    eventually("api drained through the faults", WITHIN, || {
+        rig.drain_of(LB1, "web", API, 8080)
+    })
+    .await;
+    let m = rig.app.metrics_text();
+    for reason in ["conflict", "server", "work_request_failed"] {
+        let series = format!("tidegate_oci_retries_total{{reason=\"{reason}\"}}");
+        assert_eq!(metric(&m, &series), 1.0, "{series}");
+    }
+
     // More 429s than attempts: the drain stops with a clear error, bounded.
     rig.double
         .inject("UpdateBackend", 429, "TooManyRequests", 50);
-    rig.pods(&["b", "a"], &[]);
+    rig.pods(&["b", "api", "a"], &[]);
     let s = rig.wait_state("uid-a", "failed").await;
     let error = s["error"].as_str().unwrap();
     assert!(
         error.contains("gave up after 6 attempts") && error.contains("429"),
         "{error}"
     );
-    assert_eq!(rig.double.count("UpdateBackend", 429), 4 + 6);
+    // Both load balancers of pod a are worked on at once; each gave up after 6.
+    eventually("both load balancers gave up", WITHIN, || {
+        rig.double.count("UpdateBackend", 429) == 4 + 2 * 6
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -538,11 +558,13 @@ async fn bad_credentials_are_a_clear_error_and_never_retried() {
         error.contains("GetLoadBalancer: HTTP 401 NotAuthenticated"),
         "{error}"
     );
-    // The task ended on the first 401: one call, and no more afterwards.
-    assert_eq!(rig.double.calls().len(), 1);
+    // The task ended on the first 401 of each load balancer (both are
+    // looked at together): two calls, and no more afterwards.
+    assert_eq!(rig.double.count("GetLoadBalancer", 401), 2);
+    assert_eq!(rig.double.calls().len(), 2);
     rig.pods(&["a", "b"], &[]);
     rig.wait_state("uid-b", "failed").await;
-    assert_eq!(rig.double.calls().len(), 2);
+    assert_eq!(rig.double.calls().len(), 4);
     assert!(!rig.drain_of(LB1, "web", A, 8080));
 }
 
@@ -624,7 +646,12 @@ async fn workload_identity_signs_with_the_session_key() {
         error.contains("token exchange") && error.contains("HTTP 401"),
         "{error}"
     );
-    assert_eq!(refused.double.calls().len(), 1);
+    // One refused exchange per load balancer looked at, no API call.
+    assert_eq!(
+        refused.double.count("ResourcePrincipalSessionToken", 401),
+        2
+    );
+    assert_eq!(refused.double.calls().len(), 2);
 }
 
 #[test]

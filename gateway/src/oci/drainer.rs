@@ -262,7 +262,8 @@ impl OciDrainer {
         }
     }
 
-    async fn run(&self, job: Job) {
+    async fn run(self: Arc<Self>, job: Job) {
+        let job = Arc::new(job);
         let mut changes = self.workloads.subscribe();
         let mut pass = 0u64;
         loop {
@@ -320,57 +321,92 @@ impl OciDrainer {
         }
     }
 
-    /// One look at every configured load balancer; returns how many of the
-    /// workload's backends are still there.
+    /// One look at every configured load balancer, all at once (changes to
+    /// any one of them stay one at a time); returns how many of the
+    /// workload's backends are still there. A load balancer that fails does
+    /// not cut the others short; the first error is returned when all ended.
     async fn pass(
+        self: &Arc<Self>,
+        job: &Arc<Job>,
+        ips: &[IpAddr],
+        snapshot: &Arc<WorkloadSnapshot>,
+        pass: u64,
+    ) -> Result<usize, Stop> {
+        let mut lbs = tokio::task::JoinSet::new();
+        for lb in &self.cfg.load_balancers {
+            let (this, job, lb) = (self.clone(), job.clone(), lb.clone());
+            let (ips, snapshot) = (ips.to_vec(), snapshot.clone());
+            lbs.spawn(
+                async move { this.pass_lb(&job, &lb, &ips, &snapshot, pass).await }
+                    .in_current_span(),
+            );
+        }
+        let (mut left, mut error) = (0, None);
+        while let Some(r) = lbs.join_next().await {
+            match r {
+                Ok(Ok(n)) => left += n,
+                Ok(Err(e)) => {
+                    error.get_or_insert(e);
+                }
+                Err(e) => {
+                    error.get_or_insert(Stop::Exhausted {
+                        attempts: 0,
+                        last: format!("load balancer task ended: {e}"),
+                    });
+                }
+            }
+        }
+        error.map_or(Ok(left), Err)
+    }
+
+    /// [`Self::pass`] on one load balancer.
+    async fn pass_lb(
         &self,
         job: &Job,
+        lb: &str,
         ips: &[IpAddr],
         snapshot: &WorkloadSnapshot,
         pass: u64,
     ) -> Result<usize, Stop> {
         let (uid, drain, at_capacity) = (job.uid.as_str(), job.drain, job.at_capacity);
+        if pass > 0 && !self.update(job, |_| {}) {
+            return Ok(0);
+        }
         let mut left = 0;
-        for lb in &self.cfg.load_balancers {
-            if pass > 0 && !self.update(job, |_| {}) {
-                return Ok(0);
-            }
-            let lock = self.lb_lock(lb);
-            let targets = {
-                let _one_at_a_time = lock.lock().await;
-                let (view, _) = self.retrying(|| self.client.get_load_balancer(lb)).await?;
-                targets_of(lb, &view, uid, ips, snapshot, &self.cfg.node_networks)
-            };
-            for t in targets {
-                let key = t.key();
-                if t.drain == drain {
-                    left += 1;
-                    self.update(job, |s| {
-                        s.backends.insert(key, state_word(drain));
-                    });
-                    continue;
-                }
-                let full = drain
-                    && (t.set_len >= self.cfg.capacity_limit
-                        || t.lb_len >= self.cfg.capacity_limit);
-                if full {
-                    self.at_capacity(job, &t);
-                }
-                let mut was_drained = false;
+        let lock = self.lb_lock(lb);
+        let targets = {
+            let _one_at_a_time = lock.lock().await;
+            let (view, _) = self.retrying(|| self.client.get_load_balancer(lb)).await?;
+            targets_of(lb, &view, uid, ips, snapshot, &self.cfg.node_networks)
+        };
+        for t in targets {
+            let key = t.key();
+            if t.drain == drain {
+                left += 1;
                 self.update(job, |s| {
-                    was_drained = s.backends.get(&key) == Some(&"drained");
-                    s.backends.insert(key.clone(), "pending");
+                    s.backends.insert(key, state_word(drain));
                 });
-                let applied = {
-                    let _one_at_a_time = lock.lock().await;
-                    let remove = full && at_capacity == AtCapacity::RemoveEarly;
-                    self.apply(&t, drain, remove).await?
-                };
-                if matches!(applied, Applied::Changed | Applied::Already) {
-                    left += 1;
-                }
-                self.record(job, key, applied, was_drained);
+                continue;
             }
+            let full = drain
+                && (t.set_len >= self.cfg.capacity_limit || t.lb_len >= self.cfg.capacity_limit);
+            if full {
+                self.at_capacity(job, &t);
+            }
+            let mut was_drained = false;
+            self.update(job, |s| {
+                was_drained = s.backends.get(&key) == Some(&"drained");
+                s.backends.insert(key.clone(), "pending");
+            });
+            let applied = {
+                let _one_at_a_time = lock.lock().await;
+                let remove = full && at_capacity == AtCapacity::RemoveEarly;
+                self.apply(&t, drain, remove).await?
+            };
+            if matches!(applied, Applied::Changed | Applied::Already) {
+                left += 1;
+            }
+            self.record(job, key, applied, was_drained);
         }
         Ok(left)
     }
