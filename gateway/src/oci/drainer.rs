@@ -3,9 +3,9 @@
 //! Per backend change: read the backend (its load balancer's ETag comes
 //! with it), resend every field as read with `drain` set, under `If-Match`;
 //! poll the work request to SUCCEEDED or FAILED. Changes to one load
-//! balancer run one at a time (a FIFO lock per load balancer), and each
-//! re-reads after the previous work request finished, so the ETag is always
-//! fresh. 412 → re-read and retry at once; 409 IncorrectState, 429, 5xx, a
+//! balancer run one at a time (a FIFO lock per load balancer; different
+//! load balancers are worked on at once), and each re-reads after the
+//! previous work request finished, so the ETag is always fresh. 412 → re-read and retry at once; 409 IncorrectState, 429, 5xx, a
 //! transport error or a FAILED work request → bounded exponential backoff
 //! with jitter, at most `max_attempts` in all; any other 4xx (401
 //! NotAuthenticated, 404 of the load balancer, 400) stops this workload's
