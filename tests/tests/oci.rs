@@ -92,6 +92,7 @@ struct Opts {
     capacity_limit: usize,
     key: &'static str,
     max_attempts: u32,
+    reassert_interval: &'static str,
     /// Sign with OKE workload identity, this service-account token in the token file.
     workload_identity: Option<&'static str>,
     double: DoubleConfig,
@@ -104,6 +105,7 @@ impl Default for Opts {
             capacity_limit: 512,
             key: "api_key.pem",
             max_attempts: 8,
+            reassert_interval: "100ms",
             workload_identity: None,
             double: DoubleConfig::default(),
         }
@@ -167,7 +169,7 @@ oci:
   node_networks: [10.0.0.0/24]
   capacity_limit: {capacity_limit}
   max_attempts: {max_attempts}
-  reassert_interval: 100ms
+  reassert_interval: {reassert_interval}
   backoff_base: 5ms
   backoff_max: 40ms
   work_request_poll: 10ms
@@ -178,6 +180,7 @@ oci:
             ca = double.ca_file().display(),
             capacity_limit = opts.capacity_limit,
             max_attempts = opts.max_attempts,
+            reassert_interval = opts.reassert_interval,
         );
         let config = gateway_config_with("node-a", "{source: dev-ca}", &workloads, 15008, &extra);
         let app = tidegate::app::build(config).await.unwrap();
@@ -484,6 +487,36 @@ async fn a_reset_by_the_foreign_controller_is_reasserted() {
     );
     // The replacement (not terminating) is never drained.
     assert!(!rig.drain_of(LB1, "web", "10.1.0.9", 8080));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_churn_does_not_speed_up_rechecks_and_a_gone_pod_stops_them_at_once() {
+    let rig = Rig::start(Opts {
+        reassert_interval: "1h",
+        ..Default::default()
+    })
+    .await;
+    rig.pods(&["b"], &[]);
+    rig.wait_for("uid-b", "drained", |s| {
+        s["backends"][format!("{LB1}/web/10.1.0.6:8080")] == "drained"
+    })
+    .await;
+    let looks = rig.double.count("GetLoadBalancer", 200);
+    assert_eq!(looks, 2, "one look at each load balancer");
+    // Other workloads come and go: each change wakes the drain's wait, which
+    // goes back to sleep while pod b is still there.
+    for gone in [&["c"][..], &[], &["c", "api"], &[]] {
+        let generation = rig.app.workloads.snapshot().generation;
+        rig.pods(&["b"], gone);
+        eventually("the store changed", WITHIN, || {
+            rig.app.workloads.snapshot().generation > generation
+        })
+        .await;
+    }
+    // Pod b is gone: the loop ends now, not in an hour.
+    rig.pods(&[], &["b"]);
+    rig.wait_state("uid-b", "done").await;
+    assert_eq!(rig.double.count("GetLoadBalancer", 200), looks);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
