@@ -174,7 +174,9 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         config.drains.clone(),
         crate::drains::DrainMetrics::register(&mut registry),
     );
-    if let Some(oci) = crate::oci::from_config(&config.oci, workloads.clone(), &mut registry)? {
+    if let Some(oci) =
+        crate::oci::from_config(&config.oci, workloads.clone(), &mut registry, drain.clone())?
+    {
         drains.set_oci(oci);
     }
     tasks.spawn(drains.clone().watch_workloads(drain.clone()));

@@ -487,6 +487,17 @@ async fn a_reset_by_the_foreign_controller_is_reasserted() {
     );
     // The replacement (not terminating) is never drained.
     assert!(!rig.drain_of(LB1, "web", "10.1.0.9", 8080));
+
+    // The gateway shuts down: the re-assert loop ends with it.
+    let drains = rig.app.drains.clone();
+    rig.app.shutdown().await;
+    eventually("re-asserting stopped", WITHIN, || {
+        drains
+            .list()
+            .iter()
+            .any(|d| d.uid == "uid-b" && d.oci.as_ref().is_some_and(|o| o.state == "stopped"))
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

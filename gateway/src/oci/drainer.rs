@@ -29,6 +29,7 @@ use super::client::{OciClient, OciError};
 use super::config::OciConfig;
 use super::metrics::{CapacityLabels, OciMetrics, OutcomeLabels};
 use super::model::{LoadBalancer, UpdateBackendDetails};
+use crate::drain::DrainWatch;
 use crate::workloads::{WorkloadSnapshot, WorkloadStore};
 
 /// What the policy wants done when a backend set is at capacity.
@@ -54,7 +55,8 @@ impl AtCapacity {
 /// A workload's OCI drain as `GET /drains` shows it.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct OciStatus {
-    /// `running`, `done` (backends gone or workload gone), `failed`, `not-opted-in`.
+    /// `running`, `done` (backends gone or workload gone), `failed`,
+    /// `not-opted-in`, `stopped` (the gateway shut down while re-asserting).
     pub state: &'static str,
     pub drain: bool,
     /// `<lb>/<set>/<ip:port>` → `drained`, `undrained`, `removed`, `pending`, `gone`.
@@ -125,6 +127,8 @@ impl Target {
 
 pub struct OciDrainer {
     cfg: OciConfig,
+    /// Re-assert loops end when the gateway drains (between passes).
+    drain: DrainWatch,
     client: OciClient,
     workloads: Arc<WorkloadStore>,
     metrics: OciMetrics,
@@ -149,14 +153,19 @@ pub struct Accepted {
 }
 
 impl OciDrainer {
+    /// `drain`: when it fires, re-assert loops stop at their next wait (a
+    /// change in flight finishes first; nothing is left half-done on OCI's
+    /// side since every change is one work request).
     pub fn new(
         cfg: OciConfig,
         client: OciClient,
         workloads: Arc<WorkloadStore>,
         metrics: OciMetrics,
+        drain: DrainWatch,
     ) -> Arc<Self> {
         Arc::new(OciDrainer {
             cfg,
+            drain,
             client,
             workloads,
             metrics,
@@ -265,6 +274,7 @@ impl OciDrainer {
     async fn run(self: Arc<Self>, job: Job) {
         let job = Arc::new(job);
         let mut changes = self.workloads.subscribe();
+        let mut gateway_drain = self.drain.clone();
         let mut pass = 0u64;
         loop {
             if !self.update(&job, |_| {}) {
@@ -308,6 +318,11 @@ impl OciDrainer {
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep_until(next) => break,
+                    _ = gateway_drain.signaled() => {
+                        info!("gateway shutting down: stop re-asserting");
+                        self.update(&job, |s| s.state = "stopped");
+                        return;
+                    }
                     r = changes.changed() => {
                         if r.is_err() {
                             return;

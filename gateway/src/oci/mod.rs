@@ -59,6 +59,7 @@ pub fn from_config(
     cfg: &OciConfig,
     workloads: Arc<WorkloadStore>,
     registry: &mut prometheus_client::registry::Registry,
+    drain: crate::drain::DrainWatch,
 ) -> Result<Option<Arc<OciDrainer>>, OciSetupError> {
     if !cfg.enabled {
         return Ok(None);
@@ -102,5 +103,6 @@ pub fn from_config(
         client,
         workloads,
         metrics,
+        drain,
     )))
 }
