@@ -47,7 +47,8 @@ pub struct OciConfig {
     /// (the Service annotation `tidegate.io/oci-backend-draining: "true"`).
     pub opt_in: Vec<OptIn>,
     /// A backend set (or a load balancer) holding this many backends is at
-    /// capacity: the policy's `at-capacity` choice applies.
+    /// capacity: the policy's `at-capacity` choice applies. Below 512 it
+    /// keeps slots free for the replacement pods of a rolling update.
     pub capacity_limit: usize,
     /// How often a terminating pod's backends are re-checked (and drain
     /// re-asserted if another controller reset it).
