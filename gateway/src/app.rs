@@ -176,6 +176,11 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         config.drains.clone(),
         crate::drains::DrainMetrics::register(&mut registry),
     );
+    if let Some(oci) =
+        crate::oci::from_config(&config.oci, workloads.clone(), &mut registry, drain.clone())?
+    {
+        drains.set_oci(oci);
+    }
     tasks.spawn(drains.clone().watch_workloads(drain.clone()));
     let (failures_tx, failures_rx) = tokio::sync::mpsc::unbounded_channel();
     pool.report_failures_to(failures_tx);

@@ -53,6 +53,8 @@ pub struct Config {
     pub shutdown: ShutdownConfig,
     pub policies: PoliciesConfig,
     pub drains: DrainsConfig,
+    /// OCI load-balancer backend draining (the `oci-drain` action); off by default.
+    pub oci: crate::oci::OciConfig,
     /// Optional demo echo backend started in-process (the embedded default uses it).
     pub demo: Option<DemoConfig>,
 }
@@ -70,6 +72,7 @@ impl Default for Config {
             shutdown: ShutdownConfig::default(),
             policies: PoliciesConfig::default(),
             drains: DrainsConfig::default(),
+            oci: crate::oci::OciConfig::default(),
             demo: None,
         }
     }
@@ -462,6 +465,9 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        self.oci
+            .check()
+            .map_err(|(key, message)| invalid(key, message))?;
         let h = &self.hbone;
         if !(16_384..=16_777_215).contains(&h.max_frame_size) {
             return Err(invalid(

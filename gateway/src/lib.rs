@@ -18,6 +18,7 @@ pub mod identity;
 pub mod inbound;
 pub mod listener;
 pub mod metrics;
+pub mod oci;
 pub mod outbound;
 pub mod policy;
 pub mod pool;

@@ -3,6 +3,7 @@
 //! iptables REDIRECT, metric readers and a bounded `eventually`.
 
 pub mod netns;
+pub mod oci_double;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;

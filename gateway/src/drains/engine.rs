@@ -19,6 +19,7 @@ use super::executor::{self, Executed};
 use super::metrics::{DrainLabels, DrainMetrics, EndLabels, EventLabels};
 use crate::config::DrainsConfig;
 use crate::drain::DrainWatch;
+use crate::oci::{OciDrainer, OciStatus};
 use crate::policy::{PolicyEngine, Selection};
 use crate::pool::Pool;
 use crate::registry::Registry;
@@ -127,6 +128,9 @@ pub struct DrainView {
     pub tunnels_remaining: usize,
     pub streams_remaining: usize,
     pub ended: Option<&'static str>,
+    /// The workload's OCI backend drain, if an `oci-drain` action asked for one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oci: Option<OciStatus>,
 }
 
 struct DrainState {
@@ -157,6 +161,8 @@ pub struct DrainEngine {
     first_seen: Mutex<HashMap<String, Instant>>,
     /// Workloads removed from the store recently, so actions can still name them.
     removed: Mutex<HashMap<String, (Arc<Workload>, Instant)>>,
+    /// Executes `oci-drain` actions when `oci.enabled` (see [`DrainEngine::set_oci`]).
+    oci: std::sync::OnceLock<Arc<OciDrainer>>,
 }
 
 fn unix_ms(t: SystemTime) -> u128 {
@@ -184,7 +190,17 @@ impl DrainEngine {
             drains: Mutex::new(BTreeMap::new()),
             first_seen: Mutex::new(HashMap::new()),
             removed: Mutex::new(HashMap::new()),
+            oci: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Hands `oci-drain` actions to `drainer` (set once, at build).
+    pub fn set_oci(&self, drainer: Arc<OciDrainer>) {
+        let _ = self.oci.set(drainer);
+    }
+
+    pub(super) fn oci(&self) -> Option<&Arc<OciDrainer>> {
+        self.oci.get()
     }
 
     /// What a policy is told about a local workload right now.
@@ -643,6 +659,7 @@ impl DrainEngine {
                 tunnels_remaining: self.registry.for_workload(uid).len(),
                 streams_remaining: self.registry.streams_of(uid),
                 ended: d.ended,
+                oci: self.oci().and_then(|o| o.status(uid)),
             })
             .collect()
     }
@@ -650,9 +667,25 @@ impl DrainEngine {
     /// Raises lifecycle events from workload-file changes until drained: a
     /// local workload whose state becomes `terminating` starts shutting down
     /// (with the configured grace period); one that disappears is deleted.
-    pub async fn watch_workloads(self: Arc<Self>, mut drain: DrainWatch) {
-        let mut changes = self.workloads.subscribe();
-        let mut previous = self.workloads.snapshot();
+    ///
+    /// The starting snapshot is taken when this is called, not when the
+    /// returned task first runs: a change published in between (a workload
+    /// file rewritten right after start-up) is still seen as a change.
+    pub fn watch_workloads(
+        self: Arc<Self>,
+        drain: DrainWatch,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let changes = self.workloads.subscribe();
+        let previous = self.workloads.snapshot();
+        self.watch_workloads_from(changes, previous, drain)
+    }
+
+    async fn watch_workloads_from(
+        self: Arc<Self>,
+        mut changes: tokio::sync::watch::Receiver<u64>,
+        mut previous: Arc<crate::workloads::WorkloadSnapshot>,
+        mut drain: DrainWatch,
+    ) {
         loop {
             tokio::select! {
                 r = changes.changed() => if r.is_err() { return },

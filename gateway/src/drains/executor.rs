@@ -9,6 +9,7 @@ use tracing::info;
 
 use super::engine::DrainEngine;
 use crate::identity::SpiffeId;
+use crate::oci::drainer::AtCapacity;
 use crate::registry::GoawayCommand;
 use crate::workloads::Workload;
 
@@ -71,13 +72,25 @@ pub(super) fn execute(
                     format!("backoff: {:?} is not a destination address", b.destination)
                 }
             },
-            sdk::Action::OciDrain(o) => {
-                engine.metrics.action("oci_drain", "not_configured");
-                format!(
-                    "oci-drain {} drain={}: not configured (no OCI integration)",
-                    o.workload, o.drain
-                )
-            }
+            sdk::Action::OciDrain(o) => match engine.oci() {
+                Some(oci) => {
+                    let at_capacity = match o.at_capacity {
+                        sdk::AtCapacity::RemoveEarly => AtCapacity::RemoveEarly,
+                        sdk::AtCapacity::Keep => AtCapacity::Keep,
+                    };
+                    // Off the decision path: the drainer runs its API calls in a task.
+                    let r = oci.request(&o.workload, o.drain, at_capacity, decided_at);
+                    engine.metrics.action("oci_drain", r.result);
+                    r.description
+                }
+                None => {
+                    engine.metrics.action("oci_drain", "not_configured");
+                    format!(
+                        "oci-drain {} drain={}: not configured (oci.enabled is false)",
+                        o.workload, o.drain
+                    )
+                }
+            },
             sdk::Action::HoldTeardown(h) => {
                 let bound = Duration::from_millis(h.bound_ms);
                 out.hold = Some(out.hold.map_or(bound, |b| b.max(bound)));

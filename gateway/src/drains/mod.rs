@@ -4,7 +4,7 @@
 //! - [`engine`]: per-workload lifecycle (idempotent transitions), the event
 //!   a policy sees, the pinned policy version of a drain, `GET /drains`.
 //! - [`executor`]: GOAWAY on inbound tunnels, eviction of pooled tunnels,
-//!   teardown holds, timers.
+//!   teardown holds, timers; `oci-drain` is handed to [`crate::oci::OciDrainer`].
 //! - [`metrics`]: drains started / completed / forced, teardown holds.
 
 pub mod cni;
