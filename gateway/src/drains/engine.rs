@@ -30,6 +30,7 @@ use crate::workloads::{LifecycleState, Workload, WorkloadStore};
 pub enum Trigger {
     Admin,
     WorkloadFile,
+    Kubernetes,
     Cni,
     Timer,
 }
@@ -39,6 +40,7 @@ impl Trigger {
         match self {
             Trigger::Admin => "admin",
             Trigger::WorkloadFile => "workload-file",
+            Trigger::Kubernetes => "kubernetes",
             Trigger::Cni => "cni",
             Trigger::Timer => "timer",
         }
@@ -647,10 +649,17 @@ impl DrainEngine {
             .collect()
     }
 
-    /// Raises lifecycle events from workload-file changes until drained: a
+    /// Raises lifecycle events from workload-store changes until drained: a
     /// local workload whose state becomes `terminating` starts shutting down
-    /// (with the configured grace period); one that disappears is deleted.
-    pub async fn watch_workloads(self: Arc<Self>, mut drain: DrainWatch) {
+    /// (until its `deletion_deadline_unix_ms`, else the configured grace
+    /// period); one that disappears is deleted. `trigger` names the source
+    /// that publishes the store (workload file or Kubernetes).
+    ///
+    /// Level-triggered: events come from comparing whole snapshots, so a
+    /// republished identical set (a watch restart, a relist) raises nothing,
+    /// and a transition missed while a watch was down is seen on the next
+    /// snapshot; a transition seen twice drains once (phases only move forward).
+    pub async fn watch_workloads(self: Arc<Self>, trigger: Trigger, mut drain: DrainWatch) {
         let mut changes = self.workloads.subscribe();
         let mut previous = self.workloads.snapshot();
         loop {
@@ -690,7 +699,7 @@ impl DrainEngine {
                             && old.spec.state != LifecycleState::Terminating =>
                     {
                         Some(Lifecycle::ShutdownStarted {
-                            grace: self.cfg.default_grace,
+                            grace: self.grace_of(w),
                         })
                     }
                     _ => None,
@@ -706,7 +715,7 @@ impl DrainEngine {
                                 workload: old.clone(),
                                 phase: Phase::Running,
                                 selection: self.policies.select(old),
-                                trigger: Trigger::WorkloadFile,
+                                trigger,
                                 started: SystemTime::now(),
                                 shutdown_at: None,
                                 deadline: None,
@@ -718,8 +727,8 @@ impl DrainEngine {
                     let this = self.clone();
                     let uid = uid.to_owned();
                     tokio::spawn(async move {
-                        if let Err(e) = this.on_lifecycle(&uid, what, Trigger::WorkloadFile).await {
-                            warn!(error = %e, "lifecycle event from the workload file failed");
+                        if let Err(e) = this.on_lifecycle(&uid, what, trigger).await {
+                            warn!(error = %e, source = trigger.label(), "lifecycle event from the workload store failed");
                         }
                     });
                 }
@@ -732,20 +741,27 @@ impl DrainEngine {
                 if previous.by_uid(w.uid()).is_none() {
                     let this = self.clone();
                     let uid = w.uid().to_owned();
-                    let grace = self.cfg.default_grace;
+                    let grace = self.grace_of(w);
                     tokio::spawn(async move {
                         let _ = this
-                            .on_lifecycle(
-                                &uid,
-                                Lifecycle::ShutdownStarted { grace },
-                                Trigger::WorkloadFile,
-                            )
+                            .on_lifecycle(&uid, Lifecycle::ShutdownStarted { grace }, trigger)
                             .await;
                     });
                 }
             }
             self.forget_old(&current);
             previous = current;
+        }
+    }
+
+    /// Time left until a terminating workload's deadline (Kubernetes:
+    /// `deletionTimestamp`), else the configured default grace.
+    fn grace_of(&self, w: &Workload) -> Duration {
+        match w.spec.deletion_deadline_unix_ms {
+            Some(ms) => (SystemTime::UNIX_EPOCH + Duration::from_millis(ms))
+                .duration_since(SystemTime::now())
+                .unwrap_or(Duration::ZERO),
+            None => self.cfg.default_grace,
         }
     }
 

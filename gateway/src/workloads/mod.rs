@@ -2,6 +2,7 @@
 //! writer as an immutable snapshot that the data path reads without locks.
 
 mod file;
+pub mod kubernetes;
 
 pub use file::{parse_workload_file, WorkloadFile, WorkloadFileError, WorkloadFileWatcher};
 
@@ -32,7 +33,7 @@ pub enum LifecycleState {
     Terminating,
 }
 
-/// One workload as written in the workload file (and later: from Kubernetes).
+/// One workload, from the workload file or from Kubernetes discovery.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkloadSpec {
@@ -61,6 +62,17 @@ pub struct WorkloadSpec {
     /// `tidegate.io/oci-backend-draining: "true"`.
     #[serde(default)]
     pub oci_backend_draining: bool,
+    /// Drain policy named by the workload's namespace (Kubernetes: the
+    /// namespace label `workloads.kubernetes.policy_label`). Below the pod
+    /// annotation `tidegate.io/drain-policy`, above `policies.bindings`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_policy: Option<String>,
+    /// The deadline of a terminating workload, milliseconds since the Unix
+    /// epoch (Kubernetes: `deletionTimestamp`, which the API server sets to
+    /// the deletion request time plus the grace period). Unset: the drain
+    /// engine uses `drains.default_grace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion_deadline_unix_ms: Option<u64>,
 }
 
 fn default_namespace() -> String {
