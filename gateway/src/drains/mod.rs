@@ -12,5 +12,5 @@ pub mod engine;
 mod executor;
 mod metrics;
 
-pub use engine::{DrainEngine, DrainError, Lifecycle, Outcome, TeardownAck, Trigger};
+pub use engine::{DrainEngine, DrainError, DrainView, Lifecycle, Outcome, TeardownAck, Trigger};
 pub use metrics::DrainMetrics;

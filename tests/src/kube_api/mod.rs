@@ -1,0 +1,204 @@
+//! A wire-level Kubernetes API server double for discovery tests: kube-rs
+//! talks to it over real HTTP/1.1 on 127.0.0.1 exactly as to a real one.
+//!
+//! Serves `GET /api/v1/{pods,namespaces,services}` and
+//! `/apis/discovery.k8s.io/v1/endpointslices`: lists (resourceVersion,
+//! resourceVersionMatch, limit/continue, field and label selectors,
+//! metadata-only with `Accept: ...;as=PartialObjectMetadataList`), watch
+//! streams (ADDED/MODIFIED/DELETED, BOOKMARK with allowWatchBookmarks,
+//! ADDED/DELETED when a change moves an object across the selectors), and
+//! 410 Gone (a Status with reason Expired) for a resourceVersion older than
+//! the last [`FakeApiServer::compact`]. Tests drive it through the handle:
+//! create/update/delete objects, set a pod's deletionTimestamp, drop every
+//! watch, count requests.
+
+mod selectors;
+mod server;
+mod state;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+
+use state::State;
+
+/// The resources the double serves.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Kind {
+    Pod,
+    Namespace,
+    Service,
+    EndpointSlice,
+}
+
+impl Kind {
+    fn from_path(path: &str) -> Option<Kind> {
+        Some(match path {
+            "/api/v1/pods" => Kind::Pod,
+            "/api/v1/namespaces" => Kind::Namespace,
+            "/api/v1/services" => Kind::Service,
+            "/apis/discovery.k8s.io/v1/endpointslices" => Kind::EndpointSlice,
+            _ => return None,
+        })
+    }
+
+    fn api_version(self) -> &'static str {
+        match self {
+            Kind::EndpointSlice => "discovery.k8s.io/v1",
+            _ => "v1",
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Pod => "Pod",
+            Kind::Namespace => "Namespace",
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
+        }
+    }
+}
+
+/// The running double; dropping it does not stop the server (tests end anyway).
+#[derive(Clone)]
+pub struct FakeApiServer {
+    pub addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+}
+
+impl FakeApiServer {
+    pub async fn start() -> FakeApiServer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(Mutex::new(State::default()));
+        let st = state.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                let st = st.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| {
+                        let resp = server::handle(&st, req);
+                        async move { Ok::<_, std::convert::Infallible>(resp) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .await;
+                });
+            }
+        });
+        FakeApiServer { addr, state }
+    }
+
+    /// `http://127.0.0.1:<port>` (for `workloads.kubernetes.api_server`).
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Creates or replaces an object (by namespace and name); fills in
+    /// `creationTimestamp` when missing. Returns it as stored.
+    pub fn apply(&self, kind: Kind, mut obj: Value) -> Value {
+        let m = &mut obj["metadata"];
+        if m.get("creationTimestamp").is_none() {
+            m["creationTimestamp"] = json!(rfc3339(SystemTime::now()));
+        }
+        self.state.lock().unwrap().put(kind, obj)
+    }
+
+    /// Changes a stored object in place; panics if it does not exist.
+    pub fn modify(&self, kind: Kind, ns: &str, name: &str, f: impl FnOnce(&mut Value)) -> Value {
+        let mut st = self.state.lock().unwrap();
+        let mut obj = st
+            .objects
+            .get(&kind)
+            .and_then(|m| m.get(&(ns.to_owned(), name.to_owned())))
+            .unwrap_or_else(|| panic!("no {kind:?} {ns}/{name}"))
+            .clone();
+        f(&mut obj);
+        st.put(kind, obj)
+    }
+
+    pub fn delete(&self, kind: Kind, ns: &str, name: &str) -> Option<Value> {
+        self.state.lock().unwrap().remove(kind, ns, name)
+    }
+
+    /// What `kubectl delete pod` does first: `deletionTimestamp` = now + grace.
+    /// Returns the deadline.
+    pub fn start_pod_deletion(&self, ns: &str, name: &str, grace: Duration) -> SystemTime {
+        let deadline = SystemTime::now() + grace;
+        // Kubernetes timestamps have second precision.
+        let secs = deadline
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let deadline = SystemTime::UNIX_EPOCH + Duration::from_secs(secs);
+        self.modify(Kind::Pod, ns, name, |p| {
+            p["metadata"]["deletionTimestamp"] = json!(rfc3339(deadline));
+            p["metadata"]["deletionGracePeriodSeconds"] = json!(grace.as_secs());
+        });
+        deadline
+    }
+
+    /// Ends every open watch stream (clients resume from their last resourceVersion).
+    pub fn drop_watches(&self) {
+        self.state.lock().unwrap().watches.clear();
+    }
+
+    /// Simulates an API server outage: while on, every list and watch gets 503.
+    pub fn set_unavailable(&self, on: bool) {
+        self.state.lock().unwrap().unavailable = on;
+    }
+
+    /// Forgets the change history: a watch or exact list from an older
+    /// resourceVersion now gets 410 Gone, forcing a relist.
+    pub fn compact(&self) {
+        self.state.lock().unwrap().compact();
+    }
+
+    /// Requests served for `kind`; `verb` is `list` or `watch`.
+    pub fn requests(&self, kind: Kind, verb: &str) -> u64 {
+        let st = self.state.lock().unwrap();
+        st.requests
+            .iter()
+            .filter(|((k, v), _)| *k == kind && *v == verb)
+            .map(|(_, n)| *n)
+            .sum()
+    }
+
+    /// Open watch streams for `kind`.
+    pub fn watches(&self, kind: Kind) -> usize {
+        let st = self.state.lock().unwrap();
+        st.watches
+            .iter()
+            .filter(|w| w.kind == kind && !w.tx.is_closed())
+            .count()
+    }
+}
+
+/// `2026-11-29T18:48:11Z` (UTC, second precision, as the API server writes).
+pub fn rfc3339(t: SystemTime) -> String {
+    let secs = t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}

@@ -1,0 +1,469 @@
+//! Kubernetes discovery against the wire-level API server double
+//! (`tidegate_e2e::kube_api`): kube-rs watchers over real HTTP, the workload
+//! store, lifecycle events and drains, watch restarts and 410 relists.
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use serde_json::{json, Value};
+use tidegate::app::App;
+use tidegate::config::Config;
+use tidegate::drains::{DrainView, Trigger};
+use tidegate::workloads::LifecycleState;
+use tidegate_e2e::kube_api::{FakeApiServer, Kind};
+use tidegate_e2e::{eventually, http_get, init_tracing, ip, metric};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn plugin(name: &str) -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/plugins")
+        .join(format!("{name}.wasm"));
+    assert!(
+        p.exists(),
+        "{} missing: run `cargo xtask plugins`",
+        p.display()
+    );
+    p.canonicalize().unwrap()
+}
+
+/// A gateway on `node` discovering from `api_server`, with two policies:
+/// `keep` (the default) and `evict` (evict-on-delete, also on terminating peers).
+fn config(dir: &std::path::Path, node: &str, api_server: &str, extra: &str) -> Config {
+    let yaml = format!(
+        r#"node_name: {node}
+trust_domain: cluster.local
+listeners:
+  outbound: 127.0.0.1:0
+  inbound: 0.0.0.0:0
+  admin: 127.0.0.1:0
+  metrics: 127.0.0.1:0
+  readiness: 127.0.0.1:0
+certificates: {{source: dev-ca, state_dir: {ca}}}
+workloads:
+  source: kubernetes
+  kubernetes:
+    api_server: {api_server}
+    debounce: 10ms
+drains:
+  default_grace: 30s
+policies:
+  default: keep
+  plugins:
+    keep: {{file: {keep}}}
+    evict:
+      file: {evict}
+      config: '{{"on-peer-terminating": "evict-when-idle"}}'
+{extra}
+"#,
+        ca = dir.join("ca").display(),
+        keep = plugin("keepalive-only").display(),
+        evict = plugin("evict-on-delete").display(),
+    );
+    Config::from_yaml(&yaml).unwrap_or_else(|e| panic!("test config: {e}\n{yaml}"))
+}
+
+fn namespace(name: &str, labels: Value) -> Value {
+    json!({"metadata": {"name": name, "uid": format!("ns-{name}"), "labels": labels}})
+}
+
+fn pod(name: &str, uid: &str, node: &str, pod_ip: std::net::IpAddr) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": "demo", "uid": uid, "labels": {"app": name}},
+        "spec": {"nodeName": node, "serviceAccountName": name, "containers": [{"name": "app", "image": "app:1"}]},
+        "status": {
+            "phase": "Running",
+            "podIP": pod_ip.to_string(),
+            "podIPs": [{"ip": pod_ip.to_string()}],
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    })
+}
+
+fn slice(name: &str, service: &str, endpoints: Value) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": "demo", "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "endpoints": endpoints,
+    })
+}
+
+fn drain_of(app: &App, uid: &str) -> Option<DrainView> {
+    app.drains.list().into_iter().find(|d| d.uid == uid)
+}
+
+fn phase_of(app: &App, uid: &str) -> Option<String> {
+    drain_of(app, uid).map(|d| d.phase)
+}
+
+async fn start(api: &FakeApiServer, dir: &std::path::Path, extra: &str) -> App {
+    init_tracing();
+    tidegate::app::build(config(dir, "node-a", &api.url(), extra))
+        .await
+        .unwrap()
+}
+
+async fn ready(app: &App) -> bool {
+    http_get(app.addrs.readiness, "/healthz/ready").await.0 == 200
+}
+
+/// Awaits readiness (polled over HTTP, bounded).
+async fn until_ready(app: &App) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !ready(app).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gateway never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_lifecycle_create_terminate_delete_recreate() {
+    let api = FakeApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    api.apply(
+        Kind::Namespace,
+        namespace("demo", json!({"tidegate.io/mesh": "enabled"})),
+    );
+    api.apply(Kind::Pod, pod("web-0", "uid-1", "node-a", ip(61, 2)));
+    api.apply(Kind::Pod, pod("db-0", "uid-db", "node-b", ip(61, 3)));
+    let app = start(&api, dir.path(), "").await;
+    until_ready(&app).await;
+
+    let snap = app.workloads.snapshot();
+    let w = snap.by_ip(ip(61, 2)).expect("local pod discovered");
+    assert_eq!(w.uid(), "uid-1");
+    assert!(w.local);
+    assert_eq!(
+        w.identity.to_string(),
+        "spiffe://cluster.local/ns/demo/sa/web-0"
+    );
+    assert_eq!(w.spec.state, LifecycleState::Running);
+    assert_eq!(w.spec.protocol, tidegate::workloads::Protocol::Hbone);
+    let peer = snap.by_ip(ip(61, 3)).expect("remote pod discovered");
+    assert!(!peer.local);
+    // Local pods are watched with the node's field selector, the rest with its negation.
+    let text = app.metrics_text();
+    assert_eq!(
+        metric(
+            &text,
+            r#"tidegate_kubernetes_objects{resource="local-pods"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            r#"tidegate_kubernetes_objects{resource="remote-pods"}"#
+        ),
+        1.0
+    );
+    assert_eq!(metric(&text, "tidegate_kubernetes_workloads"), 2.0);
+    assert_eq!(metric(&text, "tidegate_kubernetes_synced"), 1.0);
+
+    // kubectl delete: deletionTimestamp = now + 120 s → shutdown-started with that deadline.
+    let deadline = api.start_pod_deletion("demo", "web-0", Duration::from_secs(120));
+    eventually("shutdown-started drain", WAIT, || {
+        phase_of(&app, "uid-1").as_deref() == Some("ShuttingDown")
+    })
+    .await;
+    let d = drain_of(&app, "uid-1").unwrap();
+    assert_eq!(d.trigger, Trigger::Kubernetes);
+    let want = deadline
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i128;
+    let got = d.deadline_unix_ms.unwrap() as i128;
+    // The pod's deadline, not drains.default_grace (30 s): within the ms the event took.
+    assert!(
+        (got - want).abs() < 5_000,
+        "deadline {got} vs deletionTimestamp {want}"
+    );
+    assert_eq!(
+        app.workloads.snapshot().by_uid("uid-1").unwrap().spec.state,
+        LifecycleState::Terminating
+    );
+
+    // The pod object goes away → deleted.
+    api.delete(Kind::Pod, "demo", "web-0");
+    eventually("deleted", WAIT, || {
+        phase_of(&app, "uid-1").as_deref() == Some("Deleted")
+    })
+    .await;
+    assert!(app.workloads.snapshot().by_uid("uid-1").is_none());
+    assert_eq!(drain_of(&app, "uid-1").unwrap().ended, Some("completed"));
+
+    // A StatefulSet recreates web-0: same name and IP, new UID → a new workload.
+    api.apply(Kind::Pod, pod("web-0", "uid-2", "node-a", ip(61, 2)));
+    eventually("recreated pod", WAIT, || {
+        app.workloads.snapshot().by_uid("uid-2").is_some()
+    })
+    .await;
+    let snap = app.workloads.snapshot();
+    assert_eq!(snap.by_ip(ip(61, 2)).unwrap().uid(), "uid-2");
+    assert_eq!(
+        snap.by_uid("uid-2").unwrap().spec.state,
+        LifecycleState::Running
+    );
+    assert!(
+        drain_of(&app, "uid-2").is_none(),
+        "the old pod's drain is not the new pod's"
+    );
+    assert_eq!(phase_of(&app, "uid-1").as_deref(), Some("Deleted"));
+    let text = app.metrics_text();
+    assert_eq!(
+        metric(
+            &text,
+            r#"tidegate_drain_started_total{policy="keep",trigger="kubernetes"}"#
+        ),
+        1.0
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_label_binds_policy_below_the_pod_annotation() {
+    let api = FakeApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    api.apply(
+        Kind::Namespace,
+        namespace("demo", json!({"tidegate.io/drain-policy": "evict"})),
+    );
+    api.apply(Kind::Pod, pod("a", "uid-a", "node-a", ip(62, 2)));
+    let mut b = pod("b", "uid-b", "node-a", ip(62, 3));
+    b["metadata"]["annotations"] = json!({"tidegate.io/drain-policy": "keep"});
+    api.apply(Kind::Pod, b);
+    let app = start(&api, dir.path(), "").await;
+    until_ready(&app).await;
+    let snap = app.workloads.snapshot();
+    let a = snap.by_uid("uid-a").unwrap();
+    assert_eq!(a.spec.namespace_policy.as_deref(), Some("evict"));
+    assert_eq!(app.policies.select(a).name, "evict");
+    assert_eq!(
+        app.policies.select(snap.by_uid("uid-b").unwrap()).name,
+        "keep"
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ip_reuse_goes_to_the_running_pod() {
+    let api = FakeApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    api.apply(Kind::Namespace, namespace("demo", json!({})));
+    api.apply(Kind::Pod, pod("old", "uid-old", "node-b", ip(63, 2)));
+    let app = start(&api, dir.path(), "").await;
+    until_ready(&app).await;
+    api.start_pod_deletion("demo", "old", Duration::from_secs(30));
+    // The CNI hands the IP to a new pod before the old pod object is gone.
+    api.apply(Kind::Pod, pod("new", "uid-new", "node-b", ip(63, 2)));
+    eventually("new pod owns the IP", WAIT, || {
+        app.workloads
+            .snapshot()
+            .by_ip(ip(63, 2))
+            .is_some_and(|w| w.uid() == "uid-new")
+    })
+    .await;
+    let snap = app.workloads.snapshot();
+    let old = snap
+        .by_uid("uid-old")
+        .expect("the terminating pod stays known");
+    assert_eq!(old.spec.state, LifecycleState::Terminating);
+    assert!(
+        old.spec.ips.is_empty(),
+        "the reused IP never resolves to the old pod"
+    );
+    assert_eq!(
+        snap.by_ip(ip(63, 2)).unwrap().spec.protocol,
+        tidegate::workloads::Protocol::Tcp
+    );
+    api.delete(Kind::Pod, "demo", "old");
+    eventually("old pod gone", WAIT, || {
+        app.workloads.snapshot().by_uid("uid-old").is_none()
+    })
+    .await;
+    assert_eq!(
+        app.workloads.snapshot().by_ip(ip(63, 2)).unwrap().uid(),
+        "uid-new"
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn informer_skew_is_counted_then_resolved_and_oci_service_marks_pods() {
+    let api = FakeApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    api.apply(Kind::Namespace, namespace("demo", json!({})));
+    api.apply(
+        Kind::Service,
+        json!({"metadata": {"name": "web", "namespace": "demo",
+            "annotations": {"tidegate.io/oci-backend-draining": "true"}},
+            "spec": {"selector": {"app": "web"}}}),
+    );
+    // The slice names a pod the pod watch has not delivered yet.
+    api.apply(
+        Kind::EndpointSlice,
+        slice(
+            "web-x1",
+            "web",
+            json!([{"addresses": [ip(64, 2).to_string()], "conditions": {"ready": true},
+                "targetRef": {"kind": "Pod", "namespace": "demo", "name": "web", "uid": "uid-web"}}]),
+        ),
+    );
+    let app = start(&api, dir.path(), "").await;
+    until_ready(&app).await;
+    eventually("skew counted", WAIT, || {
+        metric(&app.metrics_text(), "tidegate_kubernetes_unknown_endpoints") == 1.0
+    })
+    .await;
+    api.apply(Kind::Pod, pod("web", "uid-web", "node-a", ip(64, 2)));
+    eventually("skew resolved", WAIT, || {
+        metric(&app.metrics_text(), "tidegate_kubernetes_unknown_endpoints") == 0.0
+    })
+    .await;
+    let snap = app.workloads.snapshot();
+    assert!(snap.by_uid("uid-web").unwrap().spec.oci_backend_draining);
+    // Services are watched metadata-only.
+    assert_eq!(api.requests(Kind::Service, "list"), 1);
+    assert_eq!(
+        metric(
+            &app.metrics_text(),
+            r#"tidegate_kubernetes_objects{resource="services"}"#
+        ),
+        1.0
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_restart_and_410_relist_neither_lose_nor_duplicate_drains() {
+    let api = FakeApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    api.apply(Kind::Namespace, namespace("demo", json!({})));
+    for i in 1..=4u8 {
+        api.apply(
+            Kind::Pod,
+            pod(&format!("p{i}"), &format!("uid-p{i}"), "node-a", ip(65, i)),
+        );
+    }
+    let app = start(&api, dir.path(), "").await;
+    until_ready(&app).await;
+    api.start_pod_deletion("demo", "p1", Duration::from_secs(60));
+    eventually("p1 drains", WAIT, || phase_of(&app, "uid-p1").is_some()).await;
+
+    // A plain watch restart: clients resume from their resourceVersion.
+    let watches_before = api.requests(Kind::Pod, "watch");
+    api.drop_watches();
+    eventually("pod watches resumed", WAIT, || {
+        api.requests(Kind::Pod, "watch") >= watches_before + 2 && api.watches(Kind::Pod) == 2
+    })
+    .await;
+    api.start_pod_deletion("demo", "p2", Duration::from_secs(60));
+    eventually("p2 drains after the resume", WAIT, || {
+        phase_of(&app, "uid-p2").is_some()
+    })
+    .await;
+
+    // An outage during which history is compacted: the resume gets 410 Gone
+    // and the watcher relists. Changes made meanwhile are seen exactly once.
+    let lists_before = api.requests(Kind::Pod, "list");
+    api.set_unavailable(true);
+    api.drop_watches();
+    api.start_pod_deletion("demo", "p3", Duration::from_secs(60));
+    api.delete(Kind::Pod, "demo", "p4");
+    api.apply(Kind::Pod, pod("p5", "uid-p5", "node-a", ip(65, 5)));
+    api.compact();
+    api.set_unavailable(false);
+    eventually("relisted and reconciled", WAIT, || {
+        phase_of(&app, "uid-p3").as_deref() == Some("ShuttingDown")
+            && phase_of(&app, "uid-p4").as_deref() == Some("Deleted")
+            && app.workloads.snapshot().by_uid("uid-p5").is_some()
+    })
+    .await;
+    assert!(
+        api.requests(Kind::Pod, "list") >= lists_before + 2,
+        "both pod watches relisted"
+    );
+    let text = app.metrics_text();
+    assert!(
+        metric(
+            &text,
+            r#"tidegate_kubernetes_lists_total{resource="local-pods"}"#
+        ) >= 2.0
+    );
+    assert!(
+        metric(
+            &text,
+            r#"tidegate_kubernetes_watch_errors_total{resource="local-pods"}"#
+        ) >= 1.0
+    );
+    // p1, p2, p3 shutting down and p4 deleted: four drains, none twice.
+    assert_eq!(
+        metric(
+            &text,
+            r#"tidegate_drain_started_total{policy="keep",trigger="kubernetes"}"#
+        ),
+        4.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            r#"tidegate_drain_duplicate_events_total{event="shutdown-started"}"#
+        ),
+        0.0
+    );
+    let phases: Vec<(String, String)> = app
+        .drains
+        .list()
+        .into_iter()
+        .map(|d| (d.uid, d.phase))
+        .collect();
+    assert_eq!(
+        phases,
+        [
+            ("uid-p1".into(), "ShuttingDown".into()),
+            ("uid-p2".into(), "ShuttingDown".into()),
+            ("uid-p3".into(), "ShuttingDown".into()),
+            ("uid-p4".into(), "Deleted".into()),
+        ]
+    );
+    assert!(drain_of(&app, "uid-p5").is_none());
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_api_server_backs_off_and_the_gateway_serves_unready() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    // A port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let app = tidegate::app::build(config(dir.path(), "node-a", &url, ""))
+        .await
+        .unwrap();
+    eventually("watch errors counted", WAIT, || {
+        metric(
+            &app.metrics_text(),
+            r#"tidegate_kubernetes_watch_errors_total{resource="local-pods"}"#,
+        ) >= 2.0
+    })
+    .await;
+    assert!(!ready(&app).await, "not ready before the first sync");
+    let (status, _) = http_get(app.addrs.admin, "/drains").await;
+    assert_eq!(status, 200, "the admin API keeps serving");
+    assert_eq!(
+        metric(&app.metrics_text(), "tidegate_kubernetes_synced"),
+        0.0
+    );
+    app.shutdown().await;
+
+    // A URL that is not one is a config error naming the key.
+    let e =
+        Config::from_yaml("workloads: {source: kubernetes, kubernetes: {api_server: 'not a url'}}")
+            .unwrap_err()
+            .to_string();
+    assert!(e.contains("workloads.kubernetes.api_server"), "{e}");
+}
