@@ -465,3 +465,87 @@ async fn unreachable_api_server_backs_off_and_the_gateway_serves_unready() {
             .to_string();
     assert!(e.contains("workloads.kubernetes.api_server"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_endpointslice_terminating_evicts_pooled_tunnels() {
+    use tidegate_e2e::{echo_server, gateway_config, round_trip, workloads_yaml, Capture};
+    let octet = 66;
+    let api = FakeApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    // node-b serves the echo workload from its workload file.
+    let server_wl = dir.path().join("server-workloads.yaml");
+    std::fs::write(&server_wl, workloads_yaml(octet, "echo")).unwrap();
+    let echo = echo_server(ip(octet, 2)).await;
+    init_tracing();
+    let server = tidegate::app::build(gateway_config(
+        "node-b",
+        &dir.path().join("ca"),
+        &server_wl,
+        15008,
+        "",
+    ))
+    .await
+    .unwrap();
+    // node-a discovers both pods from the API server; its client pod's
+    // policy (by annotation) evicts tunnels to terminating peers.
+    api.apply(
+        Kind::Namespace,
+        namespace("demo", json!({"tidegate.io/mesh": "enabled"})),
+    );
+    let mut client_pod = pod("client", "client-uid", "node-a", ip(octet, 3));
+    client_pod["metadata"]["annotations"] = json!({"tidegate.io/drain-policy": "evict"});
+    api.apply(Kind::Pod, client_pod);
+    api.apply(Kind::Pod, pod("echo", "echo-uid", "node-b", ip(octet, 2)));
+    let extra = format!("hbone:\n  port: {}\n", server.addrs.inbound.port());
+    let client = tidegate::app::build(config(dir.path(), "node-a", &api.url(), &extra))
+        .await
+        .unwrap();
+    until_ready(&client).await;
+
+    let capture = Capture::start(client.outbound.clone(), echo).await;
+    let mut conn = capture.connect(ip(octet, 3)).await;
+    assert_eq!(round_trip(&mut conn, b"ping").await.unwrap(), b"ping");
+    drop(conn);
+    eventually("one idle pooled tunnel", WAIT, || {
+        let t = client.pool.tunnels();
+        t.len() == 1 && t[0].streams() == 0
+    })
+    .await;
+
+    // The peer's EndpointSlice says terminating before its pod object does.
+    api.apply(
+        Kind::EndpointSlice,
+        slice(
+            "echo-x1",
+            "echo",
+            json!([{"addresses": [ip(octet, 2).to_string()],
+                "conditions": {"ready": false, "serving": true, "terminating": true},
+                "targetRef": {"kind": "Pod", "namespace": "demo", "name": "echo", "uid": "echo-uid"}}]),
+        ),
+    );
+    eventually(
+        "pooled tunnel to the terminating peer evicted",
+        WAIT,
+        || client.pool.tunnels().is_empty(),
+    )
+    .await;
+    assert_eq!(
+        client
+            .workloads
+            .snapshot()
+            .by_uid("echo-uid")
+            .unwrap()
+            .spec
+            .state,
+        LifecycleState::Terminating
+    );
+    assert_eq!(
+        metric(
+            &client.metrics_text(),
+            r#"tidegate_drain_actions_total{action="evict",result="executed"}"#
+        ),
+        1.0
+    );
+    client.shutdown().await;
+    server.shutdown().await;
+}
