@@ -325,8 +325,14 @@ async fn informer_skew_is_counted_then_resolved_and_oci_service_marks_pods() {
     .await;
     let snap = app.workloads.snapshot();
     assert!(snap.by_uid("uid-web").unwrap().spec.oci_backend_draining);
-    // Services are watched metadata-only.
+    // Services and namespaces are watched metadata-only; pods and slices in full.
     assert_eq!(api.requests(Kind::Service, "list"), 1);
+    for kind in [Kind::Service, Kind::Namespace] {
+        let all = api.requests(kind, "list") + api.requests(kind, "watch");
+        assert_eq!(api.metadata_only_requests(kind), all, "{kind:?}");
+    }
+    assert_eq!(api.metadata_only_requests(Kind::Pod), 0);
+    assert_eq!(api.metadata_only_requests(Kind::EndpointSlice), 0);
     assert_eq!(
         metric(
             &app.metrics_text(),
@@ -548,4 +554,94 @@ async fn peer_endpointslice_terminating_evicts_pooled_tunnels() {
     );
     client.shutdown().await;
     server.shutdown().await;
+}
+
+/// The double itself, driven by kube's client directly: selectors,
+/// pagination, metadata-only lists, 400 on selectors it cannot evaluate,
+/// 410 on an exact list from a compacted resourceVersion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_double_speaks_the_list_protocol() {
+    use k8s_openapi::api::core::v1::{Namespace, Pod};
+    use kube::api::{ListParams, VersionMatch};
+    use kube::core::PartialObjectMeta;
+    let api = FakeApiServer::start().await;
+    for i in 1..=5u8 {
+        let node = if i <= 3 { "node-a" } else { "node-b" };
+        let mut p = pod(&format!("p{i}"), &format!("u{i}"), node, ip(68, i));
+        if i % 2 == 0 {
+            p["metadata"]["labels"]["tier"] = json!("db");
+        }
+        api.apply(Kind::Pod, p);
+    }
+    api.apply(Kind::Namespace, namespace("demo", json!({"team": "x"})));
+    let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
+    let pods: kube::Api<Pod> = kube::Api::all(client.clone());
+    let names = |l: kube::core::ObjectList<Pod>| -> Vec<String> {
+        l.items
+            .into_iter()
+            .map(|p| p.metadata.name.unwrap())
+            .collect()
+    };
+    let on_a = pods
+        .list(&ListParams::default().fields("spec.nodeName=node-a"))
+        .await
+        .unwrap();
+    assert_eq!(names(on_a), ["p1", "p2", "p3"]);
+    let not_a = pods
+        .list(&ListParams::default().fields("spec.nodeName!=node-a"))
+        .await
+        .unwrap();
+    assert_eq!(names(not_a), ["p4", "p5"]);
+    let one = pods
+        .list(&ListParams::default().fields("metadata.name=p5"))
+        .await
+        .unwrap();
+    assert_eq!(names(one), ["p5"]);
+    let db = pods
+        .list(&ListParams::default().labels("tier=db,app"))
+        .await
+        .unwrap();
+    assert_eq!(names(db), ["p2", "p4"]);
+    let not_db = pods
+        .list(&ListParams::default().labels("!tier"))
+        .await
+        .unwrap();
+    assert_eq!(names(not_db), ["p1", "p3", "p5"]);
+    // Pagination: limit + continue.
+    let first = pods.list(&ListParams::default().limit(2)).await.unwrap();
+    let token = first.metadata.continue_.clone().expect("a continue token");
+    let rest = pods
+        .list(&ListParams::default().limit(10).continue_token(&token))
+        .await
+        .unwrap();
+    assert_eq!(
+        [names(first), names(rest)].concat(),
+        ["p1", "p2", "p3", "p4", "p5"]
+    );
+    // Metadata only.
+    let ns: kube::Api<PartialObjectMeta<Namespace>> = kube::Api::all(client.clone());
+    let meta = ns.list(&ListParams::default()).await.unwrap();
+    assert_eq!(meta.items[0].metadata.labels.as_ref().unwrap()["team"], "x");
+    assert_eq!(api.metadata_only_requests(Kind::Namespace), 1);
+    // Errors are Status objects with the right code.
+    let e = pods
+        .list(&ListParams::default().labels("tier in (db)"))
+        .await
+        .unwrap_err();
+    assert!(matches!(&e, kube::Error::Api(s) if s.code == 400), "{e}");
+    let rv = pods
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    api.apply(Kind::Pod, pod("p6", "u6", "node-b", ip(68, 6)));
+    api.compact();
+    let stale = ListParams::default().at(&rv).matching(VersionMatch::Exact);
+    let e = pods.list(&stale).await.unwrap_err();
+    assert!(
+        matches!(&e, kube::Error::Api(s) if s.code == 410 && s.reason == "Expired"),
+        "{e}"
+    );
 }

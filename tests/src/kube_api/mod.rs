@@ -171,6 +171,12 @@ impl FakeApiServer {
             .sum()
     }
 
+    /// Requests for `kind` that asked for metadata only.
+    pub fn metadata_only_requests(&self, kind: Kind) -> u64 {
+        let st = self.state.lock().unwrap();
+        st.metadata_only.get(&kind).copied().unwrap_or(0)
+    }
+
     /// Open watch streams for `kind`.
     pub fn watches(&self, kind: Kind) -> usize {
         let st = self.state.lock().unwrap();

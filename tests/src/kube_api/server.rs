@@ -41,6 +41,9 @@ pub(super) fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Respo
     *st.requests
         .entry((kind, if watching { "watch" } else { "list" }))
         .or_default() += 1;
+    if meta_only {
+        *st.metadata_only.entry(kind).or_default() += 1;
+    }
     if st.unavailable {
         return status(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -34,6 +34,8 @@ pub(super) struct State {
     history: Vec<Change>,
     pub watches: Vec<Watch>,
     pub requests: HashMap<(Kind, &'static str), u64>,
+    /// Requests that asked for metadata only (`as=PartialObjectMetadata...`).
+    pub metadata_only: HashMap<Kind, u64>,
     /// While set, list and watch requests fail with 503 (an API outage).
     pub unavailable: bool,
 }
