@@ -645,3 +645,42 @@ async fn api_double_speaks_the_list_protocol() {
         "{e}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_waits_for_the_first_full_sync() {
+    let api = FakeApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    api.apply(Kind::Namespace, namespace("demo", json!({})));
+    api.apply(Kind::Pod, pod("a", "uid-a", "node-a", ip(69, 2)));
+    api.set_unavailable(true);
+    let app = start(&api, dir.path(), "").await;
+    eventually("500s seen and counted", WAIT, || {
+        metric(
+            &app.metrics_text(),
+            r#"tidegate_kubernetes_watch_errors_total{resource="local-pods"}"#,
+        ) >= 1.0
+    })
+    .await;
+    assert!(!ready(&app).await, "not ready while the API server fails");
+    assert!(
+        app.workloads.snapshot().is_empty(),
+        "nothing published before the sync"
+    );
+    api.set_unavailable(false);
+    until_ready(&app).await;
+    assert!(app.workloads.snapshot().by_uid("uid-a").is_some());
+    // Ready stays ready through a later outage: the last set keeps serving.
+    api.set_unavailable(true);
+    api.drop_watches();
+    let errors = |app: &App| {
+        metric(
+            &app.metrics_text(),
+            r#"tidegate_kubernetes_watch_errors_total{resource="local-pods"}"#,
+        )
+    };
+    let before = errors(&app);
+    eventually("the outage is noticed", WAIT, || errors(&app) > before).await;
+    assert!(ready(&app).await);
+    assert!(app.workloads.snapshot().by_uid("uid-a").is_some());
+    app.shutdown().await;
+}

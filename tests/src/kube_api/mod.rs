@@ -150,7 +150,7 @@ impl FakeApiServer {
         self.state.lock().unwrap().watches.clear();
     }
 
-    /// Simulates an API server outage: while on, every list and watch gets 503.
+    /// Simulates an API server outage: while on, every list and watch gets 500 InternalError.
     pub fn set_unavailable(&self, on: bool) {
         self.state.lock().unwrap().unavailable = on;
     }

@@ -45,9 +45,11 @@ pub(super) fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Respo
         *st.metadata_only.entry(kind).or_default() += 1;
     }
     if st.unavailable {
+        // 500, not 503: kube's client retries 429/503/504 itself (up to 15
+        // times) before its watcher sees an error.
         return status(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "ServiceUnavailable",
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
             "the API server double is in a simulated outage",
         );
     }

@@ -36,7 +36,7 @@ pub(super) struct State {
     pub requests: HashMap<(Kind, &'static str), u64>,
     /// Requests that asked for metadata only (`as=PartialObjectMetadata...`).
     pub metadata_only: HashMap<Kind, u64>,
-    /// While set, list and watch requests fail with 503 (an API outage).
+    /// While set, list and watch requests fail with 500 (an API outage).
     pub unavailable: bool,
 }
 
