@@ -748,6 +748,34 @@ mod tests {
     }
 
     #[test]
+    fn kubernetes_source_from_env_and_its_errors() {
+        let c = load(
+            "",
+            &[
+                ("TIDEGATE_WORKLOADS__SOURCE", "kubernetes"),
+                ("TIDEGATE_NODE_NAME", "worker-3"),
+            ],
+            &["workloads.kubernetes.debounce=200ms"],
+        )
+        .unwrap();
+        assert_eq!(c.workloads.source, WorkloadSourceKind::Kubernetes);
+        assert_eq!(c.node_name, "worker-3");
+        assert_eq!(c.workloads.kubernetes.debounce, Duration::from_millis(200));
+        assert_eq!(c.workloads.kubernetes.mesh_label, "tidegate.io/mesh");
+        let e = load("workloads: {source: kubernetes, file: w.yaml}\n", &[], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`workloads.file`"), "{e}");
+        let e = load("workloads: {source: k8s}\n", &[], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("workloads.source") && e.contains("kubernetes"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn layers_apply_file_then_env_then_flags() {
         let c = load(
             "node_name: from-file\nhbone:\n  stream_window: 1MiB\n  keepalive_interval: 250ms\n",
