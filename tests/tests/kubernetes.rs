@@ -3,6 +3,7 @@
 //! store, lifecycle events and drains, watch restarts and 410 relists.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use serde_json::{json, Value};
@@ -682,5 +683,105 @@ async fn readiness_waits_for_the_first_full_sync() {
     eventually("the outage is noticed", WAIT, || errors(&app) > before).await;
     assert!(ready(&app).await);
     assert!(app.workloads.snapshot().by_uid("uid-a").is_some());
+    app.shutdown().await;
+}
+
+/// A StatefulSet pod recreated with the same name, IP and service account
+/// (so the same pool key) is a new workload: the tunnel pooled for the old
+/// one is retired, whatever the policy (here `keep`, which does nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recreated_peer_with_the_same_ip_never_reuses_old_tunnels() {
+    use tidegate_e2e::{echo_server, gateway_config, round_trip, workloads_yaml, Capture};
+    let octet = 70;
+    let api = FakeApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server_wl = dir.path().join("server-workloads.yaml");
+    std::fs::write(&server_wl, workloads_yaml(octet, "echo")).unwrap();
+    let echo = echo_server(ip(octet, 2)).await;
+    init_tracing();
+    let server = tidegate::app::build(gateway_config(
+        "node-b",
+        &dir.path().join("ca"),
+        &server_wl,
+        15008,
+        "",
+    ))
+    .await
+    .unwrap();
+    api.apply(
+        Kind::Namespace,
+        namespace("demo", json!({"tidegate.io/mesh": "enabled"})),
+    );
+    api.apply(
+        Kind::Pod,
+        pod("client", "client-uid", "node-a", ip(octet, 3)),
+    );
+    api.apply(Kind::Pod, pod("echo", "echo-uid-1", "node-b", ip(octet, 2)));
+    let extra = format!("hbone:\n  port: {}\n", server.addrs.inbound.port());
+    let client = tidegate::app::build(config(dir.path(), "node-a", &api.url(), &extra))
+        .await
+        .unwrap();
+    until_ready(&client).await;
+    let capture = Capture::start(client.outbound.clone(), echo).await;
+    let mut conn = capture.connect(ip(octet, 3)).await;
+    assert_eq!(round_trip(&mut conn, b"one").await.unwrap(), b"one");
+    drop(conn);
+    eventually("one idle pooled tunnel", WAIT, || {
+        client.pool.tunnels().len() == 1
+    })
+    .await;
+    let old_tunnel = client.pool.tunnels()[0].clone();
+
+    // Deleted, then recreated: same name, IP and service account, new UID.
+    api.delete(Kind::Pod, "demo", "echo");
+    eventually("old echo gone", WAIT, || {
+        client.workloads.snapshot().by_uid("echo-uid-1").is_none()
+    })
+    .await;
+    assert_eq!(
+        client.pool.tunnels().len(),
+        1,
+        "the keep policy leaves it pooled"
+    );
+    api.apply(Kind::Pod, pod("echo", "echo-uid-2", "node-b", ip(octet, 2)));
+    eventually("old tunnel retired", WAIT, || {
+        client.pool.tunnels().is_empty()
+    })
+    .await;
+    let mut conn = capture.connect(ip(octet, 3)).await;
+    assert_eq!(round_trip(&mut conn, b"two").await.unwrap(), b"two");
+    let now = client.pool.tunnels();
+    assert_eq!(now.len(), 1);
+    assert!(
+        !Arc::ptr_eq(&now[0], &old_tunnel),
+        "a new tunnel for the new workload"
+    );
+    assert_eq!(
+        metric(
+            &client.metrics_text(),
+            r#"tidegate_drain_actions_total{action="evict-reused-ip",result="executed"}"#
+        ),
+        1.0
+    );
+    drop(conn);
+    client.shutdown().await;
+    server.shutdown().await;
+}
+
+/// A gateway (re)started while a local pod is already terminating drains it:
+/// the first snapshot counts as a change from nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_already_terminating_at_start_drains() {
+    let api = FakeApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    api.apply(Kind::Namespace, namespace("demo", json!({})));
+    api.apply(Kind::Pod, pod("a", "uid-a", "node-a", ip(71, 2)));
+    api.start_pod_deletion("demo", "a", Duration::from_secs(90));
+    let app = start(&api, dir.path(), "").await;
+    until_ready(&app).await;
+    eventually("drain of the terminating pod", WAIT, || {
+        phase_of(&app, "uid-a").as_deref() == Some("ShuttingDown")
+    })
+    .await;
     app.shutdown().await;
 }

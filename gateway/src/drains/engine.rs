@@ -159,6 +159,10 @@ pub struct DrainEngine {
     first_seen: Mutex<HashMap<String, Instant>>,
     /// Workloads removed from the store recently, so actions can still name them.
     removed: Mutex<HashMap<String, (Arc<Workload>, Instant)>>,
+    /// The workload uid each IP was last seen with (kept for a vanished IP
+    /// while the pool still holds tunnels to it): a new uid at the IP means
+    /// a new workload, and tunnels pooled for the old one must not carry it.
+    ip_owners: Mutex<HashMap<std::net::IpAddr, String>>,
 }
 
 fn unix_ms(t: SystemTime) -> u128 {
@@ -186,6 +190,7 @@ impl DrainEngine {
             drains: Mutex::new(BTreeMap::new()),
             first_seen: Mutex::new(HashMap::new()),
             removed: Mutex::new(HashMap::new()),
+            ip_owners: Mutex::new(HashMap::new()),
         })
     }
 
@@ -661,97 +666,145 @@ impl DrainEngine {
     /// snapshot; a transition seen twice drains once (phases only move forward).
     pub async fn watch_workloads(self: Arc<Self>, trigger: Trigger, mut drain: DrainWatch) {
         let mut changes = self.workloads.subscribe();
-        let mut previous = self.workloads.snapshot();
+        // The set published before this task subscribed (a source may sync
+        // first) counts as a change from nothing: a workload already
+        // terminating then drains too.
+        let mut previous = Arc::new(crate::workloads::WorkloadSnapshot::default());
         loop {
+            let current = self.workloads.snapshot();
+            self.on_snapshot(&previous, &current, trigger);
+            previous = current;
             tokio::select! {
                 r = changes.changed() => if r.is_err() { return },
                 _ = drain.signaled() => return,
             }
-            let current = self.workloads.snapshot();
-            for old in previous.iter() {
-                if current.by_uid(old.uid()).is_none() {
-                    self.removed
+        }
+    }
+
+    /// Raises the events between two consecutive snapshots.
+    fn on_snapshot(
+        self: &Arc<Self>,
+        previous: &crate::workloads::WorkloadSnapshot,
+        current: &crate::workloads::WorkloadSnapshot,
+        trigger: Trigger,
+    ) {
+        for old in previous.iter() {
+            if current.by_uid(old.uid()).is_none() {
+                self.removed
+                    .lock()
+                    .unwrap()
+                    .insert(old.uid().to_owned(), (old.clone(), Instant::now()));
+            }
+        }
+        for old in previous.iter().filter(|w| !w.local) {
+            let deleted = match current.by_uid(old.uid()) {
+                None => true,
+                Some(w)
+                    if w.spec.state == LifecycleState::Terminating
+                        && old.spec.state != LifecycleState::Terminating =>
+                {
+                    false
+                }
+                _ => continue,
+            };
+            self.on_peer(old, deleted);
+        }
+        for old in previous.iter().filter(|w| w.local) {
+            let uid = old.uid();
+            let now = current.by_uid(uid);
+            let what = match now {
+                None => Some(Lifecycle::Deleted),
+                Some(w)
+                    if w.spec.state == LifecycleState::Terminating
+                        && old.spec.state != LifecycleState::Terminating =>
+                {
+                    Some(Lifecycle::ShutdownStarted {
+                        grace: self.grace_of(w),
+                    })
+                }
+                _ => None,
+            };
+            if let Some(what) = what {
+                if now.is_none() {
+                    // Keep the last known facts for the deleted event.
+                    self.drains
                         .lock()
                         .unwrap()
-                        .insert(old.uid().to_owned(), (old.clone(), Instant::now()));
+                        .entry(uid.to_owned())
+                        .or_insert_with(|| DrainState {
+                            workload: old.clone(),
+                            phase: Phase::Running,
+                            selection: self.policies.select(old),
+                            trigger,
+                            started: SystemTime::now(),
+                            shutdown_at: None,
+                            deadline: None,
+                            actions: Vec::new(),
+                            ended: None,
+                            ended_at: None,
+                        });
                 }
-            }
-            for old in previous.iter().filter(|w| !w.local) {
-                let deleted = match current.by_uid(old.uid()) {
-                    None => true,
-                    Some(w)
-                        if w.spec.state == LifecycleState::Terminating
-                            && old.spec.state != LifecycleState::Terminating =>
-                    {
-                        false
+                let this = self.clone();
+                let uid = uid.to_owned();
+                tokio::spawn(async move {
+                    if let Err(e) = this.on_lifecycle(&uid, what, trigger).await {
+                        warn!(error = %e, source = trigger.label(), "lifecycle event from the workload store failed");
                     }
-                    _ => continue,
-                };
-                self.on_peer(old, deleted);
+                });
             }
-            for old in previous.iter().filter(|w| w.local) {
-                let uid = old.uid();
-                let now = current.by_uid(uid);
-                let what = match now {
-                    None => Some(Lifecycle::Deleted),
-                    Some(w)
-                        if w.spec.state == LifecycleState::Terminating
-                            && old.spec.state != LifecycleState::Terminating =>
-                    {
-                        Some(Lifecycle::ShutdownStarted {
-                            grace: self.grace_of(w),
-                        })
-                    }
-                    _ => None,
-                };
-                if let Some(what) = what {
-                    if now.is_none() {
-                        // Keep the last known facts for the deleted event.
-                        self.drains
-                            .lock()
-                            .unwrap()
-                            .entry(uid.to_owned())
-                            .or_insert_with(|| DrainState {
-                                workload: old.clone(),
-                                phase: Phase::Running,
-                                selection: self.policies.select(old),
-                                trigger,
-                                started: SystemTime::now(),
-                                shutdown_at: None,
-                                deadline: None,
-                                actions: Vec::new(),
-                                ended: None,
-                                ended_at: None,
-                            });
-                    }
-                    let this = self.clone();
-                    let uid = uid.to_owned();
-                    tokio::spawn(async move {
-                        if let Err(e) = this.on_lifecycle(&uid, what, trigger).await {
-                            warn!(error = %e, source = trigger.label(), "lifecycle event from the workload store failed");
-                        }
-                    });
-                }
-            }
-            // Newly terminating workloads that were not known before.
-            for w in current
-                .iter()
-                .filter(|w| w.local && w.spec.state == LifecycleState::Terminating)
-            {
-                if previous.by_uid(w.uid()).is_none() {
-                    let this = self.clone();
-                    let uid = w.uid().to_owned();
-                    let grace = self.grace_of(w);
-                    tokio::spawn(async move {
-                        let _ = this
-                            .on_lifecycle(&uid, Lifecycle::ShutdownStarted { grace }, trigger)
-                            .await;
-                    });
-                }
-            }
-            self.forget_old(&current);
-            previous = current;
         }
+        // Newly terminating workloads that were not known before.
+        for w in current
+            .iter()
+            .filter(|w| w.local && w.spec.state == LifecycleState::Terminating)
+        {
+            if previous.by_uid(w.uid()).is_none() {
+                let this = self.clone();
+                let uid = w.uid().to_owned();
+                let grace = self.grace_of(w);
+                tokio::spawn(async move {
+                    let _ = this
+                        .on_lifecycle(&uid, Lifecycle::ShutdownStarted { grace }, trigger)
+                        .await;
+                });
+            }
+        }
+        self.retire_reused_ips(current);
+        self.forget_old(current);
+    }
+
+    /// Identity is the workload uid: when an IP now belongs to a different
+    /// uid than before (a pod recreated with the same name and IP, or an IP
+    /// reused by another pod), pooled tunnels to that IP take no new streams
+    /// and close once idle — whatever the policy — so the new workload never
+    /// rides a tunnel opened for the old one. Streams already open finish.
+    fn retire_reused_ips(&self, current: &crate::workloads::WorkloadSnapshot) {
+        let mut owners = self.ip_owners.lock().unwrap();
+        let mut retired = Vec::new();
+        for ip in current.iter().flat_map(|w| w.spec.ips.iter()) {
+            let Some(owner) = current.by_ip(*ip) else {
+                continue;
+            };
+            match owners.insert(*ip, owner.uid().to_owned()) {
+                Some(old) if old != owner.uid() => retired.push((*ip, old, owner.uid())),
+                _ => {}
+            }
+        }
+        for (ip, old, new) in retired {
+            let n = self.pool.evict_matching(false, |k| k.dst_addr.ip() == ip);
+            if n > 0 {
+                self.metrics.action("evict-reused-ip", "executed");
+                info!(%ip, old_uid = %old, new_uid = new, tunnels = n,
+                    "IP now belongs to another workload: its pooled tunnels are retired");
+            }
+        }
+        let pooled: std::collections::HashSet<std::net::IpAddr> = self
+            .pool
+            .tunnels()
+            .iter()
+            .map(|t| t.key.dst_addr.ip())
+            .collect();
+        owners.retain(|ip, _| current.by_ip(*ip).is_some() || pooled.contains(ip));
     }
 
     /// Time left until a terminating workload's deadline (Kubernetes:
