@@ -785,3 +785,55 @@ async fn a_pod_already_terminating_at_start_drains() {
     .await;
     app.shutdown().await;
 }
+
+/// Bookmarks keep a quiet watch's resourceVersion current: after one, a
+/// compaction and a dropped connection resume without 410 and without a
+/// relist; without one, the stale resume gets 410 and relists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bookmarks_spare_quiet_watches_a_relist() {
+    let api = FakeApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    api.apply(Kind::Namespace, namespace("demo", json!({})));
+    api.apply(Kind::Pod, pod("a", "uid-a", "node-a", ip(72, 2)));
+    let app = start(&api, dir.path(), "").await;
+    until_ready(&app).await;
+    let churn = |n: u32| {
+        for i in 0..n {
+            api.modify(Kind::Namespace, "", "demo", |ns| {
+                ns["metadata"]["labels"]["churn"] = json!(i.to_string());
+            });
+        }
+    };
+    let resumed = |watches: u64| api.requests(Kind::Pod, "watch") >= watches + 2;
+
+    // Other resources move the resourceVersion on; pods stay quiet.
+    churn(3);
+    api.bookmark_all();
+    api.compact();
+    let (lists, watches) = (
+        api.requests(Kind::Pod, "list"),
+        api.requests(Kind::Pod, "watch"),
+    );
+    api.drop_watches();
+    eventually("pod watches resumed", WAIT, || {
+        resumed(watches) && api.watches(Kind::Pod) == 2
+    })
+    .await;
+    assert_eq!(
+        api.requests(Kind::Pod, "list"),
+        lists,
+        "no relist after a bookmark"
+    );
+
+    // The same without a bookmark: the resume is too old and relists.
+    churn(3);
+    api.compact();
+    let watches = api.requests(Kind::Pod, "watch");
+    api.drop_watches();
+    eventually("pod watches relisted", WAIT, || {
+        api.requests(Kind::Pod, "list") >= lists + 2 && resumed(watches)
+    })
+    .await;
+    assert!(app.workloads.snapshot().by_uid("uid-a").is_some());
+    app.shutdown().await;
+}

@@ -155,6 +155,11 @@ impl FakeApiServer {
         self.state.lock().unwrap().unavailable = on;
     }
 
+    /// A BOOKMARK at the current resourceVersion to every watch that allows them.
+    pub fn bookmark_all(&self) {
+        self.state.lock().unwrap().bookmark_all();
+    }
+
     /// Forgets the change history: a watch or exact list from an older
     /// resourceVersion now gets 410 Gone, forcing a relist.
     pub fn compact(&self) {

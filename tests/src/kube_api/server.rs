@@ -70,10 +70,10 @@ pub(super) fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Respo
                 kind,
                 filter,
                 meta_only,
+                bookmarks: q.get("allowWatchBookmarks").is_some_and(|b| b == "true"),
                 tx,
             },
             since,
-            q.get("allowWatchBookmarks").is_some_and(|b| b == "true"),
         );
         return stream_of(None, Some(rx));
     }

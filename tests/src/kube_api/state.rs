@@ -21,6 +21,8 @@ pub(super) struct Watch {
     pub kind: Kind,
     pub filter: Filter,
     pub meta_only: bool,
+    /// `allowWatchBookmarks=true`.
+    pub bookmarks: bool,
     pub tx: UnboundedSender<Bytes>,
 }
 
@@ -108,7 +110,7 @@ impl State {
     }
 
     /// Replays history after `since` into a new watch and registers it.
-    pub fn watch(&mut self, w: Watch, since: u64, bookmarks: bool) {
+    pub fn watch(&mut self, w: Watch, since: u64) {
         for c in self
             .history
             .iter()
@@ -116,7 +118,7 @@ impl State {
         {
             send(&w, c);
         }
-        if bookmarks {
+        if w.bookmarks {
             let bm = json!({
                 "apiVersion": w.kind.api_version(),
                 "kind": w.kind.name(),
@@ -125,6 +127,20 @@ impl State {
             let _ = w.tx.send(event("BOOKMARK", bm));
         }
         self.watches.push(w);
+    }
+
+    /// Sends every watch that asked for bookmarks a BOOKMARK at the current
+    /// resourceVersion (what the API server does about once a minute).
+    pub fn bookmark_all(&mut self) {
+        let rv = self.rv.to_string();
+        self.watches.retain(|w| {
+            let bm = json!({
+                "apiVersion": w.kind.api_version(),
+                "kind": w.kind.name(),
+                "metadata": {"resourceVersion": rv},
+            });
+            !w.bookmarks || w.tx.send(event("BOOKMARK", bm)).is_ok()
+        });
     }
 
     pub fn compact(&mut self) {
