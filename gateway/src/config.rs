@@ -248,6 +248,8 @@ pub struct KubernetesConfig {
     /// kube's inference — `KUBECONFIG`/`~/.kube/config`, else in-cluster
     /// service-account credentials.
     pub api_server: Option<String>,
+    /// A kubeconfig file to use (its current context) instead of inference.
+    pub kubeconfig: Option<PathBuf>,
     /// Label (on the namespace, or on the pod to override it) whose value
     /// `enabled` puts a workload in the mesh (HBONE); others are plain TCP.
     pub mesh_label: String,
@@ -267,6 +269,7 @@ impl Default for KubernetesConfig {
     fn default() -> Self {
         KubernetesConfig {
             api_server: None,
+            kubeconfig: None,
             mesh_label: "tidegate.io/mesh".into(),
             policy_label: "tidegate.io/drain-policy".into(),
             services: true,
@@ -584,6 +587,12 @@ impl Config {
                     "cannot be combined with workloads.source: kubernetes",
                 ));
             }
+            if k.api_server.is_some() && k.kubeconfig.is_some() {
+                return Err(invalid(
+                    "workloads.kubernetes.kubeconfig",
+                    "set either api_server or kubeconfig, not both",
+                ));
+            }
             if let Some(url) = &k.api_server {
                 if url
                     .parse::<http::Uri>()
@@ -766,6 +775,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("`workloads.file`"), "{e}");
+        let e = load(
+            "workloads: {source: kubernetes, kubernetes: {api_server: 'http://a', kubeconfig: k}}\n",
+            &[],
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("`workloads.kubernetes.kubeconfig`"), "{e}");
         let e = load("workloads: {source: k8s}\n", &[], &[])
             .unwrap_err()
             .to_string();

@@ -837,3 +837,36 @@ async fn bookmarks_spare_quiet_watches_a_relist() {
     assert!(app.workloads.snapshot().by_uid("uid-a").is_some());
     app.shutdown().await;
 }
+
+/// As on a real cluster: HTTPS (rustls with ring) verified against the
+/// kubeconfig's CA, a bearer token on every request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubeconfig_over_tls_with_a_bearer_token() {
+    let api = FakeApiServer::start_tls().await;
+    let dir = tempfile::tempdir().unwrap();
+    api.apply(Kind::Namespace, namespace("demo", json!({})));
+    api.apply(Kind::Pod, pod("a", "uid-a", "node-a", ip(73, 2)));
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, api.ca_pem.as_ref().unwrap()).unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {url}\n    certificate-authority: {ca}\nusers:\n- name: u\n  user:\n    token: t0ken\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n",
+            url = api.url(),
+            ca = ca.display(),
+        ),
+    )
+    .unwrap();
+    let mut cfg = config(dir.path(), "node-a", "http://unused", "");
+    cfg.workloads.kubernetes.api_server = None;
+    cfg.workloads.kubernetes.kubeconfig = Some(kubeconfig);
+    init_tracing();
+    let app = tidegate::app::build(cfg).await.unwrap();
+    until_ready(&app).await;
+    assert!(app.workloads.snapshot().by_uid("uid-a").is_some());
+    let auth = api.authorizations();
+    assert!(!auth.is_empty());
+    assert!(auth.iter().all(|a| a == "Bearer t0ken"), "{auth:?}");
+    app.shutdown().await;
+}

@@ -67,11 +67,38 @@ impl Kind {
 #[derive(Clone)]
 pub struct FakeApiServer {
     pub addr: SocketAddr,
+    /// With [`FakeApiServer::start_tls`]: the PEM of its self-signed certificate.
+    pub ca_pem: Option<String>,
     state: Arc<Mutex<State>>,
 }
 
 impl FakeApiServer {
+    /// Plain HTTP (`workloads.kubernetes.api_server`, like `kubectl proxy`).
     pub async fn start() -> FakeApiServer {
+        Self::serve(None).await
+    }
+
+    /// HTTPS with a self-signed certificate for 127.0.0.1 (a kubeconfig
+    /// with `certificate-authority-data`, like a real cluster).
+    pub async fn start_tls() -> FakeApiServer {
+        let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(
+            rustls::pki_types::PrivatePkcs8KeyDer::from(ck.signing_key.serialize_der()),
+        );
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![ck.cert.der().clone()], key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let mut api = Self::serve(Some(acceptor)).await;
+        api.ca_pem = Some(ck.cert.pem());
+        api
+    }
+
+    async fn serve(tls: Option<tokio_rustls::TlsAcceptor>) -> FakeApiServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(Mutex::new(State::default()));
@@ -82,23 +109,43 @@ impl FakeApiServer {
                     return;
                 };
                 let st = st.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| {
                         let resp = server::handle(&st, req);
                         async move { Ok::<_, std::convert::Infallible>(resp) }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(tcp), svc)
-                        .await;
+                    let http = hyper::server::conn::http1::Builder::new();
+                    let _ = match tls {
+                        None => http.serve_connection(TokioIo::new(tcp), svc).await,
+                        Some(tls) => match tls.accept(tcp).await {
+                            Ok(s) => http.serve_connection(TokioIo::new(s), svc).await,
+                            Err(_) => return,
+                        },
+                    };
                 });
             }
         });
-        FakeApiServer { addr, state }
+        FakeApiServer {
+            addr,
+            ca_pem: None,
+            state,
+        }
     }
 
-    /// `http://127.0.0.1:<port>` (for `workloads.kubernetes.api_server`).
+    /// `http(s)://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.ca_pem.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    /// The `Authorization` headers seen, in order.
+    pub fn authorizations(&self) -> Vec<String> {
+        self.state.lock().unwrap().authorizations.clone()
     }
 
     /// Creates or replaces an object (by namespace and name); fills in

@@ -37,6 +37,10 @@ pub(super) fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Respo
     };
     let rv: Option<u64> = q.get("resourceVersion").and_then(|v| v.parse().ok());
     let mut st = state.lock().unwrap();
+    if let Some(a) = req.headers().get(http::header::AUTHORIZATION) {
+        st.authorizations
+            .push(a.to_str().unwrap_or_default().to_owned());
+    }
     let watching = q.get("watch").is_some_and(|w| w == "true" || w == "1");
     *st.requests
         .entry((kind, if watching { "watch" } else { "list" }))

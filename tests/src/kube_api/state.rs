@@ -38,6 +38,7 @@ pub(super) struct State {
     pub requests: HashMap<(Kind, &'static str), u64>,
     /// Requests that asked for metadata only (`as=PartialObjectMetadata...`).
     pub metadata_only: HashMap<Kind, u64>,
+    pub authorizations: Vec<String>,
     /// While set, list and watch requests fail with 500 (an API outage).
     pub unavailable: bool,
 }

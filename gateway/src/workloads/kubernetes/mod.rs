@@ -63,6 +63,11 @@ pub enum KubernetesError {
          service account; or set workloads.kubernetes.api_server): {0}"
     )]
     Infer(#[from] kube::config::InferConfigError),
+    #[error("workloads.kubernetes.kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: std::path::PathBuf,
+        source: kube::config::KubeconfigError,
+    },
     #[error("cannot build the Kubernetes client: {0}")]
     Client(#[from] kube::Error),
 }
@@ -79,7 +84,19 @@ pub async fn client_for(cfg: &KubernetesConfig) -> Result<Client, KubernetesErro
                 })?;
             kube::Config::new(uri)
         }
-        None => kube::Config::infer().await?,
+        None => match &cfg.kubeconfig {
+            Some(path) => {
+                let bad = |source| KubernetesError::Kubeconfig {
+                    path: path.clone(),
+                    source,
+                };
+                let kc = kube::config::Kubeconfig::read_from(path).map_err(bad)?;
+                kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                    .await
+                    .map_err(bad)?
+            }
+            None => kube::Config::infer().await?,
+        },
     };
     Ok(Client::try_from(config)?)
 }
