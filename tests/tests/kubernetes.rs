@@ -870,3 +870,32 @@ async fn kubeconfig_over_tls_with_a_bearer_token() {
     assert!(auth.iter().all(|a| a == "Bearer t0ken"), "{auth:?}");
     app.shutdown().await;
 }
+
+/// A rollout's burst of events is coalesced into few snapshots, never one per event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_events_is_published_as_few_snapshots() {
+    let api = FakeApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    api.apply(Kind::Namespace, namespace("demo", json!({})));
+    let mut cfg = config(dir.path(), "node-a", &api.url(), "");
+    cfg.workloads.kubernetes.debounce = Duration::from_millis(200);
+    init_tracing();
+    let app = tidegate::app::build(cfg).await.unwrap();
+    until_ready(&app).await;
+    let publishes = || metric(&app.metrics_text(), "tidegate_kubernetes_publishes_total");
+    let before = publishes();
+    for i in 0..50u8 {
+        let node = if i % 2 == 0 { "node-a" } else { "node-b" };
+        api.apply(
+            Kind::Pod,
+            pod(&format!("p{i}"), &format!("u{i}"), node, ip(74, i + 1)),
+        );
+    }
+    eventually("all 50 published", WAIT, || {
+        app.workloads.snapshot().len() == 50
+    })
+    .await;
+    let n = publishes() - before;
+    assert!((1.0..50.0).contains(&n), "{n} snapshots for 50 events");
+    app.shutdown().await;
+}
