@@ -1,5 +1,10 @@
 //! The workload store: every workload the gateway knows, published by one
 //! writer as an immutable snapshot that the data path reads without locks.
+//!
+//! The writer is the configured source (`workloads.source`): the watched
+//! workload file (`file`) or Kubernetes discovery ([`kubernetes`]). Both
+//! publish the whole set; the drain engine derives lifecycle events by
+//! comparing consecutive snapshots.
 
 mod file;
 pub mod kubernetes;
@@ -170,7 +175,8 @@ impl WorkloadStore {
         self.changed.subscribe()
     }
 
-    /// Replaces the whole set atomically. The specs were validated by the parser.
+    /// Replaces the whole set atomically. The specs were validated by their
+    /// source (the file parser; Kubernetes discovery gives each IP one owner).
     pub fn publish(&self, specs: Vec<WorkloadSpec>) {
         let generation = self.current.load().generation + 1;
         let mut snap = WorkloadSnapshot {
