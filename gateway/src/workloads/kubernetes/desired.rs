@@ -145,8 +145,9 @@ fn endpoint_facts<'a>(
     (facts, unknown)
 }
 
-/// One pod as a workload; `None` for pods without an IP yet or whose
-/// containers all ended (phase Succeeded/Failed: nothing left to drain).
+/// One pod as a workload; `None` for pods without an IP yet, whose
+/// containers all ended (phase Succeeded/Failed: nothing left to drain), or
+/// on the host network (they share the node's IP; no mesh identity).
 fn pod_spec(
     pod: &Pod,
     facts: Option<&EndpointFacts>,
@@ -159,6 +160,14 @@ fn pod_spec(
         status.and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
     ) {
+        return None;
+    }
+    if pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false)
+    {
         return None;
     }
     let ips = pod_ips(pod);

@@ -43,8 +43,13 @@ fn pods_become_workloads_with_mesh_and_namespace_policy() {
     }));
     let pending =
         pod(serde_json::json!({"metadata": {"name": "d", "namespace": "ns", "uid": "u4"}}));
+    let host = pod(serde_json::json!({
+        "metadata": {"name": "e", "namespace": "ns", "uid": "u5"},
+        "spec": {"hostNetwork": true, "containers": []},
+        "status": {"phase": "Running", "podIP": "192.168.0.10"},
+    }));
     let stores = Stores {
-        pods: vec![Arc::new(p), opted_out, done, pending],
+        pods: vec![Arc::new(p), opted_out, done, pending, host],
         namespaces: vec![ns(
             "ns",
             serde_json::json!({"tidegate.io/mesh": "enabled", "tidegate.io/drain-policy": "p"}),
@@ -55,7 +60,7 @@ fn pods_become_workloads_with_mesh_and_namespace_policy() {
     assert_eq!(
         d.specs.len(),
         2,
-        "succeeded and IP-less pods are not workloads"
+        "succeeded, IP-less and host-network pods are not workloads"
     );
     let a = &d.specs[0];
     assert_eq!((a.uid.as_str(), a.protocol), ("u1", Protocol::Hbone));

@@ -336,6 +336,7 @@ fn strip_pod(pod: &mut Pod) {
         a.remove("kubectl.kubernetes.io/last-applied-configuration");
     }
     pod.spec = pod.spec.take().map(|s| PodSpec {
+        host_network: s.host_network,
         node_name: s.node_name,
         service_account_name: s.service_account_name,
         ..Default::default()
