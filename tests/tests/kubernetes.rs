@@ -647,6 +647,49 @@ async fn api_double_speaks_the_list_protocol() {
     );
 }
 
+/// Watch streams, driven by kube's client directly: ADDED / MODIFIED /
+/// DELETED (also when a change moves an object out of the selector), and
+/// the stream ends after `timeoutSeconds`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_double_speaks_the_watch_protocol() {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{WatchEvent, WatchParams};
+    let api = FakeApiServer::start().await;
+    api.apply(Kind::Pod, pod("a", "ua", "node-a", ip(75, 2)));
+    let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
+    let pods: kube::Api<Pod> = kube::Api::all(client);
+    let rv = pods
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let params = WatchParams::default().labels("app").timeout(1);
+    let mut events = pods.watch(&params, &rv).await.unwrap().boxed();
+    api.apply(Kind::Pod, pod("b", "ub", "node-a", ip(75, 3)));
+    api.modify(Kind::Pod, "demo", "b", |p| {
+        p["metadata"]["annotations"] = json!({"x": "1"});
+    });
+    api.modify(Kind::Pod, "demo", "a", |p| {
+        p["metadata"]["labels"] = json!({});
+    });
+    api.delete(Kind::Pod, "demo", "b");
+    let mut seen = Vec::new();
+    // Ends by itself after timeoutSeconds=1.
+    while let Some(e) = tokio::time::timeout(WAIT, events.next()).await.unwrap() {
+        seen.push(match e.unwrap() {
+            WatchEvent::Added(p) => format!("ADDED {}", p.metadata.name.unwrap()),
+            WatchEvent::Modified(p) => format!("MODIFIED {}", p.metadata.name.unwrap()),
+            WatchEvent::Deleted(p) => format!("DELETED {}", p.metadata.name.unwrap()),
+            WatchEvent::Bookmark(_) => continue,
+            WatchEvent::Error(s) => panic!("{s:?}"),
+        });
+    }
+    assert_eq!(seen, ["ADDED b", "MODIFIED b", "DELETED a", "DELETED b"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_waits_for_the_first_full_sync() {
     let api = FakeApiServer::start().await;

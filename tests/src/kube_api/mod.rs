@@ -6,7 +6,9 @@
 //! resourceVersionMatch, limit/continue, field and label selectors,
 //! metadata-only with `Accept: ...;as=PartialObjectMetadataList`), watch
 //! streams (ADDED/MODIFIED/DELETED, BOOKMARK with allowWatchBookmarks,
-//! ADDED/DELETED when a change moves an object across the selectors), and
+//! ADDED/DELETED when a change moves an object across the selectors, the
+//! stream ended after timeoutSeconds), HTTPS with a bearer token
+//! ([`FakeApiServer::start_tls`]), and
 //! 410 Gone (a Status with reason Expired) for a resourceVersion older than
 //! the last [`FakeApiServer::compact`]. Tests drive it through the handle:
 //! create/update/delete objects, set a pod's deletionTimestamp, drop every

@@ -65,7 +65,7 @@ pub(super) fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Respo
                 "Expired",
                 &format!("too old resource version: {since} ({})", st.compacted),
             );
-            return stream_of(Some(event("ERROR", gone)), None);
+            return stream_of(Some(event("ERROR", gone)), None, None);
         }
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let since = if since == 0 { st.rv } else { since };
@@ -79,7 +79,12 @@ pub(super) fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Respo
             },
             since,
         );
-        return stream_of(None, Some(rx));
+        // The API server ends a watch after timeoutSeconds; clients re-watch.
+        let timeout = q
+            .get("timeoutSeconds")
+            .and_then(|t| t.parse().ok())
+            .map(std::time::Duration::from_secs);
+        return stream_of(None, Some(rx), timeout);
     }
     let exact = q.get("resourceVersionMatch").is_some_and(|m| m == "Exact");
     if let Some(rv) = rv.filter(|rv| exact && *rv != 0 && *rv < st.compacted) {
@@ -134,12 +139,20 @@ pub(super) fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Respo
 fn stream_of(
     first: Option<Bytes>,
     rx: Option<tokio::sync::mpsc::UnboundedReceiver<Bytes>>,
+    timeout: Option<std::time::Duration>,
 ) -> Response<Body> {
     let rest = futures::stream::unfold(rx, |rx| async move {
         let mut rx = rx?;
         let b = rx.recv().await?;
         Some((b, Some(rx)))
     });
+    let end = async move {
+        match timeout {
+            Some(t) => tokio::time::sleep(t).await,
+            None => std::future::pending().await,
+        }
+    };
+    let rest = futures::StreamExt::take_until(rest, Box::pin(end));
     let frames = futures::StreamExt::map(
         futures::StreamExt::chain(futures::stream::iter(first), rest),
         |b| Ok::<_, Infallible>(Frame::data(b)),
