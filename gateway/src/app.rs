@@ -11,7 +11,7 @@ use tokio::task::JoinSet;
 use tracing::info;
 
 use crate::admin::{self, AdminState};
-use crate::config::{CertificatesConfig, Config};
+use crate::config::{CertificatesConfig, Config, WorkloadSourceKind};
 use crate::drain::{self, ActiveStreams, DrainTrigger};
 use crate::inbound::Inbound;
 use crate::listener::bind;
@@ -21,7 +21,7 @@ use crate::policy::{PolicyEngine, PolicyMetrics};
 use crate::pool::Pool;
 use crate::registry::Registry;
 use crate::tls::{CertDir, CertSource, DevCa, TlsContext, TlsMetrics};
-use crate::workloads::{parse_workload_file, WorkloadFileWatcher, WorkloadStore};
+use crate::workloads::{kubernetes, parse_workload_file, WorkloadFileWatcher, WorkloadStore};
 
 /// The embedded default configuration (`tidegate run` without `--config`).
 pub const DEFAULT_CONFIG: &str = include_str!("../defaults/tidegate.yaml");
@@ -98,14 +98,35 @@ pub fn load_workloads(config: &Config, store: &Arc<WorkloadStore>) -> anyhow::Re
     Ok(())
 }
 
-/// Binds every listener and starts every task. Returns once the gateway is ready.
+/// Binds every listener and starts every task. Returns once the gateway is
+/// ready — except with Kubernetes discovery, where `/healthz/ready` turns
+/// ready only after the first full sync (the listeners serve meanwhile).
 pub async fn build(config: Config) -> anyhow::Result<App> {
     let mut registry = prometheus_client::registry::Registry::with_prefix("tidegate");
     let (trigger, drain) = drain::channel();
     let mut tasks = JoinSet::new();
 
     let workloads = WorkloadStore::new(&config.trust_domain, &config.node_name);
+    // Kubernetes discovery: readiness waits for its first full sync.
+    let mut k8s_synced = None;
+    let workload_trigger = match config.workloads.source {
+        WorkloadSourceKind::File => crate::drains::Trigger::WorkloadFile,
+        WorkloadSourceKind::Kubernetes => crate::drains::Trigger::Kubernetes,
+    };
     match &config.workloads.file {
+        _ if config.workloads.source == WorkloadSourceKind::Kubernetes => {
+            let k = &config.workloads.kubernetes;
+            let client = kubernetes::client_for(k).await?;
+            let source = kubernetes::KubernetesSource::new(
+                client,
+                &config.node_name,
+                k.clone(),
+                workloads.clone(),
+                kubernetes::KubernetesMetrics::register(&mut registry),
+            );
+            k8s_synced = Some(source.synced());
+            tasks.spawn(source.run(drain.clone()));
+        }
         Some(path) => {
             let watcher = WorkloadFileWatcher::start(
                 path,
@@ -181,7 +202,11 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     {
         drains.set_oci(oci);
     }
-    tasks.spawn(drains.clone().watch_workloads(drain.clone()));
+    tasks.spawn(
+        drains
+            .clone()
+            .watch_workloads(workload_trigger, drain.clone()),
+    );
     let (failures_tx, failures_rx) = tokio::sync::mpsc::unbounded_channel();
     pool.report_failures_to(failures_tx);
     tasks.spawn(
@@ -278,7 +303,22 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         admin::readiness,
         admin_watch,
     ));
-    admin_state.ready.store(true, Ordering::Release);
+    match k8s_synced {
+        None => admin_state.ready.store(true, Ordering::Release),
+        Some(mut synced) => {
+            let state = admin_state.clone();
+            let mut drain = drain.clone();
+            tasks.spawn(async move {
+                tokio::select! {
+                    r = synced.wait_for(|s| *s) => if r.is_ok() {
+                        state.ready.store(true, Ordering::Release);
+                        info!("ready: Kubernetes discovery completed its first full sync");
+                    },
+                    _ = drain.signaled() => {}
+                }
+            });
+        }
+    }
     info!(
         node = %config.node_name,
         inbound = %addrs.inbound,

@@ -211,17 +211,72 @@ impl Default for CertificatesConfig {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WorkloadsConfig {
+    /// Where workloads come from: `file` (the workload file below, or the
+    /// embedded demo set) or `kubernetes` (the API server, see `kubernetes`).
+    pub source: WorkloadSourceKind,
     /// YAML workload file, watched and reloaded. Unset: the embedded demo set.
     pub file: Option<PathBuf>,
     #[serde(with = "duration")]
     pub reload_interval: Duration,
+    /// Discovery from the Kubernetes API (used when `source: kubernetes`).
+    pub kubernetes: KubernetesConfig,
 }
 
 impl Default for WorkloadsConfig {
     fn default() -> Self {
         WorkloadsConfig {
+            source: WorkloadSourceKind::File,
             file: None,
             reload_interval: default_reload_interval(),
+            kubernetes: KubernetesConfig::default(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkloadSourceKind {
+    #[default]
+    File,
+    Kubernetes,
+}
+
+/// `workloads.kubernetes`: node-scoped discovery through the API server.
+/// The node is the top-level `node_name` (set it from the downward API:
+/// `TIDEGATE_NODE_NAME` from `spec.nodeName`).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KubernetesConfig {
+    /// API server URL without credentials (`kubectl proxy`, tests). Unset:
+    /// kube's inference — `KUBECONFIG`/`~/.kube/config`, else in-cluster
+    /// service-account credentials.
+    pub api_server: Option<String>,
+    /// A kubeconfig file to use (its current context) instead of inference.
+    pub kubeconfig: Option<PathBuf>,
+    /// Label (on the namespace, or on the pod to override it) whose value
+    /// `enabled` puts a workload in the mesh (HBONE); others are plain TCP.
+    pub mesh_label: String,
+    /// Namespace label naming the drain policy of every pod in it (below the
+    /// pod annotation `tidegate.io/drain-policy`, above `policies.bindings`).
+    pub policy_label: String,
+    /// Watch Services (metadata only) so that a Service annotated
+    /// `tidegate.io/oci-backend-draining: "true"` sets `oci_backend_draining`
+    /// on the pods its EndpointSlices name. Needs services get/list/watch.
+    pub services: bool,
+    /// Changes arriving within this window are published as one snapshot.
+    #[serde(with = "duration")]
+    pub debounce: Duration,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        KubernetesConfig {
+            api_server: None,
+            kubeconfig: None,
+            mesh_label: "tidegate.io/mesh".into(),
+            policy_label: "tidegate.io/drain-policy".into(),
+            services: true,
+            debounce: Duration::from_millis(50),
         }
     }
 }
@@ -530,6 +585,38 @@ impl Config {
         if self.node_name.is_empty() {
             return Err(invalid("node_name", "must not be empty"));
         }
+        let k = &self.workloads.kubernetes;
+        if self.workloads.source == WorkloadSourceKind::Kubernetes {
+            if self.workloads.file.is_some() {
+                return Err(invalid(
+                    "workloads.file",
+                    "cannot be combined with workloads.source: kubernetes",
+                ));
+            }
+            if k.api_server.is_some() && k.kubeconfig.is_some() {
+                return Err(invalid(
+                    "workloads.kubernetes.kubeconfig",
+                    "set either api_server or kubeconfig, not both",
+                ));
+            }
+            if let Some(url) = &k.api_server {
+                if url
+                    .parse::<http::Uri>()
+                    .map_or(true, |u| u.scheme().is_none())
+                {
+                    return Err(invalid(
+                        "workloads.kubernetes.api_server",
+                        format!("{url:?} is not a URL like http://127.0.0.1:8001"),
+                    ));
+                }
+            }
+        }
+        if k.mesh_label.is_empty() || k.policy_label.is_empty() {
+            return Err(invalid(
+                "workloads.kubernetes.mesh_label",
+                "mesh_label and policy_label must not be empty",
+            ));
+        }
         if crate::identity::SpiffeId::new(&self.trust_domain, "x", "y")
             .to_string()
             .parse::<crate::identity::SpiffeId>()
@@ -673,6 +760,42 @@ mod tests {
         assert_eq!(c.hbone.stream_window, 4 << 20);
         assert_eq!(c.hbone.connection_window, 16 << 20);
         assert_eq!(c.pool.max_streams_per_tunnel, 100);
+    }
+
+    #[test]
+    fn kubernetes_source_from_env_and_its_errors() {
+        let c = load(
+            "",
+            &[
+                ("TIDEGATE_WORKLOADS__SOURCE", "kubernetes"),
+                ("TIDEGATE_NODE_NAME", "worker-3"),
+            ],
+            &["workloads.kubernetes.debounce=200ms"],
+        )
+        .unwrap();
+        assert_eq!(c.workloads.source, WorkloadSourceKind::Kubernetes);
+        assert_eq!(c.node_name, "worker-3");
+        assert_eq!(c.workloads.kubernetes.debounce, Duration::from_millis(200));
+        assert_eq!(c.workloads.kubernetes.mesh_label, "tidegate.io/mesh");
+        let e = load("workloads: {source: kubernetes, file: w.yaml}\n", &[], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`workloads.file`"), "{e}");
+        let e = load(
+            "workloads: {source: kubernetes, kubernetes: {api_server: 'http://a', kubeconfig: k}}\n",
+            &[],
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("`workloads.kubernetes.kubeconfig`"), "{e}");
+        let e = load("workloads: {source: k8s}\n", &[], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("workloads.source") && e.contains("kubernetes"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -452,6 +452,13 @@ fn check_invariants(r: &Rendered) -> Config {
     assert_eq!(namespace.metadata.name.as_deref(), Some(ns.as_str()));
     let sa: ServiceAccount = one(r, "ServiceAccount");
     assert_eq!(pod.service_account_name, sa.metadata.name);
+    // Discovery uses the in-cluster credentials of that ServiceAccount.
+    assert!(matches!(
+        config.workloads.source,
+        tidegate::config::WorkloadSourceKind::Kubernetes
+    ));
+    assert_ne!(sa.automount_service_account_token, Some(false));
+    assert_ne!(pod.automount_service_account_token, Some(false));
     let binding: ClusterRoleBinding = one(r, "ClusterRoleBinding");
     let role: ClusterRole = one(r, "ClusterRole");
     assert_eq!(Some(binding.role_ref.name.clone()), role.metadata.name);
@@ -576,17 +583,9 @@ fn rbac_grants_only_reads_of_what_discovery_watches() {
             }
         }
     }
-    let watched: BTreeSet<(String, String)> = WATCHED
+    let watched: BTreeSet<(String, String)> = tidegate::workloads::kubernetes::WATCHED_RESOURCES
         .iter()
         .map(|(g, r)| (g.to_string(), r.to_string()))
         .collect();
     assert_eq!(granted, watched);
 }
-
-/// What the Kubernetes discovery watches (group, resource).
-const WATCHED: &[(&str, &str)] = &[
-    ("", "pods"),
-    ("", "namespaces"),
-    ("", "services"),
-    ("discovery.k8s.io", "endpointslices"),
-];

@@ -331,6 +331,8 @@ fn gateway_workload(policy: &str) -> Workload {
             annotations,
             allow: Vec::new(),
             oci_backend_draining: false,
+            namespace_policy: None,
+            deletion_deadline_unix_ms: None,
         },
         identity: SpiffeId::new("cluster.local", NS, "checkout"),
         local: true,

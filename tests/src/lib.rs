@@ -2,6 +2,7 @@
 //! gateways on port 0, echo backends, a test-side capture that stands in for
 //! iptables REDIRECT, metric readers and a bounded `eventually`.
 
+pub mod kube_api;
 pub mod netns;
 pub mod oci_double;
 
@@ -288,4 +289,22 @@ impl TwoNodes {
     pub fn ca_dir(&self) -> PathBuf {
         self.dir.path().join("ca")
     }
+}
+
+/// A plain HTTP/1.1 GET (admin and readiness endpoints): status and body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut out = String::new();
+    tcp.read_to_string(&mut out).await.unwrap();
+    let status = out[9..12].parse().unwrap();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|x| x.1.to_owned())
+        .unwrap_or_default();
+    (status, body)
 }

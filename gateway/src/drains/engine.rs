@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 use tidegate_sdk as sdk;
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::executor::{self, Executed};
 use super::metrics::{DrainLabels, DrainMetrics, EndLabels, EventLabels};
@@ -23,7 +23,7 @@ use crate::oci::{OciDrainer, OciStatus};
 use crate::policy::{PolicyEngine, Selection};
 use crate::pool::Pool;
 use crate::registry::Registry;
-use crate::workloads::{LifecycleState, Workload, WorkloadStore};
+use crate::workloads::{Workload, WorkloadStore};
 
 /// Where a lifecycle event came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -31,6 +31,7 @@ use crate::workloads::{LifecycleState, Workload, WorkloadStore};
 pub enum Trigger {
     Admin,
     WorkloadFile,
+    Kubernetes,
     Cni,
     Timer,
 }
@@ -40,6 +41,7 @@ impl Trigger {
         match self {
             Trigger::Admin => "admin",
             Trigger::WorkloadFile => "workload-file",
+            Trigger::Kubernetes => "kubernetes",
             Trigger::Cni => "cni",
             Trigger::Timer => "timer",
         }
@@ -59,7 +61,7 @@ pub enum Lifecycle {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]
-enum Phase {
+pub(super) enum Phase {
     Running,
     ShuttingDown,
     TornDown,
@@ -133,22 +135,22 @@ pub struct DrainView {
     pub oci: Option<OciStatus>,
 }
 
-struct DrainState {
-    workload: Arc<Workload>,
-    phase: Phase,
-    selection: Selection,
-    trigger: Trigger,
-    started: SystemTime,
-    shutdown_at: Option<Instant>,
-    deadline: Option<SystemTime>,
-    actions: Vec<String>,
-    ended: Option<&'static str>,
-    ended_at: Option<Instant>,
+pub(super) struct DrainState {
+    pub(super) workload: Arc<Workload>,
+    pub(super) phase: Phase,
+    pub(super) selection: Selection,
+    pub(super) trigger: Trigger,
+    pub(super) started: SystemTime,
+    pub(super) shutdown_at: Option<Instant>,
+    pub(super) deadline: Option<SystemTime>,
+    pub(super) actions: Vec<String>,
+    pub(super) ended: Option<&'static str>,
+    pub(super) ended_at: Option<Instant>,
 }
 
 /// How long ended drains and removed workloads are remembered (for
 /// `GET /drains` and late actions naming them) before they are forgotten.
-const RETAIN: Duration = Duration::from_secs(600);
+pub(super) const RETAIN: Duration = Duration::from_secs(600);
 
 pub struct DrainEngine {
     pub(super) workloads: Arc<WorkloadStore>,
@@ -157,10 +159,14 @@ pub struct DrainEngine {
     pub(super) policies: Arc<PolicyEngine>,
     pub(super) cfg: DrainsConfig,
     pub(super) metrics: DrainMetrics,
-    drains: Mutex<BTreeMap<String, DrainState>>,
-    first_seen: Mutex<HashMap<String, Instant>>,
+    pub(super) drains: Mutex<BTreeMap<String, DrainState>>,
+    pub(super) first_seen: Mutex<HashMap<String, Instant>>,
     /// Workloads removed from the store recently, so actions can still name them.
-    removed: Mutex<HashMap<String, (Arc<Workload>, Instant)>>,
+    pub(super) removed: Mutex<HashMap<String, (Arc<Workload>, Instant)>>,
+    /// The workload uid each IP was last seen with (kept for a vanished IP
+    /// while the pool still holds tunnels to it): a new uid at the IP means
+    /// a new workload, and tunnels pooled for the old one must not carry it.
+    pub(super) ip_owners: Mutex<HashMap<std::net::IpAddr, String>>,
     /// Executes `oci-drain` actions when `oci.enabled` (see [`DrainEngine::set_oci`]).
     oci: std::sync::OnceLock<Arc<OciDrainer>>,
 }
@@ -191,6 +197,7 @@ impl DrainEngine {
             first_seen: Mutex::new(HashMap::new()),
             removed: Mutex::new(HashMap::new()),
             oci: std::sync::OnceLock::new(),
+            ip_owners: Mutex::new(HashMap::new()),
         })
     }
 
@@ -662,136 +669,5 @@ impl DrainEngine {
                 oci: self.oci().and_then(|o| o.status(uid)),
             })
             .collect()
-    }
-
-    /// Raises lifecycle events from workload-file changes until drained: a
-    /// local workload whose state becomes `terminating` starts shutting down
-    /// (with the configured grace period); one that disappears is deleted.
-    ///
-    /// The starting snapshot is taken when this is called, not when the
-    /// returned task first runs: a change published in between (a workload
-    /// file rewritten right after start-up) is still seen as a change.
-    pub fn watch_workloads(
-        self: Arc<Self>,
-        drain: DrainWatch,
-    ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let changes = self.workloads.subscribe();
-        let previous = self.workloads.snapshot();
-        self.watch_workloads_from(changes, previous, drain)
-    }
-
-    async fn watch_workloads_from(
-        self: Arc<Self>,
-        mut changes: tokio::sync::watch::Receiver<u64>,
-        mut previous: Arc<crate::workloads::WorkloadSnapshot>,
-        mut drain: DrainWatch,
-    ) {
-        loop {
-            tokio::select! {
-                r = changes.changed() => if r.is_err() { return },
-                _ = drain.signaled() => return,
-            }
-            let current = self.workloads.snapshot();
-            for old in previous.iter() {
-                if current.by_uid(old.uid()).is_none() {
-                    self.removed
-                        .lock()
-                        .unwrap()
-                        .insert(old.uid().to_owned(), (old.clone(), Instant::now()));
-                }
-            }
-            for old in previous.iter().filter(|w| !w.local) {
-                let deleted = match current.by_uid(old.uid()) {
-                    None => true,
-                    Some(w)
-                        if w.spec.state == LifecycleState::Terminating
-                            && old.spec.state != LifecycleState::Terminating =>
-                    {
-                        false
-                    }
-                    _ => continue,
-                };
-                self.on_peer(old, deleted);
-            }
-            for old in previous.iter().filter(|w| w.local) {
-                let uid = old.uid();
-                let now = current.by_uid(uid);
-                let what = match now {
-                    None => Some(Lifecycle::Deleted),
-                    Some(w)
-                        if w.spec.state == LifecycleState::Terminating
-                            && old.spec.state != LifecycleState::Terminating =>
-                    {
-                        Some(Lifecycle::ShutdownStarted {
-                            grace: self.cfg.default_grace,
-                        })
-                    }
-                    _ => None,
-                };
-                if let Some(what) = what {
-                    if now.is_none() {
-                        // Keep the last known facts for the deleted event.
-                        self.drains
-                            .lock()
-                            .unwrap()
-                            .entry(uid.to_owned())
-                            .or_insert_with(|| DrainState {
-                                workload: old.clone(),
-                                phase: Phase::Running,
-                                selection: self.policies.select(old),
-                                trigger: Trigger::WorkloadFile,
-                                started: SystemTime::now(),
-                                shutdown_at: None,
-                                deadline: None,
-                                actions: Vec::new(),
-                                ended: None,
-                                ended_at: None,
-                            });
-                    }
-                    let this = self.clone();
-                    let uid = uid.to_owned();
-                    tokio::spawn(async move {
-                        if let Err(e) = this.on_lifecycle(&uid, what, Trigger::WorkloadFile).await {
-                            warn!(error = %e, "lifecycle event from the workload file failed");
-                        }
-                    });
-                }
-            }
-            // Newly terminating workloads that were not known before.
-            for w in current
-                .iter()
-                .filter(|w| w.local && w.spec.state == LifecycleState::Terminating)
-            {
-                if previous.by_uid(w.uid()).is_none() {
-                    let this = self.clone();
-                    let uid = w.uid().to_owned();
-                    let grace = self.cfg.default_grace;
-                    tokio::spawn(async move {
-                        let _ = this
-                            .on_lifecycle(
-                                &uid,
-                                Lifecycle::ShutdownStarted { grace },
-                                Trigger::WorkloadFile,
-                            )
-                            .await;
-                    });
-                }
-            }
-            self.forget_old(&current);
-            previous = current;
-        }
-    }
-
-    /// Bounds the engine's memory under pod churn: ended drains of gone
-    /// workloads, removed workloads and ages are dropped after [`RETAIN`].
-    fn forget_old(&self, current: &crate::workloads::WorkloadSnapshot) {
-        let old = |t: Instant| t.elapsed() > RETAIN;
-        let mut drains = self.drains.lock().unwrap();
-        drains.retain(|uid, d| current.by_uid(uid).is_some() || !d.ended_at.is_some_and(old));
-        self.removed.lock().unwrap().retain(|_, (_, at)| !old(*at));
-        self.first_seen
-            .lock()
-            .unwrap()
-            .retain(|uid, _| current.by_uid(uid).is_some() || drains.contains_key(uid));
     }
 }

@@ -6,11 +6,14 @@
 //! - [`executor`]: GOAWAY on inbound tunnels, eviction of pooled tunnels,
 //!   teardown holds, timers; `oci-drain` is handed to [`crate::oci::OciDrainer`].
 //! - [`metrics`]: drains started / completed / forced, teardown holds.
+//! - `store_events`: lifecycle and peer events derived from workload-store
+//!   snapshots (workload file, Kubernetes); retiring tunnels to reused IPs.
 
 pub mod cni;
 pub mod engine;
 mod executor;
 mod metrics;
+mod store_events;
 
-pub use engine::{DrainEngine, DrainError, Lifecycle, Outcome, TeardownAck, Trigger};
+pub use engine::{DrainEngine, DrainError, DrainView, Lifecycle, Outcome, TeardownAck, Trigger};
 pub use metrics::DrainMetrics;

@@ -46,6 +46,8 @@ struct Source {
 #[serde(rename_all = "kebab-case")]
 pub enum SelectedBy {
     Annotation,
+    /// The namespace's policy label (Kubernetes discovery).
+    Namespace,
     Binding(usize),
     Default,
     Fallback,
@@ -291,10 +293,16 @@ impl PolicyEngine {
         self.current.load().versions.get(name).cloned()
     }
 
-    /// Picks the policy for a workload: its `tidegate.io/drain-policy`
-    /// annotation, else the first matching binding, else the default, else
-    /// the built-in fallback. An annotation naming an unknown policy is
-    /// logged and ignored.
+    /// Picks the policy for a workload, first match wins:
+    /// 1. the pod annotation `tidegate.io/drain-policy`;
+    /// 2. the namespace's policy label (`spec.namespace_policy`, filled by
+    ///    Kubernetes discovery from `workloads.kubernetes.policy_label`);
+    /// 3. the first matching `policies.bindings` entry;
+    /// 4. `policies.default`;
+    /// 5. the built-in fallback.
+    ///
+    /// An annotation or namespace label naming an unknown policy is logged
+    /// and skipped.
     pub fn select(&self, workload: &Workload) -> Selection {
         let spec = &workload.spec;
         let known = |n: &str| self.cfg.plugins.contains_key(n) || self.version(n).is_some();
@@ -311,6 +319,17 @@ impl PolicyEngine {
                 workload = %spec.uid,
                 policy = %name,
                 "annotation {POLICY_ANNOTATION} names an unknown policy; using bindings/default"
+            );
+        }
+        if let Some(name) = &spec.namespace_policy {
+            if known(name) {
+                return pinned(name, SelectedBy::Namespace);
+            }
+            warn!(
+                workload = %spec.uid,
+                policy = %name,
+                "namespace {} names an unknown policy; using bindings/default",
+                spec.namespace
             );
         }
         for (i, b) in self.cfg.bindings.iter().enumerate() {

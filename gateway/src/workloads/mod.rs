@@ -1,7 +1,13 @@
 //! The workload store: every workload the gateway knows, published by one
 //! writer as an immutable snapshot that the data path reads without locks.
+//!
+//! The writer is the configured source (`workloads.source`): the watched
+//! workload file (`file`) or Kubernetes discovery ([`kubernetes`]). Both
+//! publish the whole set; the drain engine derives lifecycle events by
+//! comparing consecutive snapshots.
 
 mod file;
+pub mod kubernetes;
 
 pub use file::{parse_workload_file, WorkloadFile, WorkloadFileError, WorkloadFileWatcher};
 
@@ -32,7 +38,7 @@ pub enum LifecycleState {
     Terminating,
 }
 
-/// One workload as written in the workload file (and later: from Kubernetes).
+/// One workload, from the workload file or from Kubernetes discovery.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkloadSpec {
@@ -61,6 +67,17 @@ pub struct WorkloadSpec {
     /// `tidegate.io/oci-backend-draining: "true"`.
     #[serde(default)]
     pub oci_backend_draining: bool,
+    /// Drain policy named by the workload's namespace (Kubernetes: the
+    /// namespace label `workloads.kubernetes.policy_label`). Below the pod
+    /// annotation `tidegate.io/drain-policy`, above `policies.bindings`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_policy: Option<String>,
+    /// The deadline of a terminating workload, milliseconds since the Unix
+    /// epoch (Kubernetes: `deletionTimestamp`, which the API server sets to
+    /// the deletion request time plus the grace period). Unset: the drain
+    /// engine uses `drains.default_grace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion_deadline_unix_ms: Option<u64>,
 }
 
 fn default_namespace() -> String {
@@ -158,7 +175,8 @@ impl WorkloadStore {
         self.changed.subscribe()
     }
 
-    /// Replaces the whole set atomically. The specs were validated by the parser.
+    /// Replaces the whole set atomically. The specs were validated by their
+    /// source (the file parser; Kubernetes discovery gives each IP one owner).
     pub fn publish(&self, specs: Vec<WorkloadSpec>) {
         let generation = self.current.load().generation + 1;
         let mut snap = WorkloadSnapshot {

@@ -1,0 +1,193 @@
+//! Lifecycle events derived from workload-store snapshots (the workload
+//! file and Kubernetes discovery publish whole sets): level-triggered, so a
+//! republished identical set raises nothing and a transition missed while a
+//! source was down is seen once in the next snapshot.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::engine::{DrainEngine, DrainState, Lifecycle, Phase, Trigger, RETAIN};
+use crate::drain::DrainWatch;
+use crate::workloads::{LifecycleState, Workload, WorkloadSnapshot};
+
+impl DrainEngine {
+    /// Raises lifecycle events from workload-store changes until drained: a
+    /// local workload whose state becomes `terminating` starts shutting down
+    /// (until its `deletion_deadline_unix_ms`, else the configured grace
+    /// period); one that disappears is deleted. `trigger` names the source
+    /// that publishes the store (workload file or Kubernetes).
+    ///
+    /// Level-triggered: events come from comparing whole snapshots, so a
+    /// republished identical set (a watch restart, a relist) raises nothing,
+    /// and a transition missed while a watch was down is seen on the next
+    /// snapshot; a transition seen twice drains once (phases only move forward).
+    pub async fn watch_workloads(self: Arc<Self>, trigger: Trigger, mut drain: DrainWatch) {
+        let mut changes = self.workloads.subscribe();
+        // The set published before this task subscribed (a source may sync
+        // first) counts as a change from nothing: a workload already
+        // terminating then drains too.
+        let mut previous = Arc::new(WorkloadSnapshot::default());
+        loop {
+            let current = self.workloads.snapshot();
+            self.on_snapshot(&previous, &current, trigger);
+            previous = current;
+            tokio::select! {
+                r = changes.changed() => if r.is_err() { return },
+                _ = drain.signaled() => return,
+            }
+        }
+    }
+
+    /// Raises the events between two consecutive snapshots.
+    fn on_snapshot(
+        self: &Arc<Self>,
+        previous: &WorkloadSnapshot,
+        current: &WorkloadSnapshot,
+        trigger: Trigger,
+    ) {
+        for old in previous.iter() {
+            if current.by_uid(old.uid()).is_none() {
+                self.removed
+                    .lock()
+                    .unwrap()
+                    .insert(old.uid().to_owned(), (old.clone(), Instant::now()));
+            }
+        }
+        for old in previous.iter().filter(|w| !w.local) {
+            let deleted = match current.by_uid(old.uid()) {
+                None => true,
+                Some(w)
+                    if w.spec.state == LifecycleState::Terminating
+                        && old.spec.state != LifecycleState::Terminating =>
+                {
+                    false
+                }
+                _ => continue,
+            };
+            self.on_peer(old, deleted);
+        }
+        for old in previous.iter().filter(|w| w.local) {
+            let uid = old.uid();
+            let now = current.by_uid(uid);
+            let what = match now {
+                None => Some(Lifecycle::Deleted),
+                Some(w)
+                    if w.spec.state == LifecycleState::Terminating
+                        && old.spec.state != LifecycleState::Terminating =>
+                {
+                    Some(Lifecycle::ShutdownStarted {
+                        grace: self.grace_of(w),
+                    })
+                }
+                _ => None,
+            };
+            if let Some(what) = what {
+                if now.is_none() {
+                    // Keep the last known facts for the deleted event.
+                    self.drains
+                        .lock()
+                        .unwrap()
+                        .entry(uid.to_owned())
+                        .or_insert_with(|| DrainState {
+                            workload: old.clone(),
+                            phase: Phase::Running,
+                            selection: self.policies.select(old),
+                            trigger,
+                            started: SystemTime::now(),
+                            shutdown_at: None,
+                            deadline: None,
+                            actions: Vec::new(),
+                            ended: None,
+                            ended_at: None,
+                        });
+                }
+                let this = self.clone();
+                let uid = uid.to_owned();
+                tokio::spawn(async move {
+                    if let Err(e) = this.on_lifecycle(&uid, what, trigger).await {
+                        warn!(error = %e, source = trigger.label(), "lifecycle event from the workload store failed");
+                    }
+                });
+            }
+        }
+        // Newly terminating workloads that were not known before.
+        for w in current
+            .iter()
+            .filter(|w| w.local && w.spec.state == LifecycleState::Terminating)
+        {
+            if previous.by_uid(w.uid()).is_none() {
+                let this = self.clone();
+                let uid = w.uid().to_owned();
+                let grace = self.grace_of(w);
+                tokio::spawn(async move {
+                    let _ = this
+                        .on_lifecycle(&uid, Lifecycle::ShutdownStarted { grace }, trigger)
+                        .await;
+                });
+            }
+        }
+        self.retire_reused_ips(current);
+        self.forget_old(current);
+    }
+
+    /// Identity is the workload uid: when an IP now belongs to a different
+    /// uid than before (a pod recreated with the same name and IP, or an IP
+    /// reused by another pod), pooled tunnels to that IP take no new streams
+    /// and close once idle — whatever the policy — so the new workload never
+    /// rides a tunnel opened for the old one. Streams already open finish.
+    fn retire_reused_ips(&self, current: &WorkloadSnapshot) {
+        let mut owners = self.ip_owners.lock().unwrap();
+        let mut retired = Vec::new();
+        for ip in current.iter().flat_map(|w| w.spec.ips.iter()) {
+            let Some(owner) = current.by_ip(*ip) else {
+                continue;
+            };
+            match owners.insert(*ip, owner.uid().to_owned()) {
+                Some(old) if old != owner.uid() => retired.push((*ip, old, owner.uid())),
+                _ => {}
+            }
+        }
+        for (ip, old, new) in retired {
+            let n = self.pool.evict_matching(false, |k| k.dst_addr.ip() == ip);
+            if n > 0 {
+                self.metrics.action("evict-reused-ip", "executed");
+                info!(%ip, old_uid = %old, new_uid = new, tunnels = n,
+                    "IP now belongs to another workload: its pooled tunnels are retired");
+            }
+        }
+        let pooled: std::collections::HashSet<std::net::IpAddr> = self
+            .pool
+            .tunnels()
+            .iter()
+            .map(|t| t.key.dst_addr.ip())
+            .collect();
+        owners.retain(|ip, _| current.by_ip(*ip).is_some() || pooled.contains(ip));
+    }
+
+    /// Time left until a terminating workload's deadline (Kubernetes:
+    /// `deletionTimestamp`), else the configured default grace.
+    fn grace_of(&self, w: &Workload) -> Duration {
+        match w.spec.deletion_deadline_unix_ms {
+            Some(ms) => (SystemTime::UNIX_EPOCH + Duration::from_millis(ms))
+                .duration_since(SystemTime::now())
+                .unwrap_or(Duration::ZERO),
+            None => self.cfg.default_grace,
+        }
+    }
+
+    /// Bounds the engine's memory under pod churn: ended drains of gone
+    /// workloads, removed workloads and ages are dropped after [`RETAIN`].
+    fn forget_old(&self, current: &WorkloadSnapshot) {
+        let old = |t: Instant| t.elapsed() > RETAIN;
+        let mut drains = self.drains.lock().unwrap();
+        drains.retain(|uid, d| current.by_uid(uid).is_some() || !d.ended_at.is_some_and(old));
+        self.removed.lock().unwrap().retain(|_, (_, at)| !old(*at));
+        self.first_seen
+            .lock()
+            .unwrap()
+            .retain(|uid, _| current.by_uid(uid).is_some() || drains.contains_key(uid));
+    }
+}

@@ -1,0 +1,268 @@
+//! The desired workload set, built from whole watch stores (level-triggered):
+//! the same stores always give the same set, whatever order events came in.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::core::PartialObjectMeta;
+
+use crate::config::KubernetesConfig;
+use crate::workloads::{LifecycleState, Protocol, WorkloadSpec};
+
+/// The Service annotation that opts the pods it selects into OCI backend draining.
+pub const OCI_DRAINING_ANNOTATION: &str = "tidegate.io/oci-backend-draining";
+/// The EndpointSlice label naming its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// What the watches hold right now.
+#[derive(Default)]
+pub struct Stores {
+    pub pods: Vec<Arc<Pod>>,
+    pub namespaces: Vec<Arc<PartialObjectMeta<Namespace>>>,
+    pub slices: Vec<Arc<EndpointSlice>>,
+    pub services: Vec<Arc<PartialObjectMeta<Service>>>,
+}
+
+/// The workload set to publish, plus what could not be resolved.
+#[derive(Debug, Default, PartialEq)]
+pub struct Desired {
+    /// Sorted by uid.
+    pub specs: Vec<WorkloadSpec>,
+    /// EndpointSlice endpoints naming a pod UID no pod watch holds (informer
+    /// skew: the slice arrived before the pod, or after it went). They are
+    /// ignored until the pod shows up; counted and logged by the caller.
+    pub unknown_endpoints: Vec<String>,
+}
+
+/// What the EndpointSlices say about one pod.
+#[derive(Default)]
+struct EndpointFacts {
+    terminating: bool,
+    oci_draining: bool,
+}
+
+pub fn build(stores: &Stores, cfg: &KubernetesConfig) -> Desired {
+    let ns_labels: HashMap<&str, &BTreeMap<String, String>> = stores
+        .namespaces
+        .iter()
+        .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.labels.as_ref()?)))
+        .collect();
+    let pod_uids: HashSet<&str> = stores
+        .pods
+        .iter()
+        .filter_map(|p| p.metadata.uid.as_deref())
+        .collect();
+    let (facts, unknown_endpoints) = endpoint_facts(stores, &pod_uids);
+
+    let mut specs: Vec<(WorkloadSpec, i64)> = stores
+        .pods
+        .iter()
+        .filter_map(|p| {
+            let uid = p.metadata.uid.as_deref()?;
+            let ns = p.metadata.namespace.as_deref().unwrap_or("default");
+            let spec = pod_spec(p, facts.get(uid), ns_labels.get(ns).copied(), cfg)?;
+            let created = p
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or(0, |t| t.0.as_millisecond());
+            Some((spec, created))
+        })
+        .collect();
+    resolve_ip_reuse(&mut specs);
+    let mut specs: Vec<WorkloadSpec> = specs.into_iter().map(|(s, _)| s).collect();
+    specs.sort_by(|a, b| a.uid.cmp(&b.uid));
+    Desired {
+        specs,
+        unknown_endpoints,
+    }
+}
+
+fn endpoint_facts<'a>(
+    stores: &'a Stores,
+    pod_uids: &HashSet<&str>,
+) -> (HashMap<&'a str, EndpointFacts>, Vec<String>) {
+    let oci_services: HashSet<(&str, &str)> = stores
+        .services
+        .iter()
+        .filter(|s| {
+            s.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(OCI_DRAINING_ANNOTATION))
+                .is_some_and(|v| v == "true")
+        })
+        .filter_map(|s| {
+            Some((
+                s.metadata.namespace.as_deref()?,
+                s.metadata.name.as_deref()?,
+            ))
+        })
+        .collect();
+    let mut facts: HashMap<&str, EndpointFacts> = HashMap::new();
+    let mut unknown = Vec::new();
+    for slice in &stores.slices {
+        let ns = slice.metadata.namespace.as_deref().unwrap_or("default");
+        let service = slice
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SERVICE_NAME_LABEL));
+        let oci = service.is_some_and(|s| oci_services.contains(&(ns, s.as_str())));
+        for ep in &slice.endpoints {
+            let Some(r) = ep.target_ref.as_ref() else {
+                continue;
+            };
+            if r.kind.as_deref() != Some("Pod") {
+                continue;
+            }
+            let Some(uid) = r.uid.as_deref() else {
+                continue;
+            };
+            if !pod_uids.contains(uid) {
+                unknown.push(format!(
+                    "{ns}/{} -> pod {}/{} uid {uid}",
+                    slice.metadata.name.as_deref().unwrap_or("?"),
+                    r.namespace.as_deref().unwrap_or(ns),
+                    r.name.as_deref().unwrap_or("?"),
+                ));
+                continue;
+            }
+            let f = facts.entry(uid).or_default();
+            f.terminating |= ep
+                .conditions
+                .as_ref()
+                .and_then(|c| c.terminating)
+                .unwrap_or(false);
+            f.oci_draining |= oci;
+        }
+    }
+    unknown.sort();
+    unknown.dedup();
+    (facts, unknown)
+}
+
+/// One pod as a workload; `None` for pods without an IP yet, whose
+/// containers all ended (phase Succeeded/Failed: nothing left to drain), or
+/// on the host network (they share the node's IP; no mesh identity).
+fn pod_spec(
+    pod: &Pod,
+    facts: Option<&EndpointFacts>,
+    ns_labels: Option<&BTreeMap<String, String>>,
+    cfg: &KubernetesConfig,
+) -> Option<WorkloadSpec> {
+    let meta = &pod.metadata;
+    let status = pod.status.as_ref();
+    if matches!(
+        status.and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    ) {
+        return None;
+    }
+    if pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false)
+    {
+        return None;
+    }
+    let ips = pod_ips(pod);
+    if ips.is_empty() {
+        return None;
+    }
+    let labels = meta.labels.clone().unwrap_or_default();
+    let in_mesh = match labels.get(&cfg.mesh_label).map(String::as_str) {
+        Some("enabled") => true,
+        Some("disabled") => false,
+        _ => ns_labels
+            .and_then(|l| l.get(&cfg.mesh_label))
+            .is_some_and(|v| v == "enabled"),
+    };
+    let deadline = meta
+        .deletion_timestamp
+        .as_ref()
+        .map(|t| t.0.as_millisecond());
+    let terminating = deadline.is_some() || facts.is_some_and(|f| f.terminating);
+    let spec = pod.spec.as_ref();
+    Some(WorkloadSpec {
+        uid: meta.uid.clone()?,
+        name: meta.name.clone().unwrap_or_default(),
+        namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
+        service_account: spec
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_else(|| "default".into()),
+        ips,
+        node: spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
+        protocol: if in_mesh {
+            Protocol::Hbone
+        } else {
+            Protocol::Tcp
+        },
+        state: if terminating {
+            LifecycleState::Terminating
+        } else {
+            LifecycleState::Running
+        },
+        labels,
+        annotations: meta.annotations.clone().unwrap_or_default(),
+        allow: Vec::new(),
+        oci_backend_draining: facts.is_some_and(|f| f.oci_draining),
+        namespace_policy: ns_labels.and_then(|l| l.get(&cfg.policy_label)).cloned(),
+        deletion_deadline_unix_ms: deadline.map(|ms| ms.max(0) as u64),
+    })
+}
+
+fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
+    let Some(status) = pod.status.as_ref() else {
+        return Vec::new();
+    };
+    let mut ips: Vec<IpAddr> = status
+        .pod_ips
+        .iter()
+        .flatten()
+        .filter_map(|p| p.ip.parse().ok())
+        .collect();
+    if let Some(ip) = status.pod_ip.as_deref().and_then(|ip| ip.parse().ok()) {
+        if !ips.contains(&ip) {
+            ips.insert(0, ip);
+        }
+    }
+    ips
+}
+
+/// An IP held by two pods (reused after the first terminated, or seen
+/// before the old pod's removal arrived) belongs to one: a running pod over
+/// a terminating one, then the newer. The others keep their other IPs and
+/// stay in the set (a terminating pod still drains), so the IP never
+/// resolves to the old pod's identity or tunnels.
+fn resolve_ip_reuse(specs: &mut [(WorkloadSpec, i64)]) {
+    let mut owner: HashMap<IpAddr, usize> = HashMap::new();
+    for i in 0..specs.len() {
+        for ip in specs[i].0.ips.clone() {
+            match owner.get(&ip) {
+                Some(&j) if !prefer(&specs[i], &specs[j]) => {}
+                _ => {
+                    owner.insert(ip, i);
+                }
+            }
+        }
+    }
+    for (i, (spec, _)) in specs.iter_mut().enumerate() {
+        spec.ips.retain(|ip| owner.get(ip) == Some(&i));
+    }
+}
+
+fn prefer(a: &(WorkloadSpec, i64), b: &(WorkloadSpec, i64)) -> bool {
+    let key = |(s, created): &(WorkloadSpec, i64)| {
+        (s.state == LifecycleState::Running, *created, s.uid.clone())
+    };
+    key(a) > key(b)
+}
+
+#[cfg(test)]
+#[path = "desired_tests.rs"]
+mod tests;

@@ -1,0 +1,383 @@
+//! Kubernetes discovery: workloads, identities, policy bindings and lifecycle
+//! from the API server (kube-rs watchers), published to the [`WorkloadStore`].
+//!
+//! Watches (RBAC: get/list/watch on each; nothing else):
+//! - pods on this node (`fieldSelector=spec.nodeName=<node_name>`) and pods
+//!   elsewhere (`spec.nodeName!=<node_name>`), stripped on arrival to what a
+//!   workload needs (uid, name, namespace, service account, node, IPs,
+//!   phase, labels, annotations, deletionTimestamp) so memory stays bounded;
+//! - namespaces, metadata only (mesh opt-in label, policy label);
+//! - `discovery.k8s.io/v1` EndpointSlices (`terminating` conditions: a peer
+//!   terminating before its pod object says so);
+//! - services, metadata only, when `workloads.kubernetes.services` is on
+//!   (the `tidegate.io/oci-backend-draining` annotation).
+//!
+//! Level-triggered: every change marks the set dirty; after
+//! `workloads.kubernetes.debounce` the whole desired set is rebuilt from the
+//! watch stores ([`desired::build`]) and published if it differs. The drain
+//! engine derives lifecycle events by comparing snapshots, so a watch restart
+//! or a relist after `410 Gone` (the watcher swaps a store only once the
+//! relist is complete) republishes the same set and raises nothing, and a
+//! transition that happened while a watch was down shows up in the next
+//! snapshot exactly once. Nothing is published before every watch completed
+//! its first list; [`KubernetesSource::synced`] turns true then (readiness).
+//!
+//! Failed requests are logged with the resource and retried with kube's
+//! default exponential backoff (800 ms doubling to 30 s, with jitter); the
+//! gateway keeps serving with the last published set meanwhile.
+
+pub mod desired;
+mod metrics;
+
+pub use metrics::KubernetesMetrics;
+
+use std::collections::HashSet;
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Pod, PodSpec, PodStatus, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher::{self, watcher, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::{watch, Notify};
+use tracing::{info, warn};
+
+use super::WorkloadStore;
+use crate::config::KubernetesConfig;
+use crate::drain::DrainWatch;
+use metrics::ResourceLabels;
+
+/// What discovery reads, as RBAC names it (API group, resource): the
+/// ClusterRole in `deploy/base/clusterrole.yaml` grants get/list/watch on
+/// exactly these and nothing else (`gateway/tests/manifests.rs` checks it).
+pub const WATCHED_RESOURCES: [(&str, &str); 4] = [
+    (
+        <Pod as k8s_openapi::Resource>::GROUP,
+        <Pod as k8s_openapi::Resource>::URL_PATH_SEGMENT,
+    ),
+    (
+        <Namespace as k8s_openapi::Resource>::GROUP,
+        <Namespace as k8s_openapi::Resource>::URL_PATH_SEGMENT,
+    ),
+    (
+        <Service as k8s_openapi::Resource>::GROUP,
+        <Service as k8s_openapi::Resource>::URL_PATH_SEGMENT,
+    ),
+    (
+        <EndpointSlice as k8s_openapi::Resource>::GROUP,
+        <EndpointSlice as k8s_openapi::Resource>::URL_PATH_SEGMENT,
+    ),
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubernetesError {
+    #[error("workloads.kubernetes.api_server {url:?} is not a valid URL: {message}")]
+    BadUrl { url: String, message: String },
+    #[error(
+        "no Kubernetes credentials found (KUBECONFIG, ~/.kube/config, or the in-cluster \
+         service account; or set workloads.kubernetes.api_server): {0}"
+    )]
+    Infer(#[from] kube::config::InferConfigError),
+    #[error("workloads.kubernetes.kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: std::path::PathBuf,
+        source: kube::config::KubeconfigError,
+    },
+    #[error("cannot build the Kubernetes client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// The client `workloads.kubernetes` asks for.
+pub async fn client_for(cfg: &KubernetesConfig) -> Result<Client, KubernetesError> {
+    let config = match &cfg.api_server {
+        Some(url) => {
+            let uri = url
+                .parse()
+                .map_err(|e: http::uri::InvalidUri| KubernetesError::BadUrl {
+                    url: url.clone(),
+                    message: e.to_string(),
+                })?;
+            kube::Config::new(uri)
+        }
+        None => match &cfg.kubeconfig {
+            Some(path) => {
+                let bad = |source| KubernetesError::Kubeconfig {
+                    path: path.clone(),
+                    source,
+                };
+                let kc = kube::config::Kubeconfig::read_from(path).map_err(bad)?;
+                kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                    .await
+                    .map_err(bad)?
+            }
+            None => kube::Config::infer().await?,
+        },
+    };
+    Ok(Client::try_from(config)?)
+}
+
+/// Watches the API server and publishes the workload set.
+pub struct KubernetesSource {
+    client: Client,
+    node: String,
+    cfg: KubernetesConfig,
+    store: Arc<WorkloadStore>,
+    metrics: KubernetesMetrics,
+    synced: watch::Sender<bool>,
+}
+
+/// The watch stores, read whole when the set is rebuilt.
+struct Readers {
+    local_pods: Store<Pod>,
+    remote_pods: Store<Pod>,
+    namespaces: Store<PartialObjectMeta<Namespace>>,
+    slices: Store<EndpointSlice>,
+    services: Option<Store<PartialObjectMeta<Service>>>,
+}
+
+/// What the watch tasks tell the publisher.
+struct Progress {
+    dirty: Notify,
+    listed: Mutex<HashSet<&'static str>>,
+    expected: usize,
+}
+
+impl KubernetesSource {
+    pub fn new(
+        client: Client,
+        node: &str,
+        cfg: KubernetesConfig,
+        store: Arc<WorkloadStore>,
+        metrics: KubernetesMetrics,
+    ) -> Self {
+        KubernetesSource {
+            client,
+            node: node.to_owned(),
+            cfg,
+            store,
+            metrics,
+            synced: watch::channel(false).0,
+        }
+    }
+
+    /// True once every watch completed its first list and the set was published.
+    pub fn synced(&self) -> watch::Receiver<bool> {
+        self.synced.subscribe()
+    }
+
+    /// Runs the watches and the publisher until the drain signal fires.
+    pub async fn run(self, mut drain: DrainWatch) {
+        let progress = Arc::new(Progress {
+            dirty: Notify::new(),
+            listed: Mutex::new(HashSet::new()),
+            expected: if self.cfg.services { 5 } else { 4 },
+        });
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut w = Watches {
+            client: &self.client,
+            progress: &progress,
+            metrics: &self.metrics,
+            tasks: &mut tasks,
+        };
+        let local = format!("spec.nodeName={}", self.node);
+        let remote = format!("spec.nodeName!={}", self.node);
+        let readers = Readers {
+            local_pods: w.start_pods("local-pods", &local),
+            remote_pods: w.start_pods("remote-pods", &remote),
+            namespaces: w.start_meta::<Namespace>("namespaces"),
+            slices: w.start::<EndpointSlice>(
+                "endpointslices",
+                watcher::Config::default(),
+                strip_slice,
+            ),
+            services: self
+                .cfg
+                .services
+                .then(|| w.start_meta::<Service>("services")),
+        };
+        tokio::select! {
+            _ = self.publish_loop(&readers, &progress) => {}
+            _ = drain.signaled() => {}
+        }
+        tasks.abort_all();
+    }
+
+    async fn publish_loop(&self, readers: &Readers, progress: &Progress) {
+        let mut last: Option<Vec<super::WorkloadSpec>> = None;
+        let mut last_unknown: Vec<String> = Vec::new();
+        loop {
+            progress.dirty.notified().await;
+            if progress.listed.lock().unwrap().len() < progress.expected {
+                continue;
+            }
+            // Coalesce a burst of events (a relist, a rollout) into one snapshot.
+            tokio::time::sleep(self.cfg.debounce).await;
+            let stores = desired::Stores {
+                pods: readers
+                    .local_pods
+                    .state()
+                    .into_iter()
+                    .chain(readers.remote_pods.state())
+                    .collect(),
+                namespaces: readers.namespaces.state(),
+                slices: readers.slices.state(),
+                services: readers
+                    .services
+                    .as_ref()
+                    .map(|s| s.state())
+                    .unwrap_or_default(),
+            };
+            let desired = desired::build(&stores, &self.cfg);
+            if desired.unknown_endpoints != last_unknown {
+                if !desired.unknown_endpoints.is_empty() {
+                    info!(
+                        count = desired.unknown_endpoints.len(),
+                        endpoints = ?desired.unknown_endpoints.iter().take(5).collect::<Vec<_>>(),
+                        "EndpointSlice endpoints name pods not (or no longer) in the pod store; \
+                         ignored until the pod watch catches up"
+                    );
+                } else {
+                    info!("EndpointSlice endpoints all resolved to known pods");
+                }
+                self.metrics
+                    .unknown_endpoints
+                    .set(desired.unknown_endpoints.len() as i64);
+                last_unknown = desired.unknown_endpoints;
+            }
+            if last.as_ref() != Some(&desired.specs) {
+                self.metrics.workloads.set(desired.specs.len() as i64);
+                self.metrics.publishes.inc();
+                self.store.publish(desired.specs.clone());
+                if last.is_none() {
+                    info!(
+                        workloads = desired.specs.len(),
+                        node = %self.node,
+                        "Kubernetes discovery: first full sync published"
+                    );
+                }
+                last = Some(desired.specs);
+            }
+            if !*self.synced.borrow() {
+                self.metrics.synced.set(1);
+                self.synced.send_replace(true);
+            }
+        }
+    }
+}
+
+/// Starts watch tasks; each returns the reader of its store.
+struct Watches<'a> {
+    client: &'a Client,
+    progress: &'a Arc<Progress>,
+    metrics: &'a KubernetesMetrics,
+    tasks: &'a mut tokio::task::JoinSet<()>,
+}
+
+impl Watches<'_> {
+    fn start_pods(&mut self, resource: &'static str, fields: &str) -> Store<Pod> {
+        self.start::<Pod>(
+            resource,
+            watcher::Config::default().fields(fields),
+            strip_pod,
+        )
+    }
+
+    fn start_meta<K>(&mut self, resource: &'static str) -> Store<PartialObjectMeta<K>>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
+        self.start::<PartialObjectMeta<K>>(resource, watcher::Config::default(), |m| {
+            m.metadata.managed_fields = None;
+        })
+    }
+
+    fn start<K>(
+        &mut self,
+        resource: &'static str,
+        config: watcher::Config,
+        strip: fn(&mut K),
+    ) -> Store<K>
+    where
+        K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+    {
+        let api = Api::<K>::all(self.client.clone());
+        let mut writer: Writer<K> = Writer::default();
+        let reader = writer.as_reader();
+        let progress = self.progress.clone();
+        let metrics = self.metrics.clone();
+        let labels = ResourceLabels { resource };
+        let objects = reader.clone();
+        self.tasks.spawn(async move {
+            let mut events = std::pin::pin!(watcher(api, config).default_backoff());
+            while let Some(event) = events.next().await {
+                let event = match event {
+                    Ok(e) => e.modify(strip),
+                    Err(e) => {
+                        metrics.watch_errors.get_or_create(&labels).inc();
+                        warn!(resource, error = %e, "Kubernetes list/watch failed; retrying with backoff");
+                        continue;
+                    }
+                };
+                writer.apply_watcher_event(&event);
+                match event {
+                    Event::Init => {
+                        metrics.lists.get_or_create(&labels).inc();
+                        continue;
+                    }
+                    Event::InitApply(_) => continue,
+                    Event::InitDone => {
+                        progress.listed.lock().unwrap().insert(resource);
+                    }
+                    Event::Apply(_) | Event::Delete(_) => {}
+                }
+                metrics
+                    .objects
+                    .get_or_create(&labels)
+                    .set(objects.len() as i64);
+                progress.dirty.notify_one();
+            }
+        });
+        reader
+    }
+}
+
+/// Keeps what a workload needs of a pod (bounded memory at cluster scale).
+fn strip_pod(pod: &mut Pod) {
+    let m = &mut pod.metadata;
+    m.managed_fields = None;
+    m.owner_references = None;
+    if let Some(a) = m.annotations.as_mut() {
+        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+    pod.spec = pod.spec.take().map(|s| PodSpec {
+        host_network: s.host_network,
+        node_name: s.node_name,
+        service_account_name: s.service_account_name,
+        ..Default::default()
+    });
+    pod.status = pod.status.take().map(|s| PodStatus {
+        phase: s.phase,
+        pod_ip: s.pod_ip,
+        pod_ips: s.pod_ips,
+        ..Default::default()
+    });
+}
+
+fn strip_slice(slice: &mut EndpointSlice) {
+    slice.metadata.managed_fields = None;
+    slice.metadata.annotations = None;
+    for ep in &mut slice.endpoints {
+        ep.hints = None;
+        ep.deprecated_topology = None;
+        ep.hostname = None;
+        ep.zone = None;
+    }
+}
