@@ -124,9 +124,10 @@ async fn goaway_received_moves_new_streams_while_old_ones_finish() {
     let nodes = TwoNodes::start(24).await;
     let mut old = nodes.app_conn().await;
     ping(&mut old, 1).await;
+    // Which tunnel carries the stream, known before the GOAWAY can retire it.
+    let first = nodes.client.pool.dump()[0].id;
     // The server side asks the echo workload's tunnels to go away.
     assert_eq!(nodes.server.registry.goaway_workload("echo-uid"), 1);
-    let first = nodes.client.pool.dump()[0].id;
     eventually("client sees GOAWAY", Duration::from_secs(5), || {
         nodes
             .client
