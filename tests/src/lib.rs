@@ -308,3 +308,17 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
         .unwrap_or_default();
     (status, body)
 }
+
+/// A reference policy or fixture built by `cargo xtask plugins`
+/// (`target/plugins/<name>.wasm`), as an absolute path.
+pub fn plugin(name: &str) -> std::path::PathBuf {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/plugins")
+        .join(format!("{name}.wasm"));
+    assert!(
+        p.exists(),
+        "{} missing: run `cargo xtask plugins`",
+        p.display()
+    );
+    p.canonicalize().unwrap()
+}

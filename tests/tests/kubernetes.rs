@@ -2,7 +2,6 @@
 //! (`tidegate_e2e::kube_api`): kube-rs watchers over real HTTP, the workload
 //! store, lifecycle events and drains, watch restarts and 410 relists.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -12,21 +11,9 @@ use tidegate::config::Config;
 use tidegate::drains::{DrainView, Trigger};
 use tidegate::workloads::LifecycleState;
 use tidegate_e2e::kube_api::{FakeApiServer, Kind};
-use tidegate_e2e::{eventually, http_get, init_tracing, ip, metric};
+use tidegate_e2e::{eventually, http_get, init_tracing, ip, metric, plugin};
 
 const WAIT: Duration = Duration::from_secs(10);
-
-fn plugin(name: &str) -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/plugins")
-        .join(format!("{name}.wasm"));
-    assert!(
-        p.exists(),
-        "{} missing: run `cargo xtask plugins`",
-        p.display()
-    );
-    p.canonicalize().unwrap()
-}
 
 /// A gateway on `node` discovering from `api_server`, with two policies:
 /// `keep` (the default) and `evict` (evict-on-delete, also on terminating peers).
@@ -117,6 +104,54 @@ async fn until_ready(app: &App) {
             "gateway never became ready"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Two gateways: node-b serves the echo workload from its workload file;
+/// node-a discovers the client pod (with `client_annotations`) and the echo
+/// pod (`echo_uid`) from the API server and captures the client's traffic.
+struct Peers {
+    dir: tempfile::TempDir,
+    server: App,
+    client: App,
+    capture: tidegate_e2e::Capture,
+}
+
+async fn peers(api: &FakeApiServer, octet: u8, client_annotations: Value, echo_uid: &str) -> Peers {
+    use tidegate_e2e::{echo_server, gateway_config, workloads_yaml, Capture};
+    let dir = tempfile::tempdir().unwrap();
+    let server_wl = dir.path().join("server-workloads.yaml");
+    std::fs::write(&server_wl, workloads_yaml(octet, "echo")).unwrap();
+    let echo = echo_server(ip(octet, 2)).await;
+    init_tracing();
+    let server = tidegate::app::build(gateway_config(
+        "node-b",
+        &dir.path().join("ca"),
+        &server_wl,
+        15008,
+        "",
+    ))
+    .await
+    .unwrap();
+    api.apply(
+        Kind::Namespace,
+        namespace("demo", json!({"tidegate.io/mesh": "enabled"})),
+    );
+    let mut client_pod = pod("client", "client-uid", "node-a", ip(octet, 3));
+    client_pod["metadata"]["annotations"] = client_annotations;
+    api.apply(Kind::Pod, client_pod);
+    api.apply(Kind::Pod, pod("echo", echo_uid, "node-b", ip(octet, 2)));
+    let extra = format!("hbone:\n  port: {}\n", server.addrs.inbound.port());
+    let client = tidegate::app::build(config(dir.path(), "node-a", &api.url(), &extra))
+        .await
+        .unwrap();
+    until_ready(&client).await;
+    let capture = Capture::start(client.outbound.clone(), echo).await;
+    Peers {
+        dir,
+        server,
+        client,
+        capture,
     }
 }
 
@@ -475,41 +510,22 @@ async fn unreachable_api_server_backs_off_and_the_gateway_serves_unready() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_endpointslice_terminating_evicts_pooled_tunnels() {
-    use tidegate_e2e::{echo_server, gateway_config, round_trip, workloads_yaml, Capture};
+    use tidegate_e2e::round_trip;
     let octet = 66;
     let api = FakeApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    // node-b serves the echo workload from its workload file.
-    let server_wl = dir.path().join("server-workloads.yaml");
-    std::fs::write(&server_wl, workloads_yaml(octet, "echo")).unwrap();
-    let echo = echo_server(ip(octet, 2)).await;
-    init_tracing();
-    let server = tidegate::app::build(gateway_config(
-        "node-b",
-        &dir.path().join("ca"),
-        &server_wl,
-        15008,
-        "",
-    ))
-    .await
-    .unwrap();
-    // node-a discovers both pods from the API server; its client pod's
-    // policy (by annotation) evicts tunnels to terminating peers.
-    api.apply(
-        Kind::Namespace,
-        namespace("demo", json!({"tidegate.io/mesh": "enabled"})),
-    );
-    let mut client_pod = pod("client", "client-uid", "node-a", ip(octet, 3));
-    client_pod["metadata"]["annotations"] = json!({"tidegate.io/drain-policy": "evict"});
-    api.apply(Kind::Pod, client_pod);
-    api.apply(Kind::Pod, pod("echo", "echo-uid", "node-b", ip(octet, 2)));
-    let extra = format!("hbone:\n  port: {}\n", server.addrs.inbound.port());
-    let client = tidegate::app::build(config(dir.path(), "node-a", &api.url(), &extra))
-        .await
-        .unwrap();
-    until_ready(&client).await;
-
-    let capture = Capture::start(client.outbound.clone(), echo).await;
+    // The client pod's policy (by annotation) evicts tunnels to terminating peers.
+    let Peers {
+        dir: _dir,
+        server,
+        client,
+        capture,
+    } = peers(
+        &api,
+        octet,
+        json!({"tidegate.io/drain-policy": "evict"}),
+        "echo-uid",
+    )
+    .await;
     let mut conn = capture.connect(ip(octet, 3)).await;
     assert_eq!(round_trip(&mut conn, b"ping").await.unwrap(), b"ping");
     drop(conn);
@@ -734,38 +750,15 @@ async fn readiness_waits_for_the_first_full_sync() {
 /// one is retired, whatever the policy (here `keep`, which does nothing).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recreated_peer_with_the_same_ip_never_reuses_old_tunnels() {
-    use tidegate_e2e::{echo_server, gateway_config, round_trip, workloads_yaml, Capture};
+    use tidegate_e2e::round_trip;
     let octet = 70;
     let api = FakeApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let server_wl = dir.path().join("server-workloads.yaml");
-    std::fs::write(&server_wl, workloads_yaml(octet, "echo")).unwrap();
-    let echo = echo_server(ip(octet, 2)).await;
-    init_tracing();
-    let server = tidegate::app::build(gateway_config(
-        "node-b",
-        &dir.path().join("ca"),
-        &server_wl,
-        15008,
-        "",
-    ))
-    .await
-    .unwrap();
-    api.apply(
-        Kind::Namespace,
-        namespace("demo", json!({"tidegate.io/mesh": "enabled"})),
-    );
-    api.apply(
-        Kind::Pod,
-        pod("client", "client-uid", "node-a", ip(octet, 3)),
-    );
-    api.apply(Kind::Pod, pod("echo", "echo-uid-1", "node-b", ip(octet, 2)));
-    let extra = format!("hbone:\n  port: {}\n", server.addrs.inbound.port());
-    let client = tidegate::app::build(config(dir.path(), "node-a", &api.url(), &extra))
-        .await
-        .unwrap();
-    until_ready(&client).await;
-    let capture = Capture::start(client.outbound.clone(), echo).await;
+    let Peers {
+        dir: _dir,
+        server,
+        client,
+        capture,
+    } = peers(&api, octet, json!({}), "echo-uid-1").await;
     let mut conn = capture.connect(ip(octet, 3)).await;
     assert_eq!(round_trip(&mut conn, b"one").await.unwrap(), b"one");
     drop(conn);

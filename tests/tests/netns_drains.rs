@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tidegate::config::Config;
-use tidegate_e2e::metric;
+use tidegate_e2e::{metric, plugin};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -383,18 +383,6 @@ async fn cni_del(socket: &Path) -> (String, Duration) {
 
 // ---------------------------------------------------------------------------
 // A scenario: topology, gateways, pods.
-
-fn plugin(name: &str) -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/plugins")
-        .join(format!("{name}.wasm"));
-    assert!(
-        p.exists(),
-        "{} missing: run `cargo xtask plugins`",
-        p.display()
-    );
-    p.canonicalize().unwrap()
-}
 
 /// `policies:` YAML binding every local workload to `name` (with `config`).
 fn policy_yaml(name: &str, config: &str) -> String {

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tidegate::app::App;
 use tidegate::config::Config;
 use tidegate_e2e::oci_double::{public_key_der, DoubleConfig, OciDouble};
-use tidegate_e2e::{eventually, gateway_config_with, init_tracing, metric};
+use tidegate_e2e::{eventually, gateway_config_with, init_tracing, metric, plugin};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const LB1: &str = "ocid1.loadbalancer.oc1..one";
@@ -38,18 +38,6 @@ fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../gateway/tests/fixtures/oci")
         .join(name)
-}
-
-fn plugin(name: &str) -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/plugins")
-        .join(format!("{name}.wasm"));
-    assert!(
-        p.exists(),
-        "{} missing: run `cargo xtask plugins`",
-        p.display()
-    );
-    p.canonicalize().unwrap()
 }
 
 /// The workload file: `terminating` pods are in shutdown, `gone` are absent.

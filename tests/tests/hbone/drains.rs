@@ -3,23 +3,10 @@
 //! tunnels and observed from the client gateway.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
-use tidegate_e2e::{eventually, metric, round_trip, Options, TwoNodes};
+use tidegate_e2e::{eventually, metric, plugin, round_trip, Options, TwoNodes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-fn plugin(name: &str) -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/plugins")
-        .join(format!("{name}.wasm"));
-    assert!(
-        p.exists(),
-        "{} missing: run `cargo xtask plugins`",
-        p.display()
-    );
-    p
-}
 
 async fn with_policy(octet: u8, name: &str, config: &str) -> TwoNodes {
     TwoNodes::with(

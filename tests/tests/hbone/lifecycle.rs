@@ -9,29 +9,12 @@ use tidegate::config::HboneConfig;
 use tidegate::hbone::client::{connect_stream, dial};
 use tidegate::identity::SpiffeId;
 use tidegate::tls::{CertDir, DevCa, TlsContext, TlsMetrics};
-use tidegate_e2e::{eventually, ip, metric, round_trip, Options, TwoNodes};
+use tidegate_e2e::{eventually, http_get, ip, metric, round_trip, Options, TwoNodes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 fn sa(name: &str) -> SpiffeId {
     SpiffeId::new("cluster.local", "demo", name)
-}
-
-async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut tcp = TcpStream::connect(addr).await.unwrap();
-    tcp.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .unwrap();
-    let mut out = String::new();
-    tcp.read_to_string(&mut out).await.unwrap();
-    let status = out[9..12].parse().unwrap();
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|x| x.1.to_owned())
-        .unwrap_or_default();
-    (status, body)
 }
 
 fn write_pair(ca: &DevCa, dir: &std::path::Path, name: &str) {

@@ -1,24 +1,11 @@
 //! Policies in a running gateway: hot swap under 1,000 open streams, and
 //! misbehaving plugins never disturbing traffic.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use tidegate_e2e::{round_trip, Options, TwoNodes};
+use tidegate_e2e::{plugin, round_trip, Options, TwoNodes};
 use tidegate_sdk as sdk;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-fn plugin(rel: &str) -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/plugins")
-        .join(format!("{rel}.wasm"));
-    assert!(
-        p.exists(),
-        "{} missing: run `cargo xtask plugins`",
-        p.display()
-    );
-    p
-}
 
 fn shutdown_of(w: &tidegate::workloads::Workload) -> sdk::Event {
     sdk::Event::ShutdownStarted(sdk::ShutdownStarted {
