@@ -148,6 +148,24 @@ pub(super) struct DrainState {
     pub(super) ended_at: Option<Instant>,
 }
 
+impl DrainState {
+    /// A workload's drain record before its first lifecycle event.
+    pub(super) fn new(workload: Arc<Workload>, selection: Selection, trigger: Trigger) -> Self {
+        DrainState {
+            workload,
+            phase: Phase::Running,
+            selection,
+            trigger,
+            started: SystemTime::now(),
+            shutdown_at: None,
+            deadline: None,
+            actions: Vec::new(),
+            ended: None,
+            ended_at: None,
+        }
+    }
+}
+
 /// How long ended drains and removed workloads are remembered (for
 /// `GET /drains` and late actions naming them) before they are forgotten.
 pub(super) const RETAIN: Duration = Duration::from_secs(600);
@@ -270,17 +288,8 @@ impl DrainEngine {
         let decided_at = Instant::now();
         let (selection, since_shutdown, duplicate) = {
             let mut drains = self.drains.lock().unwrap();
-            let d = drains.entry(uid.to_owned()).or_insert_with(|| DrainState {
-                workload: workload.clone(),
-                phase: Phase::Running,
-                selection: self.policies.select(&workload),
-                trigger,
-                started: SystemTime::now(),
-                shutdown_at: None,
-                deadline: None,
-                actions: Vec::new(),
-                ended: None,
-                ended_at: None,
+            let d = drains.entry(uid.to_owned()).or_insert_with(|| {
+                DrainState::new(workload.clone(), self.policies.select(&workload), trigger)
             });
             let duplicate = d.phase >= what.phase();
             if !duplicate {

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::engine::{DrainEngine, DrainState, Lifecycle, Phase, Trigger, RETAIN};
+use super::engine::{DrainEngine, DrainState, Lifecycle, Trigger, RETAIN};
 use crate::drain::DrainWatch;
 use crate::workloads::{LifecycleState, Workload, WorkloadSnapshot};
 
@@ -91,17 +91,8 @@ impl DrainEngine {
                         .lock()
                         .unwrap()
                         .entry(uid.to_owned())
-                        .or_insert_with(|| DrainState {
-                            workload: old.clone(),
-                            phase: Phase::Running,
-                            selection: self.policies.select(old),
-                            trigger,
-                            started: SystemTime::now(),
-                            shutdown_at: None,
-                            deadline: None,
-                            actions: Vec::new(),
-                            ended: None,
-                            ended_at: None,
+                        .or_insert_with(|| {
+                            DrainState::new(old.clone(), self.policies.select(old), trigger)
                         });
                 }
                 let this = self.clone();

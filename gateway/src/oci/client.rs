@@ -129,11 +129,8 @@ impl OciClient {
     }
 
     pub async fn get_load_balancer(&self, lb: &str) -> Result<(LoadBalancer, String), OciError> {
-        let op = "GetLoadBalancer";
-        let r = self
-            .call(op, Method::GET, &format!("/loadBalancers/{lb}"), None, None)
-            .await?;
-        Ok((decode(op, &r.body)?, r.etag.unwrap_or_default()))
+        self.get("GetLoadBalancer", &format!("/loadBalancers/{lb}"))
+            .await
     }
 
     pub async fn get_backend_set(
@@ -141,10 +138,8 @@ impl OciClient {
         lb: &str,
         set: &str,
     ) -> Result<(BackendSet, String), OciError> {
-        let op = "GetBackendSet";
         let path = format!("/loadBalancers/{lb}/backendSets/{set}");
-        let r = self.call(op, Method::GET, &path, None, None).await?;
-        Ok((decode(op, &r.body)?, r.etag.unwrap_or_default()))
+        self.get("GetBackendSet", &path).await
     }
 
     pub async fn get_backend(
@@ -153,9 +148,16 @@ impl OciClient {
         set: &str,
         name: &str,
     ) -> Result<(Backend, String), OciError> {
-        let op = "GetBackend";
-        let path = backend_path(lb, set, name);
-        let r = self.call(op, Method::GET, &path, None, None).await?;
+        self.get("GetBackend", &backend_path(lb, set, name)).await
+    }
+
+    /// A GET: the decoded object and the ETag that came with it.
+    async fn get<T: DeserializeOwned>(
+        &self,
+        op: &'static str,
+        path: &str,
+    ) -> Result<(T, String), OciError> {
+        let r = self.call(op, Method::GET, path, None, None).await?;
         Ok((decode(op, &r.body)?, r.etag.unwrap_or_default()))
     }
 
@@ -194,10 +196,8 @@ impl OciClient {
     }
 
     pub async fn get_work_request(&self, id: &str) -> Result<WorkRequest, OciError> {
-        let op = "GetWorkRequest";
         let path = format!("/loadBalancerWorkRequests/{id}");
-        let r = self.call(op, Method::GET, &path, None, None).await?;
-        decode(op, &r.body)
+        Ok(self.get("GetWorkRequest", &path).await?.0)
     }
 
     /// One API call, bounded by the timeout and counted. A 401 with a
