@@ -50,6 +50,12 @@ pub fn init_tracing() {
 pub async fn echo_server(ip: IpAddr) -> SocketAddr {
     let l = TcpListener::bind(SocketAddr::new(ip, 0)).await.unwrap();
     let addr = l.local_addr().unwrap();
+    serve_echo(l);
+    addr
+}
+
+/// Echoes on an already bound listener (e.g. inside a network namespace).
+pub fn serve_echo(l: TcpListener) {
     tokio::spawn(async move {
         loop {
             let Ok((tcp, _)) = l.accept().await else {
@@ -62,7 +68,6 @@ pub async fn echo_server(ip: IpAddr) -> SocketAddr {
             });
         }
     });
-    addr
 }
 
 /// Stands in for iptables REDIRECT: accepts application connections and hands

@@ -462,3 +462,37 @@ impl Gateway {
         body
     }
 }
+
+/// A gateway inside a namespace: the ztunnel ports, the shared dev CA, the
+/// watched workload file, then `extra` (YAML appended as is).
+pub fn gateway_config(
+    node: &str,
+    ca: &std::path::Path,
+    workloads: &std::path::Path,
+    extra: &str,
+) -> Config {
+    let yaml = format!(
+        r#"node_name: {node}
+trust_domain: cluster.local
+listeners:
+  outbound: 0.0.0.0:{OUTBOUND_PORT}
+  inbound: 0.0.0.0:{HBONE_PORT}
+  admin: 127.0.0.1:0
+  metrics: 127.0.0.1:0
+  readiness: 127.0.0.1:0
+certificates:
+  source: dev-ca
+  state_dir: {ca}
+workloads:
+  file: {workloads}
+  reload_interval: 50ms
+hbone:
+  port: {HBONE_PORT}
+shutdown:
+  deadline: 2s
+{extra}"#,
+        ca = ca.display(),
+        workloads = workloads.display(),
+    );
+    Config::from_yaml(&yaml).unwrap_or_else(|e| panic!("test config: {e}\n{yaml}"))
+}

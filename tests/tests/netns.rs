@@ -23,14 +23,13 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use tidegate::config::Config;
 use tidegate_e2e::metric;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use tidegate_e2e::netns::{
-    build_topology, tool_missing, Gateway, NsThread, Topology, ECHO_PORT, HBONE_PORT,
-    OUTBOUND_PORT, STEP,
+    build_topology, gateway_config, tool_missing, Gateway, NsThread, Topology, ECHO_PORT,
+    HBONE_PORT, OUTBOUND_PORT, STEP,
 };
 
 // ---------------------------------------------------------------------------
@@ -104,32 +103,6 @@ async fn echo_round_trip(dst: SocketAddr, data: Arc<Vec<u8>>) -> Result<Vec<u8>,
         .unwrap_or_else(|_| Err(format!("round trip to {dst} timed out after {STEP:?}")))
 }
 
-fn gateway_config(node: &str, ca: &std::path::Path, workloads: &std::path::Path) -> Config {
-    let yaml = format!(
-        r#"node_name: {node}
-trust_domain: cluster.local
-listeners:
-  outbound: 0.0.0.0:{OUTBOUND_PORT}
-  inbound: 0.0.0.0:{HBONE_PORT}
-  admin: 127.0.0.1:0
-  metrics: 127.0.0.1:0
-  readiness: 127.0.0.1:0
-certificates:
-  source: dev-ca
-  state_dir: {ca}
-workloads:
-  file: {workloads}
-hbone:
-  port: {HBONE_PORT}
-shutdown:
-  deadline: 2s
-"#,
-        ca = ca.display(),
-        workloads = workloads.display(),
-    );
-    Config::from_yaml(&yaml).unwrap_or_else(|e| panic!("test config: {e}\n{yaml}"))
-}
-
 // ---------------------------------------------------------------------------
 
 #[tokio::test]
@@ -168,8 +141,8 @@ async fn transparent_capture_across_two_gateways_in_network_namespaces() {
     let ca = dir.path().join("ca");
 
     // Gateway A first: it creates the shared dev CA that gateway B then opens.
-    let gw_a = Gateway::start("A", &t.na, gateway_config("node-a", &ca, &workloads)).await;
-    let gw_b = Gateway::start("B", &t.nb, gateway_config("node-b", &ca, &workloads)).await;
+    let gw_a = Gateway::start("A", &t.na, gateway_config("node-a", &ca, &workloads, "")).await;
+    let gw_b = Gateway::start("B", &t.nb, gateway_config("node-b", &ca, &workloads, "")).await;
     assert_eq!(gw_a.addrs.outbound.port(), OUTBOUND_PORT);
     assert_eq!(gw_b.addrs.inbound.port(), HBONE_PORT);
     let pod_b = NsThread::idle(&t.pb);

@@ -26,14 +26,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tidegate::config::Config;
 use tidegate_e2e::{metric, plugin};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use tidegate_e2e::netns::{
-    build_topology, tool_missing, Gateway, NetnsGuard, NsThread, Topology, ECHO_PORT, HBONE_PORT,
-    OUTBOUND_PORT, STEP,
+    build_topology, gateway_config, tool_missing, Gateway, NetnsGuard, NsThread, Topology,
+    ECHO_PORT, HBONE_PORT, OUTBOUND_PORT, STEP,
 };
 
 /// The server pod's workload uid (what `K8S_POD_UID` names on CNI DEL).
@@ -78,18 +77,7 @@ async fn start_echo(pod: &NsThread) {
         let l = TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], ECHO_PORT)))
             .await
             .expect("echo server: bind 0.0.0.0:8080");
-        tokio::spawn(async move {
-            loop {
-                let Ok((tcp, _)) = l.accept().await else {
-                    return;
-                };
-                tokio::spawn(async move {
-                    let (mut r, mut w) = tcp.into_split();
-                    let _ = tokio::io::copy(&mut r, &mut w).await;
-                    let _ = w.shutdown().await;
-                });
-            }
-        });
+        tidegate_e2e::serve_echo(l);
     })
     .await;
 }
@@ -395,33 +383,6 @@ fn policy_yaml(name: &str, config: &str) -> String {
         "policies:\n  default: p\n  plugins:\n    p:\n      file: {}{config}\n",
         plugin(name).display()
     )
-}
-
-fn gateway_config(node: &str, ca: &Path, workloads: &Path, extra: &str) -> Config {
-    let yaml = format!(
-        r#"node_name: {node}
-trust_domain: cluster.local
-listeners:
-  outbound: 0.0.0.0:{OUTBOUND_PORT}
-  inbound: 0.0.0.0:{HBONE_PORT}
-  admin: 127.0.0.1:0
-  metrics: 127.0.0.1:0
-  readiness: 127.0.0.1:0
-certificates:
-  source: dev-ca
-  state_dir: {ca}
-workloads:
-  file: {workloads}
-  reload_interval: 50ms
-hbone:
-  port: {HBONE_PORT}
-shutdown:
-  deadline: 2s
-{extra}"#,
-        ca = ca.display(),
-        workloads = workloads.display(),
-    );
-    Config::from_yaml(&yaml).unwrap_or_else(|e| panic!("test config: {e}\n{yaml}"))
 }
 
 fn workloads_yaml(t: &Topology, with_echo: bool) -> String {
