@@ -74,7 +74,7 @@ fn print_next_steps(app: &tidegate::app::App) {
     eprintln!(
         "\ntidegate is running on the embedded default (demo workloads, development CA).\n\
          Try, in another terminal:\n\
-         \n  echo hello | cargo run -q --release -p tidegate -- connect --to {echo}\n\
+         \n  echo hello | cargo run -q -p tidegate -- connect --to {echo}\n\
          \n  curl -s http://{admin}/config_dump     # workloads, tunnels, pool\n\
          \n  curl -s http://{metrics}/metrics        # Prometheus metrics\n\
          \n  curl -s http://{ready}/healthz/ready\n\
