@@ -76,9 +76,24 @@ pub async fn run(config: Config, args: ConnectArgs) -> anyhow::Result<()> {
         }
         anyhow::Ok(())
     };
-    let (up, down) = tokio::join!(upload, download);
-    up.context("sending")?;
-    down.context("receiving")?;
+    // The stream can end from either side. Our side ends when stdin does;
+    // the gateway's when it resets the stream, closes the connection or the
+    // destination closes. Then stop at once instead of waiting for stdin.
+    tokio::pin!(upload, download);
+    let result = tokio::select! {
+        biased;
+        up = &mut upload => match up {
+            Ok(()) => download.await.context("receiving"),
+            Err(e) => Err(e.context("sending")),
+        },
+        down = &mut download => match down {
+            Ok(()) => Err(anyhow::anyhow!(
+                "the peer closed the stream before stdin ended (CONNECT {})",
+                args.to
+            )),
+            Err(e) => Err(e.context(format!("the stream to {} ended", args.to))),
+        },
+    };
     driver.abort();
-    Ok(())
+    result
 }

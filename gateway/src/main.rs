@@ -71,11 +71,13 @@ fn print_next_steps(app: &tidegate::app::App) {
     };
     let a = &app.addrs;
     let echo = a.demo_echo.map(|e| e.to_string()).unwrap_or_default();
+    let me = this_binary();
     eprintln!(
         "\ntidegate is running on the embedded default (demo workloads, development CA).\n\
          Try, in another terminal:\n\
-         \n  echo hello | cargo run -q -p tidegate -- connect --to {echo}\n\
+         \n  echo hello | {me} connect --to {echo}\n\
          \n  curl -s http://{admin}/config_dump     # workloads, tunnels, pool\n\
+         \n  curl -s http://{admin}/policies        # loaded policies, versions, calls\n\
          \n  curl -s http://{metrics}/metrics        # Prometheus metrics\n\
          \n  curl -s http://{ready}/healthz/ready\n\
          \nCtrl-C drains and stops.\n",
@@ -83,4 +85,22 @@ fn print_next_steps(app: &tidegate::app::App) {
         metrics = local(a.metrics),
         ready = local(a.readiness),
     );
+}
+
+/// How to run this binary again from the current directory: `tidegate`
+/// when it is the one on PATH, else its path (relative when below the
+/// current directory, as `target/debug/tidegate` is for `cargo xtask demo`).
+fn this_binary() -> String {
+    let Ok(exe) = std::env::current_exe() else {
+        return "tidegate".into();
+    };
+    let on_path = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("tidegate") == exe));
+    if on_path {
+        return "tidegate".into();
+    }
+    std::env::current_dir()
+        .ok()
+        .and_then(|cwd| exe.strip_prefix(cwd).ok().map(|p| p.display().to_string()))
+        .unwrap_or_else(|| exe.display().to_string())
 }

@@ -83,6 +83,11 @@ fn strip_ansi(s: &str) -> String {
 }
 
 fn write_config(dir: &std::path::Path) -> std::path::PathBuf {
+    write_config_with(dir, "")
+}
+
+/// The test config plus `extra` YAML lines.
+fn write_config_with(dir: &std::path::Path, extra: &str) -> std::path::PathBuf {
     let workloads = dir.join("workloads.yaml");
     std::fs::write(
         &workloads,
@@ -94,7 +99,7 @@ fn write_config(dir: &std::path::Path) -> std::path::PathBuf {
         &config,
         format!(
             "node_name: node-a\nlisteners: {{outbound: 127.0.0.1:0, inbound: 0.0.0.0:0, admin: 127.0.0.1:0, metrics: 127.0.0.1:0, readiness: 127.0.0.1:0}}\n\
-             certificates: {{source: dev-ca, state_dir: {ca}}}\nworkloads: {{file: {wl}}}\ndemo: {{echo: 127.51.0.2:0}}\n",
+             certificates: {{source: dev-ca, state_dir: {ca}}}\nworkloads: {{file: {wl}}}\ndemo: {{echo: 127.51.0.2:0}}\n{extra}",
             ca = dir.join("ca").display(),
             wl = workloads.display()
         ),
@@ -151,11 +156,63 @@ fn run_connect_and_sigterm() {
 
     // SIGTERM: drains (no streams left) and exits 0.
     let pid = gw.child.id() as i32;
+    // SAFETY: kill(2) on the pid of a child this test spawned and still owns.
     unsafe { libc::kill(pid, libc::SIGTERM) };
     gw.wait_for("drained");
     let mut gw = gw;
     let status = wait_bounded(&mut gw.child);
     assert!(status.success(), "{status:?}");
+}
+
+/// `tidegate connect` with stdin still open exits non-zero with a message
+/// when the gateway ends its stream (here: shutdown resets it at the
+/// deadline), instead of waiting for stdin to close.
+#[test]
+fn connect_exits_when_the_gateway_ends_the_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config_with(dir.path(), "shutdown: {deadline: 300ms}\n");
+    let gw = start(&config);
+    let echo = field(&gw.wait_for("demo echo backend listening"), "addr");
+    let ready = gw.wait_for("tidegate ready");
+    let inbound_port = field(&ready, "inbound")
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_owned();
+    let mut connect = Command::new(BIN)
+        .args(["connect", "--config"])
+        .arg(&config)
+        .args([
+            "--to",
+            &echo,
+            "--via",
+            &format!("127.51.0.2:{inbound_port}"),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The stream is up once the echo comes back; stdin stays open.
+    let mut stdin = connect.stdin.take().unwrap();
+    stdin.write_all(b"ping\n").unwrap();
+    let mut stdout = BufReader::new(connect.stdout.take().unwrap());
+    let mut echoed = String::new();
+    stdout.read_line(&mut echoed).unwrap();
+    assert_eq!(echoed, "ping\n");
+
+    let pid = gw.child.id() as i32;
+    // SAFETY: kill(2) on the pid of a child this test spawned and still owns.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let status = wait_bounded(&mut connect);
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut connect.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(
+        !status.success(),
+        "connect exited 0 after its stream was ended: {err}"
+    );
+    assert!(err.contains("ended") || err.contains("closed"), "{err}");
+    drop(stdin);
 }
 
 #[test]
@@ -192,7 +249,8 @@ fn wait_bounded(child: &mut Child) -> std::process::ExitStatus {
         }
         assert!(
             Instant::now() < deadline,
-            "gateway did not exit after SIGTERM"
+            "process {} did not exit within 20 s",
+            child.id()
         );
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -6,20 +6,26 @@
 //!   `DIR/<name>.wasm` (fixtures: `DIR/fixtures/<name>.wasm`). `DIR`
 //!   defaults to `<repo>/target/plugins`.
 //! - `test`: the project's whole test run (the README's test command): build
-//!   the plugins, run every test of the workspace, then the plugins' native
-//!   tests.
-//! - `demo [ARGS…]`: build the plugins and run the gateway (release) on the
-//!   embedded default; extra arguments go to `tidegate run`.
+//!   the plugins, run every test of the workspace, the plugins' native tests,
+//!   then start the demo as `demo --check` does and run the READMEs' shell
+//!   blocks against it (`readme.rs`).
+//! - `demo [--check] [ARGS…]`: build the plugins and the gateway (dev profile:
+//!   the build the tests use) and run it on the embedded default; extra
+//!   arguments go to `tidegate run`. `--check` runs the "try next" lines the
+//!   gateway prints, checks their answers and stops it (`demo.rs`).
 
+mod checks;
 mod component;
+mod demo;
 mod plugins;
+mod readme;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 
-const USAGE: &str = "usage: cargo xtask plugins [--out DIR] | test | demo [ARGS…]";
+const USAGE: &str = "usage: cargo xtask plugins [--out DIR] | test | demo [--check] [ARGS…]";
 
 fn main() -> ExitCode {
     match run(std::env::args().skip(1).collect()) {
@@ -60,20 +66,38 @@ fn run(args: Vec<String>) -> Result<()> {
                 ],
                 &mut tally,
             );
+            let docs = run_docs(&root, &mut tally);
             // One closing line for the whole run, whatever ran last.
             println!(
                 "\ntests: {} passed, {} failed, {} skipped",
                 tally.passed, tally.failed, tally.ignored
             );
-            workspace.and(plugins)
+            workspace.and(plugins).and(docs)
         }
         Some("demo") => {
             let root = repo_root();
+            let mut extra: Vec<String> = args.collect();
+            let check = extra.first().is_some_and(|a| a == "--check");
+            if check {
+                extra.remove(0);
+            }
             plugins::build_all(&root, &root.join("target").join("plugins"))?;
-            let mut cmd = vec!["run", "--release", "-q", "-p", "tidegate", "--", "run"];
-            let extra: Vec<String> = args.collect();
-            cmd.extend(extra.iter().map(String::as_str));
-            run_cargo(&root, &cmd)
+            if check {
+                let mut checks = checks::Checks::default();
+                demo::check(&root, &extra, &mut checks)?;
+                return checks.result();
+            }
+            let bin = demo::build_gateway(&root)?;
+            let status = std::process::Command::new(&bin)
+                .current_dir(&root)
+                .arg("run")
+                .args(&extra)
+                .status()
+                .with_context(|| format!("running {}", bin.display()))?;
+            if !status.success() {
+                bail!("tidegate run exited with {status}");
+            }
+            Ok(())
         }
         Some(other) => bail!("unknown task {other:?}\n{USAGE}"),
         None => bail!("{USAGE}"),
@@ -111,6 +135,42 @@ impl Tally {
     }
 }
 
+/// The README's first command in check mode, then the READMEs' shell
+/// blocks against the running demo; every check counts in the tally.
+fn run_docs(root: &std::path::Path, tally: &mut Tally) -> Result<()> {
+    println!(
+        "\nrunning the README's first command (`cargo xtask demo --check`) and its shell blocks"
+    );
+    let mut checks = checks::Checks::default();
+    let result = (|| {
+        let bin = demo::build_gateway(root)?;
+        let demo = demo::start(root, &bin, &[])?;
+        for line in &demo.next_steps {
+            checks.run_demo_line(root, line);
+        }
+        readme::run_all(root, &mut checks)?;
+        checks.record("the demo stops cleanly on SIGTERM", demo.stop());
+        anyhow::Ok(())
+    })();
+    if let Err(e) = &result {
+        checks.record(
+            "the demo starts and prints what to try",
+            Err(anyhow::anyhow!("{e:#}")),
+        );
+    }
+    tally.passed += checks.passed;
+    tally.failed += checks.failed;
+    tally.ignored += checks.skipped;
+    println!(
+        "test result: {}. {} passed; {} failed; {} ignored (README checks)",
+        if checks.failed == 0 { "ok" } else { "FAILED" },
+        checks.passed,
+        checks.failed,
+        checks.skipped
+    );
+    checks.result()
+}
+
 /// Runs `cargo test …`, echoing its output and counting results.
 fn run_tests(dir: &std::path::Path, args: &[&str], tally: &mut Tally) -> Result<()> {
     use std::io::BufRead;
@@ -135,7 +195,7 @@ fn run_tests(dir: &std::path::Path, args: &[&str], tally: &mut Tally) -> Result<
 }
 
 /// Runs cargo with `args` in `dir`, inheriting stdio; fails on a non-zero exit.
-fn run_cargo(dir: &std::path::Path, args: &[&str]) -> Result<()> {
+pub(crate) fn run_cargo(dir: &std::path::Path, args: &[&str]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = std::process::Command::new(cargo)
         .current_dir(dir)
@@ -149,7 +209,7 @@ fn run_cargo(dir: &std::path::Path, args: &[&str]) -> Result<()> {
 }
 
 /// The main workspace root: xtask lives in `<root>/xtask`.
-fn repo_root() -> PathBuf {
+pub(crate) fn repo_root() -> PathBuf {
     let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     manifest_dir
         .parent()

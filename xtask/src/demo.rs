@@ -1,0 +1,173 @@
+//! `cargo xtask demo [--check] [ARGS…]`: the README's first command.
+//!
+//! Builds the plugins and the gateway in the dev profile (the same build the
+//! test command uses, so one build serves both; dependencies are optimised
+//! in dev, see the workspace `Cargo.toml`), then runs `tidegate run ARGS` on
+//! the embedded default. With `--check` it waits until the gateway prints
+//! its "try next" lines, runs each of them, checks the answers, stops the
+//! gateway with SIGTERM and exits: `cargo xtask test` does the same, so the
+//! first command and what it tells a new user to type cannot break unseen.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::checks::Checks;
+
+/// The line the gateway prints before its "try next" commands.
+const NEXT_STEPS_START: &str = "Try, in another terminal:";
+/// The line the gateway prints after them.
+const NEXT_STEPS_END: &str = "Ctrl-C drains and stops.";
+/// How long the gateway may take from spawn to printing its next steps.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long the gateway may take to exit after SIGTERM.
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Builds `tidegate` (dev profile, progress visible) and returns its path.
+///
+/// The build selects what `cargo test --workspace` selects (every member,
+/// bins and tests): cargo resolves features per selection, and `-p tidegate`
+/// alone resolves build-script and proc-macro dependencies differently
+/// (wasmtime's code generators among them), so the tests would rebuild most
+/// of it. This way the demo's build is the test command's build: a little
+/// more on the first run (the test binaries link), nothing twice.
+pub fn build_gateway(root: &Path) -> Result<PathBuf> {
+    eprintln!(
+        "xtask: building the gateway and its tests (dev profile; the first build of a fresh \
+         clone takes about 12 minutes on 2 cores, later ones seconds)"
+    );
+    crate::run_cargo(root, &["build", "--workspace", "--bins", "--tests"])?;
+    Ok(root.join("target").join("debug").join("tidegate"))
+}
+
+/// A running demo gateway and the commands it told the user to try.
+pub struct Demo {
+    pid: u32,
+    /// The gateway's exit status, sent by the thread that owns the child.
+    exited: mpsc::Receiver<std::io::Result<std::process::ExitStatus>>,
+    stopped: bool,
+    pub next_steps: Vec<String>,
+}
+
+/// Starts `tidegate run ARGS` in `root` and waits for its "try next" lines.
+/// The gateway's log goes to our stderr as it comes.
+pub fn start(root: &Path, bin: &Path, args: &[String]) -> Result<Demo> {
+    let mut child = Command::new(bin)
+        .current_dir(root)
+        .arg("run")
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let stderr = child.stderr.take().expect("piped");
+    let (lines_tx, lines_rx) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            eprintln!("  | {line}");
+            // The receiver goes away once the next steps are read; keep echoing.
+            let _ = lines_tx.send(line);
+        }
+    });
+    let pid = child.id();
+    let (exit_tx, exited) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = exit_tx.send(child.wait());
+    });
+    let mut demo = Demo {
+        pid,
+        exited,
+        stopped: false,
+        next_steps: Vec::new(),
+    };
+    demo.next_steps = read_next_steps(&lines_rx)?;
+    Ok(demo)
+}
+
+/// Collects the commands between [`NEXT_STEPS_START`] and [`NEXT_STEPS_END`].
+fn read_next_steps(lines: &mpsc::Receiver<String>) -> Result<Vec<String>> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    let mut started = false;
+    let mut steps = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = match lines.recv_timeout(left) {
+            Ok(line) => line,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                bail!("the gateway printed no \"{NEXT_STEPS_START}\" within {START_TIMEOUT:?}")
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                bail!("the gateway exited before printing its next steps (its log is above)")
+            }
+        };
+        let line = line.trim();
+        if line == NEXT_STEPS_START {
+            started = true;
+        } else if line == NEXT_STEPS_END {
+            if steps.is_empty() {
+                bail!("the gateway printed no command to try");
+            }
+            return Ok(steps);
+        } else if started && !line.is_empty() {
+            steps.push(line.to_owned());
+        }
+    }
+}
+
+impl Demo {
+    /// SIGTERM, then waits (bounded) for a clean exit.
+    pub fn stop(mut self) -> Result<()> {
+        self.stopped = true;
+        signal(self.pid, "TERM")?;
+        let status = match self.exited.recv_timeout(STOP_TIMEOUT) {
+            Ok(status) => status.context("waiting for the gateway")?,
+            Err(_) => {
+                let _ = signal(self.pid, "KILL");
+                bail!("the gateway did not exit within {STOP_TIMEOUT:?} of SIGTERM");
+            }
+        };
+        if !status.success() {
+            bail!("the gateway exited with {status} after SIGTERM");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        // An error path: never leave a gateway holding the demo's ports.
+        if !self.stopped {
+            let _ = signal(self.pid, "KILL");
+            let _ = self.exited.recv_timeout(STOP_TIMEOUT);
+        }
+    }
+}
+
+/// `kill -<sig> <pid>` (xtask has no libc dependency).
+fn signal(pid: u32, sig: &str) -> Result<()> {
+    let status = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .context("running kill")?;
+    if !status.success() {
+        bail!("kill -{sig} {pid} failed ({status})");
+    }
+    Ok(())
+}
+
+/// `cargo xtask demo --check`: start, run every "try next" line, stop.
+pub fn check(root: &Path, args: &[String], checks: &mut Checks) -> Result<()> {
+    let bin = build_gateway(root)?;
+    let demo = start(root, &bin, args)?;
+    for line in &demo.next_steps {
+        checks.run_demo_line(root, line);
+    }
+    checks.record("the demo stops cleanly on SIGTERM", demo.stop());
+    Ok(())
+}
