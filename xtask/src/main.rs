@@ -11,7 +11,6 @@
 //! - `demo [ARGS…]`: build the plugins and run the gateway (release) on the
 //!   embedded default; extra arguments go to `tidegate run`.
 
-mod component;
 mod plugins;
 
 use std::path::PathBuf;
