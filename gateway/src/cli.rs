@@ -40,6 +40,9 @@ pub enum Command {
     /// Work with drain-policy plugins without starting the gateway.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Create and build drain-policy plugins (standalone crates, outside this repository).
+    #[command(subcommand)]
+    Plugin(PluginCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -58,6 +61,33 @@ pub enum PolicyCommand {
         /// Configuration passed to the plugin's init (e.g. JSON).
         #[arg(long, default_value = "")]
         policy_config: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PluginCommand {
+    /// Create a policy crate: the SDK dependency, a policy skeleton, a trace and native tests.
+    New {
+        /// Package name (lowercase letters, digits, '-', '_'); also the component's file name.
+        name: String,
+        /// Directory to create the crate in (default: ./<name>); must not exist or be empty.
+        #[arg(long, value_name = "DIR")]
+        path: Option<PathBuf>,
+        /// The SDK to depend on (default: the sdk/ this tidegate was built from).
+        #[arg(long, value_name = "PATH")]
+        sdk: Option<PathBuf>,
+    },
+    /// Build a policy crate for wasm32, turn it into a component and check its imports.
+    Build {
+        /// The crate's directory.
+        #[arg(long, value_name = "DIR", default_value = ".")]
+        path: PathBuf,
+        /// Where to write the component (default: <DIR>/target/<name>.wasm).
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        /// Build with cargo's release profile (smaller, faster).
+        #[arg(long)]
+        release: bool,
     },
 }
 

@@ -20,6 +20,7 @@ pub mod listener;
 pub mod metrics;
 pub mod oci;
 pub mod outbound;
+pub mod plugin_tools;
 pub mod policy;
 pub mod pool;
 pub mod registry;

@@ -27,6 +27,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Some(Command::Policy(cmd)) = cli.command {
         return policy(cmd);
     }
+    if let Some(Command::Plugin(cmd)) = cli.command {
+        return tidegate::plugin_tools::run(cmd);
+    }
     let config = cli.config.load()?;
     match cli.command.unwrap_or(Command::Run) {
         Command::Run => {
@@ -38,7 +41,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             app.run_until_signal().await
         }
         Command::Connect(args) => tidegate::connect::run(config, *args).await,
-        Command::Policy(_) => unreachable!("handled above"),
+        Command::Policy(_) | Command::Plugin(_) => unreachable!("handled above"),
     }
 }
 

@@ -1,8 +1,9 @@
 //! The real `tidegate` binary: `run` with a config file, `connect` through
-//! it, SIGTERM, and bad configuration.
+//! it, SIGTERM, bad configuration, and a plugin from `plugin new` through
+//! `plugin build`, `policy check|test` and a hot swap.
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tidegate");
@@ -264,6 +265,242 @@ fn http_get(addr: &str, path: &str) -> String {
         "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
     )
     .unwrap();
+    let mut out = String::new();
+    tcp.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// Where the crates `plugin new` creates in tests are built: one shared,
+/// incremental target dir under the workspace's, so the SDK is compiled
+/// for wasm32 once, not on every run.
+const PLUGIN_TARGET_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/plugin-new-test");
+
+/// Runs `program args` in `dir` with output captured, killed after `limit`.
+fn run_bounded(program: &str, args: &[&str], dir: &std::path::Path, limit: Duration) -> Output {
+    let mut child = Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .env("CARGO_TARGET_DIR", PLUGIN_TARGET_DIR)
+        // No network in CI: resolve the new crate's dependencies from
+        // cargo's cache (the workspace and plugins/ use the same crates).
+        .env("CARGO_NET_OFFLINE", "true")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {program}: {e}"));
+    let read = |mut pipe: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut out = Vec::new();
+            let _ = pipe.read_to_end(&mut out);
+            out
+        })
+    };
+    let stdout = read(Box::new(child.stdout.take().unwrap()));
+    let stderr = read(Box::new(child.stderr.take().unwrap()));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{program} {args:?} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    }
+}
+
+/// `tidegate args` in `dir`; cargo builds get ten minutes (the first one
+/// compiles the SDK for wasm32).
+fn tidegate_in(dir: &std::path::Path, args: &[&str]) -> Output {
+    run_bounded(BIN, args, dir, Duration::from_secs(600))
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn refused(out: &Output) -> String {
+    assert!(
+        !out.status.success(),
+        "expected a failure, got:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The sdk/README.md path: `plugin new`, native `cargo test`, `plugin
+/// build`, `policy check`, `policy test`, and the printed `curl -X PUT`
+/// hot swap on a running gateway.
+#[test]
+fn plugin_new_builds_checks_passes_its_trace_and_hot_swaps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = ok(&tidegate_in(tmp.path(), &["plugin", "new", "my-policy"]));
+    assert!(out.starts_with("created policy crate my-policy"), "{out}");
+    let krate = tmp.path().join("my-policy");
+
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let tests = ok(&run_bounded(
+        &cargo,
+        &["test"],
+        &krate,
+        Duration::from_secs(600),
+    ));
+    assert!(tests.contains("test tests::trace_passes ... ok"), "{tests}");
+    assert!(tests.contains("test result: ok. 3 passed"), "{tests}");
+
+    let out = ok(&tidegate_in(&krate, &["plugin", "build"]));
+    assert!(out.starts_with("wrote target/my-policy.wasm ("), "{out}");
+    assert!(
+        out.contains("exports: tidegate:policy/policy@0.1.0"),
+        "{out}"
+    );
+    assert!(
+        out.contains("\n  tidegate policy test target/my-policy.wasm trace.yaml\n"),
+        "{out}"
+    );
+    let wasm = krate.join("target/my-policy.wasm");
+    assert!(wasm.is_file());
+
+    let out = ok(&tidegate_in(
+        &krate,
+        &["policy", "check", "target/my-policy.wasm"],
+    ));
+    assert!(out.starts_with("ok: target/my-policy.wasm"), "{out}");
+    let out = ok(&tidegate_in(
+        &krate,
+        &["policy", "test", "target/my-policy.wasm", "trace.yaml"],
+    ));
+    assert!(out.ends_with("ok: 3 steps passed\n"), "{out}");
+
+    // --out and --path from elsewhere.
+    let elsewhere = tmp.path().join("out/p.wasm");
+    let out = ok(&tidegate_in(
+        tmp.path(),
+        &[
+            "plugin",
+            "build",
+            "--path",
+            "my-policy",
+            "--out",
+            "out/p.wasm",
+        ],
+    ));
+    assert!(out.starts_with("wrote out/p.wasm ("), "{out}");
+    assert_eq!(
+        std::fs::read(&elsewhere).unwrap(),
+        std::fs::read(&wasm).unwrap()
+    );
+
+    // The hot swap the build prints, on a running gateway.
+    let config = write_config(tmp.path());
+    let gw = start(&config);
+    let admin = field(&gw.wait_for("tidegate ready"), "admin");
+    let reply = http_put(
+        &admin,
+        "/policies/my-policy",
+        &std::fs::read(&wasm).unwrap(),
+    );
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.contains("\"swapped\""), "{reply}");
+    assert!(http_get(&admin, "/policies").contains("my-policy"));
+}
+
+#[test]
+fn plugin_new_refuses_bad_names_non_empty_directories_and_non_sdks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let err = refused(&tidegate_in(tmp.path(), &["plugin", "new", "My Policy"]));
+    assert!(
+        err.contains("invalid plugin name \"My Policy\": start with a lowercase letter"),
+        "{err}"
+    );
+    let err = refused(&tidegate_in(tmp.path(), &["plugin", "new", "self"]));
+    assert!(err.contains("a Rust keyword"), "{err}");
+
+    std::fs::create_dir(tmp.path().join("taken")).unwrap();
+    std::fs::write(tmp.path().join("taken/notes.txt"), "mine").unwrap();
+    let err = refused(&tidegate_in(
+        tmp.path(),
+        &["plugin", "new", "p", "--path", "taken"],
+    ));
+    assert!(
+        err.contains("taken exists and is not empty; choose another name or --path"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(tmp.path().join("taken")).unwrap().count(),
+        1,
+        "nothing written"
+    );
+
+    let err = refused(&tidegate_in(
+        tmp.path(),
+        &["plugin", "new", "p", "--sdk", "taken"],
+    ));
+    assert!(
+        err.contains("--sdk ") && err.contains("not the tidegate SDK"),
+        "{err}"
+    );
+    assert!(!tmp.path().join("p").exists());
+
+    let err = refused(&tidegate_in(tmp.path(), &["plugin", "build"]));
+    assert!(err.contains("no Cargo.toml in ."), "{err}");
+}
+
+/// A crate whose code imports a WASI function builds for wasm32, but is
+/// refused with the import named.
+#[test]
+fn plugin_build_refuses_a_crate_importing_wasi() {
+    let tmp = tempfile::tempdir().unwrap();
+    ok(&tidegate_in(tmp.path(), &["plugin", "new", "wasi-user"]));
+    let lib = tmp.path().join("wasi-user/src/lib.rs");
+    let code = std::fs::read_to_string(&lib).unwrap();
+    let decide = "fn decide(&mut self, event: &Event) -> Vec<Action> {\n";
+    assert!(code.contains(decide));
+    let code = code.replace(
+        decide,
+        &format!("{decide}        #[cfg(target_arch = \"wasm32\")]\n        unsafe {{ sched_yield(); }}\n"),
+    ) + "\n#[cfg(target_arch = \"wasm32\")]\n#[link(wasm_import_module = \"wasi_snapshot_preview1\")]\n\
+         extern \"C\" {\n    fn sched_yield() -> i32;\n}\n";
+    std::fs::write(&lib, code).unwrap();
+
+    let err = refused(&tidegate_in(
+        &tmp.path().join("wasi-user"),
+        &["plugin", "build"],
+    ));
+    assert!(
+        err.contains(
+            "plugin wasi-user is not a drain policy: imports outside tidegate:policy/: \
+             wasi_snapshot_preview1::sched_yield"
+        ),
+        "{err}"
+    );
+    assert!(!tmp.path().join("wasi-user/target/wasi-user.wasm").exists());
+}
+
+fn http_put(addr: &str, path: &str, body: &[u8]) -> String {
+    use std::io::Read;
+    let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        tcp,
+        "PUT {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    tcp.write_all(body).unwrap();
     let mut out = String::new();
     tcp.read_to_string(&mut out).unwrap();
     out

@@ -9,13 +9,14 @@
 //!   the plugins, run every test of the workspace, the plugins' native tests,
 //!   then start the demo as `demo --check` does and run the READMEs' shell
 //!   blocks against it (`readme.rs`).
+//! - `readme`: only the last stage of `test` (the demo and the READMEs'
+//!   shell blocks), for whoever edits a README.
 //! - `demo [--check] [ARGS…]`: build the plugins and the gateway (dev profile:
 //!   the build the tests use) and run it on the embedded default; extra
 //!   arguments go to `tidegate run`. `--check` runs the "try next" lines the
 //!   gateway prints, checks their answers and stops it (`demo.rs`).
 
 mod checks;
-mod component;
 mod demo;
 mod plugins;
 mod readme;
@@ -25,7 +26,8 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 
-const USAGE: &str = "usage: cargo xtask plugins [--out DIR] | test | demo [--check] [ARGS…]";
+const USAGE: &str =
+    "usage: cargo xtask plugins [--out DIR] | test | readme | demo [--check] [ARGS…]";
 
 fn main() -> ExitCode {
     match run(std::env::args().skip(1).collect()) {
@@ -73,6 +75,12 @@ fn run(args: Vec<String>) -> Result<()> {
                 tally.passed, tally.failed, tally.ignored
             );
             workspace.and(plugins).and(docs)
+        }
+        Some("readme") => {
+            let root = repo_root();
+            plugins::build_all(&root, &root.join("target").join("plugins"))?;
+            let mut tally = Tally::default();
+            run_docs(&root, &mut tally)
         }
         Some("demo") => {
             let root = repo_root();

@@ -1,110 +1,57 @@
-//! `cargo xtask plugins`: wasm32 build, component encoding, import check.
+//! `cargo xtask plugins`: every crate of `plugins/` built for wasm32 and
+//! turned into a checked component by `tidegate-plugin-build` (the same
+//! code as `tidegate plugin build`).
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use serde::Deserialize;
-
-use crate::component;
-
-const WASM_TARGET: &str = "wasm32-unknown-unknown";
+use tidegate_plugin_build::cargo::{self, Metadata};
+use tidegate_plugin_build::{component, wasm_target};
 
 /// Builds every plugin of `<root>/plugins` into `out`.
 pub fn build_all(root: &Path, out: &Path) -> Result<()> {
     let plugins_dir = root.join("plugins");
+    let manifest = plugins_dir.join("Cargo.toml");
     let target_dir = root.join("target").join("plugins").join("cargo");
-    ensure_wasm_target()?;
-    let plugins = list_plugins(&plugins_dir)?;
+    wasm_target::ensure(&plugins_dir)?;
+    let plugins = plugins_from_metadata(&plugins_dir, cargo::metadata(&manifest)?)?;
 
-    let status = Command::new(cargo())
-        .current_dir(&plugins_dir)
-        .args(["build", "--release", "--workspace", "--target", WASM_TARGET])
-        .arg("--target-dir")
-        .arg(&target_dir)
-        .status()
-        .context("running cargo build for the plugins")?;
-    if !status.success() {
-        bail!(
-            "cargo build --target {WASM_TARGET} in {} failed ({status})",
-            plugins_dir.display()
-        );
-    }
+    cargo::build_wasm(
+        &manifest,
+        &[
+            OsStr::new("--release"),
+            OsStr::new("--workspace"),
+            OsStr::new("--target-dir"),
+            target_dir.as_os_str(),
+        ],
+    )?;
 
-    let core_dir = target_dir.join(WASM_TARGET).join("release");
+    let core_dir = target_dir
+        .join(tidegate_plugin_build::WASM_TARGET)
+        .join("release");
     for plugin in &plugins {
-        let core_path = core_dir.join(format!("{}.wasm", plugin.lib_name));
+        let core_path = core_dir.join(&plugin.core_file);
         let core = std::fs::read(&core_path)
             .with_context(|| format!("reading the core module {}", core_path.display()))?;
-        let bytes = component::encode(&core)
-            .with_context(|| format!("turning {} into a component", plugin.name))?;
-        let summary = component::inspect(&bytes)
-            .with_context(|| format!("inspecting the component of {}", plugin.name))?;
-        summary
-            .check_imports()
-            .and_then(|()| summary.check_exports())
+        let built = component::componentize(&core)
             .with_context(|| format!("plugin {} is not a drain policy", plugin.name))?;
         let path = out.join(&plugin.out_name);
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
-        std::fs::write(&path, &bytes).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(&path, &built.bytes)
+            .with_context(|| format!("writing {}", path.display()))?;
         println!(
             "{:<34} {:>8} bytes  imports [{}]  exports [{}]",
             plugin.out_name.display().to_string(),
-            bytes.len(),
-            summary.imports.join(", "),
-            summary.exports.join(", ")
+            built.bytes.len(),
+            built.summary.imports.join(", "),
+            built.summary.exports.join(", ")
         );
     }
     println!("{} plugins in {}", plugins.len(), out.display());
     Ok(())
-}
-
-/// The cargo that runs us (cargo sets `CARGO` for `cargo run`).
-fn cargo() -> String {
-    std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
-}
-
-/// Installs the wasm target with rustup when it is missing.
-fn ensure_wasm_target() -> Result<()> {
-    let listed = Command::new("rustup")
-        .args(["target", "list", "--installed"])
-        .output()
-        .context(
-            "running `rustup target list --installed` (is rustup on PATH? without rustup, \
-             install the wasm32-unknown-unknown standard library for your toolchain yourself)",
-        )?;
-    if !listed.status.success() {
-        bail!(
-            "`rustup target list --installed` failed ({}): {}",
-            listed.status,
-            String::from_utf8_lossy(&listed.stderr).trim()
-        );
-    }
-    if target_listed(&String::from_utf8_lossy(&listed.stdout)) {
-        return Ok(());
-    }
-    eprintln!(
-        "xtask: the {WASM_TARGET} target is missing; running `rustup target add {WASM_TARGET}`"
-    );
-    let status = Command::new("rustup")
-        .args(["target", "add", WASM_TARGET])
-        .status()
-        .context("running `rustup target add`")?;
-    if !status.success() {
-        bail!(
-            "`rustup target add {WASM_TARGET}` failed ({status}); plugins cannot be built without \
-             it. Check network access to static.rust-lang.org, or install the target offline, \
-             then run `cargo xtask plugins` again"
-        );
-    }
-    Ok(())
-}
-
-/// Whether `rustup target list --installed` output names the wasm target.
-fn target_listed(stdout: &str) -> bool {
-    stdout.lines().any(|l| l.trim() == WASM_TARGET)
 }
 
 /// A crate of the plugins workspace that builds a cdylib.
@@ -112,57 +59,20 @@ fn target_listed(stdout: &str) -> bool {
 pub struct Plugin {
     /// Package name, e.g. `fixture-trap`.
     pub name: String,
-    /// Library target name: the core module is `<lib_name>.wasm`.
-    pub lib_name: String,
+    /// The core module cargo writes: `fixture_trap.wasm`.
+    pub core_file: String,
     /// Output path relative to the out dir: `recommended.wasm`,
     /// `fixtures/trap.wasm`.
     pub out_name: PathBuf,
 }
 
-#[derive(Deserialize)]
-struct Metadata {
-    packages: Vec<Package>,
-}
-
-#[derive(Deserialize)]
-struct Package {
-    name: String,
-    manifest_path: PathBuf,
-    targets: Vec<Target>,
-}
-
-#[derive(Deserialize)]
-struct Target {
-    name: String,
-    crate_types: Vec<String>,
-}
-
-fn list_plugins(plugins_dir: &Path) -> Result<Vec<Plugin>> {
-    let output = Command::new(cargo())
-        .current_dir(plugins_dir)
-        .args(["metadata", "--format-version", "1", "--no-deps"])
-        .output()
-        .context("running cargo metadata for the plugins workspace")?;
-    if !output.status.success() {
-        bail!(
-            "cargo metadata in {} failed: {}",
-            plugins_dir.display(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    let metadata: Metadata =
-        serde_json::from_slice(&output.stdout).context("parsing cargo metadata")?;
-    plugins_from_metadata(plugins_dir, metadata)
-}
-
 fn plugins_from_metadata(plugins_dir: &Path, metadata: Metadata) -> Result<Vec<Plugin>> {
+    let plugins_dir = plugins_dir
+        .canonicalize()
+        .unwrap_or_else(|_| plugins_dir.to_owned());
     let mut plugins = Vec::new();
-    for package in metadata.packages {
-        let Some(lib) = package
-            .targets
-            .iter()
-            .find(|t| t.crate_types.iter().any(|c| c == "cdylib"))
-        else {
+    for package in &metadata.packages {
+        let Some(lib) = package.cdylib() else {
             continue;
         };
         let dir = package
@@ -170,13 +80,13 @@ fn plugins_from_metadata(plugins_dir: &Path, metadata: Metadata) -> Result<Vec<P
             .parent()
             .context("manifest path has no parent")?;
         let rel = dir
-            .strip_prefix(plugins_dir)
+            .strip_prefix(&plugins_dir)
             .with_context(|| format!("{} is outside {}", dir.display(), plugins_dir.display()))?;
         // plugins/<name> -> <name>.wasm; plugins/fixtures/<name> -> fixtures/<name>.wasm
         let out_name = rel.with_extension("wasm");
         plugins.push(Plugin {
-            name: package.name,
-            lib_name: lib.name.replace('-', "_"),
+            name: package.name.clone(),
+            core_file: lib.core_module_file(),
             out_name,
         });
     }
@@ -192,17 +102,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_installed_target_is_recognised_exactly() {
-        assert!(target_listed(
-            "x86_64-unknown-linux-gnu\nwasm32-unknown-unknown\n"
-        ));
-        assert!(!target_listed("x86_64-unknown-linux-gnu\nwasm32-wasip2\n"));
-        assert!(!target_listed("wasm32-unknown-unknown-extra\n"));
-    }
-
-    #[test]
     fn output_names_follow_the_directory_layout() {
-        let json = r#"{"packages": [
+        let json = r#"{"target_directory": "/r/target", "packages": [
           {"name": "fixture-trap", "manifest_path": "/r/plugins/fixtures/trap/Cargo.toml",
            "targets": [{"name": "fixture-trap", "crate_types": ["cdylib", "rlib"]}]},
           {"name": "recommended", "manifest_path": "/r/plugins/recommended/Cargo.toml",
@@ -210,20 +111,19 @@ mod tests {
           {"name": "helper", "manifest_path": "/r/plugins/helper/Cargo.toml",
            "targets": [{"name": "helper", "crate_types": ["lib"]}]}
         ]}"#;
-        let plugins =
-            plugins_from_metadata(Path::new("/r/plugins"), serde_json::from_str(json).unwrap())
-                .unwrap();
+        let metadata: Metadata = serde_json::from_str(json).unwrap();
+        let plugins = plugins_from_metadata(Path::new("/r/plugins"), metadata).unwrap();
         assert_eq!(
             plugins,
             vec![
                 Plugin {
                     name: "fixture-trap".into(),
-                    lib_name: "fixture_trap".into(),
+                    core_file: "fixture_trap.wasm".into(),
                     out_name: "fixtures/trap.wasm".into(),
                 },
                 Plugin {
                     name: "recommended".into(),
-                    lib_name: "recommended".into(),
+                    core_file: "recommended.wasm".into(),
                     out_name: "recommended.wasm".into(),
                 },
             ]

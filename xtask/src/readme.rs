@@ -5,8 +5,12 @@
 //! `bash -euo pipefail` while the demo gateway is up, and must exit 0. A
 //! block that cannot run here (it needs a cluster, or runs for half an hour)
 //! is preceded by `<!-- readme-test: skip (why) -->`, and the reason is
-//! printed. A few lines are replaced because the test command itself already
-//! does them (see [`SUBSTITUTED`]).
+//! printed. A block written for "any empty directory" is preceded by
+//! `<!-- readme-test: in-tempdir [SUBDIR] -->`: it runs in a directory of
+//! its own, shared by the document's blocks so marked (SUBDIR below it,
+//! for a block that continues where an earlier one `cd`-ed). A few lines are
+//! replaced because the test command itself already does them (see
+//! [`SUBSTITUTED`]).
 
 use std::path::Path;
 
@@ -31,7 +35,7 @@ const SUBSTITUTED: &[(&str, &str)] = &[
     ),
 ];
 
-const SKIP_MARK: &str = "<!-- readme-test: skip";
+const MARK: &str = "<!-- readme-test:";
 
 /// One fenced shell block.
 #[derive(Debug, PartialEq)]
@@ -39,8 +43,36 @@ pub struct Block {
     /// 1-based line of the opening fence.
     pub line: usize,
     pub script: String,
-    /// The reason given in a preceding skip comment.
-    pub skip: Option<String>,
+    pub mode: Mode,
+}
+
+/// Where and whether a block runs (its preceding `readme-test` comment).
+#[derive(Debug, PartialEq)]
+pub enum Mode {
+    /// In the repository root.
+    Root,
+    /// Not at all, for this reason.
+    Skip(String),
+    /// In the document's own empty directory, or this subdirectory of it.
+    TempDir(Option<String>),
+}
+
+impl Mode {
+    fn parse(comment: &str) -> Mode {
+        let Some(rest) = comment.strip_prefix(MARK) else {
+            return Mode::Root;
+        };
+        let rest = rest.trim().trim_end_matches("-->").trim();
+        if let Some(why) = rest.strip_prefix("skip") {
+            let why = why.trim().trim_start_matches('(').trim_end_matches(')');
+            return Mode::Skip(why.to_owned());
+        }
+        if let Some(sub) = rest.strip_prefix("in-tempdir") {
+            let sub = sub.trim();
+            return Mode::TempDir((!sub.is_empty()).then(|| sub.to_owned()));
+        }
+        Mode::Skip(format!("unknown readme-test comment {comment:?}"))
+    }
 }
 
 /// The `sh`/`bash` blocks of a markdown text.
@@ -65,20 +97,10 @@ pub fn blocks(markdown: &str) -> Vec<Block> {
             body.push(l);
         }
         if matches!(lang, "sh" | "bash") {
-            let skip = last_text
-                .and_then(|t| t.strip_prefix(SKIP_MARK))
-                .map(|rest| {
-                    rest.trim()
-                        .trim_end_matches("-->")
-                        .trim()
-                        .trim_start_matches('(')
-                        .trim_end_matches(')')
-                        .to_owned()
-                });
             out.push(Block {
                 line: i + 1,
                 script: body.join("\n"),
-                skip,
+                mode: last_text.map(Mode::parse).unwrap_or(Mode::Root),
             });
         }
         last_text = None;
@@ -105,16 +127,37 @@ fn substituted(script: &str) -> String {
 
 /// Runs every block of every document, one check per block.
 pub fn run_all(root: &Path, checks: &mut Checks) -> Result<()> {
+    // New crates made by the blocks (`tidegate plugin new`) build here, so
+    // a second run (and the CLI test's, which uses the same directory) is
+    // incremental; dependencies come from cargo's cache, never the network.
+    let cargo_target = root.join("target").join("plugin-new-test");
+    let env = [
+        ("CARGO_TARGET_DIR", cargo_target.display().to_string()),
+        ("CARGO_NET_OFFLINE", "true".to_owned()),
+    ];
     for doc in DOCUMENTS {
         let text =
             std::fs::read_to_string(root.join(doc)).with_context(|| format!("reading {doc}"))?;
+        let tempdir = root
+            .join("target")
+            .join("readme-test")
+            .join(doc.replace('/', "_"));
+        let _ = std::fs::remove_dir_all(&tempdir);
+        std::fs::create_dir_all(&tempdir)
+            .with_context(|| format!("creating {}", tempdir.display()))?;
         for block in blocks(&text) {
             let name = format!("{doc}:{} shell block", block.line);
-            if let Some(why) = &block.skip {
-                checks.skip(&name, why);
-                continue;
-            }
-            let result = crate::checks::bash(root, &substituted(&block.script), &[]).map(|_| ());
+            let dir = match &block.mode {
+                Mode::Skip(why) => {
+                    checks.skip(&name, why);
+                    continue;
+                }
+                Mode::Root => root.to_path_buf(),
+                Mode::TempDir(None) => tempdir.clone(),
+                Mode::TempDir(Some(sub)) => tempdir.join(sub),
+            };
+            let script = substituted(&block.script);
+            let result = crate::checks::bash(&dir, &script, &env).map(|_| ());
             checks.record(&name, result);
         }
     }
@@ -131,15 +174,27 @@ mod tests {
                   ```bash\nkubectl apply -k x\n```\n```yaml\na: 1\n```\n```sh\necho b\n```\n";
         let b = blocks(md);
         assert_eq!(b.len(), 3);
+        assert_eq!((b[0].line, b[0].script.as_str()), (2, "echo a"));
+        assert_eq!(b[0].mode, Mode::Root);
+        assert_eq!(b[1].mode, Mode::Skip("needs a cluster".into()));
+        assert_eq!((b[2].script.as_str(), &b[2].mode), ("echo b", &Mode::Root));
+    }
+
+    #[test]
+    fn parses_modes() {
         assert_eq!(
-            (b[0].line, b[0].script.as_str(), b[0].skip.as_deref()),
-            (2, "echo a", None)
+            Mode::parse("<!-- readme-test: in-tempdir -->"),
+            Mode::TempDir(None)
         );
-        assert_eq!(b[1].skip.as_deref(), Some("needs a cluster"));
         assert_eq!(
-            (b[2].script.as_str(), b[2].skip.as_deref()),
-            ("echo b", None)
+            Mode::parse("<!-- readme-test: in-tempdir my-policy -->"),
+            Mode::TempDir(Some("my-policy".into()))
         );
+        assert!(matches!(
+            Mode::parse("<!-- readme-test: sometimes -->"),
+            Mode::Skip(_)
+        ));
+        assert_eq!(Mode::parse("plain text"), Mode::Root);
     }
 
     #[test]
