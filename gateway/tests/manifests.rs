@@ -370,7 +370,11 @@ fn environment(r: &Rendered, c: &Container) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
     for from in c.env_from.iter().flatten() {
         assert!(from.prefix.is_none() && from.secret_ref.is_none());
-        let name = &from.config_map_ref.as_ref().expect("envFrom a ConfigMap").name;
+        let name = &from
+            .config_map_ref
+            .as_ref()
+            .expect("envFrom a ConfigMap")
+            .name;
         let cm = r.config_map(name);
         env.extend(cm.data.unwrap_or_default());
     }
@@ -455,7 +459,11 @@ fn granted(r: &Rendered, service_account: &str, namespace: &str) -> BTreeSet<(St
         }
     }
     let unbound: Vec<_> = roles.keys().filter(|n| !bound.contains(*n)).collect();
-    assert!(unbound.is_empty(), "{}: roles bound to nobody: {unbound:?}", r.dir);
+    assert!(
+        unbound.is_empty(),
+        "{}: roles bound to nobody: {unbound:?}",
+        r.dir
+    );
     out
 }
 
@@ -848,7 +856,10 @@ fn the_oci_draining_example_turns_draining_on_with_its_key_and_rbac() {
     else {
         panic!("api-key auth: {:?}", config.oci.auth)
     };
-    assert_eq!(fingerprint, "12:34:56:78:9a:bc:de:f0:12:34:56:78:9a:bc:de:f0");
+    assert_eq!(
+        fingerprint,
+        "12:34:56:78:9a:bc:de:f0:12:34:56:78:9a:bc:de:f0"
+    );
     let (_, pod) = r.pod();
     let (v, key) = volume_of(&pod, container(&pod, "tidegate"), key_file);
     let secret = v.secret.as_ref().expect("the key is on a Secret volume");
