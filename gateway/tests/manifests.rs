@@ -305,12 +305,6 @@ impl Rendered {
         let pod = ds.spec.as_ref().unwrap().template.spec.clone().unwrap();
         (ds, pod)
     }
-
-    /// The gateway's config, loaded the way the container loads it.
-    fn config(&self) -> Config {
-        let (_, pod) = self.pod();
-        gateway_config(self, &pod, container(&pod, "tidegate"))
-    }
 }
 
 fn container<'a>(spec: &'a PodSpec, name: &str) -> &'a Container {
