@@ -1,34 +1,77 @@
 //! `deploy/` parsed into typed Kubernetes objects (k8s-openapi) and checked
 //! for the invariants that matter, against the gateway's own config parser.
 //!
+//! Two levels:
+//! - every YAML file under `deploy/` parses into its typed object, and every
+//!   kustomization references only files that exist and every file beside it;
+//! - every kustomization that is not a component (the base, the overlays, the
+//!   worked examples of the components) is rendered with `kubectl kustomize`,
+//!   which is what `kubectl apply -k` sends, and the rendered objects are
+//!   checked: typed, the DaemonSet's invariants, the embedded gateway config
+//!   as the container would load it (ConfigMap file + `envFrom` + `env`), and
+//!   RBAC against what discovery watches with that config.
+//!
 //! k8s-openapi ignores fields it does not know, so every object is also
 //! serialized back and compared key by key with the file: a misspelt field
 //! name (which Kubernetes would silently drop too) fails here.
+//!
+//! `kubectl` (with its bundled kustomize) must be on PATH (or named by
+//! `$KUBECTL`): with `CI` set its absence fails the render tests; otherwise
+//! they print why they skipped.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, Namespace, PodSpec, Secret, Service, ServiceAccount, Volume, VolumeMount,
+};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tidegate::config::Config;
+use tidegate::config::{CertificatesConfig, Config, WorkloadSourceKind};
+use tidegate::oci::OciAuth;
 
-fn deploy() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The documents of a (multi-document) YAML file.
-fn documents(path: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(path).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+fn deploy() -> PathBuf {
+    repo().join("deploy")
+}
+
+/// Objects the manifests reference but do not create, and who does. A
+/// volume naming anything else must name an object of the render.
+const PROVIDED_ELSEWHERE: &[(&str, &str, &str)] = &[
+    (
+        "ConfigMap",
+        "istio-ca-root-cert",
+        "istiod publishes it in every namespace",
+    ),
+    (
+        "Secret",
+        "tidegate-oci-api-key",
+        "the operator creates it with kubectl (deploy/README.md); a key is never committed",
+    ),
+];
+
+/// The documents of a (multi-document) YAML text.
+fn documents_of(text: &str, origin: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{origin}: {e}")))
         .filter(|v| !v.is_null())
         .collect()
+}
+
+fn documents(path: &Path) -> Vec<Value> {
+    documents_of(
+        &std::fs::read_to_string(path).unwrap(),
+        &path.display().to_string(),
+    )
 }
 
 /// Keys of `original` that do not survive a round trip through the typed object.
@@ -53,31 +96,52 @@ fn lost_keys(original: &Value, back: &Value, at: &str, out: &mut Vec<String>) {
     }
 }
 
-fn typed<T: DeserializeOwned + Serialize>(doc: &Value, file: &Path) -> T {
+fn typed<T: DeserializeOwned + Serialize>(doc: &Value, origin: &str) -> T {
     let t: T = serde_json::from_value(doc.clone())
-        .unwrap_or_else(|e| panic!("{}: not a valid object: {e}", file.display()));
+        .unwrap_or_else(|e| panic!("{origin}: not a valid object: {e}"));
     let mut lost = Vec::new();
     lost_keys(doc, &serde_json::to_value(&t).unwrap(), "", &mut lost);
     assert!(
         lost.is_empty(),
-        "{}: fields not in the Kubernetes schema (misspelt?): {lost:?}",
-        file.display()
+        "{origin}: fields not in the Kubernetes schema (misspelt?): {lost:?}"
     );
     t
+}
+
+/// Parses one Kubernetes object into its typed form; returns its kind.
+fn check_typed(doc: &Value, origin: &str) -> String {
+    let kind = doc["kind"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{origin}: no kind"))
+        .to_owned();
+    let origin = format!("{origin} ({kind} {})", doc["metadata"]["name"]);
+    match kind.as_str() {
+        "Namespace" => drop(typed::<Namespace>(doc, &origin)),
+        "ServiceAccount" => drop(typed::<ServiceAccount>(doc, &origin)),
+        "ClusterRole" => drop(typed::<ClusterRole>(doc, &origin)),
+        "ClusterRoleBinding" => drop(typed::<ClusterRoleBinding>(doc, &origin)),
+        "DaemonSet" => drop(typed::<DaemonSet>(doc, &origin)),
+        "ConfigMap" => drop(typed::<ConfigMap>(doc, &origin)),
+        "Secret" => drop(typed::<Secret>(doc, &origin)),
+        other => panic!("{origin}: no typed check for kind {other}"),
+    }
+    kind
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct Kustomization {
-    #[allow(dead_code)]
     api_version: String,
     kind: String,
+    #[allow(dead_code)]
     namespace: Option<String>,
     #[serde(default)]
     #[allow(dead_code)]
     labels: Vec<Value>,
     #[serde(default)]
     resources: Vec<String>,
+    #[serde(default)]
+    components: Vec<String>,
     #[serde(default)]
     config_map_generator: Vec<Generator>,
     #[serde(default)]
@@ -87,9 +151,14 @@ struct Kustomization {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct Generator {
+    #[allow(dead_code)]
     name: String,
+    #[allow(dead_code)]
+    namespace: Option<String>,
     #[serde(default)]
     files: Vec<String>,
+    #[serde(default)]
+    envs: Vec<String>,
     #[allow(dead_code)]
     behavior: Option<String>,
     #[allow(dead_code)]
@@ -102,93 +171,140 @@ struct PatchRef {
     path: String,
 }
 
-/// A kustomization resolved the way kustomize does it for what we use:
-/// resources (files or bases), generated ConfigMaps, strategic-merge patches.
-#[derive(Default)]
+impl Kustomization {
+    fn read(dir: &Path) -> Kustomization {
+        let path = dir.join("kustomization.yaml");
+        let k: Kustomization = serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        match k.kind.as_str() {
+            "Kustomization" => assert_eq!(k.api_version, "kustomize.config.k8s.io/v1beta1"),
+            "Component" => assert_eq!(k.api_version, "kustomize.config.k8s.io/v1alpha1"),
+            other => panic!("{}: kind {other}", path.display()),
+        }
+        k
+    }
+
+    fn is_component(&self) -> bool {
+        self.kind == "Component"
+    }
+
+    /// Every path the kustomization names, relative to its directory.
+    fn references(&self) -> Vec<&str> {
+        let generated = self
+            .config_map_generator
+            .iter()
+            .flat_map(|g| g.files.iter().chain(&g.envs));
+        self.resources
+            .iter()
+            .chain(&self.components)
+            .chain(self.patches.iter().map(|p| &p.path))
+            .chain(generated)
+            .map(|s| s.as_str())
+            .collect()
+    }
+}
+
+/// Every directory under `deploy/` holding a `kustomization.yaml`.
+fn kustomization_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    let mut stack = vec![deploy()];
+    while let Some(d) = stack.pop() {
+        if d.join("kustomization.yaml").exists() {
+            dirs.push(d.clone());
+        }
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    dirs.sort();
+    dirs
+}
+
+/// `$KUBECTL`, else `kubectl` on PATH. Missing: a failure under CI (the
+/// render tests are the point of this file), else a printed skip.
+fn kubectl() -> Option<PathBuf> {
+    let found = std::env::var_os("KUBECTL").map(PathBuf::from).or_else(|| {
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .map(|d| d.join("kubectl"))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        let why = "kubectl is not on PATH (nor named by $KUBECTL): the deploy/ render tests \
+                   run `kubectl kustomize` (kubectl >= 1.27 bundles kustomize v5)";
+        if std::env::var_os("CI").is_some() {
+            panic!("{why}; CI must install kubectl");
+        }
+        eprintln!("SKIPPED: {why}");
+    }
+    found
+}
+
+/// What `kubectl apply -k <dir>` would send.
 struct Rendered {
-    objects: Vec<(PathBuf, Value)>,
-    /// ConfigMap name → (key → file).
-    config_maps: BTreeMap<String, BTreeMap<String, PathBuf>>,
-    namespace: Option<String>,
+    dir: String,
+    objects: Vec<Value>,
 }
 
-fn render(dir: &Path) -> Rendered {
-    let path = dir.join("kustomization.yaml");
-    let k: Kustomization = serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap())
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert_eq!(k.kind, "Kustomization");
-    let mut out = Rendered::default();
-    for r in &k.resources {
-        let p = dir.join(r);
-        assert!(
-            p.exists(),
-            "{}: resource {r} does not exist",
-            path.display()
-        );
-        if p.is_dir() {
-            let base = render(&p);
-            out.objects.extend(base.objects);
-            out.config_maps.extend(base.config_maps);
-            out.namespace = out.namespace.or(base.namespace);
-        } else {
-            out.objects
-                .extend(documents(&p).into_iter().map(|d| (p.clone(), d)));
-        }
-    }
-    for g in &k.config_map_generator {
-        let entry = out.config_maps.entry(g.name.clone()).or_default();
-        for f in &g.files {
-            let p = dir.join(f);
-            assert!(p.exists(), "{}: generator file {f} missing", path.display());
-            entry.insert(f.clone(), p);
-        }
-    }
-    for patch in &k.patches {
-        let p = dir.join(&patch.path);
-        for doc in documents(&p) {
-            let target = out
-                .objects
-                .iter_mut()
-                .find(|(_, o)| {
-                    o["kind"] == doc["kind"] && o["metadata"]["name"] == doc["metadata"]["name"]
-                })
-                .unwrap_or_else(|| panic!("{}: patch matches no object", p.display()));
-            merge(&mut target.1, &doc);
-        }
-    }
-    out.namespace = k.namespace.or(out.namespace);
-    out
+/// Renders `dir` (relative to `deploy/`) with `kubectl kustomize`; None
+/// when kubectl is missing outside CI.
+fn kustomize(dir: &str) -> Option<Rendered> {
+    let kubectl = kubectl()?;
+    let out = Command::new(&kubectl)
+        .arg("kustomize")
+        .arg(deploy().join(dir))
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", kubectl.display()));
+    assert!(
+        out.status.success(),
+        "kubectl kustomize deploy/{dir} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let objects = documents_of(&text, &format!("kubectl kustomize deploy/{dir}"));
+    assert!(!objects.is_empty(), "deploy/{dir} renders nothing");
+    Some(Rendered {
+        dir: format!("deploy/{dir}"),
+        objects,
+    })
 }
 
-/// Strategic merge, as far as our patches need it: maps merge, lists of
-/// named items merge by name, other lists are replaced.
-fn merge(into: &mut Value, patch: &Value) {
-    match (into, patch) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-        (Value::Array(a), Value::Array(b)) if b.iter().all(|x| x.get("name").is_some()) => {
-            for item in b {
-                match a.iter_mut().find(|x| x.get("name") == item.get("name")) {
-                    Some(existing) => merge(existing, item),
-                    None => a.push(item.clone()),
-                }
-            }
-        }
-        (slot, v) => *slot = v.clone(),
+impl Rendered {
+    fn all<T: DeserializeOwned + Serialize>(&self, kind: &str) -> Vec<T> {
+        self.objects
+            .iter()
+            .filter(|o| o["kind"] == kind)
+            .map(|o| typed(o, &format!("{} ({kind})", self.dir)))
+            .collect()
     }
-}
 
-fn one<T: DeserializeOwned + Serialize>(r: &Rendered, kind: &str) -> T {
-    let found: Vec<_> = r
-        .objects
-        .iter()
-        .filter(|(_, o)| o["kind"] == kind)
-        .collect();
-    assert_eq!(found.len(), 1, "expected one {kind}");
-    typed(&found[0].1, &found[0].0)
+    fn one<T: DeserializeOwned + Serialize>(&self, kind: &str) -> T {
+        let mut found = self.all::<T>(kind);
+        assert_eq!(found.len(), 1, "{}: expected one {kind}", self.dir);
+        found.pop().unwrap()
+    }
+
+    fn contains(&self, kind: &str, name: &str) -> bool {
+        self.objects
+            .iter()
+            .any(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+    }
+
+    fn config_map(&self, name: &str) -> ConfigMap {
+        self.all::<ConfigMap>("ConfigMap")
+            .into_iter()
+            .find(|c| c.metadata.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("{}: no ConfigMap {name} in the render", self.dir))
+    }
+
+    /// The pod template of the gateway DaemonSet.
+    fn pod(&self) -> (DaemonSet, PodSpec) {
+        let ds: DaemonSet = self.one("DaemonSet");
+        let pod = ds.spec.as_ref().unwrap().template.spec.clone().unwrap();
+        (ds, pod)
+    }
 }
 
 fn container<'a>(spec: &'a PodSpec, name: &str) -> &'a Container {
@@ -220,66 +336,150 @@ fn port(p: &Option<k8s_openapi::api::core::v1::Probe>) -> (u16, String) {
     (port, get.path.clone().unwrap_or_default())
 }
 
-/// Whether `path` lies inside one of the container's mounts (or the image).
-fn mounted(c: &Container, path: &Path) -> bool {
+/// The mount of `c` that holds `path` (the deepest one), if any.
+fn mount_of<'a>(c: &'a Container, path: &Path) -> Option<&'a VolumeMount> {
     c.volume_mounts
         .iter()
         .flatten()
-        .any(|m| path.starts_with(&m.mount_path))
+        .filter(|m| path.starts_with(&m.mount_path))
+        .max_by_key(|m| m.mount_path.len())
 }
 
-/// The gateway's config as the container would load it: the generated
-/// ConfigMap file plus the container's literal environment.
-fn gateway_config(r: &Rendered, c: &Container) -> Config {
-    let env: Vec<(String, String)> = c
-        .env
+/// The volume `path` lies on in `c`, and the path inside the volume.
+fn volume_of<'a>(pod: &'a PodSpec, c: &Container, path: &Path) -> (&'a Volume, PathBuf) {
+    let m = mount_of(c, path)
+        .unwrap_or_else(|| panic!("{}: {} is not on a mounted volume", c.name, path.display()));
+    let v = pod
+        .volumes
         .iter()
         .flatten()
-        .filter(|e| {
-            e.name.starts_with("TIDEGATE_")
-                && e.name != "TIDEGATE_CONFIG"
-                && e.name != "TIDEGATE_LOG"
-        })
-        .map(|e| {
-            let v = match (&e.value, &e.value_from) {
-                (Some(v), _) => v.clone(),
-                (None, Some(_)) => "node-from-downward-api".into(),
-                (None, None) => String::new(),
-            };
-            (e.name.clone(), v)
-        })
-        .collect();
-    let config_path = c
-        .env
-        .iter()
-        .flatten()
-        .find(|e| e.name == "TIDEGATE_CONFIG")
-        .and_then(|e| e.value.clone())
-        .expect("TIDEGATE_CONFIG names the config file");
-    let file_name = Path::new(&config_path)
-        .file_name()
-        .unwrap()
-        .to_str()
-        .unwrap();
-    let file = r
-        .config_maps
-        .get("tidegate-config")
-        .and_then(|m| m.get(file_name))
-        .unwrap_or_else(|| panic!("{config_path} is not a key of the tidegate-config ConfigMap"));
-    Config::load(Some(file), env, &[]).unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+        .find(|v| v.name == m.name)
+        .unwrap_or_else(|| panic!("no volume {}", m.name));
+    (v, path.strip_prefix(&m.mount_path).unwrap().to_owned())
 }
 
-fn check_invariants(r: &Rendered) -> Config {
-    let ds: DaemonSet = one(r, "DaemonSet");
-    let spec = ds.spec.as_ref().unwrap();
-    let template_labels = spec
-        .template
-        .metadata
+/// The container's environment as the kubelet builds it: `envFrom` first,
+/// then `env` (which wins). Downward-API values get a stand-in.
+fn environment(r: &Rendered, c: &Container) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    for from in c.env_from.iter().flatten() {
+        assert!(from.prefix.is_none() && from.secret_ref.is_none());
+        let name = &from
+            .config_map_ref
+            .as_ref()
+            .expect("envFrom a ConfigMap")
+            .name;
+        let cm = r.config_map(name);
+        env.extend(cm.data.unwrap_or_default());
+    }
+    for e in c.env.iter().flatten() {
+        let v = match (&e.value, &e.value_from) {
+            (Some(v), _) => v.clone(),
+            (None, Some(_)) => "from-downward-api".into(),
+            (None, None) => String::new(),
+        };
+        env.insert(e.name.clone(), v);
+    }
+    env
+}
+
+/// The gateway's config as the container would load it: the file named by
+/// `TIDEGATE_CONFIG`, read from the ConfigMap volume it lies on, plus the
+/// container's environment.
+fn gateway_config(r: &Rendered, pod: &PodSpec, c: &Container) -> Config {
+    let env = environment(r, c);
+    let config_path = PathBuf::from(
+        env.get("TIDEGATE_CONFIG")
+            .expect("TIDEGATE_CONFIG names the config file"),
+    );
+    let (volume, key) = volume_of(pod, c, &config_path);
+    let cm = volume
+        .config_map
         .as_ref()
-        .unwrap()
-        .labels
-        .clone()
-        .unwrap();
+        .unwrap_or_else(|| panic!("{}: the config is not on a ConfigMap", r.dir));
+    let key = key.to_str().unwrap();
+    let text = r
+        .config_map(&cm.name)
+        .data
+        .unwrap_or_default()
+        .remove(key)
+        .unwrap_or_else(|| panic!("{}: ConfigMap {} has no key {key}", r.dir, cm.name));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(key);
+    std::fs::write(&file, text).unwrap();
+    Config::load(Some(&file), env, &[])
+        .unwrap_or_else(|e| panic!("{}: the gateway refuses its config: {e}", r.dir))
+}
+
+/// (API group, resource) pairs the gateway's ServiceAccount may read, from
+/// every ClusterRole bound to it; every rule read-only and without wildcards.
+fn granted(r: &Rendered, service_account: &str, namespace: &str) -> BTreeSet<(String, String)> {
+    let roles: BTreeMap<String, ClusterRole> = r
+        .all::<ClusterRole>("ClusterRole")
+        .into_iter()
+        .map(|c| (c.metadata.name.clone().unwrap(), c))
+        .collect();
+    let mut bound = BTreeSet::new();
+    let mut out = BTreeSet::new();
+    for binding in r.all::<ClusterRoleBinding>("ClusterRoleBinding") {
+        let name = binding.metadata.name.clone().unwrap();
+        let subjects = binding.subjects.clone().unwrap_or_default();
+        assert_eq!(subjects.len(), 1, "{}: {name} binds one subject", r.dir);
+        assert_eq!(subjects[0].kind, "ServiceAccount");
+        assert_eq!(
+            (subjects[0].name.as_str(), subjects[0].namespace.as_deref()),
+            (service_account, Some(namespace)),
+            "{}: {name} binds the gateway's ServiceAccount",
+            r.dir
+        );
+        assert_eq!(binding.role_ref.kind, "ClusterRole");
+        let role = roles.get(&binding.role_ref.name).unwrap_or_else(|| {
+            panic!(
+                "{}: {name} binds {}, not in the render",
+                r.dir, binding.role_ref.name
+            )
+        });
+        bound.insert(binding.role_ref.name.clone());
+        for rule in role.rules.clone().unwrap_or_default() {
+            let verbs: BTreeSet<_> = rule.verbs.iter().map(String::as_str).collect();
+            assert_eq!(verbs, BTreeSet::from(["get", "list", "watch"]), "read-only");
+            assert!(rule.resource_names.is_none() && rule.non_resource_urls.is_none());
+            for g in rule.api_groups.unwrap() {
+                for res in rule.resources.clone().unwrap() {
+                    assert!(g != "*" && res != "*", "no wildcards");
+                    out.insert((g.clone(), res));
+                }
+            }
+        }
+    }
+    let unbound: Vec<_> = roles.keys().filter(|n| !bound.contains(*n)).collect();
+    assert!(
+        unbound.is_empty(),
+        "{}: roles bound to nobody: {unbound:?}",
+        r.dir
+    );
+    out
+}
+
+/// What discovery reads with this config (the Service watch is optional).
+fn watched(config: &Config) -> BTreeSet<(String, String)> {
+    let services = <Service as k8s_openapi::Resource>::URL_PATH_SEGMENT;
+    tidegate::workloads::kubernetes::WATCHED_RESOURCES
+        .iter()
+        .filter(|(_, res)| config.workloads.kubernetes.services || *res != services)
+        .map(|(g, r)| (g.to_string(), r.to_string()))
+        .collect()
+}
+
+/// Every invariant of a rendered install; returns the gateway's config.
+fn check_invariants(r: &Rendered) -> Config {
+    for o in &r.objects {
+        check_typed(o, &r.dir);
+    }
+    let (ds, pod) = r.pod();
+    let spec = ds.spec.as_ref().unwrap();
+    let template = spec.template.metadata.as_ref().unwrap();
+    let template_labels = template.labels.clone().unwrap();
     let selector = spec
         .selector
         .match_labels
@@ -290,29 +490,28 @@ fn check_invariants(r: &Rendered) -> Config {
         assert_eq!(
             template_labels.get(k),
             Some(v),
-            "selector {k}={v} does not match the template"
+            "{}: selector {k}={v} does not match the template",
+            r.dir
         );
     }
-    let pod = spec.template.spec.as_ref().unwrap();
-    let gw = container(pod, "tidegate");
-    let config = gateway_config(r, gw);
+    let gw = container(&pod, "tidegate");
+    let config = gateway_config(r, &pod, gw);
 
     // Probes point at the readiness listener the config really opens.
     let ready = config.listeners.readiness.port();
     assert_eq!(port(&gw.readiness_probe), (ready, "/healthz/ready".into()));
     assert_eq!(port(&gw.liveness_probe), (ready, "/healthz/live".into()));
-    let annotations = spec
-        .template
-        .metadata
-        .as_ref()
-        .unwrap()
-        .annotations
-        .clone()
-        .unwrap_or_default();
+    let annotations = template.annotations.clone().unwrap_or_default();
     assert_eq!(
         annotations.get("prometheus.io/port").map(String::as_str),
         Some(config.listeners.metrics.port().to_string().as_str()),
-        "the scrape annotation names the metrics port"
+        "{}: the scrape annotation names the metrics port",
+        r.dir
+    );
+    assert!(
+        config.listeners.admin.ip().is_loopback(),
+        "{}: the admin API (policy swaps) stays on the node's loopback",
+        r.dir
     );
     assert!(
         pod.host_network == Some(true),
@@ -337,29 +536,16 @@ fn check_invariants(r: &Rendered) -> Config {
         .cni_socket
         .clone()
         .expect("drains.cni_socket is set");
-    let cni = container(pod, "install-cni");
+    let cni = container(&pod, "install-cni");
     assert_eq!(Path::new(arg_after(cni, "--socket")), socket);
-    assert!(
-        mounted(gw, &socket),
-        "{} is not on a mounted volume",
-        socket.display()
-    );
+    let (run, _) = volume_of(&pod, gw, &socket);
+    assert!(run.host_path.is_some(), "the socket dir is a hostPath");
     let volumes: BTreeMap<_, _> = pod
         .volumes
         .iter()
         .flatten()
         .map(|v| (v.name.clone(), v))
         .collect();
-    let run_mount = gw
-        .volume_mounts
-        .iter()
-        .flatten()
-        .find(|m| socket.starts_with(&m.mount_path))
-        .unwrap();
-    assert!(
-        volumes[&run_mount.name].host_path.is_some(),
-        "the socket dir is a hostPath"
-    );
     for (flag, host) in [
         ("--cni-bin-dir", "/opt/cni/bin"),
         ("--cni-conf-dir", "/etc/cni/net.d"),
@@ -374,23 +560,45 @@ fn check_invariants(r: &Rendered) -> Config {
         assert_eq!(volumes[&m.name].host_path.as_ref().unwrap().path, host);
     }
 
-    // Every mount has its volume; ConfigMap volumes name generated maps.
+    // Every mount has its volume; a ConfigMap or Secret volume names an
+    // object of the render or one the cluster provides (PROVIDED_ELSEWHERE).
+    let elsewhere = |kind: &str, name: &str| {
+        PROVIDED_ELSEWHERE
+            .iter()
+            .any(|(k, n, _)| *k == kind && *n == name)
+    };
+    for v in volumes.values() {
+        if let Some(cm) = &v.config_map {
+            assert!(
+                r.contains("ConfigMap", &cm.name) || elsewhere("ConfigMap", &cm.name),
+                "{}: volume {}: ConfigMap {} is neither rendered nor provided elsewhere",
+                r.dir,
+                v.name,
+                cm.name
+            );
+        }
+        if let Some(s) = &v.secret {
+            let name = s.secret_name.clone().unwrap_or_default();
+            assert!(
+                r.contains("Secret", &name) || elsewhere("Secret", &name),
+                "{}: volume {}: Secret {name} is neither rendered nor provided elsewhere",
+                r.dir,
+                v.name
+            );
+        }
+    }
     for c in pod
         .containers
         .iter()
         .chain(pod.init_containers.iter().flatten())
     {
         for m in c.volume_mounts.iter().flatten() {
-            let v = volumes
-                .get(&m.name)
-                .unwrap_or_else(|| panic!("{}: no volume {}", c.name, m.name));
-            if let Some(cm) = &v.config_map {
-                assert!(
-                    r.config_maps.contains_key(&cm.name),
-                    "ConfigMap {} is not generated",
-                    cm.name
-                );
-            }
+            assert!(
+                volumes.contains_key(&m.name),
+                "{}: no volume {}",
+                c.name,
+                m.name
+            );
         }
         let sc = c
             .security_context
@@ -420,54 +628,74 @@ fn check_invariants(r: &Rendered) -> Config {
             c.name
         );
     }
-    // Certificates and plugins are where the pod can read them.
-    if let tidegate::config::CertificatesConfig::Dir {
+
+    // Files the config names are where the pod can read them.
+    if let CertificatesConfig::Dir {
         dir, trust_bundle, ..
     } = &config.certificates
     {
-        assert!(mounted(gw, dir) && mounted(gw, trust_bundle));
+        volume_of(&pod, gw, dir);
+        volume_of(&pod, gw, trust_bundle);
     }
     for (name, p) in &config.policies.plugins {
-        let in_image = p.file.starts_with("/opt/tidegate/plugins");
-        assert!(
-            in_image || mounted(gw, &p.file),
-            "plugin {name}: {} is not readable",
-            p.file.display()
-        );
-        if in_image {
-            let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../plugins")
-                .join(name);
+        if p.file.starts_with("/opt/tidegate/plugins") {
             assert!(
-                crate_dir.exists(),
+                repo().join("plugins").join(name).exists(),
                 "plugin {name} is not one the image builds"
             );
+        } else {
+            volume_of(&pod, gw, &p.file);
         }
     }
+    match &config.oci.auth {
+        _ if !config.oci.enabled => {}
+        Some(OciAuth::ApiKey { key_file, .. }) => {
+            let (v, _) = volume_of(&pod, gw, key_file);
+            assert!(
+                v.secret.is_some(),
+                "{}: the OCI API key is on a Secret volume",
+                r.dir
+            );
+        }
+        Some(OciAuth::WorkloadIdentity { token_file, .. }) => {
+            if !token_file.starts_with("/var/run/secrets/kubernetes.io/serviceaccount") {
+                volume_of(&pod, gw, token_file);
+            }
+        }
+        None => unreachable!("the config parser requires oci.auth when enabled"),
+    }
 
-    // Namespaced objects live in the kustomization's namespace; the
-    // ServiceAccount the pod uses is the one the binding grants.
-    let ns = r.namespace.clone().expect("a namespace");
-    let namespace: Namespace = one(r, "Namespace");
-    assert_eq!(namespace.metadata.name.as_deref(), Some(ns.as_str()));
-    let sa: ServiceAccount = one(r, "ServiceAccount");
+    // Namespaced objects live in the one Namespace; the ServiceAccount the
+    // pod uses is the one the bindings grant.
+    let namespace: Namespace = r.one("Namespace");
+    let ns = namespace.metadata.name.clone().unwrap();
+    for o in &r.objects {
+        let cluster_scoped = ["Namespace", "ClusterRole", "ClusterRoleBinding"]
+            .contains(&o["kind"].as_str().unwrap());
+        let expected = if cluster_scoped {
+            Value::Null
+        } else {
+            Value::from(ns.as_str())
+        };
+        assert_eq!(
+            o["metadata"]["namespace"], expected,
+            "{}: namespace of {} {}",
+            r.dir, o["kind"], o["metadata"]["name"]
+        );
+    }
+    let sa: ServiceAccount = r.one("ServiceAccount");
     assert_eq!(pod.service_account_name, sa.metadata.name);
-    // Discovery uses the in-cluster credentials of that ServiceAccount.
-    assert!(matches!(
-        config.workloads.source,
-        tidegate::config::WorkloadSourceKind::Kubernetes
-    ));
+    // Discovery uses the in-cluster credentials of that ServiceAccount and
+    // may read exactly what it watches with this config.
+    assert_eq!(config.workloads.source, WorkloadSourceKind::Kubernetes);
     assert_ne!(sa.automount_service_account_token, Some(false));
     assert_ne!(pod.automount_service_account_token, Some(false));
-    let binding: ClusterRoleBinding = one(r, "ClusterRoleBinding");
-    let role: ClusterRole = one(r, "ClusterRole");
-    assert_eq!(Some(binding.role_ref.name.clone()), role.metadata.name);
-    assert_eq!(binding.role_ref.kind, "ClusterRole");
-    let subjects = binding.subjects.unwrap();
-    assert_eq!(subjects.len(), 1);
-    assert_eq!(subjects[0].kind, "ServiceAccount");
-    assert_eq!(subjects[0].name, sa.metadata.name.clone().unwrap());
-    assert_eq!(subjects[0].namespace.as_deref(), Some(ns.as_str()));
+    assert_eq!(
+        granted(r, sa.metadata.name.as_deref().unwrap(), &ns),
+        watched(&config),
+        "{}: RBAC grants exactly what discovery watches",
+        r.dir
+    );
     config
 }
 
@@ -493,49 +721,39 @@ fn every_manifest_parses_into_typed_objects() {
                 .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
             continue;
         }
+        if f.file_name().unwrap() == "kustomization.yaml" {
+            kinds.insert(Kustomization::read(f.parent().unwrap()).kind);
+            continue;
+        }
         for doc in documents(f) {
-            let kind = doc["kind"]
-                .as_str()
-                .unwrap_or_else(|| panic!("{}: no kind", f.display()))
-                .to_owned();
-            match kind.as_str() {
-                "Kustomization" => {
-                    serde_yaml::from_str::<Kustomization>(&std::fs::read_to_string(f).unwrap())
-                        .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-                }
-                "Namespace" => drop(typed::<Namespace>(&doc, f)),
-                "ServiceAccount" => drop(typed::<ServiceAccount>(&doc, f)),
-                "ClusterRole" => drop(typed::<ClusterRole>(&doc, f)),
-                "ClusterRoleBinding" => drop(typed::<ClusterRoleBinding>(&doc, f)),
-                "DaemonSet" => drop(typed::<DaemonSet>(&doc, f)),
-                other => panic!("{}: no typed check for kind {other}", f.display()),
-            }
-            kinds.insert(kind);
+            kinds.insert(check_typed(&doc, &f.display().to_string()));
         }
     }
-    assert!(
-        kinds.contains("DaemonSet") && kinds.contains("ClusterRole"),
-        "{kinds:?}"
-    );
+    for k in ["DaemonSet", "ClusterRole", "Kustomization", "Component"] {
+        assert!(kinds.contains(k), "{k} missing from {kinds:?}");
+    }
 
-    // Every file of the base is part of it.
-    let base = render(&deploy().join("base"));
-    for f in files
-        .iter()
-        .filter(|f| f.parent() == Some(&deploy().join("base")))
-    {
-        let name = f.file_name().unwrap();
-        let used = name == "kustomization.yaml"
-            || base.objects.iter().any(|(p, _)| p == f)
-            || base
-                .config_maps
-                .values()
-                .any(|m| m.values().any(|p| p == f));
-        assert!(
-            used,
-            "{} is not referenced by the kustomization",
-            f.display()
-        );
+    // Every kustomization names files that exist, and every file beside it
+    // is named (a patch nobody references would silently do nothing).
+    for dir in kustomization_dirs() {
+        let k = Kustomization::read(&dir);
+        let refs = k.references();
+        for r in &refs {
+            assert!(
+                dir.join(r).exists(),
+                "{}: {r} does not exist",
+                dir.display()
+            );
+        }
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_str().unwrap();
+            assert!(
+                p.is_dir() || name == "kustomization.yaml" || refs.contains(&name),
+                "{} is not referenced by its kustomization",
+                p.display()
+            );
+        }
     }
 }
 
@@ -545,20 +763,63 @@ fn a_misspelt_field_is_caught() {
         "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: x, namespce: y}\n",
     )
     .unwrap();
-    let r = std::panic::catch_unwind(|| typed::<ServiceAccount>(&doc, Path::new("t.yaml")));
+    let r = std::panic::catch_unwind(|| typed::<ServiceAccount>(&doc, "t.yaml"));
     let msg = *r.unwrap_err().downcast::<String>().unwrap();
     assert!(msg.contains(".metadata.namespce"), "{msg}");
 }
 
 #[test]
+fn every_kustomization_renders_and_keeps_its_invariants() {
+    let dirs: Vec<String> = kustomization_dirs()
+        .into_iter()
+        .filter(|d| !Kustomization::read(d).is_component())
+        .map(|d| {
+            d.strip_prefix(deploy())
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    for expected in [
+        "base",
+        "overlays/example",
+        "examples/oci-draining",
+        "examples/istio-ambient",
+    ] {
+        assert!(dirs.iter().any(|d| d == expected), "{expected}: {dirs:?}");
+    }
+    for dir in &dirs {
+        let Some(r) = kustomize(dir) else { return };
+        check_invariants(&r);
+    }
+}
+
+#[test]
 fn the_base_keeps_its_invariants() {
-    let config = check_invariants(&render(&deploy().join("base")));
+    let Some(r) = kustomize("base") else { return };
+    let config = check_invariants(&r);
     assert_eq!(config.listeners.readiness.port(), 15021);
+    // Off in the base: OCI draining and the Service watch that feeds it.
+    assert!(!config.oci.enabled);
+    assert!(!config.workloads.kubernetes.services);
+    let (_, pod) = r.pod();
+    assert!(!granted(&r, "tidegate", "tidegate-system")
+        .contains(&(String::new(), "services".to_owned())));
+    // Certificates and their root come from the node (hostPath).
+    let CertificatesConfig::Dir { trust_bundle, .. } = &config.certificates else {
+        panic!("certificates from a directory")
+    };
+    let (v, _) = volume_of(&pod, container(&pod, "tidegate"), trust_bundle);
+    assert!(v.host_path.is_some());
 }
 
 #[test]
 fn the_example_overlay_keeps_its_invariants_and_sets_its_values() {
-    let config = check_invariants(&render(&deploy().join("overlays/example")));
+    let Some(r) = kustomize("overlays/example") else {
+        return;
+    };
+    let config = check_invariants(&r);
     assert_eq!(config.trust_domain, "example.org");
     assert_eq!(
         config.policies.default.as_deref(),
@@ -568,24 +829,164 @@ fn the_example_overlay_keeps_its_invariants_and_sets_its_values() {
 }
 
 #[test]
-fn rbac_grants_only_reads_of_what_discovery_watches() {
-    let r = render(&deploy().join("base"));
-    let role: ClusterRole = one(&r, "ClusterRole");
-    let mut granted = BTreeSet::new();
-    for rule in role.rules.unwrap() {
-        let verbs: BTreeSet<_> = rule.verbs.iter().map(String::as_str).collect();
-        assert_eq!(verbs, BTreeSet::from(["get", "list", "watch"]), "read-only");
-        assert!(rule.resource_names.is_none() && rule.non_resource_urls.is_none());
-        for g in rule.api_groups.unwrap() {
-            for res in rule.resources.clone().unwrap() {
-                assert!(g != "*" && res != "*", "no wildcards");
-                granted.insert((g.clone(), res));
-            }
-        }
+fn the_oci_draining_example_turns_draining_on_with_its_key_and_rbac() {
+    let Some(r) = kustomize("examples/oci-draining") else {
+        return;
+    };
+    let config = check_invariants(&r);
+    assert!(config.oci.enabled, "the component enables oci");
+    // The overlay's values (oci.env) reach the gateway through envFrom.
+    assert_eq!(config.oci.region, "us-ashburn-1");
+    assert_eq!(
+        config.oci.load_balancers,
+        ["ocid1.loadbalancer.oc1.iad.aaaaaaaaexample"]
+    );
+    assert_eq!(config.oci.node_networks.len(), 1);
+    let Some(OciAuth::ApiKey {
+        key_file,
+        fingerprint,
+        ..
+    }) = &config.oci.auth
+    else {
+        panic!("api-key auth: {:?}", config.oci.auth)
+    };
+    assert_eq!(
+        fingerprint,
+        "12:34:56:78:9a:bc:de:f0:12:34:56:78:9a:bc:de:f0"
+    );
+    let (_, pod) = r.pod();
+    let (v, key) = volume_of(&pod, container(&pod, "tidegate"), key_file);
+    let secret = v.secret.as_ref().expect("the key is on a Secret volume");
+    assert_eq!(secret.secret_name.as_deref(), Some("tidegate-oci-api-key"));
+    assert_eq!(key, Path::new("key.pem"), "the Secret's key is key.pem");
+    assert_eq!(secret.default_mode, Some(0o400));
+    // The opt-in annotation is read from Services: watched and granted.
+    assert!(config.workloads.kubernetes.services);
+    assert!(granted(&r, "tidegate", "tidegate-system")
+        .contains(&(String::new(), "services".to_owned())));
+}
+
+#[test]
+fn the_istio_ambient_example_trusts_istiods_root() {
+    let Some(r) = kustomize("examples/istio-ambient") else {
+        return;
+    };
+    let config = check_invariants(&r);
+    assert_eq!(config.trust_domain, "cluster.local");
+    let CertificatesConfig::Dir {
+        dir, trust_bundle, ..
+    } = &config.certificates
+    else {
+        panic!("certificates from a directory")
+    };
+    let (_, pod) = r.pod();
+    let gw = container(&pod, "tidegate");
+    // The root is istiod's ConfigMap (key root-cert.pem) ...
+    let (v, key) = volume_of(&pod, gw, trust_bundle);
+    assert_eq!(
+        v.config_map.as_ref().map(|c| c.name.as_str()),
+        Some("istio-ca-root-cert")
+    );
+    assert_eq!(key, Path::new("root-cert.pem"));
+    // ... while the gateway's own certificates still come from the node.
+    assert!(volume_of(&pod, gw, dir).0.host_path.is_some());
+}
+
+#[test]
+fn every_component_has_a_worked_example() {
+    let components = deploy().join("components");
+    let readme = std::fs::read_to_string(deploy().join("README.md")).unwrap();
+    let mut names = Vec::new();
+    for e in std::fs::read_dir(&components).unwrap() {
+        let dir = e.unwrap().path();
+        let name = dir.file_name().unwrap().to_str().unwrap().to_owned();
+        let k = Kustomization::read(&dir);
+        assert!(k.is_component(), "{}: kind Component", dir.display());
+        let example = deploy().join("examples").join(&name);
+        let uses = Kustomization::read(&example).components;
+        assert!(
+            uses.contains(&format!("../../components/{name}")),
+            "{}: uses the {name} component",
+            example.display()
+        );
+        assert!(
+            readme.contains(&format!("deploy/examples/{name}")),
+            "deploy/README.md has no worked example of {name}"
+        );
+        names.push(name);
     }
-    let watched: BTreeSet<(String, String)> = tidegate::workloads::kubernetes::WATCHED_RESOURCES
-        .iter()
-        .map(|(g, r)| (g.to_string(), r.to_string()))
+    names.sort();
+    assert_eq!(names, ["istio-ambient", "oci-draining"]);
+}
+
+/// `.dockerignore` as Docker reads it, for the patterns used there: literal
+/// paths (a directory excludes everything under it) and `**/<name>`.
+fn docker_ignores(patterns: &[String], path: &str) -> bool {
+    patterns.iter().any(|p| {
+        let p = p.trim_start_matches('/').trim_end_matches('/');
+        if let Some(name) = p.strip_prefix("**/") {
+            assert!(!name.contains(['*', '?', '[', '/']), "pattern {p}");
+            path.split('/').any(|c| c == name)
+        } else {
+            assert!(
+                !p.contains(['*', '?', '[', '!']),
+                "pattern {p}: extend this matcher"
+            );
+            path == p || path.starts_with(&format!("{p}/"))
+        }
+    })
+}
+
+#[test]
+fn the_docker_build_context_leaves_out_build_output() {
+    let text = std::fs::read_to_string(repo().join(".dockerignore"))
+        .expect(".dockerignore at the repository root (deploy/Dockerfile builds from there)");
+    let patterns: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
         .collect();
-    assert_eq!(granted, watched);
+    // Build output (gigabytes) and history stay out ...
+    for out in [
+        "target",
+        "target/debug/tidegate",
+        "plugins/target/wasm32-unknown-unknown/release/recommended.wasm",
+        "gateway/target/x",
+        ".git/HEAD",
+    ] {
+        assert!(docker_ignores(&patterns, out), "{out} is sent as context");
+    }
+    // ... and everything the image's `cargo` build reads stays in: the
+    // workspace, its members, the plugins workspace, the cargo alias, the
+    // files compiled in with include_str!.
+    let dockerfile = std::fs::read_to_string(deploy().join("Dockerfile")).unwrap();
+    assert!(
+        dockerfile.contains("COPY . .") && dockerfile.contains("cargo xtask plugins"),
+        "the Dockerfile copies the whole context and builds the plugins"
+    );
+    let manifest = std::fs::read_to_string(repo().join("Cargo.toml")).unwrap();
+    let members = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("members = "))
+        .expect("workspace members");
+    let members: Vec<String> = serde_json::from_str(members).unwrap();
+    let mut needed = vec![
+        "Cargo.toml".to_owned(),
+        "Cargo.lock".to_owned(),
+        ".cargo/config.toml".to_owned(),
+        "plugins/Cargo.toml".to_owned(),
+        "plugins/recommended/src/lib.rs".to_owned(),
+        "sdk/README.md".to_owned(),
+        "sdk/wit/policy.wit".to_owned(),
+        "gateway/defaults/tidegate.yaml".to_owned(),
+    ];
+    needed.extend(members.iter().map(|m| format!("{m}/Cargo.toml")));
+    for path in &needed {
+        assert!(repo().join(path).exists(), "{path} does not exist");
+        assert!(
+            !docker_ignores(&patterns, path),
+            "{path} is left out of the build context"
+        );
+    }
 }

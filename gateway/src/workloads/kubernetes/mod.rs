@@ -55,8 +55,10 @@ use crate::drain::DrainWatch;
 use metrics::ResourceLabels;
 
 /// What discovery reads, as RBAC names it (API group, resource): the
-/// ClusterRole in `deploy/base/clusterrole.yaml` grants get/list/watch on
-/// exactly these and nothing else (`gateway/tests/manifests.rs` checks it).
+/// ClusterRoles of a rendered `deploy/` kustomization grant get/list/watch on
+/// exactly these and nothing else, services only when the config turns the
+/// Service watch on (the base leaves it off; `components/oci-draining` adds
+/// it); `gateway/tests/manifests.rs` checks it.
 pub const WATCHED_RESOURCES: [(&str, &str); 4] = [
     (
         <Pod as k8s_openapi::Resource>::GROUP,
