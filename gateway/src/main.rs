@@ -9,6 +9,8 @@ fn main() -> std::process::ExitCode {
             EnvFilter::try_from_env("TIDEGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: piped or collected logs stay plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -38,6 +40,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             app.run_until_signal().await
         }
         Command::Connect(args) => tidegate::connect::run(config, *args).await,
+        Command::Workloads(args) => {
+            let admin = args.admin.unwrap_or(config.listeners.admin);
+            print!(
+                "{}",
+                tidegate::workload_table::fetch(admin, args.workload.as_deref())?
+            );
+            Ok(())
+        }
         Command::Policy(_) => unreachable!("handled above"),
     }
 }
