@@ -12,12 +12,14 @@ use serde_json::Value;
 /// Why the table could not be produced.
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
-    #[error("cannot reach the admin API at {addr}: {source} (is the gateway running? --admin sets the address)")]
+    #[error(
+        "cannot reach the admin API at {addr} (is the gateway running? --admin sets the address)"
+    )]
     Connect {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("admin API at {addr}: {source}")]
+    #[error("reading the admin API at {addr}")]
     Io {
         addr: SocketAddr,
         source: std::io::Error,

@@ -60,9 +60,11 @@ fn json_status(status: StatusCode, v: serde_json::Value) -> Response<Body> {
     Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(
-            serde_json::to_vec_pretty(&v).expect("json values serialize"),
-        )))
+        .body(Full::new(Bytes::from({
+            let mut body = serde_json::to_vec_pretty(&v).expect("json values serialize");
+            body.push(b'\n');
+            body
+        })))
         .expect("static response")
 }
 
