@@ -37,6 +37,8 @@ pub enum Command {
     Run,
     /// Pipe stdin/stdout through an HBONE tunnel to a workload (nc over HBONE).
     Connect(Box<ConnectArgs>),
+    /// Show each workload of a running gateway with its drain policy and why.
+    Workloads(WorkloadsArgs),
     /// Work with drain-policy plugins without starting the gateway.
     #[command(subcommand)]
     Policy(PolicyCommand),
@@ -89,6 +91,15 @@ pub enum PluginCommand {
         #[arg(long)]
         release: bool,
     },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct WorkloadsArgs {
+    /// Only workloads whose uid, name, namespace/name or IP is this.
+    pub workload: Option<String>,
+    /// The gateway's admin address; default: `listeners.admin` of the config.
+    #[arg(long, value_name = "ADDR")]
+    pub admin: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -25,4 +25,5 @@ pub mod policy;
 pub mod pool;
 pub mod registry;
 pub mod tls;
+pub mod workload_table;
 pub mod workloads;

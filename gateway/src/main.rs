@@ -9,6 +9,8 @@ fn main() -> std::process::ExitCode {
             EnvFilter::try_from_env("TIDEGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: piped or collected logs stay plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -41,6 +43,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             app.run_until_signal().await
         }
         Command::Connect(args) => tidegate::connect::run(config, *args).await,
+        Command::Workloads(args) => {
+            let admin = args.admin.unwrap_or(config.listeners.admin);
+            print!(
+                "{}",
+                tidegate::workload_table::fetch(admin, args.workload.as_deref())?
+            );
+            Ok(())
+        }
         Command::Policy(_) | Command::Plugin(_) => unreachable!("handled above"),
     }
 }
@@ -79,6 +89,7 @@ fn print_next_steps(app: &tidegate::app::App) {
         "\ntidegate is running on the embedded default (demo workloads, development CA).\n\
          Try, in another terminal:\n\
          \n  echo hello | {me} connect --to {echo}\n\
+         \n  {me} workloads     # each workload's state and drain policy, and why\n\
          \n  curl -s http://{admin}/config_dump     # workloads, tunnels, pool\n\
          \n  curl -s http://{admin}/policies        # loaded policies, versions, calls\n\
          \n  curl -s http://{metrics}/metrics        # Prometheus metrics\n\

@@ -14,12 +14,14 @@ struct Gateway {
 }
 
 impl Gateway {
-    /// Waits for a log line containing `needle`, bounded.
+    /// Waits for a log line containing `needle`, bounded. Logs go to a
+    /// pipe here, so no line may carry ANSI colour codes.
     fn wait_for(&self, needle: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
+                Ok(l) if l.contains('\u{1b}') => panic!("ANSI codes in a piped log: {l:?}"),
                 Ok(l) if l.contains(needle) => return l,
                 Ok(_) => {}
                 Err(e) => panic!("no log line with {needle:?}: {e}"),
@@ -50,7 +52,7 @@ fn start(config: &std::path::Path) -> Gateway {
         .args(["run", "--config"])
         .arg(config)
         .env("TIDEGATE_LOG", "info")
-        .env("NO_COLOR", "1")
+        .env_remove("NO_COLOR")
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
@@ -59,28 +61,12 @@ fn start(config: &std::path::Path) -> Gateway {
     let stderr = child.stderr.take().unwrap();
     std::thread::spawn(move || {
         for l in BufReader::new(stderr).lines().map_while(Result::ok) {
-            // Strip ANSI colours if any.
-            let plain: String = strip_ansi(&l);
-            if tx.send(plain).is_err() {
+            if tx.send(l).is_err() {
                 return;
             }
         }
     });
     Gateway { child, lines }
-}
-
-fn strip_ansi(s: &str) -> String {
-    let mut out = String::new();
-    let mut esc = false;
-    for c in s.chars() {
-        match (esc, c) {
-            (false, '\u{1b}') => esc = true,
-            (true, 'm') => esc = false,
-            (true, _) => {}
-            (false, c) => out.push(c),
-        }
-    }
-    out
 }
 
 fn write_config(dir: &std::path::Path) -> std::path::PathBuf {
@@ -125,6 +111,27 @@ fn run_connect_and_sigterm() {
     let admin = field(&ready, "admin");
     let dump = http_get(&admin, "/config_dump");
     assert!(dump.contains("echo-uid"), "{dump}");
+
+    // `tidegate workloads`: the workload, its policy and why (no policy
+    // is configured here: the built-in fallback).
+    let out = Command::new(BIN)
+        .args(["workloads", "echo", "--admin", &admin])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{table}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = table.lines().nth(1).unwrap_or_default();
+    assert!(
+        row.contains("demo/echo")
+            && row.contains("running")
+            && row.contains("keepalive-only")
+            && row.contains("built-in fallback"),
+        "{table}"
+    );
 
     let mut connect = Command::new(BIN)
         .args(["connect", "--config"])

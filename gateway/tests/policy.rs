@@ -87,6 +87,8 @@ fn install(e: &PolicyEngine, name: &str, file: &str, config: &str) -> Selection 
         name: name.into(),
         by: SelectedBy::Default,
         version: e.version(name),
+        why: String::new(),
+        skipped: Vec::new(),
     }
 }
 
@@ -129,6 +131,11 @@ fn a_wrong_expectation_fails_with_a_diff() {
     assert!(
         err.contains("expects nothing") && err.contains("+ [0]"),
         "{err}"
+    );
+    assert_eq!(
+        err.matches("- expected, + actual").count(),
+        1,
+        "the diff header once: {err}"
     );
 }
 
@@ -326,6 +333,7 @@ fn refused_plugins_leave_the_previous_version() {
     assert!(err.contains("9.0.0") && err.contains("0.1.0"), "{err}");
     let err = e.install("p", b"garbage", None).unwrap_err().to_string();
     assert!(err.contains("not a WebAssembly component"), "{err}");
+    assert!(!err.contains('\n'), "one line: {err:?}");
     // A plugin that misbehaves on the self-test event is refused too.
     let looping = std::fs::read(plugin("fixtures/loop-forever")).unwrap();
     let err = e.install("p", &looping, Some("")).unwrap_err().to_string();
@@ -391,6 +399,33 @@ fn selection_follows_annotation_bindings_default() {
         SelectedBy::Default,
         "an unknown name is ignored"
     );
+    // The report is the selection, with the name passed over and why.
+    let r = e.report(snap.by_uid("typo").unwrap(), None);
+    assert_eq!(
+        (r.name.as_str(), r.source, r.loaded),
+        ("a", "default", true)
+    );
+    assert_eq!(
+        (r.skipped[0].policy.as_str(), r.skipped[0].source),
+        ("nope", "annotation")
+    );
+    let r = e.report(snap.by_uid("web").unwrap(), None);
+    assert_eq!((r.source, r.binding), ("binding", Some(0)));
+    assert_eq!(r.why, "policies.bindings[0] (namespace pay, app=web)");
+    // A run-time binding wins over the annotation, until removed; it must
+    // name a policy.
+    assert!(e.bind("pinned", "missing").is_err());
+    assert_eq!(e.bind("pinned", "b").unwrap(), None);
+    assert_eq!(
+        (sel("pinned").name, sel("pinned").by),
+        ("b".into(), SelectedBy::Admin)
+    );
+    assert_eq!(
+        e.report(snap.by_uid("pinned").unwrap(), None).source,
+        "admin"
+    );
+    assert_eq!(e.unbind("pinned").as_deref(), Some("b"));
+    assert_eq!(sel("pinned").by, SelectedBy::Annotation);
     drop(dir);
 }
 

@@ -602,6 +602,8 @@ fn breakdown(engine: &PolicyEngine, rows: &[LatencyRow]) {
         name: "not-loaded".into(),
         by: tidegate::policy::SelectedBy::Default,
         version: None,
+        why: String::new(),
+        skipped: Vec::new(),
     };
     let teardown = network_teardown();
     line(

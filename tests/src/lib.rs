@@ -314,6 +314,32 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     (status, body)
 }
 
+/// A plain HTTP/1.1 request with `headers` (each `name: value\r\n`) and
+/// `body` (admin `PUT`s and `DELETE`s): status and body.
+pub async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &[u8],
+) -> (u16, String) {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\n{headers}\r\n",
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp.write_all(body).await.unwrap();
+    let mut out = String::new();
+    tcp.read_to_string(&mut out).await.unwrap();
+    let status = out[9..12].parse().unwrap();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|x| x.1.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
 /// A reference policy or fixture built by `cargo xtask plugins`
 /// (`target/plugins/<name>.wasm`), as an absolute path.
 pub fn plugin(name: &str) -> std::path::PathBuf {

@@ -81,7 +81,7 @@ fn drain_of(app: &App, uid: &str) -> Option<DrainView> {
 }
 
 fn phase_of(app: &App, uid: &str) -> Option<String> {
-    drain_of(app, uid).map(|d| d.phase)
+    drain_of(app, uid).map(|d| d.phase.label().to_owned())
 }
 
 async fn start(api: &FakeApiServer, dir: &std::path::Path, extra: &str) -> App {
@@ -202,7 +202,7 @@ async fn pod_lifecycle_create_terminate_delete_recreate() {
     // kubectl delete: deletionTimestamp = now + 120 s → shutdown-started with that deadline.
     let deadline = api.start_pod_deletion("demo", "web-0", Duration::from_secs(120));
     eventually("shutdown-started drain", WAIT, || {
-        phase_of(&app, "uid-1").as_deref() == Some("ShuttingDown")
+        phase_of(&app, "uid-1").as_deref() == Some("shutting-down")
     })
     .await;
     let d = drain_of(&app, "uid-1").unwrap();
@@ -225,7 +225,7 @@ async fn pod_lifecycle_create_terminate_delete_recreate() {
     // The pod object goes away → deleted.
     api.delete(Kind::Pod, "demo", "web-0");
     eventually("deleted", WAIT, || {
-        phase_of(&app, "uid-1").as_deref() == Some("Deleted")
+        phase_of(&app, "uid-1").as_deref() == Some("deleted")
     })
     .await;
     assert!(app.workloads.snapshot().by_uid("uid-1").is_none());
@@ -247,7 +247,7 @@ async fn pod_lifecycle_create_terminate_delete_recreate() {
         drain_of(&app, "uid-2").is_none(),
         "the old pod's drain is not the new pod's"
     );
-    assert_eq!(phase_of(&app, "uid-1").as_deref(), Some("Deleted"));
+    assert_eq!(phase_of(&app, "uid-1").as_deref(), Some("deleted"));
     let text = app.metrics_text();
     assert_eq!(
         metric(
@@ -419,8 +419,8 @@ async fn watch_restart_and_410_relist_neither_lose_nor_duplicate_drains() {
     api.compact();
     api.set_unavailable(false);
     eventually("relisted and reconciled", WAIT, || {
-        phase_of(&app, "uid-p3").as_deref() == Some("ShuttingDown")
-            && phase_of(&app, "uid-p4").as_deref() == Some("Deleted")
+        phase_of(&app, "uid-p3").as_deref() == Some("shutting-down")
+            && phase_of(&app, "uid-p4").as_deref() == Some("deleted")
             && app.workloads.snapshot().by_uid("uid-p5").is_some()
             // Both pod watches relisted (the remote one holds nothing that changed).
             && api.requests(Kind::Pod, "list") >= lists_before + 2
@@ -458,15 +458,15 @@ async fn watch_restart_and_410_relist_neither_lose_nor_duplicate_drains() {
         .drains
         .list()
         .into_iter()
-        .map(|d| (d.uid, d.phase))
+        .map(|d| (d.uid, d.phase.label().to_owned()))
         .collect();
     assert_eq!(
         phases,
         [
-            ("uid-p1".into(), "ShuttingDown".into()),
-            ("uid-p2".into(), "ShuttingDown".into()),
-            ("uid-p3".into(), "ShuttingDown".into()),
-            ("uid-p4".into(), "Deleted".into()),
+            ("uid-p1".into(), "shutting-down".into()),
+            ("uid-p2".into(), "shutting-down".into()),
+            ("uid-p3".into(), "shutting-down".into()),
+            ("uid-p4".into(), "deleted".into()),
         ]
     );
     assert!(drain_of(&app, "uid-p5").is_none());
@@ -816,7 +816,7 @@ async fn a_pod_already_terminating_at_start_drains() {
     let app = start(&api, dir.path(), "").await;
     until_ready(&app).await;
     eventually("drain of the terminating pod", WAIT, || {
-        phase_of(&app, "uid-a").as_deref() == Some("ShuttingDown")
+        phase_of(&app, "uid-a").as_deref() == Some("shutting-down")
     })
     .await;
     app.shutdown().await;

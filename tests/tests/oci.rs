@@ -914,3 +914,37 @@ async fn the_double_follows_the_published_api() {
     .await;
     assert_eq!(code(&r), (400, "LimitExceeded".into()));
 }
+
+/// The README runs the double with `--ca-out` and points the gateway at that
+/// file: the banner must name it, not the double's temporary copy.
+#[test]
+fn the_double_program_names_the_ca_out_file() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_out = dir.path().join("oci-ca.pem");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_oci-double"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--key-id",
+            "t/u/f",
+            "--public-key",
+        ])
+        .arg(fixture("api_key.pub.pem"))
+        .arg("--ca-out")
+        .arg(&ca_out)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut banner = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut banner)
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        banner.contains(&format!("(CA {})", ca_out.display())),
+        "{banner}"
+    );
+    assert!(ca_out.exists());
+}

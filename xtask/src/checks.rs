@@ -84,7 +84,10 @@ fn expectation(line: &str) -> Result<Expect> {
             return Ok(Expect::Stdout(format!("{}\n", word.trim())));
         }
     }
-    let expect = if cmd.ends_with("/config_dump") {
+    let expect = if cmd.ends_with(" workloads") {
+        // The embedded default binds the demo's echo (app=echo) to this.
+        Expect::Contains("drain-at-teardown")
+    } else if cmd.ends_with("/config_dump") {
         Expect::Workload("echo")
     } else if cmd.ends_with("/policies") {
         Expect::Policy("recommended")

@@ -59,13 +59,26 @@ pub enum Lifecycle {
     Deleted,
 }
 
+/// Where a local workload is in its lifecycle, as the drain engine saw it
+/// (`GET /drains`, `/config_dump`): `running`, `shutting-down`, `torn-down`, `deleted`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub(super) enum Phase {
+pub enum Phase {
     Running,
     ShuttingDown,
     TornDown,
     Deleted,
+}
+
+impl Phase {
+    pub fn label(self) -> &'static str {
+        match self {
+            Phase::Running => "running",
+            Phase::ShuttingDown => "shutting-down",
+            Phase::TornDown => "torn-down",
+            Phase::Deleted => "deleted",
+        }
+    }
 }
 
 impl Lifecycle {
@@ -123,7 +136,7 @@ pub struct DrainView {
     pub policy: String,
     pub version: Option<String>,
     pub trigger: Trigger,
-    pub phase: String,
+    pub phase: Phase,
     pub started_unix_ms: u128,
     pub deadline_unix_ms: Option<u128>,
     pub actions_taken: Vec<String>,
@@ -656,6 +669,15 @@ impl DrainEngine {
         }
     }
 
+    /// The phase of local workload `uid` and, once a drain started, the
+    /// policy selection it pinned (`/config_dump`).
+    pub fn phase_of(&self, uid: &str) -> (Phase, Option<Selection>) {
+        match self.drains.lock().unwrap().get(uid) {
+            Some(d) if d.phase > Phase::Running => (d.phase, Some(d.selection.clone())),
+            _ => (Phase::Running, None),
+        }
+    }
+
     /// `GET /drains`.
     pub fn list(&self) -> Vec<DrainView> {
         let drains = self.drains.lock().unwrap();
@@ -668,7 +690,7 @@ impl DrainEngine {
                 policy: d.selection.name.clone(),
                 version: d.selection.version.as_ref().map(|v| v.hash.clone()),
                 trigger: d.trigger,
-                phase: format!("{:?}", d.phase),
+                phase: d.phase,
                 started_unix_ms: unix_ms(d.started),
                 deadline_unix_ms: d.deadline.map(unix_ms),
                 actions_taken: d.actions.clone(),

@@ -15,5 +15,7 @@ mod executor;
 mod metrics;
 mod store_events;
 
-pub use engine::{DrainEngine, DrainError, DrainView, Lifecycle, Outcome, TeardownAck, Trigger};
+pub use engine::{
+    DrainEngine, DrainError, DrainView, Lifecycle, Outcome, Phase, TeardownAck, Trigger,
+};
 pub use metrics::DrainMetrics;

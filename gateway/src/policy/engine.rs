@@ -15,14 +15,12 @@ use tracing::{info, warn};
 use super::error::{FailureKind, LoadError};
 use super::metrics::{DecisionLabels, KindLabels, PolicyLabels, PolicyMetrics};
 use super::plugin::{PluginVersion, QuarantineRule};
+use super::resolve::{resolve, Resolution, SelectedBy, Skipped};
 use super::runtime::{Clock, PolicyRuntime, RuntimeLimits};
 use super::validate::{validate, Bounds, Ignored};
 use crate::config::PoliciesConfig;
 use crate::drain::DrainWatch;
 use crate::workloads::Workload;
-
-/// The annotation that picks a workload's policy by name.
-pub const POLICY_ANNOTATION: &str = "tidegate.io/drain-policy";
 
 /// Loaded versions by policy name.
 #[derive(Default)]
@@ -39,18 +37,37 @@ struct Source {
     file_digest: Option<u64>,
     last_error: Option<String>,
     last_error_at: Option<SystemTime>,
+    /// Where the loaded version came from.
+    loaded_from: Option<LoadedFrom>,
 }
 
-/// How a workload's policy was chosen.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// Where a loaded version came from (`GET /policies` `source`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum SelectedBy {
-    Annotation,
-    /// The namespace's policy label (Kubernetes discovery).
-    Namespace,
-    Binding(usize),
-    Default,
-    Fallback,
+pub enum LoadedFrom {
+    /// The configured file (`policies.plugins.<name>.file`), at start or by the watcher.
+    File,
+    /// `PUT /policies/<name>` (or [`PolicyEngine::install`]).
+    AdminUpload,
+}
+
+/// What a successful upload did (`PUT /policies/<name>`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UploadResult {
+    /// A new policy name.
+    Created,
+    /// A configured policy that had no loaded version (its file was missing or refused).
+    Loaded,
+    /// Replaced the loaded version.
+    Swapped,
+}
+
+/// A successful upload: the new version and the one it replaced.
+pub struct Uploaded {
+    pub version: Arc<PluginVersion>,
+    pub previous: Option<Arc<PluginVersion>>,
+    pub result: UploadResult,
 }
 
 /// The policy bound to a workload, pinned: a drain that starts with a version
@@ -60,6 +77,9 @@ pub struct Selection {
     pub name: String,
     pub by: SelectedBy,
     pub version: Option<Arc<PluginVersion>>,
+    /// The rule that chose it and the names passed over ([`super::resolve`]).
+    pub why: String,
+    pub skipped: Vec<Skipped>,
 }
 
 /// Why the fallback decided instead of the plugin.
@@ -87,8 +107,14 @@ pub struct Decision {
 #[derive(Debug, Serialize)]
 pub struct PolicyStatus {
     pub name: String,
-    pub file: Option<PathBuf>,
     pub loaded: bool,
+    /// Where the loaded version came from; `None` when none is loaded.
+    pub source: Option<LoadedFrom>,
+    /// The file the loaded version was read from (`None` for an upload).
+    pub file: Option<PathBuf>,
+    /// The configured file, watched: a change to it replaces the loaded
+    /// version, an upload included.
+    pub watched_file: Option<PathBuf>,
     pub version: Option<String>,
     pub contract: Option<String>,
     pub size: Option<usize>,
@@ -106,7 +132,9 @@ pub struct PolicyEngine {
     sources: Mutex<BTreeMap<String, Source>>,
     /// One writer: loads and swaps are serialised.
     writer: Mutex<()>,
-    cfg: PoliciesConfig,
+    /// Run-time bindings, workload uid → policy (`PUT /workloads/<uid>/policy`).
+    pub(super) runtime_bindings: Mutex<BTreeMap<String, String>>,
+    pub(super) cfg: PoliciesConfig,
     bounds: Bounds,
     quarantine: QuarantineRule,
     pub metrics: PolicyMetrics,
@@ -155,6 +183,7 @@ impl PolicyEngine {
             current: ArcSwap::from_pointee(PolicySet::default()),
             sources: Mutex::new(sources),
             writer: Mutex::new(()),
+            runtime_bindings: Mutex::new(BTreeMap::new()),
             bounds: cfg.bounds(),
             quarantine: QuarantineRule {
                 failures: cfg.quarantine_failures,
@@ -201,7 +230,8 @@ impl PolicyEngine {
                 return Err(e);
             }
         };
-        self.install(name, &bytes, None)
+        self.swap_in(name, &bytes, None, LoadedFrom::File)
+            .map(|u| u.version)
             .inspect(|_| {
                 if let Some(s) = self.sources.lock().unwrap().get_mut(name) {
                     s.file_digest = Some(file_digest(&bytes));
@@ -215,16 +245,38 @@ impl PolicyEngine {
     }
 
     /// Compiles and validates `bytes` (version, imports, `init`, a self-test
-    /// event), then swaps it in for `name` atomically. On any failure the
-    /// previous version stays and the reason is returned and recorded.
-    /// CPU-heavy: call from a blocking thread.
+    /// event), then swaps it in for `name` atomically, as an upload. On any
+    /// failure the previous version stays and the reason is returned and
+    /// recorded. CPU-heavy: call from a blocking thread.
     pub fn install(
         &self,
         name: &str,
         bytes: &[u8],
         config: Option<&str>,
     ) -> Result<Arc<PluginVersion>, LoadError> {
+        self.upload(name, bytes, config).map(|u| u.version)
+    }
+
+    /// [`PolicyEngine::install`], saying whether the name was created, loaded
+    /// for the first time or swapped (`PUT /policies/<name>`).
+    pub fn upload(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        config: Option<&str>,
+    ) -> Result<Uploaded, LoadError> {
+        self.swap_in(name, bytes, config, LoadedFrom::AdminUpload)
+    }
+
+    fn swap_in(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        config: Option<&str>,
+        from: LoadedFrom,
+    ) -> Result<Uploaded, LoadError> {
         let _writer = self.writer.lock().unwrap();
+        let configured = self.cfg.plugins.contains_key(name);
         let config = match config {
             Some(c) => c.to_owned(),
             None => self
@@ -249,10 +301,20 @@ impl PolicyEngine {
                     version = %v.hash,
                     previous = previous.as_ref().map(|p| p.hash.as_str()).unwrap_or("none"),
                     took_ms = started.elapsed().as_millis() as u64,
+                    source = ?from,
                     "policy loaded"
                 );
-                self.record(name, Some(&config), Ok(()));
-                Ok(v)
+                self.record(name, Some(&config), Ok(from));
+                let result = match (&previous, configured) {
+                    (Some(_), _) => UploadResult::Swapped,
+                    (None, true) => UploadResult::Loaded,
+                    (None, false) => UploadResult::Created,
+                };
+                Ok(Uploaded {
+                    version: v,
+                    previous,
+                    result,
+                })
             }
             Err(e) => {
                 warn!(policy = name, error = %e, "policy refused; previous version stays");
@@ -262,9 +324,9 @@ impl PolicyEngine {
         }
     }
 
-    fn record(&self, name: &str, config: Option<&str>, result: Result<(), &LoadError>) {
+    fn record(&self, name: &str, config: Option<&str>, result: Result<LoadedFrom, &LoadError>) {
         let kind = match result {
-            Ok(()) => "ok",
+            Ok(_) => "ok",
             Err(e) => e.reason(),
         };
         self.metrics
@@ -280,7 +342,10 @@ impl PolicyEngine {
             s.config = c.to_owned();
         }
         match result {
-            Ok(()) => s.last_error = None,
+            Ok(from) => {
+                s.last_error = None;
+                s.loaded_from = Some(from);
+            }
             Err(e) => {
                 s.last_error = Some(e.to_string());
                 s.last_error_at = Some(SystemTime::now());
@@ -293,62 +358,48 @@ impl PolicyEngine {
         self.current.load().versions.get(name).cloned()
     }
 
-    /// Picks the policy for a workload, first match wins:
-    /// 1. the pod annotation `tidegate.io/drain-policy`;
-    /// 2. the namespace's policy label (`spec.namespace_policy`, filled by
-    ///    Kubernetes discovery from `workloads.kubernetes.policy_label`);
-    /// 3. the first matching `policies.bindings` entry;
-    /// 4. `policies.default`;
-    /// 5. the built-in fallback.
-    ///
-    /// An annotation or namespace label naming an unknown policy is logged
-    /// and skipped.
+    /// Whether `name` is a policy: configured in `policies.plugins` or uploaded.
+    pub fn is_known(&self, name: &str) -> bool {
+        self.cfg.plugins.contains_key(name) || self.version(name).is_some()
+    }
+
+    /// Which policy `workload` gets and why ([`super::resolve`] has the
+    /// precedence); the same answer [`PolicyEngine::select`] pins.
+    pub fn resolve(&self, workload: &Workload) -> Resolution {
+        let admin = self.runtime_binding(workload.uid());
+        resolve(&workload.spec, admin.as_deref(), &self.cfg, |n| {
+            self.is_known(n)
+        })
+    }
+
+    /// The policy for a workload with its current version, pinned: a drain
+    /// keeps it even if a new version is swapped in. Skipped names (an
+    /// annotation naming no policy, …) are logged.
     pub fn select(&self, workload: &Workload) -> Selection {
-        let spec = &workload.spec;
-        let known = |n: &str| self.cfg.plugins.contains_key(n) || self.version(n).is_some();
-        let pinned = |name: &str, by| Selection {
-            name: name.to_owned(),
-            by,
-            version: self.version(name),
-        };
-        if let Some(name) = spec.annotations.get(POLICY_ANNOTATION) {
-            if known(name) {
-                return pinned(name, SelectedBy::Annotation);
-            }
+        let r = self.resolve(workload);
+        for s in &r.skipped {
             warn!(
-                workload = %spec.uid,
-                policy = %name,
-                "annotation {POLICY_ANNOTATION} names an unknown policy; using bindings/default"
+                workload = %workload.spec.uid,
+                policy = %s.policy,
+                source = s.source,
+                chosen = %r.name,
+                "skipped a policy name: {}", s.reason
             );
         }
-        if let Some(name) = &spec.namespace_policy {
-            if known(name) {
-                return pinned(name, SelectedBy::Namespace);
-            }
-            warn!(
-                workload = %spec.uid,
-                policy = %name,
-                "namespace {} names an unknown policy; using bindings/default",
-                spec.namespace
-            );
-        }
-        for (i, b) in self.cfg.bindings.iter().enumerate() {
-            let ns_ok = b.namespace.as_ref().is_none_or(|ns| *ns == spec.namespace);
-            let labels_ok = b
-                .selector
-                .iter()
-                .all(|(k, v)| spec.labels.get(k) == Some(v));
-            if ns_ok && labels_ok {
-                return pinned(&b.policy, SelectedBy::Binding(i));
-            }
-        }
-        if let Some(name) = &self.cfg.default {
-            return pinned(name, SelectedBy::Default);
-        }
+        self.pin(r)
+    }
+
+    /// The selection for a resolution: its current version (none for the fallback).
+    pub(super) fn pin(&self, r: Resolution) -> Selection {
         Selection {
-            name: self.cfg.fallback.name().to_owned(),
-            by: SelectedBy::Fallback,
-            version: None,
+            version: match r.by {
+                SelectedBy::Fallback => None,
+                _ => self.version(&r.name),
+            },
+            name: r.name,
+            by: r.by,
+            why: r.why,
+            skipped: r.skipped,
         }
     }
 
@@ -468,10 +519,16 @@ impl PolicyEngine {
             .map(|name| {
                 let v = set.versions.get(name);
                 let s = sources.get(name);
+                let source = v.and(s.and_then(|s| s.loaded_from));
                 PolicyStatus {
                     name: name.clone(),
-                    file: s.and_then(|s| s.file.clone()),
                     loaded: v.is_some(),
+                    source,
+                    file: match source {
+                        Some(LoadedFrom::File) => s.and_then(|s| s.file.clone()),
+                        _ => None,
+                    },
+                    watched_file: s.and_then(|s| s.file.clone()),
                     version: v.map(|v| v.hash.clone()),
                     contract: v.map(|v| v.contract.to_string()),
                     size: v.map(|v| v.size),

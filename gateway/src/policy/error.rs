@@ -83,3 +83,34 @@ pub struct CallFailure {
     pub kind: FailureKind,
     pub detail: String,
 }
+
+/// A message on one line, for admin answers, `GET /policies` and log fields:
+/// whitespace runs (newlines of a wasm backtrace, the pretty-printed byte
+/// arrays of wasmparser's messages) become one space.
+pub(crate) fn one_line(message: impl AsRef<str>) -> String {
+    let words: Vec<&str> = message.as_ref().split_whitespace().collect();
+    words
+        .join(" ")
+        .replace("[ ", "[")
+        .replace(", ]", "]")
+        .replace(" ]", "]")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    #[test]
+    fn one_line_collapses_pretty_printed_arrays_and_backtraces() {
+        let pretty = format!("bad magic number - expected={:#x?} actual=x", [0u8, 0x61]);
+        assert!(pretty.contains('\n'));
+        assert_eq!(
+            one_line(pretty),
+            "bad magic number - expected=[0x0, 0x61] actual=x"
+        );
+        assert_eq!(
+            one_line("trap\nwasm backtrace:\n    0: f"),
+            "trap wasm backtrace: 0: f"
+        );
+    }
+}

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
@@ -49,6 +50,8 @@ pub struct PolicyMetrics {
     pub(super) quarantines: Family<PolicyLabels, Counter>,
     pub(super) ignored: Family<KindLabels, Counter>,
     pub(super) clamped: Family<PolicyLabels, Counter>,
+    /// Run-time bindings in force (`PUT /workloads/<uid>/policy`).
+    pub(super) runtime_bindings: Gauge,
     plugin_counters: Family<PluginCounterLabels, Counter>,
     plugin_names: Arc<Mutex<HashMap<String, HashSet<String>>>>,
 }
@@ -74,6 +77,7 @@ impl Default for PolicyMetrics {
             quarantines: Family::default(),
             ignored: Family::default(),
             clamped: Family::default(),
+            runtime_bindings: Gauge::default(),
             plugin_counters: Family::default(),
             plugin_names: Arc::default(),
         }
@@ -118,6 +122,11 @@ impl PolicyMetrics {
             "actions_clamped",
             "Numbers in actions clamped to the configured bounds",
             m.clamped.clone(),
+        );
+        r.register(
+            "runtime_bindings",
+            "Workloads bound to a policy at run time (PUT /workloads/<uid>/policy)",
+            m.runtime_bindings.clone(),
         );
         r.register(
             "plugin_counter",

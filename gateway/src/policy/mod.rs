@@ -4,6 +4,8 @@
 //! - [`runtime`]: engine, epoch deadlines, memory caps, host imports.
 //! - [`plugin`]: one compiled version, warm instance, failure handling.
 //! - [`engine`]: the loaded set, selection per workload, decisions, hot swap.
+//! - [`resolve`]: which policy a workload gets and why (one function for
+//!   selection and reports); `which`: run-time bindings and the report.
 //! - [`validate`], [`fallback`], [`version`], [`metrics`].
 
 pub mod bindings;
@@ -13,15 +15,19 @@ mod error;
 mod fallback;
 pub mod metrics;
 pub mod plugin;
+pub mod resolve;
 pub mod runtime;
 pub mod trace;
 mod validate;
 pub mod version;
+mod which;
 
-pub use engine::{Decision, PolicyEngine, SelectedBy, Selection, POLICY_ANNOTATION};
+pub use engine::{Decision, LoadedFrom, PolicyEngine, Selection, UploadResult, Uploaded};
 pub use error::{CallFailure, FailureKind, LoadError};
 pub use fallback::Fallback;
 pub use metrics::PolicyMetrics;
 pub use plugin::{PluginVersion, QuarantineRule};
+pub use resolve::{Resolution, SelectedBy, Skipped, POLICY_ANNOTATION};
 pub use runtime::{Clock, PolicyRuntime, RuntimeLimits};
 pub use validate::{validate, Bounds, Ignored, Validated};
+pub use which::{BindError, PolicyReport};

@@ -14,7 +14,7 @@ use wasmtime::Store;
 
 use super::bindings::{DrainPolicy, DrainPolicyPre};
 use super::convert;
-use super::error::{CallFailure, FailureKind, LoadError};
+use super::error::{one_line, CallFailure, FailureKind, LoadError};
 use super::runtime::{Clock, HostState, PolicyRuntime};
 use super::version::{self, Version};
 
@@ -129,13 +129,13 @@ impl PluginVersion {
         clock: Clock,
     ) -> Result<Arc<Self>, LoadError> {
         let component = Component::new(&runtime.engine, bytes)
-            .map_err(|e| LoadError::NotAComponent(format!("{e:#}")))?;
+            .map_err(|e| LoadError::NotAComponent(one_line(format!("{e:#}"))))?;
         let contract = version::check(&runtime.engine, &component)?;
         let pre = runtime
             .linker
             .instantiate_pre(&component)
             .and_then(DrainPolicyPre::new)
-            .map_err(|e| LoadError::Instantiate(format!("{e:#}")))?;
+            .map_err(|e| LoadError::Instantiate(one_line(format!("{e:#}"))))?;
         let version = Arc::new(PluginVersion {
             name: name.to_owned(),
             hash: digest(bytes, config),
@@ -154,7 +154,7 @@ impl PluginVersion {
             instantiations: AtomicU64::new(0),
         });
         let warm = version.instantiate(clock).map_err(|f| match f.kind {
-            FailureKind::Init => LoadError::Init(f.detail),
+            FailureKind::Init => LoadError::Init(one_line(f.detail)),
             _ => LoadError::Instantiate(f.to_string()),
         })?;
         *version.warm.lock().unwrap() = Some(warm);
@@ -305,6 +305,6 @@ fn classify(store: &Store<HostState>, e: wasmtime::Error) -> CallFailure {
     };
     CallFailure {
         kind,
-        detail: format!("{e:#}"),
+        detail: one_line(format!("{e:#}")),
     }
 }

@@ -66,9 +66,7 @@ pub fn run_trace(bytes: &[u8], trace: &Trace) -> Result<String, String> {
         match version.call_raw(&step.event, Clock::Fixed(now)) {
             Ok(actual) => {
                 if let Some(diff) = diff_actions(&step.expect, &actual) {
-                    failures.push(format!(
-                        "{label}: actions differ (- expected, + actual)\n{diff}"
-                    ));
+                    failures.push(format!("{label}: actions differ\n{diff}"));
                     continue;
                 }
                 let v = validate(&step.event, actual, &Bounds::default());

@@ -72,13 +72,19 @@ fn main() -> anyhow::Result<()> {
                     .add_backend(&lb, set, ip, port.parse()?)
                     .map_err(anyhow::Error::msg)?;
             }
-            if let Some(out) = ca_out {
-                std::fs::copy(double.ca_file(), &out)?;
-            }
+            // The CA the gateway is pointed at: the --ca-out copy (the
+            // temporary original goes away with the double).
+            let ca = match ca_out {
+                Some(out) => {
+                    std::fs::copy(double.ca_file(), &out)?;
+                    std::path::PathBuf::from(out)
+                }
+                None => double.ca_file(),
+            };
             println!(
                 "oci-double listening on {} (CA {})",
                 double.endpoint(),
-                double.ca_file().display()
+                ca.display()
             );
             let mut seen = 0;
             loop {

@@ -252,7 +252,7 @@ async fn the_workload_file_raises_shutdown_and_delete() {
         .collect();
     std::fs::write(&file, without).unwrap();
     eventually("deleted from the file", Duration::from_secs(10), || {
-        nodes.server.drains.list()[0].phase == "Deleted"
+        nodes.server.drains.list()[0].phase == tidegate::drains::Phase::Deleted
     })
     .await;
     assert_eq!(nodes.server.drains.list()[0].ended, Some("completed"));

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tidegate_e2e::{plugin, round_trip, Options, TwoNodes};
+use tidegate_e2e::{http, plugin, round_trip, Options, TwoNodes};
 use tidegate_sdk as sdk;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -22,28 +22,6 @@ fn hard_deadline(d: &tidegate::policy::Decision) -> u64 {
         [sdk::Action::Goaway(g)] => g.hard_deadline_ms.unwrap(),
         other => panic!("expected one goaway, got {other:?}"),
     }
-}
-
-async fn http(
-    addr: std::net::SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &str,
-    body: &[u8],
-) -> (u16, String) {
-    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\n{headers}\r\n",
-        body.len()
-    );
-    tcp.write_all(head.as_bytes()).await.unwrap();
-    tcp.write_all(body).await.unwrap();
-    let mut out = String::new();
-    tcp.read_to_string(&mut out).await.unwrap();
-    (
-        out[9..12].parse().unwrap(),
-        out.split_once("\r\n\r\n").unwrap().1.to_owned(),
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -216,6 +194,8 @@ async fn misbehaving_plugins_never_disturb_traffic() {
             name: "bad".into(),
             by: tidegate::policy::SelectedBy::Default,
             version: engine.version("bad"),
+            why: String::new(),
+            skipped: Vec::new(),
         };
         let deleted = sdk::Event::WorkloadDeleted(sdk::WorkloadState::new(sdk::WorkloadInfo::new(
             echo.uid(),

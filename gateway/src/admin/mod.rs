@@ -1,5 +1,15 @@
 //! The admin (127.0.0.1:15000), metrics (:15020) and readiness (:15021)
 //! HTTP servers.
+//!
+//! - [`policies`]: `PUT /policies/<name>` (upload, hot swap).
+//! - [`workloads`]: `/workloads/<uid>/…` lifecycle events and run-time policy bindings.
+//! - [`config_dump`]: `GET /config_dump`, each workload with its phase and policy.
+
+mod config_dump;
+mod policies;
+mod workloads;
+
+pub use policies::POLICY_CONFIG_HEADER;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,26 +53,27 @@ fn text(status: StatusCode, body: impl Into<String>) -> Response<Body> {
 }
 
 fn json_response(v: serde_json::Value) -> Response<Body> {
-    Response::builder()
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(
-            serde_json::to_vec_pretty(&v).expect("json values serialize"),
-        )))
-        .expect("static response")
+    json_status(StatusCode::OK, v)
 }
 
-/// Largest plugin accepted by `PUT /policies/<name>`.
-const MAX_PLUGIN_BYTES: usize = 32 << 20;
-
-/// Header carrying the configuration for a plugin uploaded with PUT.
-pub const POLICY_CONFIG_HEADER: &str = "tidegate-policy-config";
+fn json_status(status: StatusCode, v: serde_json::Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from({
+            let mut body = serde_json::to_vec_pretty(&v).expect("json values serialize");
+            body.push(b'\n');
+            body
+        })))
+        .expect("static response")
+}
 
 /// Routes of the admin port.
 pub async fn admin(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body> {
     if let Some(name) = req.uri().path().strip_prefix("/policies/") {
         let name = name.to_owned();
         return match *req.method() {
-            Method::PUT => put_policy(state, name, req).await,
+            Method::PUT => policies::put(state, name, req).await,
             _ => text(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "use PUT /policies/<name> with the component as the body\n",
@@ -71,136 +82,16 @@ pub async fn admin(state: Arc<AdminState>, req: Request<Incoming>) -> Response<B
     }
     if let Some(rest) = req.uri().path().strip_prefix("/workloads/") {
         let rest = rest.to_owned();
-        return workload_event(state, req.method().clone(), &rest, req.uri().query()).await;
+        return workloads::route(state, &rest, req).await;
     }
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/drains") => json_response(json!({ "drains": state.drains.list() })),
         (&Method::GET, "/policies") => json_response(json!({ "policies": state.policies.list() })),
-        (&Method::GET, "/config_dump") => {
-            let snapshot = state.workloads.snapshot();
-            let workloads: Vec<_> = snapshot.iter().map(|w| w.as_ref()).collect();
-            json_response(json!({
-                "node": state.node,
-                "workloads": workloads,
-                "workloads_generation": snapshot.generation,
-                "inbound_tunnels": state.registry.dump(),
-                "pool": state.pool.dump(),
-            }))
-        }
+        (&Method::GET, "/config_dump") => json_response(config_dump::dump(&state)),
         (_, "/config_dump") => text(StatusCode::METHOD_NOT_ALLOWED, "use GET /config_dump\n"),
         (_, path) => text(
             StatusCode::NOT_FOUND,
             format!("no admin endpoint {path}; try GET /config_dump, GET /policies, PUT /policies/<name>\n"),
-        ),
-    }
-}
-
-/// `POST /workloads/<uid>/shutdown-starting[?grace=30s]`,
-/// `POST /workloads/<uid>/teardown`, `DELETE /workloads/<uid>`: lifecycle
-/// events for operators, scripts and tests. A teardown answers once the
-/// policy's hold (if any) is over.
-async fn workload_event(
-    state: Arc<AdminState>,
-    method: Method,
-    rest: &str,
-    query: Option<&str>,
-) -> Response<Body> {
-    use crate::drains::{Lifecycle, Trigger};
-    let (uid, what) = match (method, rest.split_once('/')) {
-        (Method::POST, Some((uid, "shutdown-starting"))) => {
-            let grace = query
-                .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("grace=")))
-                .map(crate::config::duration::parse);
-            let grace = match grace {
-                None => Ok(std::time::Duration::from_secs(30)),
-                Some(g) => g,
-            };
-            match grace {
-                Ok(grace) => (uid, Lifecycle::ShutdownStarted { grace }),
-                Err(e) => return text(StatusCode::BAD_REQUEST, format!("query `grace`: {e}\n")),
-            }
-        }
-        (Method::POST, Some((uid, "teardown"))) => (uid, Lifecycle::Teardown),
-        (Method::DELETE, None) => (rest, Lifecycle::Deleted),
-        _ => {
-            return text(
-                StatusCode::NOT_FOUND,
-                "use POST /workloads/<uid>/shutdown-starting[?grace=30s], POST /workloads/<uid>/teardown or DELETE /workloads/<uid>\n",
-            )
-        }
-    };
-    match state.drains.on_lifecycle(uid, what, Trigger::Admin).await {
-        Ok(outcome) => json_response(serde_json::to_value(outcome).expect("outcome serializes")),
-        Err(e) => text(StatusCode::NOT_FOUND, format!("{e}\n")),
-    }
-}
-
-/// Compiles and validates the uploaded plugin off the data path, then swaps
-/// it in. A refused plugin leaves the previous version in place: 422 with the reason.
-async fn put_policy(
-    state: Arc<AdminState>,
-    name: String,
-    req: Request<Incoming>,
-) -> Response<Body> {
-    use http_body_util::BodyExt;
-    let valid_name = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    if !valid_name {
-        return text(
-            StatusCode::BAD_REQUEST,
-            format!("policy name {name:?} must be 1-64 letters, digits, '-' or '_'\n"),
-        );
-    }
-    let config = match req.headers().get(POLICY_CONFIG_HEADER).map(|v| v.to_str()) {
-        Some(Ok(c)) => Some(c.to_owned()),
-        Some(Err(_)) => {
-            return text(
-                StatusCode::BAD_REQUEST,
-                format!("header {POLICY_CONFIG_HEADER} must be visible ASCII\n"),
-            )
-        }
-        None => None,
-    };
-    let body = http_body_util::Limited::new(req.into_body(), MAX_PLUGIN_BYTES);
-    let bytes = match body.collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            return text(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("cannot read the plugin (at most {MAX_PLUGIN_BYTES} bytes): {e}\n"),
-            )
-        }
-    };
-    let policies = state.policies.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        policies
-            .install(&name, &bytes, config.as_deref())
-            .map(|v| (v.name.clone(), v.hash.clone()))
-    })
-    .await;
-    match result {
-        Ok(Ok((name, version))) => {
-            json_response(json!({ "policy": name, "version": version, "result": "swapped" }))
-        }
-        Ok(Err(e)) => Response::builder()
-            .status(StatusCode::UNPROCESSABLE_ENTITY)
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(
-                serde_json::to_vec_pretty(&json!({
-                    "result": "refused",
-                    "reason": e.reason(),
-                    "error": e.to_string(),
-                    "kept": "the previous version (if any) stays in place",
-                }))
-                .expect("json"),
-            )))
-            .expect("static response"),
-        Err(e) => text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("loader crashed: {e}\n"),
         ),
     }
 }

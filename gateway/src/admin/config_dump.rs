@@ -1,0 +1,36 @@
+//! `GET /config_dump`: the node, every workload (a local one with its real
+//! lifecycle phase and its policy: name, version, source, why), the inbound
+//! tunnels and the outbound pool.
+
+use serde_json::{json, Value};
+
+use super::AdminState;
+use crate::workloads::Workload;
+
+pub(super) fn dump(state: &AdminState) -> Value {
+    let snapshot = state.workloads.snapshot();
+    let workloads: Vec<Value> = snapshot.iter().map(|w| workload(state, w)).collect();
+    json!({
+        "node": state.node,
+        "workloads": workloads,
+        "workloads_generation": snapshot.generation,
+        "inbound_tunnels": state.registry.dump(),
+        "pool": state.pool.dump(),
+    })
+}
+
+/// One workload as its source gave it, plus for a local one:
+/// - `state`: the drain engine's phase (`running`, `shutting-down`,
+///   `torn-down`, `deleted`), and `source_state` what the source says;
+/// - `policy`: [`crate::policy::PolicyReport`].
+fn workload(state: &AdminState, w: &Workload) -> Value {
+    let mut v = serde_json::to_value(w).expect("workloads serialize");
+    if w.local {
+        let (phase, pinned) = state.drains.phase_of(w.uid());
+        let report = state.policies.report(w, pinned.as_ref());
+        v["source_state"] = v["state"].take();
+        v["state"] = json!(phase);
+        v["policy"] = serde_json::to_value(report).expect("reports serialize");
+    }
+    v
+}

@@ -1,0 +1,220 @@
+//! Which policy a workload gets, and why. One function, [`resolve`], is used
+//! both by the drain engine's selection and by the reports (`/config_dump`,
+//! `tidegate workloads`), so what is shown is what decides.
+//!
+//! Precedence, first match wins:
+//! 1. a run-time binding set with `PUT /workloads/<uid>/policy` (`admin`);
+//! 2. the pod annotation `tidegate.io/drain-policy` (`annotation`);
+//! 3. the namespace's policy label (`namespace`);
+//! 4. the first matching `policies.bindings` entry (`binding`);
+//! 5. `policies.default` (`default`);
+//! 6. the built-in fallback (`fallback`).
+//!
+//! A name in 1–3 that is no policy (neither configured nor uploaded) is
+//! skipped, and the skip is part of the answer.
+
+use serde::Serialize;
+
+use crate::config::PoliciesConfig;
+use crate::workloads::WorkloadSpec;
+
+/// The annotation that picks a workload's policy by name.
+pub const POLICY_ANNOTATION: &str = "tidegate.io/drain-policy";
+
+/// How a workload's policy was chosen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SelectedBy {
+    /// A run-time binding (`PUT /workloads/<uid>/policy`).
+    Admin,
+    Annotation,
+    /// The namespace's policy label (Kubernetes discovery).
+    Namespace,
+    /// The index in `policies.bindings`.
+    Binding(usize),
+    Default,
+    Fallback,
+}
+
+impl SelectedBy {
+    /// The kebab-case name shown in `/config_dump` (`source`).
+    pub fn label(&self) -> &'static str {
+        match self {
+            SelectedBy::Admin => "admin",
+            SelectedBy::Annotation => "annotation",
+            SelectedBy::Namespace => "namespace",
+            SelectedBy::Binding(_) => "binding",
+            SelectedBy::Default => "default",
+            SelectedBy::Fallback => "fallback",
+        }
+    }
+}
+
+/// A name the resolution passed over, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Skipped {
+    pub policy: String,
+    /// Where the name came from (`admin`, `annotation`, `namespace`).
+    pub source: &'static str,
+    pub reason: String,
+}
+
+/// The answer of [`resolve`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolution {
+    pub name: String,
+    pub by: SelectedBy,
+    /// Human-readable: the rule that chose `name`.
+    pub why: String,
+    pub skipped: Vec<Skipped>,
+}
+
+/// Resolves the policy of `spec`. `admin` is its run-time binding (if any);
+/// `known` says whether a name is a policy (configured or uploaded).
+pub fn resolve(
+    spec: &WorkloadSpec,
+    admin: Option<&str>,
+    cfg: &PoliciesConfig,
+    known: impl Fn(&str) -> bool,
+) -> Resolution {
+    let mut skipped = Vec::new();
+    let named = [
+        (
+            admin.map(str::to_owned),
+            SelectedBy::Admin,
+            format!("run-time binding (PUT /workloads/{}/policy)", spec.uid),
+        ),
+        (
+            spec.annotations.get(POLICY_ANNOTATION).cloned(),
+            SelectedBy::Annotation,
+            format!("pod annotation {POLICY_ANNOTATION}"),
+        ),
+        (
+            spec.namespace_policy.clone(),
+            SelectedBy::Namespace,
+            format!("namespace {}'s policy label", spec.namespace),
+        ),
+    ];
+    for (name, by, why) in named {
+        let Some(name) = name else { continue };
+        if known(&name) {
+            return Resolution {
+                name,
+                by,
+                why,
+                skipped,
+            };
+        }
+        skipped.push(Skipped {
+            policy: name,
+            source: by.label(),
+            reason: "no such policy (neither in policies.plugins nor uploaded)".into(),
+        });
+    }
+    for (i, b) in cfg.bindings.iter().enumerate() {
+        let ns_ok = b.namespace.as_ref().is_none_or(|ns| *ns == spec.namespace);
+        let labels_ok = b
+            .selector
+            .iter()
+            .all(|(k, v)| spec.labels.get(k) == Some(v));
+        if ns_ok && labels_ok {
+            let mut what: Vec<String> = b
+                .namespace
+                .iter()
+                .map(|ns| format!("namespace {ns}"))
+                .collect();
+            what.extend(b.selector.iter().map(|(k, v)| format!("{k}={v}")));
+            if what.is_empty() {
+                what.push("every workload".into());
+            }
+            return Resolution {
+                name: b.policy.clone(),
+                by: SelectedBy::Binding(i),
+                why: format!("policies.bindings[{i}] ({})", what.join(", ")),
+                skipped,
+            };
+        }
+    }
+    if let Some(name) = &cfg.default {
+        return Resolution {
+            name: name.clone(),
+            by: SelectedBy::Default,
+            why: "policies.default (no binding matched)".into(),
+            skipped,
+        };
+    }
+    Resolution {
+        name: cfg.fallback.name().to_owned(),
+        by: SelectedBy::Fallback,
+        why: "built-in fallback (no binding matched, policies.default unset)".into(),
+        skipped,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(yaml: &str) -> WorkloadSpec {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    fn cfg(yaml: &str) -> PoliciesConfig {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    const CFG: &str =
+        "default: d\nplugins:\n  a: {file: a.wasm}\n  b: {file: b.wasm}\n  d: {file: d.wasm}\n\
+                       bindings:\n  - {namespace: pay, selector: {app: web}, policy: b}\n";
+
+    #[test]
+    fn precedence_admin_annotation_namespace_binding_default() {
+        let c = cfg(CFG);
+        let known = |n: &str| ["a", "b", "d"].contains(&n);
+        let w = spec(
+            "{uid: u, name: w, namespace: pay, labels: {app: web}, ips: [10.0.0.1], node: n, \
+             annotations: {tidegate.io/drain-policy: a}, namespace_policy: d}",
+        );
+        let r = resolve(&w, Some("b"), &c, known);
+        assert_eq!((r.name.as_str(), r.by), ("b", SelectedBy::Admin));
+        let r = resolve(&w, None, &c, known);
+        assert_eq!((r.name.as_str(), r.by), ("a", SelectedBy::Annotation));
+        let mut w2 = w.clone();
+        w2.annotations.clear();
+        let r = resolve(&w2, None, &c, known);
+        assert_eq!((r.name.as_str(), r.by), ("d", SelectedBy::Namespace));
+        w2.namespace_policy = None;
+        let r = resolve(&w2, None, &c, known);
+        assert_eq!((r.name.as_str(), r.by), ("b", SelectedBy::Binding(0)));
+        assert_eq!(r.why, "policies.bindings[0] (namespace pay, app=web)");
+        w2.labels.clear();
+        let r = resolve(&w2, None, &c, known);
+        assert_eq!((r.name.as_str(), r.by), ("d", SelectedBy::Default));
+        let r = resolve(&w2, None, &cfg("{}"), known);
+        assert_eq!(r.by, SelectedBy::Fallback);
+        assert_eq!(r.name, "builtin:keepalive-only");
+    }
+
+    #[test]
+    fn unknown_names_are_skipped_and_reported() {
+        let c = cfg(CFG);
+        let w = spec(
+            "{uid: u, name: w, ips: [10.0.0.1], node: n, \
+             annotations: {tidegate.io/drain-policy: typo}, namespace_policy: nope}",
+        );
+        let r = resolve(&w, Some("gone"), &c, |n| n == "d");
+        assert_eq!((r.name.as_str(), r.by), ("d", SelectedBy::Default));
+        let skipped: Vec<_> = r
+            .skipped
+            .iter()
+            .map(|s| (s.policy.as_str(), s.source))
+            .collect();
+        assert_eq!(
+            skipped,
+            [
+                ("gone", "admin"),
+                ("typo", "annotation"),
+                ("nope", "namespace")
+            ]
+        );
+    }
+}
