@@ -30,6 +30,8 @@ pub struct AdminState {
     pub pool: Arc<Pool>,
     pub policies: Arc<PolicyEngine>,
     pub drains: Arc<crate::drains::DrainEngine>,
+    /// `drains.default_grace`: the grace of a `shutdown-starting` without `?grace=`.
+    pub default_grace: std::time::Duration,
     pub metrics: prometheus_client::registry::Registry,
     pub ready: AtomicBool,
 }
@@ -112,7 +114,7 @@ async fn workload_event(
                 .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("grace=")))
                 .map(crate::config::duration::parse);
             let grace = match grace {
-                None => Ok(std::time::Duration::from_secs(30)),
+                None => Ok(state.default_grace),
                 Some(g) => g,
             };
             match grace {
