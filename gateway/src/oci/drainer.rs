@@ -26,9 +26,9 @@ use tokio::time::Instant;
 use tracing::{info, warn, Instrument as _};
 
 use super::client::{OciClient, OciError};
-use super::OciConfig;
 use super::metrics::{CapacityLabels, OciMetrics, OutcomeLabels};
 use super::model::{LoadBalancer, UpdateBackendDetails};
+use super::OciConfig;
 use crate::drain::DrainWatch;
 use crate::workloads::{WorkloadSnapshot, WorkloadStore};
 
