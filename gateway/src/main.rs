@@ -1,3 +1,5 @@
+#![forbid(unsafe_code)]
+
 use clap::Parser;
 use tidegate::cli::{Cli, Command, PolicyCommand};
 use tracing_subscriber::EnvFilter;

@@ -24,6 +24,7 @@ pub fn ip(octet: u8, host: u8) -> IpAddr {
 
 /// Raises the open-file soft limit to the hard limit (1,000-stream tests need ~4,000 fds).
 pub fn raise_fd_limit() {
+    // SAFETY: getrlimit/setrlimit only read/write the local `rlimit` passed by pointer.
     unsafe {
         let mut r = libc::rlimit {
             rlim_cur: 0,
