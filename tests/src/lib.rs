@@ -117,25 +117,56 @@ pub async fn round_trip(tcp: &mut TcpStream, data: &[u8]) -> std::io::Result<Vec
     Ok(back)
 }
 
-/// The value of the sample `series` (name with labels, exactly as encoded) or 0.
+/// The value of the sample `series` (name with labels, exactly as encoded).
+/// Panics when the series is absent: a renamed metric or label must fail the
+/// test, not read as 0.
 pub fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| {
-            let (name, value) = l.rsplit_once(' ')?;
-            (name == series).then(|| value.parse().ok())?
-        })
-        .unwrap_or(0.0)
+    find_metric(text, series)
+        .unwrap_or_else(|| panic!("no metric series `{series}` in the exposition:\n{text}"))
 }
 
-/// Polls `check` every few milliseconds until it holds; panics after `within`.
-pub async fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
+/// [`metric`], but 0 when the series is absent. Only for a *labelled*
+/// series polled before its first increment: prometheus-client encodes a
+/// label set only once it has been used, so absence is that series' zero.
+/// Pair it with a positive expectation (an [`eventually`] that waits for a
+/// value above 0) so that a rename still fails — by timing out.
+pub fn metric_or_zero(text: &str, series: &str) -> f64 {
+    assert!(
+        series.contains('{'),
+        "metric_or_zero is for labelled series; `{series}` is always encoded, use metric"
+    );
+    find_metric(text, series).unwrap_or(0.0)
+}
+
+fn find_metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let (name, value) = l.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().ok())?
+    })
+}
+
+/// Polls `poll` every few milliseconds until it yields a value, and returns
+/// it; panics after `within` naming `what`. The one poll loop of the tests.
+pub async fn wait_for<T, F, Fut>(what: &str, within: Duration, mut poll: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
     let deadline = tokio::time::Instant::now() + within;
-    while !check() {
+    loop {
+        if let Some(v) = poll().await {
+            return v;
+        }
         if tokio::time::Instant::now() > deadline {
             panic!("timed out after {within:?} waiting for: {what}");
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// Polls `check` every few milliseconds until it holds; panics after `within`.
+pub async fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
+    wait_for(what, within, || std::future::ready(check().then_some(()))).await
 }
 
 /// Identities used by [`TwoNodes`].

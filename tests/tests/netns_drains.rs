@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tidegate_e2e::{metric, plugin};
+use tidegate_e2e::{metric, metric_or_zero, plugin};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -858,7 +858,7 @@ async fn evict_on_delete_in_network_namespaces() {
             Duration::from_secs(5),
             |m| {
                 metric(m, POOLED) == 0.0
-                    && metric(
+                    && metric_or_zero(
                         m,
                         r#"tidegate_pool_tunnels_closed_total{reason="evicted_now"}"#,
                     ) == 1.0
