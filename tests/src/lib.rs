@@ -359,3 +359,48 @@ pub fn plugin(name: &str) -> std::path::PathBuf {
     );
     p.canonicalize().unwrap()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = "# TYPE x counter\nx_total 0\ny_total{reason=\"a\"} 2\n";
+
+    #[test]
+    fn metric_reads_present_series() {
+        assert_eq!(metric(TEXT, "x_total"), 0.0);
+        assert_eq!(metric(TEXT, r#"y_total{reason="a"}"#), 2.0);
+        assert_eq!(metric_or_zero(TEXT, r#"y_total{reason="b"}"#), 0.0);
+    }
+
+    #[test]
+    #[should_panic(expected = "no metric series `x_renamed_total`")]
+    fn a_missing_series_fails() {
+        metric(TEXT, "x_renamed_total");
+    }
+
+    #[test]
+    #[should_panic(expected = "is always encoded")]
+    fn metric_or_zero_refuses_unlabelled_series() {
+        metric_or_zero(TEXT, "x_total");
+    }
+
+    #[tokio::test]
+    async fn wait_for_returns_the_first_value_and_times_out_naming_what() {
+        let mut n = 0;
+        let got = wait_for("n to reach 3", Duration::from_secs(5), || {
+            n += 1;
+            std::future::ready((n >= 3).then_some(n))
+        })
+        .await;
+        assert_eq!(got, 3);
+        let e = tokio::spawn(wait_for("never", Duration::from_millis(20), || {
+            std::future::ready(None::<()>)
+        }))
+        .await
+        .unwrap_err();
+        let msg = e.into_panic();
+        let msg = msg.downcast_ref::<String>().unwrap();
+        assert!(msg.contains("waiting for: never"), "{msg}");
+    }
+}
