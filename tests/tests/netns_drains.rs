@@ -344,14 +344,10 @@ impl CniDel {
     /// Waits (bounded) for the process to exit; returns its output, its
     /// stderr and how long it ran.
     async fn wait(self, within: Duration) -> (Output, String, Duration) {
-        let deadline = Instant::now() + within;
-        while !self.join.is_finished() {
-            assert!(
-                Instant::now() < deadline,
-                "tidegate-cni DEL did not exit within {within:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        tidegate_e2e::wait_for("tidegate-cni DEL to exit", within, || {
+            std::future::ready(self.join.is_finished().then_some(()))
+        })
+        .await;
         let (out, ended) = self.join.join().expect("tidegate-cni thread panicked");
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         (out, stderr, ended.duration_since(self.started))
