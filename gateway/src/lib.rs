@@ -5,6 +5,8 @@
 //! → peer's [`inbound`] (15008) → [`hbone::server`] → the workload.
 //! [`app`] wires everything; [`config`] is the one typed configuration.
 
+#![forbid(unsafe_code)]
+
 pub mod admin;
 pub mod app;
 pub mod cli;

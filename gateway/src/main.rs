@@ -1,3 +1,5 @@
+#![forbid(unsafe_code)]
+
 use clap::Parser;
 use tidegate::cli::{Cli, Command, PolicyCommand};
 use tracing_subscriber::EnvFilter;
@@ -27,7 +29,10 @@ fn main() -> std::process::ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Some(Command::Policy(cmd)) = cli.command {
-        return policy(cmd);
+        // The same config `run` would use (`--config`, `TIDEGATE_*`, `--set`,
+        // else the embedded default), so plugins run under the gateway's limits.
+        let config = cli.config.load()?;
+        return policy(cmd, &config.policies);
     }
     if let Some(Command::Plugin(cmd)) = cli.command {
         return tidegate::plugin_tools::run(cmd);
@@ -56,13 +61,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 /// `tidegate policy …`: prints the report; a failure is the error (exit 1).
-fn policy(cmd: PolicyCommand) -> anyhow::Result<()> {
+fn policy(cmd: PolicyCommand, limits: &tidegate::config::PoliciesConfig) -> anyhow::Result<()> {
     let result = match cmd {
-        PolicyCommand::Test { plugin, trace } => tidegate::policy::trace::test(&plugin, &trace),
+        PolicyCommand::Test { plugin, trace } => {
+            tidegate::policy::trace::test(&plugin, &trace, limits)
+        }
         PolicyCommand::Check {
             plugin,
             policy_config,
-        } => tidegate::policy::trace::check(&plugin, &policy_config),
+        } => tidegate::policy::trace::check(&plugin, &policy_config, limits),
     };
     match result {
         Ok(report) => {

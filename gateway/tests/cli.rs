@@ -512,3 +512,42 @@ fn http_put(addr: &str, path: &str, body: &[u8]) -> String {
     tcp.read_to_string(&mut out).unwrap();
     out
 }
+
+/// `policy check`/`policy test` load the config as `run` does and run the
+/// plugin under its `policies:` limits (they used to have built-in limits of
+/// their own, with a different init deadline than the gateway's).
+#[test]
+fn policy_check_runs_under_the_configs_plugin_limits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wasm = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/plugins/recommended.wasm"
+    );
+    let out = ok(&tidegate_in(tmp.path(), &["policy", "check", wasm]));
+    assert!(out.starts_with("ok: "), "{out}");
+    let err = refused(&tidegate_in(
+        tmp.path(),
+        &[
+            "--set",
+            "policies.memory_limit=64KiB",
+            "policy",
+            "check",
+            wasm,
+        ],
+    ));
+    assert!(err.contains("refused") && err.contains("memory"), "{err}");
+    let err = refused(&tidegate_in(
+        tmp.path(),
+        &[
+            "--set",
+            "policies.init_deadline=9999999999h",
+            "policy",
+            "check",
+            wasm,
+        ],
+    ));
+    assert!(
+        err.contains("`policies.init_deadline`") && err.contains("8784h"),
+        "{err}"
+    );
+}

@@ -51,13 +51,15 @@ fn metrics_text(r: &prometheus_client::registry::Registry) -> String {
     s
 }
 
+/// The sample `series`; a missing series fails the test (a renamed metric
+/// must not read as 0).
 fn metric(text: &str, series: &str) -> f64 {
     text.lines()
         .find_map(|l| {
             let (n, v) = l.rsplit_once(' ')?;
             (n == series).then(|| v.parse().ok())?
         })
-        .unwrap_or(0.0)
+        .unwrap_or_else(|| panic!("no metric series `{series}` in:\n{text}"))
 }
 
 fn workload(uid: &str) -> sdk::WorkloadState {

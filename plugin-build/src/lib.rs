@@ -12,6 +12,8 @@
 //!
 //! No wasmtime here: xtask links this crate without the gateway.
 
+#![forbid(unsafe_code)]
+
 pub mod build_crate;
 pub mod cargo;
 pub mod component;

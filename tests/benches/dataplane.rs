@@ -5,7 +5,7 @@
 //! ```
 //!
 //! Every figure is printed next to a raw loopback TCP baseline measured in the
-//! same run (DESIGN.md: ratios, never absolute times alone). Every loop is
+//! same run (ratios, never absolute times alone; see the README, "Benchmarks"). Every loop is
 //! bounded in count and in time; the whole run takes about two minutes.
 //!
 //! Two modes, named next to each figure:
@@ -127,6 +127,7 @@ impl std::fmt::Display for Lat {
 /// this process (application side + backend side); the gateway processes
 /// inherit the limit. Root may raise the hard limit; otherwise soft = hard.
 fn raise_nofile(want: u64) -> u64 {
+    // SAFETY: getrlimit/setrlimit only read/write the local `rlimit` passed by pointer.
     unsafe {
         let mut r = libc::rlimit {
             rlim_cur: 0,
@@ -733,6 +734,7 @@ fn cpu_secs(pid: u32) -> f64 {
             .and_then(|v| v.parse::<f64>().ok())
             .unwrap_or(f64::NAN)
     };
+    // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     (ticks(14) + ticks(15)) / hz
 }
@@ -747,6 +749,8 @@ fn loadavg() -> String {
 /// even if this program is killed.
 fn die_with_parent(cmd: &mut Command) -> &mut Command {
     use std::os::unix::process::CommandExt;
+    // SAFETY: the pre_exec hook only calls prctl(2), which is async-signal-safe
+    // and allocates nothing, as required between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
@@ -1130,6 +1134,7 @@ fn start_perf(pids: &[u32]) -> Option<Child> {
 
 fn stop_perf(perf: Option<Child>) {
     if let Some(mut p) = perf {
+        // SAFETY: kill(2) on the pid of a child this program spawned and has not reaped.
         unsafe { libc::kill(p.id() as i32, libc::SIGINT) };
         let _ = p.wait();
     }
@@ -1289,6 +1294,8 @@ fn in_new_netns<T: Send + 'static>(
     f: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
 ) -> anyhow::Result<T> {
     std::thread::spawn(move || {
+        // SAFETY: unshare(2) moves only this fresh thread into a new network
+        // namespace; no memory is involved.
         if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
             bail!(
                 "unshare(CLONE_NEWNET): {} (needs root)",

@@ -24,6 +24,7 @@ pub fn ip(octet: u8, host: u8) -> IpAddr {
 
 /// Raises the open-file soft limit to the hard limit (1,000-stream tests need ~4,000 fds).
 pub fn raise_fd_limit() {
+    // SAFETY: getrlimit/setrlimit only read/write the local `rlimit` passed by pointer.
     unsafe {
         let mut r = libc::rlimit {
             rlim_cur: 0,
@@ -116,25 +117,56 @@ pub async fn round_trip(tcp: &mut TcpStream, data: &[u8]) -> std::io::Result<Vec
     Ok(back)
 }
 
-/// The value of the sample `series` (name with labels, exactly as encoded) or 0.
+/// The value of the sample `series` (name with labels, exactly as encoded).
+/// Panics when the series is absent: a renamed metric or label must fail the
+/// test, not read as 0.
 pub fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| {
-            let (name, value) = l.rsplit_once(' ')?;
-            (name == series).then(|| value.parse().ok())?
-        })
-        .unwrap_or(0.0)
+    find_metric(text, series)
+        .unwrap_or_else(|| panic!("no metric series `{series}` in the exposition:\n{text}"))
 }
 
-/// Polls `check` every few milliseconds until it holds; panics after `within`.
-pub async fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
+/// [`metric`], but 0 when the series is absent. Only for a *labelled*
+/// series polled before its first increment: prometheus-client encodes a
+/// label set only once it has been used, so absence is that series' zero.
+/// Pair it with a positive expectation (an [`eventually`] that waits for a
+/// value above 0) so that a rename still fails — by timing out.
+pub fn metric_or_zero(text: &str, series: &str) -> f64 {
+    assert!(
+        series.contains('{'),
+        "metric_or_zero is for labelled series; `{series}` is always encoded, use metric"
+    );
+    find_metric(text, series).unwrap_or(0.0)
+}
+
+fn find_metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let (name, value) = l.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().ok())?
+    })
+}
+
+/// Polls `poll` every few milliseconds until it yields a value, and returns
+/// it; panics after `within` naming `what`. The one poll loop of the tests.
+pub async fn wait_for<T, F, Fut>(what: &str, within: Duration, mut poll: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
     let deadline = tokio::time::Instant::now() + within;
-    while !check() {
+    loop {
+        if let Some(v) = poll().await {
+            return v;
+        }
         if tokio::time::Instant::now() > deadline {
             panic!("timed out after {within:?} waiting for: {what}");
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// Polls `check` every few milliseconds until it holds; panics after `within`.
+pub async fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
+    wait_for(what, within, || std::future::ready(check().then_some(()))).await
 }
 
 /// Identities used by [`TwoNodes`].
@@ -352,4 +384,49 @@ pub fn plugin(name: &str) -> std::path::PathBuf {
         p.display()
     );
     p.canonicalize().unwrap()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = "# TYPE x counter\nx_total 0\ny_total{reason=\"a\"} 2\n";
+
+    #[test]
+    fn metric_reads_present_series() {
+        assert_eq!(metric(TEXT, "x_total"), 0.0);
+        assert_eq!(metric(TEXT, r#"y_total{reason="a"}"#), 2.0);
+        assert_eq!(metric_or_zero(TEXT, r#"y_total{reason="b"}"#), 0.0);
+    }
+
+    #[test]
+    #[should_panic(expected = "no metric series `x_renamed_total`")]
+    fn a_missing_series_fails() {
+        metric(TEXT, "x_renamed_total");
+    }
+
+    #[test]
+    #[should_panic(expected = "is always encoded")]
+    fn metric_or_zero_refuses_unlabelled_series() {
+        metric_or_zero(TEXT, "x_total");
+    }
+
+    #[tokio::test]
+    async fn wait_for_returns_the_first_value_and_times_out_naming_what() {
+        let mut n = 0;
+        let got = wait_for("n to reach 3", Duration::from_secs(5), || {
+            n += 1;
+            std::future::ready((n >= 3).then_some(n))
+        })
+        .await;
+        assert_eq!(got, 3);
+        let e = tokio::spawn(wait_for("never", Duration::from_millis(20), || {
+            std::future::ready(None::<()>)
+        }))
+        .await
+        .unwrap_err();
+        let msg = e.into_panic();
+        let msg = msg.downcast_ref::<String>().unwrap();
+        assert!(msg.contains("waiting for: never"), "{msg}");
+    }
 }

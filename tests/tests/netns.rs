@@ -23,7 +23,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use tidegate_e2e::metric;
+use tidegate_e2e::{metric, metric_or_zero};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -185,7 +185,7 @@ async fn transparent_capture_across_two_gateways_in_network_namespaces() {
     // 2. The bytes went through both gateways over one pooled HBONE tunnel.
     let a = gw_a
         .wait_metrics("5 outbound streams ended ok", |m| {
-            metric(
+            metric_or_zero(
                 m,
                 r#"tidegate_streams_ended_total{direction="outbound",reason="ok"}"#,
             ) == conns
@@ -220,11 +220,11 @@ async fn transparent_capture_across_two_gateways_in_network_namespaces() {
         .wait_metrics(
             "5 inbound streams ended ok and the payload forwarded",
             |m| {
-                metric(
+                metric_or_zero(
                     m,
                     r#"tidegate_streams_ended_total{direction="inbound",reason="ok"}"#,
                 ) == conns
-                    && metric(
+                    && metric_or_zero(
                         m,
                         r#"tidegate_bytes_total{direction="inbound",flow="tunnel_to_tcp"}"#,
                     ) >= big.len() as f64
@@ -300,7 +300,7 @@ async fn transparent_capture_across_two_gateways_in_network_namespaces() {
 
     let a = gw_a
         .wait_metrics("all outbound streams ended ok", |m| {
-            metric(
+            metric_or_zero(
                 m,
                 r#"tidegate_streams_ended_total{direction="outbound",reason="ok"}"#,
             ) == conns
@@ -326,7 +326,7 @@ async fn transparent_capture_across_two_gateways_in_network_namespaces() {
     );
     let b = gw_b
         .wait_metrics("all inbound streams ended ok", |m| {
-            metric(
+            metric_or_zero(
                 m,
                 r#"tidegate_streams_ended_total{direction="inbound",reason="ok"}"#,
             ) == conns

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tidegate_e2e::{metric, plugin};
+use tidegate_e2e::{metric, metric_or_zero, plugin};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -344,14 +344,10 @@ impl CniDel {
     /// Waits (bounded) for the process to exit; returns its output, its
     /// stderr and how long it ran.
     async fn wait(self, within: Duration) -> (Output, String, Duration) {
-        let deadline = Instant::now() + within;
-        while !self.join.is_finished() {
-            assert!(
-                Instant::now() < deadline,
-                "tidegate-cni DEL did not exit within {within:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        tidegate_e2e::wait_for("tidegate-cni DEL to exit", within, || {
+            std::future::ready(self.join.is_finished().then_some(()))
+        })
+        .await;
         let (out, ended) = self.join.join().expect("tidegate-cni thread panicked");
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         (out, stderr, ended.duration_since(self.started))
@@ -858,7 +854,7 @@ async fn evict_on_delete_in_network_namespaces() {
             Duration::from_secs(5),
             |m| {
                 metric(m, POOLED) == 0.0
-                    && metric(
+                    && metric_or_zero(
                         m,
                         r#"tidegate_pool_tunnels_closed_total{reason="evicted_now"}"#,
                     ) == 1.0

@@ -209,18 +209,13 @@ oci:
         what: &str,
         check: impl Fn(&serde_json::Value) -> bool,
     ) -> serde_json::Value {
-        let deadline = tokio::time::Instant::now() + WITHIN;
-        loop {
+        let what = format!("{uid}: OCI drain to reach {what}");
+        let check = &check;
+        tidegate_e2e::wait_for(&what, WITHIN, move || async move {
             let s = self.oci_status(uid).await;
-            if check(&s) {
-                return s;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{uid}: OCI drain never reached {what}: {s}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+            check(&s).then_some(s)
+        })
+        .await
     }
 }
 
@@ -846,21 +841,29 @@ async fn the_double_follows_the_published_api() {
     .await;
     assert_eq!(code(&r), (409, "IncorrectState".into()));
     let wr_path = format!("/loadBalancerWorkRequests/{wr}");
-    let mut states = Vec::new();
-    let deadline = tokio::time::Instant::now() + WITHIN;
-    loop {
-        let r = raw(&double, "api_key.pem", now(), "GET", &wr_path, None, None).await;
+    let states = std::cell::RefCell::new(Vec::new());
+    let (states_ref, double_ref, wr_path_ref) = (&states, &double, &wr_path);
+    tidegate_e2e::wait_for("the work request to succeed", WITHIN, move || async move {
+        let r = raw(
+            double_ref,
+            "api_key.pem",
+            now(),
+            "GET",
+            wr_path_ref,
+            None,
+            None,
+        )
+        .await;
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
         let state = v["lifecycleState"].as_str().unwrap().to_owned();
+        let mut states = states_ref.borrow_mut();
         if states.last() != Some(&state) {
             states.push(state.clone());
         }
-        if state == "SUCCEEDED" {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{states:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+        (state == "SUCCEEDED").then_some(())
+    })
+    .await;
+    let states = states.into_inner();
     assert_eq!(states.last().unwrap(), "SUCCEEDED");
     assert!(states
         .iter()

@@ -16,6 +16,8 @@
 //!   arguments go to `tidegate run`. `--check` runs the "try next" lines the
 //!   gateway prints, checks their answers and stops it (`demo.rs`).
 
+#![forbid(unsafe_code)]
+
 mod checks;
 mod demo;
 mod plugins;

@@ -40,6 +40,8 @@ pub struct AdminState {
     pub pool: Arc<Pool>,
     pub policies: Arc<PolicyEngine>,
     pub drains: Arc<crate::drains::DrainEngine>,
+    /// `drains.default_grace`: the grace of a `shutdown-starting` without `?grace=`.
+    pub default_grace: std::time::Duration,
     pub metrics: prometheus_client::registry::Registry,
     pub ready: AtomicBool,
 }

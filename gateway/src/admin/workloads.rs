@@ -37,7 +37,7 @@ pub(super) async fn route(
                 .query()
                 .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("grace=")))
                 .map(crate::config::duration::parse)
-                .unwrap_or(Ok(std::time::Duration::from_secs(30)));
+                .unwrap_or(Ok(state.default_grace));
             match grace {
                 Ok(grace) => (uid, Lifecycle::ShutdownStarted { grace }),
                 Err(e) => return text(StatusCode::BAD_REQUEST, format!("query `grace`: {e}\n")),

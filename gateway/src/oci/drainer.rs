@@ -26,9 +26,9 @@ use tokio::time::Instant;
 use tracing::{info, warn, Instrument as _};
 
 use super::client::{OciClient, OciError};
-use super::config::OciConfig;
 use super::metrics::{CapacityLabels, OciMetrics, OutcomeLabels};
 use super::model::{LoadBalancer, UpdateBackendDetails};
+use super::OciConfig;
 use crate::drain::DrainWatch;
 use crate::workloads::{WorkloadSnapshot, WorkloadStore};
 
@@ -662,7 +662,7 @@ fn targets_of(
     uid: &str,
     ips: &[IpAddr],
     snapshot: &WorkloadSnapshot,
-    node_networks: &[super::config::Cidr],
+    node_networks: &[super::Cidr],
 ) -> Vec<Target> {
     let node = |ip: IpAddr| node_networks.iter().any(|n| n.contains(ip));
     let lb_len = view.backend_sets.values().map(|s| s.backends.len()).sum();

@@ -23,21 +23,33 @@
 
 pub mod auth;
 pub mod client;
-mod config;
 pub mod drainer;
 pub mod metrics;
 pub mod model;
 pub mod sign;
 pub mod transport;
 
+pub use crate::config::{Cidr, OciAuth, OciConfig, OptIn, OCI_BACKEND_LIMIT};
 pub use client::{OciClient, OciError};
-pub use config::{Cidr, OciAuth, OciConfig, OptIn, OCI_BACKEND_LIMIT};
 pub use drainer::{OciDrainer, OciStatus};
 pub use metrics::OciMetrics;
 
 use std::sync::Arc;
 
-use crate::workloads::WorkloadStore;
+use crate::workloads::{WorkloadSpec, WorkloadStore};
+
+/// The part of the `oci:` section that needs workloads: kept here so that
+/// `config` does not import `workloads` (which imports `config`).
+impl OciConfig {
+    /// Whether `w` opted in (its Service's annotation, or this config).
+    pub fn opted_in(&self, w: &WorkloadSpec) -> bool {
+        w.oci_backend_draining
+            || self.opt_in.iter().any(|o| {
+                o.namespace == w.namespace
+                    && o.selector.iter().all(|(k, v)| w.labels.get(k) == Some(v))
+            })
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum OciSetupError {

@@ -1,19 +1,9 @@
 //! Built-in fallback policies: what decides an event when the plugin cannot
 //! (trap, timeout, memory, invalid result, quarantine, not loaded).
 
-use serde::{Deserialize, Serialize};
 use tidegate_sdk as sdk;
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Fallback {
-    /// Option 4: do nothing; keepalives eventually notice dead tunnels.
-    #[default]
-    KeepaliveOnly,
-    /// Option 1: graceful GOAWAY to the workload's inbound tunnels when its
-    /// shutdown starts, hard deadline one second before the grace period ends.
-    GoawayOnTermStart,
-}
+pub use crate::config::Fallback;
 
 impl Fallback {
     pub fn name(self) -> &'static str {

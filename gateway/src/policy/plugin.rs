@@ -25,12 +25,20 @@ pub struct QuarantineRule {
     pub window: Duration,
 }
 
+impl crate::config::PoliciesConfig {
+    /// The quarantine rule these settings give.
+    pub fn quarantine_rule(&self) -> QuarantineRule {
+        QuarantineRule {
+            failures: self.quarantine_failures,
+            window: self.quarantine_window,
+        }
+    }
+}
+
+/// The rule of the default `policies:` section (defined there, once).
 impl Default for QuarantineRule {
     fn default() -> Self {
-        QuarantineRule {
-            failures: 5,
-            window: Duration::from_secs(60),
-        }
+        crate::config::PoliciesConfig::default().quarantine_rule()
     }
 }
 

@@ -26,14 +26,26 @@ pub struct RuntimeLimits {
     pub logs_per_call: u32,
 }
 
+/// Log lines one call may write (not configurable).
+const LOGS_PER_CALL: u32 = 8;
+
+impl crate::config::PoliciesConfig {
+    /// The limits these settings give; the gateway and `tidegate policy
+    /// test/check` both take their limits from here.
+    pub fn runtime_limits(&self) -> RuntimeLimits {
+        RuntimeLimits {
+            call_deadline: self.call_deadline,
+            init_deadline: self.init_deadline,
+            memory_bytes: self.memory_limit as usize,
+            logs_per_call: LOGS_PER_CALL,
+        }
+    }
+}
+
+/// The limits of the default `policies:` section (defined there, once).
 impl Default for RuntimeLimits {
     fn default() -> Self {
-        RuntimeLimits {
-            call_deadline: Duration::from_millis(5),
-            init_deadline: Duration::from_millis(100),
-            memory_bytes: 16 << 20,
-            logs_per_call: 8,
-        }
+        crate::config::PoliciesConfig::default().runtime_limits()
     }
 }
 
@@ -137,7 +149,7 @@ impl PolicyRuntime {
         let mut cfg = WasmConfig::new();
         cfg.wasm_component_model(true)
             // Concurrent (async) component execution is not used; with it on,
-            // every call pays 2-3x for bookkeeping (measured, DESIGN.md).
+            // every call pays 2-3x for bookkeeping (measured; ARCHITECTURE.md, "Policy plugins").
             .concurrency_support(false)
             // A trap is logged with its message; capturing the wasm backtrace
             // made a failing call cost more than re-instantiating (measured).

@@ -1,18 +1,20 @@
 //! `tidegate policy test` and `tidegate policy check`: a plugin in the real
-//! host, without a gateway.
+//! host, without a gateway — under the limits, action bounds and quarantine
+//! rule of the `policies:` section the gateway would run it with.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use tidegate_sdk::trace::{diff_actions, Trace};
 
-use super::plugin::{self_test_event, PluginVersion, QuarantineRule};
-use super::runtime::{Clock, PolicyRuntime, RuntimeLimits};
-use super::validate::{validate, Bounds};
+use super::plugin::{self_test_event, PluginVersion};
+use super::runtime::{Clock, PolicyRuntime};
+use super::validate::validate;
 use super::PolicyMetrics;
+use crate::config::PoliciesConfig;
 
-fn runtime() -> Result<Arc<PolicyRuntime>, String> {
-    PolicyRuntime::new(RuntimeLimits::default(), PolicyMetrics::default())
+fn runtime(cfg: &PoliciesConfig) -> Result<Arc<PolicyRuntime>, String> {
+    PolicyRuntime::new(cfg.runtime_limits(), PolicyMetrics::default())
         .map_err(|e| format!("policy runtime: {e:#}"))
 }
 
@@ -22,22 +24,23 @@ fn read(path: &Path) -> Result<Vec<u8>, String> {
 
 /// Plays `trace` against the plugin; `Ok` carries the report, `Err` the
 /// first problem (init, or every mismatching step with its diff).
-pub fn test(plugin: &Path, trace: &Path) -> Result<String, String> {
+pub fn test(plugin: &Path, trace: &Path, cfg: &PoliciesConfig) -> Result<String, String> {
     let bytes = read(plugin)?;
     let text =
         String::from_utf8(read(trace)?).map_err(|_| format!("{} is not UTF-8", trace.display()))?;
     let parsed = Trace::from_yaml(&text).map_err(|e| format!("{}: {e}", trace.display()))?;
-    run_trace(&bytes, &parsed)
+    run_trace(&bytes, &parsed, cfg)
 }
 
-pub fn run_trace(bytes: &[u8], trace: &Trace) -> Result<String, String> {
-    let rt = runtime()?;
+pub fn run_trace(bytes: &[u8], trace: &Trace, cfg: &PoliciesConfig) -> Result<String, String> {
+    let rt = runtime(cfg)?;
+    let bounds = cfg.bounds();
     let loaded = PluginVersion::load_unchecked(
         &rt,
         "trace",
         bytes,
         &trace.config,
-        QuarantineRule::default(),
+        cfg.quarantine_rule(),
         Clock::Fixed(trace.now_ms),
     );
     let version = match (loaded, &trace.init_error) {
@@ -69,7 +72,7 @@ pub fn run_trace(bytes: &[u8], trace: &Trace) -> Result<String, String> {
                     failures.push(format!("{label}: actions differ\n{diff}"));
                     continue;
                 }
-                let v = validate(&step.event, actual, &Bounds::default());
+                let v = validate(&step.event, actual, &bounds);
                 let mut note = String::new();
                 if !v.ignored.is_empty() {
                     note += &format!(" ({} would be ignored by the gateway)", v.ignored.len());
@@ -96,16 +99,16 @@ pub fn run_trace(bytes: &[u8], trace: &Trace) -> Result<String, String> {
 
 /// Validates a plugin as a swap would (version, imports, init with
 /// `config`, the self-test event) and describes it.
-pub fn check(plugin: &Path, config: &str) -> Result<String, String> {
+pub fn check(plugin: &Path, config: &str, cfg: &PoliciesConfig) -> Result<String, String> {
     let bytes = read(plugin)?;
-    let rt = runtime()?;
-    let v = PluginVersion::load(&rt, "check", &bytes, config, QuarantineRule::default())
+    let rt = runtime(cfg)?;
+    let v = PluginVersion::load(&rt, "check", &bytes, config, cfg.quarantine_rule())
         .map_err(|e| format!("refused: {e}"))?;
     let event = self_test_event();
     let actions = v
         .call_raw(&event, Clock::Wall)
         .map_err(|f| format!("self-test event failed on a fresh instance: {f}"))?;
-    let validated = validate(&event, actions, &Bounds::default());
+    let validated = validate(&event, actions, &cfg.bounds());
     let (exports, imports) = v.interface();
     let yaml = tidegate_sdk::trace::to_yaml(&validated.actions).unwrap_or_default();
     Ok(format!(

@@ -18,17 +18,28 @@ pub struct Bounds {
     pub max_log_len: usize,
 }
 
+/// Longest `log` text an action may carry (not configurable).
+const MAX_LOG_LEN: usize = 1024;
+
+impl crate::config::PoliciesConfig {
+    /// The action bounds these settings give; the only place they are read.
+    pub fn bounds(&self) -> Bounds {
+        Bounds {
+            max_actions: self.max_actions,
+            max_delay: self.max_delay,
+            max_deadline: self.max_deadline,
+            max_hold: self.max_hold,
+            max_backoff: self.max_backoff,
+            max_timer: self.max_timer,
+            max_log_len: MAX_LOG_LEN,
+        }
+    }
+}
+
+/// The bounds of the default `policies:` section (defined there, once).
 impl Default for Bounds {
     fn default() -> Self {
-        Bounds {
-            max_actions: 32,
-            max_delay: Duration::from_secs(60),
-            max_deadline: Duration::from_secs(600),
-            max_hold: Duration::from_secs(30),
-            max_backoff: Duration::from_secs(300),
-            max_timer: Duration::from_secs(3600),
-            max_log_len: 1024,
-        }
+        crate::config::PoliciesConfig::default().bounds()
     }
 }
 

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tidegate_e2e::{eventually, metric, plugin, round_trip, Options, TwoNodes};
+use tidegate_e2e::{eventually, metric, metric_or_zero, plugin, round_trip, Options, TwoNodes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 async fn with_policy(octet: u8, name: &str, config: &str) -> TwoNodes {
@@ -294,7 +294,7 @@ async fn evict_on_delete_closes_pooled_tunnels_to_a_deleted_peer() {
         .expect("the evicted stream ends");
     assert!(r.is_err() || rest.is_empty());
     eventually("closed as evicted_now", Duration::from_secs(5), || {
-        metric(
+        metric_or_zero(
             &nodes.client.metrics_text(),
             r#"tidegate_pool_tunnels_closed_total{reason="evicted_now"}"#,
         ) == 1.0

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tidegate_e2e::{metric, round_trip, TwoNodes};
+use tidegate_e2e::{metric, metric_or_zero, round_trip, TwoNodes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A reproducible byte stream (xorshift) so 256 MiB need not be kept in memory.
@@ -106,7 +106,7 @@ async fn empty_connection_half_closes_cleanly() {
     tcp.read_to_end(&mut buf).await.unwrap();
     assert!(buf.is_empty());
     tidegate_e2e::eventually("stream recorded as ok", Duration::from_secs(5), || {
-        metric(
+        metric_or_zero(
             &nodes.server.metrics_text(),
             r#"tidegate_streams_ended_total{direction="inbound",reason="ok"}"#,
         ) == 1.0
@@ -145,7 +145,7 @@ async fn thousand_concurrent_streams_share_ten_tunnels() {
         .expect("1,000 streams timed out");
     // The application saw its end of each stream; the gateway records it a moment later.
     tidegate_e2e::eventually("1,000 streams recorded ok", Duration::from_secs(10), || {
-        metric(
+        metric_or_zero(
             &nodes.client.metrics_text(),
             r#"tidegate_streams_ended_total{direction="outbound",reason="ok"}"#,
         ) == 1000.0

@@ -78,17 +78,13 @@ async fn certificate_directory_reloads_without_dropping_tunnels() {
     let before = presented().await;
 
     write_pair(&ca, &dir, "echo");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        if presented().await != before {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "new certificate never presented"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (presented, before) = (&presented, &before);
+    tidegate_e2e::wait_for(
+        "the new certificate to be presented",
+        Duration::from_secs(10),
+        move || async move { (presented().await != *before).then_some(()) },
+    )
+    .await;
     // The tunnel established with the old certificate still carries its stream.
     assert_eq!(round_trip(&mut held, b"after").await.unwrap(), b"after");
     assert_eq!(

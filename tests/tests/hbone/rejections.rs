@@ -16,7 +16,7 @@ use tidegate::hbone::client::{connect_stream, dial};
 use tidegate::hbone::REASON_HEADER;
 use tidegate::identity::SpiffeId;
 use tidegate::tls::{CertError, CertSource, DevCa, Roots, TlsContext, TlsMetrics};
-use tidegate_e2e::{eventually, ip, metric, round_trip, Options, TwoNodes};
+use tidegate_e2e::{eventually, ip, metric, metric_or_zero, round_trip, Options, TwoNodes};
 use tokio::io::AsyncReadExt;
 
 fn id(td: &str, sa: &str) -> SpiffeId {
@@ -46,8 +46,10 @@ fn hbone_addr(nodes: &TwoNodes, host: u8) -> SocketAddr {
     SocketAddr::new(ip(nodes.octet, host), nodes.server.addrs.inbound.port())
 }
 
+/// Polled until it reaches 1, so an absent series (before the first
+/// failure) reads 0; a renamed series times the poll out.
 fn inbound_failed(nodes: &TwoNodes, reason: &str) -> f64 {
-    metric(
+    metric_or_zero(
         &nodes.server.metrics_text(),
         &format!(r#"tidegate_connections_failed_total{{direction="inbound",reason="{reason}"}}"#),
     )
@@ -235,7 +237,7 @@ async fn outbound_refuses_a_server_with_the_wrong_identity() {
         );
     }
     eventually("handshake failure counted", Duration::from_secs(5), || {
-        metric(
+        metric_or_zero(
             &nodes.client.metrics_text(),
             r#"tidegate_tls_handshake_failures_total{direction="outbound",reason="unexpected_identity"}"#,
         ) == 1.0
@@ -243,7 +245,7 @@ async fn outbound_refuses_a_server_with_the_wrong_identity() {
     .await;
     // Counted by the outbound proxy a moment after the handshake failure.
     eventually("connection failure counted", Duration::from_secs(5), || {
-        metric(
+        metric_or_zero(
             &nodes.client.metrics_text(),
             r#"tidegate_connections_failed_total{direction="outbound",reason="unexpected_identity"}"#,
         ) == 1.0

@@ -18,6 +18,8 @@
 //! Deliberately standalone (std + serde_json): it runs on the host for every
 //! pod deletion and must stay small and quick.
 
+#![forbid(unsafe_code)]
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;

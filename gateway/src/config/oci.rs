@@ -19,8 +19,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::duration;
-use crate::workloads::WorkloadSpec;
+use super::duration;
 
 /// OCI's own limit: backends per backend set and per load balancer
 /// (draining backends count).
@@ -140,15 +139,6 @@ impl OciConfig {
         self.endpoint
             .clone()
             .unwrap_or_else(|| format!("https://iaas.{}.oraclecloud.com", self.region))
-    }
-
-    /// Whether `w` opted in (its Service's annotation, or this config).
-    pub fn opted_in(&self, w: &WorkloadSpec) -> bool {
-        w.oci_backend_draining
-            || self.opt_in.iter().any(|o| {
-                o.namespace == w.namespace
-                    && o.selector.iter().all(|(k, v)| w.labels.get(k) == Some(v))
-            })
     }
 
     /// `(key, message)` of the first problem.

@@ -5,12 +5,26 @@
 //! `TIDEGATE_LISTENERS__ADMIN=127.0.0.1:16000`) and `--set key.path=value`
 //! flags. Everything is parsed once here; no other module reads the
 //! environment. A bad value is an error naming the key and the accepted form.
+//!
+//! This module owns every section's type (`oci:` is in [`oci`]) and every
+//! default; other modules take their section from here and import nothing
+//! back into it (validation parses a [`crate::identity::SpiffeId`], a leaf).
+//! Where a section's type has behaviour that needs another module (the OCI
+//! opt-in, the fallback policies, the plugin limits and action bounds),
+//! that `impl` block lives in the other module. [`duration`] and [`size`]
+//! are leaf modules anyone may use.
+
+pub mod duration;
+mod oci;
+pub mod size;
+
+pub use oci::{Cidr, OciAuth, OciConfig, OptIn, OCI_BACKEND_LIMIT};
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 use serde_yaml::{Mapping, Value};
 
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +68,7 @@ pub struct Config {
     pub policies: PoliciesConfig,
     pub drains: DrainsConfig,
     /// OCI load-balancer backend draining (the `oci-drain` action); off by default.
-    pub oci: crate::oci::OciConfig,
+    pub oci: OciConfig,
     /// Optional demo echo backend started in-process (the embedded default uses it).
     pub demo: Option<DemoConfig>,
 }
@@ -72,7 +86,7 @@ impl Default for Config {
             shutdown: ShutdownConfig::default(),
             policies: PoliciesConfig::default(),
             drains: DrainsConfig::default(),
-            oci: crate::oci::OciConfig::default(),
+            oci: OciConfig::default(),
             demo: None,
         }
     }
@@ -110,15 +124,15 @@ impl Default for Listeners {
 pub struct HboneConfig {
     /// Port dialed on peer workloads for HBONE.
     pub port: u16,
-    #[serde(deserialize_with = "de_bytes_u32")]
+    #[serde(deserialize_with = "size::deserialize_u32")]
     pub stream_window: u32,
-    #[serde(deserialize_with = "de_bytes_u32")]
+    #[serde(deserialize_with = "size::deserialize_u32")]
     pub connection_window: u32,
-    #[serde(deserialize_with = "de_bytes_u32")]
+    #[serde(deserialize_with = "size::deserialize_u32")]
     pub max_frame_size: u32,
     /// Streams a peer may open concurrently on one inbound tunnel.
     pub max_concurrent_streams: u32,
-    #[serde(deserialize_with = "de_bytes_u32")]
+    #[serde(deserialize_with = "size::deserialize_u32")]
     pub max_header_list_size: u32,
     #[serde(with = "duration")]
     pub keepalive_interval: Duration,
@@ -333,7 +347,7 @@ pub struct PoliciesConfig {
     pub default: Option<String>,
     /// Built-in policy used when a plugin cannot decide (trap, timeout, memory,
     /// invalid result, quarantine, not loaded).
-    pub fallback: crate::policy::Fallback,
+    pub fallback: Fallback,
     /// Bound on one `decide` call (epoch deadline).
     #[serde(with = "duration")]
     pub call_deadline: Duration,
@@ -341,7 +355,7 @@ pub struct PoliciesConfig {
     #[serde(with = "duration")]
     pub init_deadline: Duration,
     /// Linear memory cap per plugin instance.
-    #[serde(deserialize_with = "de_bytes_u32")]
+    #[serde(deserialize_with = "size::deserialize_u32")]
     pub memory_limit: u32,
     /// A plugin version failing this many calls within `quarantine_window` is quarantined.
     pub quarantine_failures: usize,
@@ -372,7 +386,7 @@ impl Default for PoliciesConfig {
     fn default() -> Self {
         PoliciesConfig {
             default: None,
-            fallback: crate::policy::Fallback::default(),
+            fallback: Fallback::default(),
             call_deadline: Duration::from_millis(5),
             init_deadline: Duration::from_millis(200),
             memory_limit: 16 << 20,
@@ -391,18 +405,17 @@ impl Default for PoliciesConfig {
     }
 }
 
-impl PoliciesConfig {
-    pub fn bounds(&self) -> crate::policy::Bounds {
-        crate::policy::Bounds {
-            max_actions: self.max_actions,
-            max_delay: self.max_delay,
-            max_deadline: self.max_deadline,
-            max_hold: self.max_hold,
-            max_backoff: self.max_backoff,
-            max_timer: self.max_timer,
-            ..Default::default()
-        }
-    }
+/// `policies.fallback`: the built-in policy used when a plugin cannot decide
+/// (its behaviour is in `policy::fallback`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fallback {
+    /// Option 4: do nothing; keepalives eventually notice dead tunnels.
+    #[default]
+    KeepaliveOnly,
+    /// Option 1: graceful GOAWAY to the workload's inbound tunnels when its
+    /// shutdown starts, hard deadline one second before the grace period ends.
+    GoawayOnTermStart,
 }
 
 /// One policy: a component file and the configuration passed to its `init`.
@@ -671,71 +684,6 @@ fn set_path(root: &mut Value, key: &str, raw: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Durations are written `250ms`, `10s`, `5m`, `1h` (a bare number means seconds).
-pub mod duration {
-    use super::*;
-
-    pub fn parse(s: &str) -> Result<Duration, String> {
-        let s = s.trim();
-        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-        let (num, unit) = s.split_at(split);
-        let n: u64 = num
-            .parse()
-            .map_err(|_| format!("{s:?} is not a duration like 500ms, 10s, 5m or 1h"))?;
-        let d = match unit.trim() {
-            "ms" => Duration::from_millis(n),
-            "" | "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n * 60),
-            "h" => Duration::from_secs(n * 3600),
-            _ => return Err(format!("{s:?} is not a duration like 500ms, 10s, 5m or 1h")),
-        };
-        Ok(d)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let v = Value::deserialize(d)?;
-        match v {
-            Value::Number(n) if n.as_u64().is_some() => {
-                Ok(Duration::from_secs(n.as_u64().unwrap()))
-            }
-            Value::String(s) => parse(&s).map_err(serde::de::Error::custom),
-            other => Err(serde::de::Error::custom(format!(
-                "{other:?} is not a duration like 500ms, 10s, 5m or 1h"
-            ))),
-        }
-    }
-
-    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&format!("{}ms", d.as_millis()))
-    }
-}
-
-/// Byte sizes: a number, or `64KiB`, `4MiB`.
-fn de_bytes_u32<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
-    let err = |s: &str| {
-        serde::de::Error::custom(format!(
-            "{s:?} is not a byte size like 65536, 64KiB or 4MiB (at most 4GiB-1)"
-        ))
-    };
-    let v = Value::deserialize(d)?;
-    let n: u64 = match v {
-        Value::Number(n) => n.as_u64().ok_or_else(|| err(&n.to_string()))?,
-        Value::String(s) => {
-            let t = s.trim();
-            let (num, mult) = if let Some(n) = t.strip_suffix("KiB") {
-                (n, 1u64 << 10)
-            } else if let Some(n) = t.strip_suffix("MiB") {
-                (n, 1 << 20)
-            } else {
-                (t, 1)
-            };
-            num.trim().parse::<u64>().map_err(|_| err(&s))? * mult
-        }
-        other => return Err(err(&format!("{other:?}"))),
-    };
-    u32::try_from(n).map_err(|_| err(&n.to_string()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -859,6 +807,63 @@ mod tests {
         assert!(
             e.contains("`certificates.source`") && e.contains("dev-ca"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn absurd_durations_are_errors_naming_the_key_and_range() {
+        for set in [
+            "drains.default_grace=99999999999999h",
+            "drains.default_grace=307445734561825861m",
+            "drains.default_grace=400000000000000000",
+        ] {
+            let e = load("", &[], &[set]).unwrap_err().to_string();
+            assert!(
+                e.contains("`drains.default_grace`") && e.contains("between 0ms and 8784h"),
+                "{set}: {e}"
+            );
+        }
+        let e = load("", &[("TIDEGATE_SHUTDOWN__DEADLINE", "9999999h")], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`shutdown.deadline`") && e.contains("TIDEGATE_SHUTDOWN__DEADLINE"),
+            "{e}"
+        );
+        let e = load(
+            "hbone:\n  stream_window: 18446744073709551615MiB\n",
+            &[],
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("`hbone.stream_window`"), "{e}");
+    }
+
+    #[test]
+    fn plugin_limits_and_bounds_are_the_policies_section() {
+        // `tidegate policy test/check` and the gateway used to disagree
+        // (init deadline 100 ms vs 200 ms): both now come from here.
+        let p = PoliciesConfig::default();
+        let limits = crate::policy::RuntimeLimits::default();
+        assert_eq!(limits.init_deadline, p.init_deadline);
+        assert_eq!(limits.call_deadline, p.call_deadline);
+        assert_eq!(limits.memory_bytes, p.memory_limit as usize);
+        let c = load(
+            "",
+            &[],
+            &["policies.init_deadline=750ms", "policies.max_hold=7s"],
+        )
+        .unwrap();
+        assert_eq!(
+            c.policies.runtime_limits().init_deadline,
+            Duration::from_millis(750)
+        );
+        assert_eq!(c.policies.bounds().max_hold, Duration::from_secs(7));
+        assert_eq!(
+            crate::policy::Bounds::default().max_hold,
+            p.max_hold,
+            "one default for the action bounds"
         );
     }
 }
