@@ -28,7 +28,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         return policy(cmd);
     }
     if let Some(Command::Plugin(cmd)) = cli.command {
-        return tidegate::plugin_tools::run(cmd);
+        return tidegate::cli::plugin::run(cmd);
     }
     let config = cli.config.load()?;
     match cli.command.unwrap_or(Command::Run) {
@@ -40,7 +40,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             app.run_until_signal().await
         }
-        Command::Connect(args) => tidegate::connect::run(config, *args).await,
+        Command::Connect(args) => tidegate::cli::connect::run(config, *args).await,
         Command::Policy(_) | Command::Plugin(_) => unreachable!("handled above"),
     }
 }

@@ -2,11 +2,9 @@
 //!
 //! - [`server`]: the inbound side of one tunnel (CONNECT validation, upstream dial).
 //! - [`client`]: dialing a tunnel to a peer gateway and opening CONNECT streams.
-//! - [`copy`]: moving bytes between an HTTP/2 stream and a TCP socket.
 //! - [`keepalive`]: HTTP/2 PING liveness for both sides.
 
 pub mod client;
-pub mod copy;
 pub mod keepalive;
 pub mod server;
 

@@ -12,13 +12,13 @@ use http::{Method, Request, Response, StatusCode};
 use tokio::net::TcpStream;
 use tracing::{debug, info_span, warn, Instrument};
 
-use super::copy::copy_bidirectional;
 use super::REASON_HEADER;
-use crate::drain::DrainWatch;
 use crate::identity::SpiffeId;
-use crate::inbound::Inbound;
 use crate::metrics::AccessLog;
-use crate::registry::Registration;
+use crate::proxy::copy::copy_bidirectional;
+use crate::proxy::inbound::Inbound;
+use crate::proxy::tunnels::Registration;
+use crate::shutdown::ShutdownWatch;
 use crate::tls::ServerTls;
 use crate::workloads::{Workload, WorkloadSnapshot};
 
@@ -127,7 +127,7 @@ pub async fn serve(
     tls: ServerTls,
     ctx: TunnelCtx,
     registration: Registration,
-    mut drain: DrainWatch,
+    mut drain: ShutdownWatch,
 ) {
     let cfg = &inbound.cfg;
     // A peer that completes TLS but never sends the HTTP/2 preface must not
@@ -227,7 +227,7 @@ pub async fn serve(
 async fn handle_stream(
     inbound: &Inbound,
     ctx: &TunnelCtx,
-    tunnel: &crate::registry::InboundTunnel,
+    tunnel: &crate::proxy::tunnels::InboundTunnel,
     req: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
 ) {
@@ -320,7 +320,7 @@ fn log(
     ctx: &TunnelCtx,
     drained_by: Option<&str>,
     dst: SocketAddr,
-    moved: super::copy::Transferred,
+    moved: crate::proxy::copy::Transferred,
     started: Instant,
     result: &str,
 ) {

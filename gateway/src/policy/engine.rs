@@ -18,7 +18,7 @@ use super::plugin::{PluginVersion, QuarantineRule};
 use super::runtime::{Clock, PolicyRuntime, RuntimeLimits};
 use super::validate::{validate, Bounds, Ignored};
 use crate::config::PoliciesConfig;
-use crate::drain::DrainWatch;
+use crate::shutdown::ShutdownWatch;
 use crate::workloads::Workload;
 
 /// The annotation that picks a workload's policy by name.
@@ -488,7 +488,7 @@ impl PolicyEngine {
 
     /// Watches plugin files and swaps in changed ones until drained. Loading
     /// runs on a blocking thread, off the data path.
-    pub async fn watch_files(self: Arc<Self>, interval: Duration, mut drain: DrainWatch) {
+    pub async fn watch_files(self: Arc<Self>, interval: Duration, mut drain: ShutdownWatch) {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

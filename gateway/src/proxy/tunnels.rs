@@ -14,10 +14,10 @@ use tokio::time::Instant;
 use crate::identity::SpiffeId;
 
 #[derive(Debug, Default)]
-pub struct Registry {
+pub struct InboundTunnels {
     tunnels: Mutex<BTreeMap<u64, Arc<InboundTunnel>>>,
     next_id: AtomicU64,
-    /// Woken whenever a stream or a tunnel ends (see [`Registry::wait_idle`]).
+    /// Woken whenever a stream or a tunnel ends (see [`InboundTunnels::wait_idle`]).
     ended: Arc<tokio::sync::Notify>,
 }
 
@@ -102,7 +102,7 @@ impl Drop for StreamCount {
 /// Removes the tunnel from the registry when dropped.
 #[derive(Debug)]
 pub struct Registration {
-    registry: Arc<Registry>,
+    registry: Arc<InboundTunnels>,
     pub tunnel: Arc<InboundTunnel>,
 }
 
@@ -128,7 +128,7 @@ pub struct TunnelDump {
     pub draining: Option<String>,
 }
 
-impl Registry {
+impl InboundTunnels {
     pub fn register(
         self: &Arc<Self>,
         workload_uid: &str,

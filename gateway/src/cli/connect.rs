@@ -7,7 +7,7 @@ use anyhow::{bail, Context as _};
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::cli::ConnectArgs;
+use super::ConnectArgs;
 use crate::config::Config;
 use crate::identity::SpiffeId;
 use crate::tls::{TlsContext, TlsMetrics};

@@ -9,9 +9,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, field, info_span, Instrument};
 
 use crate::config::HboneConfig;
-use crate::drain::{ActiveStreams, DrainWatch};
 use crate::metrics::ProxyMetrics;
-use crate::registry::Registry;
+use crate::proxy::tunnels::InboundTunnels;
+use crate::shutdown::{ActiveStreams, ShutdownWatch};
 use crate::tls::TlsContext;
 use crate::workloads::WorkloadStore;
 
@@ -50,7 +50,7 @@ pub struct Inbound {
     pub(crate) workloads: Arc<WorkloadStore>,
     pub(crate) tls: Arc<TlsContext>,
     pub(crate) cfg: HboneConfig,
-    pub(crate) registry: Arc<Registry>,
+    pub(crate) tunnels: Arc<InboundTunnels>,
     pub(crate) metrics: ProxyMetrics,
     pub(crate) streams: ActiveStreams,
     pub(crate) goaways: GoawayMetrics,
@@ -61,7 +61,7 @@ impl Inbound {
         workloads: Arc<WorkloadStore>,
         tls: Arc<TlsContext>,
         cfg: HboneConfig,
-        registry: Arc<Registry>,
+        tunnels: Arc<InboundTunnels>,
         metrics: ProxyMetrics,
         streams: ActiveStreams,
         goaways: GoawayMetrics,
@@ -70,7 +70,7 @@ impl Inbound {
             workloads,
             tls,
             cfg,
-            registry,
+            tunnels,
             metrics,
             streams,
             goaways,
@@ -78,7 +78,7 @@ impl Inbound {
     }
 
     /// Records the first GOAWAY a command made a tunnel send.
-    pub(crate) fn goaway_sent(&self, cmd: crate::registry::GoawayCommand) {
+    pub(crate) fn goaway_sent(&self, cmd: crate::proxy::tunnels::GoawayCommand) {
         self.goaways.sent.inc();
         self.goaways
             .latency
@@ -91,8 +91,8 @@ impl Inbound {
     pub async fn run(
         self: Arc<Self>,
         listener: TcpListener,
-        mut stop_accepting: DrainWatch,
-        drain: DrainWatch,
+        mut stop_accepting: ShutdownWatch,
+        drain: ShutdownWatch,
     ) {
         loop {
             let accepted = tokio::select! {
@@ -115,8 +115,8 @@ impl Inbound {
         }
     }
 
-    async fn serve(self: Arc<Self>, tcp: TcpStream, peer_addr: SocketAddr, drain: DrainWatch) {
-        let dialed = match crate::listener::destination(&tcp) {
+    async fn serve(self: Arc<Self>, tcp: TcpStream, peer_addr: SocketAddr, drain: ShutdownWatch) {
+        let dialed = match crate::proxy::listener::destination(&tcp) {
             Ok(a) => a,
             Err(_) => return self.metrics.connection_failed("no_destination"),
         };
@@ -151,7 +151,7 @@ impl Inbound {
             tracing::Span::current().record("peer.identity", field::display(&peer));
             self.metrics.connections_opened.inc();
             let registration = self
-                .registry
+                .tunnels
                 .register(workload.uid(), peer.clone(), peer_addr);
             let ctx = crate::hbone::server::TunnelCtx {
                 peer,
