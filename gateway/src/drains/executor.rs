@@ -8,9 +8,9 @@ use tokio::time::Instant;
 use tracing::info;
 
 use super::engine::DrainEngine;
+use crate::hbone::GoawayCommand;
 use crate::identity::SpiffeId;
 use crate::oci::drainer::AtCapacity;
-use crate::proxy::tunnels::GoawayCommand;
 use crate::workloads::Workload;
 
 /// What was done, for `GET /drains` and the caller.

@@ -11,6 +11,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::hbone::GoawayCommand;
 use crate::identity::SpiffeId;
 
 #[derive(Debug, Default)]
@@ -34,17 +35,6 @@ pub struct InboundTunnel {
     ended: Arc<tokio::sync::Notify>,
     /// Set once a drain asked this tunnel to go away: shown in access logs.
     drained_by: OnceLock<String>,
-}
-
-/// What the serving task does when asked to go away.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GoawayCommand {
-    /// Two-phase GOAWAY (streams finish) or one GOAWAY and close at once.
-    pub graceful: bool,
-    /// Remaining streams are reset and the tunnel closed at this instant.
-    pub deadline: Option<Instant>,
-    /// When the decision was made (for the event → GOAWAY histogram).
-    pub issued: Instant,
 }
 
 impl InboundTunnel {

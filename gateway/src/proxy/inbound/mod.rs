@@ -1,6 +1,9 @@
 //! Inbound: the HBONE listener (port 15008). Accept → pick the destination
 //! workload from the connection's original destination → TLS presenting that
-//! workload's certificate → HTTP/2 server (see [`crate::hbone::server`]).
+//! workload's certificate → HTTP/2 server ([`crate::hbone::server`]) with a
+//! [`connect::ConnectHandler`] for its streams.
+
+pub mod connect;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -8,9 +11,12 @@ use std::sync::Arc;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, field, info_span, Instrument};
 
+use connect::{ConnectHandler, TunnelCtx};
+
 use crate::config::HboneConfig;
+use crate::hbone::{self, server::TunnelEnd};
 use crate::metrics::ProxyMetrics;
-use crate::proxy::tunnels::InboundTunnels;
+use crate::proxy::tunnels::{InboundTunnels, Registration};
 use crate::shutdown::{ActiveStreams, ShutdownWatch};
 use crate::tls::TlsContext;
 use crate::workloads::WorkloadStore;
@@ -78,7 +84,7 @@ impl Inbound {
     }
 
     /// Records the first GOAWAY a command made a tunnel send.
-    pub(crate) fn goaway_sent(&self, cmd: crate::proxy::tunnels::GoawayCommand) {
+    pub(crate) fn goaway_sent(&self, cmd: crate::hbone::GoawayCommand) {
         self.goaways.sent.inc();
         self.goaways
             .latency
@@ -153,16 +159,46 @@ impl Inbound {
             let registration = self
                 .tunnels
                 .register(workload.uid(), peer.clone(), peer_addr);
-            let ctx = crate::hbone::server::TunnelCtx {
+            let ctx = TunnelCtx {
                 peer,
                 peer_addr,
                 dialed,
                 workload,
             };
-            crate::hbone::server::serve(self.clone(), tls, ctx, registration, drain).await;
+            self.serve_tunnel(tls, ctx, &registration, drain).await;
+            drop(registration);
             self.metrics.connections_closed.inc();
         }
         .instrument(span)
         .await
+    }
+
+    /// Serves the HTTP/2 side of one accepted tunnel with a
+    /// [`ConnectHandler`] and counts how it ended.
+    async fn serve_tunnel(
+        self: &Arc<Self>,
+        tls: crate::tls::ServerTls,
+        ctx: TunnelCtx,
+        registration: &Registration,
+        shutdown: ShutdownWatch,
+    ) {
+        let tunnel = registration.tunnel.clone();
+        let commands = tunnel.goaway_commands();
+        let handler = ConnectHandler {
+            inbound: self.clone(),
+            ctx: Arc::new(ctx),
+            tunnel,
+        };
+        match hbone::server::serve(tls, &self.cfg, &handler, commands, shutdown).await {
+            Err(e) => self.metrics.connection_failed(e.reason()),
+            Ok(TunnelEnd::Keepalive(_)) => self.metrics.connection_failed("keepalive_timeout"),
+            Ok(TunnelEnd::Deadline) => {
+                debug!(
+                    streams = registration.tunnel.streams(),
+                    "tunnel closed at the drain deadline"
+                )
+            }
+            Ok(TunnelEnd::Closed | TunnelEnd::Error(_)) => {}
+        }
     }
 }
