@@ -14,7 +14,11 @@ fn main() -> std::process::ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match runtime.block_on(run(cli)) {
+    let result = runtime.block_on(run(cli));
+    // `tidegate connect` reads stdin on a blocking thread that no stream end
+    // can interrupt; dropping the runtime would wait for it forever.
+    runtime.shutdown_background();
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tidegate: {e:#}");
