@@ -12,14 +12,14 @@ use tracing::info;
 
 use crate::admin::{self, AdminState};
 use crate::config::{CertificatesConfig, Config, WorkloadSourceKind};
-use crate::drain::{self, ActiveStreams, DrainTrigger};
-use crate::inbound::Inbound;
-use crate::listener::bind;
 use crate::metrics::ProxyFamilies;
-use crate::outbound::Outbound;
 use crate::policy::{PolicyEngine, PolicyMetrics};
-use crate::pool::Pool;
-use crate::registry::Registry;
+use crate::proxy::inbound::Inbound;
+use crate::proxy::listener::bind;
+use crate::proxy::outbound::Outbound;
+use crate::proxy::pool::Pool;
+use crate::proxy::tunnels::InboundTunnels;
+use crate::shutdown::{self, ActiveStreams, ShutdownTrigger};
 use crate::tls::{CertDir, CertSource, DevCa, TlsContext, TlsMetrics};
 use crate::workloads::{kubernetes, parse_workload_file, WorkloadFileWatcher, WorkloadStore};
 
@@ -43,7 +43,7 @@ pub struct BoundAddrs {
 pub struct App {
     pub addrs: BoundAddrs,
     pub workloads: Arc<WorkloadStore>,
-    pub registry: Arc<Registry>,
+    pub tunnels: Arc<InboundTunnels>,
     pub pool: Arc<Pool>,
     pub tls: Arc<TlsContext>,
     pub outbound: Arc<Outbound>,
@@ -51,10 +51,10 @@ pub struct App {
     pub drains: Arc<crate::drains::DrainEngine>,
     admin: Arc<AdminState>,
     streams: ActiveStreams,
-    trigger: DrainTrigger,
-    stop_accepting: DrainTrigger,
+    trigger: ShutdownTrigger,
+    stop_accepting: ShutdownTrigger,
     /// Stops the admin, metrics and readiness servers at the very end.
-    stop_admin: DrainTrigger,
+    stop_admin: ShutdownTrigger,
     /// The HBONE and capture accept loops: awaited before tunnels drain.
     accept_loops: Vec<tokio::task::JoinHandle<()>>,
     tasks: JoinSet<()>,
@@ -103,7 +103,7 @@ pub fn load_workloads(config: &Config, store: &Arc<WorkloadStore>) -> anyhow::Re
 /// ready only after the first full sync (the listeners serve meanwhile).
 pub async fn build(config: Config) -> anyhow::Result<App> {
     let mut registry = prometheus_client::registry::Registry::with_prefix("tidegate");
-    let (trigger, drain) = drain::channel();
+    let (trigger, drain) = shutdown::channel();
     let mut tasks = JoinSet::new();
 
     let workloads = WorkloadStore::new(&config.trust_domain, &config.node_name);
@@ -165,7 +165,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
 
     let families = ProxyFamilies::register(&mut registry);
     let streams = ActiveStreams::default();
-    let conn_registry = Arc::new(Registry::default());
+    let tunnels = Arc::new(InboundTunnels::default());
     let pool = Pool::new(
         tls.clone(),
         config.hbone.clone(),
@@ -191,7 +191,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
 
     let drains = crate::drains::DrainEngine::new(
         workloads.clone(),
-        conn_registry.clone(),
+        tunnels.clone(),
         pool.clone(),
         policies.clone(),
         config.drains.clone(),
@@ -231,10 +231,10 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         workloads.clone(),
         tls.clone(),
         config.hbone.clone(),
-        conn_registry.clone(),
+        tunnels.clone(),
         families.direction("inbound"),
         streams.clone(),
-        crate::inbound::GoawayMetrics::register(&mut registry),
+        crate::proxy::inbound::GoawayMetrics::register(&mut registry),
     );
     let outbound = Outbound::new(
         workloads.clone(),
@@ -269,7 +269,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let admin_state = Arc::new(AdminState {
         node: config.node_name.clone(),
         workloads: workloads.clone(),
-        registry: conn_registry.clone(),
+        registry: tunnels.clone(),
         pool: pool.clone(),
         policies: policies.clone(),
         drains: drains.clone(),
@@ -278,14 +278,14 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         ready: Default::default(),
     });
 
-    let (stop_accepting, accepting) = drain::channel();
+    let (stop_accepting, accepting) = shutdown::channel();
     let accept_loops = vec![
         tokio::spawn(inbound.run(inbound_listener, accepting.clone(), drain.clone())),
         tokio::spawn(outbound.clone().run(outbound_listener, accepting)),
     ];
     // Admin, metrics and probes keep answering through the whole drain (the
     // kubelet probes a terminating gateway; operators watch `GET /drains`).
-    let (stop_admin, admin_watch) = drain::channel();
+    let (stop_admin, admin_watch) = shutdown::channel();
     tasks.spawn(admin::serve(
         admin_listener,
         admin_state.clone(),
@@ -331,7 +331,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     Ok(App {
         addrs,
         workloads,
-        registry: conn_registry,
+        tunnels,
         pool,
         tls,
         outbound,

@@ -6,13 +6,13 @@ use std::net::SocketAddr;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::drain::DrainWatch;
+use crate::shutdown::ShutdownWatch;
 
 pub async fn bind_echo(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-pub async fn run_echo(listener: TcpListener, mut drain: DrainWatch) {
+pub async fn run_echo(listener: TcpListener, mut drain: ShutdownWatch) {
     loop {
         let (mut tcp, _) = tokio::select! {
             a = listener.accept() => match a {

@@ -1,8 +1,17 @@
 //! tidegate: a per-node HBONE gateway whose drain policies are WebAssembly plugins.
 //!
-//! The data path, in the order a byte travels:
-//! [`outbound`] (capture on 15001) → [`pool`] → [`hbone::client`] → mTLS ([`tls`])
-//! → peer's [`inbound`] (15008) → [`hbone::server`] → the workload.
+//! - The data path, [`proxy`], in the order a byte travels:
+//!   [`proxy::outbound`] (capture on 15001) → [`proxy::pool`] → [`hbone::client`]
+//!   → mTLS ([`tls`]) → peer's [`proxy::inbound`] (15008) over [`hbone::server`]
+//!   → the workload; [`proxy::copy`] moves the bytes.
+//! - [`hbone`]: the protocol layer (HTTP/2 CONNECT, settings, keepalive, GOAWAY);
+//!   it knows nothing of routing, authorization or dialing.
+//! - The control plane: [`workloads`] (what runs on the node), [`policy`]
+//!   (the WebAssembly plugins), [`drains`] (the drain engine acting on
+//!   tunnels), [`oci`] (draining before an OCI runtime stops a container).
+//! - [`cli`]: the command line (`tidegate connect`, `tidegate plugin`, …).
+//! - [`shutdown`]: the gateway's own shutdown signal (not the drain engine).
+//!
 //! [`app`] wires everything; [`config`] is the one typed configuration.
 
 #![forbid(unsafe_code)]
@@ -11,21 +20,15 @@ pub mod admin;
 pub mod app;
 pub mod cli;
 pub mod config;
-pub mod connect;
 pub mod demo;
-pub mod drain;
 pub mod drains;
 pub mod hbone;
 pub mod identity;
-pub mod inbound;
-pub mod listener;
 pub mod metrics;
 pub mod oci;
-pub mod outbound;
-pub mod plugin_tools;
 pub mod policy;
-pub mod pool;
-pub mod registry;
+pub mod proxy;
+pub mod shutdown;
 pub mod tls;
 pub mod workload_table;
 pub mod workloads;

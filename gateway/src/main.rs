@@ -18,7 +18,11 @@ fn main() -> std::process::ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match runtime.block_on(run(cli)) {
+    let result = runtime.block_on(run(cli));
+    // `tidegate connect` reads stdin on a blocking thread that no stream end
+    // can interrupt; dropping the runtime would wait for it forever.
+    runtime.shutdown_background();
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tidegate: {e:#}");
@@ -35,7 +39,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         return policy(cmd, &config.policies);
     }
     if let Some(Command::Plugin(cmd)) = cli.command {
-        return tidegate::plugin_tools::run(cmd);
+        return tidegate::cli::plugin::run(cmd);
     }
     let config = cli.config.load()?;
     match cli.command.unwrap_or(Command::Run) {
@@ -47,7 +51,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             app.run_until_signal().await
         }
-        Command::Connect(args) => tidegate::connect::run(config, *args).await,
+        Command::Connect(args) => tidegate::cli::connect::run(config, *args).await,
         Command::Workloads(args) => {
             let admin = args.admin.unwrap_or(config.listeners.admin);
             print!(

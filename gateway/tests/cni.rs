@@ -186,7 +186,7 @@ fn del_waits_for_the_gateway_to_drain_the_pod() {
         let c = conf(&socket, 15_000);
         let child = tokio::task::spawn_blocking(move || run("DEL", &c, "pod-uid"));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while !app.registry.dump().iter().any(|t| t.draining.is_some()) {
+        while !app.tunnels.dump().iter().any(|t| t.draining.is_some()) {
             assert!(tokio::time::Instant::now() < deadline, "the DEL never reached the gateway");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

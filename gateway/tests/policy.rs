@@ -449,7 +449,7 @@ fn plugin_files_are_watched_and_swapped() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let (trigger, watch) = tidegate::drain::channel();
+        let (trigger, watch) = tidegate::shutdown::channel();
         let task = tokio::spawn(e.clone().watch_files(Duration::from_millis(20), watch));
         // Replace atomically, as an operator (or a ConfigMap update) would.
         let tmp = dir.path().join("p.wasm.tmp");

@@ -435,7 +435,7 @@ async fn future_sizes(nodes: &TwoNodes, d: &Dialer) -> anyhow::Result<String> {
     let tcp = TcpStream::connect(l.local_addr()?).await?;
     let src = tcp.local_addr()?;
     let proxy = size_of_val(&nodes.client.outbound.proxy(tcp, src, d.authority));
-    let key = tidegate::pool::PoolKey {
+    let key = tidegate::proxy::pool::PoolKey {
         src: d.src.clone(),
         dst: d.dst.clone(),
         dst_addr: d.hbone,
@@ -448,8 +448,8 @@ async fn future_sizes(nodes: &TwoNodes, d: &Dialer) -> anyhow::Result<String> {
     });
     let (tx, rx) = connect_stream(send, d.authority, d.cfg.connect_timeout).await?;
     let tcp = TcpStream::connect(l.local_addr()?).await?;
-    let counters = tidegate::hbone::copy::ByteCounters::default();
-    let copy = size_of_val(&tidegate::hbone::copy::copy_bidirectional(
+    let counters = tidegate::proxy::copy::ByteCounters::default();
+    let copy = size_of_val(&tidegate::proxy::copy::copy_bidirectional(
         &tcp, tx, rx, &counters,
     ));
     driver.abort();

@@ -36,7 +36,7 @@
 //!    an application connection to the `echo` workload (one pooled tunnel,
 //!    one held stream), then calls `DrainEngine::on_peer(echo, deleted)` in
 //!    process; the clock stops when the client pool holds no tunnel to the
-//!    echo identity, and (second figure) when the server gateway's registry
+//!    echo identity, and (second figure) when the server gateway's inbound tunnel list
 //!    holds no tunnel for `echo-uid` (the server saw the connection end).
 //!
 //! Every loop is bounded in count and in time; the run takes a few seconds
@@ -479,7 +479,7 @@ async fn evict_section(nodes: &TwoNodes) -> anyhow::Result<EvictRun> {
         let once = async {
             // The previous iteration's tunnel is gone on both sides.
             let settle = Instant::now() + OP_TIMEOUT;
-            while !nodes.server.registry.for_workload("echo-uid").is_empty()
+            while !nodes.server.tunnels.for_workload("echo-uid").is_empty()
                 || nodes
                     .client
                     .pool
@@ -515,8 +515,7 @@ async fn evict_section(nodes: &TwoNodes) -> anyhow::Result<EvictRun> {
                 {
                     pool_gone = Some(start.elapsed());
                 }
-                if server_gone.is_none()
-                    && nodes.server.registry.for_workload("echo-uid").is_empty()
+                if server_gone.is_none() && nodes.server.tunnels.for_workload("echo-uid").is_empty()
                 {
                     server_gone = Some(start.elapsed());
                 }

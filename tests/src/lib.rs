@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tidegate::app::App;
 use tidegate::config::Config;
-use tidegate::outbound::Outbound;
+use tidegate::proxy::outbound::Outbound;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 

@@ -24,10 +24,10 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tracing::debug;
 
-use crate::drain::DrainWatch;
 use crate::policy::PolicyEngine;
-use crate::pool::Pool;
-use crate::registry::Registry;
+use crate::proxy::pool::Pool;
+use crate::proxy::tunnels::InboundTunnels;
+use crate::shutdown::ShutdownWatch;
 use crate::workloads::WorkloadStore;
 
 type Body = Full<Bytes>;
@@ -36,7 +36,7 @@ type Body = Full<Bytes>;
 pub struct AdminState {
     pub node: String,
     pub workloads: Arc<WorkloadStore>,
-    pub registry: Arc<Registry>,
+    pub registry: Arc<InboundTunnels>,
     pub pool: Arc<Pool>,
     pub policies: Arc<PolicyEngine>,
     pub drains: Arc<crate::drains::DrainEngine>,
@@ -149,7 +149,7 @@ pub async fn serve<F, Fut>(
     listener: TcpListener,
     state: Arc<AdminState>,
     route: F,
-    mut drain: DrainWatch,
+    mut drain: ShutdownWatch,
 ) where
     F: Fn(Arc<AdminState>, Request<Incoming>) -> Fut + Copy + Send + Sync + 'static,
     Fut: std::future::Future<Output = Response<Body>> + Send + 'static,

@@ -12,7 +12,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tracing::{debug, warn};
 
 use super::{DrainEngine, Lifecycle, Trigger};
-use crate::drain::DrainWatch;
+use crate::shutdown::ShutdownWatch;
 
 #[derive(Debug, Deserialize)]
 struct Request {
@@ -34,7 +34,7 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
 }
 
 /// Serves teardown requests until drained.
-pub async fn serve(listener: UnixListener, engine: Arc<DrainEngine>, mut drain: DrainWatch) {
+pub async fn serve(listener: UnixListener, engine: Arc<DrainEngine>, mut drain: ShutdownWatch) {
     loop {
         let stream = tokio::select! {
             a = listener.accept() => match a {

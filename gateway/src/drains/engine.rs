@@ -18,11 +18,11 @@ use tracing::info;
 use super::executor::{self, Executed};
 use super::metrics::{DrainLabels, DrainMetrics, EndLabels, EventLabels};
 use crate::config::DrainsConfig;
-use crate::drain::DrainWatch;
 use crate::oci::{OciDrainer, OciStatus};
 use crate::policy::{PolicyEngine, Selection};
-use crate::pool::Pool;
-use crate::registry::Registry;
+use crate::proxy::pool::Pool;
+use crate::proxy::tunnels::InboundTunnels;
+use crate::shutdown::ShutdownWatch;
 use crate::workloads::{Workload, WorkloadStore};
 
 /// Where a lifecycle event came from.
@@ -185,7 +185,7 @@ pub(super) const RETAIN: Duration = Duration::from_secs(600);
 
 pub struct DrainEngine {
     pub(super) workloads: Arc<WorkloadStore>,
-    pub(super) registry: Arc<Registry>,
+    pub(super) registry: Arc<InboundTunnels>,
     pub(super) pool: Arc<Pool>,
     pub(super) policies: Arc<PolicyEngine>,
     pub(super) cfg: DrainsConfig,
@@ -211,7 +211,7 @@ fn unix_ms(t: SystemTime) -> u128 {
 impl DrainEngine {
     pub fn new(
         workloads: Arc<WorkloadStore>,
-        registry: Arc<Registry>,
+        registry: Arc<InboundTunnels>,
         pool: Arc<Pool>,
         policies: Arc<PolicyEngine>,
         cfg: DrainsConfig,
@@ -563,8 +563,8 @@ impl DrainEngine {
     /// events, decided by the source workload's policy (e.g. a backoff).
     pub async fn watch_connect_failures(
         self: Arc<Self>,
-        mut failures: tokio::sync::mpsc::UnboundedReceiver<crate::pool::ConnectFailure>,
-        mut drain: DrainWatch,
+        mut failures: tokio::sync::mpsc::UnboundedReceiver<crate::proxy::pool::ConnectFailure>,
+        mut drain: ShutdownWatch,
     ) {
         loop {
             let f = tokio::select! {

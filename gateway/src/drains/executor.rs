@@ -8,9 +8,9 @@ use tokio::time::Instant;
 use tracing::info;
 
 use super::engine::DrainEngine;
+use crate::hbone::GoawayCommand;
 use crate::identity::SpiffeId;
 use crate::oci::drainer::AtCapacity;
-use crate::registry::GoawayCommand;
 use crate::workloads::Workload;
 
 /// What was done, for `GET /drains` and the caller.
@@ -54,7 +54,7 @@ pub(super) fn execute(
                 Ok(addr) => {
                     engine.pool.set_backoff(
                         addr,
-                        crate::pool::BackoffParams {
+                        crate::proxy::pool::BackoffParams {
                             initial: Duration::from_millis(b.initial_ms),
                             max: Duration::from_millis(b.max_ms),
                             multiplier: b.multiplier,

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::engine::{DrainEngine, DrainState, Lifecycle, Trigger, RETAIN};
-use crate::drain::DrainWatch;
+use crate::shutdown::ShutdownWatch;
 use crate::workloads::{LifecycleState, Workload, WorkloadSnapshot};
 
 impl DrainEngine {
@@ -24,7 +24,7 @@ impl DrainEngine {
     /// republished identical set (a watch restart, a relist) raises nothing,
     /// and a transition missed while a watch was down is seen on the next
     /// snapshot; a transition seen twice drains once (phases only move forward).
-    pub async fn watch_workloads(self: Arc<Self>, trigger: Trigger, mut drain: DrainWatch) {
+    pub async fn watch_workloads(self: Arc<Self>, trigger: Trigger, mut drain: ShutdownWatch) {
         let mut changes = self.workloads.subscribe();
         // The set published before this task subscribed (a source may sync
         // first) counts as a change from nothing: a workload already

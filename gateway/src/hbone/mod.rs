@@ -1,19 +1,31 @@
 //! HBONE: HTTP/2 CONNECT tunnels over mutual TLS, as ztunnel speaks it.
 //!
-//! - [`server`]: the inbound side of one tunnel (CONNECT validation, upstream dial).
+//! - [`server`]: the inbound side of one tunnel; a [`server::StreamHandler`]
+//!   decides what each CONNECT stream means.
 //! - [`client`]: dialing a tunnel to a peer gateway and opening CONNECT streams.
-//! - [`copy`]: moving bytes between an HTTP/2 stream and a TCP socket.
 //! - [`keepalive`]: HTTP/2 PING liveness for both sides.
 
 pub mod client;
-pub mod copy;
 pub mod keepalive;
 pub mod server;
+
+use tokio::time::Instant;
 
 use crate::config::HboneConfig;
 
 /// Response header carrying the reason for a refused CONNECT (HTTP/2 has no reason phrase).
 pub const REASON_HEADER: &str = "tidegate-reason";
+
+/// What the serving task does when asked to go away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GoawayCommand {
+    /// Two-phase GOAWAY (streams finish) or one GOAWAY and close at once.
+    pub graceful: bool,
+    /// Remaining streams are reset and the tunnel closed at this instant.
+    pub deadline: Option<Instant>,
+    /// When the decision was made (for the event → GOAWAY histogram).
+    pub issued: Instant,
+}
 
 pub(crate) fn server_builder(cfg: &HboneConfig) -> h2::server::Builder {
     let mut b = h2::server::Builder::new();

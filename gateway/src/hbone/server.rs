@@ -1,339 +1,201 @@
 //! The server side of one HBONE tunnel: HTTP/2 over an established mTLS
 //! connection, one CONNECT stream per application connection.
+//!
+//! This layer knows the HTTP/2 handshake and settings, keepalive, GOAWAY
+//! commands and the drain deadline. What a stream means (routing,
+//! authorization, the upstream dial) is the [`StreamHandler`]'s business,
+//! the proxy's inbound side, as in ztunnel's `proxy/h2/server.rs`.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Instant;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
 
 use bytes::Bytes;
-use h2::server::SendResponse;
+use h2::server::{Connection, SendResponse};
 use h2::RecvStream;
-use http::{Method, Request, Response, StatusCode};
-use tokio::net::TcpStream;
-use tracing::{debug, info_span, warn, Instrument};
+use http::Request;
+use tokio::sync::watch;
+use tokio::time::{Instant, Sleep};
+use tracing::{debug, warn};
 
-use super::copy::copy_bidirectional;
-use super::REASON_HEADER;
-use crate::drain::DrainWatch;
-use crate::identity::SpiffeId;
-use crate::inbound::Inbound;
-use crate::metrics::AccessLog;
-use crate::registry::Registration;
+use super::keepalive::KeepaliveError;
+use super::GoawayCommand;
+use crate::config::HboneConfig;
+use crate::shutdown::ShutdownWatch;
 use crate::tls::ServerTls;
-use crate::workloads::{Workload, WorkloadSnapshot};
 
-/// Facts about a tunnel fixed at accept time.
-pub struct TunnelCtx {
-    pub peer: SpiffeId,
-    pub peer_addr: SocketAddr,
-    /// The address the peer dialed (original destination).
-    pub dialed: SocketAddr,
-    /// The workload whose certificate we presented.
-    pub workload: Arc<Workload>,
+/// What to do with each accepted HTTP/2 stream.
+pub trait StreamHandler: Send + Sync + 'static {
+    /// Called in the accept loop, once per stream; the returned future is
+    /// spawned and owns the stream from then on.
+    fn handle(
+        &self,
+        req: Request<RecvStream>,
+        respond: SendResponse<Bytes>,
+    ) -> impl Future<Output = ()> + Send + 'static;
+
+    /// The tunnel sent its first GOAWAY because of `cmd`.
+    fn goaway_sent(&self, _cmd: GoawayCommand) {}
 }
 
-/// Why a CONNECT was refused; each maps to one status and one metric reason.
+/// Why a tunnel could not start serving.
 #[derive(Debug, thiserror::Error)]
-pub enum InboundError {
-    #[error("method {0} is not CONNECT")]
-    NotConnect(Method),
-    #[error("authority {0:?} is not ip:port")]
-    BadAuthority(String),
-    #[error("authority ip {0} is not a workload on this node")]
-    NotLocal(std::net::IpAddr),
-    #[error("authority ip {authority} differs from the dialed workload ip {dialed}")]
-    AuthorityMismatch {
-        authority: std::net::IpAddr,
-        dialed: std::net::IpAddr,
-    },
-    #[error("{peer} may not connect to {workload}")]
-    Denied { peer: SpiffeId, workload: String },
-    #[error("upstream {addr} unreachable: {source}")]
-    Upstream {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+pub enum ServeError {
+    #[error("http/2 handshake failed: {0}")]
+    Handshake(h2::Error),
+    #[error("http/2 handshake timed out")]
+    HandshakeTimeout,
 }
 
-impl InboundError {
-    pub fn status(&self) -> StatusCode {
-        match self {
-            InboundError::Denied { .. } => StatusCode::UNAUTHORIZED,
-            InboundError::Upstream { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            _ => StatusCode::BAD_REQUEST,
-        }
-    }
-
+impl ServeError {
     pub fn reason(&self) -> &'static str {
         match self {
-            InboundError::NotConnect(_) => "not_connect",
-            InboundError::BadAuthority(_) => "bad_authority",
-            InboundError::NotLocal(_) => "target_not_local",
-            InboundError::AuthorityMismatch { .. } => "authority_mismatch",
-            InboundError::Denied { .. } => "denied",
-            InboundError::Upstream { .. } => "upstream_unreachable",
+            ServeError::Handshake(_) => "h2_handshake",
+            ServeError::HandshakeTimeout => "h2_handshake_timeout",
         }
     }
 }
 
-/// Validates a CONNECT against the tunnel; never an open proxy: the target
-/// must be the very workload the peer dialed, on this node.
-pub fn route(
-    req: &Request<RecvStream>,
-    ctx: &TunnelCtx,
-    snapshot: &WorkloadSnapshot,
-) -> Result<SocketAddr, InboundError> {
-    if req.method() != Method::CONNECT {
-        return Err(InboundError::NotConnect(req.method().clone()));
-    }
-    let authority = req
-        .uri()
-        .authority()
-        .map(|a| a.as_str().to_owned())
-        .unwrap_or_default();
-    let target: SocketAddr = authority
-        .parse()
-        .map_err(|_| InboundError::BadAuthority(authority.clone()))?;
-    let workload = snapshot
-        .by_ip(target.ip())
-        .filter(|w| w.local)
-        .ok_or(InboundError::NotLocal(target.ip()))?;
-    if target.ip() != ctx.dialed.ip() {
-        return Err(InboundError::AuthorityMismatch {
-            authority: target.ip(),
-            dialed: ctx.dialed.ip(),
-        });
-    }
-    if !workload.allows(&ctx.peer) {
-        return Err(InboundError::Denied {
-            peer: ctx.peer.clone(),
-            workload: workload.uid().to_owned(),
-        });
-    }
-    Ok(target)
+/// How a served tunnel ended.
+#[derive(Debug)]
+pub enum TunnelEnd {
+    /// The peer closed it, or it closed after a GOAWAY once its streams ended.
+    Closed,
+    /// The connection failed.
+    Error(h2::Error),
+    /// The peer stopped answering PINGs.
+    Keepalive(KeepaliveError),
+    /// The drain deadline passed; remaining streams were cut.
+    Deadline,
 }
+
+/// Where one tunnel stands in its GOAWAY sequence.
+#[derive(Default)]
+struct Goaway {
+    sent: bool,
+    deadline_set: bool,
+}
+
+type Conn = Connection<ServerTls, Bytes>;
 
 /// Serves one tunnel until the peer closes it, keepalive declares it dead, or
 /// it is drained.
 ///
-/// Drain contract: when the gateway's drain signal fires or a GOAWAY is
-/// requested through the registry, the tunnel starts a graceful two-phase
-/// GOAWAY (GOAWAY with the maximum stream id, a PING round trip, the final
-/// GOAWAY — RFC 9113 §6.8, as h2 implements it); open streams go on. When the
-/// last stream ends the connection closes with TLS close_notify. At the
-/// gateway's drain deadline the remaining streams are cut and the tunnel closed.
-pub async fn serve(
-    inbound: Arc<Inbound>,
+/// Drain contract: when `shutdown` fires or a GOAWAY is requested on
+/// `commands`, the tunnel starts a graceful two-phase GOAWAY (GOAWAY with the
+/// maximum stream id, a PING round trip, the final GOAWAY: RFC 9113 §6.8, as
+/// h2 implements it); open streams go on. When the last stream ends the
+/// connection closes with TLS close_notify. At the deadline (the shutdown's,
+/// or a command's) the remaining streams are cut and the tunnel closed.
+pub async fn serve<H: StreamHandler>(
     tls: ServerTls,
-    ctx: TunnelCtx,
-    registration: Registration,
-    mut drain: DrainWatch,
-) {
-    let cfg = &inbound.cfg;
-    // A peer that completes TLS but never sends the HTTP/2 preface must not
-    // hold a task forever: the handshake is bounded like the TLS one.
-    let handshake = super::server_builder(cfg).handshake::<_, Bytes>(tls);
-    let mut conn = match tokio::time::timeout(cfg.connect_timeout, handshake).await {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => {
-            debug!(error = %e, "http/2 handshake failed");
-            return inbound.metrics.connection_failed("h2_handshake");
-        }
-        Err(_) => return inbound.metrics.connection_failed("h2_handshake_timeout"),
-    };
+    cfg: &HboneConfig,
+    handler: &H,
+    mut commands: watch::Receiver<Option<GoawayCommand>>,
+    mut shutdown: ShutdownWatch,
+) -> Result<TunnelEnd, ServeError> {
+    let mut conn = handshake(tls, cfg).await?;
     let ping = conn.ping_pong().expect("ping_pong is taken once");
     let keepalive = super::keepalive::run(ping, cfg.keepalive_interval, cfg.keepalive_timeout);
     tokio::pin!(keepalive);
-    let ctx = Arc::new(ctx);
-    let tunnel = registration.tunnel.clone();
-    let mut goaway_sent = false;
-    let mut deadline_set = false;
-    let deadline = tokio::time::sleep(std::time::Duration::ZERO);
+    let deadline = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(deadline);
-    let mut commands = tunnel.goaway_commands();
+    let mut goaway = Goaway::default();
     loop {
         tokio::select! {
             next = conn.accept() => match next {
                 Some(Ok((req, respond))) => {
-                    let inbound = inbound.clone();
-                    let ctx = ctx.clone();
-                    let count = tunnel.stream_started();
-                    let tunnel = tunnel.clone();
-                    tokio::spawn(async move {
-                        handle_stream(&inbound, &ctx, &tunnel, req, respond).await;
-                        drop(count);
-                    });
+                    tokio::spawn(handler.handle(req, respond));
                 }
                 Some(Err(e)) => {
                     debug!(error = %e, "tunnel ended with error");
-                    break;
+                    return Ok(TunnelEnd::Error(e));
                 }
-                None => break,
+                None => return Ok(TunnelEnd::Closed),
             },
             err = &mut keepalive => {
                 warn!(error = %err, "closing dead tunnel");
-                inbound.metrics.connection_failed("keepalive_timeout");
-                break;
+                return Ok(TunnelEnd::Keepalive(err));
             }
-            d = drain.signaled(), if !deadline_set => {
-                debug!("gateway draining: graceful GOAWAY");
-                if !goaway_sent {
-                    conn.graceful_shutdown();
-                    goaway_sent = true;
-                }
-                deadline_set = true;
-                deadline.as_mut().reset(d);
+            at = shutdown.signaled(), if !goaway.deadline_set => {
+                debug!("gateway shutting down: graceful GOAWAY");
+                goaway.on_shutdown(&mut conn, deadline.as_mut(), at);
             }
             changed = commands.changed() => {
                 let Some(cmd) = *commands.borrow_and_update() else { continue };
-                if changed.is_err() {
-                    continue;
-                }
-                if !goaway_sent || !cmd.graceful {
-                    if cmd.graceful {
-                        debug!("GOAWAY requested: graceful");
-                        conn.graceful_shutdown();
-                    } else {
-                        debug!("GOAWAY requested: immediate");
-                        conn.abrupt_shutdown(h2::Reason::NO_ERROR);
-                    }
-                    if !goaway_sent {
-                        inbound.goaway_sent(cmd);
-                    }
-                    goaway_sent = true;
-                }
-                if let Some(d) = cmd.deadline {
-                    if !deadline_set || d < deadline.deadline() {
-                        deadline_set = true;
-                        deadline.as_mut().reset(d);
-                    }
+                if changed.is_ok() {
+                    goaway.on_command(&mut conn, deadline.as_mut(), cmd, handler);
                 }
             }
-            _ = &mut deadline, if deadline_set => {
-                debug!(streams = tunnel.streams(), "drain deadline reached; closing tunnel");
+            _ = &mut deadline, if goaway.deadline_set => {
+                close_at_deadline(&mut conn).await;
+                return Ok(TunnelEnd::Deadline);
+            }
+        }
+    }
+}
+
+/// The HTTP/2 handshake, bounded like the TLS one: a peer that completes TLS
+/// but never sends the preface must not hold a task forever.
+async fn handshake(tls: ServerTls, cfg: &HboneConfig) -> Result<Conn, ServeError> {
+    let handshake = super::server_builder(cfg).handshake::<_, Bytes>(tls);
+    match tokio::time::timeout(cfg.connect_timeout, handshake).await {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => {
+            debug!(error = %e, "http/2 handshake failed");
+            Err(ServeError::Handshake(e))
+        }
+        Err(_) => Err(ServeError::HandshakeTimeout),
+    }
+}
+
+impl Goaway {
+    fn on_shutdown(&mut self, conn: &mut Conn, deadline: Pin<&mut Sleep>, at: Instant) {
+        if !self.sent {
+            conn.graceful_shutdown();
+            self.sent = true;
+        }
+        self.deadline_set = true;
+        deadline.reset(at);
+    }
+
+    /// A later command can only make things stricter: immediate after
+    /// graceful, an earlier deadline.
+    fn on_command(
+        &mut self,
+        conn: &mut Conn,
+        deadline: Pin<&mut Sleep>,
+        cmd: GoawayCommand,
+        handler: &impl StreamHandler,
+    ) {
+        if !self.sent || !cmd.graceful {
+            if cmd.graceful {
+                debug!("GOAWAY requested: graceful");
+                conn.graceful_shutdown();
+            } else {
+                debug!("GOAWAY requested: immediate");
                 conn.abrupt_shutdown(h2::Reason::NO_ERROR);
-                // Flush the GOAWAY briefly, then drop the connection.
-                let _ = tokio::time::timeout(std::time::Duration::from_millis(100), async {
-                    while conn.accept().await.is_some() {}
-                })
-                .await;
-                break;
+            }
+            if !self.sent {
+                handler.goaway_sent(cmd);
+            }
+            self.sent = true;
+        }
+        if let Some(d) = cmd.deadline {
+            if !self.deadline_set || d < deadline.deadline() {
+                self.deadline_set = true;
+                deadline.reset(d);
             }
         }
     }
-    drop(registration);
 }
 
-async fn handle_stream(
-    inbound: &Inbound,
-    ctx: &TunnelCtx,
-    tunnel: &crate::registry::InboundTunnel,
-    req: Request<RecvStream>,
-    mut respond: SendResponse<Bytes>,
-) {
-    let started = Instant::now();
-    let span = info_span!("stream", authority = %req.uri());
-    async {
-        let _guard = inbound.streams.track();
-        let snapshot = inbound.workloads.snapshot();
-        let result = match route(&req, ctx, &snapshot) {
-            Ok(target) => dial(target, inbound.cfg.connect_timeout).await,
-            Err(e) => Err(e),
-        };
-        let (upstream, target) = match result {
-            Ok(x) => x,
-            Err(e) => {
-                debug!(error = %e, status = %e.status(), "CONNECT refused");
-                let resp = Response::builder()
-                    .status(e.status())
-                    .header(REASON_HEADER, e.to_string())
-                    .body(())
-                    .expect("static response");
-                let _ = respond.send_response(resp, true);
-                inbound.metrics.stream_ended(e.reason());
-                log(
-                    ctx,
-                    None,
-                    ctx.dialed,
-                    Default::default(),
-                    started,
-                    e.reason(),
-                );
-                return;
-            }
-        };
-        let resp = Response::builder()
-            .status(StatusCode::OK)
-            .body(())
-            .expect("static");
-        let send = match respond.send_response(resp, false) {
-            Ok(s) => s,
-            Err(e) => {
-                debug!(error = %e, "peer went away before 200");
-                return inbound.metrics.stream_ended("tunnel_error");
-            }
-        };
-        inbound.metrics.streams_open.inc();
-        let (moved, result) =
-            copy_bidirectional(&upstream, send, req.into_body(), &inbound.metrics.bytes).await;
-        inbound.metrics.streams_open.dec();
-        let outcome = match &result {
-            Ok(()) => "ok",
-            Err(e) => e.reason(),
-        };
-        if result.is_err() {
-            // Reset the workload's side too: a cut stream is not a clean end.
-            let _ = socket2::SockRef::from(&upstream).set_linger(Some(std::time::Duration::ZERO));
-        }
-        inbound.metrics.stream_ended(outcome);
-        log(ctx, tunnel.drained_by(), target, moved, started, outcome);
-    }
-    .instrument(span)
-    .await
-}
-
-async fn dial(
-    target: SocketAddr,
-    timeout: std::time::Duration,
-) -> Result<(TcpStream, SocketAddr), InboundError> {
-    let connect = tokio::time::timeout(timeout, TcpStream::connect(target)).await;
-    let tcp = match connect {
-        Ok(Ok(t)) => t,
-        Ok(Err(source)) => {
-            return Err(InboundError::Upstream {
-                addr: target,
-                source,
-            })
-        }
-        Err(_) => {
-            return Err(InboundError::Upstream {
-                addr: target,
-                source: std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"),
-            })
-        }
-    };
-    let _ = tcp.set_nodelay(true);
-    Ok((tcp, target))
-}
-
-fn log(
-    ctx: &TunnelCtx,
-    drained_by: Option<&str>,
-    dst: SocketAddr,
-    moved: super::copy::Transferred,
-    started: Instant,
-    result: &str,
-) {
-    AccessLog {
-        direction: "inbound",
-        src_identity: &ctx.peer.to_string(),
-        dst_identity: &ctx.workload.identity.to_string(),
-        src_addr: ctx.peer_addr,
-        dst_addr: dst,
-        moved,
-        duration: started.elapsed(),
-        result,
-        drained_by,
-    }
-    .emit();
+/// Sends the final GOAWAY, flushes it briefly, and gives the connection up.
+async fn close_at_deadline(conn: &mut Conn) {
+    debug!("drain deadline reached; closing tunnel");
+    conn.abrupt_shutdown(h2::Reason::NO_ERROR);
+    let _ = tokio::time::timeout(Duration::from_millis(100), async {
+        while conn.accept().await.is_some() {}
+    })
+    .await;
 }

@@ -29,7 +29,7 @@ use super::client::{OciClient, OciError};
 use super::metrics::{CapacityLabels, OciMetrics, OutcomeLabels};
 use super::model::{LoadBalancer, UpdateBackendDetails};
 use super::OciConfig;
-use crate::drain::DrainWatch;
+use crate::shutdown::ShutdownWatch;
 use crate::workloads::{WorkloadSnapshot, WorkloadStore};
 
 /// What the policy wants done when a backend set is at capacity.
@@ -128,7 +128,7 @@ impl Target {
 pub struct OciDrainer {
     cfg: OciConfig,
     /// Re-assert loops end when the gateway drains (between passes).
-    drain: DrainWatch,
+    drain: ShutdownWatch,
     client: OciClient,
     workloads: Arc<WorkloadStore>,
     metrics: OciMetrics,
@@ -161,7 +161,7 @@ impl OciDrainer {
         client: OciClient,
         workloads: Arc<WorkloadStore>,
         metrics: OciMetrics,
-        drain: DrainWatch,
+        drain: ShutdownWatch,
     ) -> Arc<Self> {
         Arc::new(OciDrainer {
             cfg,

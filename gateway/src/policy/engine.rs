@@ -19,7 +19,7 @@ use super::resolve::{resolve, Resolution, SelectedBy, Skipped};
 use super::runtime::{Clock, PolicyRuntime, RuntimeLimits};
 use super::validate::{validate, Bounds, Ignored};
 use crate::config::PoliciesConfig;
-use crate::drain::DrainWatch;
+use crate::shutdown::ShutdownWatch;
 use crate::workloads::Workload;
 
 /// Loaded versions by policy name.
@@ -545,7 +545,7 @@ impl PolicyEngine {
 
     /// Watches plugin files and swaps in changed ones until drained. Loading
     /// runs on a blocking thread, off the data path.
-    pub async fn watch_files(self: Arc<Self>, interval: Duration, mut drain: DrainWatch) {
+    pub async fn watch_files(self: Arc<Self>, interval: Duration, mut drain: ShutdownWatch) {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

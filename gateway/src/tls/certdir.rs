@@ -17,8 +17,8 @@ use rustls::sign::CertifiedKey;
 use tracing::{info, warn};
 
 use super::{identity_of, provider, CertError, CertSource, Roots};
-use crate::drain::DrainWatch;
 use crate::identity::SpiffeId;
+use crate::shutdown::ShutdownWatch;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CertDirError {
@@ -74,7 +74,7 @@ impl CertDir {
     }
 
     /// Polls for changes until drained. A broken set is logged and ignored.
-    pub async fn watch(self: Arc<Self>, interval: Duration, mut drain: DrainWatch) {
+    pub async fn watch(self: Arc<Self>, interval: Duration, mut drain: ShutdownWatch) {
         let mut tick = tokio::time::interval(interval);
         loop {
             tokio::select! {

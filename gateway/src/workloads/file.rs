@@ -10,7 +10,7 @@ use serde::Deserialize;
 use tracing::{info, warn};
 
 use super::{WorkloadSpec, WorkloadStore};
-use crate::drain::DrainWatch;
+use crate::shutdown::ShutdownWatch;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -97,7 +97,7 @@ impl WorkloadFileWatcher {
     }
 
     /// Polls until the drain signal fires.
-    pub async fn run(mut self, mut drain: DrainWatch) {
+    pub async fn run(mut self, mut drain: ShutdownWatch) {
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -224,7 +224,7 @@ mod tests {
         .unwrap();
         let store = WorkloadStore::new("td", "n");
         let mut changes = store.subscribe();
-        let (trigger, watch) = crate::drain::channel();
+        let (trigger, watch) = crate::shutdown::channel();
         let w =
             WorkloadFileWatcher::start(&path, Duration::from_millis(10), store.clone()).unwrap();
         changes.borrow_and_update();

@@ -135,7 +135,7 @@ async fn drain_at_teardown_waits_for_the_last_moment_and_holds_the_ack() {
     // Nothing was asked of the tunnel: pooled tunnels keep being reused.
     assert!(nodes
         .server
-        .registry
+        .tunnels
         .dump()
         .iter()
         .all(|t| t.draining.is_none()));
@@ -174,7 +174,7 @@ async fn drain_at_teardown_waits_for_the_last_moment_and_holds_the_ack() {
     assert_eq!(ack["teardown"]["result"], "idle", "{ack}");
     // The tunnel closes (GOAWAY + close_notify) once idle.
     eventually("server tunnel closed", Duration::from_secs(5), || {
-        nodes.server.registry.is_empty()
+        nodes.server.tunnels.is_empty()
     })
     .await;
     let m = nodes.server.metrics_text();
@@ -426,7 +426,7 @@ async fn keepalive_only_leaves_a_vanished_peer_to_the_ping_timeout() {
     let client = tidegate::app::build(cfg).await.unwrap();
     // One stream on a pooled tunnel through the proxy (keepalive-only: no
     // policy acts; only the PING timeout can notice the peer is gone).
-    let key = tidegate::pool::PoolKey {
+    let key = tidegate::proxy::pool::PoolKey {
         src: tidegate::identity::SpiffeId::new("cluster.local", "demo", "client"),
         dst: tidegate::identity::SpiffeId::new("cluster.local", "demo", "echo"),
         dst_addr: proxy,

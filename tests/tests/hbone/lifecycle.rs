@@ -132,11 +132,11 @@ async fn keepalive_closes_a_peer_that_stops_answering() {
         s = connect_stream(send, nodes.echo, Duration::from_secs(5)) => s.unwrap(),
         r = &mut conn => panic!("connection ended early: {r:?}"),
     };
-    assert_eq!(nodes.server.registry.len(), 1);
+    assert_eq!(nodes.server.tunnels.len(), 1);
     eventually(
         "server closed the silent tunnel",
         Duration::from_secs(10),
-        || nodes.server.registry.is_empty(),
+        || nodes.server.tunnels.is_empty(),
     )
     .await;
     assert_eq!(
@@ -301,7 +301,7 @@ async fn a_second_gateway_takes_new_connections_while_the_first_drains() {
     .await;
     let mut fresh = capture.connect(client_ip).await;
     assert_eq!(round_trip(&mut fresh, b"new").await.unwrap(), b"new");
-    assert_eq!(new.registry.len(), 1, "the new gateway took the new tunnel");
+    assert_eq!(new.tunnels.len(), 1, "the new gateway took the new tunnel");
     // The old gateway keeps serving its open stream until it ends.
     assert_eq!(round_trip(&mut held, b"still").await.unwrap(), b"still");
     assert!(!draining.is_finished());

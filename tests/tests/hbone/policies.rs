@@ -144,7 +144,7 @@ async fn hot_swap_under_a_thousand_streams() {
         t.await.unwrap();
     }
     assert_eq!(
-        nodes.server.registry.len(),
+        nodes.server.tunnels.len(),
         10,
         "the 10 tunnels were never disturbed"
     );

@@ -127,7 +127,7 @@ async fn goaway_received_moves_new_streams_while_old_ones_finish() {
     // Which tunnel carries the stream, known before the GOAWAY can retire it.
     let first = nodes.client.pool.dump()[0].id;
     // The server side asks the echo workload's tunnels to go away.
-    assert_eq!(nodes.server.registry.goaway_workload("echo-uid"), 1);
+    assert_eq!(nodes.server.tunnels.goaway_workload("echo-uid"), 1);
     eventually("client sees GOAWAY", Duration::from_secs(5), || {
         nodes
             .client
@@ -182,7 +182,7 @@ async fn idle_tunnels_are_evicted() {
     .await;
     // The server side sees the tunnel close too (client GOAWAY + close_notify).
     eventually("server tunnel gone", Duration::from_secs(5), || {
-        nodes.server.registry.is_empty()
+        nodes.server.tunnels.is_empty()
     })
     .await;
     let m = nodes.client.metrics_text();

@@ -51,7 +51,7 @@ use tracing::{info, warn};
 
 use super::WorkloadStore;
 use crate::config::KubernetesConfig;
-use crate::drain::DrainWatch;
+use crate::shutdown::ShutdownWatch;
 use metrics::ResourceLabels;
 
 /// What discovery reads, as RBAC names it (API group, resource): the
@@ -175,7 +175,7 @@ impl KubernetesSource {
     }
 
     /// Runs the watches and the publisher until the drain signal fires.
-    pub async fn run(self, mut drain: DrainWatch) {
+    pub async fn run(self, mut drain: ShutdownWatch) {
         let progress = Arc::new(Progress {
             dirty: Notify::new(),
             listed: Mutex::new(HashSet::new()),

@@ -1,6 +1,9 @@
 //! Inbound: the HBONE listener (port 15008). Accept → pick the destination
 //! workload from the connection's original destination → TLS presenting that
-//! workload's certificate → HTTP/2 server (see [`crate::hbone::server`]).
+//! workload's certificate → HTTP/2 server ([`crate::hbone::server`]) with a
+//! [`connect::ConnectHandler`] for its streams.
+
+pub mod connect;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -8,10 +11,13 @@ use std::sync::Arc;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, field, info_span, Instrument};
 
+use connect::{ConnectHandler, TunnelCtx};
+
 use crate::config::HboneConfig;
-use crate::drain::{ActiveStreams, DrainWatch};
+use crate::hbone::{self, server::TunnelEnd};
 use crate::metrics::ProxyMetrics;
-use crate::registry::Registry;
+use crate::proxy::tunnels::{InboundTunnels, Registration};
+use crate::shutdown::{ActiveStreams, ShutdownWatch};
 use crate::tls::TlsContext;
 use crate::workloads::WorkloadStore;
 
@@ -50,7 +56,7 @@ pub struct Inbound {
     pub(crate) workloads: Arc<WorkloadStore>,
     pub(crate) tls: Arc<TlsContext>,
     pub(crate) cfg: HboneConfig,
-    pub(crate) registry: Arc<Registry>,
+    pub(crate) tunnels: Arc<InboundTunnels>,
     pub(crate) metrics: ProxyMetrics,
     pub(crate) streams: ActiveStreams,
     pub(crate) goaways: GoawayMetrics,
@@ -61,7 +67,7 @@ impl Inbound {
         workloads: Arc<WorkloadStore>,
         tls: Arc<TlsContext>,
         cfg: HboneConfig,
-        registry: Arc<Registry>,
+        tunnels: Arc<InboundTunnels>,
         metrics: ProxyMetrics,
         streams: ActiveStreams,
         goaways: GoawayMetrics,
@@ -70,7 +76,7 @@ impl Inbound {
             workloads,
             tls,
             cfg,
-            registry,
+            tunnels,
             metrics,
             streams,
             goaways,
@@ -78,7 +84,7 @@ impl Inbound {
     }
 
     /// Records the first GOAWAY a command made a tunnel send.
-    pub(crate) fn goaway_sent(&self, cmd: crate::registry::GoawayCommand) {
+    pub(crate) fn goaway_sent(&self, cmd: crate::hbone::GoawayCommand) {
         self.goaways.sent.inc();
         self.goaways
             .latency
@@ -91,8 +97,8 @@ impl Inbound {
     pub async fn run(
         self: Arc<Self>,
         listener: TcpListener,
-        mut stop_accepting: DrainWatch,
-        drain: DrainWatch,
+        mut stop_accepting: ShutdownWatch,
+        drain: ShutdownWatch,
     ) {
         loop {
             let accepted = tokio::select! {
@@ -115,8 +121,8 @@ impl Inbound {
         }
     }
 
-    async fn serve(self: Arc<Self>, tcp: TcpStream, peer_addr: SocketAddr, drain: DrainWatch) {
-        let dialed = match crate::listener::destination(&tcp) {
+    async fn serve(self: Arc<Self>, tcp: TcpStream, peer_addr: SocketAddr, drain: ShutdownWatch) {
+        let dialed = match crate::proxy::listener::destination(&tcp) {
             Ok(a) => a,
             Err(_) => return self.metrics.connection_failed("no_destination"),
         };
@@ -151,18 +157,48 @@ impl Inbound {
             tracing::Span::current().record("peer.identity", field::display(&peer));
             self.metrics.connections_opened.inc();
             let registration = self
-                .registry
+                .tunnels
                 .register(workload.uid(), peer.clone(), peer_addr);
-            let ctx = crate::hbone::server::TunnelCtx {
+            let ctx = TunnelCtx {
                 peer,
                 peer_addr,
                 dialed,
                 workload,
             };
-            crate::hbone::server::serve(self.clone(), tls, ctx, registration, drain).await;
+            self.serve_tunnel(tls, ctx, &registration, drain).await;
+            drop(registration);
             self.metrics.connections_closed.inc();
         }
         .instrument(span)
         .await
+    }
+
+    /// Serves the HTTP/2 side of one accepted tunnel with a
+    /// [`ConnectHandler`] and counts how it ended.
+    async fn serve_tunnel(
+        self: &Arc<Self>,
+        tls: crate::tls::ServerTls,
+        ctx: TunnelCtx,
+        registration: &Registration,
+        shutdown: ShutdownWatch,
+    ) {
+        let tunnel = registration.tunnel.clone();
+        let commands = tunnel.goaway_commands();
+        let handler = ConnectHandler {
+            inbound: self.clone(),
+            ctx: Arc::new(ctx),
+            tunnel,
+        };
+        match hbone::server::serve(tls, &self.cfg, &handler, commands, shutdown).await {
+            Err(e) => self.metrics.connection_failed(e.reason()),
+            Ok(TunnelEnd::Keepalive(_)) => self.metrics.connection_failed("keepalive_timeout"),
+            Ok(TunnelEnd::Deadline) => {
+                debug!(
+                    streams = registration.tunnel.streams(),
+                    "tunnel closed at the drain deadline"
+                )
+            }
+            Ok(TunnelEnd::Closed | TunnelEnd::Error(_)) => {}
+        }
     }
 }

@@ -10,10 +10,10 @@ use std::time::Instant;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info_span, Instrument};
 
-use crate::drain::{ActiveStreams, DrainWatch};
-use crate::hbone::copy::{copy_bidirectional, Transferred};
 use crate::metrics::{AccessLog, ProxyMetrics};
-use crate::pool::{Pool, PoolError, PoolKey};
+use crate::proxy::copy::{copy_bidirectional, Transferred};
+use crate::proxy::pool::{Pool, PoolError, PoolKey};
+use crate::shutdown::{ActiveStreams, ShutdownWatch};
 use crate::workloads::{Protocol, WorkloadStore};
 
 #[derive(Debug, thiserror::Error)]
@@ -75,7 +75,7 @@ impl Outbound {
     /// Accepts captured connections until the drain signal fires, then drops
     /// the listener. Proxied connections go on until they end or the process
     /// exits at the drain deadline.
-    pub async fn run(self: Arc<Self>, listener: TcpListener, mut drain: DrainWatch) {
+    pub async fn run(self: Arc<Self>, listener: TcpListener, mut drain: ShutdownWatch) {
         if let Ok(a) = listener.local_addr() {
             let _ = self.listen_addr.set(a);
         }
@@ -88,7 +88,7 @@ impl Outbound {
                 Ok((tcp, src)) => {
                     let this = self.clone();
                     tokio::spawn(async move {
-                        let Some(dst) = crate::listener::original_dst(&tcp) else {
+                        let Some(dst) = crate::proxy::listener::original_dst(&tcp) else {
                             this.metrics
                                 .connection_failed(OutboundError::NotRedirected.reason());
                             return;
@@ -233,7 +233,7 @@ async fn copy_tcp(from: &TcpStream, to: &TcpStream) -> std::io::Result<u64> {
             }
             Ok(n) => {
                 total += n as u64;
-                crate::hbone::copy::write_all(to, &buf).await?;
+                crate::proxy::copy::write_all(to, &buf).await?;
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),

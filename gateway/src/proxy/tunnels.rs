@@ -11,13 +11,14 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::hbone::GoawayCommand;
 use crate::identity::SpiffeId;
 
 #[derive(Debug, Default)]
-pub struct Registry {
+pub struct InboundTunnels {
     tunnels: Mutex<BTreeMap<u64, Arc<InboundTunnel>>>,
     next_id: AtomicU64,
-    /// Woken whenever a stream or a tunnel ends (see [`Registry::wait_idle`]).
+    /// Woken whenever a stream or a tunnel ends (see [`InboundTunnels::wait_idle`]).
     ended: Arc<tokio::sync::Notify>,
 }
 
@@ -34,17 +35,6 @@ pub struct InboundTunnel {
     ended: Arc<tokio::sync::Notify>,
     /// Set once a drain asked this tunnel to go away: shown in access logs.
     drained_by: OnceLock<String>,
-}
-
-/// What the serving task does when asked to go away.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GoawayCommand {
-    /// Two-phase GOAWAY (streams finish) or one GOAWAY and close at once.
-    pub graceful: bool,
-    /// Remaining streams are reset and the tunnel closed at this instant.
-    pub deadline: Option<Instant>,
-    /// When the decision was made (for the event → GOAWAY histogram).
-    pub issued: Instant,
 }
 
 impl InboundTunnel {
@@ -102,7 +92,7 @@ impl Drop for StreamCount {
 /// Removes the tunnel from the registry when dropped.
 #[derive(Debug)]
 pub struct Registration {
-    registry: Arc<Registry>,
+    registry: Arc<InboundTunnels>,
     pub tunnel: Arc<InboundTunnel>,
 }
 
@@ -128,7 +118,7 @@ pub struct TunnelDump {
     pub draining: Option<String>,
 }
 
-impl Registry {
+impl InboundTunnels {
     pub fn register(
         self: &Arc<Self>,
         workload_uid: &str,

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use tidegate_plugin_build::build_crate::{self, BuildOptions};
 use tidegate_plugin_build::new::{self, NewOptions, SdkSource};
 
-use crate::cli::PluginCommand;
+use super::PluginCommand;
 
 /// The SDK source this binary was built from (`<checkout>/sdk`); what
 /// `plugin new` depends on unless `--sdk` says otherwise.

@@ -1,7 +1,7 @@
 //! The gateway's shutdown signal.
 //!
-//! One [`DrainTrigger`] and any number of [`DrainWatch`]es. When the trigger
-//! fires, every watcher's [`DrainWatch::signaled`] resolves with the deadline
+//! One [`ShutdownTrigger`] and any number of [`ShutdownWatch`]es. When the trigger
+//! fires, every watcher's [`ShutdownWatch::signaled`] resolves with the deadline
 //! by which the work it guards must be finished. Tasks that serve
 //! connections document what they guarantee when it fires.
 
@@ -12,17 +12,17 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-pub fn channel() -> (DrainTrigger, DrainWatch) {
+pub fn channel() -> (ShutdownTrigger, ShutdownWatch) {
     let (tx, rx) = watch::channel(None);
-    (DrainTrigger { tx }, DrainWatch { rx })
+    (ShutdownTrigger { tx }, ShutdownWatch { rx })
 }
 
 #[derive(Debug)]
-pub struct DrainTrigger {
+pub struct ShutdownTrigger {
     tx: watch::Sender<Option<Instant>>,
 }
 
-impl DrainTrigger {
+impl ShutdownTrigger {
     /// Starts draining; work must end within `grace`. Firing twice keeps the first deadline.
     pub fn start(&self, grace: Duration) -> Instant {
         let deadline = Instant::now() + grace;
@@ -37,19 +37,19 @@ impl DrainTrigger {
         self.tx.borrow().expect("set above")
     }
 
-    pub fn watch(&self) -> DrainWatch {
-        DrainWatch {
+    pub fn watch(&self) -> ShutdownWatch {
+        ShutdownWatch {
             rx: self.tx.subscribe(),
         }
     }
 }
 
 #[derive(Clone, Debug)]
-pub struct DrainWatch {
+pub struct ShutdownWatch {
     rx: watch::Receiver<Option<Instant>>,
 }
 
-impl DrainWatch {
+impl ShutdownWatch {
     /// Resolves with the deadline once draining started (immediately if it already has).
     /// If the trigger is dropped without firing, this never resolves.
     pub async fn signaled(&mut self) -> Instant {

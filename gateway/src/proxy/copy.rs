@@ -14,6 +14,10 @@ use h2::{RecvStream, SendStream};
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 
+/// Byte counts and counters live with the metrics: the copy loop depends on
+/// them, never the other way round.
+pub use crate::metrics::{ByteCounters, Transferred};
+
 const READ_CHUNK: usize = 64 * 1024;
 
 #[derive(Debug, thiserror::Error)]
@@ -35,22 +39,6 @@ impl CopyError {
             CopyError::H2(_) => "tunnel_error",
         }
     }
-}
-
-/// Bytes moved by one stream.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Transferred {
-    /// TCP → HTTP/2.
-    pub tcp_to_h2: u64,
-    /// HTTP/2 → TCP.
-    pub h2_to_tcp: u64,
-}
-
-/// Counters incremented as bytes move (per direction).
-#[derive(Clone, Debug, Default)]
-pub struct ByteCounters {
-    pub tcp_to_h2: Counter,
-    pub h2_to_tcp: Counter,
 }
 
 /// Copies until both directions ended (each end-of-stream / EOF is propagated

@@ -30,9 +30,9 @@ use tokio::time::Instant;
 use tracing::{debug, info_span, warn, Instrument};
 
 use crate::config::{HboneConfig, PoolConfig};
-use crate::drain::DrainWatch;
 use crate::hbone::client::{self, DialError, StreamError};
 use crate::identity::SpiffeId;
+use crate::shutdown::ShutdownWatch;
 use crate::tls::TlsContext;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, Serialize)]
@@ -460,7 +460,7 @@ impl Pool {
     }
 
     /// Closes tunnels idle for longer than the idle timeout. Runs until drained.
-    pub async fn evict_idle(self: Arc<Self>, mut drain: DrainWatch) {
+    pub async fn evict_idle(self: Arc<Self>, mut drain: ShutdownWatch) {
         let period =
             (self.cfg.idle_timeout / 4).clamp(Duration::from_millis(5), Duration::from_secs(30));
         let mut tick = tokio::time::interval(period);

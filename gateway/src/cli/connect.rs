@@ -7,7 +7,7 @@ use anyhow::{bail, Context as _};
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::cli::ConnectArgs;
+use super::ConnectArgs;
 use crate::config::Config;
 use crate::identity::SpiffeId;
 use crate::tls::{TlsContext, TlsMetrics};
@@ -41,11 +41,22 @@ pub async fn run(config: Config, args: ConnectArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("dialing {via} as {me}"))?;
     let driver = tokio::spawn(conn);
-    let (mut tx, mut rx) =
+    let (tx, rx) =
         crate::hbone::client::connect_stream(send, args.to, config.hbone.connect_timeout)
             .await
             .with_context(|| format!("CONNECT {}", args.to))?;
 
+    let result = pipe_stdio(tx, rx, args.to).await;
+    driver.abort();
+    result
+}
+
+/// Pipes stdin into the stream and the stream into stdout until either ends.
+async fn pipe_stdio(
+    mut tx: h2::SendStream<bytes::Bytes>,
+    mut rx: h2::RecvStream,
+    to: std::net::SocketAddr,
+) -> anyhow::Result<()> {
     let upload = async {
         let mut stdin = tokio::io::stdin();
         loop {
@@ -89,11 +100,10 @@ pub async fn run(config: Config, args: ConnectArgs) -> anyhow::Result<()> {
         down = &mut download => match down {
             Ok(()) => Err(anyhow::anyhow!(
                 "the peer closed the stream before stdin ended (CONNECT {})",
-                args.to
+                to
             )),
-            Err(e) => Err(e.context(format!("the stream to {} ended", args.to))),
+            Err(e) => Err(e.context(format!("the stream to {} ended", to))),
         },
     };
-    driver.abort();
     result
 }

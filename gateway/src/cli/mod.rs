@@ -1,4 +1,8 @@
-//! Command-line interface. `main` parses this and calls one function.
+//! Command-line interface. `main` parses this and calls one function:
+//! [`connect`] (`tidegate connect`), [`plugin`] (`tidegate plugin`).
+
+pub mod connect;
+pub mod plugin;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

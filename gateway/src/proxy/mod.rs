@@ -1,0 +1,15 @@
+//! The data path: the listeners, the tunnels and the bytes.
+//!
+//! - [`outbound`]: the capture listener (15001), one pooled CONNECT stream per connection.
+//! - [`pool`]: outbound HBONE tunnels per (peer, identity), reused and evicted.
+//! - [`inbound`]: the HBONE listener (15008); routes, authorizes and dials each CONNECT.
+//! - [`tunnels`]: the live inbound tunnels per workload (admin dump, drain engine).
+//! - [`listener`]: binding and original-destination lookup.
+//! - [`copy`]: moving bytes between an HTTP/2 stream and a TCP socket.
+
+pub mod copy;
+pub mod inbound;
+pub mod listener;
+pub mod outbound;
+pub mod pool;
+pub mod tunnels;
