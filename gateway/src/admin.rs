@@ -116,6 +116,15 @@ async fn workload_event(
                 Some(g) => g,
             };
             match grace {
+                Ok(grace) if grace > crate::drains::MAX_GRACE => {
+                    return text(
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "query `grace`: {} s is out of range; accepted: 0s to 24h\n",
+                            grace.as_secs()
+                        ),
+                    )
+                }
                 Ok(grace) => (uid, Lifecycle::ShutdownStarted { grace }),
                 Err(e) => return text(StatusCode::BAD_REQUEST, format!("query `grace`: {e}\n")),
             }

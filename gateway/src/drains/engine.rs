@@ -7,7 +7,7 @@
 //! that version even if a new one was swapped in meanwhile.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
@@ -189,6 +189,19 @@ pub struct DrainEngine {
     oci: std::sync::OnceLock<Arc<OciDrainer>>,
 }
 
+/// Locks `m`; a panic elsewhere while it was held does not make every later
+/// drain panic (the maps stay consistent: no code panics under these locks).
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// `now + d` in unix milliseconds, saturating instead of overflowing.
+fn unix_ms_after(d: Duration) -> u64 {
+    SystemTime::now()
+        .checked_add(d)
+        .map_or(u64::MAX, |t| u64::try_from(unix_ms(t)).unwrap_or(u64::MAX))
+}
+
 fn unix_ms(t: SystemTime) -> u128 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_millis())
@@ -231,10 +244,7 @@ impl DrainEngine {
     /// What a policy is told about a local workload right now.
     pub(super) fn state_of(&self, w: &Workload) -> sdk::WorkloadState {
         let uid = w.uid();
-        let age = self
-            .first_seen
-            .lock()
-            .unwrap()
+        let age = lock(&self.first_seen)
             .entry(uid.to_owned())
             .or_insert_with(Instant::now)
             .elapsed();
@@ -266,11 +276,7 @@ impl DrainEngine {
             return Some(w.clone());
         }
         // Deleted from the store already: the drain remembers it.
-        self.drains
-            .lock()
-            .unwrap()
-            .get(uid)
-            .map(|d| d.workload.clone())
+        lock(&self.drains).get(uid).map(|d| d.workload.clone())
     }
 
     /// Handles one lifecycle transition: decides with the workload's policy,
@@ -287,7 +293,7 @@ impl DrainEngine {
             .ok_or_else(|| DrainError::UnknownWorkload(uid.to_owned()))?;
         let decided_at = Instant::now();
         let (selection, since_shutdown, duplicate) = {
-            let mut drains = self.drains.lock().unwrap();
+            let mut drains = lock(&self.drains);
             let d = drains.entry(uid.to_owned()).or_insert_with(|| {
                 DrainState::new(workload.clone(), self.policies.select(&workload), trigger)
             });
@@ -311,7 +317,7 @@ impl DrainEngine {
                 d.phase = what.phase();
                 if let Lifecycle::ShutdownStarted { grace } = what {
                     d.shutdown_at = Some(decided_at);
-                    d.deadline = Some(SystemTime::now() + grace);
+                    d.deadline = SystemTime::now().checked_add(grace);
                 }
             }
             (
@@ -389,8 +395,8 @@ impl DrainEngine {
             Lifecycle::ShutdownStarted { grace } => {
                 sdk::Event::ShutdownStarted(sdk::ShutdownStarted {
                     workload: state,
-                    grace_deadline_ms: unix_ms(SystemTime::now() + grace) as u64,
-                    grace_remaining_ms: grace.as_millis() as u64,
+                    grace_deadline_ms: unix_ms_after(grace),
+                    grace_remaining_ms: u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
                 })
             }
             Lifecycle::Teardown => sdk::Event::NetworkTeardown(sdk::NetworkTeardown {
@@ -403,13 +409,13 @@ impl DrainEngine {
     }
 
     pub(super) fn record(&self, uid: &str, executed: &Executed) {
-        if let Some(d) = self.drains.lock().unwrap().get_mut(uid) {
+        if let Some(d) = lock(&self.drains).get_mut(uid) {
             d.actions.extend(executed.descriptions.iter().cloned());
         }
     }
 
     fn end(&self, uid: &str, selection: &Selection, result: &'static str) {
-        let mut drains = self.drains.lock().unwrap();
+        let mut drains = lock(&self.drains);
         if let Some(d) = drains.get_mut(uid) {
             if d.ended.is_none() {
                 d.ended = Some(result);
@@ -444,7 +450,9 @@ impl DrainEngine {
                 streams_left: self.registry.streams_of(uid),
             },
             Some(bound) => {
-                let until = started + bound.min(self.cfg.max_hold);
+                let until = started
+                    .checked_add(bound.min(self.cfg.max_hold))
+                    .unwrap_or_else(|| started + super::MAX_GRACE);
                 // A GOAWAY deadline equal to the bound cuts the streams at
                 // that very instant: that is a forced end, not an idle one.
                 let idle = self.registry.wait_idle(uid, until).await && Instant::now() < until;
@@ -481,13 +489,11 @@ impl DrainEngine {
 
     /// Any workload by uid, including one removed from the store recently.
     pub(super) fn any_workload(&self, uid: &str) -> Option<Arc<Workload>> {
-        self.workloads.snapshot().by_uid(uid).cloned().or_else(|| {
-            self.removed
-                .lock()
-                .unwrap()
-                .get(uid)
-                .map(|(w, _)| w.clone())
-        })
+        self.workloads
+            .snapshot()
+            .by_uid(uid)
+            .cloned()
+            .or_else(|| lock(&self.removed).get(uid).map(|(w, _)| w.clone()))
     }
 
     /// A peer we pool tunnels to is terminating or was deleted. Decided by
@@ -613,8 +619,8 @@ impl DrainEngine {
         let now = Instant::now();
         for (_, (selection, workloads)) in by_policy {
             let event = sdk::Event::GatewayShutdown(sdk::GatewayShutdown {
-                deadline_ms: unix_ms(SystemTime::now() + deadline) as u64,
-                remaining_ms: deadline.as_millis() as u64,
+                deadline_ms: unix_ms_after(deadline),
+                remaining_ms: u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX),
                 workloads: workloads.iter().map(|w| self.state_of(w)).collect(),
             });
             let decision = self.policies.decide(&selection, &event);
@@ -632,33 +638,42 @@ impl DrainEngine {
         done
     }
 
-    /// A timer the policy asked for fired: decided by the drain's pinned version.
-    pub(super) fn timer_fired(self: &Arc<Self>, subject: String, tag: String) {
-        let (selection, workload) = {
-            let drains = self.drains.lock().unwrap();
-            match drains.get(&subject) {
-                Some(d) => (d.selection.clone(), Some(d.workload.clone())),
-                None => match self.lookup(&subject) {
-                    Some(w) => (self.policies.select(&w), Some(w)),
-                    None => return,
-                },
-            }
+    /// A timer the policy asked for fired. Decided by the subject's drain
+    /// (its pinned version) when it has one, else by the policy of the local
+    /// workload whose decision set the timer (`source`): a peer uid or a
+    /// connect-failing destination are valid subjects too.
+    pub(super) fn timer_fired(
+        self: &Arc<Self>,
+        subject: String,
+        tag: String,
+        source: Arc<Workload>,
+    ) {
+        // The drains lock is released before `lookup`, which takes it again.
+        let pinned = lock(&self.drains)
+            .get(&subject)
+            .map(|d| (d.selection.clone(), d.workload.clone()));
+        let (selection, workload) = match pinned {
+            Some((selection, w)) => (selection, Some(w)),
+            None => match self.lookup(&subject) {
+                Some(w) => (self.policies.select(&w), Some(w)),
+                None => (self.policies.select(&source), None),
+            },
         };
         let event = sdk::Event::TimerFired(sdk::TimerFired {
             subject: subject.clone(),
-            tag,
+            tag: tag.clone(),
             workload: workload.as_deref().map(|w| self.state_of(w)),
         });
         let decision = self.policies.decide(&selection, &event);
-        if let Some(w) = workload {
-            let executed = executor::execute(self, &w, &decision.actions, Instant::now());
-            self.record(&subject, &executed);
-        }
+        let on = workload.unwrap_or(source);
+        let executed = executor::execute(self, &on, &decision.actions, Instant::now());
+        info!(subject, tag, policy = %decision.policy, actions = ?executed.descriptions, "timer decision");
+        self.record(&subject, &executed);
     }
 
     /// `GET /drains`.
     pub fn list(&self) -> Vec<DrainView> {
-        let drains = self.drains.lock().unwrap();
+        let drains = lock(&self.drains);
         drains
             .iter()
             .filter(|(_, d)| d.phase > Phase::Running)

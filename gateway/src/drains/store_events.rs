@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::engine::{DrainEngine, DrainState, Lifecycle, Trigger, RETAIN};
+use super::engine::{lock, DrainEngine, DrainState, Lifecycle, Trigger, RETAIN};
 use crate::drain::DrainWatch;
 use crate::workloads::{LifecycleState, Workload, WorkloadSnapshot};
 
@@ -50,10 +50,7 @@ impl DrainEngine {
     ) {
         for old in previous.iter() {
             if current.by_uid(old.uid()).is_none() {
-                self.removed
-                    .lock()
-                    .unwrap()
-                    .insert(old.uid().to_owned(), (old.clone(), Instant::now()));
+                lock(&self.removed).insert(old.uid().to_owned(), (old.clone(), Instant::now()));
             }
         }
         for old in previous.iter().filter(|w| !w.local) {
@@ -87,13 +84,9 @@ impl DrainEngine {
             if let Some(what) = what {
                 if now.is_none() {
                     // Keep the last known facts for the deleted event.
-                    self.drains
-                        .lock()
-                        .unwrap()
-                        .entry(uid.to_owned())
-                        .or_insert_with(|| {
-                            DrainState::new(old.clone(), self.policies.select(old), trigger)
-                        });
+                    lock(&self.drains).entry(uid.to_owned()).or_insert_with(|| {
+                        DrainState::new(old.clone(), self.policies.select(old), trigger)
+                    });
                 }
                 let this = self.clone();
                 let uid = uid.to_owned();
@@ -130,7 +123,7 @@ impl DrainEngine {
     /// and close once idle — whatever the policy — so the new workload never
     /// rides a tunnel opened for the old one. Streams already open finish.
     fn retire_reused_ips(&self, current: &WorkloadSnapshot) {
-        let mut owners = self.ip_owners.lock().unwrap();
+        let mut owners = lock(&self.ip_owners);
         let mut retired = Vec::new();
         for ip in current.iter().flat_map(|w| w.spec.ips.iter()) {
             let Some(owner) = current.by_ip(*ip) else {
@@ -173,12 +166,10 @@ impl DrainEngine {
     /// workloads, removed workloads and ages are dropped after [`RETAIN`].
     fn forget_old(&self, current: &WorkloadSnapshot) {
         let old = |t: Instant| t.elapsed() > RETAIN;
-        let mut drains = self.drains.lock().unwrap();
+        let mut drains = lock(&self.drains);
         drains.retain(|uid, d| current.by_uid(uid).is_some() || !d.ended_at.is_some_and(old));
-        self.removed.lock().unwrap().retain(|_, (_, at)| !old(*at));
-        self.first_seen
-            .lock()
-            .unwrap()
+        lock(&self.removed).retain(|_, (_, at)| !old(*at));
+        lock(&self.first_seen)
             .retain(|uid, _| current.by_uid(uid).is_some() || drains.contains_key(uid));
     }
 }
