@@ -17,6 +17,8 @@ use tracing::info;
 
 use super::executor::{self, Executed};
 use super::metrics::{DrainLabels, DrainMetrics, EndLabels, EventLabels};
+pub use super::phase::Lifecycle;
+use super::phase::{transition, Phase, Transition};
 use crate::config::DrainsConfig;
 use crate::drain::DrainWatch;
 use crate::oci::{OciDrainer, OciStatus};
@@ -44,44 +46,6 @@ impl Trigger {
             Trigger::Kubernetes => "kubernetes",
             Trigger::Cni => "cni",
             Trigger::Timer => "timer",
-        }
-    }
-}
-
-/// A lifecycle transition of a local workload.
-#[derive(Clone, Copy, Debug)]
-pub enum Lifecycle {
-    /// Termination started; the pod's grace period.
-    ShutdownStarted { grace: Duration },
-    /// The app exited; the network is about to go (CNI DEL).
-    Teardown,
-    /// The workload is gone.
-    Deleted,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub(super) enum Phase {
-    Running,
-    ShuttingDown,
-    TornDown,
-    Deleted,
-}
-
-impl Lifecycle {
-    fn phase(self) -> Phase {
-        match self {
-            Lifecycle::ShutdownStarted { .. } => Phase::ShuttingDown,
-            Lifecycle::Teardown => Phase::TornDown,
-            Lifecycle::Deleted => Phase::Deleted,
-        }
-    }
-
-    fn kind(self) -> &'static str {
-        match self {
-            Lifecycle::ShutdownStarted { .. } => "shutdown-started",
-            Lifecycle::Teardown => "network-teardown",
-            Lifecycle::Deleted => "workload-deleted",
         }
     }
 }
@@ -297,10 +261,10 @@ impl DrainEngine {
             let d = drains.entry(uid.to_owned()).or_insert_with(|| {
                 DrainState::new(workload.clone(), self.policies.select(&workload), trigger)
             });
-            let duplicate = d.phase >= what.phase();
-            if !duplicate {
-                if d.phase == Phase::Running {
-                    // This event starts the drain.
+            let step = transition(d.phase, what);
+            let duplicate = step == Transition::Duplicate;
+            if let Transition::Start(_) | Transition::Advance(_) = step {
+                if let Transition::Start(_) = step {
                     d.trigger = trigger;
                     d.started = SystemTime::now();
                     self.metrics

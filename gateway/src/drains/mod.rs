@@ -13,6 +13,7 @@ pub mod cni;
 pub mod engine;
 mod executor;
 mod metrics;
+mod phase;
 mod store_events;
 
 pub use engine::{DrainEngine, DrainError, DrainView, Lifecycle, Outcome, TeardownAck, Trigger};

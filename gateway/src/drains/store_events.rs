@@ -9,7 +9,10 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use tidegate_sdk as sdk;
+
 use super::engine::{lock, DrainEngine, DrainState, Lifecycle, Trigger, RETAIN};
+use super::executor;
 use crate::drain::DrainWatch;
 use crate::workloads::{LifecycleState, Workload, WorkloadSnapshot};
 
@@ -113,8 +116,29 @@ impl DrainEngine {
                 });
             }
         }
+        // Local workloads that appeared (all of them in the first snapshot).
+        for w in current
+            .iter()
+            .filter(|w| w.local && previous.by_uid(w.uid()).is_none())
+        {
+            self.on_added(w);
+        }
         self.retire_reused_ips(current);
         self.forget_old(current);
+    }
+
+    /// A local workload appeared: its policy sees `workload-added` (to set
+    /// a timer, log, or prepare); the actions are executed like any other.
+    fn on_added(self: &Arc<Self>, w: &Arc<Workload>) {
+        let selection = self.policies.select(w);
+        let event = sdk::Event::WorkloadAdded(self.state_of(w));
+        let decision = self.policies.decide(&selection, &event);
+        if decision.actions.is_empty() {
+            return;
+        }
+        let executed = executor::execute(self, w, &decision.actions, Instant::now());
+        info!(workload = w.uid(), policy = %decision.policy, actions = ?executed.descriptions,
+            "workload-added decision");
     }
 
     /// Identity is the workload uid: when an IP now belongs to a different

@@ -94,3 +94,42 @@ async fn a_timer_about_a_peer_or_a_destination_is_decided_without_deadlock() {
     // The engine is still usable: its lock was released.
     assert!(within_10s(move || engine.list()).is_empty());
 }
+
+#[tokio::test]
+async fn the_same_transition_from_two_sources_drains_once() {
+    use super::{Lifecycle, Trigger};
+    let (engine, _store) = engine();
+    let shutdown = Lifecycle::ShutdownStarted {
+        grace: Duration::from_secs(30),
+    };
+    let first = engine
+        .on_lifecycle("local-uid", shutdown, Trigger::Admin)
+        .await
+        .unwrap();
+    assert!(!first.duplicate);
+    let again = engine
+        .on_lifecycle("local-uid", shutdown, Trigger::WorkloadFile)
+        .await
+        .unwrap();
+    assert!(again.duplicate);
+    let drains = engine.list();
+    assert_eq!(drains.len(), 1);
+    // The first source started it.
+    assert_eq!(drains[0].trigger, Trigger::Admin);
+    let deleted = engine
+        .on_lifecycle("local-uid", Lifecycle::Deleted, Trigger::Kubernetes)
+        .await
+        .unwrap();
+    assert!(!deleted.duplicate);
+    assert_eq!(engine.list()[0].ended, Some("completed"));
+}
+
+#[tokio::test]
+async fn a_peer_is_not_drained_as_a_local_workload() {
+    use super::{DrainError, Lifecycle, Trigger};
+    let (engine, _store) = engine();
+    let r = engine
+        .on_lifecycle("peer-uid", Lifecycle::Teardown, Trigger::Cni)
+        .await;
+    assert!(matches!(r, Err(DrainError::UnknownWorkload(_))));
+}

@@ -489,3 +489,21 @@ async fn drains_refuse_an_absurd_grace_and_keep_working() {
     let deleted = post(admin, "DELETE", "/workloads/echo-uid").await;
     assert_eq!(deleted["duplicate"], false, "{deleted}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_sees_workload_added() {
+    let nodes = with_policy(70, "goaway-on-term-start", "").await;
+    // The workload file's first set: every local workload appears.
+    eventually(
+        "the server's policy decided workload-added",
+        Duration::from_secs(5),
+        || {
+            nodes.server.metrics_text().lines().any(|l| {
+                l.starts_with("tidegate_policy_decisions_total{")
+                    && l.contains(r#"event="workload-added""#)
+                    && l.contains(r#"policy="p""#)
+            })
+        },
+    )
+    .await;
+}
