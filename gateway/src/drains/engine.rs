@@ -149,6 +149,9 @@ pub struct DrainEngine {
     /// while the pool still holds tunnels to it): a new uid at the IP means
     /// a new workload, and tunnels pooled for the old one must not carry it.
     pub(super) ip_owners: Mutex<HashMap<std::net::IpAddr, String>>,
+    /// Timers, delayed GOAWAYs and lifecycle events raised off the caller's
+    /// task: owned here so [`DrainEngine::shutdown`] reaches them.
+    tasks: Mutex<tokio::task::JoinSet<()>>,
     /// Executes `oci-drain` actions when `oci.enabled` (see [`DrainEngine::set_oci`]).
     oci: std::sync::OnceLock<Arc<OciDrainer>>,
 }
@@ -193,7 +196,42 @@ impl DrainEngine {
             removed: Mutex::new(HashMap::new()),
             oci: std::sync::OnceLock::new(),
             ip_owners: Mutex::new(HashMap::new()),
+            tasks: Mutex::new(tokio::task::JoinSet::new()),
         })
+    }
+
+    /// Runs `task` as one of the engine's tasks (finished ones are reaped;
+    /// a panicked one is logged).
+    pub(super) fn spawn(
+        &self,
+        what: &'static str,
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let mut tasks = lock(&self.tasks);
+        while let Some(done) = tasks.try_join_next() {
+            if let Err(e) = done {
+                if e.is_panic() {
+                    tracing::error!(error = %e, "a drain task panicked");
+                }
+            }
+        }
+        tasks.spawn(tracing::Instrument::instrument(
+            task,
+            tracing::info_span!("drain_task", what),
+        ));
+    }
+
+    /// Tasks the engine runs now (timers, delayed GOAWAYs, lifecycle events).
+    pub fn pending_tasks(&self) -> usize {
+        lock(&self.tasks).len()
+    }
+
+    /// The gateway is stopping: pending timers, delayed GOAWAYs and
+    /// lifecycle events are cancelled and awaited.
+    pub async fn shutdown(&self) {
+        let mut tasks = std::mem::take(&mut *lock(&self.tasks));
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
     }
 
     /// Hands `oci-drain` actions to `drainer` (set once, at build).

@@ -104,7 +104,8 @@ pub(super) fn execute(
                         let engine = engine.clone();
                         let (subject, tag) = (t.subject.clone(), t.tag.clone());
                         let source = workload.clone();
-                        tokio::spawn(async move {
+                        let task = engine.clone();
+                        task.spawn("timer", async move {
                             tokio::time::sleep_until(at).await;
                             engine.timer_fired(subject, tag, source);
                         });
@@ -169,7 +170,8 @@ fn goaway(
             let engine = engine.clone();
             let (uid, label) = (g.workload.clone(), label.clone());
             let at = decided_at.checked_add(delay);
-            tokio::spawn(async move {
+            let task = engine.clone();
+            task.spawn("delayed-goaway", async move {
                 match at {
                     Some(at) => tokio::time::sleep_until(at).await,
                     None => return,

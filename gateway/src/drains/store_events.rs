@@ -93,7 +93,7 @@ impl DrainEngine {
                 }
                 let this = self.clone();
                 let uid = uid.to_owned();
-                tokio::spawn(async move {
+                self.spawn("lifecycle", async move {
                     if let Err(e) = this.on_lifecycle(&uid, what, trigger).await {
                         warn!(error = %e, source = trigger.label(), "lifecycle event from the workload store failed");
                     }
@@ -109,10 +109,11 @@ impl DrainEngine {
                 let this = self.clone();
                 let uid = w.uid().to_owned();
                 let grace = self.grace_of(w);
-                tokio::spawn(async move {
-                    let _ = this
-                        .on_lifecycle(&uid, Lifecycle::ShutdownStarted { grace }, trigger)
-                        .await;
+                self.spawn("lifecycle", async move {
+                    let what = Lifecycle::ShutdownStarted { grace };
+                    if let Err(e) = this.on_lifecycle(&uid, what, trigger).await {
+                        warn!(error = %e, source = trigger.label(), "lifecycle event from the workload store failed");
+                    }
                 });
             }
         }

@@ -133,3 +133,23 @@ async fn a_peer_is_not_drained_as_a_local_workload() {
         .await;
     assert!(matches!(r, Err(DrainError::UnknownWorkload(_))));
 }
+
+#[tokio::test]
+async fn shutdown_cancels_pending_timers() {
+    use tidegate_sdk as sdk;
+    let (engine, store) = engine();
+    let source = local(&store);
+    let timer = sdk::Action::SetTimer(sdk::SetTimer {
+        subject: "local-uid".into(),
+        tag: "later".into(),
+        after_ms: 3_600_000,
+    });
+    let done = super::executor::execute(&engine, &source, &[timer], tokio::time::Instant::now());
+    assert_eq!(done.descriptions.len(), 1);
+    assert_eq!(engine.pending_tasks(), 1);
+    // The pending timer holds the engine; a detached one would keep it forever.
+    assert_eq!(Arc::strong_count(&engine), 2);
+    engine.shutdown().await;
+    assert_eq!(engine.pending_tasks(), 0);
+    assert_eq!(Arc::strong_count(&engine), 1);
+}
