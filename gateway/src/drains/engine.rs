@@ -134,6 +134,19 @@ impl DrainState {
 /// `GET /drains` and late actions naming them) before they are forgotten.
 pub(super) const RETAIN: Duration = Duration::from_secs(600);
 
+/// What the engine remembers about workloads and their drains.
+#[derive(Default)]
+pub(super) struct DrainBook {
+    pub(super) drains: BTreeMap<String, DrainState>,
+    pub(super) first_seen: HashMap<String, Instant>,
+    /// Workloads removed from the store recently, so actions can still name them.
+    pub(super) removed: HashMap<String, (Arc<Workload>, Instant)>,
+    /// The workload uid each IP was last seen with (kept for a vanished IP
+    /// while the pool still holds tunnels to it): a new uid at the IP means
+    /// a new workload, and tunnels pooled for the old one must not carry it.
+    pub(super) ip_owners: HashMap<std::net::IpAddr, String>,
+}
+
 pub struct DrainEngine {
     pub(super) workloads: Arc<WorkloadStore>,
     pub(super) registry: Arc<Registry>,
@@ -141,14 +154,9 @@ pub struct DrainEngine {
     pub(super) policies: Arc<PolicyEngine>,
     pub(super) cfg: DrainsConfig,
     pub(super) metrics: DrainMetrics,
-    pub(super) drains: Mutex<BTreeMap<String, DrainState>>,
-    pub(super) first_seen: Mutex<HashMap<String, Instant>>,
-    /// Workloads removed from the store recently, so actions can still name them.
-    pub(super) removed: Mutex<HashMap<String, (Arc<Workload>, Instant)>>,
-    /// The workload uid each IP was last seen with (kept for a vanished IP
-    /// while the pool still holds tunnels to it): a new uid at the IP means
-    /// a new workload, and tunnels pooled for the old one must not carry it.
-    pub(super) ip_owners: Mutex<HashMap<std::net::IpAddr, String>>,
+    /// All the engine's drain state, under one lock (never held across a
+    /// policy call, an await or another engine method that locks it).
+    pub(super) book: Mutex<DrainBook>,
     /// Timers, delayed GOAWAYs and lifecycle events raised off the caller's
     /// task: owned here so [`DrainEngine::shutdown`] reaches them.
     tasks: Mutex<tokio::task::JoinSet<()>>,
@@ -191,11 +199,8 @@ impl DrainEngine {
             policies,
             cfg,
             metrics,
-            drains: Mutex::new(BTreeMap::new()),
-            first_seen: Mutex::new(HashMap::new()),
-            removed: Mutex::new(HashMap::new()),
+            book: Mutex::new(DrainBook::default()),
             oci: std::sync::OnceLock::new(),
-            ip_owners: Mutex::new(HashMap::new()),
             tasks: Mutex::new(tokio::task::JoinSet::new()),
         })
     }
@@ -246,7 +251,8 @@ impl DrainEngine {
     /// What a policy is told about a local workload right now.
     pub(super) fn state_of(&self, w: &Workload) -> sdk::WorkloadState {
         let uid = w.uid();
-        let age = lock(&self.first_seen)
+        let age = lock(&self.book)
+            .first_seen
             .entry(uid.to_owned())
             .or_insert_with(Instant::now)
             .elapsed();
@@ -278,7 +284,7 @@ impl DrainEngine {
             return Some(w.clone());
         }
         // Deleted from the store already: the drain remembers it.
-        lock(&self.drains).get(uid).map(|d| d.workload.clone())
+        lock(&self.book).drains.get(uid).map(|d| d.workload.clone())
     }
 
     /// Handles one lifecycle transition: decides with the workload's policy,
@@ -295,8 +301,8 @@ impl DrainEngine {
             .ok_or_else(|| DrainError::UnknownWorkload(uid.to_owned()))?;
         let decided_at = Instant::now();
         let (selection, since_shutdown, duplicate) = {
-            let mut drains = lock(&self.drains);
-            let d = drains.entry(uid.to_owned()).or_insert_with(|| {
+            let mut book = lock(&self.book);
+            let d = book.drains.entry(uid.to_owned()).or_insert_with(|| {
                 DrainState::new(workload.clone(), self.policies.select(&workload), trigger)
             });
             let step = transition(d.phase, what);
@@ -411,14 +417,14 @@ impl DrainEngine {
     }
 
     pub(super) fn record(&self, uid: &str, executed: &Executed) {
-        if let Some(d) = lock(&self.drains).get_mut(uid) {
+        if let Some(d) = lock(&self.book).drains.get_mut(uid) {
             d.actions.extend(executed.descriptions.iter().cloned());
         }
     }
 
     fn end(&self, uid: &str, selection: &Selection, result: &'static str) {
-        let mut drains = lock(&self.drains);
-        if let Some(d) = drains.get_mut(uid) {
+        let mut book = lock(&self.book);
+        if let Some(d) = book.drains.get_mut(uid) {
             if d.ended.is_none() {
                 d.ended = Some(result);
                 d.ended_at = Some(Instant::now());
@@ -495,7 +501,7 @@ impl DrainEngine {
             .snapshot()
             .by_uid(uid)
             .cloned()
-            .or_else(|| lock(&self.removed).get(uid).map(|(w, _)| w.clone()))
+            .or_else(|| lock(&self.book).removed.get(uid).map(|(w, _)| w.clone()))
     }
 
     /// A peer we pool tunnels to is terminating or was deleted. Decided by
@@ -651,7 +657,8 @@ impl DrainEngine {
         source: Arc<Workload>,
     ) {
         // The drains lock is released before `lookup`, which takes it again.
-        let pinned = lock(&self.drains)
+        let pinned = lock(&self.book)
+            .drains
             .get(&subject)
             .map(|d| (d.selection.clone(), d.workload.clone()));
         let (selection, workload) = match pinned {
@@ -675,8 +682,8 @@ impl DrainEngine {
 
     /// `GET /drains`.
     pub fn list(&self) -> Vec<DrainView> {
-        let drains = lock(&self.drains);
-        drains
+        let book = lock(&self.book);
+        book.drains
             .iter()
             .filter(|(_, d)| d.phase > Phase::Running)
             .map(|(uid, d)| DrainView {

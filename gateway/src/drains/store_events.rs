@@ -11,7 +11,7 @@ use tracing::{info, warn};
 
 use tidegate_sdk as sdk;
 
-use super::engine::{lock, DrainEngine, DrainState, Lifecycle, Trigger, RETAIN};
+use super::engine::{lock, DrainBook, DrainEngine, DrainState, Lifecycle, Trigger, RETAIN};
 use super::executor;
 use crate::drain::DrainWatch;
 use crate::workloads::{LifecycleState, Workload, WorkloadSnapshot};
@@ -53,7 +53,9 @@ impl DrainEngine {
     ) {
         for old in previous.iter() {
             if current.by_uid(old.uid()).is_none() {
-                lock(&self.removed).insert(old.uid().to_owned(), (old.clone(), Instant::now()));
+                lock(&self.book)
+                    .removed
+                    .insert(old.uid().to_owned(), (old.clone(), Instant::now()));
             }
         }
         for old in previous.iter().filter(|w| !w.local) {
@@ -87,9 +89,12 @@ impl DrainEngine {
             if let Some(what) = what {
                 if now.is_none() {
                     // Keep the last known facts for the deleted event.
-                    lock(&self.drains).entry(uid.to_owned()).or_insert_with(|| {
-                        DrainState::new(old.clone(), self.policies.select(old), trigger)
-                    });
+                    lock(&self.book)
+                        .drains
+                        .entry(uid.to_owned())
+                        .or_insert_with(|| {
+                            DrainState::new(old.clone(), self.policies.select(old), trigger)
+                        });
                 }
                 let this = self.clone();
                 let uid = uid.to_owned();
@@ -148,7 +153,8 @@ impl DrainEngine {
     /// and close once idle — whatever the policy — so the new workload never
     /// rides a tunnel opened for the old one. Streams already open finish.
     fn retire_reused_ips(&self, current: &WorkloadSnapshot) {
-        let mut owners = lock(&self.ip_owners);
+        let mut book = lock(&self.book);
+        let owners = &mut book.ip_owners;
         let mut retired = Vec::new();
         for ip in current.iter().flat_map(|w| w.spec.ips.iter()) {
             let Some(owner) = current.by_ip(*ip) else {
@@ -191,10 +197,15 @@ impl DrainEngine {
     /// workloads, removed workloads and ages are dropped after [`RETAIN`].
     fn forget_old(&self, current: &WorkloadSnapshot) {
         let old = |t: Instant| t.elapsed() > RETAIN;
-        let mut drains = lock(&self.drains);
+        let mut book = lock(&self.book);
+        let DrainBook {
+            drains,
+            removed,
+            first_seen,
+            ..
+        } = &mut *book;
         drains.retain(|uid, d| current.by_uid(uid).is_some() || !d.ended_at.is_some_and(old));
-        lock(&self.removed).retain(|_, (_, at)| !old(*at));
-        lock(&self.first_seen)
-            .retain(|uid, _| current.by_uid(uid).is_some() || drains.contains_key(uid));
+        removed.retain(|_, (_, at)| !old(*at));
+        first_seen.retain(|uid, _| current.by_uid(uid).is_some() || drains.contains_key(uid));
     }
 }
