@@ -393,6 +393,7 @@ impl App {
             Err(_) => info!(streams = self.streams.count(), "drain deadline reached"),
         }
         self.stop_admin.start(Duration::ZERO);
+        self.drains.shutdown().await;
         self.tasks.abort_all();
         while self.tasks.join_next().await.is_some() {}
     }

@@ -39,6 +39,15 @@ pub(super) async fn route(
                 .map(crate::config::duration::parse)
                 .unwrap_or(Ok(state.default_grace));
             match grace {
+                Ok(grace) if grace > crate::drains::MAX_GRACE => {
+                    return text(
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "query `grace`: {} s is out of range; accepted: 0s to 24h\n",
+                            grace.as_secs()
+                        ),
+                    )
+                }
                 Ok(grace) => (uid, Lifecycle::ShutdownStarted { grace }),
                 Err(e) => return text(StatusCode::BAD_REQUEST, format!("query `grace`: {e}\n")),
             }

@@ -7,7 +7,7 @@
 //! that version even if a new one was swapped in meanwhile.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
@@ -17,6 +17,8 @@ use tracing::info;
 
 use super::executor::{self, Executed};
 use super::metrics::{DrainLabels, DrainMetrics, EndLabels, EventLabels};
+use super::phase::{transition, Transition};
+pub use super::phase::{Lifecycle, Phase};
 use crate::config::DrainsConfig;
 use crate::oci::{OciDrainer, OciStatus};
 use crate::policy::{PolicyEngine, Selection};
@@ -44,57 +46,6 @@ impl Trigger {
             Trigger::Kubernetes => "kubernetes",
             Trigger::Cni => "cni",
             Trigger::Timer => "timer",
-        }
-    }
-}
-
-/// A lifecycle transition of a local workload.
-#[derive(Clone, Copy, Debug)]
-pub enum Lifecycle {
-    /// Termination started; the pod's grace period.
-    ShutdownStarted { grace: Duration },
-    /// The app exited; the network is about to go (CNI DEL).
-    Teardown,
-    /// The workload is gone.
-    Deleted,
-}
-
-/// Where a local workload is in its lifecycle, as the drain engine saw it
-/// (`GET /drains`, `/config_dump`): `running`, `shutting-down`, `torn-down`, `deleted`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Phase {
-    Running,
-    ShuttingDown,
-    TornDown,
-    Deleted,
-}
-
-impl Phase {
-    pub fn label(self) -> &'static str {
-        match self {
-            Phase::Running => "running",
-            Phase::ShuttingDown => "shutting-down",
-            Phase::TornDown => "torn-down",
-            Phase::Deleted => "deleted",
-        }
-    }
-}
-
-impl Lifecycle {
-    fn phase(self) -> Phase {
-        match self {
-            Lifecycle::ShutdownStarted { .. } => Phase::ShuttingDown,
-            Lifecycle::Teardown => Phase::TornDown,
-            Lifecycle::Deleted => Phase::Deleted,
-        }
-    }
-
-    fn kind(self) -> &'static str {
-        match self {
-            Lifecycle::ShutdownStarted { .. } => "shutdown-started",
-            Lifecycle::Teardown => "network-teardown",
-            Lifecycle::Deleted => "workload-deleted",
         }
     }
 }
@@ -183,6 +134,19 @@ impl DrainState {
 /// `GET /drains` and late actions naming them) before they are forgotten.
 pub(super) const RETAIN: Duration = Duration::from_secs(600);
 
+/// What the engine remembers about workloads and their drains.
+#[derive(Default)]
+pub(super) struct DrainBook {
+    pub(super) drains: BTreeMap<String, DrainState>,
+    pub(super) first_seen: HashMap<String, Instant>,
+    /// Workloads removed from the store recently, so actions can still name them.
+    pub(super) removed: HashMap<String, (Arc<Workload>, Instant)>,
+    /// The workload uid each IP was last seen with (kept for a vanished IP
+    /// while the pool still holds tunnels to it): a new uid at the IP means
+    /// a new workload, and tunnels pooled for the old one must not carry it.
+    pub(super) ip_owners: HashMap<std::net::IpAddr, String>,
+}
+
 pub struct DrainEngine {
     pub(super) workloads: Arc<WorkloadStore>,
     pub(super) registry: Arc<InboundTunnels>,
@@ -190,16 +154,27 @@ pub struct DrainEngine {
     pub(super) policies: Arc<PolicyEngine>,
     pub(super) cfg: DrainsConfig,
     pub(super) metrics: DrainMetrics,
-    pub(super) drains: Mutex<BTreeMap<String, DrainState>>,
-    pub(super) first_seen: Mutex<HashMap<String, Instant>>,
-    /// Workloads removed from the store recently, so actions can still name them.
-    pub(super) removed: Mutex<HashMap<String, (Arc<Workload>, Instant)>>,
-    /// The workload uid each IP was last seen with (kept for a vanished IP
-    /// while the pool still holds tunnels to it): a new uid at the IP means
-    /// a new workload, and tunnels pooled for the old one must not carry it.
-    pub(super) ip_owners: Mutex<HashMap<std::net::IpAddr, String>>,
+    /// All the engine's drain state, under one lock (never held across a
+    /// policy call, an await or another engine method that locks it).
+    pub(super) book: Mutex<DrainBook>,
+    /// Timers, delayed GOAWAYs and lifecycle events raised off the caller's
+    /// task: owned here so [`DrainEngine::shutdown`] reaches them.
+    tasks: Mutex<tokio::task::JoinSet<()>>,
     /// Executes `oci-drain` actions when `oci.enabled` (see [`DrainEngine::set_oci`]).
     oci: std::sync::OnceLock<Arc<OciDrainer>>,
+}
+
+/// Locks `m`; a panic elsewhere while it was held does not make every later
+/// drain panic (the maps stay consistent: no code panics under these locks).
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// `now + d` in unix milliseconds, saturating instead of overflowing.
+fn unix_ms_after(d: Duration) -> u64 {
+    SystemTime::now()
+        .checked_add(d)
+        .map_or(u64::MAX, |t| u64::try_from(unix_ms(t)).unwrap_or(u64::MAX))
 }
 
 fn unix_ms(t: SystemTime) -> u128 {
@@ -224,12 +199,44 @@ impl DrainEngine {
             policies,
             cfg,
             metrics,
-            drains: Mutex::new(BTreeMap::new()),
-            first_seen: Mutex::new(HashMap::new()),
-            removed: Mutex::new(HashMap::new()),
+            book: Mutex::new(DrainBook::default()),
             oci: std::sync::OnceLock::new(),
-            ip_owners: Mutex::new(HashMap::new()),
+            tasks: Mutex::new(tokio::task::JoinSet::new()),
         })
+    }
+
+    /// Runs `task` as one of the engine's tasks (finished ones are reaped;
+    /// a panicked one is logged).
+    pub(super) fn spawn(
+        &self,
+        what: &'static str,
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let mut tasks = lock(&self.tasks);
+        while let Some(done) = tasks.try_join_next() {
+            if let Err(e) = done {
+                if e.is_panic() {
+                    tracing::error!(error = %e, "a drain task panicked");
+                }
+            }
+        }
+        tasks.spawn(tracing::Instrument::instrument(
+            task,
+            tracing::info_span!("drain_task", what),
+        ));
+    }
+
+    /// Tasks the engine runs now (timers, delayed GOAWAYs, lifecycle events).
+    pub fn pending_tasks(&self) -> usize {
+        lock(&self.tasks).len()
+    }
+
+    /// The gateway is stopping: pending timers, delayed GOAWAYs and
+    /// lifecycle events are cancelled and awaited.
+    pub async fn shutdown(&self) {
+        let mut tasks = std::mem::take(&mut *lock(&self.tasks));
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
     }
 
     /// Hands `oci-drain` actions to `drainer` (set once, at build).
@@ -244,10 +251,8 @@ impl DrainEngine {
     /// What a policy is told about a local workload right now.
     pub(super) fn state_of(&self, w: &Workload) -> sdk::WorkloadState {
         let uid = w.uid();
-        let age = self
+        let age = lock(&self.book)
             .first_seen
-            .lock()
-            .unwrap()
             .entry(uid.to_owned())
             .or_insert_with(Instant::now)
             .elapsed();
@@ -279,11 +284,7 @@ impl DrainEngine {
             return Some(w.clone());
         }
         // Deleted from the store already: the drain remembers it.
-        self.drains
-            .lock()
-            .unwrap()
-            .get(uid)
-            .map(|d| d.workload.clone())
+        lock(&self.book).drains.get(uid).map(|d| d.workload.clone())
     }
 
     /// Handles one lifecycle transition: decides with the workload's policy,
@@ -300,14 +301,14 @@ impl DrainEngine {
             .ok_or_else(|| DrainError::UnknownWorkload(uid.to_owned()))?;
         let decided_at = Instant::now();
         let (selection, since_shutdown, duplicate) = {
-            let mut drains = self.drains.lock().unwrap();
-            let d = drains.entry(uid.to_owned()).or_insert_with(|| {
+            let mut book = lock(&self.book);
+            let d = book.drains.entry(uid.to_owned()).or_insert_with(|| {
                 DrainState::new(workload.clone(), self.policies.select(&workload), trigger)
             });
-            let duplicate = d.phase >= what.phase();
-            if !duplicate {
-                if d.phase == Phase::Running {
-                    // This event starts the drain.
+            let step = transition(d.phase, what);
+            let duplicate = step == Transition::Duplicate;
+            if let Transition::Start(_) | Transition::Advance(_) = step {
+                if let Transition::Start(_) = step {
                     d.trigger = trigger;
                     d.started = SystemTime::now();
                     self.metrics
@@ -324,7 +325,7 @@ impl DrainEngine {
                 d.phase = what.phase();
                 if let Lifecycle::ShutdownStarted { grace } = what {
                     d.shutdown_at = Some(decided_at);
-                    d.deadline = Some(SystemTime::now() + grace);
+                    d.deadline = SystemTime::now().checked_add(grace);
                 }
             }
             (
@@ -402,8 +403,8 @@ impl DrainEngine {
             Lifecycle::ShutdownStarted { grace } => {
                 sdk::Event::ShutdownStarted(sdk::ShutdownStarted {
                     workload: state,
-                    grace_deadline_ms: unix_ms(SystemTime::now() + grace) as u64,
-                    grace_remaining_ms: grace.as_millis() as u64,
+                    grace_deadline_ms: unix_ms_after(grace),
+                    grace_remaining_ms: u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
                 })
             }
             Lifecycle::Teardown => sdk::Event::NetworkTeardown(sdk::NetworkTeardown {
@@ -416,14 +417,14 @@ impl DrainEngine {
     }
 
     pub(super) fn record(&self, uid: &str, executed: &Executed) {
-        if let Some(d) = self.drains.lock().unwrap().get_mut(uid) {
+        if let Some(d) = lock(&self.book).drains.get_mut(uid) {
             d.actions.extend(executed.descriptions.iter().cloned());
         }
     }
 
     fn end(&self, uid: &str, selection: &Selection, result: &'static str) {
-        let mut drains = self.drains.lock().unwrap();
-        if let Some(d) = drains.get_mut(uid) {
+        let mut book = lock(&self.book);
+        if let Some(d) = book.drains.get_mut(uid) {
             if d.ended.is_none() {
                 d.ended = Some(result);
                 d.ended_at = Some(Instant::now());
@@ -457,7 +458,9 @@ impl DrainEngine {
                 streams_left: self.registry.streams_of(uid),
             },
             Some(bound) => {
-                let until = started + bound.min(self.cfg.max_hold);
+                let until = started
+                    .checked_add(bound.min(self.cfg.max_hold))
+                    .unwrap_or_else(|| started + super::MAX_GRACE);
                 // A GOAWAY deadline equal to the bound cuts the streams at
                 // that very instant: that is a forced end, not an idle one.
                 let idle = self.registry.wait_idle(uid, until).await && Instant::now() < until;
@@ -494,13 +497,11 @@ impl DrainEngine {
 
     /// Any workload by uid, including one removed from the store recently.
     pub(super) fn any_workload(&self, uid: &str) -> Option<Arc<Workload>> {
-        self.workloads.snapshot().by_uid(uid).cloned().or_else(|| {
-            self.removed
-                .lock()
-                .unwrap()
-                .get(uid)
-                .map(|(w, _)| w.clone())
-        })
+        self.workloads
+            .snapshot()
+            .by_uid(uid)
+            .cloned()
+            .or_else(|| lock(&self.book).removed.get(uid).map(|(w, _)| w.clone()))
     }
 
     /// A peer we pool tunnels to is terminating or was deleted. Decided by
@@ -626,8 +627,8 @@ impl DrainEngine {
         let now = Instant::now();
         for (_, (selection, workloads)) in by_policy {
             let event = sdk::Event::GatewayShutdown(sdk::GatewayShutdown {
-                deadline_ms: unix_ms(SystemTime::now() + deadline) as u64,
-                remaining_ms: deadline.as_millis() as u64,
+                deadline_ms: unix_ms_after(deadline),
+                remaining_ms: u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX),
                 workloads: workloads.iter().map(|w| self.state_of(w)).collect(),
             });
             let decision = self.policies.decide(&selection, &event);
@@ -645,34 +646,44 @@ impl DrainEngine {
         done
     }
 
-    /// A timer the policy asked for fired: decided by the drain's pinned version.
-    pub(super) fn timer_fired(self: &Arc<Self>, subject: String, tag: String) {
-        let (selection, workload) = {
-            let drains = self.drains.lock().unwrap();
-            match drains.get(&subject) {
-                Some(d) => (d.selection.clone(), Some(d.workload.clone())),
-                None => match self.lookup(&subject) {
-                    Some(w) => (self.policies.select(&w), Some(w)),
-                    None => return,
-                },
-            }
+    /// A timer the policy asked for fired. Decided by the subject's drain
+    /// (its pinned version) when it has one, else by the policy of the local
+    /// workload whose decision set the timer (`source`): a peer uid or a
+    /// connect-failing destination are valid subjects too.
+    pub(super) fn timer_fired(
+        self: &Arc<Self>,
+        subject: String,
+        tag: String,
+        source: Arc<Workload>,
+    ) {
+        // The drains lock is released before `lookup`, which takes it again.
+        let pinned = lock(&self.book)
+            .drains
+            .get(&subject)
+            .map(|d| (d.selection.clone(), d.workload.clone()));
+        let (selection, workload) = match pinned {
+            Some((selection, w)) => (selection, Some(w)),
+            None => match self.lookup(&subject) {
+                Some(w) => (self.policies.select(&w), Some(w)),
+                None => (self.policies.select(&source), None),
+            },
         };
         let event = sdk::Event::TimerFired(sdk::TimerFired {
             subject: subject.clone(),
-            tag,
+            tag: tag.clone(),
             workload: workload.as_deref().map(|w| self.state_of(w)),
         });
         let decision = self.policies.decide(&selection, &event);
-        if let Some(w) = workload {
-            let executed = executor::execute(self, &w, &decision.actions, Instant::now());
-            self.record(&subject, &executed);
-        }
+        let on = workload.unwrap_or(source);
+        let executed = executor::execute(self, &on, &decision.actions, Instant::now());
+        info!(subject, tag, policy = %decision.policy, actions = ?executed.descriptions, "timer decision");
+        self.record(&subject, &executed);
     }
 
     /// The phase of local workload `uid` and, once a drain started, the
     /// policy selection it pinned (`/config_dump`).
     pub fn phase_of(&self, uid: &str) -> (Phase, Option<Selection>) {
-        match self.drains.lock().unwrap().get(uid) {
+        match lock(&self.book).drains.get(uid) {
             Some(d) if d.phase > Phase::Running => (d.phase, Some(d.selection.clone())),
             _ => (Phase::Running, None),
         }
@@ -680,8 +691,8 @@ impl DrainEngine {
 
     /// `GET /drains`.
     pub fn list(&self) -> Vec<DrainView> {
-        let drains = self.drains.lock().unwrap();
-        drains
+        let book = lock(&self.book);
+        book.drains
             .iter()
             .filter(|(_, d)| d.phase > Phase::Running)
             .map(|(uid, d)| DrainView {

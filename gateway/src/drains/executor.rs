@@ -98,14 +98,24 @@ pub(super) fn execute(
                 format!("hold teardown up to {} ms", h.bound_ms)
             }
             sdk::Action::SetTimer(t) => {
-                let engine = engine.clone();
-                let (subject, tag) = (t.subject.clone(), t.tag.clone());
                 let after = Duration::from_millis(t.after_ms);
-                tokio::spawn(async move {
-                    tokio::time::sleep_until(decided_at + after).await;
-                    engine.timer_fired(subject, tag);
-                });
-                format!("timer {:?} in {} ms", t.tag, t.after_ms)
+                match decided_at.checked_add(after) {
+                    Some(at) => {
+                        let engine = engine.clone();
+                        let (subject, tag) = (t.subject.clone(), t.tag.clone());
+                        let source = workload.clone();
+                        let task = engine.clone();
+                        task.spawn("timer", async move {
+                            tokio::time::sleep_until(at).await;
+                            engine.timer_fired(subject, tag, source);
+                        });
+                        format!("timer {:?} in {} ms", t.tag, t.after_ms)
+                    }
+                    None => format!(
+                        "timer {:?} in {} ms: beyond the clock, not set",
+                        t.tag, t.after_ms
+                    ),
+                }
             }
             sdk::Action::Log(l) => {
                 info!(workload = %workload.uid(), level = ?l.level, "policy: {}", l.message);
@@ -134,7 +144,9 @@ fn goaway(
         .unwrap_or(engine.cfg.default_goaway_deadline);
     let cmd = GoawayCommand {
         graceful,
-        deadline: Some(decided_at + Duration::from_millis(g.delay_ms) + hard),
+        deadline: decided_at
+            .checked_add(Duration::from_millis(g.delay_ms))
+            .and_then(|t| t.checked_add(hard)),
         issued: decided_at,
     };
     let label = format!(
@@ -157,8 +169,13 @@ fn goaway(
         } else {
             let engine = engine.clone();
             let (uid, label) = (g.workload.clone(), label.clone());
-            tokio::spawn(async move {
-                tokio::time::sleep_until(decided_at + delay).await;
+            let at = decided_at.checked_add(delay);
+            let task = engine.clone();
+            task.spawn("delayed-goaway", async move {
+                match at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => return,
+                }
                 for t in engine.registry.for_workload(&uid) {
                     t.request_goaway(cmd, &label);
                 }

@@ -13,9 +13,17 @@ pub mod cni;
 pub mod engine;
 mod executor;
 mod metrics;
+mod phase;
 mod store_events;
 
 pub use engine::{
     DrainEngine, DrainError, DrainView, Lifecycle, Outcome, Phase, TeardownAck, Trigger,
 };
 pub use metrics::DrainMetrics;
+
+/// The longest grace period a `shutdown-started` may carry (the admin API
+/// refuses longer ones with a 400).
+pub const MAX_GRACE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+#[cfg(test)]
+mod tests;

@@ -9,7 +9,10 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::engine::{DrainEngine, DrainState, Lifecycle, Trigger, RETAIN};
+use tidegate_sdk as sdk;
+
+use super::engine::{lock, DrainBook, DrainEngine, DrainState, Lifecycle, Trigger, RETAIN};
+use super::executor;
 use crate::shutdown::ShutdownWatch;
 use crate::workloads::{LifecycleState, Workload, WorkloadSnapshot};
 
@@ -50,9 +53,8 @@ impl DrainEngine {
     ) {
         for old in previous.iter() {
             if current.by_uid(old.uid()).is_none() {
-                self.removed
-                    .lock()
-                    .unwrap()
+                lock(&self.book)
+                    .removed
                     .insert(old.uid().to_owned(), (old.clone(), Instant::now()));
             }
         }
@@ -87,9 +89,8 @@ impl DrainEngine {
             if let Some(what) = what {
                 if now.is_none() {
                     // Keep the last known facts for the deleted event.
-                    self.drains
-                        .lock()
-                        .unwrap()
+                    lock(&self.book)
+                        .drains
                         .entry(uid.to_owned())
                         .or_insert_with(|| {
                             DrainState::new(old.clone(), self.policies.select(old), trigger)
@@ -97,7 +98,7 @@ impl DrainEngine {
                 }
                 let this = self.clone();
                 let uid = uid.to_owned();
-                tokio::spawn(async move {
+                self.spawn("lifecycle", async move {
                     if let Err(e) = this.on_lifecycle(&uid, what, trigger).await {
                         warn!(error = %e, source = trigger.label(), "lifecycle event from the workload store failed");
                     }
@@ -113,15 +114,37 @@ impl DrainEngine {
                 let this = self.clone();
                 let uid = w.uid().to_owned();
                 let grace = self.grace_of(w);
-                tokio::spawn(async move {
-                    let _ = this
-                        .on_lifecycle(&uid, Lifecycle::ShutdownStarted { grace }, trigger)
-                        .await;
+                self.spawn("lifecycle", async move {
+                    let what = Lifecycle::ShutdownStarted { grace };
+                    if let Err(e) = this.on_lifecycle(&uid, what, trigger).await {
+                        warn!(error = %e, source = trigger.label(), "lifecycle event from the workload store failed");
+                    }
                 });
             }
         }
+        // Local workloads that appeared (all of them in the first snapshot).
+        for w in current
+            .iter()
+            .filter(|w| w.local && previous.by_uid(w.uid()).is_none())
+        {
+            self.on_added(w);
+        }
         self.retire_reused_ips(current);
         self.forget_old(current);
+    }
+
+    /// A local workload appeared: its policy sees `workload-added` (to set
+    /// a timer, log, or prepare); the actions are executed like any other.
+    fn on_added(self: &Arc<Self>, w: &Arc<Workload>) {
+        let selection = self.policies.select(w);
+        let event = sdk::Event::WorkloadAdded(self.state_of(w));
+        let decision = self.policies.decide(&selection, &event);
+        if decision.actions.is_empty() {
+            return;
+        }
+        let executed = executor::execute(self, w, &decision.actions, Instant::now());
+        info!(workload = w.uid(), policy = %decision.policy, actions = ?executed.descriptions,
+            "workload-added decision");
     }
 
     /// Identity is the workload uid: when an IP now belongs to a different
@@ -130,7 +153,8 @@ impl DrainEngine {
     /// and close once idle — whatever the policy — so the new workload never
     /// rides a tunnel opened for the old one. Streams already open finish.
     fn retire_reused_ips(&self, current: &WorkloadSnapshot) {
-        let mut owners = self.ip_owners.lock().unwrap();
+        let mut book = lock(&self.book);
+        let owners = &mut book.ip_owners;
         let mut retired = Vec::new();
         for ip in current.iter().flat_map(|w| w.spec.ips.iter()) {
             let Some(owner) = current.by_ip(*ip) else {
@@ -173,12 +197,15 @@ impl DrainEngine {
     /// workloads, removed workloads and ages are dropped after [`RETAIN`].
     fn forget_old(&self, current: &WorkloadSnapshot) {
         let old = |t: Instant| t.elapsed() > RETAIN;
-        let mut drains = self.drains.lock().unwrap();
+        let mut book = lock(&self.book);
+        let DrainBook {
+            drains,
+            removed,
+            first_seen,
+            ..
+        } = &mut *book;
         drains.retain(|uid, d| current.by_uid(uid).is_some() || !d.ended_at.is_some_and(old));
-        self.removed.lock().unwrap().retain(|_, (_, at)| !old(*at));
-        self.first_seen
-            .lock()
-            .unwrap()
-            .retain(|uid, _| current.by_uid(uid).is_some() || drains.contains_key(uid));
+        removed.retain(|_, (_, at)| !old(*at));
+        first_seen.retain(|uid, _| current.by_uid(uid).is_some() || drains.contains_key(uid));
     }
 }

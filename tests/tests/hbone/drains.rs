@@ -23,6 +23,13 @@ async fn with_policy(octet: u8, name: &str, config: &str) -> TwoNodes {
 }
 
 async fn post(addr: SocketAddr, method: &str, path: &str) -> serde_json::Value {
+    let out = request(addr, method, path).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    serde_json::from_str(out.split_once("\r\n\r\n").unwrap().1).unwrap()
+}
+
+/// The whole HTTP/1.1 response, status line first.
+async fn request(addr: SocketAddr, method: &str, path: &str) -> String {
     let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     tcp.write_all(
         format!(
@@ -34,8 +41,7 @@ async fn post(addr: SocketAddr, method: &str, path: &str) -> serde_json::Value {
     .unwrap();
     let mut out = String::new();
     tcp.read_to_string(&mut out).await.unwrap();
-    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
-    serde_json::from_str(out.split_once("\r\n\r\n").unwrap().1).unwrap()
+    out
 }
 
 fn client_saw_goaway(nodes: &TwoNodes) -> bool {
@@ -448,4 +454,56 @@ async fn keepalive_only_leaves_a_vanished_peer_to_the_ping_timeout() {
         1.0
     );
     drop(stream);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drains_refuse_an_absurd_grace_and_keep_working() {
+    let nodes = with_policy(69, "goaway-on-term-start", "").await;
+    let admin = nodes.server.addrs.admin;
+    // `now + grace` overflowed under the drains lock: the panic poisoned it.
+    let out = request(
+        admin,
+        "POST",
+        "/workloads/echo-uid/shutdown-starting?grace=18446744073709551615s",
+    )
+    .await;
+    assert!(out.starts_with("HTTP/1.1 400"), "{out}");
+    assert!(out.contains("0s to 24h"), "{out}");
+    let too_long = request(
+        admin,
+        "POST",
+        "/workloads/echo-uid/shutdown-starting?grace=25h",
+    )
+    .await;
+    assert!(too_long.starts_with("HTTP/1.1 400"), "{too_long}");
+
+    let ok = post(
+        admin,
+        "POST",
+        "/workloads/echo-uid/shutdown-starting?grace=24h",
+    )
+    .await;
+    assert_eq!(ok["duplicate"], false, "{ok}");
+    let drains = post(admin, "GET", "/drains").await;
+    assert_eq!(drains["drains"][0]["uid"], "echo-uid", "{drains}");
+    let deleted = post(admin, "DELETE", "/workloads/echo-uid").await;
+    assert_eq!(deleted["duplicate"], false, "{deleted}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_sees_workload_added() {
+    let nodes = with_policy(70, "goaway-on-term-start", "").await;
+    // The workload file's first set: every local workload appears.
+    eventually(
+        "the server's policy decided workload-added",
+        Duration::from_secs(5),
+        || {
+            nodes.server.metrics_text().lines().any(|l| {
+                l.starts_with("tidegate_policy_decisions_total{")
+                    && l.contains(r#"event="workload-added""#)
+                    && l.contains(r#"policy="p""#)
+            })
+        },
+    )
+    .await;
 }

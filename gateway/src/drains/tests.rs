@@ -1,0 +1,155 @@
+//! The engine without the network: a workload store, an empty registry and
+//! pool, the built-in fallback policy.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::DrainEngine;
+use crate::config::{DrainsConfig, PoliciesConfig};
+use crate::policy::{PolicyEngine, PolicyMetrics};
+use crate::proxy::pool::Pool;
+use crate::proxy::tunnels::InboundTunnels;
+use crate::tls::{DevCa, TlsContext, TlsMetrics};
+use crate::workloads::{Workload, WorkloadSpec, WorkloadStore};
+
+pub(super) fn spec(uid: &str, node: &str, ip: [u8; 4]) -> WorkloadSpec {
+    WorkloadSpec {
+        uid: uid.to_owned(),
+        name: uid.to_owned(),
+        namespace: "default".to_owned(),
+        service_account: "default".to_owned(),
+        ips: vec![std::net::IpAddr::from(ip)],
+        node: node.to_owned(),
+        protocol: Default::default(),
+        state: Default::default(),
+        labels: Default::default(),
+        annotations: Default::default(),
+        allow: vec![],
+        oci_backend_draining: false,
+        namespace_policy: None,
+        deletion_deadline_unix_ms: None,
+    }
+}
+
+/// An engine on node `n1` with a local workload `local-uid` and a peer
+/// `peer-uid` on another node.
+pub(super) fn engine() -> (Arc<DrainEngine>, Arc<WorkloadStore>) {
+    let mut reg = prometheus_client::registry::Registry::default();
+    let ca = DevCa::new(Duration::from_secs(3600)).unwrap();
+    let tls = Arc::new(TlsContext::new(
+        Arc::new(ca),
+        "td",
+        TlsMetrics::register(&mut reg),
+    ));
+    let pool = Pool::new(tls, Default::default(), Default::default(), &mut reg);
+    let policies = PolicyEngine::new(
+        &PoliciesConfig::default(),
+        PolicyMetrics::register(&mut reg),
+    )
+    .unwrap();
+    let store = WorkloadStore::new("td", "n1");
+    store.publish(vec![
+        spec("local-uid", "n1", [10, 0, 0, 1]),
+        spec("peer-uid", "n2", [10, 0, 0, 2]),
+    ]);
+    let engine = DrainEngine::new(
+        store.clone(),
+        Arc::new(InboundTunnels::default()),
+        pool,
+        policies,
+        DrainsConfig::default(),
+        super::DrainMetrics::register(&mut reg),
+    );
+    (engine, store)
+}
+
+pub(super) fn local(store: &WorkloadStore) -> Arc<Workload> {
+    store.snapshot().by_uid("local-uid").unwrap().clone()
+}
+
+/// Runs `f` on its own thread; panics if it does not return within 10 s
+/// (a deadlock fails the test instead of hanging it).
+pub(super) fn within_10s<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("did not return within 10 s (deadlock?)")
+}
+
+#[tokio::test]
+async fn a_timer_about_a_peer_or_a_destination_is_decided_without_deadlock() {
+    let (engine, store) = engine();
+    let source = local(&store);
+    // Neither has a drain record nor is a local workload.
+    for subject in ["peer-uid", "10.0.0.9:8080"] {
+        let (e, s) = (engine.clone(), source.clone());
+        let rt = tokio::runtime::Handle::current();
+        within_10s(move || {
+            let _guard = rt.enter();
+            e.timer_fired(subject.to_owned(), "t".to_owned(), s)
+        });
+    }
+    // The engine is still usable: its lock was released.
+    assert!(within_10s(move || engine.list()).is_empty());
+}
+
+#[tokio::test]
+async fn the_same_transition_from_two_sources_drains_once() {
+    use super::{Lifecycle, Trigger};
+    let (engine, _store) = engine();
+    let shutdown = Lifecycle::ShutdownStarted {
+        grace: Duration::from_secs(30),
+    };
+    let first = engine
+        .on_lifecycle("local-uid", shutdown, Trigger::Admin)
+        .await
+        .unwrap();
+    assert!(!first.duplicate);
+    let again = engine
+        .on_lifecycle("local-uid", shutdown, Trigger::WorkloadFile)
+        .await
+        .unwrap();
+    assert!(again.duplicate);
+    let drains = engine.list();
+    assert_eq!(drains.len(), 1);
+    // The first source started it.
+    assert_eq!(drains[0].trigger, Trigger::Admin);
+    let deleted = engine
+        .on_lifecycle("local-uid", Lifecycle::Deleted, Trigger::Kubernetes)
+        .await
+        .unwrap();
+    assert!(!deleted.duplicate);
+    assert_eq!(engine.list()[0].ended, Some("completed"));
+}
+
+#[tokio::test]
+async fn a_peer_is_not_drained_as_a_local_workload() {
+    use super::{DrainError, Lifecycle, Trigger};
+    let (engine, _store) = engine();
+    let r = engine
+        .on_lifecycle("peer-uid", Lifecycle::Teardown, Trigger::Cni)
+        .await;
+    assert!(matches!(r, Err(DrainError::UnknownWorkload(_))));
+}
+
+#[tokio::test]
+async fn shutdown_cancels_pending_timers() {
+    use tidegate_sdk as sdk;
+    let (engine, store) = engine();
+    let source = local(&store);
+    let timer = sdk::Action::SetTimer(sdk::SetTimer {
+        subject: "local-uid".into(),
+        tag: "later".into(),
+        after_ms: 3_600_000,
+    });
+    let done = super::executor::execute(&engine, &source, &[timer], tokio::time::Instant::now());
+    assert_eq!(done.descriptions.len(), 1);
+    assert_eq!(engine.pending_tasks(), 1);
+    // The pending timer holds the engine; a detached one would keep it forever.
+    assert_eq!(Arc::strong_count(&engine), 2);
+    engine.shutdown().await;
+    assert_eq!(engine.pending_tasks(), 0);
+    assert_eq!(Arc::strong_count(&engine), 1);
+}
