@@ -421,8 +421,9 @@ fn plugin_new_builds_checks_passes_its_trace_and_hot_swaps() {
         "/policies/my-policy",
         &std::fs::read(&wasm).unwrap(),
     );
-    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
-    assert!(reply.contains("\"swapped\""), "{reply}");
+    // A name the gateway has not loaded yet is created (201), not swapped.
+    assert!(reply.starts_with("HTTP/1.1 201"), "{reply}");
+    assert!(reply.contains("\"created\""), "{reply}");
     assert!(http_get(&admin, "/policies").contains("my-policy"));
 }
 
