@@ -49,7 +49,12 @@ pub(super) async fn route(
                     )
                 }
                 Ok(grace) => (uid, Lifecycle::ShutdownStarted { grace }),
-                Err(e) => return text(StatusCode::BAD_REQUEST, format!("query `grace`: {e}\n")),
+                Err(e) => {
+                    return text(
+                        StatusCode::BAD_REQUEST,
+                        format!("query `grace`: {e}; accepted: 0s to 24h\n"),
+                    )
+                }
             }
         }
         (Method::POST, Some((uid, "teardown"))) => (uid, Lifecycle::Teardown),
