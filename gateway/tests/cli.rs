@@ -133,20 +133,7 @@ fn run_connect_and_sigterm() {
         "{table}"
     );
 
-    let mut connect = Command::new(BIN)
-        .args(["connect", "--config"])
-        .arg(&config)
-        .args([
-            "--to",
-            &echo,
-            "--via",
-            &format!("127.51.0.2:{inbound_port}"),
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut connect = spawn_connect(&config, &echo, &inbound_port);
     connect
         .stdin
         .take()
@@ -187,20 +174,7 @@ fn connect_exits_when_the_gateway_ends_the_stream() {
         .next()
         .unwrap()
         .to_owned();
-    let mut connect = Command::new(BIN)
-        .args(["connect", "--config"])
-        .arg(&config)
-        .args([
-            "--to",
-            &echo,
-            "--via",
-            &format!("127.51.0.2:{inbound_port}"),
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut connect = spawn_connect(&config, &echo, &inbound_port);
     // The stream is up once the echo comes back; stdin stays open.
     let mut stdin = connect.stdin.take().unwrap();
     stdin.write_all(b"ping\n").unwrap();
@@ -247,6 +221,20 @@ fn bad_config_names_the_key_and_exits_non_zero() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("`listeners.admin`"), "{err}");
+}
+
+/// `tidegate connect` to the echo backend through the gateway's inbound
+/// port, all three stdio streams piped.
+fn spawn_connect(config: &std::path::Path, echo: &str, inbound_port: &str) -> Child {
+    Command::new(BIN)
+        .args(["connect", "--config"])
+        .arg(config)
+        .args(["--to", echo, "--via", &format!("127.51.0.2:{inbound_port}")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 fn wait_bounded(child: &mut Child) -> std::process::ExitStatus {

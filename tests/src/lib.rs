@@ -330,20 +330,7 @@ impl TwoNodes {
 
 /// A plain HTTP/1.1 GET (admin and readiness endpoints): status and body.
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut tcp = TcpStream::connect(addr).await.unwrap();
-    tcp.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .unwrap();
-    let mut out = String::new();
-    tcp.read_to_string(&mut out).await.unwrap();
-    let status = out[9..12].parse().unwrap();
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|x| x.1.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    http(addr, "GET", path, "", &[]).await
 }
 
 /// A plain HTTP/1.1 request with `headers` (each `name: value\r\n`) and
