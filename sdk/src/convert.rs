@@ -1,5 +1,13 @@
 //! Conversions between the generated WIT bindings and the SDK types, both
 //! ways (events come in and actions go out on wasm; tests use the rest).
+//!
+//! This file is the build-time check that the SDK mirrors the WIT: every
+//! SDK → WIT conversion is a struct literal (a WIT field without an SDK
+//! source fails to compile), and every WIT → SDK conversion destructures the
+//! generated record without `..` and matches every case (a WIT field or case
+//! without an SDK mirror fails to compile). Keep it that way: never use `..`
+//! or field access on a generated record here. The host's converter
+//! (`gateway/src/policy/convert.rs`) follows the same rule.
 
 use std::collections::BTreeMap;
 
@@ -47,13 +55,21 @@ impl From<LogLevel> for wit::LogLevel {
 
 impl From<wit::WorkloadInfo> for WorkloadInfo {
     fn from(w: wit::WorkloadInfo) -> Self {
+        let wit::WorkloadInfo {
+            uid,
+            name,
+            namespace,
+            identity,
+            labels,
+            annotations,
+        } = w;
         Self {
-            uid: w.uid,
-            name: w.name,
-            namespace: w.namespace,
-            identity: w.identity,
-            labels: map_from(w.labels),
-            annotations: map_from(w.annotations),
+            uid,
+            name,
+            namespace,
+            identity,
+            labels: map_from(labels),
+            annotations: map_from(annotations),
         }
     }
 }
@@ -73,12 +89,19 @@ impl From<WorkloadInfo> for wit::WorkloadInfo {
 
 impl From<wit::WorkloadState> for WorkloadState {
     fn from(w: wit::WorkloadState) -> Self {
+        let wit::WorkloadState {
+            info,
+            inbound_tunnels,
+            inbound_streams,
+            outbound_pooled_tunnels,
+            age_ms,
+        } = w;
         Self {
-            info: w.info.into(),
-            inbound_tunnels: w.inbound_tunnels,
-            inbound_streams: w.inbound_streams,
-            outbound_pooled_tunnels: w.outbound_pooled_tunnels,
-            age_ms: w.age_ms,
+            info: info.into(),
+            inbound_tunnels,
+            inbound_streams,
+            outbound_pooled_tunnels,
+            age_ms,
         }
     }
 }
@@ -97,12 +120,19 @@ impl From<WorkloadState> for wit::WorkloadState {
 
 impl From<wit::PeerInfo> for PeerInfo {
     fn from(p: wit::PeerInfo) -> Self {
+        let wit::PeerInfo {
+            uid,
+            name,
+            namespace,
+            identity,
+            address,
+        } = p;
         Self {
-            uid: p.uid,
-            name: p.name,
-            namespace: p.namespace,
-            identity: p.identity,
-            address: p.address,
+            uid,
+            name,
+            namespace,
+            identity,
+            address,
         }
     }
 }
@@ -121,10 +151,15 @@ impl From<PeerInfo> for wit::PeerInfo {
 
 impl From<wit::PeerState> for PeerState {
     fn from(p: wit::PeerState) -> Self {
+        let wit::PeerState {
+            peer,
+            pooled_tunnels,
+            active_streams,
+        } = p;
         Self {
-            peer: p.peer.into(),
-            pooled_tunnels: p.pooled_tunnels,
-            active_streams: p.active_streams,
+            peer: peer.into(),
+            pooled_tunnels,
+            active_streams,
         }
     }
 }
@@ -143,35 +178,57 @@ impl From<wit::Event> for Event {
     fn from(e: wit::Event) -> Self {
         match e {
             wit::Event::WorkloadAdded(w) => Event::WorkloadAdded(w.into()),
-            wit::Event::ShutdownStarted(s) => Event::ShutdownStarted(ShutdownStarted {
-                workload: s.workload.into(),
-                grace_deadline_ms: s.grace_deadline_ms,
-                grace_remaining_ms: s.grace_remaining_ms,
+            wit::Event::ShutdownStarted(wit::ShutdownStarted {
+                workload,
+                grace_deadline_ms,
+                grace_remaining_ms,
+            }) => Event::ShutdownStarted(ShutdownStarted {
+                workload: workload.into(),
+                grace_deadline_ms,
+                grace_remaining_ms,
             }),
-            wit::Event::NetworkTeardown(t) => Event::NetworkTeardown(NetworkTeardown {
-                workload: t.workload.into(),
-                since_shutdown_ms: t.since_shutdown_ms,
-                max_hold_ms: t.max_hold_ms,
+            wit::Event::NetworkTeardown(wit::NetworkTeardown {
+                workload,
+                since_shutdown_ms,
+                max_hold_ms,
+            }) => Event::NetworkTeardown(NetworkTeardown {
+                workload: workload.into(),
+                since_shutdown_ms,
+                max_hold_ms,
             }),
             wit::Event::WorkloadDeleted(w) => Event::WorkloadDeleted(w.into()),
             wit::Event::PeerTerminating(p) => Event::PeerTerminating(p.into()),
             wit::Event::PeerDeleted(p) => Event::PeerDeleted(p.into()),
-            wit::Event::ConnectFailing(c) => Event::ConnectFailing(ConnectFailing {
-                destination: c.destination,
-                peer: c.peer.map(Into::into),
-                consecutive_failures: c.consecutive_failures,
-                last_error: c.last_error,
-                failing_for_ms: c.failing_for_ms,
+            wit::Event::ConnectFailing(wit::ConnectFailing {
+                destination,
+                peer,
+                consecutive_failures,
+                last_error,
+                failing_for_ms,
+            }) => Event::ConnectFailing(ConnectFailing {
+                destination,
+                peer: peer.map(Into::into),
+                consecutive_failures,
+                last_error,
+                failing_for_ms,
             }),
-            wit::Event::GatewayShutdown(g) => Event::GatewayShutdown(GatewayShutdown {
-                deadline_ms: g.deadline_ms,
-                remaining_ms: g.remaining_ms,
-                workloads: g.workloads.into_iter().map(Into::into).collect(),
+            wit::Event::GatewayShutdown(wit::GatewayShutdown {
+                deadline_ms,
+                remaining_ms,
+                workloads,
+            }) => Event::GatewayShutdown(GatewayShutdown {
+                deadline_ms,
+                remaining_ms,
+                workloads: workloads.into_iter().map(Into::into).collect(),
             }),
-            wit::Event::TimerFired(t) => Event::TimerFired(TimerFired {
-                subject: t.subject,
-                tag: t.tag,
-                workload: t.workload.map(Into::into),
+            wit::Event::TimerFired(wit::TimerFired {
+                subject,
+                tag,
+                workload,
+            }) => Event::TimerFired(TimerFired {
+                subject,
+                tag,
+                workload: workload.map(Into::into),
             }),
         }
     }
@@ -275,55 +332,75 @@ impl From<Action> for wit::Action {
 impl From<wit::Action> for Action {
     fn from(a: wit::Action) -> Self {
         match a {
-            wit::Action::Goaway(g) => Action::Goaway(Goaway {
-                workload: g.workload,
-                target: match g.target {
+            wit::Action::Goaway(wit::Goaway {
+                workload,
+                target,
+                delay_ms,
+                mode,
+                hard_deadline_ms,
+                close_notify,
+            }) => Action::Goaway(Goaway {
+                workload,
+                target: match target {
                     wit::GoawayTarget::Inbound => GoawayTarget::Inbound,
                     wit::GoawayTarget::Outbound => GoawayTarget::Outbound,
                     wit::GoawayTarget::Both => GoawayTarget::Both,
                 },
-                delay_ms: g.delay_ms,
-                mode: match g.mode {
+                delay_ms,
+                mode: match mode {
                     wit::GoawayMode::Graceful => GoawayMode::Graceful,
                     wit::GoawayMode::Immediate => GoawayMode::Immediate,
                 },
-                hard_deadline_ms: g.hard_deadline_ms,
-                close_notify: g.close_notify,
+                hard_deadline_ms,
+                close_notify,
             }),
-            wit::Action::Evict(e) => Action::Evict(Evict {
-                peer: e.peer,
-                when: match e.when {
+            wit::Action::Evict(wit::Evict { peer, when }) => Action::Evict(Evict {
+                peer,
+                when: match when {
                     wit::EvictWhen::Now => EvictWhen::Now,
                     wit::EvictWhen::WhenIdle => EvictWhen::WhenIdle,
                 },
             }),
-            wit::Action::Backoff(b) => Action::Backoff(Backoff {
-                destination: b.destination,
-                initial_ms: b.initial_ms,
-                max_ms: b.max_ms,
-                multiplier: b.multiplier,
-                jitter: b.jitter,
+            wit::Action::Backoff(wit::Backoff {
+                destination,
+                initial_ms,
+                max_ms,
+                multiplier,
+                jitter,
+            }) => Action::Backoff(Backoff {
+                destination,
+                initial_ms,
+                max_ms,
+                multiplier,
+                jitter,
             }),
-            wit::Action::OciDrain(o) => Action::OciDrain(OciDrain {
-                workload: o.workload,
-                drain: o.drain,
-                at_capacity: match o.at_capacity {
+            wit::Action::OciDrain(wit::OciDrain {
+                workload,
+                drain,
+                at_capacity,
+            }) => Action::OciDrain(OciDrain {
+                workload,
+                drain,
+                at_capacity: match at_capacity {
                     wit::AtCapacity::RemoveEarly => AtCapacity::RemoveEarly,
                     wit::AtCapacity::Keep => AtCapacity::Keep,
                 },
             }),
-            wit::Action::HoldTeardown(h) => Action::HoldTeardown(HoldTeardown {
-                workload: h.workload,
-                bound_ms: h.bound_ms,
+            wit::Action::HoldTeardown(wit::HoldTeardown { workload, bound_ms }) => {
+                Action::HoldTeardown(HoldTeardown { workload, bound_ms })
+            }
+            wit::Action::SetTimer(wit::SetTimer {
+                subject,
+                tag,
+                after_ms,
+            }) => Action::SetTimer(SetTimer {
+                subject,
+                tag,
+                after_ms,
             }),
-            wit::Action::SetTimer(t) => Action::SetTimer(SetTimer {
-                subject: t.subject,
-                tag: t.tag,
-                after_ms: t.after_ms,
-            }),
-            wit::Action::Log(l) => Action::Log(LogLine {
-                level: l.level.into(),
-                message: l.message,
+            wit::Action::Log(wit::LogLine { level, message }) => Action::Log(LogLine {
+                level: level.into(),
+                message,
             }),
         }
     }

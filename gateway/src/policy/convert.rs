@@ -1,5 +1,13 @@
 //! Conversions between the SDK's native types (the gateway's domain model
 //! for events and actions) and the generated WIT bindings.
+//!
+//! Like `sdk/src/convert.rs`, this is the build-time check that the host
+//! converts every part of the WIT: events are built with struct literals (a
+//! new WIT field fails to compile until it is filled), actions are
+//! destructured without `..` and matched on every case (a new WIT field or
+//! case fails to compile until it is converted). `tidegate-sdk`'s
+//! `wit_contract` test checks that every record and case of the WIT is named
+//! in both converters.
 
 use tidegate_sdk as sdk;
 
@@ -98,55 +106,75 @@ pub fn log_level(l: wit::LogLevel) -> sdk::LogLevel {
 pub fn action(a: wit::Action) -> sdk::Action {
     use wit::Action as A;
     match a {
-        A::Goaway(g) => sdk::Action::Goaway(sdk::Goaway {
-            workload: g.workload,
-            target: match g.target {
+        A::Goaway(wit::Goaway {
+            workload,
+            target,
+            delay_ms,
+            mode,
+            hard_deadline_ms,
+            close_notify,
+        }) => sdk::Action::Goaway(sdk::Goaway {
+            workload,
+            target: match target {
                 wit::GoawayTarget::Inbound => sdk::GoawayTarget::Inbound,
                 wit::GoawayTarget::Outbound => sdk::GoawayTarget::Outbound,
                 wit::GoawayTarget::Both => sdk::GoawayTarget::Both,
             },
-            delay_ms: g.delay_ms,
-            mode: match g.mode {
+            delay_ms,
+            mode: match mode {
                 wit::GoawayMode::Graceful => sdk::GoawayMode::Graceful,
                 wit::GoawayMode::Immediate => sdk::GoawayMode::Immediate,
             },
-            hard_deadline_ms: g.hard_deadline_ms,
-            close_notify: g.close_notify,
+            hard_deadline_ms,
+            close_notify,
         }),
-        A::Evict(e) => sdk::Action::Evict(sdk::Evict {
-            peer: e.peer,
-            when: match e.when {
+        A::Evict(wit::Evict { peer, when }) => sdk::Action::Evict(sdk::Evict {
+            peer,
+            when: match when {
                 wit::EvictWhen::Now => sdk::EvictWhen::Now,
                 wit::EvictWhen::WhenIdle => sdk::EvictWhen::WhenIdle,
             },
         }),
-        A::Backoff(b) => sdk::Action::Backoff(sdk::Backoff {
-            destination: b.destination,
-            initial_ms: b.initial_ms,
-            max_ms: b.max_ms,
-            multiplier: b.multiplier,
-            jitter: b.jitter,
+        A::Backoff(wit::Backoff {
+            destination,
+            initial_ms,
+            max_ms,
+            multiplier,
+            jitter,
+        }) => sdk::Action::Backoff(sdk::Backoff {
+            destination,
+            initial_ms,
+            max_ms,
+            multiplier,
+            jitter,
         }),
-        A::OciDrain(o) => sdk::Action::OciDrain(sdk::OciDrain {
-            workload: o.workload,
-            drain: o.drain,
-            at_capacity: match o.at_capacity {
+        A::OciDrain(wit::OciDrain {
+            workload,
+            drain,
+            at_capacity,
+        }) => sdk::Action::OciDrain(sdk::OciDrain {
+            workload,
+            drain,
+            at_capacity: match at_capacity {
                 wit::AtCapacity::RemoveEarly => sdk::AtCapacity::RemoveEarly,
                 wit::AtCapacity::Keep => sdk::AtCapacity::Keep,
             },
         }),
-        A::HoldTeardown(h) => sdk::Action::HoldTeardown(sdk::HoldTeardown {
-            workload: h.workload,
-            bound_ms: h.bound_ms,
+        A::HoldTeardown(wit::HoldTeardown { workload, bound_ms }) => {
+            sdk::Action::HoldTeardown(sdk::HoldTeardown { workload, bound_ms })
+        }
+        A::SetTimer(wit::SetTimer {
+            subject,
+            tag,
+            after_ms,
+        }) => sdk::Action::SetTimer(sdk::SetTimer {
+            subject,
+            tag,
+            after_ms,
         }),
-        A::SetTimer(t) => sdk::Action::SetTimer(sdk::SetTimer {
-            subject: t.subject,
-            tag: t.tag,
-            after_ms: t.after_ms,
-        }),
-        A::Log(l) => sdk::Action::Log(sdk::LogLine {
-            level: log_level(l.level),
-            message: l.message,
+        A::Log(wit::LogLine { level, message }) => sdk::Action::Log(sdk::LogLine {
+            level: log_level(level),
+            message,
         }),
     }
 }

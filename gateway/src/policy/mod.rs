@@ -9,6 +9,8 @@
 //! - [`validate`], [`fallback`], [`version`], [`metrics`].
 
 pub mod bindings;
+#[cfg(test)]
+mod contract_tests;
 mod convert;
 pub mod engine;
 mod error;
