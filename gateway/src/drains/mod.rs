@@ -15,6 +15,7 @@ mod executor;
 mod metrics;
 mod phase;
 mod store_events;
+mod tasks;
 
 pub use engine::{
     DrainEngine, DrainError, DrainView, Lifecycle, Outcome, Phase, TeardownAck, Trigger,
