@@ -146,8 +146,9 @@ fn find_metric(text: &str, series: &str) -> Option<f64> {
 }
 
 /// Polls `poll` every few milliseconds until it yields a value, and returns
-/// it; panics after `within` naming `what`. The one poll loop of the tests.
-pub async fn wait_for<T, F, Fut>(what: &str, within: Duration, mut poll: F) -> T
+/// it; `None` once `within` has passed. The one poll loop of the tests (use
+/// [`wait_for`] unless the caller has more to say on a timeout).
+pub async fn poll_within<T, F, Fut>(within: Duration, mut poll: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -155,18 +156,41 @@ where
     let deadline = tokio::time::Instant::now() + within;
     loop {
         if let Some(v) = poll().await {
-            return v;
+            return Some(v);
         }
         if tokio::time::Instant::now() > deadline {
-            panic!("timed out after {within:?} waiting for: {what}");
+            return None;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Polls `poll` every few milliseconds until it yields a value, and returns
+/// it; panics after `within` naming `what`.
+pub async fn wait_for<T, F, Fut>(what: &str, within: Duration, poll: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    match poll_within(within, poll).await {
+        Some(v) => v,
+        None => panic!("timed out after {within:?} waiting for: {what}"),
     }
 }
 
 /// Polls `check` every few milliseconds until it holds; panics after `within`.
 pub async fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
     wait_for(what, within, || std::future::ready(check().then_some(()))).await
+}
+
+/// Replaces `path` atomically (writes a sibling, renames it over), as a
+/// ConfigMap volume swaps its files: a watcher polling the file never reads
+/// it truncated — an empty workload file is a valid, empty set, which would
+/// read as every workload deleted.
+pub fn write_atomically(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
 }
 
 /// Identities used by [`TwoNodes`].

@@ -8,7 +8,7 @@ use std::net::Ipv4Addr;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tidegate::app::BoundAddrs;
 use tidegate::config::Config;
@@ -392,20 +392,20 @@ impl Gateway {
         within: Duration,
         check: impl Fn(&str) -> bool,
     ) -> String {
-        let deadline = Instant::now() + within;
-        loop {
+        let check = &check;
+        let seen = crate::poll_within(within, || async move {
             let text = self.metrics().await;
-            if check(&text) {
-                return text;
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "gateway {}: timed out after {within:?} waiting for: {what}\n--- metrics ---\n{text}",
-                    self.name
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
+            check(&text).then_some(text)
+        })
+        .await;
+        if let Some(text) = seen {
+            return text;
         }
+        let text = self.metrics().await;
+        panic!(
+            "gateway {}: timed out after {within:?} waiting for: {what}\n--- metrics ---\n{text}",
+            self.name
+        );
     }
 
     pub async fn wait_metrics(&self, what: &str, check: impl Fn(&str) -> bool) -> String {

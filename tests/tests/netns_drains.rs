@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tidegate_e2e::{metric, metric_or_zero, plugin};
+use tidegate_e2e::{metric, metric_or_zero, plugin, write_atomically};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -159,16 +159,16 @@ impl Loader {
     /// with the failures seen if they do not.
     async fn wait_more_ok(&self, n: usize, what: &str) {
         let want = self.ok() + n;
-        let deadline = Instant::now() + STEP;
-        while self.ok() < want {
-            if Instant::now() > deadline {
-                panic!(
-                    "{what}: only {} of {want} requests succeeded within {STEP:?}; failures: {:#?}",
-                    self.ok(),
-                    self.failures.lock().unwrap()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        let done = tidegate_e2e::poll_within(STEP, || {
+            std::future::ready((self.ok() >= want).then_some(()))
+        })
+        .await;
+        if done.is_none() {
+            panic!(
+                "{what}: only {} of {want} requests succeeded within {STEP:?}; failures: {:#?}",
+                self.ok(),
+                self.failures.lock().unwrap()
+            );
         }
     }
 
@@ -394,13 +394,6 @@ fn workloads_yaml(t: &Topology, with_echo: bool) -> String {
         ));
     }
     s
-}
-
-/// Replaces `path` atomically (write a sibling, rename over).
-fn write_atomically(path: &Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
 }
 
 /// Everything one scenario runs on. Fields drop in declaration order:

@@ -64,9 +64,7 @@ fn write_pods(path: &Path, terminating: &[&str], gone: &[&str]) {
         ));
     }
     // Atomic replace: the watcher never reads half a file.
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, yaml).unwrap();
-    std::fs::rename(tmp, path).unwrap();
+    tidegate_e2e::write_atomically(path, &yaml);
 }
 
 struct Rig {

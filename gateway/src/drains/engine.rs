@@ -7,7 +7,7 @@
 //! that version even if a new one was swapped in meanwhile.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
@@ -15,10 +15,12 @@ use tidegate_sdk as sdk;
 use tokio::time::Instant;
 use tracing::info;
 
-use super::executor::{self, Executed};
+use super::executor::{self, Executed, Handles, TimerSink};
 use super::metrics::{DrainLabels, DrainMetrics, EndLabels, EventLabels};
 use super::phase::{transition, Transition};
 pub use super::phase::{Lifecycle, Phase};
+pub(super) use super::tasks::lock;
+use super::tasks::DrainTasks;
 use crate::config::DrainsConfig;
 use crate::oci::{OciDrainer, OciStatus};
 use crate::policy::{PolicyEngine, Selection};
@@ -130,6 +132,14 @@ impl DrainState {
     }
 }
 
+/// Where one lifecycle event left its drain.
+struct Step {
+    /// The policy selection the drain pinned.
+    selection: Selection,
+    since_shutdown: Option<Duration>,
+    duplicate: bool,
+}
+
 /// How long ended drains and removed workloads are remembered (for
 /// `GET /drains` and late actions naming them) before they are forgotten.
 pub(super) const RETAIN: Duration = Duration::from_secs(600);
@@ -159,15 +169,9 @@ pub struct DrainEngine {
     pub(super) book: Mutex<DrainBook>,
     /// Timers, delayed GOAWAYs and lifecycle events raised off the caller's
     /// task: owned here so [`DrainEngine::shutdown`] reaches them.
-    tasks: Mutex<tokio::task::JoinSet<()>>,
+    pub(super) tasks: DrainTasks,
     /// Executes `oci-drain` actions when `oci.enabled` (see [`DrainEngine::set_oci`]).
     oci: std::sync::OnceLock<Arc<OciDrainer>>,
-}
-
-/// Locks `m`; a panic elsewhere while it was held does not make every later
-/// drain panic (the maps stay consistent: no code panics under these locks).
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// `now + d` in unix milliseconds, saturating instead of overflowing.
@@ -201,51 +205,46 @@ impl DrainEngine {
             metrics,
             book: Mutex::new(DrainBook::default()),
             oci: std::sync::OnceLock::new(),
-            tasks: Mutex::new(tokio::task::JoinSet::new()),
+            tasks: DrainTasks::default(),
         })
-    }
-
-    /// Runs `task` as one of the engine's tasks (finished ones are reaped;
-    /// a panicked one is logged).
-    pub(super) fn spawn(
-        &self,
-        what: &'static str,
-        task: impl std::future::Future<Output = ()> + Send + 'static,
-    ) {
-        let mut tasks = lock(&self.tasks);
-        while let Some(done) = tasks.try_join_next() {
-            if let Err(e) = done {
-                if e.is_panic() {
-                    tracing::error!(error = %e, "a drain task panicked");
-                }
-            }
-        }
-        tasks.spawn(tracing::Instrument::instrument(
-            task,
-            tracing::info_span!("drain_task", what),
-        ));
     }
 
     /// Tasks the engine runs now (timers, delayed GOAWAYs, lifecycle events).
     pub fn pending_tasks(&self) -> usize {
-        lock(&self.tasks).len()
+        self.tasks.len()
     }
 
     /// The gateway is stopping: pending timers, delayed GOAWAYs and
     /// lifecycle events are cancelled and awaited.
     pub async fn shutdown(&self) {
-        let mut tasks = std::mem::take(&mut *lock(&self.tasks));
-        tasks.abort_all();
-        while tasks.join_next().await.is_some() {}
+        self.tasks.shutdown().await;
+    }
+
+    /// Executes a decision's `actions` about `workload` on the engine's
+    /// handles; a timer they set comes back to [`DrainEngine::timer_fired`].
+    pub(super) fn execute(
+        self: &Arc<Self>,
+        workload: &Arc<Workload>,
+        actions: &[sdk::Action],
+        decided_at: Instant,
+    ) -> Executed {
+        let lookup = |uid: &str| self.any_workload(uid);
+        let handles = Handles {
+            pool: &self.pool,
+            inbound: &self.registry,
+            oci: self.oci.get(),
+            metrics: &self.metrics,
+            tasks: &self.tasks,
+            workload: &lookup,
+            timers: self.clone(),
+            default_goaway_deadline: self.cfg.default_goaway_deadline,
+        };
+        executor::execute(&handles, workload, actions, decided_at)
     }
 
     /// Hands `oci-drain` actions to `drainer` (set once, at build).
     pub fn set_oci(&self, drainer: Arc<OciDrainer>) {
         let _ = self.oci.set(drainer);
-    }
-
-    pub(super) fn oci(&self) -> Option<&Arc<OciDrainer>> {
-        self.oci.get()
     }
 
     /// What a policy is told about a local workload right now.
@@ -300,62 +299,12 @@ impl DrainEngine {
             .lookup(uid)
             .ok_or_else(|| DrainError::UnknownWorkload(uid.to_owned()))?;
         let decided_at = Instant::now();
-        let (selection, since_shutdown, duplicate) = {
-            let mut book = lock(&self.book);
-            let d = book.drains.entry(uid.to_owned()).or_insert_with(|| {
-                DrainState::new(workload.clone(), self.policies.select(&workload), trigger)
-            });
-            let step = transition(d.phase, what);
-            let duplicate = step == Transition::Duplicate;
-            if let Transition::Start(_) | Transition::Advance(_) = step {
-                if let Transition::Start(_) = step {
-                    d.trigger = trigger;
-                    d.started = SystemTime::now();
-                    self.metrics
-                        .started
-                        .get_or_create(&DrainLabels {
-                            policy: d.selection.name.clone(),
-                            trigger: trigger.label(),
-                        })
-                        .inc();
-                    self.metrics
-                        .streams_at_start
-                        .observe(self.registry.streams_of(uid) as f64);
-                }
-                d.phase = what.phase();
-                if let Lifecycle::ShutdownStarted { grace } = what {
-                    d.shutdown_at = Some(decided_at);
-                    d.deadline = SystemTime::now().checked_add(grace);
-                }
-            }
-            (
-                d.selection.clone(),
-                d.shutdown_at.map(|t| t.elapsed()),
-                duplicate,
-            )
-        };
-        if duplicate {
-            self.metrics
-                .duplicates
-                .get_or_create(&EventLabels { event: what.kind() })
-                .inc();
-            return Ok(Outcome {
-                uid: uid.to_owned(),
-                event: what.kind(),
-                duplicate: true,
-                policy: Some(selection.name),
-                version: selection.version.map(|v| v.hash.clone()),
-                fallback: None,
-                actions: vec![],
-                teardown: matches!(what, Lifecycle::Teardown).then_some(TeardownAck {
-                    result: "already",
-                    held_ms: 0,
-                    streams_left: self.registry.streams_of(uid),
-                }),
-            });
+        let step = self.advance(&workload, what, trigger, decided_at);
+        if step.duplicate {
+            return Ok(self.duplicate(uid, what, step.selection));
         }
-        let event = self.event_for(&workload, what, since_shutdown);
-        let decision = self.policies.decide(&selection, &event);
+        let event = self.event_for(&workload, what, step.since_shutdown);
+        let decision = self.policies.decide(&step.selection, &event);
         info!(
             workload = uid,
             event = what.kind(),
@@ -366,17 +315,17 @@ impl DrainEngine {
             trigger = trigger.label(),
             "drain decision"
         );
-        let executed = executor::execute(self, &workload, &decision.actions, decided_at);
+        let executed = self.execute(&workload, &decision.actions, decided_at);
         self.record(uid, &executed);
         let teardown = match what {
             Lifecycle::Teardown => Some(
-                self.hold_teardown(uid, &selection, executed.hold, decided_at)
+                self.hold_teardown(uid, &step.selection, executed.hold, decided_at)
                     .await,
             ),
             _ => None,
         };
         if matches!(what, Lifecycle::Deleted) {
-            self.end(uid, &selection, "completed");
+            self.end(uid, &step.selection, "completed");
         }
         Ok(Outcome {
             uid: uid.to_owned(),
@@ -390,6 +339,75 @@ impl DrainEngine {
             actions: executed.descriptions,
             teardown,
         })
+    }
+
+    /// Moves the workload's drain record forward by `what` (creating it, and
+    /// pinning its policy selection, on the first event).
+    fn advance(
+        &self,
+        workload: &Arc<Workload>,
+        what: Lifecycle,
+        trigger: Trigger,
+        decided_at: Instant,
+    ) -> Step {
+        let uid = workload.uid();
+        let mut book = lock(&self.book);
+        let d = book.drains.entry(uid.to_owned()).or_insert_with(|| {
+            DrainState::new(workload.clone(), self.policies.select(workload), trigger)
+        });
+        let step = transition(d.phase, what);
+        if let Transition::Start(_) = step {
+            d.trigger = trigger;
+            d.started = SystemTime::now();
+            self.count_start(uid, &d.selection, trigger);
+        }
+        if let Transition::Start(_) | Transition::Advance(_) = step {
+            d.phase = what.phase();
+            if let Lifecycle::ShutdownStarted { grace } = what {
+                d.shutdown_at = Some(decided_at);
+                d.deadline = SystemTime::now().checked_add(grace);
+            }
+        }
+        Step {
+            selection: d.selection.clone(),
+            since_shutdown: d.shutdown_at.map(|t| t.elapsed()),
+            duplicate: step == Transition::Duplicate,
+        }
+    }
+
+    fn count_start(&self, uid: &str, selection: &Selection, trigger: Trigger) {
+        self.metrics
+            .started
+            .get_or_create(&DrainLabels {
+                policy: selection.name.clone(),
+                trigger: trigger.label(),
+            })
+            .inc();
+        self.metrics
+            .streams_at_start
+            .observe(self.registry.streams_of(uid) as f64);
+    }
+
+    /// The outcome of an event the drain already saw (nothing is decided).
+    fn duplicate(&self, uid: &str, what: Lifecycle, selection: Selection) -> Outcome {
+        self.metrics
+            .duplicates
+            .get_or_create(&EventLabels { event: what.kind() })
+            .inc();
+        Outcome {
+            uid: uid.to_owned(),
+            event: what.kind(),
+            duplicate: true,
+            policy: Some(selection.name),
+            version: selection.version.map(|v| v.hash.clone()),
+            fallback: None,
+            actions: vec![],
+            teardown: matches!(what, Lifecycle::Teardown).then_some(TeardownAck {
+                result: "already",
+                held_ms: 0,
+                streams_left: self.registry.streams_of(uid),
+            }),
+        }
     }
 
     fn event_for(
@@ -538,7 +556,7 @@ impl DrainEngine {
             (sdk::Event::PeerTerminating(state), "peer-terminating")
         };
         let decision = self.policies.decide(&selection, &event);
-        let executed = executor::execute(self, &source, &decision.actions, Instant::now());
+        let executed = self.execute(&source, &decision.actions, Instant::now());
         info!(
             peer = peer.uid(),
             event = kind,
@@ -596,7 +614,7 @@ impl DrainEngine {
             });
             let selection = self.policies.select(&source);
             let decision = self.policies.decide(&selection, &event);
-            let executed = executor::execute(&self, &source, &decision.actions, Instant::now());
+            let executed = self.execute(&source, &decision.actions, Instant::now());
             if !executed.descriptions.is_empty() {
                 info!(
                     destination = %f.key.dst_addr,
@@ -639,7 +657,7 @@ impl DrainEngine {
                     .filter(|a| a.subject().is_none_or(|s| s == w.uid()))
                     .cloned()
                     .collect();
-                let executed = executor::execute(self, w, &mine, now);
+                let executed = self.execute(w, &mine, now);
                 done.extend(executed.descriptions);
             }
         }
@@ -675,7 +693,7 @@ impl DrainEngine {
         });
         let decision = self.policies.decide(&selection, &event);
         let on = workload.unwrap_or(source);
-        let executed = executor::execute(self, &on, &decision.actions, Instant::now());
+        let executed = self.execute(&on, &decision.actions, Instant::now());
         info!(subject, tag, policy = %decision.policy, actions = ?executed.descriptions, "timer decision");
         self.record(&subject, &executed);
     }
@@ -708,8 +726,14 @@ impl DrainEngine {
                 tunnels_remaining: self.registry.for_workload(uid).len(),
                 streams_remaining: self.registry.streams_of(uid),
                 ended: d.ended,
-                oci: self.oci().and_then(|o| o.status(uid)),
+                oci: self.oci.get().and_then(|o| o.status(uid)),
             })
             .collect()
+    }
+}
+
+impl TimerSink for DrainEngine {
+    fn timer_fired(self: Arc<Self>, subject: String, tag: String, source: Arc<Workload>) {
+        DrainEngine::timer_fired(&self, subject, tag, source);
     }
 }

@@ -1,4 +1,8 @@
 //! Turns validated actions into effects on real tunnels.
+//!
+//! A function of (actions, [`Handles`]): the drain engine hands in what the
+//! actions act on, and a fired timer goes back through [`TimerSink`]; this
+//! module does not know the engine.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,10 +11,14 @@ use tidegate_sdk as sdk;
 use tokio::time::Instant;
 use tracing::info;
 
-use super::engine::DrainEngine;
+use super::metrics::DrainMetrics;
+use super::tasks::DrainTasks;
 use crate::hbone::GoawayCommand;
 use crate::identity::SpiffeId;
 use crate::oci::drainer::AtCapacity;
+use crate::oci::OciDrainer;
+use crate::proxy::pool::{BackoffParams, Pool};
+use crate::proxy::tunnels::InboundTunnels;
 use crate::workloads::Workload;
 
 /// What was done, for `GET /drains` and the caller.
@@ -21,9 +29,32 @@ pub(super) struct Executed {
     pub hold: Option<Duration>,
 }
 
+/// Where a timer set by a `set-timer` action reports when it fires (the
+/// drain engine, which asks the policy again).
+pub(super) trait TimerSink: Send + Sync + 'static {
+    /// `source`: the workload whose decision set the timer.
+    fn timer_fired(self: Arc<Self>, subject: String, tag: String, source: Arc<Workload>);
+}
+
+/// What actions act on, handed in by the caller.
+pub(super) struct Handles<'a> {
+    pub pool: &'a Pool,
+    pub inbound: &'a Arc<InboundTunnels>,
+    /// `None` when `oci.enabled` is false.
+    pub oci: Option<&'a Arc<OciDrainer>>,
+    pub metrics: &'a DrainMetrics,
+    /// Timers and delayed GOAWAYs run here (shutdown cancels them).
+    pub tasks: &'a DrainTasks,
+    /// Any workload by uid, including one removed from the store recently.
+    pub workload: &'a dyn Fn(&str) -> Option<Arc<Workload>>,
+    pub timers: Arc<dyn TimerSink>,
+    /// A GOAWAY's hard deadline when the action names none.
+    pub default_goaway_deadline: Duration,
+}
+
 /// Executes `actions` about `workload`, decided at `decided_at`.
 pub(super) fn execute(
-    engine: &Arc<DrainEngine>,
+    h: &Handles<'_>,
     workload: &Arc<Workload>,
     actions: &[sdk::Action],
     decided_at: Instant,
@@ -31,92 +62,18 @@ pub(super) fn execute(
     let mut out = Executed::default();
     for action in actions {
         let text = match action {
-            sdk::Action::Goaway(g) => goaway(engine, workload, g, decided_at),
-            sdk::Action::Evict(e) => {
-                let now = e.when == sdk::EvictWhen::Now;
-                match identity_of(engine, &e.peer) {
-                    Some(id) => {
-                        let n = engine.pool.evict_matching(now, |k| k.dst == id);
-                        engine.metrics.action("evict", "executed");
-                        format!(
-                            "evict {n} pooled tunnels to {} ({})",
-                            e.peer,
-                            if now { "now" } else { "when idle" }
-                        )
-                    }
-                    None => {
-                        engine.metrics.action("evict", "unknown_peer");
-                        format!("evict: peer {} is not a known workload", e.peer)
-                    }
-                }
-            }
-            sdk::Action::Backoff(b) => match b.destination.parse::<std::net::SocketAddr>() {
-                Ok(addr) => {
-                    engine.pool.set_backoff(
-                        addr,
-                        crate::proxy::pool::BackoffParams {
-                            initial: Duration::from_millis(b.initial_ms),
-                            max: Duration::from_millis(b.max_ms),
-                            multiplier: b.multiplier,
-                            jitter: b.jitter,
-                        },
-                    );
-                    engine.metrics.action("backoff", "executed");
-                    format!(
-                        "backoff for {}: {}..{} ms ×{} ±{}",
-                        b.destination, b.initial_ms, b.max_ms, b.multiplier, b.jitter
-                    )
-                }
-                Err(_) => {
-                    engine.metrics.action("backoff", "bad_destination");
-                    format!("backoff: {:?} is not a destination address", b.destination)
-                }
-            },
-            sdk::Action::OciDrain(o) => match engine.oci() {
-                Some(oci) => {
-                    let at_capacity = match o.at_capacity {
-                        sdk::AtCapacity::RemoveEarly => AtCapacity::RemoveEarly,
-                        sdk::AtCapacity::Keep => AtCapacity::Keep,
-                    };
-                    // Off the decision path: the drainer runs its API calls in a task.
-                    let r = oci.request(&o.workload, o.drain, at_capacity, decided_at);
-                    engine.metrics.action("oci_drain", r.result);
-                    r.description
-                }
-                None => {
-                    engine.metrics.action("oci_drain", "not_configured");
-                    format!(
-                        "oci-drain {} drain={}: not configured (oci.enabled is false)",
-                        o.workload, o.drain
-                    )
-                }
-            },
-            sdk::Action::HoldTeardown(h) => {
-                let bound = Duration::from_millis(h.bound_ms);
+            sdk::Action::Goaway(g) => goaway(h, workload, g, decided_at),
+            sdk::Action::Evict(e) => evict(h, e),
+            sdk::Action::Backoff(b) => backoff(h, b),
+            sdk::Action::OciDrain(o) => oci_drain(h, o, decided_at),
+            sdk::Action::HoldTeardown(t) => {
+                // Two holds in one decision: the longer one.
+                let bound = Duration::from_millis(t.bound_ms);
                 out.hold = Some(out.hold.map_or(bound, |b| b.max(bound)));
-                engine.metrics.action("hold_teardown", "executed");
-                format!("hold teardown up to {} ms", h.bound_ms)
+                h.metrics.action("hold_teardown", "executed");
+                format!("hold teardown up to {} ms", t.bound_ms)
             }
-            sdk::Action::SetTimer(t) => {
-                let after = Duration::from_millis(t.after_ms);
-                match decided_at.checked_add(after) {
-                    Some(at) => {
-                        let engine = engine.clone();
-                        let (subject, tag) = (t.subject.clone(), t.tag.clone());
-                        let source = workload.clone();
-                        let task = engine.clone();
-                        task.spawn("timer", async move {
-                            tokio::time::sleep_until(at).await;
-                            engine.timer_fired(subject, tag, source);
-                        });
-                        format!("timer {:?} in {} ms", t.tag, t.after_ms)
-                    }
-                    None => format!(
-                        "timer {:?} in {} ms: beyond the clock, not set",
-                        t.tag, t.after_ms
-                    ),
-                }
-            }
+            sdk::Action::SetTimer(t) => set_timer(h, workload, t, decided_at),
             sdk::Action::Log(l) => {
                 info!(workload = %workload.uid(), level = ?l.level, "policy: {}", l.message);
                 format!("log {:?}", l.message)
@@ -127,12 +84,96 @@ pub(super) fn execute(
     out
 }
 
-fn identity_of(engine: &DrainEngine, uid: &str) -> Option<SpiffeId> {
-    engine.any_workload(uid).map(|w| w.identity.clone())
+fn evict(h: &Handles<'_>, e: &sdk::Evict) -> String {
+    let now = e.when == sdk::EvictWhen::Now;
+    match identity_of(h, &e.peer) {
+        Some(id) => {
+            let n = h.pool.evict_matching(now, |k| k.dst == id);
+            h.metrics.action("evict", "executed");
+            format!(
+                "evict {n} pooled tunnels to {} ({})",
+                e.peer,
+                if now { "now" } else { "when idle" }
+            )
+        }
+        None => {
+            h.metrics.action("evict", "unknown_peer");
+            format!("evict: peer {} is not a known workload", e.peer)
+        }
+    }
+}
+
+fn backoff(h: &Handles<'_>, b: &sdk::Backoff) -> String {
+    match b.destination.parse::<std::net::SocketAddr>() {
+        Ok(addr) => {
+            h.pool.set_backoff(
+                addr,
+                BackoffParams {
+                    initial: Duration::from_millis(b.initial_ms),
+                    max: Duration::from_millis(b.max_ms),
+                    multiplier: b.multiplier,
+                    jitter: b.jitter,
+                },
+            );
+            h.metrics.action("backoff", "executed");
+            format!(
+                "backoff for {}: {}..{} ms ×{} ±{}",
+                b.destination, b.initial_ms, b.max_ms, b.multiplier, b.jitter
+            )
+        }
+        Err(_) => {
+            h.metrics.action("backoff", "bad_destination");
+            format!("backoff: {:?} is not a destination address", b.destination)
+        }
+    }
+}
+
+fn oci_drain(h: &Handles<'_>, o: &sdk::OciDrain, decided_at: Instant) -> String {
+    let Some(oci) = h.oci else {
+        h.metrics.action("oci_drain", "not_configured");
+        return format!(
+            "oci-drain {} drain={}: not configured (oci.enabled is false)",
+            o.workload, o.drain
+        );
+    };
+    let at_capacity = match o.at_capacity {
+        sdk::AtCapacity::RemoveEarly => AtCapacity::RemoveEarly,
+        sdk::AtCapacity::Keep => AtCapacity::Keep,
+    };
+    // Off the decision path: the drainer runs its API calls in a task.
+    let r = oci.request(&o.workload, o.drain, at_capacity, decided_at);
+    h.metrics.action("oci_drain", r.result);
+    r.description
+}
+
+fn set_timer(
+    h: &Handles<'_>,
+    workload: &Arc<Workload>,
+    t: &sdk::SetTimer,
+    decided_at: Instant,
+) -> String {
+    let Some(at) = decided_at.checked_add(Duration::from_millis(t.after_ms)) else {
+        return format!(
+            "timer {:?} in {} ms: beyond the clock, not set",
+            t.tag, t.after_ms
+        );
+    };
+    let sink = h.timers.clone();
+    let (subject, tag) = (t.subject.clone(), t.tag.clone());
+    let source = workload.clone();
+    h.tasks.spawn("timer", async move {
+        tokio::time::sleep_until(at).await;
+        sink.timer_fired(subject, tag, source);
+    });
+    format!("timer {:?} in {} ms", t.tag, t.after_ms)
+}
+
+fn identity_of(h: &Handles<'_>, uid: &str) -> Option<SpiffeId> {
+    (h.workload)(uid).map(|w| w.identity.clone())
 }
 
 fn goaway(
-    engine: &Arc<DrainEngine>,
+    h: &Handles<'_>,
     workload: &Arc<Workload>,
     g: &sdk::Goaway,
     decided_at: Instant,
@@ -141,7 +182,7 @@ fn goaway(
     let hard = g
         .hard_deadline_ms
         .map(Duration::from_millis)
-        .unwrap_or(engine.cfg.default_goaway_deadline);
+        .unwrap_or(h.default_goaway_deadline);
     let cmd = GoawayCommand {
         graceful,
         deadline: decided_at
@@ -159,28 +200,9 @@ fn goaway(
         g.target,
         sdk::GoawayTarget::Inbound | sdk::GoawayTarget::Both
     ) {
-        let inbound = engine.registry.for_workload(&g.workload);
-        parts.push(format!("{} inbound tunnels", inbound.len()));
         let delay = Duration::from_millis(g.delay_ms);
-        if delay.is_zero() {
-            for t in &inbound {
-                t.request_goaway(cmd, &label);
-            }
-        } else {
-            let engine = engine.clone();
-            let (uid, label) = (g.workload.clone(), label.clone());
-            let at = decided_at.checked_add(delay);
-            let task = engine.clone();
-            task.spawn("delayed-goaway", async move {
-                match at {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => return,
-                }
-                for t in engine.registry.for_workload(&uid) {
-                    t.request_goaway(cmd, &label);
-                }
-            });
-        }
+        let n = goaway_inbound(h, &g.workload, cmd, &label, delay, decided_at);
+        parts.push(format!("{n} inbound tunnels"));
     }
     if matches!(
         g.target,
@@ -189,16 +211,15 @@ fn goaway(
         let id = if g.workload == workload.uid() {
             Some(workload.identity.clone())
         } else {
-            identity_of(engine, &g.workload)
+            identity_of(h, &g.workload)
         };
         let n = id.map_or(0, |id| {
-            engine
-                .pool
+            h.pool
                 .evict_matching(!graceful, |k| k.src == id || k.dst == id)
         });
         parts.push(format!("{n} pooled outbound tunnels"));
     }
-    engine.metrics.action("goaway", "executed");
+    h.metrics.action("goaway", "executed");
     format!(
         "{label}: {}, delay {} ms, hard deadline {} ms",
         parts.join(" + "),
@@ -206,3 +227,38 @@ fn goaway(
         hard.as_millis()
     )
 }
+
+/// Asks the inbound tunnels of `uid` to go away, now or after `delay` (then
+/// on the tunnels it has at that time); returns how many it has now.
+fn goaway_inbound(
+    h: &Handles<'_>,
+    uid: &str,
+    cmd: GoawayCommand,
+    label: &str,
+    delay: Duration,
+    decided_at: Instant,
+) -> usize {
+    let inbound = h.inbound.for_workload(uid);
+    if delay.is_zero() {
+        for t in &inbound {
+            t.request_goaway(cmd, label);
+        }
+        return inbound.len();
+    }
+    let registry = h.inbound.clone();
+    let (uid, label) = (uid.to_owned(), label.to_owned());
+    let at = decided_at.checked_add(delay);
+    h.tasks.spawn("delayed-goaway", async move {
+        match at {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => return,
+        }
+        for t in registry.for_workload(&uid) {
+            t.request_goaway(cmd, &label);
+        }
+    });
+    inbound.len()
+}
+
+#[cfg(test)]
+mod tests;

@@ -5,6 +5,11 @@
 //!   a policy sees, the pinned policy version of a drain, `GET /drains`.
 //! - [`executor`]: GOAWAY on inbound tunnels, eviction of pooled tunnels,
 //!   teardown holds, timers; `oci-drain` is handed to [`crate::oci::OciDrainer`].
+//!   A function of (actions, handles): the engine passes in what actions act
+//!   on and receives fired timers through a sink; the executor does not
+//!   import the engine.
+//! - `tasks`: the engine's timers, delayed GOAWAYs and lifecycle events,
+//!   cancelled and awaited at shutdown.
 //! - [`metrics`]: drains started / completed / forced, teardown holds.
 //! - `store_events`: lifecycle and peer events derived from workload-store
 //!   snapshots (workload file, Kubernetes); retiring tunnels to reused IPs.
@@ -15,6 +20,7 @@ mod executor;
 mod metrics;
 mod phase;
 mod store_events;
+mod tasks;
 
 pub use engine::{
     DrainEngine, DrainError, DrainView, Lifecycle, Outcome, Phase, TeardownAck, Trigger,

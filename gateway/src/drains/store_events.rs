@@ -12,7 +12,6 @@ use tracing::{info, warn};
 use tidegate_sdk as sdk;
 
 use super::engine::{lock, DrainBook, DrainEngine, DrainState, Lifecycle, Trigger, RETAIN};
-use super::executor;
 use crate::shutdown::ShutdownWatch;
 use crate::workloads::{LifecycleState, Workload, WorkloadSnapshot};
 
@@ -51,77 +50,9 @@ impl DrainEngine {
         current: &WorkloadSnapshot,
         trigger: Trigger,
     ) {
-        for old in previous.iter() {
-            if current.by_uid(old.uid()).is_none() {
-                lock(&self.book)
-                    .removed
-                    .insert(old.uid().to_owned(), (old.clone(), Instant::now()));
-            }
-        }
-        for old in previous.iter().filter(|w| !w.local) {
-            let deleted = match current.by_uid(old.uid()) {
-                None => true,
-                Some(w)
-                    if w.spec.state == LifecycleState::Terminating
-                        && old.spec.state != LifecycleState::Terminating =>
-                {
-                    false
-                }
-                _ => continue,
-            };
-            self.on_peer(old, deleted);
-        }
-        for old in previous.iter().filter(|w| w.local) {
-            let uid = old.uid();
-            let now = current.by_uid(uid);
-            let what = match now {
-                None => Some(Lifecycle::Deleted),
-                Some(w)
-                    if w.spec.state == LifecycleState::Terminating
-                        && old.spec.state != LifecycleState::Terminating =>
-                {
-                    Some(Lifecycle::ShutdownStarted {
-                        grace: self.grace_of(w),
-                    })
-                }
-                _ => None,
-            };
-            if let Some(what) = what {
-                if now.is_none() {
-                    // Keep the last known facts for the deleted event.
-                    lock(&self.book)
-                        .drains
-                        .entry(uid.to_owned())
-                        .or_insert_with(|| {
-                            DrainState::new(old.clone(), self.policies.select(old), trigger)
-                        });
-                }
-                let this = self.clone();
-                let uid = uid.to_owned();
-                self.spawn("lifecycle", async move {
-                    if let Err(e) = this.on_lifecycle(&uid, what, trigger).await {
-                        warn!(error = %e, source = trigger.label(), "lifecycle event from the workload store failed");
-                    }
-                });
-            }
-        }
-        // Newly terminating workloads that were not known before.
-        for w in current
-            .iter()
-            .filter(|w| w.local && w.spec.state == LifecycleState::Terminating)
-        {
-            if previous.by_uid(w.uid()).is_none() {
-                let this = self.clone();
-                let uid = w.uid().to_owned();
-                let grace = self.grace_of(w);
-                self.spawn("lifecycle", async move {
-                    let what = Lifecycle::ShutdownStarted { grace };
-                    if let Err(e) = this.on_lifecycle(&uid, what, trigger).await {
-                        warn!(error = %e, source = trigger.label(), "lifecycle event from the workload store failed");
-                    }
-                });
-            }
-        }
+        self.remember_removed(previous, current);
+        self.peer_events(previous, current);
+        self.local_events(previous, current, trigger);
         // Local workloads that appeared (all of them in the first snapshot).
         for w in current
             .iter()
@@ -133,6 +64,83 @@ impl DrainEngine {
         self.forget_old(current);
     }
 
+    /// Workloads gone from the store stay nameable by actions for a while.
+    fn remember_removed(&self, previous: &WorkloadSnapshot, current: &WorkloadSnapshot) {
+        for old in previous.iter() {
+            if current.by_uid(old.uid()).is_none() {
+                lock(&self.book)
+                    .removed
+                    .insert(old.uid().to_owned(), (old.clone(), Instant::now()));
+            }
+        }
+    }
+
+    /// Peers (workloads of other nodes) that started terminating or are gone.
+    fn peer_events(self: &Arc<Self>, previous: &WorkloadSnapshot, current: &WorkloadSnapshot) {
+        for old in previous.iter().filter(|w| !w.local) {
+            let deleted = match current.by_uid(old.uid()) {
+                None => true,
+                Some(w) if became_terminating(old, w) => false,
+                _ => continue,
+            };
+            self.on_peer(old, deleted);
+        }
+    }
+
+    /// Local workloads that started terminating (known before or new in
+    /// `current` already terminating) or are gone: each a lifecycle event
+    /// on a task of its own.
+    fn local_events(
+        self: &Arc<Self>,
+        previous: &WorkloadSnapshot,
+        current: &WorkloadSnapshot,
+        trigger: Trigger,
+    ) {
+        for old in previous.iter().filter(|w| w.local) {
+            let uid = old.uid();
+            let what = match current.by_uid(uid) {
+                None => {
+                    // Keep the last known facts for the deleted event.
+                    lock(&self.book)
+                        .drains
+                        .entry(uid.to_owned())
+                        .or_insert_with(|| {
+                            DrainState::new(old.clone(), self.policies.select(old), trigger)
+                        });
+                    Lifecycle::Deleted
+                }
+                Some(w) if became_terminating(old, w) => Lifecycle::ShutdownStarted {
+                    grace: self.grace_of(w),
+                },
+                _ => continue,
+            };
+            self.raise(uid, what, trigger);
+        }
+        // Newly terminating workloads that were not known before.
+        for w in current
+            .iter()
+            .filter(|w| w.local && w.spec.state == LifecycleState::Terminating)
+        {
+            if previous.by_uid(w.uid()).is_none() {
+                let what = Lifecycle::ShutdownStarted {
+                    grace: self.grace_of(w),
+                };
+                self.raise(w.uid(), what, trigger);
+            }
+        }
+    }
+
+    /// Handles a lifecycle event from the store on one of the engine's tasks.
+    fn raise(self: &Arc<Self>, uid: &str, what: Lifecycle, trigger: Trigger) {
+        let this = self.clone();
+        let uid = uid.to_owned();
+        self.tasks.spawn("lifecycle", async move {
+            if let Err(e) = this.on_lifecycle(&uid, what, trigger).await {
+                warn!(error = %e, source = trigger.label(), "lifecycle event from the workload store failed");
+            }
+        });
+    }
+
     /// A local workload appeared: its policy sees `workload-added` (to set
     /// a timer, log, or prepare); the actions are executed like any other.
     fn on_added(self: &Arc<Self>, w: &Arc<Workload>) {
@@ -142,7 +150,7 @@ impl DrainEngine {
         if decision.actions.is_empty() {
             return;
         }
-        let executed = executor::execute(self, w, &decision.actions, Instant::now());
+        let executed = self.execute(w, &decision.actions, Instant::now());
         info!(workload = w.uid(), policy = %decision.policy, actions = ?executed.descriptions,
             "workload-added decision");
     }
@@ -208,4 +216,9 @@ impl DrainEngine {
         removed.retain(|_, (_, at)| !old(*at));
         first_seen.retain(|uid, _| current.by_uid(uid).is_some() || drains.contains_key(uid));
     }
+}
+
+/// `old` was not terminating and `now` is.
+fn became_terminating(old: &Workload, now: &Workload) -> bool {
+    now.spec.state == LifecycleState::Terminating && old.spec.state != LifecycleState::Terminating
 }

@@ -31,17 +31,22 @@ pub(super) fn spec(uid: &str, node: &str, ip: [u8; 4]) -> WorkloadSpec {
     }
 }
 
-/// An engine on node `n1` with a local workload `local-uid` and a peer
-/// `peer-uid` on another node.
-pub(super) fn engine() -> (Arc<DrainEngine>, Arc<WorkloadStore>) {
-    let mut reg = prometheus_client::registry::Registry::default();
+/// A pool with no tunnel (nothing is dialed until a connection asks).
+pub(super) fn pool(reg: &mut prometheus_client::registry::Registry) -> Arc<Pool> {
     let ca = DevCa::new(Duration::from_secs(3600)).unwrap();
     let tls = Arc::new(TlsContext::new(
         Arc::new(ca),
         "td",
-        TlsMetrics::register(&mut reg),
+        TlsMetrics::register(reg),
     ));
-    let pool = Pool::new(tls, Default::default(), Default::default(), &mut reg);
+    Pool::new(tls, Default::default(), Default::default(), reg)
+}
+
+/// An engine on node `n1` with a local workload `local-uid` and a peer
+/// `peer-uid` on another node.
+pub(super) fn engine() -> (Arc<DrainEngine>, Arc<WorkloadStore>) {
+    let mut reg = prometheus_client::registry::Registry::default();
+    let pool = pool(&mut reg);
     let policies = PolicyEngine::new(
         &PoliciesConfig::default(),
         PolicyMetrics::register(&mut reg),
@@ -144,7 +149,7 @@ async fn shutdown_cancels_pending_timers() {
         tag: "later".into(),
         after_ms: 3_600_000,
     });
-    let done = super::executor::execute(&engine, &source, &[timer], tokio::time::Instant::now());
+    let done = engine.execute(&source, &[timer], tokio::time::Instant::now());
     assert_eq!(done.descriptions.len(), 1);
     assert_eq!(engine.pending_tasks(), 1);
     // The pending timer holds the engine; a detached one would keep it forever.

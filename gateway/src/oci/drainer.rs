@@ -27,7 +27,7 @@ use tracing::{info, warn, Instrument as _};
 
 use super::client::{OciClient, OciError};
 use super::metrics::{CapacityLabels, OciMetrics, OutcomeLabels};
-use super::model::{LoadBalancer, UpdateBackendDetails};
+use super::model::{Backend, LoadBalancer, UpdateBackendDetails};
 use super::OciConfig;
 use crate::shutdown::ShutdownWatch;
 use crate::workloads::{WorkloadSnapshot, WorkloadStore};
@@ -396,15 +396,15 @@ impl OciDrainer {
         };
         for t in targets {
             let key = t.key();
-            if t.drain == drain {
+            let Plan::Change { full, remove } =
+                plan(&t, drain, at_capacity, self.cfg.capacity_limit)
+            else {
                 left += 1;
                 self.update(job, |s| {
                     s.backends.insert(key, state_word(drain));
                 });
                 continue;
-            }
-            let full = drain
-                && (t.set_len >= self.cfg.capacity_limit || t.lb_len >= self.cfg.capacity_limit);
+            };
             if full {
                 self.at_capacity(job, &t);
             }
@@ -415,7 +415,6 @@ impl OciDrainer {
             });
             let applied = {
                 let _one_at_a_time = lock.lock().await;
-                let remove = full && at_capacity == AtCapacity::RemoveEarly;
                 self.apply(&t, drain, remove).await?
             };
             if matches!(applied, Applied::Changed | Applied::Already) {
@@ -507,18 +506,18 @@ impl OciDrainer {
                     continue;
                 }
             };
-            if !remove && backend.drain == drain {
-                return Ok(Applied::Already);
-            }
-            let sent = if remove {
-                self.client
-                    .delete_backend(&t.lb, &t.set, &t.name, &etag)
-                    .await
-            } else {
-                let details = UpdateBackendDetails::with_drain(&backend, drain);
-                self.client
-                    .update_backend(&t.lb, &t.set, &t.name, &details, &etag)
-                    .await
+            let sent = match write_for(&backend, drain, remove) {
+                None => return Ok(Applied::Already),
+                Some(Write::Delete) => {
+                    self.client
+                        .delete_backend(&t.lb, &t.set, &t.name, &etag)
+                        .await
+                }
+                Some(Write::Update(details)) => {
+                    self.client
+                        .update_backend(&t.lb, &t.set, &t.name, &details, &etag)
+                        .await
+                }
             };
             let wr = match sent {
                 Ok(wr) => wr,
@@ -621,12 +620,8 @@ impl OciDrainer {
 
     /// Sleeps before a retry of a transient error; a permanent one stops.
     async fn backoff(&self, e: &OciError, attempt: u32) -> Result<(), Stop> {
-        let reason = match e.status() {
-            Some(409) if e.code() == "IncorrectState" || e.code() == "Conflict" => "conflict",
-            Some(429) => "throttled",
-            Some(s) if s >= 500 => "server",
-            None if matches!(e, OciError::Transport { .. }) => "transport",
-            _ => return Err(Stop::Fatal(e.clone())),
+        let Some(reason) = retry_reason(e) else {
+            return Err(Stop::Fatal(e.clone()));
         };
         self.metrics.retry(reason);
         tokio::time::sleep(self.delay(attempt)).await;
@@ -641,6 +636,62 @@ impl OciDrainer {
             .saturating_mul(1u32 << attempt.min(16))
             .min(self.cfg.backoff_max);
         exp / 2 + exp.mul_f64(fastrand::f64() / 2.0)
+    }
+}
+
+/// Why `e` is worth a retry (a metric label), or `None` when it is
+/// permanent and stops the workload's drain (401, 404, 400, other 409s...).
+fn retry_reason(e: &OciError) -> Option<&'static str> {
+    match e.status() {
+        Some(409) if e.code() == "IncorrectState" || e.code() == "Conflict" => Some("conflict"),
+        Some(429) => Some("throttled"),
+        Some(s) if s >= 500 => Some("server"),
+        None if matches!(e, OciError::Transport { .. }) => Some("transport"),
+        _ => None,
+    }
+}
+
+/// What to do about one of the workload's backends, as the load balancer
+/// view shows it.
+#[derive(Debug, PartialEq, Eq)]
+enum Plan {
+    /// It already has the wanted `drain`.
+    Keep,
+    /// Change it. `full`: its backend set or load balancer is at capacity;
+    /// `remove`: delete it rather than drain it.
+    Change { full: bool, remove: bool },
+}
+
+/// Only a drain can find a set at capacity (an un-drain never removes).
+fn plan(t: &Target, drain: bool, at_capacity: AtCapacity, capacity_limit: usize) -> Plan {
+    if t.drain == drain {
+        return Plan::Keep;
+    }
+    let full = drain && (t.set_len >= capacity_limit || t.lb_len >= capacity_limit);
+    Plan::Change {
+        full,
+        remove: full && at_capacity == AtCapacity::RemoveEarly,
+    }
+}
+
+/// The write a backend just read (under its ETag) needs.
+#[derive(Debug, PartialEq)]
+enum Write {
+    /// Every field as read, `drain` set.
+    Update(UpdateBackendDetails),
+    Delete,
+}
+
+/// `None` when the backend already has the wanted `drain` (and is not to be removed).
+fn write_for(backend: &Backend, drain: bool, remove: bool) -> Option<Write> {
+    if remove {
+        Some(Write::Delete)
+    } else if backend.drain == drain {
+        None
+    } else {
+        Some(Write::Update(UpdateBackendDetails::with_drain(
+            backend, drain,
+        )))
     }
 }
 
@@ -688,3 +739,6 @@ fn targets_of(
     }
     out
 }
+
+#[cfg(test)]
+mod tests;

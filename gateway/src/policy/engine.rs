@@ -571,3 +571,6 @@ impl PolicyEngine {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -673,3 +673,6 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod key_and_limit_tests;

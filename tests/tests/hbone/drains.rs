@@ -5,7 +5,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tidegate_e2e::{eventually, metric, metric_or_zero, plugin, round_trip, Options, TwoNodes};
+use tidegate_e2e::{
+    eventually, metric, metric_or_zero, plugin, round_trip, write_atomically, Options, TwoNodes,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 async fn with_policy(octet: u8, name: &str, config: &str) -> TwoNodes {
@@ -237,7 +239,7 @@ async fn the_workload_file_raises_shutdown_and_delete() {
     let text = std::fs::read_to_string(&file).unwrap();
     let terminating = text.replacen("node: node-b}", "node: node-b, state: terminating}", 1);
     assert_ne!(text, terminating);
-    std::fs::write(&file, terminating).unwrap();
+    write_atomically(&file, &terminating);
     eventually(
         "GOAWAY from the file's transition",
         Duration::from_secs(10),
@@ -256,12 +258,18 @@ async fn the_workload_file_raises_shutdown_and_delete() {
         .filter(|l| !l.contains("uid: echo-uid"))
         .map(|l| format!("{l}\n"))
         .collect();
-    std::fs::write(&file, without).unwrap();
-    eventually("deleted from the file", Duration::from_secs(10), || {
-        nodes.server.drains.list()[0].phase == tidegate::drains::Phase::Deleted
-    })
+    write_atomically(&file, &without);
+    // The phase moves to deleted as the event is taken; the drain ends once
+    // its decision was executed: wait for the end, not for the phase.
+    eventually(
+        "the drain ended by the deletion",
+        Duration::from_secs(10),
+        || nodes.server.drains.list()[0].ended.is_some(),
+    )
     .await;
-    assert_eq!(nodes.server.drains.list()[0].ended, Some("completed"));
+    let drain = &nodes.server.drains.list()[0];
+    assert_eq!(drain.phase, tidegate::drains::Phase::Deleted);
+    assert_eq!(drain.ended, Some("completed"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,7 +296,7 @@ async fn evict_on_delete_closes_pooled_tunnels_to_a_deleted_peer() {
         .filter(|l| !l.contains("uid: echo-uid"))
         .map(|l| format!("{l}\n"))
         .collect();
-    std::fs::write(&file, without_echo).unwrap();
+    write_atomically(&file, &without_echo);
     // Evicted at once (keepalive would take 10 s + 20 s to notice anything).
     eventually("pooled tunnel evicted", Duration::from_secs(5), || {
         nodes.client.pool.dump().is_empty()

@@ -1,0 +1,55 @@
+//! The drain engine's own tasks (timers, delayed GOAWAYs, lifecycle events
+//! raised off the caller's task): tracked so that shutdown reaches them.
+
+use std::future::Future;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use tokio::task::JoinSet;
+
+/// Locks `m`; a panic elsewhere while it was held does not make every later
+/// drain panic (the drain engine's maps stay consistent: no code panics
+/// under its locks).
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Tasks the drain engine and its executor run off the caller's task.
+///
+/// Contract: [`DrainTasks::shutdown`] aborts every task still pending and
+/// returns once all of them are gone; nothing spawned here outlives it.
+#[derive(Default)]
+pub(super) struct DrainTasks(Mutex<JoinSet<()>>);
+
+impl DrainTasks {
+    /// Runs `task` (finished ones are reaped; a panicked one is logged).
+    pub(super) fn spawn(
+        &self,
+        what: &'static str,
+        task: impl Future<Output = ()> + Send + 'static,
+    ) {
+        let mut tasks = lock(&self.0);
+        while let Some(done) = tasks.try_join_next() {
+            if let Err(e) = done {
+                if e.is_panic() {
+                    tracing::error!(error = %e, "a drain task panicked");
+                }
+            }
+        }
+        tasks.spawn(tracing::Instrument::instrument(
+            task,
+            tracing::info_span!("drain_task", what),
+        ));
+    }
+
+    /// Tasks pending now.
+    pub(super) fn len(&self) -> usize {
+        lock(&self.0).len()
+    }
+
+    /// Cancels the pending tasks and awaits them.
+    pub(super) async fn shutdown(&self) {
+        let mut tasks = std::mem::take(&mut *lock(&self.0));
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
+}
