@@ -138,9 +138,8 @@ async fn refusals_made_by_the_http2_layer_are_counted() {
             ) == 1.0
     })
     .await;
-    // The resets h2 still flushed before it went away.
-    let resets = h2_refusals(&nodes, "rst_stream", "protocol_error");
-    assert!(resets > 2.0, "{resets}");
+    // The flood's own RST_STREAMs are not asserted: h2 drops those still
+    // queued when it goes away, so anywhere from none to 1024 reach the wire.
     still_serving(&nodes).await;
 }
 
