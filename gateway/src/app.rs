@@ -227,14 +227,33 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let metrics_listener = bind("metrics", l.metrics)?;
     let ready_listener = bind("readiness", l.readiness)?;
 
+    // A CONNECT to one of these on a local workload would tunnel into the
+    // gateway itself: the configured ports, and the bound ones (port 0 binds
+    // another).
+    let bound = [
+        &inbound_listener,
+        &outbound_listener,
+        &admin_listener,
+        &metrics_listener,
+        &ready_listener,
+    ]
+    .map(|l| l.local_addr().map_or(0, |a| a.port()));
+    let configured = [l.inbound, l.outbound, l.admin, l.metrics, l.readiness].map(|a| a.port());
+    let own_ports = crate::proxy::inbound::OwnPorts::new(
+        bound
+            .into_iter()
+            .chain(configured)
+            .chain([config.hbone.port]),
+    );
     let inbound = Inbound::new(
         workloads.clone(),
         tls.clone(),
         config.hbone.clone(),
+        own_ports,
         tunnels.clone(),
         families.direction("inbound"),
         streams.clone(),
-        crate::proxy::inbound::GoawayMetrics::register(&mut registry),
+        crate::proxy::inbound::InboundMetrics::register(&mut registry),
     );
     let outbound = Outbound::new(
         workloads.clone(),

@@ -141,6 +141,10 @@ pub struct HboneConfig {
     /// Bound on TCP connect + TLS + HTTP/2 handshakes, and on dialing upstreams.
     #[serde(with = "duration")]
     pub connect_timeout: Duration,
+    /// Upstream dials one inbound tunnel may have in flight (rapid-reset bound).
+    pub max_dials_in_flight_per_tunnel: usize,
+    /// Upstream dials one inbound tunnel may start per second (rapid-reset bound).
+    pub max_dials_per_second_per_tunnel: u32,
 }
 
 impl Default for HboneConfig {
@@ -155,6 +159,12 @@ impl Default for HboneConfig {
             keepalive_interval: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(20),
             connect_timeout: Duration::from_secs(5),
+            // A well-behaved peer keeps at most 100 streams on one tunnel
+            // (our pool and ztunnel's), so it never has more dials in flight.
+            max_dials_in_flight_per_tunnel: 100,
+            // Those 100 streams turning over every 100 ms; a reset loop gets
+            // no more connections to the workload than that.
+            max_dials_per_second_per_tunnel: 1000,
         }
     }
 }
@@ -562,6 +572,20 @@ impl Config {
                 "hbone.keepalive_interval",
                 "keepalive interval and timeout must be greater than zero",
             ));
+        }
+        for (key, v) in [
+            (
+                "hbone.max_dials_in_flight_per_tunnel",
+                h.max_dials_in_flight_per_tunnel as u64,
+            ),
+            (
+                "hbone.max_dials_per_second_per_tunnel",
+                u64::from(h.max_dials_per_second_per_tunnel),
+            ),
+        ] {
+            if !(1..=1_000_000).contains(&v) {
+                return Err(invalid(key, "must be between 1 and 1000000"));
+            }
         }
         if self.pool.max_streams_per_tunnel == 0 {
             return Err(invalid("pool.max_streams_per_tunnel", "must be at least 1"));

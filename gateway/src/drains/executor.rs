@@ -189,6 +189,7 @@ fn goaway(
             .checked_add(Duration::from_millis(g.delay_ms))
             .and_then(|t| t.checked_add(hard)),
         issued: decided_at,
+        close_notify: g.close_notify,
     };
     let label = format!(
         "{} goaway ({})",

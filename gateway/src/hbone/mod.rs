@@ -4,8 +4,10 @@
 //!   decides what each CONNECT stream means.
 //! - [`client`]: dialing a tunnel to a peer gateway and opening CONNECT streams.
 //! - [`keepalive`]: HTTP/2 PING liveness for both sides.
+//! - [`io`]: the server's byte stream: close_notify on close, refusals h2 writes.
 
 pub mod client;
+pub mod io;
 pub mod keepalive;
 pub mod server;
 
@@ -25,6 +27,9 @@ pub struct GoawayCommand {
     pub deadline: Option<Instant>,
     /// When the decision was made (for the event → GOAWAY histogram).
     pub issued: Instant,
+    /// Whether the tunnel's final close sends a TLS close_notify alert;
+    /// without it the peer sees the TCP connection end without one.
+    pub close_notify: bool,
 }
 
 pub(crate) fn server_builder(cfg: &HboneConfig) -> h2::server::Builder {

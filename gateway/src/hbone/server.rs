@@ -8,6 +8,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,6 +19,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 use tracing::{debug, warn};
 
+use super::io::{CloseNotify, Refusal, RefusalSink, ServerIo};
 use super::keepalive::KeepaliveError;
 use super::GoawayCommand;
 use crate::config::HboneConfig;
@@ -36,6 +38,10 @@ pub trait StreamHandler: Send + Sync + 'static {
 
     /// The tunnel sent its first GOAWAY because of `cmd`.
     fn goaway_sent(&self, _cmd: GoawayCommand) {}
+
+    /// h2 wrote an error-coded RST_STREAM or GOAWAY on its own (a stream or
+    /// connection refused before or without the handler): see [`super::io`].
+    fn refused(&self, _refusal: Refusal) {}
 }
 
 /// Why a tunnel could not start serving.
@@ -70,13 +76,14 @@ pub enum TunnelEnd {
 }
 
 /// Where one tunnel stands in its GOAWAY sequence.
-#[derive(Default)]
 struct Goaway {
     sent: bool,
     deadline_set: bool,
+    /// How the stream closes in the end; GOAWAY commands set it.
+    close_notify: CloseNotify,
 }
 
-type Conn = Connection<ServerTls, Bytes>;
+type Conn = Connection<ServerIo, Bytes>;
 
 /// Serves one tunnel until the peer closes it, keepalive declares it dead, or
 /// it is drained.
@@ -85,22 +92,34 @@ type Conn = Connection<ServerTls, Bytes>;
 /// `commands`, the tunnel starts a graceful two-phase GOAWAY (GOAWAY with the
 /// maximum stream id, a PING round trip, the final GOAWAY: RFC 9113 §6.8, as
 /// h2 implements it); open streams go on. When the last stream ends the
-/// connection closes with TLS close_notify. At the deadline (the shutdown's,
-/// or a command's) the remaining streams are cut and the tunnel closed.
+/// connection closes, with a TLS close_notify alert unless the command said
+/// `close_notify: false` (then the TCP connection just ends; see
+/// [`ServerIo`]). At the deadline (the shutdown's, or a command's) the
+/// remaining streams are cut and the tunnel closed the same way.
 pub async fn serve<H: StreamHandler>(
     tls: ServerTls,
     cfg: &HboneConfig,
-    handler: &H,
+    handler: Arc<H>,
     mut commands: watch::Receiver<Option<GoawayCommand>>,
     mut shutdown: ShutdownWatch,
 ) -> Result<TunnelEnd, ServeError> {
-    let mut conn = handshake(tls, cfg).await?;
+    let sink: RefusalSink = {
+        let handler = handler.clone();
+        Arc::new(move |r| handler.refused(r))
+    };
+    let io = ServerIo::new(tls, sink);
+    let mut goaway = Goaway {
+        sent: false,
+        deadline_set: false,
+        close_notify: io.close_notify(),
+    };
+    let mut conn = handshake(io, cfg).await?;
     let ping = conn.ping_pong().expect("ping_pong is taken once");
     let keepalive = super::keepalive::run(ping, cfg.keepalive_interval, cfg.keepalive_timeout);
     tokio::pin!(keepalive);
     let deadline = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(deadline);
-    let mut goaway = Goaway::default();
+    let handler = &*handler;
     loop {
         tokio::select! {
             next = conn.accept() => match next {
@@ -137,8 +156,8 @@ pub async fn serve<H: StreamHandler>(
 
 /// The HTTP/2 handshake, bounded like the TLS one: a peer that completes TLS
 /// but never sends the preface must not hold a task forever.
-async fn handshake(tls: ServerTls, cfg: &HboneConfig) -> Result<Conn, ServeError> {
-    let handshake = super::server_builder(cfg).handshake::<_, Bytes>(tls);
+async fn handshake(io: ServerIo, cfg: &HboneConfig) -> Result<Conn, ServeError> {
+    let handshake = super::server_builder(cfg).handshake::<_, Bytes>(io);
     match tokio::time::timeout(cfg.connect_timeout, handshake).await {
         Ok(Ok(c)) => Ok(c),
         Ok(Err(e)) => {
@@ -168,6 +187,8 @@ impl Goaway {
         cmd: GoawayCommand,
         handler: &impl StreamHandler,
     ) {
+        // The merged command (see `InboundTunnel::request_goaway`) decides.
+        self.close_notify.set(cmd.close_notify);
         if !self.sent || !cmd.graceful {
             if cmd.graceful {
                 debug!("GOAWAY requested: graceful");

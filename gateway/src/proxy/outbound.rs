@@ -148,7 +148,7 @@ impl Outbound {
         dst: SocketAddr,
         started: Instant,
     ) -> Result<(), OutboundError> {
-        if self.listen_addr.get() == Some(&dst) {
+        if self.is_own_listener(dst) {
             return Err(OutboundError::Loop(dst));
         }
         let snapshot = self.workloads.snapshot();
@@ -189,6 +189,22 @@ impl Outbound {
         access_log((&ids.0, &ids.1), src, dst, moved, started, outcome);
         drop(stream.slot);
         Ok(())
+    }
+
+    /// Whether `dst` is this very listener: its address, or, when it listens
+    /// on a wildcard address, its port on any address of this host.
+    fn is_own_listener(&self, dst: SocketAddr) -> bool {
+        let Some(listen) = self.listen_addr.get() else {
+            return false;
+        };
+        if listen.port() != dst.port() {
+            return false;
+        }
+        if !listen.ip().is_unspecified() {
+            return listen.ip() == dst.ip();
+        }
+        // Only addresses of this host can be bound (no IP_FREEBIND here).
+        std::net::UdpSocket::bind(SocketAddr::new(dst.ip(), 0)).is_ok()
     }
 
     async fn passthrough(

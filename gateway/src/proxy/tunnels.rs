@@ -50,7 +50,8 @@ impl InboundTunnel {
     }
 
     /// Asks the serving task to send GOAWAY. A later command can only make
-    /// things stricter: immediate wins over graceful, the earlier deadline wins.
+    /// things stricter: immediate wins over graceful, the earlier deadline
+    /// wins; once any command asked for a TLS close_notify, the close sends one.
     pub fn request_goaway(&self, cmd: GoawayCommand, drained_by: &str) {
         let _ = self.drained_by.set(drained_by.to_owned());
         self.goaway.send_modify(|cur| {
@@ -63,6 +64,7 @@ impl InboundTunnel {
                         (a, b) => a.or(b),
                     },
                     issued: prev.issued.min(cmd.issued),
+                    close_notify: prev.close_notify || cmd.close_notify,
                 },
             })
         });
@@ -165,6 +167,7 @@ impl InboundTunnels {
             graceful: true,
             deadline: None,
             issued: Instant::now(),
+            close_notify: true,
         };
         for t in &tunnels {
             t.request_goaway(cmd, "admin");

@@ -39,7 +39,8 @@ impl IdentityError {
     /// A bounded label for metrics.
     pub fn reason(&self) -> &'static str {
         match self {
-            IdentityError::NoSpiffeId | IdentityError::SeveralUris(_) => "no_spiffe_id",
+            IdentityError::NoSpiffeId => "no_spiffe_id",
+            IdentityError::SeveralUris(_) => "multiple_uri_sans",
             IdentityError::Malformed(_) | IdentityError::BadSpiffeId(_) => "malformed_certificate",
             IdentityError::WrongTrustDomain { .. } => "wrong_trust_domain",
             IdentityError::UnexpectedIdentity { .. } => "unexpected_identity",

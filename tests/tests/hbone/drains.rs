@@ -515,3 +515,119 @@ async fn a_policy_sees_workload_added() {
     )
     .await;
 }
+
+/// How the TLS stream under a client ended: `Ok(())` for a clean EOF (TLS
+/// close_notify received), else the read error's kind.
+type TlsEnd = Result<(), std::io::ErrorKind>;
+
+/// A client TLS stream that records how its first read ended.
+struct EndRecorder {
+    inner: tidegate::tls::ClientTls,
+    end: std::sync::Arc<std::sync::OnceLock<TlsEnd>>,
+}
+
+impl tokio::io::AsyncRead for EndRecorder {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        match &r {
+            std::task::Poll::Ready(Ok(())) if buf.filled().len() == before => {
+                let _ = self.end.set(Ok(()));
+            }
+            std::task::Poll::Ready(Err(e)) => {
+                let _ = self.end.set(Err(e.kind()));
+            }
+            _ => {}
+        }
+        r
+    }
+}
+
+impl tokio::io::AsyncWrite for EndRecorder {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A raw rustls + h2 client holds a tunnel with one open stream to the echo
+/// workload whose shutdown starts (grace 1 s) under `goaway-on-term-start`
+/// with `close-notify` as given: the gateway closes the tunnel at the hard
+/// deadline (half the grace) while the client still reads. Returns how the
+/// client's TLS stream ended.
+async fn tunnel_end_with_close_notify(octet: u8, close_notify: bool) -> TlsEnd {
+    use tidegate::identity::SpiffeId;
+    use tidegate::tls::{DevCa, TlsContext, TlsMetrics};
+    let config = format!(r#"{{"close-notify": {close_notify}}}"#);
+    let nodes = with_policy(octet, "goaway-on-term-start", &config).await;
+    let ca = DevCa::open(&nodes.ca_dir(), Duration::from_secs(600)).unwrap();
+    let tls = TlsContext::new(
+        std::sync::Arc::new(ca),
+        "cluster.local",
+        TlsMetrics::default(),
+    );
+    let addr = SocketAddr::new(nodes.echo.ip(), nodes.server.addrs.inbound.port());
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let id = |sa| SpiffeId::new("cluster.local", "demo", sa);
+    let stream = tls
+        .connect(&id("client"), &id("echo"), addr.ip(), tcp)
+        .await
+        .unwrap();
+    let end = std::sync::Arc::new(std::sync::OnceLock::new());
+    let recorder = EndRecorder {
+        inner: stream,
+        end: end.clone(),
+    };
+    let (send, conn) = h2::client::handshake(recorder).await.unwrap();
+    tokio::spawn(conn);
+    // An open stream keeps the client from closing first after the GOAWAY.
+    let (tx, rx) =
+        tidegate::hbone::client::connect_stream(send.clone(), nodes.echo, Duration::from_secs(5))
+            .await
+            .unwrap();
+    post(
+        nodes.server.addrs.admin,
+        "POST",
+        "/workloads/echo-uid/shutdown-starting?grace=1s",
+    )
+    .await;
+    let got = tidegate_e2e::wait_for("the tunnel's TLS end", Duration::from_secs(5), || {
+        std::future::ready(end.get().copied())
+    })
+    .await;
+    drop((send, tx, rx));
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_goaway_closes_with_tls_close_notify_only_when_the_policy_asks() {
+    assert_eq!(
+        tunnel_end_with_close_notify(86, true).await,
+        Ok(()),
+        "asked: a clean TLS close (close_notify, then EOF)"
+    );
+    assert_eq!(
+        tunnel_end_with_close_notify(87, false).await,
+        Err(std::io::ErrorKind::UnexpectedEof),
+        "not asked: the TCP connection ends without close_notify"
+    );
+}

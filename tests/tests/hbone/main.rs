@@ -2,9 +2,11 @@
 //! loopback, real TLS, real HTTP/2, real sockets.
 
 mod admin;
+mod bad_input;
 mod drains;
 mod integrity;
 mod lifecycle;
 mod policies;
 mod pool;
+mod raw_h2;
 mod rejections;

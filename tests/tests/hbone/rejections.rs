@@ -19,7 +19,7 @@ use tidegate::tls::{CertError, CertSource, DevCa, Roots, TlsContext, TlsMetrics}
 use tidegate_e2e::{eventually, ip, metric, metric_or_zero, round_trip, Options, TwoNodes};
 use tokio::io::AsyncReadExt;
 
-fn id(td: &str, sa: &str) -> SpiffeId {
+pub(crate) fn id(td: &str, sa: &str) -> SpiffeId {
     SpiffeId::new(td, "demo", sa)
 }
 
@@ -38,24 +38,24 @@ impl CertSource for Mixed {
     }
 }
 
-fn real_ca(nodes: &TwoNodes) -> Arc<DevCa> {
+pub(crate) fn real_ca(nodes: &TwoNodes) -> Arc<DevCa> {
     Arc::new(DevCa::open(&nodes.ca_dir(), Duration::from_secs(600)).unwrap())
 }
 
-fn hbone_addr(nodes: &TwoNodes, host: u8) -> SocketAddr {
+pub(crate) fn hbone_addr(nodes: &TwoNodes, host: u8) -> SocketAddr {
     SocketAddr::new(ip(nodes.octet, host), nodes.server.addrs.inbound.port())
 }
 
 /// Polled until it reaches 1, so an absent series (before the first
 /// failure) reads 0; a renamed series times the poll out.
-fn inbound_failed(nodes: &TwoNodes, reason: &str) -> f64 {
+pub(crate) fn inbound_failed(nodes: &TwoNodes, reason: &str) -> f64 {
     metric_or_zero(
         &nodes.server.metrics_text(),
         &format!(r#"tidegate_connections_failed_total{{direction="inbound",reason="{reason}"}}"#),
     )
 }
 
-fn stream_ended(nodes: &TwoNodes, reason: &str) -> f64 {
+pub(crate) fn stream_ended(nodes: &TwoNodes, reason: &str) -> f64 {
     metric(
         &nodes.server.metrics_text(),
         &format!(r#"tidegate_streams_ended_total{{direction="inbound",reason="{reason}"}}"#),
@@ -63,7 +63,7 @@ fn stream_ended(nodes: &TwoNodes, reason: &str) -> f64 {
 }
 
 /// The gateway still serves a normal application connection.
-async fn still_serving(nodes: &TwoNodes) {
+pub(crate) async fn still_serving(nodes: &TwoNodes) {
     let mut tcp = nodes.app_conn().await;
     assert_eq!(
         round_trip(&mut tcp, b"still here").await.unwrap(),
@@ -73,7 +73,7 @@ async fn still_serving(nodes: &TwoNodes) {
 
 /// Dials the echo workload as `client` with certificates from `source`;
 /// the server must refuse the client (no stream ever works) and count `reason`.
-async fn refused_by_server(
+pub(crate) async fn refused_by_server(
     nodes: &TwoNodes,
     source: Arc<dyn CertSource>,
     client: &SpiffeId,
@@ -258,7 +258,7 @@ async fn outbound_refuses_a_server_with_the_wrong_identity() {
 }
 
 /// Sends one request on an authenticated tunnel and returns status + reason header.
-async fn request(
+pub(crate) async fn request(
     nodes: &TwoNodes,
     host: u8,
     server_sa: &str,
@@ -289,7 +289,7 @@ async fn request(
     (resp.status(), reason)
 }
 
-fn connect(authority: &str) -> Request<()> {
+pub(crate) fn connect(authority: &str) -> Request<()> {
     Request::builder()
         .method(Method::CONNECT)
         .uri(authority)

@@ -1,6 +1,6 @@
-//! One CONNECT on an inbound tunnel: route and authorize it, dial the
-//! workload, copy the bytes, log the stream. The [`StreamHandler`] the HBONE
-//! server calls for each stream.
+//! One CONNECT on an inbound tunnel: route and authorize it, pace and dial
+//! the workload, copy the bytes, log the stream. The [`StreamHandler`] the
+//! HBONE server calls for each stream.
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -14,14 +14,47 @@ use http::{Method, Request, Response, StatusCode};
 use tokio::net::TcpStream;
 use tracing::{debug, info_span, Instrument};
 
-use super::Inbound;
+use super::metrics::InboundMetrics;
+use super::pace::{DialBudget, Paced};
+use crate::config::HboneConfig;
+use crate::hbone::io::{reason_label, Refusal};
 use crate::hbone::server::StreamHandler;
 use crate::hbone::{GoawayCommand, REASON_HEADER};
 use crate::identity::SpiffeId;
-use crate::metrics::AccessLog;
+use crate::metrics::{AccessLog, ProxyMetrics};
 use crate::proxy::copy::{copy_bidirectional, Transferred};
 use crate::proxy::tunnels::InboundTunnel;
-use crate::workloads::{Workload, WorkloadSnapshot};
+use crate::shutdown::ActiveStreams;
+use crate::workloads::{Workload, WorkloadSnapshot, WorkloadStore};
+
+/// What every CONNECT on every inbound tunnel needs; shared by all of them.
+pub struct ConnectDeps {
+    pub workloads: Arc<WorkloadStore>,
+    pub cfg: HboneConfig,
+    pub own_ports: OwnPorts,
+    pub metrics: ProxyMetrics,
+    pub active: ActiveStreams,
+    pub inbound_metrics: InboundMetrics,
+}
+
+/// The gateway's own listening ports (and port 0): a CONNECT to one of them
+/// on a local workload's address would tunnel into the gateway itself
+/// (ztunnel's "illegal ports").
+#[derive(Clone, Debug, Default)]
+pub struct OwnPorts(Vec<u16>);
+
+impl OwnPorts {
+    pub fn new(ports: impl IntoIterator<Item = u16>) -> Self {
+        let mut v: Vec<u16> = ports.into_iter().chain([0]).collect();
+        v.sort_unstable();
+        v.dedup();
+        OwnPorts(v)
+    }
+
+    pub fn contains(&self, port: u16) -> bool {
+        port == 0 || self.0.binary_search(&port).is_ok()
+    }
+}
 
 /// Facts about a tunnel fixed at accept time.
 pub struct TunnelCtx {
@@ -44,8 +77,12 @@ pub enum InboundError {
     NotLocal(IpAddr),
     #[error("authority ip {authority} differs from the dialed workload ip {dialed}")]
     AuthorityMismatch { authority: IpAddr, dialed: IpAddr },
+    #[error("port {} of {} is the gateway's own port or port 0; refused", .0.port(), .0.ip())]
+    IllegalPort(SocketAddr),
     #[error("{peer} may not connect to {workload}")]
     Denied { peer: SpiffeId, workload: String },
+    #[error("upstream dial not started: {0}")]
+    Paced(#[from] Paced),
     #[error("upstream {addr} unreachable: {source}")]
     Upstream {
         addr: SocketAddr,
@@ -57,7 +94,9 @@ impl InboundError {
     pub fn status(&self) -> StatusCode {
         match self {
             InboundError::Denied { .. } => StatusCode::UNAUTHORIZED,
-            InboundError::Upstream { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            InboundError::Upstream { .. } | InboundError::Paced(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             _ => StatusCode::BAD_REQUEST,
         }
     }
@@ -68,18 +107,23 @@ impl InboundError {
             InboundError::BadAuthority(_) => "bad_authority",
             InboundError::NotLocal(_) => "target_not_local",
             InboundError::AuthorityMismatch { .. } => "authority_mismatch",
+            InboundError::IllegalPort(_) => "illegal_port",
             InboundError::Denied { .. } => "denied",
+            InboundError::Paced(Paced::InFlight(_)) => "dials_in_flight_limit",
+            InboundError::Paced(Paced::Rate(_)) => "dial_rate_limit",
             InboundError::Upstream { .. } => "upstream_unreachable",
         }
     }
 }
 
 /// Validates a CONNECT against the tunnel; never an open proxy: the target
-/// must be the very workload the peer dialed, on this node.
+/// must be the very workload the peer dialed, on this node, and not one of
+/// the gateway's own ports there.
 pub fn route<B>(
     req: &Request<B>,
     ctx: &TunnelCtx,
     snapshot: &WorkloadSnapshot,
+    own_ports: &OwnPorts,
 ) -> Result<SocketAddr, InboundError> {
     if req.method() != Method::CONNECT {
         return Err(InboundError::NotConnect(req.method().clone()));
@@ -102,6 +146,9 @@ pub fn route<B>(
             dialed: ctx.dialed.ip(),
         });
     }
+    if own_ports.contains(target.port()) {
+        return Err(InboundError::IllegalPort(target));
+    }
     if !workload.allows(&ctx.peer) {
         return Err(InboundError::Denied {
             peer: ctx.peer.clone(),
@@ -112,10 +159,11 @@ pub fn route<B>(
 }
 
 /// The streams of one inbound tunnel.
-pub(super) struct ConnectHandler {
-    pub(super) inbound: Arc<Inbound>,
-    pub(super) ctx: Arc<TunnelCtx>,
-    pub(super) tunnel: Arc<InboundTunnel>,
+pub struct ConnectHandler {
+    pub deps: Arc<ConnectDeps>,
+    pub ctx: Arc<TunnelCtx>,
+    pub tunnel: Arc<InboundTunnel>,
+    pub dials: Arc<DialBudget>,
 }
 
 impl StreamHandler for ConnectHandler {
@@ -126,70 +174,98 @@ impl StreamHandler for ConnectHandler {
     ) -> impl Future<Output = ()> + Send + 'static {
         // Counted from acceptance, so a drain waiting for idle sees it at once.
         let count = self.tunnel.stream_started();
-        let inbound = self.inbound.clone();
-        let ctx = self.ctx.clone();
-        let tunnel = self.tunnel.clone();
+        let stream = Stream {
+            deps: self.deps.clone(),
+            ctx: self.ctx.clone(),
+            tunnel: self.tunnel.clone(),
+            dials: self.dials.clone(),
+        };
         let span = info_span!("stream", authority = %req.uri());
         async move {
-            handle_stream(&inbound, &ctx, &tunnel, req, respond).await;
+            stream.serve(req, respond).await;
             drop(count);
         }
         .instrument(span)
     }
 
     fn goaway_sent(&self, cmd: GoawayCommand) {
-        self.inbound.goaway_sent(cmd);
+        self.deps.inbound_metrics.goaway_sent(cmd);
+    }
+
+    fn refused(&self, r: Refusal) {
+        self.deps.inbound_metrics.h2_refused(r);
+        debug!(
+            frame = r.frame.label(),
+            reason = reason_label(r.reason),
+            "http/2 layer refused on its own"
+        );
     }
 }
 
-async fn handle_stream(
-    inbound: &Inbound,
-    ctx: &TunnelCtx,
-    tunnel: &InboundTunnel,
-    req: Request<RecvStream>,
-    mut respond: SendResponse<Bytes>,
-) {
-    let started = Instant::now();
-    let _guard = inbound.streams.track();
-    let snapshot = inbound.workloads.snapshot();
-    let result = match route(&req, ctx, &snapshot) {
-        Ok(target) => dial(target, inbound.cfg.connect_timeout).await,
-        Err(e) => Err(e),
-    };
-    let (upstream, target) = match result {
-        Ok(x) => x,
-        Err(e) => return refuse(inbound, ctx, respond, e, started),
-    };
-    let resp = Response::builder()
-        .status(StatusCode::OK)
-        .body(())
-        .expect("static");
-    let send = match respond.send_response(resp, false) {
-        Ok(s) => s,
-        Err(e) => {
-            debug!(error = %e, "peer went away before 200");
-            return inbound.metrics.stream_ended("tunnel_error");
+/// One stream's share of its tunnel.
+struct Stream {
+    deps: Arc<ConnectDeps>,
+    ctx: Arc<TunnelCtx>,
+    tunnel: Arc<InboundTunnel>,
+    dials: Arc<DialBudget>,
+}
+
+impl Stream {
+    async fn serve(self, req: Request<RecvStream>, mut respond: SendResponse<Bytes>) {
+        let started = Instant::now();
+        let deps = &*self.deps;
+        let _guard = deps.active.track();
+        let (upstream, target) = match self.open_upstream(&req).await {
+            Ok(x) => x,
+            Err(e) => return refuse(deps, &self.ctx, respond, e, started),
+        };
+        let resp = Response::builder()
+            .status(StatusCode::OK)
+            .body(())
+            .expect("static");
+        let send = match respond.send_response(resp, false) {
+            Ok(s) => s,
+            Err(e) => {
+                debug!(error = %e, "peer went away before 200");
+                return deps.metrics.stream_ended("tunnel_error");
+            }
+        };
+        deps.metrics.streams_open.inc();
+        let (moved, result) =
+            copy_bidirectional(&upstream, send, req.into_body(), &deps.metrics.bytes).await;
+        deps.metrics.streams_open.dec();
+        let outcome = match &result {
+            Ok(()) => "ok",
+            Err(e) => e.reason(),
+        };
+        if result.is_err() {
+            // Reset the workload's side too: a cut stream is not a clean end.
+            let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
         }
-    };
-    inbound.metrics.streams_open.inc();
-    let (moved, result) =
-        copy_bidirectional(&upstream, send, req.into_body(), &inbound.metrics.bytes).await;
-    inbound.metrics.streams_open.dec();
-    let outcome = match &result {
-        Ok(()) => "ok",
-        Err(e) => e.reason(),
-    };
-    if result.is_err() {
-        // Reset the workload's side too: a cut stream is not a clean end.
-        let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
+        deps.metrics.stream_ended(outcome);
+        let drained_by = self.tunnel.drained_by();
+        log(&self.ctx, drained_by, target, moved, started, outcome);
     }
-    inbound.metrics.stream_ended(outcome);
-    log(ctx, tunnel.drained_by(), target, moved, started, outcome);
+
+    /// Routes the CONNECT, then dials within the tunnel's dial budget.
+    async fn open_upstream(
+        &self,
+        req: &Request<RecvStream>,
+    ) -> Result<(TcpStream, SocketAddr), InboundError> {
+        let target = {
+            let snapshot = self.deps.workloads.snapshot();
+            route(req, &self.ctx, &snapshot, &self.deps.own_ports)?
+        };
+        let permit = self.dials.try_start()?;
+        let dialed = dial(target, self.deps.cfg.connect_timeout).await;
+        drop(permit);
+        dialed
+    }
 }
 
 /// Answers a refused CONNECT with its status and reason, counts and logs it.
 fn refuse(
-    inbound: &Inbound,
+    deps: &ConnectDeps,
     ctx: &TunnelCtx,
     mut respond: SendResponse<Bytes>,
     e: InboundError,
@@ -202,7 +278,7 @@ fn refuse(
         .body(())
         .expect("static response");
     let _ = respond.send_response(resp, true);
-    inbound.metrics.stream_ended(e.reason());
+    deps.metrics.stream_ended(e.reason());
     let moved = Transferred::default();
     log(ctx, None, ctx.dialed, moved, started, e.reason());
 }

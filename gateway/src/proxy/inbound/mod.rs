@@ -4,16 +4,22 @@
 //! [`connect::ConnectHandler`] for its streams.
 
 pub mod connect;
+mod metrics;
+mod pace;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::net::{TcpListener, TcpStream};
-use tracing::{debug, field, info_span, Instrument};
+use tracing::{debug, field, info_span, warn, Instrument};
 
-use connect::{ConnectHandler, TunnelCtx};
+pub use connect::OwnPorts;
+use connect::{ConnectDeps, ConnectHandler, TunnelCtx};
+pub use metrics::InboundMetrics;
+use pace::DialBudget;
 
 use crate::config::HboneConfig;
+use crate::hbone::io::reason_label;
 use crate::hbone::{self, server::TunnelEnd};
 use crate::metrics::ProxyMetrics;
 use crate::proxy::tunnels::{InboundTunnels, Registration};
@@ -21,74 +27,45 @@ use crate::shutdown::{ActiveStreams, ShutdownWatch};
 use crate::tls::TlsContext;
 use crate::workloads::WorkloadStore;
 
-/// GOAWAYs sent on inbound tunnels because a drain asked.
-#[derive(Clone, Debug)]
-pub struct GoawayMetrics {
-    sent: prometheus_client::metrics::counter::Counter,
-    latency: prometheus_client::metrics::histogram::Histogram,
-}
-
-impl GoawayMetrics {
-    pub fn register(registry: &mut prometheus_client::registry::Registry) -> Self {
-        let m = GoawayMetrics {
-            sent: Default::default(),
-            // 5 µs .. ~5 s
-            latency: prometheus_client::metrics::histogram::Histogram::new(
-                prometheus_client::metrics::histogram::exponential_buckets(5e-6, 2.0, 20),
-            ),
-        };
-        registry.register(
-            "drain_goaways_sent",
-            "GOAWAYs sent on inbound tunnels because a drain asked",
-            m.sent.clone(),
-        );
-        registry.register(
-            "drain_event_to_goaway_seconds",
-            "Time from the decision to the GOAWAY handed to the tunnel",
-            m.latency.clone(),
-        );
-        m
-    }
-}
-
 /// Everything an inbound tunnel needs; shared by all of them.
 pub struct Inbound {
-    pub(crate) workloads: Arc<WorkloadStore>,
-    pub(crate) tls: Arc<TlsContext>,
-    pub(crate) cfg: HboneConfig,
-    pub(crate) tunnels: Arc<InboundTunnels>,
-    pub(crate) metrics: ProxyMetrics,
-    pub(crate) streams: ActiveStreams,
-    pub(crate) goaways: GoawayMetrics,
+    tls: Arc<TlsContext>,
+    tunnels: Arc<InboundTunnels>,
+    connects: Arc<ConnectDeps>,
 }
 
 impl Inbound {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         workloads: Arc<WorkloadStore>,
         tls: Arc<TlsContext>,
         cfg: HboneConfig,
+        own_ports: OwnPorts,
         tunnels: Arc<InboundTunnels>,
         metrics: ProxyMetrics,
         streams: ActiveStreams,
-        goaways: GoawayMetrics,
+        inbound_metrics: InboundMetrics,
     ) -> Arc<Self> {
         Arc::new(Inbound {
-            workloads,
             tls,
-            cfg,
             tunnels,
-            metrics,
-            streams,
-            goaways,
+            connects: Arc::new(ConnectDeps {
+                workloads,
+                cfg,
+                own_ports,
+                metrics,
+                active: streams,
+                inbound_metrics,
+            }),
         })
     }
 
-    /// Records the first GOAWAY a command made a tunnel send.
-    pub(crate) fn goaway_sent(&self, cmd: crate::hbone::GoawayCommand) {
-        self.goaways.sent.inc();
-        self.goaways
-            .latency
-            .observe(cmd.issued.elapsed().as_secs_f64());
+    fn cfg(&self) -> &HboneConfig {
+        &self.connects.cfg
+    }
+
+    fn metrics(&self) -> &ProxyMetrics {
+        &self.connects.metrics
     }
 
     /// Accepts until `stop_accepting` fires, then drops the listener so new
@@ -114,7 +91,7 @@ impl Inbound {
                 Err(e) => {
                     // EMFILE and friends: back off briefly instead of spinning.
                     debug!(error = %e, "inbound accept failed");
-                    self.metrics.connection_failed("accept");
+                    self.metrics().connection_failed("accept");
                     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                 }
             }
@@ -124,7 +101,7 @@ impl Inbound {
     async fn serve(self: Arc<Self>, tcp: TcpStream, peer_addr: SocketAddr, drain: ShutdownWatch) {
         let dialed = match crate::proxy::listener::destination(&tcp) {
             Ok(a) => a,
-            Err(_) => return self.metrics.connection_failed("no_destination"),
+            Err(_) => return self.metrics().connection_failed("no_destination"),
         };
         let span = info_span!(
             "inbound",
@@ -134,15 +111,15 @@ impl Inbound {
             peer.identity = field::Empty,
         );
         async move {
-            let snapshot = self.workloads.snapshot();
+            let snapshot = self.connects.workloads.snapshot();
             let Some(workload) = snapshot.by_ip(dialed.ip()).filter(|w| w.local).cloned() else {
                 debug!("dialed address is not a workload on this node; closing");
-                return self.metrics.connection_failed("no_local_workload");
+                return self.metrics().connection_failed("no_local_workload");
             };
             tracing::Span::current().record("dst.workload", workload.uid());
             let _ = tcp.set_nodelay(true);
             let handshake = tokio::time::timeout(
-                self.cfg.connect_timeout,
+                self.cfg().connect_timeout,
                 self.tls.accept(&workload.identity, tcp),
             )
             .await;
@@ -150,12 +127,12 @@ impl Inbound {
                 Ok(Ok(x)) => x,
                 Ok(Err(e)) => {
                     debug!(error = %e, "tls handshake failed");
-                    return self.metrics.connection_failed(e.reason());
+                    return self.metrics().connection_failed(e.reason());
                 }
-                Err(_) => return self.metrics.connection_failed("handshake_timeout"),
+                Err(_) => return self.metrics().connection_failed("handshake_timeout"),
             };
             tracing::Span::current().record("peer.identity", field::display(&peer));
-            self.metrics.connections_opened.inc();
+            self.metrics().connections_opened.inc();
             let registration = self
                 .tunnels
                 .register(workload.uid(), peer.clone(), peer_addr);
@@ -167,7 +144,7 @@ impl Inbound {
             };
             self.serve_tunnel(tls, ctx, &registration, drain).await;
             drop(registration);
-            self.metrics.connections_closed.inc();
+            self.metrics().connections_closed.inc();
         }
         .instrument(span)
         .await
@@ -184,21 +161,50 @@ impl Inbound {
     ) {
         let tunnel = registration.tunnel.clone();
         let commands = tunnel.goaway_commands();
-        let handler = ConnectHandler {
-            inbound: self.clone(),
+        let cfg = self.cfg();
+        let handler = Arc::new(ConnectHandler {
+            deps: self.connects.clone(),
             ctx: Arc::new(ctx),
             tunnel,
-        };
-        match hbone::server::serve(tls, &self.cfg, &handler, commands, shutdown).await {
-            Err(e) => self.metrics.connection_failed(e.reason()),
-            Ok(TunnelEnd::Keepalive(_)) => self.metrics.connection_failed("keepalive_timeout"),
+            dials: Arc::new(DialBudget::new(
+                cfg.max_dials_in_flight_per_tunnel,
+                cfg.max_dials_per_second_per_tunnel,
+            )),
+        });
+        match hbone::server::serve(tls, cfg, handler, commands, shutdown).await {
+            Err(e) => self.metrics().connection_failed(e.reason()),
+            Ok(TunnelEnd::Keepalive(_)) => self.metrics().connection_failed("keepalive_timeout"),
             Ok(TunnelEnd::Deadline) => {
                 debug!(
                     streams = registration.tunnel.streams(),
                     "tunnel closed at the drain deadline"
                 )
             }
-            Ok(TunnelEnd::Closed | TunnelEnd::Error(_)) => {}
+            Ok(TunnelEnd::Error(e)) => self.tunnel_error(&e),
+            Ok(TunnelEnd::Closed) => {}
         }
+    }
+
+    /// A tunnel h2 itself closed with an error GOAWAY (a flood, a protocol
+    /// violation) failed, by the code it sent; other errors (the peer went
+    /// away mid-connection) are not counted as failures.
+    fn tunnel_error(&self, e: &h2::Error) {
+        let Some(reason) = e.reason().filter(|_| e.is_go_away() && e.is_library()) else {
+            return debug!(error = %e, "tunnel ended with error");
+        };
+        let label = match reason {
+            h2::Reason::ENHANCE_YOUR_CALM => "h2_enhance_your_calm",
+            h2::Reason::PROTOCOL_ERROR => "h2_protocol_error",
+            h2::Reason::FLOW_CONTROL_ERROR => "h2_flow_control_error",
+            h2::Reason::FRAME_SIZE_ERROR => "h2_frame_size_error",
+            h2::Reason::COMPRESSION_ERROR => "h2_compression_error",
+            h2::Reason::NO_ERROR => return,
+            _ => "h2_other_error",
+        };
+        warn!(
+            code = reason_label(reason),
+            "http/2 layer closed the tunnel with an error GOAWAY"
+        );
+        self.metrics().connection_failed(label);
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use http::{Method, Request, StatusCode};
 
-use super::{route, InboundError, TunnelCtx};
+use super::{route, InboundError, OwnPorts, TunnelCtx};
 use crate::identity::SpiffeId;
 use crate::workloads::{WorkloadSnapshot, WorkloadSpec, WorkloadStore};
 
@@ -65,7 +65,7 @@ fn connect(authority: &str) -> Request<()> {
 fn a_connect_to_the_dialed_local_workload_is_routed_to_it() {
     let snap = snapshot();
     let ctx = ctx(&snap, "10.0.0.1:15008", "client");
-    let target = route(&connect("10.0.0.1:8080"), &ctx, &snap).unwrap();
+    let target = route(&connect("10.0.0.1:8080"), &ctx, &snap, &OwnPorts::default()).unwrap();
     assert_eq!(target, "10.0.0.1:8080".parse::<SocketAddr>().unwrap());
 }
 
@@ -78,7 +78,7 @@ fn a_method_other_than_connect_is_refused() {
         .uri("http://10.0.0.1:8080/")
         .body(())
         .unwrap();
-    let err = route(&req, &ctx, &snap).unwrap_err();
+    let err = route(&req, &ctx, &snap, &OwnPorts::default()).unwrap_err();
     assert!(
         matches!(err, InboundError::NotConnect(Method::GET)),
         "{err}"
@@ -91,7 +91,13 @@ fn a_method_other_than_connect_is_refused() {
 fn an_authority_that_is_not_ip_port_is_refused() {
     let snap = snapshot();
     let ctx = ctx(&snap, "10.0.0.1:15008", "client");
-    let err = route(&connect("echo.default.svc:8080"), &ctx, &snap).unwrap_err();
+    let err = route(
+        &connect("echo.default.svc:8080"),
+        &ctx,
+        &snap,
+        &OwnPorts::default(),
+    )
+    .unwrap_err();
     assert!(
         matches!(&err, InboundError::BadAuthority(a) if a == "echo.default.svc:8080"),
         "{err}"
@@ -105,7 +111,7 @@ fn a_target_that_is_not_a_workload_on_this_node_is_refused() {
     let snap = snapshot();
     let ctx = ctx(&snap, "10.0.0.1:15008", "client");
     for authority in ["10.0.0.9:8080", "192.0.2.1:8080"] {
-        let err = route(&connect(authority), &ctx, &snap).unwrap_err();
+        let err = route(&connect(authority), &ctx, &snap, &OwnPorts::default()).unwrap_err();
         assert!(
             matches!(err, InboundError::NotLocal(_)),
             "{authority}: {err}"
@@ -120,7 +126,7 @@ fn a_target_other_than_the_dialed_workload_is_refused() {
     // Never an open proxy: a tunnel to echo cannot reach locked, though both are local.
     let snap = snapshot();
     let ctx = ctx(&snap, "10.0.0.1:15008", "client");
-    let err = route(&connect("10.0.0.2:8080"), &ctx, &snap).unwrap_err();
+    let err = route(&connect("10.0.0.2:8080"), &ctx, &snap, &OwnPorts::default()).unwrap_err();
     assert!(
         matches!(
             err,
@@ -137,7 +143,7 @@ fn a_target_other_than_the_dialed_workload_is_refused() {
 fn a_peer_the_workload_does_not_allow_is_denied() {
     let snap = snapshot();
     let ctx = ctx(&snap, "10.0.0.2:15008", "intruder");
-    let err = route(&connect("10.0.0.2:8080"), &ctx, &snap).unwrap_err();
+    let err = route(&connect("10.0.0.2:8080"), &ctx, &snap, &OwnPorts::default()).unwrap_err();
     assert!(
         matches!(&err, InboundError::Denied { workload, .. } if workload == "locked"),
         "{err}"
@@ -150,6 +156,31 @@ fn a_peer_the_workload_does_not_allow_is_denied() {
 fn a_peer_the_workload_allows_is_routed() {
     let snap = snapshot();
     let ctx = ctx(&snap, "10.0.0.2:15008", "client");
-    let target = route(&connect("10.0.0.2:8080"), &ctx, &snap).unwrap();
+    let target = route(&connect("10.0.0.2:8080"), &ctx, &snap, &OwnPorts::default()).unwrap();
     assert_eq!(target, "10.0.0.2:8080".parse::<SocketAddr>().unwrap());
+}
+
+#[test]
+fn the_gateways_own_ports_and_port_0_are_refused_on_a_local_workload() {
+    let snap = snapshot();
+    let ctx = ctx(&snap, "10.0.0.1:15008", "client");
+    let own = OwnPorts::new([15008, 15001, 15000, 15020, 15021]);
+    for authority in [
+        "10.0.0.1:15008",
+        "10.0.0.1:15001",
+        "10.0.0.1:15020",
+        "10.0.0.1:0",
+    ] {
+        let err = route(&connect(authority), &ctx, &snap, &own).unwrap_err();
+        assert!(
+            matches!(err, InboundError::IllegalPort(a) if a.to_string() == authority),
+            "{authority}: {err}"
+        );
+        assert_eq!(err.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(err.reason(), "illegal_port");
+    }
+    // Port 0 even when no port was configured; other ports are the workload's.
+    let err = route(&connect("10.0.0.1:0"), &ctx, &snap, &OwnPorts::default()).unwrap_err();
+    assert_eq!(err.reason(), "illegal_port");
+    assert!(route(&connect("10.0.0.1:15009"), &ctx, &snap, &own).is_ok());
 }

@@ -1,0 +1,328 @@
+//! The byte stream under an inbound tunnel's HTTP/2: the mTLS stream, how it
+//! is finally closed (with or without a TLS close_notify alert), and the
+//! refusals h2 writes on its own.
+//!
+//! h2 answers some misbehaviour without ever handing the stream to us: a
+//! malformed request (`:protocol` without extended CONNECT, an empty
+//! `:authority`, …) gets RST_STREAM(PROTOCOL_ERROR), a stream beyond
+//! `SETTINGS_MAX_CONCURRENT_STREAMS` gets RST_STREAM(REFUSED_STREAM), a
+//! flood gets GOAWAY(ENHANCE_YOUR_CALM). The only place those are visible is
+//! the frames h2 writes, so [`ServerIo`] follows the frame headers of what it
+//! writes (9 bytes each, plus the error code of RST_STREAM and GOAWAY) and
+//! reports each error-coded one to a [`RefusalSink`].
+
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::tls::ServerTls;
+
+/// The HTTP/2 frame that carried a refusal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefusalFrame {
+    /// RST_STREAM: one stream refused.
+    RstStream,
+    /// GOAWAY with an error code: the whole connection.
+    Goaway,
+}
+
+impl RefusalFrame {
+    pub fn label(self) -> &'static str {
+        match self {
+            RefusalFrame::RstStream => "rst_stream",
+            RefusalFrame::Goaway => "goaway",
+        }
+    }
+}
+
+/// An error-coded RST_STREAM or GOAWAY the server wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub frame: RefusalFrame,
+    pub reason: h2::Reason,
+}
+
+/// Where [`ServerIo`] reports the refusals it sees written.
+pub type RefusalSink = Arc<dyn Fn(Refusal) + Send + Sync>;
+
+/// The metric label of an HTTP/2 error code (RFC 9113 §7), bounded.
+pub fn reason_label(r: h2::Reason) -> &'static str {
+    use h2::Reason as R;
+    match r {
+        R::NO_ERROR => "no_error",
+        R::PROTOCOL_ERROR => "protocol_error",
+        R::INTERNAL_ERROR => "internal_error",
+        R::FLOW_CONTROL_ERROR => "flow_control_error",
+        R::SETTINGS_TIMEOUT => "settings_timeout",
+        R::STREAM_CLOSED => "stream_closed",
+        R::FRAME_SIZE_ERROR => "frame_size_error",
+        R::REFUSED_STREAM => "refused_stream",
+        R::CANCEL => "cancel",
+        R::COMPRESSION_ERROR => "compression_error",
+        R::CONNECT_ERROR => "connect_error",
+        R::ENHANCE_YOUR_CALM => "enhance_your_calm",
+        R::INADEQUATE_SECURITY => "inadequate_security",
+        R::HTTP_1_1_REQUIRED => "http_1_1_required",
+        _ => "unknown",
+    }
+}
+
+const FRAME_HEADER: usize = 9;
+const TYPE_RST_STREAM: u8 = 0x3;
+const TYPE_GOAWAY: u8 = 0x7;
+
+/// Follows the frame boundaries of a written HTTP/2 byte stream.
+#[derive(Debug)]
+struct FrameScan {
+    /// The frame header, then the payload bytes up to the error code.
+    head: [u8; FRAME_HEADER + 8],
+    filled: usize,
+    /// How many bytes of `head` this frame needs (9, 13 or 17).
+    want: usize,
+    /// Payload bytes still to pass over.
+    skip: usize,
+}
+
+impl Default for FrameScan {
+    fn default() -> Self {
+        FrameScan {
+            head: [0; FRAME_HEADER + 8],
+            filled: 0,
+            want: FRAME_HEADER,
+            skip: 0,
+        }
+    }
+}
+
+impl FrameScan {
+    /// Consumes written bytes; returns the refusals completed in them.
+    fn scan(&mut self, mut buf: &[u8], found: &mut impl FnMut(Refusal)) {
+        while !buf.is_empty() {
+            if self.skip > 0 {
+                let n = self.skip.min(buf.len());
+                self.skip -= n;
+                buf = &buf[n..];
+                continue;
+            }
+            let n = (self.want - self.filled).min(buf.len());
+            self.head[self.filled..self.filled + n].copy_from_slice(&buf[..n]);
+            self.filled += n;
+            buf = &buf[n..];
+            if self.filled == self.want {
+                self.frame_part_done(found);
+            }
+        }
+    }
+
+    fn frame_part_done(&mut self, found: &mut impl FnMut(Refusal)) {
+        let len = u32::from_be_bytes([0, self.head[0], self.head[1], self.head[2]]) as usize;
+        let kind = self.head[3];
+        let code_at = match kind {
+            TYPE_RST_STREAM if len >= 4 => Some(0),
+            TYPE_GOAWAY if len >= 8 => Some(4),
+            _ => None,
+        };
+        match code_at {
+            Some(at) if self.want == FRAME_HEADER => {
+                // Read on up to the end of the error code.
+                self.want = FRAME_HEADER + at + 4;
+                return;
+            }
+            Some(at) => {
+                let c = &self.head[FRAME_HEADER + at..FRAME_HEADER + at + 4];
+                let reason = h2::Reason::from(u32::from_be_bytes([c[0], c[1], c[2], c[3]]));
+                if reason != h2::Reason::NO_ERROR && reason != h2::Reason::CANCEL {
+                    let frame = if kind == TYPE_GOAWAY {
+                        RefusalFrame::Goaway
+                    } else {
+                        RefusalFrame::RstStream
+                    };
+                    found(Refusal { frame, reason });
+                }
+            }
+            None => {}
+        }
+        self.skip = len - (self.want - FRAME_HEADER);
+        self.filled = 0;
+        self.want = FRAME_HEADER;
+    }
+}
+
+/// The mTLS stream of one inbound tunnel as h2 sees it.
+///
+/// Close contract: when h2 shuts the connection down (after a GOAWAY, once
+/// its streams ended, or at the drain deadline), pending TLS records are
+/// flushed; then a TLS close_notify alert is sent if the [`CloseNotify`]
+/// flag is set (the default) and the TCP write side shut; without it only
+/// the TCP write side is shut, so the peer sees the connection end without
+/// a clean TLS close.
+pub struct ServerIo {
+    tls: ServerTls,
+    close_notify: CloseNotify,
+    scan: FrameScan,
+    refusals: RefusalSink,
+}
+
+/// Whether a tunnel's final close sends TLS close_notify; shared between the
+/// serving task (which sets it from GOAWAY commands) and the stream.
+#[derive(Clone, Debug)]
+pub struct CloseNotify(Arc<AtomicBool>);
+
+impl CloseNotify {
+    pub fn set(&self, yes: bool) {
+        self.0.store(yes, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl ServerIo {
+    pub fn new(tls: ServerTls, refusals: RefusalSink) -> Self {
+        ServerIo {
+            tls,
+            close_notify: CloseNotify(Arc::new(AtomicBool::new(true))),
+            scan: FrameScan::default(),
+            refusals,
+        }
+    }
+
+    /// The flag deciding how this stream is finally closed.
+    pub fn close_notify(&self) -> CloseNotify {
+        self.close_notify.clone()
+    }
+
+    fn observe(&mut self, written: &[u8]) {
+        let sink = &self.refusals;
+        self.scan.scan(written, &mut |r| sink(r));
+    }
+}
+
+impl AsyncRead for ServerIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().tls).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ServerIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let n = std::task::ready!(Pin::new(&mut this.tls).poll_write(cx, buf))?;
+        this.observe(&buf[..n]);
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let n = std::task::ready!(Pin::new(&mut this.tls).poll_write_vectored(cx, bufs))?;
+        let mut left = n;
+        for b in bufs {
+            if left == 0 {
+                break;
+            }
+            let k = left.min(b.len());
+            this.observe(&b[..k]);
+            left -= k;
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tls.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().tls).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.close_notify.get() {
+            // tokio-rustls: close_notify, flush, then shut the TCP write side.
+            return Pin::new(&mut this.tls).poll_shutdown(cx);
+        }
+        std::task::ready!(Pin::new(&mut this.tls).poll_flush(cx))?;
+        Pin::new(&mut this.tls.get_mut().0).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(kind: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let len = payload.len() as u32;
+        let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, 0];
+        f.extend_from_slice(&stream.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+
+    fn goaway(code: u32) -> Vec<u8> {
+        let mut p = 7u32.to_be_bytes().to_vec();
+        p.extend_from_slice(&code.to_be_bytes());
+        p.extend_from_slice(b"debug data");
+        frame(TYPE_GOAWAY, 0, &p)
+    }
+
+    fn scan_in_pieces(bytes: &[u8], piece: usize) -> Vec<Refusal> {
+        let mut scan = FrameScan::default();
+        let mut out = Vec::new();
+        for chunk in bytes.chunks(piece) {
+            scan.scan(chunk, &mut |r| out.push(r));
+        }
+        out
+    }
+
+    #[test]
+    fn finds_error_coded_resets_and_goaways_across_any_split() {
+        let mut wire = frame(0x4, 0, &[0; 12]); // SETTINGS
+        wire.extend(frame(0x0, 1, &[7; 40_000])); // DATA
+        wire.extend(frame(TYPE_RST_STREAM, 3, &1u32.to_be_bytes())); // PROTOCOL_ERROR
+        wire.extend(frame(TYPE_RST_STREAM, 5, &8u32.to_be_bytes())); // CANCEL: ours, not a refusal
+        wire.extend(frame(TYPE_RST_STREAM, 7, &7u32.to_be_bytes())); // REFUSED_STREAM
+        wire.extend(goaway(0)); // NO_ERROR: a drain, not a refusal
+        wire.extend(frame(0x6, 0, &[0; 8])); // PING
+        wire.extend(goaway(0xb)); // ENHANCE_YOUR_CALM
+        let want = vec![
+            Refusal {
+                frame: RefusalFrame::RstStream,
+                reason: h2::Reason::PROTOCOL_ERROR,
+            },
+            Refusal {
+                frame: RefusalFrame::RstStream,
+                reason: h2::Reason::REFUSED_STREAM,
+            },
+            Refusal {
+                frame: RefusalFrame::Goaway,
+                reason: h2::Reason::ENHANCE_YOUR_CALM,
+            },
+        ];
+        for piece in [1, 2, 5, 9, 13, 1000, wire.len()] {
+            assert_eq!(scan_in_pieces(&wire, piece), want, "split every {piece}");
+        }
+    }
+
+    #[test]
+    fn labels_are_bounded() {
+        assert_eq!(reason_label(h2::Reason::REFUSED_STREAM), "refused_stream");
+        assert_eq!(reason_label(h2::Reason::from(0xdead)), "unknown");
+    }
+}
