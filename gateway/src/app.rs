@@ -351,6 +351,8 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         inbound = %addrs.inbound,
         outbound = %addrs.outbound,
         admin = %addrs.admin,
+        metrics = %addrs.metrics,
+        readiness = %addrs.readiness,
         "tidegate ready"
     );
 

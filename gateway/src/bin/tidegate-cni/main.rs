@@ -261,8 +261,10 @@ fn ask_within(socket: &str, request: &Value, timeout: Duration) -> Result<String
     });
     let ms = timeout.as_millis();
     match rx.recv_timeout(timeout) {
-        Ok(answer) => answer,
-        Err(_) => Err(match progress.phase.load(Ordering::Relaxed) {
+        Ok(Ok(ack)) => Ok(ack),
+        Ok(Err(Failed::Other(e))) => Err(e),
+        // The thread saw the deadline pass first, or is still blocked.
+        Ok(Err(Failed::Deadline)) | Err(_) => Err(match progress.phase.load(Ordering::Relaxed) {
             CONNECTING => format!(
                 "could not connect within timeout_ms ({ms} ms): the gateway's socket is not accepting (backlog full?)"
             ),
@@ -277,51 +279,61 @@ fn ask_within(socket: &str, request: &Value, timeout: Duration) -> Result<String
     }
 }
 
-fn ask(
-    socket: &str,
-    request: &[u8],
-    deadline: Instant,
-    progress: &Progress,
-) -> Result<String, String> {
+enum Failed {
+    /// The deadline passed (a socket timeout, or no time left).
+    Deadline,
+    Other(String),
+}
+
+impl Failed {
+    fn io(what: &str) -> impl Fn(std::io::Error) -> Failed + '_ {
+        move |e| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Failed::Deadline,
+            _ => Failed::Other(format!("{what}: {e}")),
+        }
+    }
+}
+
+fn ask(socket: &str, request: &[u8], deadline: Instant, progress: &Progress) -> Result<String, Failed> {
     let left = || {
         let d = deadline.saturating_duration_since(Instant::now());
         // A zero timeout means "block forever" to the socket options.
-        (!d.is_zero()).then_some(d).ok_or("deadline passed")
+        (!d.is_zero()).then_some(d).ok_or(Failed::Deadline)
     };
-    let mut stream = UnixStream::connect(socket).map_err(|e| format!("cannot connect: {e}"))?;
+    let mut stream = UnixStream::connect(socket).map_err(Failed::io("cannot connect"))?;
     progress.phase.store(SENDING, Ordering::Relaxed);
     stream
         .set_write_timeout(Some(left()?))
-        .map_err(|e| e.to_string())?;
+        .map_err(Failed::io("socket option"))?;
     stream
         .write_all(request)
-        .map_err(|e| format!("cannot send the request: {e}"))?;
+        .map_err(Failed::io("cannot send the request"))?;
     progress.phase.store(WAITING, Ordering::Relaxed);
     let mut line = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
         stream
             .set_read_timeout(Some(left()?))
-            .map_err(|e| e.to_string())?;
+            .map_err(Failed::io("socket option"))?;
         let n = stream
             .read(&mut chunk)
-            .map_err(|e| format!("reading the acknowledgement: {e}"))?;
+            .map_err(Failed::io("reading the acknowledgement"))?;
         if n == 0 {
-            return Err(format!(
+            return Err(Failed::Other(format!(
                 "the gateway closed the connection without an acknowledgement ({} bytes received)",
                 line.len()
-            ));
+            )));
         }
         line.extend_from_slice(&chunk[..n]);
         progress.received.store(line.len(), Ordering::Relaxed);
         if let Some(end) = line.iter().position(|b| *b == b'\n') {
             line.truncate(end);
-            return acknowledgement(&line);
+            return acknowledgement(&line).map_err(Failed::Other);
         }
         if line.len() > MAX_ACK {
-            return Err(format!(
+            return Err(Failed::Other(format!(
                 "no acknowledgement: more than {MAX_ACK} bytes without a newline"
-            ));
+            )));
         }
     }
 }
