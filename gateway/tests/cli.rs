@@ -322,7 +322,18 @@ fn a_truncated_workload_file_keeps_the_workloads() {
     let inbound_port = field(&ready, "inbound").rsplit(':').next().unwrap().to_owned();
     let (admin, metrics) = (field(&ready, "admin"), field(&ready, "metrics"));
 
+    // `tidegate connect` reads the workload file too: it gets its own copy.
     let workloads = dir.path().join("workloads.yaml");
+    let client_workloads = dir.path().join("client-workloads.yaml");
+    std::fs::copy(&workloads, &client_workloads).unwrap();
+    let client_config = dir.path().join("client.yaml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &client_config,
+        text.replace(&workloads.display().to_string(), &client_workloads.display().to_string()),
+    )
+    .unwrap();
+
     std::fs::File::create(&workloads).unwrap();
     let rejected = gw.wait_for("workload file rejected");
     assert!(
@@ -332,7 +343,7 @@ fn a_truncated_workload_file_keeps_the_workloads() {
     assert!(http_get(&admin, "/config_dump").contains("echo-uid"));
     assert!(http_get(&metrics, "/metrics")
         .contains(r#"tidegate_workload_file_rejected_total{reason="empty"} 1"#));
-    let mut connect = spawn_connect(&config, &echo, &inbound_port);
+    let mut connect = spawn_connect(&client_config, &echo, &inbound_port);
     connect.stdin.take().unwrap().write_all(b"still served\n").unwrap();
     let out = connect.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
