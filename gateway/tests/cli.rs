@@ -233,28 +233,49 @@ fn a_half_sent_request_is_closed_after_the_header_read_timeout() {
     let config = write_config_with(dir.path(), "control_plane: {header_read_timeout: 300ms}\n");
     let gw = start(&config);
     let limits = gw.wait_for("open-file limit");
-    for key in ["soft_before", "soft", "hard", "control_plane_budget", "data_path_reserve"] {
+    for key in [
+        "soft_before",
+        "soft",
+        "hard",
+        "control_plane_budget",
+        "data_path_reserve",
+    ] {
         field(&limits, key);
     }
     let metrics = field(&gw.wait_for("tidegate ready"), "metrics");
 
     let mut half = std::net::TcpStream::connect(&metrics).unwrap();
-    half.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n").unwrap();
+    half.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n")
+        .unwrap();
     // Bounds the test only: the gateway's timeout is 300 ms.
-    half.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    half.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
     let mut rest = Vec::new();
     let read = half.read_to_end(&mut rest);
     assert!(
-        matches!(read, Ok(0)) || matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        matches!(read, Ok(0))
+            || matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
         "the half-sent request must be closed, got {read:?} {rest:?}"
+    );
+
+    // Not HTTP: hyper's 400, closed, counted.
+    let mut bad = std::net::TcpStream::connect(&metrics).unwrap();
+    bad.write_all(b"\x00\x01 NOT HTTP\r\n\r\n").unwrap();
+    bad.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut answer = String::new();
+    let read = bad.read_to_string(&mut answer);
+    assert!(
+        read.is_ok() && (answer.is_empty() || answer.starts_with("HTTP/1.1 400")),
+        "{read:?} {answer:?}"
     );
 
     let text = http_get(&metrics, "/metrics");
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    assert!(
-        text.contains(r#"tidegate_control_refusals_total{listener="metrics",reason="header_timeout"} 1"#),
-        "{text}"
-    );
+    for reason in ["header_timeout", "bad_request"] {
+        let series =
+            format!(r#"tidegate_control_refusals_total{{listener="metrics",reason="{reason}"}} 1"#);
+        assert!(text.contains(&series), "{series}:\n{text}");
+    }
 }
 
 /// Connections beyond `control_plane.max_connections` are closed at once and
@@ -277,11 +298,14 @@ fn connections_beyond_the_cap_are_refused_at_once() {
     let mut third = std::net::TcpStream::connect(&metrics).unwrap();
     let _ = third.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n");
     // Bounds the test only: with the 60 s header timeout, only the cap closes it.
-    third.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
     let mut answer = Vec::new();
     let read = third.read_to_end(&mut answer);
     assert!(
-        matches!(read, Ok(0)) || matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        matches!(read, Ok(0))
+            || matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
         "a connection over the cap must be closed unanswered, got {read:?} {:?}",
         String::from_utf8_lossy(&answer)
     );
@@ -291,7 +315,11 @@ fn connections_beyond_the_cap_are_refused_at_once() {
     let text = loop {
         // The held connections' slots come back once the gateway sees them close.
         let mut tcp = std::net::TcpStream::connect(&metrics).unwrap();
-        write!(tcp, "GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").unwrap();
+        write!(
+            tcp,
+            "GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
         let mut out = String::new();
         let _ = tcp.read_to_string(&mut out);
         if out.starts_with("HTTP/1.1 200") {
@@ -303,7 +331,9 @@ fn connections_beyond_the_cap_are_refused_at_once() {
     let refused = text
         .lines()
         .find_map(|l| {
-            l.strip_prefix(r#"tidegate_control_refusals_total{listener="metrics",reason="over_capacity"} "#)
+            l.strip_prefix(
+                r#"tidegate_control_refusals_total{listener="metrics",reason="over_capacity"} "#,
+            )
         })
         .unwrap_or_else(|| panic!("no over_capacity series:\n{text}"));
     assert!(refused.parse::<f64>().unwrap() >= 1.0, "{refused}");
@@ -319,7 +349,11 @@ fn a_truncated_workload_file_keeps_the_workloads() {
     let gw = start(&config);
     let echo = field(&gw.wait_for("demo echo backend listening"), "addr");
     let ready = gw.wait_for("tidegate ready");
-    let inbound_port = field(&ready, "inbound").rsplit(':').next().unwrap().to_owned();
+    let inbound_port = field(&ready, "inbound")
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_owned();
     let (admin, metrics) = (field(&ready, "admin"), field(&ready, "metrics"));
 
     // `tidegate connect` reads the workload file too: it gets its own copy.
@@ -330,7 +364,10 @@ fn a_truncated_workload_file_keeps_the_workloads() {
     let text = std::fs::read_to_string(&config).unwrap();
     std::fs::write(
         &client_config,
-        text.replace(&workloads.display().to_string(), &client_workloads.display().to_string()),
+        text.replace(
+            &workloads.display().to_string(),
+            &client_workloads.display().to_string(),
+        ),
     )
     .unwrap();
 
@@ -344,9 +381,18 @@ fn a_truncated_workload_file_keeps_the_workloads() {
     assert!(http_get(&metrics, "/metrics")
         .contains(r#"tidegate_workload_file_rejected_total{reason="empty"} 1"#));
     let mut connect = spawn_connect(&client_config, &echo, &inbound_port);
-    connect.stdin.take().unwrap().write_all(b"still served\n").unwrap();
+    connect
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"still served\n")
+        .unwrap();
     let out = connect.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(out.stdout, b"still served\n");
 
     std::fs::write(&workloads, "workloads: []\n").unwrap();

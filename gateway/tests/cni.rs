@@ -114,7 +114,8 @@ fn del_never_blocks_on_a_missing_or_silent_gateway() {
     assert!(out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("not drained, deletion goes on") && err.contains("no acknowledgement within timeout_ms (200 ms)"),
+        err.contains("not drained, deletion goes on")
+            && err.contains("no acknowledgement within timeout_ms (200 ms)"),
         "{err}"
     );
     peer.stop();
@@ -133,7 +134,9 @@ struct FakeGateway {
 impl FakeGateway {
     fn start(
         dir: &Path,
-        serve: impl FnOnce(std::os::unix::net::UnixStream, std::sync::mpsc::Receiver<()>) + Send + 'static,
+        serve: impl FnOnce(std::os::unix::net::UnixStream, std::sync::mpsc::Receiver<()>)
+            + Send
+            + 'static,
     ) -> FakeGateway {
         let path = dir.join(format!("fake-{}.sock", next_name()));
         let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
@@ -144,7 +147,12 @@ impl FakeGateway {
             serve(s, stopped);
             let _ = finished.send(());
         });
-        FakeGateway { path, stop, done, thread }
+        FakeGateway {
+            path,
+            stop,
+            done,
+            thread,
+        }
     }
 
     /// DEL came back while the peer still held the connection: the deadline,
@@ -181,7 +189,8 @@ fn good_gateway_still_drains(dir: &Path) {
     let peer = FakeGateway::start(dir, |mut s, _| {
         let req = read_request(&mut s);
         assert!(req.contains("\"teardown\""), "{req}");
-        s.write_all(b"{\"result\":\"idle\",\"held_ms\":3}\n").unwrap();
+        s.write_all(b"{\"result\":\"idle\",\"held_ms\":3}\n")
+            .unwrap();
     });
     let out = run("DEL", &conf(&peer.path, 5_000), "u1");
     let err = String::from_utf8_lossy(&out.stderr);
@@ -264,10 +273,19 @@ fn del_is_bounded_by_a_dribbling_peer_and_never_prints_its_bytes_as_the_ack() {
 fn del_takes_only_a_well_formed_acknowledgement() {
     let dir = tempfile::tempdir().unwrap();
     for (answer, says) in [
-        (&b"HTTP/1.1 200 OK\r\n"[..], "not a well-formed acknowledgement"),
-        (&b"\x00\xff\xfe garbage\n"[..], "not a well-formed acknowledgement"),
+        (
+            &b"HTTP/1.1 200 OK\r\n"[..],
+            "not a well-formed acknowledgement",
+        ),
+        (
+            &b"\x00\xff\xfe garbage\n"[..],
+            "not a well-formed acknowledgement",
+        ),
         (&b"\"idle\"\n"[..], "not a well-formed acknowledgement"),
-        (&b"{\"held_ms\": 3}\n"[..], "not a well-formed acknowledgement"),
+        (
+            &b"{\"held_ms\": 3}\n"[..],
+            "not a well-formed acknowledgement",
+        ),
         (
             &b"{\"result\":\"bad-request\",\"error\":\"line too long\"}\n"[..],
             "the gateway refused the request: line too long",
@@ -296,11 +314,29 @@ fn invalid_plugin_keys_are_errors_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let good = conf(&dir.path().join("none.sock"), 100);
     for (bad, key) in [
-        (good.replace("\"timeout_ms\": 100", "\"timeout_ms\": \"abc\""), "timeout_ms"),
-        (good.replace("\"timeout_ms\": 100", "\"timeout_ms\": 0"), "timeout_ms"),
-        (good.replace("\"timeout_ms\": 100", "\"timeout_ms\": -5"), "timeout_ms"),
-        (good.replace("\"timeout_ms\": 100", "\"timeout_ms\": 86400000"), "timeout_ms"),
-        (good.replace(&format!("\"socket\": \"{}\"", dir.path().join("none.sock").display()), "\"socket\": 5"), "socket"),
+        (
+            good.replace("\"timeout_ms\": 100", "\"timeout_ms\": \"abc\""),
+            "timeout_ms",
+        ),
+        (
+            good.replace("\"timeout_ms\": 100", "\"timeout_ms\": 0"),
+            "timeout_ms",
+        ),
+        (
+            good.replace("\"timeout_ms\": 100", "\"timeout_ms\": -5"),
+            "timeout_ms",
+        ),
+        (
+            good.replace("\"timeout_ms\": 100", "\"timeout_ms\": 86400000"),
+            "timeout_ms",
+        ),
+        (
+            good.replace(
+                &format!("\"socket\": \"{}\"", dir.path().join("none.sock").display()),
+                "\"socket\": 5",
+            ),
+            "socket",
+        ),
     ] {
         assert_ne!(bad, good, "the replacement must apply");
         for command in ["ADD", "CHECK", "DEL"] {
@@ -313,11 +349,26 @@ fn invalid_plugin_keys_are_errors_naming_the_key() {
             assert!(details.contains(&format!("`{key}`")), "{details}");
         }
     }
-    let e: serde_json::Value = serde_json::from_slice(&run("DEL", &good.replace("\"timeout_ms\": 100", "\"timeout_ms\": \"abc\""), "u1").stdout).unwrap();
-    assert!(e["details"].as_str().unwrap().contains("from 1 to 120000"), "{e}");
+    let e: serde_json::Value = serde_json::from_slice(
+        &run(
+            "DEL",
+            &good.replace("\"timeout_ms\": 100", "\"timeout_ms\": \"abc\""),
+            "u1",
+        )
+        .stdout,
+    )
+    .unwrap();
+    assert!(
+        e["details"].as_str().unwrap().contains("from 1 to 120000"),
+        "{e}"
+    );
     // The good configuration still works.
     let out = run("ADD", &good, "u1");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 fn plugin(name: &str) -> PathBuf {
@@ -442,8 +493,15 @@ async fn exchange(socket: &Path, request: &[u8]) -> (serde_json::Value, bool) {
 }
 
 fn bounded<F: std::future::Future>(f: F) -> F::Output {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    rt.block_on(async { tokio::time::timeout(Duration::from_secs(60), f).await.expect("test took over 60 s") })
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), f)
+            .await
+            .expect("test took over 60 s")
+    })
 }
 
 fn series(text: &str, series: &str) -> f64 {
@@ -469,27 +527,43 @@ fn the_cni_socket_bounds_lines_and_answers_bad_ones() {
             (long, "longer than 65536 bytes"),
             (b"\xff\xfe{}\n".to_vec(), "not UTF-8"),
             (b"{\"command\": \"teardown\"\n".to_vec(), "EOF"),
-            (b"{\"command\": \"reboot\", \"uid\": \"u\"}\n".to_vec(), "unknown command"),
+            (
+                b"{\"command\": \"reboot\", \"uid\": \"u\"}\n".to_vec(),
+                "unknown command",
+            ),
         ] {
             let (answer, closed) = exchange(&socket, &request).await;
             assert_eq!(answer["result"], "bad-request", "{answer}");
-            assert!(answer["error"].as_str().unwrap().contains(error), "{answer}");
+            assert!(
+                answer["error"].as_str().unwrap().contains(error),
+                "{answer}"
+            );
             assert!(closed);
         }
         // Silent: answered with the reason once the read timeout passes, then closed.
         let (answer, closed) = exchange(&socket, b"").await;
-        assert!(answer["error"].as_str().unwrap().contains("within 300 ms"), "{answer}");
+        assert!(
+            answer["error"].as_str().unwrap().contains("within 300 ms"),
+            "{answer}"
+        );
         assert!(closed);
 
         let m = app.metrics_text();
         let refusals = |reason: &str| {
-            series(&m, &format!(r#"tidegate_control_refusals_total{{listener="cni",reason="{reason}"}}"#))
+            series(
+                &m,
+                &format!(r#"tidegate_control_refusals_total{{listener="cni",reason="{reason}"}}"#),
+            )
         };
         assert_eq!(refusals("line_too_long"), 1.0);
         assert_eq!(refusals("bad_request"), 3.0);
         assert_eq!(refusals("read_timeout"), 1.0);
 
-        let (answer, _) = exchange(&socket, b"{\"command\": \"teardown\", \"uid\": \"nobody\"}\n").await;
+        let (answer, _) = exchange(
+            &socket,
+            b"{\"command\": \"teardown\", \"uid\": \"nobody\"}\n",
+        )
+        .await;
         assert_eq!(answer["result"], "unknown-workload", "{answer}");
         app.shutdown().await;
     });
@@ -502,8 +576,11 @@ fn the_cni_socket_caps_connections() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     bounded(async {
         let dir = tempfile::tempdir().unwrap();
-        let (app, socket) =
-            gateway_with_cni_socket(dir.path(), "{cni_read_timeout: 60s, cni_max_connections: 2}").await;
+        let (app, socket) = gateway_with_cni_socket(
+            dir.path(),
+            "{cni_read_timeout: 60s, cni_max_connections: 2}",
+        )
+        .await;
         let c1 = tokio::net::UnixStream::connect(&socket).await.unwrap();
         let _c2 = tokio::net::UnixStream::connect(&socket).await.unwrap();
         let mut c3 = tokio::net::UnixStream::connect(&socket).await.unwrap();
@@ -511,9 +588,16 @@ fn the_cni_socket_caps_connections() {
         let _ = c3.write_all(good).await;
         let mut answer = Vec::new();
         let _ = c3.read_to_end(&mut answer).await;
-        assert!(answer.is_empty(), "over the cap: {}", String::from_utf8_lossy(&answer));
         assert!(
-            series(&app.metrics_text(), r#"tidegate_control_refusals_total{listener="cni",reason="over_capacity"}"#) >= 1.0
+            answer.is_empty(),
+            "over the cap: {}",
+            String::from_utf8_lossy(&answer)
+        );
+        assert!(
+            series(
+                &app.metrics_text(),
+                r#"tidegate_control_refusals_total{listener="cni",reason="over_capacity"}"#
+            ) >= 1.0
         );
 
         drop(c1);

@@ -294,7 +294,12 @@ impl Failed {
     }
 }
 
-fn ask(socket: &str, request: &[u8], deadline: Instant, progress: &Progress) -> Result<String, Failed> {
+fn ask(
+    socket: &str,
+    request: &[u8],
+    deadline: Instant,
+    progress: &Progress,
+) -> Result<String, Failed> {
     let left = || {
         let d = deadline.saturating_duration_since(Instant::now());
         // A zero timeout means "block forever" to the socket options.
