@@ -250,6 +250,22 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn a_failed_accept_is_counted() {
+        let mut registry = Registry::default();
+        let m = ControlMetrics::register(&mut registry);
+        let limit = ConnLimit::new("admin", 1, &m);
+        limit
+            .accept_failed(&io::Error::from_raw_os_error(24)) // EMFILE
+            .await;
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains(r#"control_accept_errors_total{listener="admin"} 1"#),
+            "{text}"
+        );
+    }
+
     #[test]
     fn the_default_budget_is_small_and_fixed() {
         let cfg = ControlPlaneConfig::default();

@@ -339,6 +339,55 @@ fn connections_beyond_the_cap_are_refused_at_once() {
     assert!(refused.parse::<f64>().unwrap() >= 1.0, "{refused}");
 }
 
+/// The control plane may take at most half of the open-file limit: under a
+/// limit of 200, the default caps (budget 160) are refused at start, naming
+/// the keys; smaller caps start, and the limit is logged.
+#[test]
+fn a_control_plane_budget_over_half_the_descriptor_limit_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let under_limit = |config: &std::path::Path| {
+        let mut cmd = Command::new("sh");
+        cmd.args([
+            "-c",
+            "ulimit -n 200 && exec \"$0\" run --config \"$1\"",
+            BIN,
+        ])
+        .arg(config)
+        .env("TIDEGATE_LOG", "info");
+        cmd
+    };
+    let config = write_config(dir.path());
+    let out = under_limit(&config).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("160 descriptors") && err.contains("control_plane.max_connections"),
+        "{err}"
+    );
+
+    let config = write_config_with(dir.path(), "control_plane: {max_connections: 8}\n");
+    let mut child = under_limit(&config)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    let gw = Gateway { child, lines };
+    let limits = gw.wait_for("open-file limit");
+    assert_eq!(field(&limits, "soft"), "200", "{limits}");
+    assert_eq!(field(&limits, "control_plane_budget"), "88", "{limits}");
+    let metrics = field(&gw.wait_for("tidegate ready"), "metrics");
+    assert!(http_get(&metrics, "/metrics").starts_with("HTTP/1.1 200"));
+}
+
 /// A workload file truncated in place (what a non-atomic rewrite leaves for
 /// a moment) is refused: the workloads stay and clients are still served.
 /// `workloads: []` is the way to say "none".
