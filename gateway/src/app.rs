@@ -12,6 +12,7 @@ use tracing::info;
 
 use crate::admin::{self, AdminState};
 use crate::config::{CertificatesConfig, Config, WorkloadSourceKind};
+use crate::control_plane::{self, ConnLimit, ControlMetrics};
 use crate::metrics::ProxyFamilies;
 use crate::policy::{PolicyEngine, PolicyMetrics};
 use crate::proxy::inbound::Inbound;
@@ -21,7 +22,9 @@ use crate::proxy::pool::Pool;
 use crate::proxy::tunnels::InboundTunnels;
 use crate::shutdown::{self, ActiveStreams, ShutdownTrigger};
 use crate::tls::{CertDir, CertSource, DevCa, TlsContext, TlsMetrics};
-use crate::workloads::{kubernetes, parse_workload_file, WorkloadFileWatcher, WorkloadStore};
+use crate::workloads::{
+    kubernetes, parse_workload_file, WorkloadFileMetrics, WorkloadFileWatcher, WorkloadStore,
+};
 
 /// The embedded default configuration (`tidegate run` without `--config`).
 pub const DEFAULT_CONFIG: &str = include_str!("../defaults/tidegate.yaml");
@@ -102,7 +105,13 @@ pub fn load_workloads(config: &Config, store: &Arc<WorkloadStore>) -> anyhow::Re
 /// ready — except with Kubernetes discovery, where `/healthz/ready` turns
 /// ready only after the first full sync (the listeners serve meanwhile).
 pub async fn build(config: Config) -> anyhow::Result<App> {
+    let cp = &config.control_plane;
+    control_plane::reserve_descriptors(control_plane::budget(
+        cp,
+        config.drains.cni_socket.is_some(),
+    ))?;
     let mut registry = prometheus_client::registry::Registry::with_prefix("tidegate");
+    let control = ControlMetrics::register(&mut registry);
     let (trigger, drain) = shutdown::channel();
     let mut tasks = JoinSet::new();
 
@@ -132,6 +141,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
                 path,
                 config.workloads.reload_interval,
                 workloads.clone(),
+                WorkloadFileMetrics::register(&mut registry),
             )?;
             tasks.spawn(watcher.run(drain.clone()));
         }
@@ -217,7 +227,16 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     if let Some(path) = &config.drains.cni_socket {
         let l = crate::drains::cni::bind(path)
             .with_context(|| format!("drains.cni_socket {}", path.display()))?;
-        tasks.spawn(crate::drains::cni::serve(l, drains.clone(), drain.clone()));
+        let limits = crate::drains::cni::CniLimits {
+            connections: ConnLimit::new("cni", cp.cni_max_connections, &control),
+            read_timeout: cp.cni_read_timeout,
+        };
+        tasks.spawn(crate::drains::cni::serve(
+            l,
+            drains.clone(),
+            limits,
+            drain.clone(),
+        ));
     }
 
     let l = &config.listeners;
@@ -305,22 +324,29 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     // Admin, metrics and probes keep answering through the whole drain (the
     // kubelet probes a terminating gateway; operators watch `GET /drains`).
     let (stop_admin, admin_watch) = shutdown::channel();
+    let http_limits = |listener| admin::HttpLimits {
+        connections: ConnLimit::new(listener, cp.max_connections, &control),
+        header_read_timeout: cp.header_read_timeout,
+    };
     tasks.spawn(admin::serve(
         admin_listener,
         admin_state.clone(),
         admin::admin,
+        http_limits("admin"),
         admin_watch.clone(),
     ));
     tasks.spawn(admin::serve(
         metrics_listener,
         admin_state.clone(),
         admin::metrics,
+        http_limits("metrics"),
         admin_watch.clone(),
     ));
     tasks.spawn(admin::serve(
         ready_listener,
         admin_state.clone(),
         admin::readiness,
+        http_limits("readiness"),
         admin_watch,
     ));
     match k8s_synced {
@@ -344,6 +370,8 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         inbound = %addrs.inbound,
         outbound = %addrs.outbound,
         admin = %addrs.admin,
+        metrics = %addrs.metrics,
+        readiness = %addrs.readiness,
         "tidegate ready"
     );
 

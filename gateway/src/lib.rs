@@ -12,7 +12,9 @@
 //! - [`cli`]: the command line (`tidegate connect`, `tidegate plugin`, …).
 //! - [`shutdown`]: the gateway's own shutdown signal (not the drain engine).
 //!
-//! [`app`] wires everything; [`config`] is the one typed configuration.
+//! [`app`] wires everything; [`config`] is the one typed configuration;
+//! [`control_plane`] holds the limits the admin, metrics, readiness and CNI
+//! listeners share.
 
 #![forbid(unsafe_code)]
 
@@ -20,6 +22,7 @@ pub mod admin;
 pub mod app;
 pub mod cli;
 pub mod config;
+pub mod control_plane;
 pub mod demo;
 pub mod drains;
 pub mod hbone;

@@ -223,6 +223,233 @@ fn bad_config_names_the_key_and_exits_non_zero() {
     assert!(err.contains("`listeners.admin`"), "{err}");
 }
 
+/// The metrics port never holds a half-sent request: it is closed after
+/// `control_plane.header_read_timeout` and counted; a good request is
+/// served afterwards. The open-file limit is raised and logged at start.
+#[test]
+fn a_half_sent_request_is_closed_after_the_header_read_timeout() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config_with(dir.path(), "control_plane: {header_read_timeout: 300ms}\n");
+    let gw = start(&config);
+    let limits = gw.wait_for("open-file limit");
+    for key in [
+        "soft_before",
+        "soft",
+        "hard",
+        "control_plane_budget",
+        "data_path_reserve",
+    ] {
+        field(&limits, key);
+    }
+    let metrics = field(&gw.wait_for("tidegate ready"), "metrics");
+
+    let mut half = std::net::TcpStream::connect(&metrics).unwrap();
+    half.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n")
+        .unwrap();
+    // Bounds the test only: the gateway's timeout is 300 ms.
+    half.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut rest = Vec::new();
+    let read = half.read_to_end(&mut rest);
+    assert!(
+        matches!(read, Ok(0))
+            || matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the half-sent request must be closed, got {read:?} {rest:?}"
+    );
+
+    // Not HTTP: hyper's 400, closed, counted.
+    let mut bad = std::net::TcpStream::connect(&metrics).unwrap();
+    bad.write_all(b"\x00\x01 NOT HTTP\r\n\r\n").unwrap();
+    bad.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut answer = String::new();
+    let read = bad.read_to_string(&mut answer);
+    assert!(
+        read.is_ok() && (answer.is_empty() || answer.starts_with("HTTP/1.1 400")),
+        "{read:?} {answer:?}"
+    );
+
+    let text = http_get(&metrics, "/metrics");
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    for reason in ["header_timeout", "bad_request"] {
+        let series =
+            format!(r#"tidegate_control_refusals_total{{listener="metrics",reason="{reason}"}} 1"#);
+        assert!(text.contains(&series), "{series}:\n{text}");
+    }
+}
+
+/// Connections beyond `control_plane.max_connections` are closed at once and
+/// counted; once one of the held connections goes, a good request is served.
+#[test]
+fn connections_beyond_the_cap_are_refused_at_once() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config_with(
+        dir.path(),
+        "control_plane: {header_read_timeout: 60s, max_connections: 2}\n",
+    );
+    let gw = start(&config);
+    let metrics = field(&gw.wait_for("tidegate ready"), "metrics");
+    // Two idle connections take both slots (the kernel hands them to the
+    // accept loop first, in order).
+    let held: Vec<_> = (0..2)
+        .map(|_| std::net::TcpStream::connect(&metrics).unwrap())
+        .collect();
+    let mut third = std::net::TcpStream::connect(&metrics).unwrap();
+    let _ = third.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n");
+    // Bounds the test only: with the 60 s header timeout, only the cap closes it.
+    third
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = third.read_to_end(&mut answer);
+    assert!(
+        matches!(read, Ok(0))
+            || matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "a connection over the cap must be closed unanswered, got {read:?} {:?}",
+        String::from_utf8_lossy(&answer)
+    );
+
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let text = loop {
+        // The held connections' slots come back once the gateway sees them close.
+        let mut tcp = std::net::TcpStream::connect(&metrics).unwrap();
+        write!(
+            tcp,
+            "GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        let _ = tcp.read_to_string(&mut out);
+        if out.starts_with("HTTP/1.1 200") {
+            break out;
+        }
+        assert!(Instant::now() < deadline, "no slot came back: {out:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let refused = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                r#"tidegate_control_refusals_total{listener="metrics",reason="over_capacity"} "#,
+            )
+        })
+        .unwrap_or_else(|| panic!("no over_capacity series:\n{text}"));
+    assert!(refused.parse::<f64>().unwrap() >= 1.0, "{refused}");
+}
+
+/// The control plane may take at most half of the open-file limit: under a
+/// limit of 200, the default caps (budget 160) are refused at start, naming
+/// the keys; smaller caps start, and the limit is logged.
+#[test]
+fn a_control_plane_budget_over_half_the_descriptor_limit_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let under_limit = |config: &std::path::Path| {
+        let mut cmd = Command::new("sh");
+        cmd.args([
+            "-c",
+            "ulimit -n 200 && exec \"$0\" run --config \"$1\"",
+            BIN,
+        ])
+        .arg(config)
+        .env("TIDEGATE_LOG", "info");
+        cmd
+    };
+    let config = write_config(dir.path());
+    let out = under_limit(&config).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("160 descriptors") && err.contains("control_plane.max_connections"),
+        "{err}"
+    );
+
+    let config = write_config_with(dir.path(), "control_plane: {max_connections: 8}\n");
+    let mut child = under_limit(&config)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    let gw = Gateway { child, lines };
+    let limits = gw.wait_for("open-file limit");
+    assert_eq!(field(&limits, "soft"), "200", "{limits}");
+    assert_eq!(field(&limits, "control_plane_budget"), "88", "{limits}");
+    let metrics = field(&gw.wait_for("tidegate ready"), "metrics");
+    assert!(http_get(&metrics, "/metrics").starts_with("HTTP/1.1 200"));
+}
+
+/// A workload file truncated in place (what a non-atomic rewrite leaves for
+/// a moment) is refused: the workloads stay and clients are still served.
+/// `workloads: []` is the way to say "none".
+#[test]
+fn a_truncated_workload_file_keeps_the_workloads() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path());
+    let gw = start(&config);
+    let echo = field(&gw.wait_for("demo echo backend listening"), "addr");
+    let ready = gw.wait_for("tidegate ready");
+    let inbound_port = field(&ready, "inbound")
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_owned();
+    let (admin, metrics) = (field(&ready, "admin"), field(&ready, "metrics"));
+
+    // `tidegate connect` reads the workload file too: it gets its own copy.
+    let workloads = dir.path().join("workloads.yaml");
+    let client_workloads = dir.path().join("client-workloads.yaml");
+    std::fs::copy(&workloads, &client_workloads).unwrap();
+    let client_config = dir.path().join("client.yaml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &client_config,
+        text.replace(
+            &workloads.display().to_string(),
+            &client_workloads.display().to_string(),
+        ),
+    )
+    .unwrap();
+
+    std::fs::File::create(&workloads).unwrap();
+    let rejected = gw.wait_for("workload file rejected");
+    assert!(
+        rejected.contains(&workloads.display().to_string()) && rejected.contains("empty"),
+        "{rejected}"
+    );
+    assert!(http_get(&admin, "/config_dump").contains("echo-uid"));
+    assert!(http_get(&metrics, "/metrics")
+        .contains(r#"tidegate_workload_file_rejected_total{reason="empty"} 1"#));
+    let mut connect = spawn_connect(&client_config, &echo, &inbound_port);
+    connect
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"still served\n")
+        .unwrap();
+    let out = connect.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, b"still served\n");
+
+    std::fs::write(&workloads, "workloads: []\n").unwrap();
+    let reloaded = gw.wait_for("workload file reloaded");
+    assert_eq!(field(&reloaded, "workloads"), "0", "{reloaded}");
+    assert!(!http_get(&admin, "/config_dump").contains("echo-uid"));
+}
+
 /// `tidegate connect` to the echo backend through the gateway's inbound
 /// port, all three stdio streams piped.
 fn spawn_connect(config: &std::path::Path, echo: &str, inbound_port: &str) -> Child {

@@ -104,19 +104,271 @@ fn del_never_blocks_on_a_missing_or_silent_gateway() {
     let out = run("DEL", &conf(&dir.path().join("absent.sock"), 200), "u1");
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not drained, deletion goes on"));
-    // Someone listens but never answers: bounded by timeout_ms.
-    let path = dir.path().join("silent.sock");
-    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
-    let holder = std::thread::spawn(move || {
-        let (s, _) = listener.accept().unwrap();
-        std::thread::sleep(Duration::from_secs(3));
+    // Someone accepts but never answers: bounded by timeout_ms.
+    let peer = FakeGateway::start(dir.path(), |s, stop| {
+        let _ = stop.recv();
         drop(s);
     });
-    let out = run("DEL", &conf(&path, 200), "u1");
+    let out = run("DEL", &conf(&peer.path, 200), "u1");
+    peer.assert_still_holding();
     assert!(out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("not drained, deletion goes on"), "{err}");
-    holder.join().unwrap();
+    assert!(
+        err.contains("not drained, deletion goes on")
+            && err.contains("no acknowledgement within timeout_ms (200 ms)"),
+        "{err}"
+    );
+    peer.stop();
+    good_gateway_still_drains(dir.path());
+}
+
+/// A fake gateway socket: `serve` gets each accepted connection and a
+/// receiver that yields once the test is done with it.
+struct FakeGateway {
+    path: PathBuf,
+    stop: std::sync::mpsc::Sender<()>,
+    done: std::sync::mpsc::Receiver<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl FakeGateway {
+    fn start(
+        dir: &Path,
+        serve: impl FnOnce(std::os::unix::net::UnixStream, std::sync::mpsc::Receiver<()>)
+            + Send
+            + 'static,
+    ) -> FakeGateway {
+        let path = dir.join(format!("fake-{}.sock", next_name()));
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let (stop, stopped) = std::sync::mpsc::channel();
+        let (finished, done) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            serve(s, stopped);
+            let _ = finished.send(());
+        });
+        FakeGateway {
+            path,
+            stop,
+            done,
+            thread,
+        }
+    }
+
+    /// DEL came back while the peer still held the connection: the deadline,
+    /// not the peer, ended the exchange.
+    fn assert_still_holding(&self) {
+        assert!(
+            self.done.try_recv().is_err(),
+            "the peer let go first: DEL was not ended by its deadline"
+        );
+    }
+
+    fn stop(self) {
+        let _ = self.stop.send(());
+        self.thread.join().unwrap();
+    }
+}
+
+fn next_name() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    N.fetch_add(1, Ordering::Relaxed).to_string()
+}
+
+fn read_request(s: &mut std::os::unix::net::UnixStream) -> String {
+    use std::io::BufRead;
+    let mut line = String::new();
+    std::io::BufReader::new(s).read_line(&mut line).unwrap();
+    line
+}
+
+/// The good path after each bad one: a peer that answers a well-formed
+/// acknowledgement is reported as drained.
+fn good_gateway_still_drains(dir: &Path) {
+    let peer = FakeGateway::start(dir, |mut s, _| {
+        let req = read_request(&mut s);
+        assert!(req.contains("\"teardown\""), "{req}");
+        s.write_all(b"{\"result\":\"idle\",\"held_ms\":3}\n")
+            .unwrap();
+    });
+    let out = run("DEL", &conf(&peer.path, 5_000), "u1");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success()
+            && err.contains("drained: {")
+            && err.contains("\"result\":\"idle\"")
+            && err.contains("\"held_ms\":3"),
+        "{err}"
+    );
+    peer.stop();
+}
+
+/// The gateway's socket with a full backlog: `connect` itself blocks, and
+/// `timeout_ms` still bounds the DEL.
+#[test]
+fn del_is_bounded_when_the_sockets_backlog_is_full() {
+    use socket2::{Domain, SockAddr, Socket, Type};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("full.sock");
+    let listener = Socket::new(Domain::UNIX, Type::STREAM, None).unwrap();
+    listener.bind(&SockAddr::unix(&path).unwrap()).unwrap();
+    listener.listen(0).unwrap();
+    // Fill the backlog with connections nobody accepts.
+    let mut queued = Vec::new();
+    loop {
+        let c = Socket::new(Domain::UNIX, Type::STREAM, None).unwrap();
+        c.set_nonblocking(true).unwrap();
+        match c.connect(&SockAddr::unix(&path).unwrap()) {
+            Ok(()) => queued.push(c),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("filling the backlog: {e}"),
+        }
+        assert!(queued.len() < 1_000, "the backlog never filled");
+    }
+    let out = run("DEL", &conf(&path, 300), "u1");
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not drained") && err.contains("could not connect within timeout_ms (300 ms)"),
+        "{err}"
+    );
+    drop(queued);
+    drop(listener);
+    good_gateway_still_drains(dir.path());
+}
+
+/// A peer that dribbles an acknowledgement one byte at a time, never ending
+/// the line: DEL ends at its deadline and the bytes are never taken as an ack.
+#[test]
+fn del_is_bounded_by_a_dribbling_peer_and_never_prints_its_bytes_as_the_ack() {
+    let dir = tempfile::tempdir().unwrap();
+    let peer = FakeGateway::start(dir.path(), |mut s, stop| {
+        read_request(&mut s);
+        for b in b"{\"result\":\"idle\"".iter().cycle() {
+            if stop.try_recv().is_ok() || s.write_all(&[*b]).is_err() {
+                return;
+            }
+            // Pacing of the misbehaving peer (not a wait for an event).
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    let out = run("DEL", &conf(&peer.path, 300), "u1");
+    peer.assert_still_holding();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not drained")
+            && err.contains("no complete acknowledgement within timeout_ms (300 ms)")
+            && err.contains("bytes without a newline"),
+        "{err}"
+    );
+    assert!(!err.contains("drained: "), "{err}");
+    peer.stop();
+    good_gateway_still_drains(dir.path());
+}
+
+/// Garbage, a non-object and `bad-request` lines are not acknowledgements.
+#[test]
+fn del_takes_only_a_well_formed_acknowledgement() {
+    let dir = tempfile::tempdir().unwrap();
+    for (answer, says) in [
+        (
+            &b"HTTP/1.1 200 OK\r\n"[..],
+            "not a well-formed acknowledgement",
+        ),
+        (
+            &b"\x00\xff\xfe garbage\n"[..],
+            "not a well-formed acknowledgement",
+        ),
+        (&b"\"idle\"\n"[..], "not a well-formed acknowledgement"),
+        (
+            &b"{\"held_ms\": 3}\n"[..],
+            "not a well-formed acknowledgement",
+        ),
+        (
+            &b"{\"result\":\"bad-request\",\"error\":\"line too long\"}\n"[..],
+            "the gateway refused the request: line too long",
+        ),
+    ] {
+        let peer = FakeGateway::start(dir.path(), move |mut s, _| {
+            read_request(&mut s);
+            s.write_all(answer).unwrap();
+        });
+        let out = run("DEL", &conf(&peer.path, 5_000), "u1");
+        peer.stop();
+        assert!(out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("not drained") && err.contains(says) && !err.contains("drained: "),
+            "{answer:?}: {err}"
+        );
+    }
+    good_gateway_still_drains(dir.path());
+}
+
+/// An invalid `timeout_ms` or `socket` is a CNI error naming the key, for
+/// every command — never a silent default.
+#[test]
+fn invalid_plugin_keys_are_errors_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = conf(&dir.path().join("none.sock"), 100);
+    for (bad, key) in [
+        (
+            good.replace("\"timeout_ms\": 100", "\"timeout_ms\": \"abc\""),
+            "timeout_ms",
+        ),
+        (
+            good.replace("\"timeout_ms\": 100", "\"timeout_ms\": 0"),
+            "timeout_ms",
+        ),
+        (
+            good.replace("\"timeout_ms\": 100", "\"timeout_ms\": -5"),
+            "timeout_ms",
+        ),
+        (
+            good.replace("\"timeout_ms\": 100", "\"timeout_ms\": 86400000"),
+            "timeout_ms",
+        ),
+        (
+            good.replace(
+                &format!("\"socket\": \"{}\"", dir.path().join("none.sock").display()),
+                "\"socket\": 5",
+            ),
+            "socket",
+        ),
+    ] {
+        assert_ne!(bad, good, "the replacement must apply");
+        for command in ["ADD", "CHECK", "DEL"] {
+            let out = run(command, &bad, "u1");
+            assert!(!out.status.success(), "{command} {bad}");
+            let e: serde_json::Value = serde_json::from_slice(&out.stdout)
+                .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stdout)));
+            assert_eq!(e["code"], 7, "{e}");
+            let details = e["details"].as_str().unwrap();
+            assert!(details.contains(&format!("`{key}`")), "{details}");
+        }
+    }
+    let e: serde_json::Value = serde_json::from_slice(
+        &run(
+            "DEL",
+            &good.replace("\"timeout_ms\": 100", "\"timeout_ms\": \"abc\""),
+            "u1",
+        )
+        .stdout,
+    )
+    .unwrap();
+    assert!(
+        e["details"].as_str().unwrap().contains("from 1 to 120000"),
+        "{e}"
+    );
+    // The good configuration still works.
+    let out = run("ADD", &good, "u1");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 fn plugin(name: &str) -> PathBuf {
@@ -202,6 +454,166 @@ fn del_waits_for_the_gateway_to_drain_the_pod() {
         assert!(err.contains("drained") && err.contains("\"result\":\"idle\""), "{err}");
         let m = app.metrics_text();
         assert!(m.contains(r#"tidegate_drain_started_total{policy="p",trigger="cni"} 1"#), "{m}");
+    });
+}
+
+// ---- the gateway's side of the CNI socket, with a raw UnixStream ----
+
+/// A gateway with a CNI socket and `control_plane` settings `extra`, no workloads of note.
+async fn gateway_with_cni_socket(dir: &Path, control_plane: &str) -> (tidegate::app::App, PathBuf) {
+    let wl = dir.join("w.yaml");
+    std::fs::write(&wl, "workloads: []\n").unwrap();
+    let socket = dir.join("cni.sock");
+    let cfg = tidegate::config::Config::from_yaml(&format!(
+        "node_name: n\nlisteners: {{outbound: 127.0.0.1:0, inbound: 127.0.0.1:0, admin: 127.0.0.1:0, metrics: 127.0.0.1:0, readiness: 127.0.0.1:0}}\n\
+         certificates: {{source: dev-ca, state_dir: {ca}}}\nworkloads: {{file: {wl}}}\n\
+         drains: {{cni_socket: {sock}}}\ncontrol_plane: {control_plane}\n",
+        ca = dir.join("ca").display(),
+        wl = wl.display(),
+        sock = socket.display(),
+    ))
+    .unwrap();
+    (tidegate::app::build(cfg).await.unwrap(), socket)
+}
+
+/// Sends `request` (as is) and returns the answer line, then whether the
+/// gateway closed the connection after it.
+async fn exchange(socket: &Path, request: &[u8]) -> (serde_json::Value, bool) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::UnixStream::connect(socket).await.unwrap();
+    s.write_all(request).await.unwrap();
+    let mut r = tokio::io::BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line).await.unwrap();
+    let answer = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    let mut rest = [0u8; 1];
+    // EOF, or a reset when the gateway closed with our bytes unread.
+    let closed = !matches!(r.read(&mut rest).await, Ok(n) if n > 0);
+    (answer, closed)
+}
+
+fn bounded<F: std::future::Future>(f: F) -> F::Output {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), f)
+            .await
+            .expect("test took over 60 s")
+    })
+}
+
+fn series(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no series {series}:\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+/// A line too long, not UTF-8 or not a request gets an error line and the
+/// connection closed; a silent peer is closed after the read timeout; a
+/// good request is answered afterwards.
+#[test]
+fn the_cni_socket_bounds_lines_and_answers_bad_ones() {
+    bounded(async {
+        let dir = tempfile::tempdir().unwrap();
+        let (app, socket) = gateway_with_cni_socket(dir.path(), "{cni_read_timeout: 300ms}").await;
+
+        let mut long = vec![b'x'; 64 * 1024 + 1];
+        long.push(b'\n');
+        for (request, error) in [
+            (long, "longer than 65536 bytes"),
+            (b"\xff\xfe{}\n".to_vec(), "not UTF-8"),
+            (b"{\"command\": \"teardown\"\n".to_vec(), "EOF"),
+            (
+                b"{\"command\": \"reboot\", \"uid\": \"u\"}\n".to_vec(),
+                "unknown command",
+            ),
+        ] {
+            let (answer, closed) = exchange(&socket, &request).await;
+            assert_eq!(answer["result"], "bad-request", "{answer}");
+            assert!(
+                answer["error"].as_str().unwrap().contains(error),
+                "{answer}"
+            );
+            assert!(closed);
+        }
+        // Silent: answered with the reason once the read timeout passes, then closed.
+        let (answer, closed) = exchange(&socket, b"").await;
+        assert!(
+            answer["error"].as_str().unwrap().contains("within 300 ms"),
+            "{answer}"
+        );
+        assert!(closed);
+
+        let m = app.metrics_text();
+        let refusals = |reason: &str| {
+            series(
+                &m,
+                &format!(r#"tidegate_control_refusals_total{{listener="cni",reason="{reason}"}}"#),
+            )
+        };
+        assert_eq!(refusals("line_too_long"), 1.0);
+        assert_eq!(refusals("bad_request"), 3.0);
+        assert_eq!(refusals("read_timeout"), 1.0);
+
+        let (answer, _) = exchange(
+            &socket,
+            b"{\"command\": \"teardown\", \"uid\": \"nobody\"}\n",
+        )
+        .await;
+        assert_eq!(answer["result"], "unknown-workload", "{answer}");
+        app.shutdown().await;
+    });
+}
+
+/// Beyond `control_plane.cni_max_connections` a connection is closed at
+/// once, unanswered, and counted; a slot freed serves a good request.
+#[test]
+fn the_cni_socket_caps_connections() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    bounded(async {
+        let dir = tempfile::tempdir().unwrap();
+        let (app, socket) = gateway_with_cni_socket(
+            dir.path(),
+            "{cni_read_timeout: 60s, cni_max_connections: 2}",
+        )
+        .await;
+        let c1 = tokio::net::UnixStream::connect(&socket).await.unwrap();
+        let _c2 = tokio::net::UnixStream::connect(&socket).await.unwrap();
+        let mut c3 = tokio::net::UnixStream::connect(&socket).await.unwrap();
+        let good = b"{\"command\": \"teardown\", \"uid\": \"nobody\"}\n";
+        let _ = c3.write_all(good).await;
+        let mut answer = Vec::new();
+        let _ = c3.read_to_end(&mut answer).await;
+        assert!(
+            answer.is_empty(),
+            "over the cap: {}",
+            String::from_utf8_lossy(&answer)
+        );
+        assert!(
+            series(
+                &app.metrics_text(),
+                r#"tidegate_control_refusals_total{listener="cni",reason="over_capacity"}"#
+            ) >= 1.0
+        );
+
+        drop(c1);
+        // The slot comes back once the gateway sees c1 close.
+        loop {
+            let mut s = tokio::net::UnixStream::connect(&socket).await.unwrap();
+            let _ = s.write_all(good).await;
+            let mut answer = String::new();
+            let _ = s.read_to_string(&mut answer).await;
+            if answer.contains("unknown-workload") {
+                break;
+            }
+            assert!(answer.is_empty(), "{answer}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        app.shutdown().await;
     });
 }
 

@@ -12,18 +12,20 @@ mod workloads;
 pub use policies::POLICY_CONFIG_HEADER;
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::json;
 use tokio::net::TcpListener;
 use tracing::debug;
 
+use crate::control_plane::ConnLimit;
 use crate::policy::PolicyEngine;
 use crate::proxy::pool::Pool;
 use crate::proxy::tunnels::InboundTunnels;
@@ -143,12 +145,27 @@ pub async fn readiness(state: Arc<AdminState>, req: Request<Incoming>) -> Respon
     }
 }
 
+/// The limits of one HTTP listener.
+#[derive(Clone, Debug)]
+pub struct HttpLimits {
+    /// The listener's connection cap (and its name in metrics).
+    pub connections: ConnLimit,
+    /// `control_plane.header_read_timeout`.
+    pub header_read_timeout: Duration,
+}
+
 /// Serves HTTP/1.1 with `route` until drained; in-flight requests are short and
 /// simply dropped with the process.
+///
+/// A connection beyond the listener's cap is closed at once; a request head
+/// not complete within the header-read timeout (or an idle keep-alive
+/// connection) is closed; accept errors pause the loop. Each refusal is
+/// counted in `tidegate_control_refusals_total`.
 pub async fn serve<F, Fut>(
     listener: TcpListener,
     state: Arc<AdminState>,
     route: F,
+    limits: HttpLimits,
     mut drain: ShutdownWatch,
 ) where
     F: Fn(Arc<AdminState>, Request<Incoming>) -> Fut + Copy + Send + Sync + 'static,
@@ -159,21 +176,45 @@ pub async fn serve<F, Fut>(
             a = listener.accept() => match a {
                 Ok(a) => a,
                 Err(e) => {
-                    debug!(error = %e, "admin accept failed");
+                    limits.connections.accept_failed(&e).await;
                     continue;
                 }
             },
             _ = drain.signaled() => return,
         };
+        let Some(slot) = limits.connections.admit() else {
+            debug!(
+                listener = limits.connections.listener(),
+                "over capacity: connection closed"
+            );
+            continue;
+        };
         let state = state.clone();
+        let limits = limits.clone();
         tokio::spawn(async move {
+            let _slot = slot;
+            let served = Arc::new(AtomicUsize::new(0));
+            let requests = served.clone();
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let state = state.clone();
+                requests.fetch_add(1, Ordering::Relaxed);
                 async move { Ok::<_, Infallible>(route(state, req).await) }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
+            let result = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout)
                 .serve_connection(TokioIo::new(tcp), svc)
                 .await;
+            match result {
+                // An idle keep-alive connection closed after a request is not a refusal.
+                Err(e) if e.is_timeout() && served.load(Ordering::Relaxed) == 0 => {
+                    limits.connections.refused("header_timeout")
+                }
+                Err(e) if e.is_parse() || e.is_parse_too_large() => {
+                    limits.connections.refused("bad_request")
+                }
+                _ => {}
+            }
         });
     }
 }

@@ -16,6 +16,7 @@
 
 pub mod duration;
 mod oci;
+mod ranges;
 pub mod size;
 
 pub use oci::{Cidr, OciAuth, OciConfig, OptIn, OCI_BACKEND_LIMIT};
@@ -69,6 +70,8 @@ pub struct Config {
     pub drains: DrainsConfig,
     /// OCI load-balancer backend draining (the `oci-drain` action); off by default.
     pub oci: OciConfig,
+    /// Limits of the admin, metrics, readiness and CNI listeners.
+    pub control_plane: ControlPlaneConfig,
     /// Optional demo echo backend started in-process (the embedded default uses it).
     pub demo: Option<DemoConfig>,
 }
@@ -87,6 +90,7 @@ impl Default for Config {
             policies: PoliciesConfig::default(),
             drains: DrainsConfig::default(),
             oci: OciConfig::default(),
+            control_plane: ControlPlaneConfig::default(),
             demo: None,
         }
     }
@@ -349,6 +353,43 @@ impl Default for DrainsConfig {
     }
 }
 
+/// The most connections `control_plane.max_connections` and
+/// `control_plane.cni_max_connections` may allow each.
+pub const CONTROL_PLANE_MAX_CONNECTIONS: u64 = 1_024;
+
+/// `control_plane`: the admin (127.0.0.1:15000), metrics (15020), readiness
+/// (15021) and CNI socket listeners. Their connection caps are small and
+/// fixed so that together they can never take the descriptors the data path
+/// needs (the budget is checked at start, see `control_plane.rs`).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ControlPlaneConfig {
+    /// An HTTP request's head (request line and headers) must arrive within
+    /// this, and an idle keep-alive connection is closed after it.
+    #[serde(with = "duration")]
+    pub header_read_timeout: Duration,
+    /// Connections open at once on each of the admin, metrics and readiness
+    /// listeners; beyond it a new connection is closed at once.
+    pub max_connections: u32,
+    /// The CNI socket: a peer's request line must arrive within this.
+    #[serde(with = "duration")]
+    pub cni_read_timeout: Duration,
+    /// Connections open at once on the CNI socket (one per pod deletion in
+    /// progress, held while the pod drains).
+    pub cni_max_connections: u32,
+}
+
+impl Default for ControlPlaneConfig {
+    fn default() -> Self {
+        ControlPlaneConfig {
+            header_read_timeout: Duration::from_secs(10),
+            max_connections: 32,
+            cni_read_timeout: Duration::from_secs(5),
+            cni_max_connections: 256,
+        }
+    }
+}
+
 /// Drain policies: plugins by name, bindings to workloads, limits.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -546,63 +587,14 @@ impl Config {
         self.oci
             .check()
             .map_err(|(key, message)| invalid(key, message))?;
-        let h = &self.hbone;
-        if !(16_384..=16_777_215).contains(&h.max_frame_size) {
-            return Err(invalid(
-                "hbone.max_frame_size",
-                "must be between 16KiB and 16MiB-1 (RFC 9113 §4.2)",
-            ));
-        }
-        for (key, v) in [
-            ("hbone.stream_window", h.stream_window),
-            ("hbone.connection_window", h.connection_window),
-        ] {
-            if !(65_535..=i32::MAX as u32).contains(&v) {
-                return Err(invalid(key, "must be between 65535 and 2^31-1 bytes"));
-            }
-        }
-        if h.max_concurrent_streams == 0 {
-            return Err(invalid(
-                "hbone.max_concurrent_streams",
-                "must be at least 1",
-            ));
-        }
-        if h.keepalive_interval.is_zero() || h.keepalive_timeout.is_zero() {
-            return Err(invalid(
-                "hbone.keepalive_interval",
-                "keepalive interval and timeout must be greater than zero",
-            ));
-        }
-        for (key, v) in [
-            (
-                "hbone.max_dials_in_flight_per_tunnel",
-                h.max_dials_in_flight_per_tunnel as u64,
-            ),
-            (
-                "hbone.max_dials_per_second_per_tunnel",
-                u64::from(h.max_dials_per_second_per_tunnel),
-            ),
-        ] {
-            if !(1..=1_000_000).contains(&v) {
-                return Err(invalid(key, "must be between 1 and 1000000"));
-            }
-        }
-        if self.pool.max_streams_per_tunnel == 0 {
-            return Err(invalid("pool.max_streams_per_tunnel", "must be at least 1"));
+        // Every duration, size, count and port against its range (ranges.rs).
+        if let Some((key, message)) = ranges::rows(self)
+            .iter()
+            .find_map(|r| r.check().map(|m| (r.key, m)))
+        {
+            return Err(invalid(key, message));
         }
         let p = &self.policies;
-        if p.call_deadline.is_zero() {
-            return Err(invalid(
-                "policies.call_deadline",
-                "must be greater than zero",
-            ));
-        }
-        if p.max_actions == 0 || p.quarantine_failures == 0 {
-            return Err(invalid(
-                "policies.max_actions",
-                "max_actions and quarantine_failures must be at least 1",
-            ));
-        }
         if let Some(d) = &p.default {
             if !p.plugins.contains_key(d) {
                 return Err(invalid(

@@ -189,24 +189,8 @@ impl OciConfig {
         if self.endpoint.is_none() && self.region.is_empty() {
             return Err(("oci.region", "set the region (or oci.endpoint)".into()));
         }
-        if !(1..=OCI_BACKEND_LIMIT).contains(&self.capacity_limit) {
-            return Err((
-                "oci.capacity_limit",
-                format!("must be 1..={OCI_BACKEND_LIMIT}"),
-            ));
-        }
-        if self.max_attempts == 0 {
-            return Err(("oci.max_attempts", "must be at least 1".into()));
-        }
-        for (key, d) in [
-            ("oci.reassert_interval", self.reassert_interval),
-            ("oci.work_request_poll", self.work_request_poll),
-            ("oci.request_timeout", self.request_timeout),
-        ] {
-            if d.is_zero() {
-                return Err((key, "must be greater than zero".into()));
-            }
-        }
+        // Numbers (capacity_limit, max_attempts, durations) are checked for
+        // every config, enabled or not, in `config/ranges.rs`.
         Ok(())
     }
 }

@@ -1,11 +1,22 @@
 //! The YAML workload file: the embedded default for local runs, watched and
 //! reloaded. A file that fails to parse leaves the previous set in place.
+//!
+//! An empty (or whitespace- or comment-only) file, or one without a
+//! `workloads:` key, is refused: it is what a file being rewritten in place
+//! looks like half-way, and taking it as "no workloads" drained every pod.
+//! An empty set says `workloads: []`. A change is applied only once two reads
+//! a short settle time apart agree; writers should still replace the file
+//! atomically (write a temporary file beside it, then rename it over).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use tracing::{info, warn};
 
@@ -15,8 +26,8 @@ use crate::shutdown::ShutdownWatch;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkloadFile {
-    #[serde(default)]
-    pub workloads: Vec<WorkloadSpec>,
+    /// Required; `workloads: []` (or an empty value) is the empty set.
+    pub workloads: Option<Vec<WorkloadSpec>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -28,19 +39,43 @@ pub enum WorkloadFileError {
     },
     #[error("workload file key `{key}`: {message}")]
     Invalid { key: String, message: String },
+    #[error("the workload file {0}; a file being rewritten in place? An empty set must say `workloads: []`")]
+    Empty(&'static str),
+}
+
+impl WorkloadFileError {
+    /// The `reason` label of `tidegate_workload_file_rejected_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            WorkloadFileError::Read { .. } => "unreadable",
+            WorkloadFileError::Invalid { .. } => "invalid",
+            WorkloadFileError::Empty(_) => "empty",
+        }
+    }
 }
 
 /// Parses and validates a workload file's text.
 pub fn parse_workload_file(text: &str) -> Result<Vec<WorkloadSpec>, WorkloadFileError> {
+    if text.trim().is_empty() {
+        return Err(WorkloadFileError::Empty("is empty"));
+    }
+    match serde_yaml::from_str::<serde_yaml::Value>(text) {
+        Ok(serde_yaml::Value::Null) => return Err(WorkloadFileError::Empty("holds only comments")),
+        Ok(serde_yaml::Value::Mapping(m)) if !m.contains_key("workloads") => {
+            return Err(WorkloadFileError::Empty("has no `workloads:` key"))
+        }
+        _ => {} // errors are reported with their path below
+    }
     let de = serde_yaml::Deserializer::from_str(text);
     let file: WorkloadFile =
         serde_path_to_error::deserialize(de).map_err(|e| WorkloadFileError::Invalid {
             key: e.path().to_string(),
             message: e.into_inner().to_string(),
         })?;
+    let workloads = file.workloads.unwrap_or_default();
     let mut uids = HashSet::new();
     let mut ips = HashSet::new();
-    for (i, w) in file.workloads.iter().enumerate() {
+    for (i, w) in workloads.iter().enumerate() {
         let key = |field: &str| format!("workloads[{i}].{field}");
         let bad = |field: &str, message: String| WorkloadFileError::Invalid {
             key: key(field),
@@ -65,8 +100,48 @@ pub fn parse_workload_file(text: &str) -> Result<Vec<WorkloadSpec>, WorkloadFile
             return Err(bad("namespace", e.to_string()));
         }
     }
-    Ok(file.workloads)
+    Ok(workloads)
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+/// `tidegate_workload_file_reloads_total` and
+/// `tidegate_workload_file_rejected_total{reason}` (`empty`, `invalid`, `unreadable`).
+#[derive(Clone, Debug, Default)]
+pub struct WorkloadFileMetrics {
+    reloads: Counter,
+    rejected: Family<ReasonLabels, Counter>,
+}
+
+impl WorkloadFileMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = WorkloadFileMetrics::default();
+        registry.register(
+            "workload_file_reloads",
+            "Workload file changes applied",
+            m.reloads.clone(),
+        );
+        registry.register(
+            "workload_file_rejected",
+            "Workload file versions refused (the previous workloads stay), by reason",
+            m.rejected.clone(),
+        );
+        m
+    }
+
+    fn rejected(&self, e: &WorkloadFileError) {
+        self.rejected
+            .get_or_create(&ReasonLabels { reason: e.reason() })
+            .inc();
+    }
+}
+
+/// A changed file is applied once two reads this far apart agree (or
+/// `workloads.reload_interval`, if shorter).
+pub const SETTLE: Duration = Duration::from_millis(200);
 
 /// Watches a workload file and republishes the store when its content changes.
 ///
@@ -76,15 +151,20 @@ pub struct WorkloadFileWatcher {
     path: PathBuf,
     interval: Duration,
     store: Arc<WorkloadStore>,
+    metrics: WorkloadFileMetrics,
+    /// The text last applied or refused.
     last: Option<String>,
+    /// The last read failed (logged once, not on every tick).
+    unreadable: bool,
 }
 
 impl WorkloadFileWatcher {
-    /// Loads the file once; an invalid file at start-up is an error.
+    /// Loads the file once; an invalid (or empty) file at start-up is an error.
     pub fn start(
         path: &Path,
         interval: Duration,
         store: Arc<WorkloadStore>,
+        metrics: WorkloadFileMetrics,
     ) -> Result<Self, WorkloadFileError> {
         let text = read(path)?;
         store.publish(parse_workload_file(&text)?);
@@ -92,41 +172,105 @@ impl WorkloadFileWatcher {
             path: path.to_owned(),
             interval,
             store,
+            metrics,
             last: Some(text),
+            unreadable: false,
         })
     }
 
-    /// Polls until the drain signal fires.
+    /// Polls until the drain signal fires. A change is applied once the file
+    /// has been stable for the settle time: a truncate-then-write is not
+    /// seen half-written.
     pub async fn run(mut self, mut drain: ShutdownWatch) {
+        let settle = self.interval.min(SETTLE);
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = tick.tick() => self.poll_once(),
+                _ = tick.tick() => {}
                 _ = drain.signaled() => return,
+            }
+            let Some(text) = self.changed() else {
+                continue;
+            };
+            match settled(text, settle, &mut drain, || self.read()).await {
+                Settled::Stable(text) => self.apply(text),
+                Settled::Unreadable => {}
+                Settled::Drained => return,
             }
         }
     }
 
-    fn poll_once(&mut self) {
-        let text = match read(&self.path) {
-            Ok(t) => t,
-            Err(e) => {
-                warn!(error = %e, "workload file unreadable; keeping the previous workloads");
-                return;
+    /// The file's text if it differs from the last applied or refused one.
+    fn changed(&mut self) -> Option<String> {
+        let text = self.read()?;
+        (self.last.as_deref() != Some(text.as_str())).then_some(text)
+    }
+
+    fn read(&mut self) -> Option<String> {
+        match read(&self.path) {
+            Ok(t) => {
+                self.unreadable = false;
+                Some(t)
             }
-        };
-        if self.last.as_deref() == Some(text.as_str()) {
-            return;
+            Err(e) => {
+                if !std::mem::replace(&mut self.unreadable, true) {
+                    self.metrics.rejected(&e);
+                    warn!(path = %self.path.display(), error = %e, "workload file unreadable; keeping the previous workloads");
+                }
+                None
+            }
         }
+    }
+
+    fn apply(&mut self, text: String) {
         match parse_workload_file(&text) {
             Ok(specs) => {
                 info!(path = %self.path.display(), workloads = specs.len(), "workload file reloaded");
+                self.metrics.reloads.inc();
                 self.store.publish(specs);
             }
-            Err(e) => warn!(error = %e, "workload file rejected; keeping the previous workloads"),
+            Err(e) => {
+                self.metrics.rejected(&e);
+                warn!(path = %self.path.display(), reason = e.reason(), error = %e, "workload file rejected; keeping the previous workloads");
+            }
         }
         self.last = Some(text);
+    }
+
+    /// One poll without the settle time (unit tests).
+    #[cfg(test)]
+    fn poll_once(&mut self) {
+        if let Some(text) = self.changed() {
+            self.apply(text);
+        }
+    }
+}
+
+enum Settled {
+    /// Two reads `settle` apart returned this.
+    Stable(String),
+    Unreadable,
+    Drained,
+}
+
+/// Re-reads every `settle` until two consecutive reads agree.
+async fn settled(
+    mut text: String,
+    settle: Duration,
+    drain: &mut ShutdownWatch,
+    mut read: impl FnMut() -> Option<String>,
+) -> Settled {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(settle) => {}
+            _ = drain.signaled() => return Settled::Drained,
+        }
+        match read() {
+            Some(again) if again == text => return Settled::Stable(text),
+            Some(again) => text = again,
+            None => return Settled::Unreadable,
+        }
     }
 }
 
@@ -195,8 +339,13 @@ mod tests {
         )
         .unwrap();
         let store = WorkloadStore::new("td", "n");
-        let mut w =
-            WorkloadFileWatcher::start(&path, Duration::from_millis(10), store.clone()).unwrap();
+        let mut w = WorkloadFileWatcher::start(
+            &path,
+            Duration::from_millis(10),
+            store.clone(),
+            Default::default(),
+        )
+        .unwrap();
         std::fs::write(&path, "workloads: [oops").unwrap();
         w.poll_once();
         assert!(
@@ -225,8 +374,13 @@ mod tests {
         let store = WorkloadStore::new("td", "n");
         let mut changes = store.subscribe();
         let (trigger, watch) = crate::shutdown::channel();
-        let w =
-            WorkloadFileWatcher::start(&path, Duration::from_millis(10), store.clone()).unwrap();
+        let w = WorkloadFileWatcher::start(
+            &path,
+            Duration::from_millis(10),
+            store.clone(),
+            Default::default(),
+        )
+        .unwrap();
         changes.borrow_and_update();
         let task = tokio::spawn(w.run(watch));
         std::fs::write(
@@ -238,5 +392,75 @@ mod tests {
         assert!(store.snapshot().by_uid("b").is_some());
         trigger.start(Duration::from_secs(1));
         task.await.unwrap();
+    }
+
+    #[test]
+    fn an_empty_file_is_refused_unless_it_says_so() {
+        for text in ["", "  \n\t\n", "# nothing yet\n", "other: 1\n"] {
+            let e = parse_workload_file(text).unwrap_err();
+            assert_eq!(e.reason(), "empty", "{text:?}: {e}");
+            assert!(e.to_string().contains("workloads: []"), "{e}");
+        }
+        assert_eq!(parse_workload_file("workloads: []\n").unwrap(), vec![]);
+        assert_eq!(parse_workload_file("workloads:\n").unwrap(), vec![]);
+    }
+
+    #[test]
+    fn a_truncated_file_keeps_the_workloads_and_is_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.yaml");
+        std::fs::write(
+            &path,
+            "workloads:\n- {uid: a, name: a, ips: [10.0.0.1], node: n}\n",
+        )
+        .unwrap();
+        let store = WorkloadStore::new("td", "n");
+        let mut registry = Registry::default();
+        let metrics = WorkloadFileMetrics::register(&mut registry);
+        let mut w =
+            WorkloadFileWatcher::start(&path, Duration::from_millis(10), store.clone(), metrics)
+                .unwrap();
+        std::fs::write(&path, "").unwrap();
+        w.poll_once();
+        assert!(
+            store.snapshot().by_uid("a").is_some(),
+            "an empty file must not drop workloads"
+        );
+        std::fs::write(&path, "workloads: []\n").unwrap();
+        w.poll_once();
+        assert!(
+            store.snapshot().by_uid("a").is_none(),
+            "`workloads: []` empties the set"
+        );
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains(r#"workload_file_rejected_total{reason="empty"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains("workload_file_reloads_total 1"), "{text}");
+    }
+
+    /// A file read mid-rewrite is applied only once two reads a settle
+    /// time apart agree: never the empty or the half-written version.
+    #[tokio::test]
+    async fn a_change_is_applied_only_once_two_reads_agree() {
+        let (_trigger, mut watch) = crate::shutdown::channel();
+        let settle = Duration::from_millis(1);
+        let mut reads = vec![
+            "",
+            "workloads:\n- {uid: a",
+            "workloads: []\n",
+            "workloads: []\n",
+        ]
+        .into_iter()
+        .map(str::to_owned);
+        let got = settled("workloads:\n".into(), settle, &mut watch, || reads.next()).await;
+        assert!(matches!(got, Settled::Stable(ref t) if t == "workloads: []\n"));
+        assert_eq!(reads.next(), None, "every version was read");
+        let got = settled("same".into(), settle, &mut watch, || Some("same".into())).await;
+        assert!(matches!(got, Settled::Stable(ref t) if t == "same"));
+        let got = settled("x".into(), settle, &mut watch, || None).await;
+        assert!(matches!(got, Settled::Unreadable));
     }
 }

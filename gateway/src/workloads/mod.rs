@@ -9,7 +9,9 @@
 mod file;
 pub mod kubernetes;
 
-pub use file::{parse_workload_file, WorkloadFile, WorkloadFileError, WorkloadFileWatcher};
+pub use file::{
+    parse_workload_file, WorkloadFile, WorkloadFileError, WorkloadFileMetrics, WorkloadFileWatcher,
+};
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;

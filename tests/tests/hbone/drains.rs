@@ -429,14 +429,13 @@ async fn keepalive_only_leaves_a_vanished_peer_to_the_ping_timeout() {
         nodes.server.addrs.inbound.port(),
     ))
     .await;
-    let mut cfg = tidegate_e2e::gateway_config(
+    let cfg = tidegate_e2e::gateway_config(
         "node-a",
         &nodes.ca_dir(),
         &nodes.dir.path().join("client-workloads.yaml"),
-        0,
+        proxy.port(),
         "  keepalive_interval: 100ms\n  keepalive_timeout: 200ms\npolicies:\n  fallback: keepalive-only\n",
     );
-    cfg.hbone.port = proxy.port();
     let client = tidegate::app::build(cfg).await.unwrap();
     // One stream on a pooled tunnel through the proxy (keepalive-only: no
     // policy acts; only the PING timeout can notice the peer is gone).

@@ -128,9 +128,17 @@ pub fn parse(command: &str, args: &[String]) -> Result<Options, InstallError> {
             "--socket" if command == "install" => o.socket = Some(value()?),
             "--timeout-ms" if command == "install" => {
                 let v = value()?;
-                o.timeout_ms = Some(v.parse().map_err(|_| {
-                    InstallError::Usage(format!("--timeout-ms {v:?} is not a number"))
-                })?);
+                o.timeout_ms = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|t| (1..=super::MAX_TIMEOUT_MS).contains(t))
+                        .ok_or_else(|| {
+                            InstallError::Usage(format!(
+                                "--timeout-ms {v:?} is not a number of milliseconds from 1 to {}",
+                                super::MAX_TIMEOUT_MS
+                            ))
+                        })?,
+                );
             }
             "--watch" if command == "install" => {
                 let v = value()?;

@@ -13,16 +13,26 @@
 //!   the primary network configuration (see [`install`]).
 //!
 //! Network configuration keys of our own: `socket` (default
-//! `/var/run/tidegate/cni.sock`) and `timeout_ms`.
+//! `/var/run/tidegate/cni.sock`) and `timeout_ms` (default 10000, 1 to
+//! 120000). An invalid value of either is an error for every command (CNI
+//! error code 7 naming the key), never a silent default.
+//!
+//! `timeout_ms` bounds the whole exchange with the gateway — connect (a full
+//! backlog blocks it), request, acknowledgement. Only a well-formed
+//! acknowledgement counts: one line of at most 64 KiB holding a JSON object
+//! with a string `result`; anything else (garbage, a peer dribbling bytes,
+//! `bad-request`) is reported as not drained.
 //!
 //! Deliberately standalone (std + serde_json): it runs on the host for every
 //! pod deletion and must stay small and quick.
 
 #![forbid(unsafe_code)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -32,6 +42,11 @@ mod install;
 const SUPPORTED: [&str; 6] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0", "1.1.1"];
 const DEFAULT_SOCKET: &str = "/var/run/tidegate/cni.sock";
 const DEFAULT_TIMEOUT_MS: u64 = 10_000;
+/// The longest `timeout_ms`: past the kubelet's runtime request timeout (2 min)
+/// the wait is cut anyway.
+pub const MAX_TIMEOUT_MS: u64 = 120_000;
+/// The longest acknowledgement line (a real one is a few hundred bytes).
+const MAX_ACK: usize = 64 << 10;
 
 /// A CNI error: printed as the spec's error object, exit code 1.
 struct CniError {
@@ -103,6 +118,7 @@ fn run(command: &str, stdin: &str) -> Result<Option<String>, CniError> {
             format!("{version} is not one of {}", SUPPORTED.join(", ")),
         ));
     }
+    let ours = our_keys(&conf)?;
     match command {
         "ADD" | "CHECK" => {
             let prev = conf.get("prevResult").ok_or_else(|| {
@@ -124,7 +140,7 @@ fn run(command: &str, stdin: &str) -> Result<Option<String>, CniError> {
             }
         }
         "DEL" => {
-            delete(&conf);
+            delete(&ours);
             Ok(None)
         }
         "GC" | "STATUS" => Ok(None),
@@ -150,21 +166,54 @@ fn cni_arg(key: &str) -> Option<String> {
         .map(|(_, v)| v.to_owned())
 }
 
-/// Asks the gateway to drain the pod; never fails the DEL.
-fn delete(conf: &Value) {
+/// Our keys of the network configuration.
+struct OurKeys {
+    socket: String,
+    timeout: Duration,
+}
+
+fn invalid_key(key: &str, value: &Value, accepted: &str) -> CniError {
+    err(
+        7,
+        "invalid network configuration",
+        format!("`{key}`: {value} is not {accepted}"),
+    )
+}
+
+/// `socket` and `timeout_ms`: defaults when absent, an error naming the key
+/// when present and invalid.
+fn our_keys(conf: &Value) -> Result<OurKeys, CniError> {
+    let socket = match conf.get("socket") {
+        None => DEFAULT_SOCKET.to_owned(),
+        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        Some(v) => return Err(invalid_key("socket", v, "a socket path")),
+    };
+    let timeout_ms = match conf.get("timeout_ms") {
+        None => DEFAULT_TIMEOUT_MS,
+        Some(v) => v
+            .as_u64()
+            .filter(|t| (1..=MAX_TIMEOUT_MS).contains(t))
+            .ok_or_else(|| {
+                invalid_key(
+                    "timeout_ms",
+                    v,
+                    &format!("a number of milliseconds from 1 to {MAX_TIMEOUT_MS}"),
+                )
+            })?,
+    };
+    Ok(OurKeys {
+        socket,
+        timeout: Duration::from_millis(timeout_ms),
+    })
+}
+
+/// Asks the gateway to drain the pod; never fails the DEL (a gateway that
+/// is down or slow must not block pod deletion): the outcome is on stderr.
+fn delete(ours: &OurKeys) {
     let Some(uid) = cni_arg("K8S_POD_UID") else {
         eprintln!("tidegate-cni: DEL without K8S_POD_UID in CNI_ARGS; nothing to drain");
         return;
     };
-    let socket = conf
-        .get("socket")
-        .and_then(Value::as_str)
-        .unwrap_or(DEFAULT_SOCKET);
-    let timeout = Duration::from_millis(
-        conf.get("timeout_ms")
-            .and_then(Value::as_u64)
-            .unwrap_or(DEFAULT_TIMEOUT_MS),
-    );
     let request = json!({
         "command": "teardown",
         "uid": uid,
@@ -173,7 +222,8 @@ fn delete(conf: &Value) {
         "container_id": std::env::var("CNI_CONTAINERID").unwrap_or_default(),
     });
     let started = Instant::now();
-    match ask(socket, &request, timeout) {
+    let socket = &ours.socket;
+    match ask_within(socket, &request, ours.timeout) {
         Ok(ack) => eprintln!(
             "tidegate-cni: pod {uid} drained: {ack} ({} ms)",
             started.elapsed().as_millis()
@@ -185,18 +235,134 @@ fn delete(conf: &Value) {
     }
 }
 
-fn ask(socket: &str, request: &Value, timeout: Duration) -> std::io::Result<String> {
-    let mut stream = UnixStream::connect(socket)?;
-    stream.set_write_timeout(Some(timeout))?;
-    stream.set_read_timeout(Some(timeout))?;
-    writeln!(stream, "{request}")?;
-    let mut line = String::new();
-    BufReader::new(stream).read_line(&mut line)?;
-    if line.is_empty() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            "the gateway closed the connection without an acknowledgement",
-        ));
+/// Where the exchange is, for the message when the deadline passes.
+#[derive(Default)]
+struct Progress {
+    phase: AtomicU8,
+    received: AtomicUsize,
+}
+
+const CONNECTING: u8 = 0;
+const SENDING: u8 = 1;
+const WAITING: u8 = 2;
+
+/// The whole exchange — connect included — within `timeout`. It runs on a
+/// thread of its own: a connect to a socket whose backlog is full blocks and
+/// no socket option bounds it; past the deadline the thread is abandoned
+/// (the process exits right after).
+fn ask_within(socket: &str, request: &Value, timeout: Duration) -> Result<String, String> {
+    let deadline = Instant::now() + timeout;
+    let progress = Arc::new(Progress::default());
+    let (tx, rx) = mpsc::channel();
+    let (socket, request) = (socket.to_owned(), format!("{request}\n"));
+    let p = progress.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(ask(&socket, request.as_bytes(), deadline, &p));
+    });
+    let ms = timeout.as_millis();
+    match rx.recv_timeout(timeout) {
+        Ok(Ok(ack)) => Ok(ack),
+        Ok(Err(Failed::Other(e))) => Err(e),
+        // The thread saw the deadline pass first, or is still blocked.
+        Ok(Err(Failed::Deadline)) | Err(_) => Err(match progress.phase.load(Ordering::Relaxed) {
+            CONNECTING => format!(
+                "could not connect within timeout_ms ({ms} ms): the gateway's socket is not accepting (backlog full?)"
+            ),
+            SENDING => format!("could not send the request within timeout_ms ({ms} ms)"),
+            _ => match progress.received.load(Ordering::Relaxed) {
+                0 => format!("no acknowledgement within timeout_ms ({ms} ms)"),
+                n => format!(
+                    "no complete acknowledgement within timeout_ms ({ms} ms): {n} bytes without a newline"
+                ),
+            },
+        }),
     }
-    Ok(line.trim().to_owned())
+}
+
+enum Failed {
+    /// The deadline passed (a socket timeout, or no time left).
+    Deadline,
+    Other(String),
+}
+
+impl Failed {
+    fn io(what: &str) -> impl Fn(std::io::Error) -> Failed + '_ {
+        move |e| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Failed::Deadline,
+            _ => Failed::Other(format!("{what}: {e}")),
+        }
+    }
+}
+
+fn ask(
+    socket: &str,
+    request: &[u8],
+    deadline: Instant,
+    progress: &Progress,
+) -> Result<String, Failed> {
+    let left = || {
+        let d = deadline.saturating_duration_since(Instant::now());
+        // A zero timeout means "block forever" to the socket options.
+        (!d.is_zero()).then_some(d).ok_or(Failed::Deadline)
+    };
+    let mut stream = UnixStream::connect(socket).map_err(Failed::io("cannot connect"))?;
+    progress.phase.store(SENDING, Ordering::Relaxed);
+    stream
+        .set_write_timeout(Some(left()?))
+        .map_err(Failed::io("socket option"))?;
+    stream
+        .write_all(request)
+        .map_err(Failed::io("cannot send the request"))?;
+    progress.phase.store(WAITING, Ordering::Relaxed);
+    let mut line = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        stream
+            .set_read_timeout(Some(left()?))
+            .map_err(Failed::io("socket option"))?;
+        let n = stream
+            .read(&mut chunk)
+            .map_err(Failed::io("reading the acknowledgement"))?;
+        if n == 0 {
+            return Err(Failed::Other(format!(
+                "the gateway closed the connection without an acknowledgement ({} bytes received)",
+                line.len()
+            )));
+        }
+        line.extend_from_slice(&chunk[..n]);
+        progress.received.store(line.len(), Ordering::Relaxed);
+        if let Some(end) = line.iter().position(|b| *b == b'\n') {
+            line.truncate(end);
+            return acknowledgement(&line).map_err(Failed::Other);
+        }
+        if line.len() > MAX_ACK {
+            return Err(Failed::Other(format!(
+                "no acknowledgement: more than {MAX_ACK} bytes without a newline"
+            )));
+        }
+    }
+}
+
+/// A well-formed acknowledgement: a JSON object with a string `result`
+/// other than `bad-request`. Returned re-serialized, never as the raw bytes.
+fn acknowledgement(line: &[u8]) -> Result<String, String> {
+    let not_ack = || {
+        let shown = &line[..line.len().min(64)];
+        format!(
+            "not a well-formed acknowledgement ({} bytes, starting {:?}): expected a JSON object with a \"result\"",
+            line.len(),
+            String::from_utf8_lossy(shown)
+        )
+    };
+    let v: Value = serde_json::from_slice(line).map_err(|_| not_ack())?;
+    match v.get("result").and_then(Value::as_str) {
+        Some("bad-request") => Err(format!(
+            "the gateway refused the request: {}",
+            v.get("error")
+                .and_then(Value::as_str)
+                .unwrap_or("no reason given")
+        )),
+        Some(r) if !r.is_empty() && v.is_object() => Ok(v.to_string()),
+        _ => Err(not_ack()),
+    }
 }

@@ -113,6 +113,7 @@ async fn a_second_goaway_for_a_tunnel_can_only_make_it_stricter() {
             graceful: true,
             deadline: Some(t0 + 60 * S),
             issued: t0,
+            close_notify: false,
         })
     );
     // A later decision asks for immediate, cut at t1 + 5 s: immediate and
@@ -123,11 +124,25 @@ async fn a_second_goaway_for_a_tunnel_can_only_make_it_stricter() {
         graceful: false,
         deadline: Some(t1 + 5 * S),
         issued: t0,
+        close_notify: false,
     };
     assert_eq!(*commands.borrow(), Some(strict));
     // A laxer one (graceful, no explicit deadline: the default 30 s) changes nothing.
     rig.run(&[goaway(sdk::GoawayMode::Graceful, None)], t1 + S);
     assert_eq!(*commands.borrow(), Some(strict));
+    // One that asks for a TLS close_notify adds it and nothing else.
+    let mut notify = goaway(sdk::GoawayMode::Graceful, None);
+    if let sdk::Action::Goaway(g) = &mut notify {
+        g.close_notify = true;
+    }
+    rig.run(&[notify], t1 + 2 * S);
+    assert_eq!(
+        *commands.borrow(),
+        Some(GoawayCommand {
+            close_notify: true,
+            ..strict
+        })
+    );
     assert_eq!(reg.tunnel.drained_by(), Some("graceful goaway (local-uid)"));
 }
 
@@ -154,6 +169,8 @@ async fn an_admin_goaway_without_deadline_and_a_policys_merge_to_the_deadline() 
             graceful: false,
             deadline: Some(t0 + 2 * S),
             issued: t0,
+            // The admin API's GOAWAY closes with close_notify, as before.
+            close_notify: true,
         })
     );
 }

@@ -1,0 +1,282 @@
+//! What every control-plane listener shares — the admin (127.0.0.1:15000),
+//! metrics (15020) and readiness (15021) HTTP servers and the CNI socket:
+//! a connection cap per listener, a pause after accept errors, their
+//! metrics, and the descriptor budget that keeps the data path's reserve.
+//!
+//! **Descriptor budget.** At start the open-file soft limit is raised to the
+//! hard limit (both logged). The control plane may hold at most
+//! `3 × control_plane.max_connections` (HTTP listeners) +
+//! `control_plane.cni_max_connections` (CNI socket, when configured) +
+//! [`FIXED_DESCRIPTORS`] (listeners, files, the runtime) descriptors, and
+//! start-up refuses a configuration whose budget exceeds half the limit: the
+//! other half at least is the data path's, which no control-plane peer can
+//! take. With the defaults the budget is 416.
+//!
+//! A leaf module: it imports only the config section.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::{info, warn};
+
+use crate::config::ControlPlaneConfig;
+
+/// After a failed accept (EMFILE, ENFILE, ENOBUFS…) the loop waits this
+/// long instead of spinning on an error that will not clear by itself.
+pub const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+/// Descriptors the control plane holds besides its connections: its
+/// listeners, the workload, certificate and plugin files being read, the
+/// runtime's epoll and event descriptors, the Kubernetes client's connections.
+pub const FIXED_DESCRIPTORS: u64 = 64;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerLabels {
+    listener: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    listener: &'static str,
+    reason: &'static str,
+}
+
+/// `tidegate_control_*`: connections open, refused and timed out, accept
+/// errors, by listener (`admin`, `metrics`, `readiness`, `cni`).
+#[derive(Clone, Debug, Default)]
+pub struct ControlMetrics {
+    open: Family<ListenerLabels, Gauge>,
+    refusals: Family<RefusalLabels, Counter>,
+    accept_errors: Family<ListenerLabels, Counter>,
+}
+
+impl ControlMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = ControlMetrics::default();
+        registry.register(
+            "control_connections_open",
+            "Connections open on a control-plane listener",
+            m.open.clone(),
+        );
+        registry.register(
+            "control_refusals",
+            "Control-plane connections closed by the gateway, by listener and reason \
+             (over_capacity, header_timeout, read_timeout, line_too_long, bad_request)",
+            m.refusals.clone(),
+        );
+        registry.register(
+            "control_accept_errors",
+            "Failed accepts on a control-plane listener (each followed by a pause)",
+            m.accept_errors.clone(),
+        );
+        m
+    }
+}
+
+/// One listener's connection cap and metrics.
+#[derive(Clone, Debug)]
+pub struct ConnLimit {
+    listener: &'static str,
+    permits: Arc<Semaphore>,
+    metrics: ControlMetrics,
+}
+
+/// An admitted connection: holds its slot until dropped.
+#[derive(Debug)]
+pub struct Admitted {
+    _permit: OwnedSemaphorePermit,
+    open: Gauge,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
+}
+
+impl ConnLimit {
+    pub fn new(listener: &'static str, max: u32, metrics: &ControlMetrics) -> ConnLimit {
+        // Registered at 0 so the series exist before the first refusal.
+        let _ = metrics.open.get_or_create(&ListenerLabels { listener });
+        ConnLimit {
+            listener,
+            permits: Arc::new(Semaphore::new(max as usize)),
+            metrics: metrics.clone(),
+        }
+    }
+
+    pub fn listener(&self) -> &'static str {
+        self.listener
+    }
+
+    /// A slot for a connection just accepted, or `None` — counted as
+    /// `over_capacity` — when the listener is full: the caller drops the
+    /// connection at once.
+    pub fn admit(&self) -> Option<Admitted> {
+        match self.permits.clone().try_acquire_owned() {
+            Ok(permit) => {
+                let open = self
+                    .metrics
+                    .open
+                    .get_or_create(&ListenerLabels {
+                        listener: self.listener,
+                    })
+                    .clone();
+                open.inc();
+                Some(Admitted {
+                    _permit: permit,
+                    open,
+                })
+            }
+            Err(_) => {
+                self.refused("over_capacity");
+                None
+            }
+        }
+    }
+
+    /// Counts a connection the gateway closed, with its reason.
+    pub fn refused(&self, reason: &'static str) {
+        self.metrics
+            .refusals
+            .get_or_create(&RefusalLabels {
+                listener: self.listener,
+                reason,
+            })
+            .inc();
+    }
+
+    /// Counts and logs a failed accept, then pauses: EMFILE does not clear by
+    /// retrying at once, and spinning on it took most of a core.
+    pub async fn accept_failed(&self, e: &io::Error) {
+        self.metrics
+            .accept_errors
+            .get_or_create(&ListenerLabels {
+                listener: self.listener,
+            })
+            .inc();
+        warn!(listener = self.listener, error = %e, "control-plane accept failed; pausing");
+        tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+    }
+}
+
+/// Descriptors the control plane may hold with this configuration.
+pub fn budget(cfg: &ControlPlaneConfig, cni_socket: bool) -> u64 {
+    3 * u64::from(cfg.max_connections)
+        + if cni_socket {
+            u64::from(cfg.cni_max_connections)
+        } else {
+            0
+        }
+        + FIXED_DESCRIPTORS
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the control plane may hold {budget} descriptors, more than half of the open-file limit \
+     {limit}: the data path would be left too few; lower control_plane.max_connections / \
+     control_plane.cni_max_connections or raise the limit (ulimit -n, LimitNOFILE)"
+)]
+pub struct BudgetError {
+    pub budget: u64,
+    pub limit: u64,
+}
+
+/// Raises the open-file soft limit to the hard limit, logs both, and checks
+/// that the control plane's `budget` leaves at least half of it to the data
+/// path. A limit that cannot be read or raised is logged and not fatal.
+pub fn reserve_descriptors(budget: u64) -> Result<(), BudgetError> {
+    let (before, hard) = match rlimit::getrlimit(rlimit::Resource::NOFILE) {
+        Ok(l) => l,
+        Err(e) => {
+            warn!(error = %e, "cannot read the open-file limit");
+            return Ok(());
+        }
+    };
+    let soft = match rlimit::increase_nofile_limit(hard) {
+        Ok(soft) => soft,
+        Err(e) => {
+            warn!(error = %e, soft = before, hard, "cannot raise the open-file limit");
+            before
+        }
+    };
+    info!(
+        soft_before = before,
+        soft,
+        hard,
+        control_plane_budget = budget,
+        data_path_reserve = soft.saturating_sub(budget),
+        "open-file limit"
+    );
+    if budget.saturating_mul(2) > soft {
+        return Err(BudgetError {
+            budget,
+            limit: soft,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_refuses_and_counts_and_frees_slots_on_drop() {
+        let mut registry = Registry::default();
+        let m = ControlMetrics::register(&mut registry);
+        let limit = ConnLimit::new("metrics", 2, &m);
+        let a = limit.admit().unwrap();
+        let _b = limit.admit().unwrap();
+        assert!(limit.admit().is_none());
+        drop(a);
+        assert!(limit.admit().is_some());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains(r#"control_refusals_total{listener="metrics",reason="over_capacity"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"control_connections_open{listener="metrics"} 1"#),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_accept_is_counted() {
+        let mut registry = Registry::default();
+        let m = ControlMetrics::register(&mut registry);
+        let limit = ConnLimit::new("admin", 1, &m);
+        limit
+            .accept_failed(&io::Error::from_raw_os_error(24)) // EMFILE
+            .await;
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains(r#"control_accept_errors_total{listener="admin"} 1"#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_default_budget_is_small_and_fixed() {
+        let cfg = ControlPlaneConfig::default();
+        assert_eq!(budget(&cfg, true), 416, "update the module doc and README");
+        assert_eq!(budget(&cfg, false), 160);
+        // The largest allowed caps still fit a common limit (1,048,576) many times over.
+        let max = ControlPlaneConfig {
+            max_connections: crate::config::CONTROL_PLANE_MAX_CONNECTIONS as u32,
+            cni_max_connections: crate::config::CONTROL_PLANE_MAX_CONNECTIONS as u32,
+            ..cfg
+        };
+        assert_eq!(budget(&max, true), 4 * 1024 + FIXED_DESCRIPTORS);
+    }
+}
