@@ -7,7 +7,7 @@
 
 mod config_dump;
 mod policies;
-mod workloads;
+pub mod workloads;
 
 pub use policies::POLICY_CONFIG_HEADER;
 

@@ -22,44 +22,66 @@ use crate::workloads::Workload;
 
 const USAGE: &str = "use POST /workloads/<uid>/shutdown-starting[?grace=30s], POST /workloads/<uid>/teardown, DELETE /workloads/<uid>, PUT or DELETE /workloads/<uid>/policy\n";
 
+/// What a request under `/workloads/` asks for, read from its method, the
+/// path after `/workloads/` and the query alone (no state; fuzzed).
+#[derive(Debug, PartialEq, Eq)]
+pub enum WorkloadRequest<'a> {
+    Bind(&'a str),
+    Unbind(&'a str),
+    Lifecycle(&'a str, Lifecycle),
+    /// Answered at once with this status and body.
+    Refused(StatusCode, String),
+}
+
+/// Parses a `/workloads/<uid>/…` request; a `grace` longer than
+/// [`crate::drains::MAX_GRACE`] or unparsable is a 400 naming the query key.
+pub fn parse<'a>(
+    method: &Method,
+    rest: &'a str,
+    query: Option<&str>,
+    default_grace: std::time::Duration,
+) -> WorkloadRequest<'a> {
+    use WorkloadRequest as R;
+    match (method, rest.split_once('/')) {
+        (&Method::PUT, Some((uid, "policy"))) => R::Bind(uid),
+        (&Method::DELETE, Some((uid, "policy"))) => R::Unbind(uid),
+        (&Method::POST, Some((uid, "shutdown-starting"))) => {
+            let grace = query
+                .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("grace=")))
+                .map(crate::config::duration::parse)
+                .unwrap_or(Ok(default_grace));
+            match grace {
+                Ok(grace) if grace > crate::drains::MAX_GRACE => R::Refused(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "query `grace`: {} s is out of range; accepted: 0s to 24h\n",
+                        grace.as_secs()
+                    ),
+                ),
+                Ok(grace) => R::Lifecycle(uid, Lifecycle::ShutdownStarted { grace }),
+                Err(e) => R::Refused(
+                    StatusCode::BAD_REQUEST,
+                    format!("query `grace`: {e}; accepted: 0s to 24h\n"),
+                ),
+            }
+        }
+        (&Method::POST, Some((uid, "teardown"))) => R::Lifecycle(uid, Lifecycle::Teardown),
+        (&Method::DELETE, None) => R::Lifecycle(rest, Lifecycle::Deleted),
+        _ => R::Refused(StatusCode::NOT_FOUND, USAGE.to_owned()),
+    }
+}
+
 pub(super) async fn route(
     state: Arc<AdminState>,
     rest: &str,
     req: Request<Incoming>,
 ) -> Response<Body> {
-    let method = req.method().clone();
-    let (uid, what) = match (method, rest.split_once('/')) {
-        (Method::PUT, Some((uid, "policy"))) => return bind(&state, uid, req).await,
-        (Method::DELETE, Some((uid, "policy"))) => return unbind(&state, uid),
-        (Method::POST, Some((uid, "shutdown-starting"))) => {
-            let grace = req
-                .uri()
-                .query()
-                .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("grace=")))
-                .map(crate::config::duration::parse)
-                .unwrap_or(Ok(state.default_grace));
-            match grace {
-                Ok(grace) if grace > crate::drains::MAX_GRACE => {
-                    return text(
-                        StatusCode::BAD_REQUEST,
-                        format!(
-                            "query `grace`: {} s is out of range; accepted: 0s to 24h\n",
-                            grace.as_secs()
-                        ),
-                    )
-                }
-                Ok(grace) => (uid, Lifecycle::ShutdownStarted { grace }),
-                Err(e) => {
-                    return text(
-                        StatusCode::BAD_REQUEST,
-                        format!("query `grace`: {e}; accepted: 0s to 24h\n"),
-                    )
-                }
-            }
-        }
-        (Method::POST, Some((uid, "teardown"))) => (uid, Lifecycle::Teardown),
-        (Method::DELETE, None) => (rest, Lifecycle::Deleted),
-        _ => return text(StatusCode::NOT_FOUND, USAGE),
+    let parsed = parse(req.method(), rest, req.uri().query(), state.default_grace);
+    let (uid, what) = match parsed {
+        WorkloadRequest::Bind(uid) => return bind(&state, uid, req).await,
+        WorkloadRequest::Unbind(uid) => return unbind(&state, uid),
+        WorkloadRequest::Refused(status, body) => return text(status, body),
+        WorkloadRequest::Lifecycle(uid, what) => (uid, what),
     };
     match state.drains.on_lifecycle(uid, what, Trigger::Admin).await {
         Ok(outcome) => json_response(serde_json::to_value(outcome).expect("outcome serializes")),

@@ -27,14 +27,15 @@ use crate::shutdown::ShutdownWatch;
 /// The longest request line accepted (a real one is a few hundred bytes).
 pub const MAX_LINE: usize = 64 << 10;
 
+/// A teardown request as `tidegate-cni` sends it.
 #[derive(Debug, Deserialize)]
-struct Request {
-    command: String,
-    uid: String,
+pub struct Request {
+    pub command: String,
+    pub uid: String,
     #[serde(default)]
-    namespace: String,
+    pub namespace: String,
     #[serde(default)]
-    name: String,
+    pub name: String,
 }
 
 /// The CNI socket's connection cap and read timeout (`control_plane.cni_*`).
@@ -85,7 +86,28 @@ pub async fn serve(
 }
 
 /// Why a request line was refused: the metric reason and the answer's error.
-struct Refused(&'static str, String);
+#[derive(Debug)]
+pub struct Refused(pub &'static str, pub String);
+
+/// Reads and parses one teardown request; `Ok(None)`: the peer closed
+/// without sending one. Public for the fuzz target.
+pub async fn read_teardown<R: tokio::io::AsyncRead + Unpin>(
+    r: R,
+    timeout: Duration,
+) -> Result<Option<Request>, Refused> {
+    let line = read_request(r, timeout).await?;
+    if line.is_empty() {
+        return Ok(None);
+    }
+    match serde_json::from_str::<Request>(&line) {
+        Err(e) => Err(Refused("bad_request", e.to_string())),
+        Ok(req) if req.command != "teardown" => Err(Refused(
+            "bad_request",
+            format!("unknown command {:?}", req.command),
+        )),
+        Ok(req) => Ok(Some(req)),
+    }
+}
 
 /// Reads one request line: at most [`MAX_LINE`] bytes, within `timeout`, UTF-8.
 async fn read_request<R: tokio::io::AsyncRead + Unpin>(
@@ -115,9 +137,9 @@ async fn read_request<R: tokio::io::AsyncRead + Unpin>(
 
 async fn handle(stream: UnixStream, engine: Arc<DrainEngine>, limits: &CniLimits) {
     let (r, mut w) = stream.into_split();
-    let line = match read_request(r, limits.read_timeout).await {
-        Ok(line) if line.is_empty() => return, // closed without a request
-        Ok(line) => line,
+    let req = match read_teardown(r, limits.read_timeout).await {
+        Ok(None) => return, // closed without a request
+        Ok(Some(req)) => req,
         Err(Refused(reason, error)) => {
             limits.connections.refused(reason);
             debug!(reason, %error, "cni request refused");
@@ -126,31 +148,19 @@ async fn handle(stream: UnixStream, engine: Arc<DrainEngine>, limits: &CniLimits
             return;
         }
     };
-    let answer = match serde_json::from_str::<Request>(&line) {
-        Err(e) => {
-            limits.connections.refused("bad_request");
-            json!({"result": "bad-request", "error": e.to_string()})
-        }
-        Ok(req) if req.command != "teardown" => {
-            limits.connections.refused("bad_request");
-            json!({"result": "bad-request", "error": format!("unknown command {:?}", req.command)})
-        }
-        Ok(req) => {
-            debug!(uid = %req.uid, namespace = %req.namespace, name = %req.name, "CNI DEL");
-            match engine
-                .on_lifecycle(&req.uid, Lifecycle::Teardown, Trigger::Cni)
-                .await
-            {
-                Ok(outcome) => json!({
-                    "result": outcome.teardown.as_ref().map(|t| t.result).unwrap_or("no-hold"),
-                    "held_ms": outcome.teardown.as_ref().map(|t| t.held_ms).unwrap_or(0),
-                    "policy": outcome.policy,
-                    "actions": outcome.actions,
-                }),
-                // Not ours (another node, or never known): nothing to hold.
-                Err(e) => json!({"result": "unknown-workload", "error": e.to_string()}),
-            }
-        }
+    debug!(uid = %req.uid, namespace = %req.namespace, name = %req.name, "CNI DEL");
+    let answer = match engine
+        .on_lifecycle(&req.uid, Lifecycle::Teardown, Trigger::Cni)
+        .await
+    {
+        Ok(outcome) => json!({
+            "result": outcome.teardown.as_ref().map(|t| t.result).unwrap_or("no-hold"),
+            "held_ms": outcome.teardown.as_ref().map(|t| t.held_ms).unwrap_or(0),
+            "policy": outcome.policy,
+            "actions": outcome.actions,
+        }),
+        // Not ours (another node, or never known): nothing to hold.
+        Err(e) => json!({"result": "unknown-workload", "error": e.to_string()}),
     };
     let _ = w.write_all(format!("{answer}\n").as_bytes()).await;
 }

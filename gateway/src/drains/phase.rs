@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 /// A lifecycle transition of a local workload.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lifecycle {
     /// Termination started; the pod's grace period.
     ShutdownStarted { grace: Duration },

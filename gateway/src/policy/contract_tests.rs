@@ -25,11 +25,7 @@ fn declarations(wit: &str) -> BTreeMap<(String, String), Vec<String>> {
                 current = None;
                 continue;
             }
-            let member = line
-                .split(|c| c == ':' || c == '(' || c == ',')
-                .next()
-                .unwrap()
-                .trim();
+            let member = line.split([':', '(', ',']).next().unwrap().trim();
             out.entry(key.clone())
                 .or_insert_with(Vec::new)
                 .push(member.to_string());
