@@ -7,8 +7,11 @@
 //!   defaults to `<repo>/target/plugins`.
 //! - `test`: the project's whole test run (the README's test command): build
 //!   the plugins, run every test of the workspace, the plugins' native tests,
-//!   then start the demo as `demo --check` does and run the READMEs' shell
+//!   every fuzz target for a bounded time, then start the demo as `demo --check` does and run the READMEs' shell
 //!   blocks against it (`readme.rs`).
+//! - `fuzz [--secs N] [TARGET…]`: build the fuzz targets of `fuzz/` and run
+//!   each for N seconds (default 60); `test` runs them all for
+//!   [`fuzz::TEST_SECS`] each (`fuzz.rs`).
 //! - `readme`: only the last stage of `test` (the demo and the READMEs'
 //!   shell blocks), for whoever edits a README.
 //! - `demo [--check] [ARGS…]`: build the plugins and the gateway (dev profile:
@@ -20,6 +23,7 @@
 
 mod checks;
 mod demo;
+mod fuzz;
 mod plugins;
 mod readme;
 
@@ -29,7 +33,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 
 const USAGE: &str =
-    "usage: cargo xtask plugins [--out DIR] | test | readme | demo [--check] [ARGS…]";
+    "usage: cargo xtask plugins [--out DIR] | test | fuzz [--secs N] [TARGET…] | readme | demo [--check] [ARGS…]";
 
 fn main() -> ExitCode {
     match run(std::env::args().skip(1).collect()) {
@@ -70,13 +74,33 @@ fn run(args: Vec<String>) -> Result<()> {
                 ],
                 &mut tally,
             );
+            let fuzz = fuzz::run(&root, fuzz::TEST_SECS, &[]);
+            if let Err(e) = &fuzz {
+                eprintln!("xtask: {e:#}");
+            }
             let docs = run_docs(&root, &mut tally);
             // One closing line for the whole run, whatever ran last.
             println!(
                 "\ntests: {} passed, {} failed, {} skipped",
                 tally.passed, tally.failed, tally.ignored
             );
-            workspace.and(plugins).and(docs)
+            workspace.and(plugins).and(fuzz).and(docs)
+        }
+        Some("fuzz") => {
+            let mut secs = 60;
+            let mut targets = Vec::new();
+            while let Some(arg) = args.next() {
+                match arg.as_str() {
+                    "--secs" => {
+                        secs = args
+                            .next()
+                            .and_then(|s| s.parse().ok())
+                            .context("--secs needs a number of seconds")?
+                    }
+                    t => targets.push(t.to_owned()),
+                }
+            }
+            fuzz::run(&repo_root(), secs, &targets)
         }
         Some("readme") => {
             let root = repo_root();

@@ -1,0 +1,40 @@
+//! The admin API's `/workloads/<uid>/…` request parsing: any method, path and
+//! query is a request or an answer, never a panic; a shutdown's grace never
+//! exceeds `drains::MAX_GRACE` (the overflow of issue 12 item 2).
+#![no_main]
+
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use libfuzzer_sys::fuzz_target;
+use tidegate::admin::workloads::{parse, WorkloadRequest};
+use tidegate::drains::{Lifecycle, MAX_GRACE};
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&m, rest)) = data.split_first() else {
+        return;
+    };
+    let Ok(text) = std::str::from_utf8(rest) else {
+        return;
+    };
+    let method = [Method::GET, Method::POST, Method::PUT, Method::DELETE][m as usize % 4].clone();
+    let (path, query) = match text.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (text, None),
+    };
+    match parse(&method, path, query, Duration::from_secs(30)) {
+        WorkloadRequest::Lifecycle(uid, Lifecycle::ShutdownStarted { grace }) => {
+            assert!(grace <= MAX_GRACE, "{grace:?} from {query:?}");
+            assert!(path.starts_with(uid));
+        }
+        WorkloadRequest::Lifecycle(uid, _)
+        | WorkloadRequest::Bind(uid)
+        | WorkloadRequest::Unbind(uid) => {
+            assert!(path.starts_with(uid));
+        }
+        WorkloadRequest::Refused(status, body) => {
+            assert!(status == StatusCode::BAD_REQUEST || status == StatusCode::NOT_FOUND);
+            assert!(!body.is_empty());
+        }
+    }
+});
