@@ -19,7 +19,9 @@
 //! | `rapid-reset` | mTLS connections opening and resetting CONNECT streams, 10 pairs per 2 ms |
 //! | `bad-connect` | CONNECTs the gateway must refuse: its own ports, port 0, no authority |
 //!
-//! Every `SOAK_SAMPLE_SECS` (default: 1/60 of the run, 2 to 30 s) it prints
+//! Phases last `SOAK_PHASE_SECS` (default 60) and the cycle repeats until
+//! the end, so a 30-minute run floods each kind about four times. Every
+//! `SOAK_SAMPLE_SECS` (default: 1/60 of the run, 2 to 30 s) it prints
 //! the gateway's RSS, open descriptors and threads, and the good traffic's
 //! successes, failures and round-trip p50/p99 next to raw loopback TCP to the
 //! same echo backend measured in the same run. At the end it compares each
@@ -255,8 +257,13 @@ async fn hold_half_open(
                 };
                 let _ = tcp.write_all(prefix).await;
                 let mut b = [0u8; 512];
-                // The gateway closes it (a timeout) or the phase ends.
+                // The gateway closes it (a timeout, its cap) or the phase
+                // ends; each slot reopens at most 10 times a second, so the
+                // flood does not become a CPU race on a 2-core machine.
+                let opened = Instant::now();
                 let _ = tokio::time::timeout(Duration::from_secs(1), tcp.read(&mut b)).await;
+                tokio::time::sleep(Duration::from_millis(100).saturating_sub(opened.elapsed()))
+                    .await;
             }
         });
     }
@@ -394,10 +401,21 @@ fn main() -> anyhow::Result<()> {
         log.path().display()
     );
 
+    let phase_secs: u64 = std::env::var("SOAK_PHASE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
+    // The floods run on their own thread, so they cannot starve the good
+    // traffic's client (what is measured is the gateway, not this program).
+    let floods = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let spawner = floods.handle().clone();
     rt.block_on(async move {
         tidegate_e2e::wait_for(
             "the gateway to be ready",
@@ -426,7 +444,10 @@ fn main() -> anyhow::Result<()> {
         let stop = Arc::new(AtomicBool::new(false));
         let traffic = tokio::spawn(good_traffic(client.clone(), good.clone(), stop.clone()));
         let phase = Arc::new(Mutex::new(Phase::Quiet));
-        let phase_len = run / Phase::CYCLE.len() as u32;
+        // Phases of SOAK_PHASE_SECS (60) repeat until the end, so a leak
+        // shows as growth from one cycle's quiet phases to the next; a run
+        // shorter than one cycle gets shorter phases.
+        let phase_len = Duration::from_secs(phase_secs.max(1)).min(run / Phase::CYCLE.len() as u32);
         println!(
             "{:>6} {:<12} {:>9} {:>6} {:>7} {:>7} {:>7} {:>9} {:>9} {:>8}",
             "t (s)",
@@ -446,8 +467,8 @@ fn main() -> anyhow::Result<()> {
         let mut current = None;
         while start.elapsed() < run {
             let at = start.elapsed();
-            let now = Phase::CYCLE
-                [((at.as_nanos() / phase_len.as_nanos()) as usize).min(Phase::CYCLE.len() - 1)];
+            let now =
+                Phase::CYCLE[(at.as_nanos() / phase_len.as_nanos()) as usize % Phase::CYCLE.len()];
             if current != Some(now) {
                 *phase.lock().unwrap() = now;
                 if let Some(f) = flood.take() {
@@ -456,13 +477,13 @@ fn main() -> anyhow::Result<()> {
                 let p = phase.clone();
                 flood = match now {
                     Phase::Quiet => None,
-                    Phase::Handshake => Some(tokio::spawn(hold_half_open(
+                    Phase::Handshake => Some(spawner.spawn(hold_half_open(
                         HBONE,
                         b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
                         p,
                         now,
                     ))),
-                    Phase::HalfHttp => Some(tokio::spawn(async move {
+                    Phase::HalfHttp => Some(spawner.spawn(async move {
                         tokio::join!(
                             hold_half_open(
                                 METRICS,
@@ -478,8 +499,8 @@ fn main() -> anyhow::Result<()> {
                             ),
                         );
                     })),
-                    Phase::RapidReset => Some(tokio::spawn(rapid_reset(client.clone(), p))),
-                    Phase::BadConnect => Some(tokio::spawn(bad_connects(client.clone(), p))),
+                    Phase::RapidReset => Some(spawner.spawn(rapid_reset(client.clone(), p))),
+                    Phase::BadConnect => Some(spawner.spawn(bad_connects(client.clone(), p))),
                 };
                 current = Some(now);
             }
