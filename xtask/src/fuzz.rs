@@ -15,10 +15,11 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 
 /// Every target of `fuzz/Cargo.toml`, in the order they run.
-pub const TARGETS: [&str; 6] = [
+pub const TARGETS: [&str; 7] = [
     "connect_route",
     "config",
     "workload_file",
+    "cni_stdin",
     "cni_socket",
     "admin_workloads",
     "wit_convert",

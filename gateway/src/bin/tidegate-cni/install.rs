@@ -131,11 +131,11 @@ pub fn parse(command: &str, args: &[String]) -> Result<Options, InstallError> {
                 o.timeout_ms = Some(
                     v.parse()
                         .ok()
-                        .filter(|t| (1..=super::MAX_TIMEOUT_MS).contains(t))
+                        .filter(|t| (1..=super::conf::MAX_TIMEOUT_MS).contains(t))
                         .ok_or_else(|| {
                             InstallError::Usage(format!(
                                 "--timeout-ms {v:?} is not a number of milliseconds from 1 to {}",
-                                super::MAX_TIMEOUT_MS
+                                super::conf::MAX_TIMEOUT_MS
                             ))
                         })?,
                 );
