@@ -133,20 +133,7 @@ fn run_connect_and_sigterm() {
         "{table}"
     );
 
-    let mut connect = spawn_connect(&config, &echo, &inbound_port);
-    connect
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"hello over hbone\n")
-        .unwrap();
-    let out = connect.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(out.stdout, b"hello over hbone\n");
+    echo_through_connect(&config, &echo, &inbound_port, b"hello over hbone\n");
     gw.wait_for("stream ended");
 
     // SIGTERM: drains (no streams left) and exits 0.
@@ -429,20 +416,7 @@ fn a_truncated_workload_file_keeps_the_workloads() {
     assert!(http_get(&admin, "/config_dump").contains("echo-uid"));
     assert!(http_get(&metrics, "/metrics")
         .contains(r#"tidegate_workload_file_rejected_total{reason="empty"} 1"#));
-    let mut connect = spawn_connect(&client_config, &echo, &inbound_port);
-    connect
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"still served\n")
-        .unwrap();
-    let out = connect.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(out.stdout, b"still served\n");
+    echo_through_connect(&client_config, &echo, &inbound_port, b"still served\n");
 
     std::fs::write(&workloads, "workloads: []\n").unwrap();
     let reloaded = gw.wait_for("workload file reloaded");
@@ -462,6 +436,19 @@ fn spawn_connect(config: &std::path::Path, echo: &str, inbound_port: &str) -> Ch
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
+}
+
+/// `tidegate connect` sends `line` and must exit 0 having echoed exactly it.
+fn echo_through_connect(config: &std::path::Path, echo: &str, inbound_port: &str, line: &[u8]) {
+    let mut connect = spawn_connect(config, echo, inbound_port);
+    connect.stdin.take().unwrap().write_all(line).unwrap();
+    let out = connect.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, line);
 }
 
 fn wait_bounded(child: &mut Child) -> std::process::ExitStatus {

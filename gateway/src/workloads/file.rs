@@ -329,15 +329,21 @@ mod tests {
         assert_eq!(b.spec.protocol, super::super::Protocol::Tcp);
     }
 
-    #[test]
-    fn reload_keeps_previous_set_on_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("w.yaml");
+    /// `w.yaml` in `dir` with one local workload `a`.
+    fn one_workload_file(dir: &std::path::Path) -> std::path::PathBuf {
+        let path = dir.join("w.yaml");
         std::fs::write(
             &path,
             "workloads:\n- {uid: a, name: a, ips: [10.0.0.1], node: n}\n",
         )
         .unwrap();
+        path
+    }
+
+    #[test]
+    fn reload_keeps_previous_set_on_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = one_workload_file(dir.path());
         let store = WorkloadStore::new("td", "n");
         let mut w = WorkloadFileWatcher::start(
             &path,
@@ -365,12 +371,7 @@ mod tests {
     #[tokio::test]
     async fn watcher_task_publishes_changes() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("w.yaml");
-        std::fs::write(
-            &path,
-            "workloads:\n- {uid: a, name: a, ips: [10.0.0.1], node: n}\n",
-        )
-        .unwrap();
+        let path = one_workload_file(dir.path());
         let store = WorkloadStore::new("td", "n");
         let mut changes = store.subscribe();
         let (trigger, watch) = crate::shutdown::channel();
@@ -408,12 +409,7 @@ mod tests {
     #[test]
     fn a_truncated_file_keeps_the_workloads_and_is_counted() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("w.yaml");
-        std::fs::write(
-            &path,
-            "workloads:\n- {uid: a, name: a, ips: [10.0.0.1], node: n}\n",
-        )
-        .unwrap();
+        let path = one_workload_file(dir.path());
         let store = WorkloadStore::new("td", "n");
         let mut registry = Registry::default();
         let metrics = WorkloadFileMetrics::register(&mut registry);

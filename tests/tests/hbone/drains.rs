@@ -574,23 +574,9 @@ impl tokio::io::AsyncWrite for EndRecorder {
 /// deadline (half the grace) while the client still reads. Returns how the
 /// client's TLS stream ended.
 async fn tunnel_end_with_close_notify(octet: u8, close_notify: bool) -> TlsEnd {
-    use tidegate::identity::SpiffeId;
-    use tidegate::tls::{DevCa, TlsContext, TlsMetrics};
     let config = format!(r#"{{"close-notify": {close_notify}}}"#);
     let nodes = with_policy(octet, "goaway-on-term-start", &config).await;
-    let ca = DevCa::open(&nodes.ca_dir(), Duration::from_secs(600)).unwrap();
-    let tls = TlsContext::new(
-        std::sync::Arc::new(ca),
-        "cluster.local",
-        TlsMetrics::default(),
-    );
-    let addr = SocketAddr::new(nodes.echo.ip(), nodes.server.addrs.inbound.port());
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let id = |sa| SpiffeId::new("cluster.local", "demo", sa);
-    let stream = tls
-        .connect(&id("client"), &id("echo"), addr.ip(), tcp)
-        .await
-        .unwrap();
+    let stream = crate::raw_h2::tls_to_echo(&nodes).await;
     let end = std::sync::Arc::new(std::sync::OnceLock::new());
     let recorder = EndRecorder {
         inner: stream,

@@ -46,18 +46,23 @@ pub struct RawH2 {
     next_stream: u32,
 }
 
-/// An mTLS connection as `demo/client` to the echo workload's HBONE address,
-/// with the client preface and an empty SETTINGS already sent.
-pub async fn connect(nodes: &TwoNodes) -> RawH2 {
+/// A TLS connection as `demo/client` to the echo workload's HBONE address
+/// (ALPN h2, nothing sent yet).
+pub async fn tls_to_echo(nodes: &TwoNodes) -> ClientTls {
     let ca = Arc::new(DevCa::open(&nodes.ca_dir(), Duration::from_secs(600)).unwrap());
     let tls = TlsContext::new(ca, "cluster.local", TlsMetrics::default());
     let addr = SocketAddr::new(nodes.echo.ip(), nodes.server.addrs.inbound.port());
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let id = |sa| SpiffeId::new("cluster.local", "demo", sa);
-    let stream = tls
-        .connect(&id("client"), &id("echo"), addr.ip(), tcp)
+    tls.connect(&id("client"), &id("echo"), addr.ip(), tcp)
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// An mTLS connection as `demo/client` to the echo workload's HBONE address,
+/// with the client preface and an empty SETTINGS already sent.
+pub async fn connect(nodes: &TwoNodes) -> RawH2 {
+    let stream = tls_to_echo(nodes).await;
     let (mut read, write) = tokio::io::split(stream);
     let (tx, frames) = mpsc::unbounded_channel();
     tokio::spawn(async move {
