@@ -437,6 +437,7 @@ async fn future_sizes(nodes: &TwoNodes, d: &Dialer) -> anyhow::Result<String> {
     let proxy = size_of_val(&nodes.client.outbound.proxy(tcp, src, d.authority));
     let key = tidegate::proxy::pool::PoolKey {
         src: d.src.clone(),
+        dst_uid: "echo-uid".into(),
         dst: d.dst.clone(),
         dst_addr: d.hbone,
     };

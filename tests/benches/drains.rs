@@ -498,7 +498,10 @@ async fn evict_section(nodes: &TwoNodes) -> anyhow::Result<EvictRun> {
             let start = Instant::now();
             let outcome = nodes.client.drains.on_peer(&peer, true);
             let called = start.elapsed();
-            let outcome = outcome.ok_or_else(|| anyhow::anyhow!("on_peer: no pooled tunnel"))?;
+            let outcome = outcome
+                .into_iter()
+                .next()
+                .ok_or_else(|| anyhow::anyhow!("on_peer: no pooled tunnel"))?;
             if outcome.actions.is_empty() {
                 anyhow::bail!("evict-on-delete decided nothing: {outcome:?}");
             }

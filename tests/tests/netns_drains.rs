@@ -581,21 +581,41 @@ async fn goaway_on_term_start_in_network_namespaces() {
         failures.len(),
         ok + failures.len()
     );
-    let a = s.gw_a.metrics().await;
-    assert_eq!(metric(&a, GOAWAYS), 1.0, "exactly one GOAWAY\n{a}");
+    // The drain applies to the workload: every tunnel accepted after the
+    // GOAWAY got one too (after the stream it was dialed for), so none is
+    // left pooled to the terminating pod.
+    let a = s
+        .gw_a
+        .wait_metrics("every tunnel to the draining pod gets a GOAWAY", |m| {
+            metric(m, GOAWAYS) == metric(m, OPENED)
+        })
+        .await;
+    let goaways = metric(&a, GOAWAYS);
 
     // Teardown through the real CNI plugin, then deleted.
     let teardown = Instant::now();
     let (stderr, del_took) = cni_del(&s.cni_socket).await;
     s.delete().await;
-    let a = s.gw_a.metrics().await;
+    let a = s
+        .gw_a
+        .wait_metrics("no tunnel to the deleted pod is left on A", |m| {
+            metric(m, POOLED) == 0.0
+        })
+        .await;
     assert_eq!(
         metric(&a, GOAWAYS),
-        1.0,
+        goaways,
         "no further GOAWAY at teardown\n{a}"
     );
     let b = s.gw_b.metrics().await;
-    assert_eq!(metric(&b, "tidegate_drain_goaways_sent_total"), 1.0, "{b}");
+    assert_eq!(
+        metric(&b, "tidegate_drain_goaways_sent_total"),
+        goaways,
+        "{b}"
+    );
+    let drains = s.gw_b.admin_ok("GET", "/drains").await;
+    assert_eq!(drains["drains"][0]["phase"], "deleted", "{drains}");
+    assert_eq!(drains["drains"][0]["tunnels_remaining"], 0, "{drains}");
     assert_eq!(
         metric(
             &b,
@@ -792,8 +812,13 @@ async fn keepalive_only_in_network_namespaces() {
     );
     let b = s.gw_b.metrics().await;
     assert_eq!(metric(&b, "tidegate_drain_goaways_sent_total"), 0.0, "{b}");
+    // Deleted: whatever the policy, the workload's tunnels are closed (the
+    // app is gone), so the held stream ends.
     s.delete().await;
-    held.close(&s.pod_a).await;
+    let ended = held.wait_ended(&s.pod_a, STEP).await;
+    let drains = s.gw_b.admin_ok("GET", "/drains").await;
+    assert_eq!(drains["drains"][0]["tunnels_remaining"], 0, "{drains}");
+    println!("netns_drains keepalive-only: after the deletion, the held stream: {ended}");
     println!(
         "netns_drains keepalive-only ({}/{}): failed requests {} of {}; tunnels opened during termination 0; \
          event -> first GOAWAY: none (by design); tunnel still pooled on A after teardown; time to drain: left to keepalive; \
@@ -887,4 +912,124 @@ async fn evict_on_delete_in_network_namespaces() {
         stderr.trim()
     );
     let _ = &s.dir;
+}
+
+/// The replacement of the server pod: same service account (so the same
+/// identity), a new uid and IP (a second address in pod B's namespace).
+const REPLACEMENT_UID: &str = "echo-2-uid";
+
+/// Peer events on the client node are decided by the *server's* policy (its
+/// annotation names `p`, configured on gateway A; gateway A's clients carry
+/// no annotation and there is no default), act on the deleted pod's tunnels
+/// only — never on the replacement with the same identity — and show in
+/// gateway A's `GET /drains`; a tunnel evicted "when idle" is listed as
+/// draining while its stream runs.
+#[tokio::test]
+async fn peer_events_follow_the_servers_policy_and_spare_its_replacement() {
+    if skip() {
+        return;
+    }
+    let plugins = format!(
+        "policies:\n  plugins:\n    p:\n      file: {}\n      config: '{{\"on-peer-terminating\": \"evict-when-idle\"}}'\n",
+        plugin("evict-on-delete").display()
+    );
+    let s = Scenario::start(4, &plugins, &plugins).await;
+    let replacement = std::net::Ipv4Addr::new(10, s.t.x, 2, 3);
+    tidegate_e2e::netns::run(&format!(
+        "ip -n {} addr add {replacement}/24 dev eth0",
+        s.t.pb
+    ));
+    tidegate_e2e::netns::run(&format!(
+        "ip netns exec {} iptables -t nat -A PREROUTING -p tcp -d {replacement} --dport {HBONE_PORT} \
+         -j REDIRECT --to-ports {HBONE_PORT}",
+        s.t.nb
+    ));
+    let annotated = |state: &str| {
+        format!(
+            "workloads:\n\
+             - {{uid: client-uid, name: client, namespace: demo, service_account: client, ips: [{}], node: node-a}}\n\
+             - {{uid: {ECHO_UID}, name: echo, namespace: demo, service_account: echo, ips: [{}], node: node-b, \
+                 state: {state}, annotations: {{tidegate.io/drain-policy: p}}}}\n\
+             - {{uid: {REPLACEMENT_UID}, name: echo-2, namespace: demo, service_account: echo, ips: [{replacement}], \
+                 node: node-b, annotations: {{tidegate.io/drain-policy: p}}}}\n",
+            s.t.pod_a(),
+            s.t.pod_b()
+        )
+    };
+    write_atomically(
+        &s.dir.path().join("server-workloads.yaml"),
+        &annotated("running"),
+    );
+    write_atomically(&s.client_workloads, &annotated("running"));
+    for gw in [&s.gw_a, &s.gw_b] {
+        tidegate_e2e::wait_for("both gateways know the replacement", STEP, || async {
+            let dump = gw.admin_ok("GET", "/config_dump").await;
+            dump.to_string().contains(REPLACEMENT_UID).then_some(())
+        })
+        .await;
+    }
+    let mut old = Held::open(&s.pod_a, s.echo).await;
+    let mut new = Held::open(&s.pod_a, SocketAddr::new(replacement.into(), ECHO_PORT)).await;
+    let pooled = |dump: &serde_json::Value, ip: std::net::Ipv4Addr| -> Vec<String> {
+        dump["pool"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| {
+                t["dst_addr"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with(&format!("{ip}:"))
+            })
+            .map(|t| t["state"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let dump = s.gw_a.admin_ok("GET", "/config_dump").await;
+    assert_eq!(pooled(&dump, s.t.pod_b()), ["active"], "{dump}");
+    assert_eq!(pooled(&dump, replacement), ["active"], "{dump}");
+
+    // The old pod terminates: its policy (evict when idle) decides on A.
+    write_atomically(&s.client_workloads, &annotated("terminating"));
+    let drains = tidegate_e2e::wait_for("A shows the peer-terminating decision", STEP, || async {
+        let d = s.gw_a.admin_ok("GET", "/drains").await;
+        (d["peer_drains"].as_array().is_some_and(|p| !p.is_empty())).then_some(d)
+    })
+    .await;
+    let peer = &drains["peer_drains"][0];
+    assert_eq!(peer["peer"], ECHO_UID, "{drains}");
+    assert_eq!(peer["workload"], "demo/echo", "{drains}");
+    let d = &peer["decisions"][0];
+    assert_eq!(d["event"], "peer-terminating", "{drains}");
+    assert_eq!(d["policy"], "p", "{drains}");
+    assert_eq!(d["selected_by"], "annotation", "{drains}");
+    assert_eq!(d["tunnels_evicted"], 1, "{drains}");
+    // Evicted when idle: no longer pooled for new streams, listed as
+    // draining while the held stream runs on it.
+    let dump = s.gw_a.admin_ok("GET", "/config_dump").await;
+    assert_eq!(pooled(&dump, s.t.pod_b()), ["draining"], "{dump}");
+    assert_eq!(pooled(&dump, replacement), ["active"], "{dump}");
+    old.round_trip(&s.pod_a, "old pod, draining tunnel").await;
+
+    // The old pod is deleted: its tunnel is cut; the replacement's, with
+    // the same identity, is untouched.
+    write_atomically(
+        &s.client_workloads,
+        &annotated("running")
+            .lines()
+            .filter(|l| !l.contains(&format!("uid: {ECHO_UID},")))
+            .map(|l| format!("{l}\n"))
+            .collect::<String>(),
+    );
+    let ended = old.wait_ended(&s.pod_a, STEP).await;
+    new.round_trip(&s.pod_a, "replacement after the old pod's deletion")
+        .await;
+    let drains = s.gw_a.admin_ok("GET", "/drains").await;
+    let d = &drains["peer_drains"][0]["decisions"][1];
+    assert_eq!(d["event"], "peer-deleted", "{drains}");
+    assert_eq!(d["selected_by"], "annotation", "{drains}");
+    let dump = s.gw_a.admin_ok("GET", "/config_dump").await;
+    assert_eq!(pooled(&dump, replacement), ["active"], "{dump}");
+    assert!(pooled(&dump, s.t.pod_b()).is_empty(), "{dump}");
+    new.close(&s.pod_a).await;
+    println!("netns_drains peer events: old pod's held stream after its deletion: {ended}; replacement untouched");
 }

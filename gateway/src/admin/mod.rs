@@ -89,7 +89,10 @@ pub async fn admin(state: Arc<AdminState>, req: Request<Incoming>) -> Response<B
         return workloads::route(state, &rest, req).await;
     }
     match (req.method(), req.uri().path()) {
-        (&Method::GET, "/drains") => json_response(json!({ "drains": state.drains.list() })),
+        (&Method::GET, "/drains") => json_response(json!({
+            "drains": state.drains.list(),
+            "peer_drains": state.drains.peer_drains(),
+        })),
         (&Method::GET, "/policies") => json_response(json!({ "policies": state.policies.list() })),
         (&Method::GET, "/config_dump") => json_response(config_dump::dump(&state)),
         (_, "/config_dump") => text(StatusCode::METHOD_NOT_ALLOWED, "use GET /config_dump\n"),

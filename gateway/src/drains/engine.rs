@@ -151,6 +151,9 @@ pub(super) struct DrainBook {
     pub(super) first_seen: HashMap<String, Instant>,
     /// Workloads removed from the store recently, so actions can still name them.
     pub(super) removed: HashMap<String, (Arc<Workload>, Instant)>,
+    /// Peers' drains as this gateway (their client) handled them, by peer
+    /// uid (or destination address for a connect-failing one).
+    pub(super) peers: BTreeMap<String, super::peers::PeerDrain>,
     /// The workload uid each IP was last seen with (kept for a vanished IP
     /// while the pool still holds tunnels to it): a new uid at the IP means
     /// a new workload, and tunnels pooled for the old one must not carry it.
@@ -228,6 +231,18 @@ impl DrainEngine {
         actions: &[sdk::Action],
         decided_at: Instant,
     ) -> Executed {
+        self.execute_for(workload, actions, decided_at, None)
+    }
+
+    /// [`DrainEngine::execute`], touching only the pooled tunnels of
+    /// `sources` (when set): a peer decision made for some local clients.
+    pub(super) fn execute_for(
+        self: &Arc<Self>,
+        workload: &Arc<Workload>,
+        actions: &[sdk::Action],
+        decided_at: Instant,
+        sources: Option<&[crate::identity::SpiffeId]>,
+    ) -> Executed {
         let lookup = |uid: &str| self.any_workload(uid);
         let handles = Handles {
             pool: &self.pool,
@@ -238,6 +253,7 @@ impl DrainEngine {
             workload: &lookup,
             timers: self.clone(),
             default_goaway_deadline: self.cfg.default_goaway_deadline,
+            sources,
         };
         executor::execute(&handles, workload, actions, decided_at)
     }
@@ -315,7 +331,18 @@ impl DrainEngine {
             trigger = trigger.label(),
             "drain decision"
         );
-        let executed = self.execute(&workload, &decision.actions, decided_at);
+        let mut executed = self.execute(&workload, &decision.actions, decided_at);
+        if matches!(what, Lifecycle::Deleted) {
+            // The drain applies to the workload: whatever tunnel it still has
+            // (one accepted after the policy's GOAWAY, one it never drained)
+            // is closed now, and any accepted later.
+            let n = self.registry.close_workload(uid);
+            if n > 0 {
+                executed
+                    .descriptions
+                    .push(format!("closed {n} remaining inbound tunnels (deleted)"));
+            }
+        }
         self.record(uid, &executed);
         let teardown = match what {
             Lifecycle::Teardown => Some(
@@ -522,62 +549,6 @@ impl DrainEngine {
             .or_else(|| lock(&self.book).removed.get(uid).map(|(w, _)| w.clone()))
     }
 
-    /// A peer we pool tunnels to is terminating or was deleted. Decided by
-    /// the policy of a local workload that pools tunnels to it; nothing
-    /// happens when no tunnel is pooled to the peer.
-    pub fn on_peer(self: &Arc<Self>, peer: &Arc<Workload>, deleted: bool) -> Option<Outcome> {
-        let tunnels: Vec<_> = self
-            .pool
-            .tunnels()
-            .into_iter()
-            .filter(|t| t.key.dst == peer.identity)
-            .collect();
-        let first = tunnels.first()?;
-        let snapshot = self.workloads.snapshot();
-        let source = snapshot
-            .iter()
-            .find(|w| w.local && w.identity == first.key.src)?
-            .clone();
-        let selection = self.policies.select(&source);
-        let state = sdk::PeerState {
-            peer: sdk::PeerInfo {
-                uid: peer.uid().to_owned(),
-                name: peer.spec.name.clone(),
-                namespace: peer.spec.namespace.clone(),
-                identity: peer.identity.to_string(),
-                address: first.key.dst_addr.to_string(),
-            },
-            pooled_tunnels: tunnels.len() as u32,
-            active_streams: tunnels.iter().map(|t| t.streams()).sum::<usize>() as u32,
-        };
-        let (event, kind) = if deleted {
-            (sdk::Event::PeerDeleted(state), "peer-deleted")
-        } else {
-            (sdk::Event::PeerTerminating(state), "peer-terminating")
-        };
-        let decision = self.policies.decide(&selection, &event);
-        let executed = self.execute(&source, &decision.actions, Instant::now());
-        info!(
-            peer = peer.uid(),
-            event = kind,
-            policy = %decision.policy,
-            actions = ?executed.descriptions,
-            "peer decision"
-        );
-        Some(Outcome {
-            uid: peer.uid().to_owned(),
-            event: kind,
-            duplicate: false,
-            policy: Some(decision.policy),
-            version: decision.version,
-            fallback: decision
-                .fallback
-                .map(|f| format!("{}: {}", f.kind, f.detail)),
-            actions: executed.descriptions,
-            teardown: None,
-        })
-    }
-
     /// Turns the pool's connect-failure reports into `connect-failing`
     /// events, decided by the source workload's policy (e.g. a backoff).
     pub async fn watch_connect_failures(
@@ -598,13 +569,10 @@ impl DrainEngine {
             else {
                 continue;
             };
-            let peer = snapshot.by_ip(f.key.dst_addr.ip()).map(|p| sdk::PeerInfo {
-                uid: p.uid().to_owned(),
-                name: p.spec.name.clone(),
-                namespace: p.spec.namespace.clone(),
-                identity: p.identity.to_string(),
-                address: f.key.dst_addr.to_string(),
-            });
+            let known = snapshot
+                .by_uid(&f.key.dst_uid)
+                .or_else(|| snapshot.by_ip(f.key.dst_addr.ip()));
+            let peer = known.map(|p| super::peers::peer_info(p, &f.key.dst_addr.to_string()));
             let event = sdk::Event::ConnectFailing(sdk::ConnectFailing {
                 destination: f.key.dst_addr.to_string(),
                 peer,
@@ -622,6 +590,21 @@ impl DrainEngine {
                     policy = %decision.policy,
                     actions = ?executed.descriptions,
                     "connect-failing decision"
+                );
+                let key = known.map_or_else(|| f.key.dst_addr.to_string(), |p| p.uid().to_owned());
+                self.remember_peer(
+                    &key,
+                    known.map(|p| &**p),
+                    super::peers::PeerDecision {
+                        event: "connect-failing",
+                        policy: decision.policy,
+                        version: decision.version,
+                        selected_by: selection.by.label(),
+                        clients: vec![f.key.src.to_string()],
+                        actions: executed.descriptions,
+                        tunnels_evicted: executed.tunnels_evicted,
+                        at_unix_ms: super::peers::now_unix_ms(),
+                    },
                 );
             }
         }

@@ -17,7 +17,7 @@ use crate::hbone::GoawayCommand;
 use crate::identity::SpiffeId;
 use crate::oci::drainer::AtCapacity;
 use crate::oci::OciDrainer;
-use crate::proxy::pool::{BackoffParams, Pool};
+use crate::proxy::pool::{BackoffParams, Pool, PoolKey};
 use crate::proxy::tunnels::InboundTunnels;
 use crate::workloads::Workload;
 
@@ -25,6 +25,8 @@ use crate::workloads::Workload;
 #[derive(Debug, Default)]
 pub(super) struct Executed {
     pub descriptions: Vec<String>,
+    /// Pooled outbound tunnels evicted (by `evict` or an outbound GOAWAY).
+    pub tunnels_evicted: usize,
     /// Set by a `hold-teardown` action.
     pub hold: Option<Duration>,
 }
@@ -50,6 +52,15 @@ pub(super) struct Handles<'a> {
     pub timers: Arc<dyn TimerSink>,
     /// A GOAWAY's hard deadline when the action names none.
     pub default_goaway_deadline: Duration,
+    /// Pooled tunnels an action may touch: those of these source identities
+    /// (a peer decision made for some local clients only), or all when `None`.
+    pub sources: Option<&'a [SpiffeId]>,
+}
+
+impl Handles<'_> {
+    fn in_scope(&self, k: &PoolKey) -> bool {
+        self.sources.is_none_or(|s| s.contains(&k.src))
+    }
 }
 
 /// Executes `actions` about `workload`, decided at `decided_at`.
@@ -62,8 +73,8 @@ pub(super) fn execute(
     let mut out = Executed::default();
     for action in actions {
         let text = match action {
-            sdk::Action::Goaway(g) => goaway(h, workload, g, decided_at),
-            sdk::Action::Evict(e) => evict(h, e),
+            sdk::Action::Goaway(g) => goaway(h, workload, g, decided_at, &mut out.tunnels_evicted),
+            sdk::Action::Evict(e) => evict(h, e, &mut out.tunnels_evicted),
             sdk::Action::Backoff(b) => backoff(h, b),
             sdk::Action::OciDrain(o) => oci_drain(h, o, decided_at),
             sdk::Action::HoldTeardown(t) => {
@@ -84,11 +95,16 @@ pub(super) fn execute(
     out
 }
 
-fn evict(h: &Handles<'_>, e: &sdk::Evict) -> String {
+/// Evicts the pooled tunnels to the peer workload `e.peer` — by uid: another
+/// workload with the same identity (its replacement) keeps its tunnels.
+fn evict(h: &Handles<'_>, e: &sdk::Evict, evicted: &mut usize) -> String {
     let now = e.when == sdk::EvictWhen::Now;
-    match identity_of(h, &e.peer) {
-        Some(id) => {
-            let n = h.pool.evict_matching(now, |k| k.dst == id);
+    match (h.workload)(&e.peer) {
+        Some(_) => {
+            let n = h
+                .pool
+                .evict_matching(now, |k| k.dst_uid == e.peer && h.in_scope(k));
+            *evicted += n;
             h.metrics.action("evict", "executed");
             format!(
                 "evict {n} pooled tunnels to {} ({})",
@@ -168,15 +184,12 @@ fn set_timer(
     format!("timer {:?} in {} ms", t.tag, t.after_ms)
 }
 
-fn identity_of(h: &Handles<'_>, uid: &str) -> Option<SpiffeId> {
-    (h.workload)(uid).map(|w| w.identity.clone())
-}
-
 fn goaway(
     h: &Handles<'_>,
     workload: &Arc<Workload>,
     g: &sdk::Goaway,
     decided_at: Instant,
+    evicted: &mut usize,
 ) -> String {
     let graceful = g.mode == sdk::GoawayMode::Graceful;
     let hard = g
@@ -202,22 +215,24 @@ fn goaway(
         sdk::GoawayTarget::Inbound | sdk::GoawayTarget::Both
     ) {
         let delay = Duration::from_millis(g.delay_ms);
-        let n = goaway_inbound(h, &g.workload, cmd, &label, delay, decided_at);
+        let n = goaway_inbound(h, &g.workload, cmd, hard, &label, delay, decided_at);
         parts.push(format!("{n} inbound tunnels"));
     }
     if matches!(
         g.target,
         sdk::GoawayTarget::Outbound | sdk::GoawayTarget::Both
     ) {
-        let id = if g.workload == workload.uid() {
+        // Tunnels to the workload by uid; from it by identity (pooled
+        // tunnels are shared by the node's workloads of one identity).
+        let src = if g.workload == workload.uid() {
             Some(workload.identity.clone())
         } else {
-            identity_of(h, &g.workload)
+            (h.workload)(&g.workload).map(|w| w.identity.clone())
         };
-        let n = id.map_or(0, |id| {
-            h.pool
-                .evict_matching(!graceful, |k| k.src == id || k.dst == id)
+        let n = h.pool.evict_matching(!graceful, |k| {
+            h.in_scope(k) && (k.dst_uid == g.workload || src.as_ref() == Some(&k.src))
         });
+        *evicted += n;
         parts.push(format!("{n} pooled outbound tunnels"));
     }
     h.metrics.action("goaway", "executed");
@@ -230,22 +245,22 @@ fn goaway(
 }
 
 /// Asks the inbound tunnels of `uid` to go away, now or after `delay` (then
-/// on the tunnels it has at that time); returns how many it has now.
+/// on the tunnels it has at that time), and every tunnel accepted for it
+/// after that (a drain applies to the workload, not to the tunnels it had);
+/// returns how many it has now.
 fn goaway_inbound(
     h: &Handles<'_>,
     uid: &str,
     cmd: GoawayCommand,
+    hard: Duration,
     label: &str,
     delay: Duration,
     decided_at: Instant,
 ) -> usize {
-    let inbound = h.inbound.for_workload(uid);
     if delay.is_zero() {
-        for t in &inbound {
-            t.request_goaway(cmd, label);
-        }
-        return inbound.len();
+        return h.inbound.goaway_from_now_on(uid, cmd, Some(hard), label);
     }
+    let now = h.inbound.for_workload(uid).len();
     let registry = h.inbound.clone();
     let (uid, label) = (uid.to_owned(), label.to_owned());
     let at = decided_at.checked_add(delay);
@@ -254,11 +269,9 @@ fn goaway_inbound(
             Some(at) => tokio::time::sleep_until(at).await,
             None => return,
         }
-        for t in registry.for_workload(&uid) {
-            t.request_goaway(cmd, &label);
-        }
+        registry.goaway_from_now_on(&uid, cmd, Some(hard), &label);
     });
-    inbound.len()
+    now
 }
 
 #[cfg(test)]

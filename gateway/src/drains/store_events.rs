@@ -174,7 +174,9 @@ impl DrainEngine {
             }
         }
         for (ip, old, new) in retired {
-            let n = self.pool.evict_matching(false, |k| k.dst_addr.ip() == ip);
+            let n = self
+                .pool
+                .evict_matching(false, |k| k.dst_addr.ip() == ip && k.dst_uid == old);
             if n > 0 {
                 self.metrics.action("evict-reused-ip", "executed");
                 info!(%ip, old_uid = %old, new_uid = new, tunnels = n,
@@ -212,7 +214,13 @@ impl DrainEngine {
             first_seen,
             ..
         } = &mut *book;
-        drains.retain(|uid, d| current.by_uid(uid).is_some() || !d.ended_at.is_some_and(old));
+        drains.retain(|uid, d| {
+            let keep = current.by_uid(uid).is_some() || !d.ended_at.is_some_and(old);
+            if !keep {
+                self.registry.forget(uid);
+            }
+            keep
+        });
         removed.retain(|_, (_, at)| !old(*at));
         first_seen.retain(|uid, _| current.by_uid(uid).is_some() || drains.contains_key(uid));
     }

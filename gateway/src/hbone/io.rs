@@ -16,6 +16,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -160,8 +161,17 @@ impl FrameScan {
 /// flag is set (the default) and the TCP write side shut; without it only
 /// the TCP write side is shut, so the peer sees the connection end without
 /// a clean TLS close.
+///
+/// After such an orderly close the socket lingers (see [`LINGER`]): what the
+/// peer still sends (a PING ack, a WINDOW_UPDATE, its own GOAWAY) is read
+/// and dropped until the peer closes too. Closing a socket with unread bytes
+/// makes the kernel answer with a TCP reset, and the peer, still writing,
+/// would see its clean close end in a broken pipe.
 pub struct ServerIo {
-    tls: ServerTls,
+    /// Taken only when dropped (to linger).
+    tls: Option<ServerTls>,
+    /// Set once the write side was shut in order (h2's final close).
+    shut: bool,
     close_notify: CloseNotify,
     scan: FrameScan,
     refusals: RefusalSink,
@@ -185,7 +195,8 @@ impl CloseNotify {
 impl ServerIo {
     pub fn new(tls: ServerTls, refusals: RefusalSink) -> Self {
         ServerIo {
-            tls,
+            tls: Some(tls),
+            shut: false,
             close_notify: CloseNotify(Arc::new(AtomicBool::new(true))),
             scan: FrameScan::default(),
             refusals,
@@ -195,6 +206,10 @@ impl ServerIo {
     /// The flag deciding how this stream is finally closed.
     pub fn close_notify(&self) -> CloseNotify {
         self.close_notify.clone()
+    }
+
+    fn tls(&mut self) -> Pin<&mut ServerTls> {
+        Pin::new(self.tls.as_mut().expect("taken only on drop"))
     }
 
     fn observe(&mut self, written: &[u8]) {
@@ -209,7 +224,7 @@ impl AsyncRead for ServerIo {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().tls).poll_read(cx, buf)
+        self.get_mut().tls().poll_read(cx, buf)
     }
 }
 
@@ -220,7 +235,7 @@ impl AsyncWrite for ServerIo {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let n = std::task::ready!(Pin::new(&mut this.tls).poll_write(cx, buf))?;
+        let n = std::task::ready!(this.tls().poll_write(cx, buf))?;
         this.observe(&buf[..n]);
         Poll::Ready(Ok(n))
     }
@@ -231,7 +246,7 @@ impl AsyncWrite for ServerIo {
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let n = std::task::ready!(Pin::new(&mut this.tls).poll_write_vectored(cx, bufs))?;
+        let n = std::task::ready!(this.tls().poll_write_vectored(cx, bufs))?;
         let mut left = n;
         for b in bufs {
             if left == 0 {
@@ -245,22 +260,58 @@ impl AsyncWrite for ServerIo {
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.tls.is_write_vectored()
+        self.tls.as_ref().is_some_and(|t| t.is_write_vectored())
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().tls).poll_flush(cx)
+        self.get_mut().tls().poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if this.close_notify.get() {
+        let r = if this.close_notify.get() {
             // tokio-rustls: close_notify, flush, then shut the TCP write side.
-            return Pin::new(&mut this.tls).poll_shutdown(cx);
-        }
-        std::task::ready!(Pin::new(&mut this.tls).poll_flush(cx))?;
-        Pin::new(&mut this.tls.get_mut().0).poll_shutdown(cx)
+            std::task::ready!(this.tls().poll_shutdown(cx))
+        } else {
+            std::task::ready!(this.tls().poll_flush(cx))?;
+            let tcp = &mut this.tls.as_mut().expect("taken only on drop").get_mut().0;
+            std::task::ready!(Pin::new(tcp).poll_shutdown(cx))
+        };
+        this.shut = r.is_ok();
+        Poll::Ready(r)
     }
+}
+
+/// How long a closed tunnel's socket keeps reading what the peer still
+/// sends before it is closed anyway.
+pub const LINGER: Duration = Duration::from_secs(2);
+
+impl Drop for ServerIo {
+    fn drop(&mut self) {
+        let (Some(tls), true) = (self.tls.take(), self.shut) else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (tcp, _) = tls.into_inner();
+        rt.spawn(linger(tcp));
+    }
+}
+
+/// Reads and drops what arrives until the peer closes, fails, or [`LINGER`]
+/// passes; then the socket closes without unread bytes (no reset).
+async fn linger(mut tcp: tokio::net::TcpStream) {
+    use tokio::io::AsyncReadExt;
+    let mut sink = [0u8; 256];
+    let drained = async {
+        while let Ok(n) = tcp.read(&mut sink).await {
+            if n == 0 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drained).await;
 }
 
 #[cfg(test)]

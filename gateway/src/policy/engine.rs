@@ -389,6 +389,19 @@ impl PolicyEngine {
         self.pin(r)
     }
 
+    /// The policy deciding the events of `peer` for the local `client`
+    /// ([`super::resolve::resolve_for_peer`] has the precedence), pinned.
+    pub fn select_for_peer(&self, peer: &Workload, client: &Workload) -> Selection {
+        let r = super::resolve::resolve_for_peer(&peer.spec, &client.spec, &self.cfg, |n| {
+            self.is_known(n)
+        });
+        for s in &r.skipped {
+            warn!(peer = %peer.spec.uid, client = %client.spec.uid, policy = %s.policy,
+                source = s.source, chosen = %r.name, "skipped a policy name: {}", s.reason);
+        }
+        self.pin(r)
+    }
+
     /// The selection for a resolution: its current version (none for the fallback).
     pub(super) fn pin(&self, r: Resolution) -> Selection {
         Selection {

@@ -29,7 +29,7 @@ pub use error::{CallFailure, FailureKind, LoadError};
 pub use fallback::Fallback;
 pub use metrics::PolicyMetrics;
 pub use plugin::{PluginVersion, QuarantineRule};
-pub use resolve::{Resolution, SelectedBy, Skipped, POLICY_ANNOTATION};
+pub use resolve::{Resolution, SelectedBy, Skipped, PEER_POLICY_ANNOTATION, POLICY_ANNOTATION};
 pub use runtime::{Clock, PolicyRuntime, RuntimeLimits};
 pub use validate::{validate, Bounds, Ignored, Validated};
 pub use which::{BindError, PolicyReport};

@@ -12,6 +12,11 @@
 //!
 //! A name in 1–3 that is no policy (neither configured nor uploaded) is
 //! skipped, and the skip is part of the answer.
+//!
+//! A peer's events (peer-terminating, peer-deleted) are decided by the
+//! policy of the workload that terminates — the peer, resolved as above from
+//! what discovery says of it ([`resolve_for_peer`]) — unless the local client
+//! overrides it with the annotation `tidegate.io/peer-drain-policy`.
 
 use serde::Serialize;
 
@@ -21,12 +26,18 @@ use crate::workloads::WorkloadSpec;
 /// The annotation that picks a workload's policy by name.
 pub const POLICY_ANNOTATION: &str = "tidegate.io/drain-policy";
 
+/// The client annotation that picks the policy deciding its peers' events
+/// (instead of each terminating peer's own policy).
+pub const PEER_POLICY_ANNOTATION: &str = "tidegate.io/peer-drain-policy";
+
 /// How a workload's policy was chosen.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SelectedBy {
     /// A run-time binding (`PUT /workloads/<uid>/policy`).
     Admin,
     Annotation,
+    /// A local client's `tidegate.io/peer-drain-policy` (peer events only).
+    ClientOverride,
     /// The namespace's policy label (Kubernetes discovery).
     Namespace,
     /// The index in `policies.bindings`.
@@ -41,6 +52,7 @@ impl SelectedBy {
         match self {
             SelectedBy::Admin => "admin",
             SelectedBy::Annotation => "annotation",
+            SelectedBy::ClientOverride => "client-override",
             SelectedBy::Namespace => "namespace",
             SelectedBy::Binding(_) => "binding",
             SelectedBy::Default => "default",
@@ -150,6 +162,41 @@ pub fn resolve(
     }
 }
 
+/// Which policy decides the events of `peer` for the local `client`: the
+/// client's `tidegate.io/peer-drain-policy` when it names a policy, else the
+/// peer's own (its run-time binding lives on its own node, not here).
+pub fn resolve_for_peer(
+    peer: &WorkloadSpec,
+    client: &WorkloadSpec,
+    cfg: &PoliciesConfig,
+    known: impl Fn(&str) -> bool,
+) -> Resolution {
+    let mut skipped = Vec::new();
+    if let Some(name) = client.annotations.get(PEER_POLICY_ANNOTATION) {
+        if known(name) {
+            return Resolution {
+                name: name.clone(),
+                by: SelectedBy::ClientOverride,
+                why: format!(
+                    "client {}/{}'s annotation {PEER_POLICY_ANNOTATION}",
+                    client.namespace, client.name
+                ),
+                skipped,
+            };
+        }
+        skipped.push(Skipped {
+            policy: name.clone(),
+            source: SelectedBy::ClientOverride.label(),
+            reason: "no such policy (neither in policies.plugins nor uploaded)".into(),
+        });
+    }
+    let mut r = resolve(peer, None, cfg, known);
+    skipped.append(&mut r.skipped);
+    r.skipped = skipped;
+    r.why = format!("the peer's: {}", r.why);
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,6 +239,44 @@ mod tests {
         let r = resolve(&w2, None, &cfg("{}"), known);
         assert_eq!(r.by, SelectedBy::Fallback);
         assert_eq!(r.name, "builtin:keepalive-only");
+    }
+
+    #[test]
+    fn a_peer_event_takes_the_peers_policy_unless_the_client_overrides() {
+        let c = cfg(CFG);
+        let known = |n: &str| ["a", "b", "d"].contains(&n);
+        let peer = spec(
+            "{uid: p, name: server, namespace: web, ips: [10.0.0.2], node: other, \
+             annotations: {tidegate.io/drain-policy: a}}",
+        );
+        let client = spec("{uid: c, name: client, namespace: web, ips: [10.0.0.1], node: n}");
+        let r = resolve_for_peer(&peer, &client, &c, known);
+        assert_eq!((r.name.as_str(), r.by), ("a", SelectedBy::Annotation));
+        assert_eq!(r.why, "the peer's: pod annotation tidegate.io/drain-policy");
+        // The client's own drain policy does not decide its peers' events.
+        let mut client2 = client.clone();
+        client2
+            .annotations
+            .insert(POLICY_ANNOTATION.into(), "b".into());
+        let r = resolve_for_peer(&peer, &client2, &c, known);
+        assert_eq!(r.name, "a");
+        // Its peer-drain-policy does, when it names a policy.
+        client2
+            .annotations
+            .insert(PEER_POLICY_ANNOTATION.into(), "b".into());
+        let r = resolve_for_peer(&peer, &client2, &c, known);
+        assert_eq!((r.name.as_str(), r.by), ("b", SelectedBy::ClientOverride));
+        assert_eq!(
+            r.why,
+            "client web/client's annotation tidegate.io/peer-drain-policy"
+        );
+        client2
+            .annotations
+            .insert(PEER_POLICY_ANNOTATION.into(), "typo".into());
+        let r = resolve_for_peer(&peer, &client2, &c, known);
+        assert_eq!(r.name, "a");
+        assert_eq!(r.skipped[0].policy, "typo");
+        assert_eq!(r.skipped[0].source, "client-override");
     }
 
     #[test]

@@ -167,6 +167,7 @@ impl Outbound {
         drop(snapshot);
         let key = PoolKey {
             src: source.identity.clone(),
+            dst_uid: target.uid().to_owned(),
             dst: target.identity.clone(),
             dst_addr: SocketAddr::new(dst.ip(), self.hbone_port),
         };

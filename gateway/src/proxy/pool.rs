@@ -1,5 +1,7 @@
-//! The outbound tunnel pool, keyed by (source identity, destination identity,
-//! destination workload address).
+//! The outbound tunnel pool, keyed by (source identity, destination
+//! workload: uid, identity and HBONE address). The uid is part of the key so
+//! a tunnel never outlives its workload: an IP reused by another pod, or a
+//! replacement pod with the same identity, gets tunnels of its own.
 //!
 //! - Single-flight dialing per key: concurrent requests for a key with no
 //!   usable tunnel wait for one dial instead of each dialing.
@@ -38,6 +40,8 @@ use crate::tls::TlsContext;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, Serialize)]
 pub struct PoolKey {
     pub src: SpiffeId,
+    /// The destination workload's uid (drains act on one workload's tunnels).
+    pub dst_uid: String,
     pub dst: SpiffeId,
     /// The destination workload's HBONE address (`ip:15008`).
     pub dst_addr: SocketAddr,
@@ -251,6 +255,9 @@ pub struct Pool {
     hbone: HboneConfig,
     cfg: PoolConfig,
     keys: Mutex<HashMap<PoolKey, Arc<KeyEntry>>>,
+    /// Tunnels evicted "when idle" that still carry streams: no longer
+    /// pooled (they take no new stream), listed until they close.
+    draining: Mutex<Vec<Arc<Tunnel>>>,
     next_id: AtomicU64,
     metrics: PoolMetrics,
     dests: Mutex<HashMap<SocketAddr, DestState>>,
@@ -274,6 +281,9 @@ pub struct TunnelDump {
     pub streams_total: u64,
     pub age_ms: u128,
     pub goaway_received: bool,
+    /// `active`, `goaway-received` (the peer asked it to go away) or
+    /// `draining` (evicted here; its open streams finish, then it closes).
+    pub state: &'static str,
 }
 
 impl Pool {
@@ -288,6 +298,7 @@ impl Pool {
             hbone,
             cfg,
             keys: Mutex::new(HashMap::new()),
+            draining: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(0),
             metrics: PoolMetrics::register(registry),
             dests: Mutex::new(HashMap::new()),
@@ -416,22 +427,17 @@ impl Pool {
                 );
                 // Poll the connection, and after each poll check whether the
                 // peer sent GOAWAY so the tunnel stops taking streams at once.
+                // (Only while pending: once the connection ended, `poll_ready`
+                // reports that end, which is no GOAWAY.)
                 let watched = std::future::poll_fn(|cx| {
                     let r = std::pin::Pin::new(&mut conn).poll(cx);
-                    tunnel.refresh_goaway();
+                    if r.is_pending() {
+                        tunnel.refresh_goaway();
+                    }
                     r
                 });
                 let reason = tokio::select! {
-                    r = watched => match r {
-                        // Our own GOAWAY after eviction may cross the peer's.
-                        _ if tunnel.evicted.load(Ordering::Acquire) => "evicted",
-                        Ok(()) => "closed",
-                        Err(e) if e.is_go_away() => "goaway",
-                        Err(e) => {
-                            debug!(error = %e, "tunnel failed");
-                            "error"
-                        }
-                    },
+                    r = watched => close_reason(&tunnel, r),
                     e = keepalive => {
                         warn!(error = %e, "closing dead tunnel");
                         "keepalive_timeout"
@@ -445,6 +451,10 @@ impl Pool {
                 tunnel.send.lock().unwrap().take();
                 entry
                     .tunnels
+                    .lock()
+                    .unwrap()
+                    .retain(|t| !Arc::ptr_eq(t, &tunnel));
+                pool.draining
                     .lock()
                     .unwrap()
                     .retain(|t| !Arc::ptr_eq(t, &tunnel));
@@ -498,11 +508,7 @@ impl Pool {
     /// Evicts every pooled tunnel: idle ones close at once, busy ones when
     /// their streams end. Used at shutdown.
     pub fn evict_all(&self) {
-        for entry in self.entries() {
-            for t in entry.tunnels.lock().unwrap().drain(..) {
-                t.evict();
-            }
-        }
+        self.evict_matching(false, |_| true);
     }
 
     /// Where consecutive connect failures are reported (the drain engine).
@@ -567,21 +573,45 @@ impl Pool {
     /// close (client-side GOAWAY) when their streams end — or at once when
     /// `now`, resetting open streams. Returns how many.
     pub fn evict_matching(&self, now: bool, matches: impl Fn(&PoolKey) -> bool) -> usize {
-        let mut n = 0;
+        let mut evicted = Vec::new();
         for entry in self.entries() {
             entry.tunnels.lock().unwrap().retain(|t| {
                 if !matches(&t.key) {
                     return true;
                 }
-                n += 1;
                 t.evict();
-                if now {
-                    t.kill.notify_one();
-                }
+                evicted.push(t.clone());
                 false
             });
         }
-        n
+        if now {
+            // Draining tunnels evicted earlier "when idle" are cut too.
+            self.draining.lock().unwrap().retain(|t| {
+                if !matches(&t.key) {
+                    return true;
+                }
+                t.kill.notify_one();
+                false
+            });
+        }
+        for t in &evicted {
+            if now {
+                t.kill.notify_one();
+            } else if t.streams() > 0 {
+                self.keep_draining(t);
+            }
+        }
+        evicted.len()
+    }
+
+    /// Lists an evicted tunnel with open streams until its driver ends it.
+    fn keep_draining(&self, t: &Arc<Tunnel>) {
+        self.draining.lock().unwrap().push(t.clone());
+        // The driver sets `closed` before it removes the tunnel from
+        // `draining` (under the same lock): if it ended meanwhile, undo.
+        if t.closed.load(Ordering::Acquire) {
+            self.draining.lock().unwrap().retain(|d| !Arc::ptr_eq(d, t));
+        }
     }
 
     fn entries(&self) -> Vec<Arc<KeyEntry>> {
@@ -595,11 +625,26 @@ impl Pool {
             .collect()
     }
 
+    /// Evicted tunnels whose streams still run.
+    pub fn draining(&self) -> Vec<Arc<Tunnel>> {
+        self.draining.lock().unwrap().clone()
+    }
+
+    /// Pooled and draining tunnels (`/config_dump`).
     pub fn dump(&self) -> Vec<TunnelDump> {
         let now = Instant::now();
-        self.tunnels()
-            .iter()
-            .map(|t| TunnelDump {
+        let pooled = self.tunnels().into_iter().map(|t| {
+            let state = if t.received_goaway() {
+                "goaway-received"
+            } else {
+                "active"
+            };
+            (t, state)
+        });
+        let draining = self.draining().into_iter().map(|t| (t, "draining"));
+        pooled
+            .chain(draining)
+            .map(|(t, state)| TunnelDump {
                 id: t.id,
                 src: t.key.src.to_string(),
                 dst: t.key.dst.to_string(),
@@ -608,8 +653,30 @@ impl Pool {
                 streams_total: t.streams_total.load(Ordering::Relaxed),
                 age_ms: now.duration_since(t.opened).as_millis(),
                 goaway_received: t.received_goaway(),
+                state,
             })
             .collect()
+    }
+}
+
+/// Why a tunnel's connection ended (the `tunnels_closed` reason). A
+/// transport error after the peer's GOAWAY is the peer closing as it
+/// announced (its final close may cross our last write and come back as a
+/// reset or broken pipe): `goaway`, not `error`.
+fn close_reason(tunnel: &Tunnel, r: Result<(), h2::Error>) -> &'static str {
+    match r {
+        // Our own GOAWAY after eviction may cross the peer's.
+        _ if tunnel.evicted.load(Ordering::Acquire) => "evicted",
+        Ok(()) => "closed",
+        Err(e) if e.is_go_away() => "goaway",
+        Err(e) if e.is_io() && tunnel.received_goaway() => {
+            debug!(error = %e, "tunnel closed by the peer after its GOAWAY");
+            "goaway"
+        }
+        Err(e) => {
+            debug!(error = %e, "tunnel failed");
+            "error"
+        }
     }
 }
 

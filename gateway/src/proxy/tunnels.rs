@@ -1,11 +1,11 @@
 //! The registry of live inbound HBONE tunnels and their streams, per
 //! destination workload. The admin dump shows it; the drain engine acts on it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use tokio::sync::watch;
@@ -20,6 +20,32 @@ pub struct InboundTunnels {
     next_id: AtomicU64,
     /// Woken whenever a stream or a tunnel ends (see [`InboundTunnels::wait_idle`]).
     ended: Arc<tokio::sync::Notify>,
+    /// A drain applies to the workload, not only to the tunnels it had when
+    /// it began: a tunnel accepted later for a workload named here is asked
+    /// to go away as soon as it registers.
+    standing: Mutex<HashMap<String, StandingGoaway>>,
+}
+
+/// A drain's GOAWAY, kept for the workload's later tunnels.
+#[derive(Clone, Debug)]
+struct StandingGoaway {
+    graceful: bool,
+    /// Streams of a later tunnel are cut this long after it registers.
+    hard: Option<Duration>,
+    close_notify: bool,
+    label: String,
+}
+
+impl StandingGoaway {
+    fn command_now(&self) -> GoawayCommand {
+        let now = Instant::now();
+        GoawayCommand {
+            graceful: self.graceful,
+            deadline: self.hard.and_then(|h| now.checked_add(h)),
+            issued: now,
+            close_notify: self.close_notify,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -35,6 +61,9 @@ pub struct InboundTunnel {
     ended: Arc<tokio::sync::Notify>,
     /// Set once a drain asked this tunnel to go away: shown in access logs.
     drained_by: OnceLock<String>,
+    /// The workload's drain when this tunnel was accepted: its GOAWAY is
+    /// sent once the first stream is accepted (see [`InboundTunnels::register`]).
+    after_first_stream: OnceLock<StandingGoaway>,
 }
 
 impl InboundTunnel {
@@ -45,7 +74,11 @@ impl InboundTunnel {
     /// Counts a stream for as long as the returned guard lives.
     pub fn stream_started(self: &Arc<Self>) -> StreamCount {
         self.streams.fetch_add(1, Ordering::Relaxed);
-        self.streams_total.fetch_add(1, Ordering::Relaxed);
+        if self.streams_total.fetch_add(1, Ordering::Relaxed) == 0 {
+            if let Some(s) = self.after_first_stream.get() {
+                self.request_goaway(s.command_now(), &s.label);
+            }
+        }
         StreamCount(self.clone())
     }
 
@@ -70,9 +103,14 @@ impl InboundTunnel {
         });
     }
 
-    /// Watches GOAWAY commands for this tunnel (the serving task).
+    /// Watches GOAWAY commands for this tunnel (the serving task); a command
+    /// given before the task subscribed is seen as a change too.
     pub fn goaway_commands(&self) -> watch::Receiver<Option<GoawayCommand>> {
-        self.goaway.subscribe()
+        let mut rx = self.goaway.subscribe();
+        if rx.borrow().is_some() {
+            rx.mark_changed();
+        }
+        rx
     }
 
     /// Which drain asked this tunnel to go away, if any.
@@ -121,6 +159,10 @@ pub struct TunnelDump {
 }
 
 impl InboundTunnels {
+    /// Registers a tunnel accepted for `workload_uid`. When the workload is
+    /// draining (see [`InboundTunnels::goaway_from_now_on`]) the tunnel gets
+    /// the drain's GOAWAY too: a graceful one once its first stream is
+    /// accepted, an immediate one at once.
     pub fn register(
         self: &Arc<Self>,
         workload_uid: &str,
@@ -138,11 +180,23 @@ impl InboundTunnels {
             goaway: watch::channel(None).0,
             ended: self.ended.clone(),
             drained_by: OnceLock::new(),
+            after_first_stream: OnceLock::new(),
         });
         self.tunnels
             .lock()
             .unwrap()
             .insert(tunnel.id, tunnel.clone());
+        // A graceful drain lets the stream the peer dialed this tunnel for
+        // through (a GOAWAY before it would make the peer's pool fail it or
+        // dial again); an immediate one (a deleted workload) closes it now.
+        let standing = self.standing.lock().unwrap().get(workload_uid).cloned();
+        match standing {
+            Some(s) if s.graceful => {
+                let _ = tunnel.after_first_stream.set(s);
+            }
+            Some(s) => tunnel.request_goaway(s.command_now(), &s.label),
+            None => {}
+        }
         Registration {
             registry: self.clone(),
             tunnel,
@@ -157,6 +211,63 @@ impl InboundTunnels {
             .filter(|t| t.workload_uid == uid)
             .cloned()
             .collect()
+    }
+
+    /// Asks every tunnel of `uid` to go away with `cmd`, and every tunnel
+    /// accepted for it from now on (their streams cut `hard` after they
+    /// register, when set); returns how many tunnels it has now. As for one
+    /// tunnel, a later call can only make it stricter.
+    pub fn goaway_from_now_on(
+        &self,
+        uid: &str,
+        cmd: GoawayCommand,
+        hard: Option<Duration>,
+        label: &str,
+    ) -> usize {
+        let new = StandingGoaway {
+            graceful: cmd.graceful,
+            hard,
+            close_notify: cmd.close_notify,
+            label: label.to_owned(),
+        };
+        self.standing
+            .lock()
+            .unwrap()
+            .entry(uid.to_owned())
+            .and_modify(|prev| {
+                *prev = StandingGoaway {
+                    graceful: prev.graceful && new.graceful,
+                    hard: match (prev.hard, new.hard) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    },
+                    close_notify: prev.close_notify || new.close_notify,
+                    label: prev.label.clone(),
+                }
+            })
+            .or_insert_with(|| new.clone());
+        let tunnels = self.for_workload(uid);
+        for t in &tunnels {
+            t.request_goaway(cmd, label);
+        }
+        tunnels.len()
+    }
+
+    /// The workload is gone: its tunnels (and any accepted later) are
+    /// closed at once, streams reset, with a TLS close_notify; returns how many.
+    pub fn close_workload(&self, uid: &str) -> usize {
+        let cmd = GoawayCommand {
+            graceful: false,
+            deadline: Some(Instant::now()),
+            issued: Instant::now(),
+            close_notify: true,
+        };
+        self.goaway_from_now_on(uid, cmd, Some(Duration::ZERO), "workload deleted")
+    }
+
+    /// Forgets the drains of `uid` (its record is gone).
+    pub fn forget(&self, uid: &str) {
+        self.standing.lock().unwrap().remove(uid);
     }
 
     /// Requests a graceful GOAWAY, without deadline, on every tunnel of

@@ -89,6 +89,24 @@ async fn goaway_on_term_start_drains_at_shutdown_start() {
         2.0
     );
     assert_eq!(round_trip(&mut held, b"two").await.unwrap(), b"two");
+    // The drain applies to the workload: the tunnel accepted after the
+    // GOAWAY gets one too, once the stream it was dialed for is through.
+    eventually(
+        "the client sees GOAWAY on the new tunnel too",
+        Duration::from_secs(5),
+        || {
+            let d = nodes.client.pool.dump();
+            d.len() == 2 && d.iter().all(|t| t.goaway_received)
+        },
+    )
+    .await;
+    assert!(nodes
+        .server
+        .tunnels
+        .dump()
+        .iter()
+        .all(|t| t.draining.is_some()));
+    assert_eq!(round_trip(&mut fresh, b"on").await.unwrap(), b"on");
 
     // The same transition again (another source) drains once.
     let again = post(admin, "POST", "/workloads/echo-uid/shutdown-starting").await;
@@ -109,10 +127,11 @@ async fn goaway_on_term_start_drains_at_shutdown_start() {
         ),
         1.0
     );
-    assert_eq!(metric(&m, "tidegate_drain_goaways_sent_total"), 1.0);
+    // One per tunnel: the first, and the one accepted after it.
+    assert_eq!(metric(&m, "tidegate_drain_goaways_sent_total"), 2.0);
     assert_eq!(
         metric(&m, "tidegate_drain_event_to_goaway_seconds_count"),
-        1.0
+        2.0
     );
 
     let drains = post(admin, "GET", "/drains").await;
@@ -441,6 +460,7 @@ async fn keepalive_only_leaves_a_vanished_peer_to_the_ping_timeout() {
     // policy acts; only the PING timeout can notice the peer is gone).
     let key = tidegate::proxy::pool::PoolKey {
         src: tidegate::identity::SpiffeId::new("cluster.local", "demo", "client"),
+        dst_uid: "echo-uid".into(),
         dst: tidegate::identity::SpiffeId::new("cluster.local", "demo", "echo"),
         dst_addr: proxy,
     };

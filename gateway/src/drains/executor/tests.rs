@@ -81,6 +81,7 @@ impl Rig {
             workload: &lookup,
             timers: self.fired.clone(),
             default_goaway_deadline: Duration::from_secs(30),
+            sources: None,
         };
         execute(&handles, &self.local(), actions, decided_at)
     }

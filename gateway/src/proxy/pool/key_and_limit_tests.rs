@@ -34,6 +34,7 @@ fn key(src: &str, dst: &str, dst_addr: &str) -> PoolKey {
     PoolKey {
         src: format!("spiffe://td/ns/default/sa/{src}").parse().unwrap(),
         dst: format!("spiffe://td/ns/default/sa/{dst}").parse().unwrap(),
+        dst_uid: format!("{dst}-uid"),
         dst_addr: dst_addr.parse().unwrap(),
     }
 }
