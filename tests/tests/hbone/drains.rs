@@ -636,3 +636,72 @@ async fn a_goaway_closes_with_tls_close_notify_only_when_the_policy_asks() {
         "not asked: the TCP connection ends without close_notify"
     );
 }
+
+/// After a tunnel's orderly close (GOAWAY, close_notify, FIN) the gateway's
+/// socket lingers: bytes the peer still writes are read and dropped until
+/// the peer closes too, so the peer sees a clean end instead of a TCP reset
+/// (which a client pool, still writing, would count as a broken pipe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_tunnel_lingers_so_the_peers_late_bytes_cause_no_reset() {
+    let nodes = TwoNodes::start(91).await;
+    let mut tls = crate::raw_h2::tls_to_echo(&nodes).await;
+    tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    tls.flush().await.unwrap();
+    let tunnels = tidegate_e2e::wait_for("the tunnel registers", Duration::from_secs(5), || {
+        let t = nodes.server.tunnels.for_workload("echo-uid");
+        std::future::ready((!t.is_empty()).then_some(t))
+    })
+    .await;
+    let now = tokio::time::Instant::now();
+    tunnels[0].request_goaway(
+        tidegate::hbone::GoawayCommand {
+            graceful: false,
+            deadline: None,
+            issued: now,
+            close_notify: true,
+        },
+        "test",
+    );
+    // The server's frames, then its close_notify (a clean TLS end of file).
+    let mut sink = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut sink))
+        .await
+        .expect("the tunnel closes")
+        .expect("a clean TLS close");
+    // Late bytes on the TCP connection, then our FIN. The gateway reads
+    // them and closes after us; a socket closed with unread bytes (or that
+    // receives bytes once closed) answers with a reset instead.
+    let tcp = &mut tls.get_mut().0;
+    tcp.write_all(&[0u8; 1024]).await.unwrap();
+    tcp.shutdown().await.unwrap();
+    // Our side is closed once the gateway acknowledged our FIN or reset us.
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&**tcp);
+    eventually("our socket closes", Duration::from_secs(5), || {
+        tcp_state(fd) == TCP_CLOSE
+    })
+    .await;
+    assert!(tcp.take_error().unwrap().is_none(), "a clean end, no reset");
+}
+
+/// `TCP_CLOSE` in `tcp_info.tcpi_state` (linux/tcp_states.h).
+const TCP_CLOSE: u8 = 7;
+
+/// The kernel's TCP state of socket `fd`.
+fn tcp_state(fd: std::os::fd::RawFd) -> u8 {
+    // SAFETY: `info` is a plain C struct the kernel fills up to `len`.
+    unsafe {
+        let mut info: libc::tcp_info = std::mem::zeroed();
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        let r = libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            std::ptr::addr_of_mut!(info).cast(),
+            &mut len,
+        );
+        assert_eq!(r, 0, "getsockopt(TCP_INFO)");
+        info.tcpi_state
+    }
+}
