@@ -511,7 +511,8 @@ async fn peer_endpointslice_terminating_evicts_pooled_tunnels() {
     use tidegate_e2e::round_trip;
     let octet = 66;
     let api = FakeApiServer::start().await;
-    // The client pod's policy (by annotation) evicts tunnels to terminating peers.
+    // The client pod overrides its peers' policy (the echo pod names none)
+    // with one that evicts tunnels to terminating peers.
     let Peers {
         dir: _dir,
         server,
@@ -520,7 +521,7 @@ async fn peer_endpointslice_terminating_evicts_pooled_tunnels() {
     } = peers(
         &api,
         octet,
-        json!({"tidegate.io/drain-policy": "evict"}),
+        json!({"tidegate.io/peer-drain-policy": "evict"}),
         "echo-uid",
     )
     .await;
@@ -566,6 +567,14 @@ async fn peer_endpointslice_terminating_evicts_pooled_tunnels() {
             r#"tidegate_drain_actions_total{action="evict",result="executed"}"#
         ),
         1.0
+    );
+    let peers = client.drains.peer_drains();
+    assert_eq!(peers.len(), 1, "{peers:?}");
+    let d = &peers[0].decisions[0];
+    assert_eq!(
+        (d.event, d.policy.as_str(), d.selected_by, d.tunnels_evicted),
+        ("peer-terminating", "evict", "client-override", 1),
+        "{peers:?}"
     );
     client.shutdown().await;
     server.shutdown().await;
