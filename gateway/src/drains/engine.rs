@@ -153,7 +153,7 @@ pub(super) struct DrainBook {
     pub(super) removed: HashMap<String, (Arc<Workload>, Instant)>,
     /// Peers' drains as this gateway (their client) handled them, by peer
     /// uid (or destination address for a connect-failing one).
-    pub(super) peers: BTreeMap<String, super::peers::PeerDrain>,
+    pub(super) peers: super::peer_book::PeerBook,
     /// The workload uid each IP was last seen with (kept for a vanished IP
     /// while the pool still holds tunnels to it): a new uid at the IP means
     /// a new workload, and tunnels pooled for the old one must not carry it.
@@ -572,7 +572,7 @@ impl DrainEngine {
             let known = snapshot
                 .by_uid(&f.key.dst_uid)
                 .or_else(|| snapshot.by_ip(f.key.dst_addr.ip()));
-            let peer = known.map(|p| super::peers::peer_info(p, &f.key.dst_addr.to_string()));
+            let peer = known.map(|p| super::peer_book::peer_info(p, &f.key.dst_addr.to_string()));
             let event = sdk::Event::ConnectFailing(sdk::ConnectFailing {
                 destination: f.key.dst_addr.to_string(),
                 peer,
@@ -592,10 +592,10 @@ impl DrainEngine {
                     "connect-failing decision"
                 );
                 let key = known.map_or_else(|| f.key.dst_addr.to_string(), |p| p.uid().to_owned());
-                self.remember_peer(
+                lock(&self.book).peers.record(
                     &key,
                     known.map(|p| &**p),
-                    super::peers::PeerDecision {
+                    super::peer_book::PeerDecision {
                         event: "connect-failing",
                         policy: decision.policy,
                         version: decision.version,
@@ -603,8 +603,9 @@ impl DrainEngine {
                         clients: vec![f.key.src.to_string()],
                         actions: executed.descriptions,
                         tunnels_evicted: executed.tunnels_evicted,
-                        at_unix_ms: super::peers::now_unix_ms(),
+                        at_unix_ms: super::peer_book::now_unix_ms(),
                     },
+                    RETAIN,
                 );
             }
         }

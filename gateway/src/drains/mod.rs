@@ -14,12 +14,14 @@
 //! - `store_events`: lifecycle and peer events derived from workload-store
 //!   snapshots (workload file, Kubernetes); retiring tunnels to reused IPs.
 //! - `peers`: a peer's drain seen from its clients' gateway — whose policy
-//!   decides, executed on the clients' pooled tunnels, shown in `GET /drains`.
+//!   decides, executed on the clients' pooled tunnels; `peer_book` records
+//!   those decisions (and connect-failing ones) for `GET /drains`.
 
 pub mod cni;
 pub mod engine;
 mod executor;
 mod metrics;
+mod peer_book;
 mod peers;
 mod phase;
 mod store_events;
@@ -29,7 +31,7 @@ pub use engine::{
     DrainEngine, DrainError, DrainView, Lifecycle, Outcome, Phase, TeardownAck, Trigger,
 };
 pub use metrics::DrainMetrics;
-pub use peers::{PeerDecision, PeerDrainView};
+pub use peer_book::{PeerDecision, PeerDrainView};
 
 /// The longest grace period a `shutdown-started` may carry (the admin API
 /// refuses longer ones with a 400).

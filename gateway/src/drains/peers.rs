@@ -1,55 +1,22 @@
 //! A peer's drain, seen from its clients' gateway: peer-terminating and
 //! peer-deleted decided by the terminating peer's policy (or a local client's
 //! override), executed on this gateway's pooled tunnels to that peer, and
-//! remembered for `GET /drains` (`peer_drains`) with the connect-failing
-//! decisions (backoffs) of the same peer.
+//! recorded in the [`PeerBook`](super::peer_book::PeerBook) for `GET /drains`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::SystemTime;
 
-use serde::Serialize;
 use tidegate_sdk as sdk;
 use tokio::time::Instant;
 use tracing::info;
 
 use super::engine::{lock, DrainEngine, Outcome, RETAIN};
+use super::peer_book::PeerDrainView;
+use super::peer_book::{now_unix_ms, peer_info, PeerDecision};
 use crate::identity::SpiffeId;
 use crate::policy::{Selection, PEER_POLICY_ANNOTATION};
 use crate::proxy::pool::Tunnel;
 use crate::workloads::{Workload, WorkloadSnapshot};
-
-/// Decisions kept per peer (the oldest go first).
-const MAX_DECISIONS: usize = 32;
-
-/// One decision about a peer, as `GET /drains` shows it.
-#[derive(Clone, Debug, Serialize)]
-pub struct PeerDecision {
-    /// `peer-terminating`, `peer-deleted` or `connect-failing`.
-    pub event: &'static str,
-    pub policy: String,
-    pub version: Option<String>,
-    /// Why that policy: `annotation`, `client-override`, `default`, … (see
-    /// the README's precedence).
-    pub selected_by: &'static str,
-    /// The local source identities it was decided for.
-    pub clients: Vec<String>,
-    pub actions: Vec<String>,
-    /// Pooled tunnels to the peer evicted by these actions.
-    pub tunnels_evicted: usize,
-    pub at_unix_ms: u128,
-}
-
-/// A peer's drain: who it is and what this gateway decided about it.
-#[derive(Clone, Debug, Serialize)]
-pub struct PeerDrainView {
-    /// The peer's uid, or its address when no workload is known there.
-    pub peer: String,
-    /// `namespace/name`, when known.
-    pub workload: Option<String>,
-    pub identity: Option<String>,
-    pub decisions: Vec<PeerDecision>,
-}
 
 /// The policy deciding a peer's event for some local clients.
 struct Decider {
@@ -58,11 +25,6 @@ struct Decider {
     client: Arc<Workload>,
     /// The group's source identities: its actions touch their tunnels only.
     sources: Vec<SpiffeId>,
-}
-
-pub(super) struct PeerDrain {
-    view: PeerDrainView,
-    last: Instant,
 }
 
 impl DrainEngine {
@@ -121,7 +83,7 @@ impl DrainEngine {
                 actions = ?executed.descriptions,
                 "peer decision"
             );
-            self.remember_peer(
+            lock(&self.book).peers.record(
                 peer.uid(),
                 Some(peer),
                 PeerDecision {
@@ -134,6 +96,7 @@ impl DrainEngine {
                     tunnels_evicted: executed.tunnels_evicted,
                     at_unix_ms: now_unix_ms(),
                 },
+                RETAIN,
             );
             outcomes.push(Outcome {
                 uid: peer.uid().to_owned(),
@@ -188,54 +151,8 @@ impl DrainEngine {
         groups.into_values().collect()
     }
 
-    /// Records a decision about a peer (by uid, or destination address).
-    pub(super) fn remember_peer(&self, key: &str, peer: Option<&Workload>, d: PeerDecision) {
-        let mut book = lock(&self.book);
-        let entry = book
-            .peers
-            .entry(key.to_owned())
-            .or_insert_with(|| PeerDrain {
-                view: PeerDrainView {
-                    peer: key.to_owned(),
-                    workload: peer.map(|p| format!("{}/{}", p.spec.namespace, p.spec.name)),
-                    identity: peer.map(|p| p.identity.to_string()),
-                    decisions: Vec::new(),
-                },
-                last: Instant::now(),
-            });
-        if entry.view.decisions.len() == MAX_DECISIONS {
-            entry.view.decisions.remove(0);
-        }
-        entry.view.decisions.push(d);
-        entry.last = Instant::now();
-        // Bounded under churn: peers without a decision for RETAIN go.
-        book.peers.retain(|_, p| p.last.elapsed() <= RETAIN);
-    }
-
     /// `GET /drains` `peer_drains`: the peers this gateway decided about.
     pub fn peer_drains(&self) -> Vec<PeerDrainView> {
-        lock(&self.book)
-            .peers
-            .values()
-            .map(|p| p.view.clone())
-            .collect()
+        lock(&self.book).peers.views()
     }
-}
-
-/// What a policy is told about a peer.
-pub(super) fn peer_info(peer: &Workload, address: &str) -> sdk::PeerInfo {
-    sdk::PeerInfo {
-        uid: peer.uid().to_owned(),
-        name: peer.spec.name.clone(),
-        namespace: peer.spec.namespace.clone(),
-        identity: peer.identity.to_string(),
-        address: address.to_owned(),
-    }
-}
-
-pub(super) fn now_unix_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0)
 }
