@@ -1,0 +1,400 @@
+//! One policy's run: the topology, the three gateways, the server apps and
+//! the client load, then the scenario's timeline, then the row.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use super::app_server::{AppPod, APP_PORT};
+use super::cni;
+use super::gateway::{Gateway, NodeFiles};
+use super::load::{Counts, Load};
+use super::params::{Node, Params, Scenario};
+use super::probes::{metric_sum, DrainSeen, DrainWatcher, PoolWatcher, GOAWAYS, OPENED};
+use super::report::{ms, Row};
+use super::topology::{Pod, Topology};
+use super::workloads::{Workloads, OLD_UID, REUSE_UID};
+use super::LabError;
+use crate::netns::NsThread;
+
+/// Everything one run holds. Fields drop in declaration order: the load and
+/// the watchers, the apps and gateways (killed), the namespace threads, the
+/// namespaces, then the files.
+pub struct Lab {
+    load: Option<Load>,
+    watcher: Option<PoolWatcher>,
+    old: Option<AppPod>,
+    reuse: Option<AppPod>,
+    _replacement: AppPod,
+    gw_a: Gateway,
+    gw_b: Gateway,
+    _gw_c: Gateway,
+    pa: NsThread,
+    na: NsThread,
+    nb: NsThread,
+    _nc: NsThread,
+    workloads: Workloads,
+    topo: Topology,
+    dir: tempfile::TempDir,
+    /// Second-generation gateways (`gateway-restart`), kept until the end.
+    restarted: Vec<Gateway>,
+}
+
+impl Lab {
+    /// Builds run `run`'s namespaces and starts its processes with the
+    /// server pods annotated with `policy`.
+    pub async fn start(p: &Params, policy: &str, run: usize) -> Result<Lab, LabError> {
+        let dir = tempfile::Builder::new()
+            .prefix("drain-lab-")
+            .tempdir()
+            .map_err(|e| LabError::Setup(format!("temporary directory: {e}")))?;
+        let mut topo = Topology::new(run);
+        topo.build_nodes()?;
+        for pod in [Pod::Client, Pod::Old, Pod::Replacement] {
+            topo.add_pod(pod)?;
+        }
+        let files: Vec<NodeFiles> = ['a', 'b', 'c']
+            .into_iter()
+            .map(|node| NodeFiles {
+                node,
+                workloads: dir.path().join(format!("workloads-{node}.yaml")),
+                cni_socket: dir.path().join(format!("cni-{node}.sock")),
+            })
+            .collect();
+        let workloads = Workloads::new(
+            &topo,
+            files.iter().map(|f| f.workloads.clone()).collect(),
+            policy,
+            p.different_sa,
+        );
+        workloads.write()?;
+        let na = NsThread::idle(&topo.node_ns('a'));
+        let nb = NsThread::idle(&topo.node_ns('b'));
+        let nc = NsThread::idle(&topo.node_ns('c'));
+        // Gateway A first: it creates the development CA the others open.
+        let gw_a = Gateway::start(&topo.node_ns('a'), na.handle.clone(), &files[0], dir.path(), 0).await?;
+        let gw_b = Gateway::start(&topo.node_ns('b'), nb.handle.clone(), &files[1], dir.path(), 0).await?;
+        let gw_c = Gateway::start(&topo.node_ns('c'), nc.handle.clone(), &files[2], dir.path(), 0).await?;
+        let old = AppPod::start(&topo.pod_ns(Pod::Old), "old", p.app_drain, &dir.path().join("app-old.log")).await?;
+        let replacement = AppPod::start(
+            &topo.pod_ns(Pod::Replacement),
+            "replacement",
+            p.app_drain,
+            &dir.path().join("app-replacement.log"),
+        )
+        .await?;
+        let pa = NsThread::idle(&topo.pod_ns(Pod::Client));
+        Ok(Lab {
+            load: None,
+            watcher: None,
+            old: Some(old),
+            reuse: None,
+            _replacement: replacement,
+            gw_a,
+            gw_b,
+            _gw_c: gw_c,
+            pa,
+            na,
+            nb,
+            _nc: nc,
+            workloads,
+            topo,
+            dir,
+            restarted: Vec::new(),
+        })
+    }
+
+    fn endpoint(&self, pod: Pod) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(self.topo.pod_ip(pod)), APP_PORT)
+    }
+
+    /// Starts the load on both server pods and waits until it flows.
+    async fn warm_up(&mut self, p: &Params) -> Result<(), LabError> {
+        let old_ip = IpAddr::V4(self.topo.pod_ip(Pod::Old));
+        self.watcher = Some(PoolWatcher::start(self.gw_a.admin.clone(), old_ip));
+        let load = Load::start(
+            &self.pa.handle,
+            vec![self.endpoint(Pod::Old), self.endpoint(Pod::Replacement)],
+            p.rate,
+            p.long_streams,
+        );
+        let c = load.counts.clone();
+        self.load = Some(load);
+        let want_short = u64::from(p.rate / 2).max(5).min(u64::from(p.rate));
+        let want_long = 2 * u64::from(p.long_streams);
+        let started = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        loop {
+            tick.tick().await;
+            let (so, lo) = (Counts::get(&c.short_ok), Counts::get(&c.long_ok));
+            if so >= want_short && lo >= want_long {
+                return Ok(());
+            }
+            if started.elapsed() > Duration::from_secs(20) {
+                let failures = c.failures.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                return Err(LabError::Timeout(format!(
+                    "the load to flow before the event ({so} short and {lo} long-stream requests \
+                     succeeded in 20 s; first failures: {failures:#?})"
+                )));
+            }
+        }
+    }
+
+    /// Runs the scenario and returns its row.
+    pub async fn run(&mut self, p: &Params, policy: &str) -> Result<Row, LabError> {
+        self.warm_up(p).await?;
+        let mut row = Row {
+            policy: policy.to_owned(),
+            baseline: 2,
+            ..Row::default()
+        };
+        let t = match p.scenario {
+            Scenario::GatewayRestart => self.restart(p, &mut row).await?,
+            _ => self.terminate(p, &mut row).await?,
+        };
+        self.finish(p, &mut row, t).await?;
+        Ok(row)
+    }
+
+    /// Shutdown starts → the app drains and exits → CNI DEL → deleted (→ the
+    /// IP goes to a new pod).
+    async fn terminate(&mut self, p: &Params, row: &mut Row) -> Result<Times, LabError> {
+        let drains = DrainWatcher::start(self.gw_b.admin.clone(), OLD_UID.to_owned());
+        let old = self.old.take().expect("the old pod runs until terminated");
+        let event = Instant::now();
+        let deadline = super::probes::unix_ms() + p.grace.as_millis();
+        self.workloads.terminate_old(deadline)?;
+        self.load().set_endpoints(vec![self.endpoint(Pod::Replacement)]);
+        old.proc.signal(libc::SIGTERM);
+        let exited = match old.proc.wait(p.grace).await {
+            Ok((_, at)) => at,
+            Err(_) => {
+                // The kubelet's SIGKILL at the end of the grace period.
+                old.proc.signal(libc::SIGKILL);
+                row.notes.push(format!("the app did not exit within the grace period ({})", ms(p.grace)));
+                old.proc.wait(Duration::from_secs(5)).await?.1
+            }
+        };
+        if p.scenario == Scenario::CniHung {
+            self.gw_b.proc.signal(libc::SIGSTOP);
+        }
+        let del = cni::del(&self.gw_b.cni_socket, OLD_UID, p.cni_timeout).await;
+        if p.scenario == Scenario::CniHung {
+            self.gw_b.proc.signal(libc::SIGCONT);
+        }
+        let del = del?;
+        row.cni = format!(
+            "{} ({})",
+            ms(del.took),
+            if del.acknowledged { "acknowledged" } else { "not drained" }
+        );
+        row.cni_returned = Some(true);
+        if !del.success {
+            row.notes.push(format!("CNI DEL failed: {}", del.stderr));
+        }
+        self.topo.delete_pod(Pod::Old)?;
+        self.workloads.delete_old()?;
+        self.wait_dump("gateway A to learn the old pod was deleted", |d| !lists(d, OLD_UID))
+            .await?;
+        if p.scenario == Scenario::IpReuse {
+            self.reuse_ip(p).await?;
+            row.baseline = 3;
+        }
+        Ok(Times {
+            event,
+            exited: Some(exited),
+            drains: Some(drains),
+        })
+    }
+
+    /// `ip-reuse`: a new pod gets the old pod's IP and joins the endpoints.
+    async fn reuse_ip(&mut self, p: &Params) -> Result<(), LabError> {
+        self.topo.add_pod(Pod::Reuse)?;
+        let app = AppPod::start(
+            &self.topo.pod_ns(Pod::Reuse),
+            "reuse",
+            p.app_drain,
+            &self.dir.path().join("app-reuse.log"),
+        )
+        .await?;
+        self.reuse = Some(app);
+        self.workloads.add_reuse()?;
+        self.wait_dump("gateway A to learn the new pod at the old IP", |d| lists(d, REUSE_UID))
+            .await?;
+        self.watcher().mark_reuse();
+        self.load()
+            .set_endpoints(vec![self.endpoint(Pod::Replacement), self.endpoint(Pod::Reuse)]);
+        Ok(())
+    }
+
+    /// `gateway-restart`: a new gateway process beside the old one, then
+    /// SIGTERM to the old one (an upgrade with `SO_REUSEPORT`).
+    async fn restart(&mut self, p: &Params, row: &mut Row) -> Result<Times, LabError> {
+        let (node, ns, rt) = match p.restart_node {
+            Node::A => ('a', self.topo.node_ns('a'), self.na.handle.clone()),
+            Node::B => ('b', self.topo.node_ns('b'), self.nb.handle.clone()),
+        };
+        let files = NodeFiles {
+            node,
+            workloads: self.dir.path().join(format!("workloads-{node}.yaml")),
+            cni_socket: self.dir.path().join(format!("cni-{node}.sock")),
+        };
+        let new = Gateway::start(&ns, rt, &files, self.dir.path(), 1).await?;
+        let old = if node == 'a' { &self.gw_a } else { &self.gw_b };
+        let opened_by_old_a = if node == 'a' {
+            metric_sum(&old.metrics_text().await?, OPENED)
+        } else {
+            0.0
+        };
+        let event = Instant::now();
+        old.proc.signal(libc::SIGTERM);
+        let (how, at) = old.proc.wait(Duration::from_secs(20)).await?;
+        row.drain = format!("{} (old gateway's shutdown: {how})", ms(at - event));
+        row.old_gone = "–".into();
+        row.cni = "–".into();
+        if node == 'a' {
+            row.notes.push(format!(
+                "tunnels opened: {opened_by_old_a} by the old client gateway + the new one's"
+            ));
+            row.opened = opened_by_old_a;
+            let old_ip = IpAddr::V4(self.topo.pod_ip(Pod::Old));
+            self.watcher = Some(PoolWatcher::start(new.admin.clone(), old_ip));
+            let replaced = std::mem::replace(&mut self.gw_a, new);
+            self.restarted.push(replaced);
+        } else {
+            self.restarted.push(new);
+        }
+        // Two more seconds of load on the new gateway (pacing, not a wait
+        // for an event): failures after the restart count too.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        Ok(Times {
+            event,
+            exited: None,
+            drains: None,
+        })
+    }
+
+    /// After the last step: the client's old-pod tunnels get `settle` to
+    /// go, the load runs one more second (late failures), then the row.
+    async fn finish(&mut self, p: &Params, row: &mut Row, t: Times) -> Result<(), LabError> {
+        if let Some(exited) = t.exited {
+            let settle_from = Instant::now();
+            let mut tick = tokio::time::interval(Duration::from_millis(5));
+            while self.watcher().old_present() && settle_from.elapsed() < p.settle {
+                tick.tick().await;
+            }
+            // Load after the last lifecycle step, to count late failures
+            // (pacing, not a wait for an event).
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let trace = self.watcher().trace.lock().unwrap_or_else(|e| e.into_inner()).clone_summary();
+            row.old_tunnel_at_end = trace.old_present;
+            row.old_gone = match (trace.old_gone_at, trace.old_present, trace.old_seen) {
+                (_, true, _) => format!("still pooled at the end ({} after exit)", ms(exited.elapsed())),
+                (Some(g), false, _) if g >= exited => ms(g - exited),
+                (Some(_), false, _) => "before the app exited".into(),
+                (None, false, 0) => "no tunnel to the old pod seen".into(),
+                (None, false, _) => "–".into(),
+            };
+        }
+        let load = self.load.take().expect("load started in warm_up");
+        let c = load.stop().await;
+        row.short_failed = Counts::get(&c.short_failed);
+        row.short_total = row.short_failed + Counts::get(&c.short_ok);
+        row.long_failed = Counts::get(&c.long_failed);
+        row.long_total = row.long_failed + Counts::get(&c.long_ok);
+        let failures = c.failures.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if !failures.is_empty() {
+            row.notes.push(format!(
+                "first failures: {}",
+                failures.iter().take(3).cloned().collect::<Vec<_>>().join(" | ")
+            ));
+        }
+        let a = self.gw_a.metrics_text().await?;
+        row.opened += metric_sum(&a, OPENED);
+        let trace = self.watcher().trace.lock().unwrap_or_else(|e| e.into_inner()).clone_summary();
+        row.first_goaway = match trace.first_goaway {
+            Some(g) if g >= t.event => ms(g - t.event),
+            Some(_) => "before the event".into(),
+            None if metric_sum(&a, GOAWAYS) > 0.0 => "received, not seen by the poll".into(),
+            None => "none".into(),
+        };
+        row.notes.push(format!(
+            "pool polled {} times, longest gap {}",
+            trace.polls,
+            ms(trace.max_gap)
+        ));
+        if let Some(drains) = t.drains {
+            row.drain = drain_cell(&drains.seen());
+        }
+        Ok(())
+    }
+
+    /// Polls gateway A's `/config_dump` (5 ms) until `check` holds, at most 10 s.
+    async fn wait_dump(
+        &self,
+        what: &str,
+        check: impl Fn(&serde_json::Value) -> bool,
+    ) -> Result<(), LabError> {
+        let started = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(5));
+        loop {
+            tick.tick().await;
+            if let Ok(body) = self.gw_a.admin.get_ok("/config_dump").await {
+                if serde_json::from_str(&body).is_ok_and(|d| check(&d)) {
+                    return Ok(());
+                }
+            }
+            if started.elapsed() > Duration::from_secs(10) {
+                return Err(LabError::Timeout(format!("{what} (10 s)")));
+            }
+        }
+    }
+
+    fn load(&self) -> &Load {
+        self.load.as_ref().expect("load started in warm_up")
+    }
+    fn watcher(&self) -> &PoolWatcher {
+        self.watcher.as_ref().expect("watcher started in warm_up")
+    }
+
+    /// The gateways' logs (for an error report).
+    pub fn log_tails(&self) -> String {
+        let mut s = String::new();
+        for (name, gw) in [("A", &self.gw_a), ("B", &self.gw_b)] {
+            s.push_str(&format!("--- gateway {name} ({}) ---\n{}\n", gw.log.display(), gw.log_tail()));
+        }
+        s
+    }
+}
+
+/// When the scenario's steps happened.
+struct Times {
+    event: Instant,
+    /// The old app's exit (none in `gateway-restart`).
+    exited: Option<Instant>,
+    drains: Option<DrainWatcher>,
+}
+
+fn lists(dump: &serde_json::Value, uid: &str) -> bool {
+    dump["workloads"]
+        .as_array()
+        .is_some_and(|w| w.iter().any(|w| w["uid"] == uid))
+}
+
+fn drain_cell(seen: &DrainSeen) -> String {
+    let Some(view) = &seen.view else {
+        return "no drain recorded".into();
+    };
+    let left = view["tunnels_remaining"].as_u64().unwrap_or(0);
+    let left = if left > 0 {
+        format!(", {left} tunnel(s) left")
+    } else {
+        String::new()
+    };
+    match (seen.duration(), view["ended"].as_str()) {
+        (Some(d), Some(how)) => format!("{} ({how}{left})", ms(d)),
+        _ => format!(
+            "not ended ({}{left})",
+            view["phase"].as_str().unwrap_or("?")
+        ),
+    }
+}
