@@ -63,12 +63,15 @@ fn run_lab(p: &Params) -> Result<(), LabError> {
         .enable_all()
         .build()
         .map_err(|e| LabError::Setup(format!("runtime: {e}")))?;
-    // Ctrl-C drops the run: every process is killed and every namespace
-    // deleted by the guards' Drop.
+    // Ctrl-C or SIGTERM drops the run: every process is killed and every
+    // namespace deleted by the guards' Drop.
     let rows = rt.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| LabError::Setup(format!("SIGTERM handler: {e}")))?;
         tokio::select! {
             rows = lab::run(p) => rows,
             _ = tokio::signal::ctrl_c() => Err(LabError::Interrupted),
+            _ = term.recv() => Err(LabError::Interrupted),
         }
     });
     // Cancelled tasks on the namespace threads end with the runtime.

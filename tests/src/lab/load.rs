@@ -52,6 +52,7 @@ pub struct Load {
     endpoints: Arc<Mutex<Vec<SocketAddr>>>,
     stop: watch::Sender<bool>,
     done: tokio::task::JoinHandle<()>,
+    pod: Handle,
 }
 
 impl Load {
@@ -74,12 +75,22 @@ impl Load {
             endpoints,
             stop,
             done,
+            pod: pod.clone(),
         }
     }
 
     /// The endpoints new connections choose from from now on.
     pub fn set_endpoints(&self, endpoints: Vec<SocketAddr>) {
         *self.endpoints.lock().unwrap_or_else(|e| e.into_inner()) = endpoints;
+    }
+
+    /// [`Load::set_endpoints`] once `lag` has passed (on the load's runtime).
+    pub fn set_endpoints_after(&self, lag: Duration, endpoints: Vec<SocketAddr>) {
+        let e = self.endpoints.clone();
+        self.pod.spawn(async move {
+            tokio::time::sleep(lag).await;
+            *e.lock().unwrap_or_else(|e| e.into_inner()) = endpoints;
+        });
     }
 
     /// Stops sending and waits for the requests in flight (each bounded).

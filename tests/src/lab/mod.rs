@@ -109,13 +109,38 @@ pub fn command_line(p: &Params) -> String {
         p.scenario.name(),
         p.rate,
         p.long_streams,
-        report::ms(p.app_drain).replace(' ', ""),
-        report::ms(p.grace).replace(' ', ""),
+        cli_duration(p.app_drain),
+        cli_duration(p.grace),
     );
     if p.different_sa {
         s.push_str(" --different-sa");
     }
+    if !p.endpoint_lag.is_zero() {
+        s.push_str(&format!(" --endpoint-lag {}", cli_duration(p.endpoint_lag)));
+    }
+    match p.scenario {
+        params::Scenario::CniHung => {
+            s.push_str(&format!(" --cni-timeout {}", cli_duration(p.cni_timeout)))
+        }
+        params::Scenario::GatewayRestart => s.push_str(&format!(
+            " --restart-node {}",
+            if p.restart_node == params::Node::A { "a" } else { "b" }
+        )),
+        _ => {}
+    }
+    if p.policies.len() < params::REFERENCE_POLICIES.len() {
+        s.push_str(&format!(" --policies {}", p.policies.join(",")));
+    }
     s
+}
+
+/// A duration as the command line takes it (`7s`, `1500ms`).
+fn cli_duration(d: std::time::Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
 }
 
 /// The README section: when, how, the table and the notes.

@@ -73,6 +73,10 @@ pub struct Params {
     /// Give the replacement pod a different service account than the old one.
     #[arg(long)]
     pub different_sa: bool,
+    /// How long after the termination starts the client still picks the old
+    /// pod for new connections (EndpointSlice propagation; 0: at once).
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub endpoint_lag: Duration,
     /// Capture mode.
     #[arg(long, value_enum, default_value_t = Capture::Node)]
     pub capture: Capture,

@@ -327,3 +327,49 @@ pub fn unix_ms() -> u128 {
         .map(|d| d.as_millis())
         .unwrap_or(0)
 }
+
+/// Polls a gateway's `/metrics` every millisecond until the sum of
+/// `series` rises above its value at the start; the first poll that saw it.
+/// (A counter keeps what a dump can miss: a tunnel GOAWAYed and closed
+/// between two polls.)
+pub struct CounterWatcher {
+    pub rose_at: Arc<Mutex<Option<Instant>>>,
+    stop: watch::Sender<bool>,
+}
+
+impl CounterWatcher {
+    pub fn start(metrics: HttpProbe, series: &'static str, from: f64) -> CounterWatcher {
+        let rose_at = Arc::new(Mutex::new(None));
+        let (stop, mut stopped) = watch::channel(false);
+        let r = rose_at.clone();
+        let ns = metrics.ns.clone();
+        ns.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = stopped.changed() => return,
+                    _ = tick.tick() => {}
+                }
+                let Ok((200, text)) = metrics.try_request("GET", "/metrics").await else {
+                    continue;
+                };
+                if metric_sum(&text, series) > from {
+                    *r.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+                    return;
+                }
+            }
+        });
+        CounterWatcher { rose_at, stop }
+    }
+
+    pub fn rose_at(&self) -> Option<Instant> {
+        *self.rose_at.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for CounterWatcher {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}

@@ -9,7 +9,9 @@ use super::cni;
 use super::gateway::{Gateway, NodeFiles};
 use super::load::{Counts, Load};
 use super::params::{Node, Params, Scenario};
-use super::probes::{metric_sum, DrainSeen, DrainWatcher, PoolWatcher, GOAWAYS, OPENED};
+use super::probes::{
+    metric_sum, CounterWatcher, DrainSeen, DrainWatcher, PoolWatcher, GOAWAYS, OPENED,
+};
 use super::report::{ms, Row};
 use super::topology::{Pod, Topology};
 use super::workloads::{Workloads, OLD_UID, REUSE_UID};
@@ -159,12 +161,18 @@ impl Lab {
     /// IP goes to a new pod).
     async fn terminate(&mut self, p: &Params, row: &mut Row) -> Result<Times, LabError> {
         let drains = DrainWatcher::start(self.gw_b.admin.clone(), OLD_UID.to_owned());
+        let goaways = self.goaway_watcher(&self.gw_a).await?;
         let old = self.old.take().expect("the old pod runs until terminated");
         let event = Instant::now();
         let deadline = super::probes::unix_ms() + p.grace.as_millis();
         self.workloads.terminate_old(deadline)?;
-        self.load().set_endpoints(vec![self.endpoint(Pod::Replacement)]);
         old.proc.signal(libc::SIGTERM);
+        let ready = vec![self.endpoint(Pod::Replacement)];
+        if p.endpoint_lag.is_zero() {
+            self.load().set_endpoints(ready);
+        } else {
+            self.load().set_endpoints_after(p.endpoint_lag, ready);
+        }
         let exited = match old.proc.wait(p.grace).await {
             Ok((_, at)) => at,
             Err(_) => {
@@ -203,6 +211,7 @@ impl Lab {
             event,
             exited: Some(exited),
             drains: Some(drains),
+            goaways,
         })
     }
 
@@ -245,6 +254,7 @@ impl Lab {
         } else {
             0.0
         };
+        let goaways = self.goaway_watcher(&self.gw_a).await?;
         let event = Instant::now();
         old.proc.signal(libc::SIGTERM);
         let (how, at) = old.proc.wait(Duration::from_secs(20)).await?;
@@ -270,6 +280,7 @@ impl Lab {
             event,
             exited: None,
             drains: None,
+            goaways,
         })
     }
 
@@ -311,10 +322,16 @@ impl Lab {
         let a = self.gw_a.metrics_text().await?;
         row.opened += metric_sum(&a, OPENED);
         let trace = self.watcher().trace.lock().unwrap_or_else(|e| e.into_inner()).clone_summary();
-        row.first_goaway = match trace.first_goaway {
-            Some(g) if g >= t.event => ms(g - t.event),
-            Some(_) => "before the event".into(),
-            None if metric_sum(&a, GOAWAYS) > 0.0 => "received, not seen by the poll".into(),
+        // The counter's first rise, or a tunnel the dump showed GOAWAYed,
+        // whichever was seen first.
+        let seen = [t.goaways.rose_at(), trace.first_goaway]
+            .into_iter()
+            .flatten()
+            .filter(|g| *g >= t.event)
+            .min();
+        row.first_goaway = match seen {
+            Some(g) => ms(g - t.event),
+            None if metric_sum(&a, GOAWAYS) > 0.0 => "received, not seen by the polls".into(),
             None => "none".into(),
         };
         row.notes.push(format!(
@@ -349,6 +366,12 @@ impl Lab {
         }
     }
 
+    /// Watches `gw`'s GOAWAY counter from its present value.
+    async fn goaway_watcher(&self, gw: &Gateway) -> Result<CounterWatcher, LabError> {
+        let from = metric_sum(&gw.metrics_text().await?, GOAWAYS);
+        Ok(CounterWatcher::start(gw.metrics.clone(), GOAWAYS, from))
+    }
+
     fn load(&self) -> &Load {
         self.load.as_ref().expect("load started in warm_up")
     }
@@ -372,6 +395,8 @@ struct Times {
     /// The old app's exit (none in `gateway-restart`).
     exited: Option<Instant>,
     drains: Option<DrainWatcher>,
+    /// The client gateway's GOAWAY counter, from just before the event.
+    goaways: CounterWatcher,
 }
 
 fn lists(dump: &serde_json::Value, uid: &str) -> bool {
