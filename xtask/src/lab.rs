@@ -71,7 +71,10 @@ pub fn smoke(root: &Path, checks: &mut Checks) -> Result<()> {
     let stdout = String::from_utf8_lossy(&out.stdout);
     println!("{}", stdout.trim_end());
     let result = if out.status.success() {
-        println!("drain lab smoke took {:.1} s", started.elapsed().as_secs_f64());
+        println!(
+            "drain lab smoke took {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
         Ok(())
     } else {
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -126,9 +126,14 @@ pub struct AppPod {
 impl AppPod {
     /// Starts `drain-lab app-server` (this same executable) in `ns` and waits
     /// until it listens.
-    pub async fn start(ns: &str, name: &str, drain: Duration, log: &std::path::Path) -> Result<AppPod, LabError> {
-        let exe = std::env::current_exe()
-            .map_err(|e| LabError::Setup(format!("current_exe: {e}")))?;
+    pub async fn start(
+        ns: &str,
+        name: &str,
+        drain: Duration,
+        log: &std::path::Path,
+    ) -> Result<AppPod, LabError> {
+        let exe =
+            std::env::current_exe().map_err(|e| LabError::Setup(format!("current_exe: {e}")))?;
         let log_file = std::fs::File::create(log)
             .map_err(|e| LabError::Setup(format!("create {}: {e}", log.display())))?;
         let mut cmd = Command::new(exe);

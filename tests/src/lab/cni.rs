@@ -32,7 +32,8 @@ pub async fn del(socket: &Path, uid: &str, timeout: Duration) -> Result<CniDel, 
         socket.display(),
         timeout.as_millis()
     );
-    let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=lab;K8S_POD_NAME=server-old;K8S_POD_UID={uid}");
+    let args =
+        format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=lab;K8S_POD_NAME=server-old;K8S_POD_UID={uid}");
     let started = Instant::now();
     let run = tokio::task::spawn_blocking(move || {
         let mut child = Command::new(&bin)
@@ -48,7 +49,9 @@ pub async fn del(socket: &Path, uid: &str, timeout: Duration) -> Result<CniDel, 
             .spawn()
             .map_err(|e| format!("spawn {}: {e}", bin.display()))?;
         if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(conf.as_bytes()).map_err(|e| e.to_string())?;
+            stdin
+                .write_all(conf.as_bytes())
+                .map_err(|e| e.to_string())?;
         }
         child.wait_with_output().map_err(|e| e.to_string())
     });

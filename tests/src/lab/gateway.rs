@@ -83,7 +83,10 @@ policies:
         ready = 16200 + gen,
         ca = ca.display(),
         workloads = files.workloads.display(),
-        socket = files.cni_socket.with_extension(format!("{gen}.sock")).display(),
+        socket = files
+            .cni_socket
+            .with_extension(format!("{gen}.sock"))
+            .display(),
     )
 }
 

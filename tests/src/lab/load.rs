@@ -65,7 +65,12 @@ impl Load {
         let done = pod.spawn(async move {
             let mut tasks = JoinSet::new();
             for i in 0..long_streams {
-                tasks.spawn(long_stream(i as usize, e.clone(), c.clone(), stopped.clone()));
+                tasks.spawn(long_stream(
+                    i as usize,
+                    e.clone(),
+                    c.clone(),
+                    stopped.clone(),
+                ));
             }
             short_requests(rate, e, c, stopped).await;
             while tasks.join_next().await.is_some() {}
@@ -141,7 +146,9 @@ async fn short_requests(
                 }
                 Err(_) => {
                     c.short_failed.fetch_add(1, Ordering::AcqRel);
-                    c.fail(format!("short to {dst}: no response within {REQUEST_TIMEOUT:?}"));
+                    c.fail(format!(
+                        "short to {dst}: no response within {REQUEST_TIMEOUT:?}"
+                    ));
                 }
             }
         });
@@ -150,7 +157,9 @@ async fn short_requests(
 }
 
 async fn short_request(dst: SocketAddr) -> Result<(), String> {
-    let tcp = TcpStream::connect(dst).await.map_err(|e| format!("connect: {e}"))?;
+    let tcp = TcpStream::connect(dst)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
     tcp.set_nodelay(true).map_err(|e| e.to_string())?;
     let mut io = BufReader::new(tcp);
     io.get_mut()
@@ -178,7 +187,9 @@ async fn long_stream(
             _ = tick.tick() => {}
         }
         if conn.is_none() {
-            let Some(dst) = pick(&endpoints, connects) else { continue };
+            let Some(dst) = pick(&endpoints, connects) else {
+                continue;
+            };
             connects += 1;
             counts.long_connects.fetch_add(1, Ordering::AcqRel);
             match tokio::time::timeout(REQUEST_TIMEOUT, TcpStream::connect(dst)).await {
@@ -221,7 +232,9 @@ async fn long_stream(
             }
             Err(_) => {
                 counts.long_failed.fetch_add(1, Ordering::AcqRel);
-                counts.fail(format!("long {index} to {dst}: no response within {REQUEST_TIMEOUT:?}"));
+                counts.fail(format!(
+                    "long {index} to {dst}: no response within {REQUEST_TIMEOUT:?}"
+                ));
                 conn = None;
             }
         }
@@ -232,7 +245,10 @@ async fn long_stream(
 /// the server said `Connection: close`.
 async fn read_response(io: &mut BufReader<TcpStream>) -> Result<bool, String> {
     let mut line = String::new();
-    let n = io.read_line(&mut line).await.map_err(|e| format!("read: {e}"))?;
+    let n = io
+        .read_line(&mut line)
+        .await
+        .map_err(|e| format!("read: {e}"))?;
     if n == 0 {
         return Err("connection closed before the response".into());
     }
@@ -242,7 +258,10 @@ async fn read_response(io: &mut BufReader<TcpStream>) -> Result<bool, String> {
     let (mut len, mut close) = (None, false);
     loop {
         line.clear();
-        let n = io.read_line(&mut line).await.map_err(|e| format!("read headers: {e}"))?;
+        let n = io
+            .read_line(&mut line)
+            .await
+            .map_err(|e| format!("read headers: {e}"))?;
         if n == 0 {
             return Err("connection closed in the response head".into());
         }
@@ -250,7 +269,9 @@ async fn read_response(io: &mut BufReader<TcpStream>) -> Result<bool, String> {
         if l.is_empty() {
             break;
         }
-        let Some((k, v)) = l.split_once(':') else { continue };
+        let Some((k, v)) = l.split_once(':') else {
+            continue;
+        };
         match k.trim().to_ascii_lowercase().as_str() {
             "content-length" => len = v.trim().parse::<usize>().ok(),
             "connection" => close = v.trim().eq_ignore_ascii_case("close"),
@@ -259,9 +280,14 @@ async fn read_response(io: &mut BufReader<TcpStream>) -> Result<bool, String> {
     }
     let len = len.ok_or("response without content-length")?;
     let mut body = vec![0; len];
-    io.read_exact(&mut body).await.map_err(|e| format!("read body: {e}"))?;
+    io.read_exact(&mut body)
+        .await
+        .map_err(|e| format!("read body: {e}"))?;
     if !body.starts_with(b"ok from ") {
-        return Err(format!("unexpected body {:?}", String::from_utf8_lossy(&body)));
+        return Err(format!(
+            "unexpected body {:?}",
+            String::from_utf8_lossy(&body)
+        ));
     }
     Ok(close)
 }

@@ -124,7 +124,11 @@ pub fn command_line(p: &Params) -> String {
         }
         params::Scenario::GatewayRestart => s.push_str(&format!(
             " --restart-node {}",
-            if p.restart_node == params::Node::A { "a" } else { "b" }
+            if p.restart_node == params::Node::A {
+                "a"
+            } else {
+                "b"
+            }
         )),
         _ => {}
     }
@@ -170,7 +174,10 @@ pub fn check(rows: &[Row]) -> Result<(), LabError> {
             ));
         }
         if r.old_tunnel_at_end {
-            problems.push(format!("{}: a client tunnel to the old pod is still pooled", r.policy));
+            problems.push(format!(
+                "{}: a client tunnel to the old pod is still pooled",
+                r.policy
+            ));
         }
         if r.cni_returned == Some(false) {
             problems.push(format!("{}: CNI DEL did not return", r.policy));

@@ -236,11 +236,17 @@ impl PoolWatcher {
     }
 
     pub fn mark_reuse(&self) {
-        self.trace.lock().unwrap_or_else(|e| e.into_inner()).reuse_at = Some(Instant::now());
+        self.trace
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .reuse_at = Some(Instant::now());
     }
 
     pub fn old_present(&self) -> bool {
-        self.trace.lock().unwrap_or_else(|e| e.into_inner()).old_present()
+        self.trace
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .old_present()
     }
 }
 

@@ -26,8 +26,8 @@ impl Proc {
     /// Spawns `cmd` inside `/var/run/netns/<ns>`; `cmd`'s stdio as configured.
     pub fn spawn(name: &str, ns: &str, mut cmd: Command) -> Result<(Proc, Child), LabError> {
         let path = format!("/var/run/netns/{ns}");
-        let netns = std::fs::File::open(&path)
-            .map_err(|e| LabError::Setup(format!("open {path}: {e}")))?;
+        let netns =
+            std::fs::File::open(&path).map_err(|e| LabError::Setup(format!("open {path}: {e}")))?;
         let fd = netns.as_raw_fd();
         // SAFETY: between fork and exec the hook calls only setns(2), setpgid(2)
         // and prctl(2), which are async-signal-safe and allocate nothing; `fd`
@@ -93,15 +93,15 @@ impl Proc {
     }
 
     /// Waits for the exit, at most `within`.
-    pub async fn wait(
-        &self,
-        within: std::time::Duration,
-    ) -> Result<(String, Instant), LabError> {
+    pub async fn wait(&self, within: std::time::Duration) -> Result<(String, Instant), LabError> {
         let mut rx = self.exited.clone();
         let waited = tokio::time::timeout(within, rx.wait_for(Option::is_some)).await;
         match waited {
             Ok(Ok(v)) => Ok(v.clone().expect("waited for Some")),
-            Ok(Err(_)) => Err(LabError::Setup(format!("{}: waiter thread gone", self.name))),
+            Ok(Err(_)) => Err(LabError::Setup(format!(
+                "{}: waiter thread gone",
+                self.name
+            ))),
             Err(_) => Err(LabError::Timeout(format!(
                 "{} (pid {}) to exit within {within:?}",
                 self.name, self.pid

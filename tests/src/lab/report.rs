@@ -85,13 +85,19 @@ pub fn write_readme(readme: &Path, section: &str) -> Result<(), LabError> {
             readme.display()
         ))
     })?;
-    std::fs::write(readme, new).map_err(|e| LabError::Readme(format!("write {}: {e}", readme.display())))
+    std::fs::write(readme, new)
+        .map_err(|e| LabError::Readme(format!("write {}: {e}", readme.display())))
 }
 
 fn replace_section(text: &str, section: &str) -> Option<String> {
     let start = text.find(BEGIN)? + BEGIN.len();
     let end = start + text[start..].find(END)?;
-    Some(format!("{}\n{}\n{}", &text[..start], section.trim(), &text[end..]))
+    Some(format!(
+        "{}\n{}\n{}",
+        &text[..start],
+        section.trim(),
+        &text[end..]
+    ))
 }
 
 #[cfg(test)]
@@ -115,6 +121,9 @@ mod tests {
             ..Row::default()
         }];
         let t = table(&rows);
-        assert!(t.contains("| `recommended` | 0 of 0 | 0 of 0 | 3 (+1) |"), "{t}");
+        assert!(
+            t.contains("| `recommended` | 0 of 0 | 0 of 0 | 3 (+1) |"),
+            "{t}"
+        );
     }
 }

@@ -73,10 +73,37 @@ impl Lab {
         let nb = NsThread::idle(&topo.node_ns('b'));
         let nc = NsThread::idle(&topo.node_ns('c'));
         // Gateway A first: it creates the development CA the others open.
-        let gw_a = Gateway::start(&topo.node_ns('a'), na.handle.clone(), &files[0], dir.path(), 0).await?;
-        let gw_b = Gateway::start(&topo.node_ns('b'), nb.handle.clone(), &files[1], dir.path(), 0).await?;
-        let gw_c = Gateway::start(&topo.node_ns('c'), nc.handle.clone(), &files[2], dir.path(), 0).await?;
-        let old = AppPod::start(&topo.pod_ns(Pod::Old), "old", p.app_drain, &dir.path().join("app-old.log")).await?;
+        let gw_a = Gateway::start(
+            &topo.node_ns('a'),
+            na.handle.clone(),
+            &files[0],
+            dir.path(),
+            0,
+        )
+        .await?;
+        let gw_b = Gateway::start(
+            &topo.node_ns('b'),
+            nb.handle.clone(),
+            &files[1],
+            dir.path(),
+            0,
+        )
+        .await?;
+        let gw_c = Gateway::start(
+            &topo.node_ns('c'),
+            nc.handle.clone(),
+            &files[2],
+            dir.path(),
+            0,
+        )
+        .await?;
+        let old = AppPod::start(
+            &topo.pod_ns(Pod::Old),
+            "old",
+            p.app_drain,
+            &dir.path().join("app-old.log"),
+        )
+        .await?;
         let replacement = AppPod::start(
             &topo.pod_ns(Pod::Replacement),
             "replacement",
@@ -178,7 +205,10 @@ impl Lab {
             Err(_) => {
                 // The kubelet's SIGKILL at the end of the grace period.
                 old.proc.signal(libc::SIGKILL);
-                row.notes.push(format!("the app did not exit within the grace period ({})", ms(p.grace)));
+                row.notes.push(format!(
+                    "the app did not exit within the grace period ({})",
+                    ms(p.grace)
+                ));
                 old.proc.wait(Duration::from_secs(5)).await?.1
             }
         };
@@ -193,7 +223,11 @@ impl Lab {
         row.cni = format!(
             "{} ({})",
             ms(del.took),
-            if del.acknowledged { "acknowledged" } else { "not drained" }
+            if del.acknowledged {
+                "acknowledged"
+            } else {
+                "not drained"
+            }
         );
         row.cni_returned = Some(true);
         if !del.success {
@@ -201,8 +235,10 @@ impl Lab {
         }
         self.topo.delete_pod(Pod::Old)?;
         self.workloads.delete_old()?;
-        self.wait_dump("gateway A to learn the old pod was deleted", |d| !lists(d, OLD_UID))
-            .await?;
+        self.wait_dump("gateway A to learn the old pod was deleted", |d| {
+            !lists(d, OLD_UID)
+        })
+        .await?;
         if p.scenario == Scenario::IpReuse {
             self.reuse_ip(p).await?;
             row.baseline = 3;
@@ -227,11 +263,15 @@ impl Lab {
         .await?;
         self.reuse = Some(app);
         self.workloads.add_reuse()?;
-        self.wait_dump("gateway A to learn the new pod at the old IP", |d| lists(d, REUSE_UID))
-            .await?;
+        self.wait_dump("gateway A to learn the new pod at the old IP", |d| {
+            lists(d, REUSE_UID)
+        })
+        .await?;
         self.watcher().mark_reuse();
-        self.load()
-            .set_endpoints(vec![self.endpoint(Pod::Replacement), self.endpoint(Pod::Reuse)]);
+        self.load().set_endpoints(vec![
+            self.endpoint(Pod::Replacement),
+            self.endpoint(Pod::Reuse),
+        ]);
         Ok(())
     }
 
@@ -296,10 +336,18 @@ impl Lab {
             // Load after the last lifecycle step, to count late failures
             // (pacing, not a wait for an event).
             tokio::time::sleep(Duration::from_secs(1)).await;
-            let trace = self.watcher().trace.lock().unwrap_or_else(|e| e.into_inner()).clone_summary();
+            let trace = self
+                .watcher()
+                .trace
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone_summary();
             row.old_tunnel_at_end = trace.old_present;
             row.old_gone = match (trace.old_gone_at, trace.old_present, trace.old_seen) {
-                (_, true, _) => format!("still pooled at the end ({} after exit)", ms(exited.elapsed())),
+                (_, true, _) => format!(
+                    "still pooled at the end ({} after exit)",
+                    ms(exited.elapsed())
+                ),
                 (Some(g), false, _) if g >= exited => ms(g - exited),
                 (Some(_), false, _) => "before the app exited".into(),
                 (None, false, 0) => "no tunnel to the old pod seen".into(),
@@ -316,12 +364,22 @@ impl Lab {
         if !failures.is_empty() {
             row.notes.push(format!(
                 "first failures: {}",
-                failures.iter().take(3).cloned().collect::<Vec<_>>().join(" | ")
+                failures
+                    .iter()
+                    .take(3)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(" | ")
             ));
         }
         let a = self.gw_a.metrics_text().await?;
         row.opened += metric_sum(&a, OPENED);
-        let trace = self.watcher().trace.lock().unwrap_or_else(|e| e.into_inner()).clone_summary();
+        let trace = self
+            .watcher()
+            .trace
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone_summary();
         // The counter's first rise, or a tunnel the dump showed GOAWAYed,
         // whichever was seen first.
         let seen = [t.goaways.rose_at(), trace.first_goaway]
@@ -383,7 +441,11 @@ impl Lab {
     pub fn log_tails(&self) -> String {
         let mut s = String::new();
         for (name, gw) in [("A", &self.gw_a), ("B", &self.gw_b)] {
-            s.push_str(&format!("--- gateway {name} ({}) ---\n{}\n", gw.log.display(), gw.log_tail()));
+            s.push_str(&format!(
+                "--- gateway {name} ({}) ---\n{}\n",
+                gw.log.display(),
+                gw.log_tail()
+            ));
         }
         s
     }

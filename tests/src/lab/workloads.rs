@@ -63,7 +63,9 @@ impl Workloads {
             self.client
         );
         match self.old_state {
-            OldState::Running => s.push_str(&self.server(OLD_UID, "server-old", "server", &self.old, "node-b", "")),
+            OldState::Running => {
+                s.push_str(&self.server(OLD_UID, "server-old", "server", &self.old, "node-b", ""))
+            }
             OldState::Terminating(deadline) => s.push_str(&self.server(
                 OLD_UID,
                 "server-old",
