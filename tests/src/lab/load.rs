@@ -17,6 +17,9 @@ use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+/// A server pod as the client sees it: its name (for the report) and address.
+pub type Endpoint = (&'static str, SocketAddr);
+
 /// Bound on one request (connect, send, response).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const LONG_PERIOD: Duration = Duration::from_millis(100);
@@ -49,7 +52,7 @@ impl Counts {
 /// The running load; stopped (and awaited) by [`Load::stop`].
 pub struct Load {
     pub counts: Arc<Counts>,
-    endpoints: Arc<Mutex<Vec<SocketAddr>>>,
+    endpoints: Arc<Mutex<Vec<Endpoint>>>,
     stop: watch::Sender<bool>,
     done: tokio::task::JoinHandle<()>,
     pod: Handle,
@@ -57,7 +60,7 @@ pub struct Load {
 
 impl Load {
     /// Starts the load on `pod` (a runtime inside the client pod's namespace).
-    pub fn start(pod: &Handle, endpoints: Vec<SocketAddr>, rate: u32, long_streams: u32) -> Load {
+    pub fn start(pod: &Handle, endpoints: Vec<Endpoint>, rate: u32, long_streams: u32) -> Load {
         let counts = Arc::new(Counts::default());
         let endpoints = Arc::new(Mutex::new(endpoints));
         let (stop, stopped) = watch::channel(false);
@@ -85,12 +88,12 @@ impl Load {
     }
 
     /// The endpoints new connections choose from from now on.
-    pub fn set_endpoints(&self, endpoints: Vec<SocketAddr>) {
+    pub fn set_endpoints(&self, endpoints: Vec<Endpoint>) {
         *self.endpoints.lock().unwrap_or_else(|e| e.into_inner()) = endpoints;
     }
 
     /// [`Load::set_endpoints`] once `lag` has passed (on the load's runtime).
-    pub fn set_endpoints_after(&self, lag: Duration, endpoints: Vec<SocketAddr>) {
+    pub fn set_endpoints_after(&self, lag: Duration, endpoints: Vec<Endpoint>) {
         let e = self.endpoints.clone();
         self.pod.spawn(async move {
             tokio::time::sleep(lag).await;
@@ -106,14 +109,14 @@ impl Load {
     }
 }
 
-fn pick(endpoints: &Mutex<Vec<SocketAddr>>, n: usize) -> Option<SocketAddr> {
+fn pick(endpoints: &Mutex<Vec<Endpoint>>, n: usize) -> Option<Endpoint> {
     let e = endpoints.lock().unwrap_or_else(|e| e.into_inner());
     (!e.is_empty()).then(|| e[n % e.len()])
 }
 
 async fn short_requests(
     rate: u32,
-    endpoints: Arc<Mutex<Vec<SocketAddr>>>,
+    endpoints: Arc<Mutex<Vec<Endpoint>>>,
     counts: Arc<Counts>,
     mut stopped: watch::Receiver<bool>,
 ) {
@@ -131,7 +134,7 @@ async fn short_requests(
         if rate == 0 {
             continue;
         }
-        let Some(dst) = pick(&endpoints, next.fetch_add(1, Ordering::Relaxed)) else {
+        let Some((name, dst)) = pick(&endpoints, next.fetch_add(1, Ordering::Relaxed)) else {
             continue;
         };
         let c = counts.clone();
@@ -142,12 +145,12 @@ async fn short_requests(
                 }
                 Ok(Err(e)) => {
                     c.short_failed.fetch_add(1, Ordering::AcqRel);
-                    c.fail(format!("short to {dst}: {e}"));
+                    c.fail(format!("short to {name}: {e}"));
                 }
                 Err(_) => {
                     c.short_failed.fetch_add(1, Ordering::AcqRel);
                     c.fail(format!(
-                        "short to {dst}: no response within {REQUEST_TIMEOUT:?}"
+                        "short to {name}: no response within {REQUEST_TIMEOUT:?}"
                     ));
                 }
             }
@@ -173,13 +176,13 @@ async fn short_request(dst: SocketAddr) -> Result<(), String> {
 /// One long-lived connection (re-opened whenever it ends).
 async fn long_stream(
     index: usize,
-    endpoints: Arc<Mutex<Vec<SocketAddr>>>,
+    endpoints: Arc<Mutex<Vec<Endpoint>>>,
     counts: Arc<Counts>,
     mut stopped: watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval(LONG_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut conn: Option<(SocketAddr, BufReader<TcpStream>)> = None;
+    let mut conn: Option<(&'static str, BufReader<TcpStream>)> = None;
     let mut connects = index;
     loop {
         tokio::select! {
@@ -187,7 +190,7 @@ async fn long_stream(
             _ = tick.tick() => {}
         }
         if conn.is_none() {
-            let Some(dst) = pick(&endpoints, connects) else {
+            let Some((name, dst)) = pick(&endpoints, connects) else {
                 continue;
             };
             connects += 1;
@@ -195,22 +198,22 @@ async fn long_stream(
             match tokio::time::timeout(REQUEST_TIMEOUT, TcpStream::connect(dst)).await {
                 Ok(Ok(tcp)) => {
                     let _ = tcp.set_nodelay(true);
-                    conn = Some((dst, BufReader::new(tcp)));
+                    conn = Some((name, BufReader::new(tcp)));
                 }
                 Ok(Err(e)) => {
                     counts.long_failed.fetch_add(1, Ordering::AcqRel);
-                    counts.fail(format!("long {index} to {dst}: connect: {e}"));
+                    counts.fail(format!("long {index} to {name}: connect: {e}"));
                     continue;
                 }
                 Err(_) => {
                     counts.long_failed.fetch_add(1, Ordering::AcqRel);
-                    counts.fail(format!("long {index} to {dst}: connect timed out"));
+                    counts.fail(format!("long {index} to {name}: connect timed out"));
                     continue;
                 }
             }
         }
-        let (dst, io) = conn.as_mut().expect("connected above");
-        let dst = *dst;
+        let (name, io) = conn.as_mut().expect("connected above");
+        let name = *name;
         let round = async {
             io.get_mut()
                 .write_all(b"GET /long HTTP/1.1\r\nHost: server\r\n\r\n")
@@ -227,13 +230,13 @@ async fn long_stream(
             }
             Ok(Err(e)) => {
                 counts.long_failed.fetch_add(1, Ordering::AcqRel);
-                counts.fail(format!("long {index} to {dst}: {e}"));
+                counts.fail(format!("long {index} to {name}: {e}"));
                 conn = None;
             }
             Err(_) => {
                 counts.long_failed.fetch_add(1, Ordering::AcqRel);
                 counts.fail(format!(
-                    "long {index} to {dst}: no response within {REQUEST_TIMEOUT:?}"
+                    "long {index} to {name}: no response within {REQUEST_TIMEOUT:?}"
                 ));
                 conn = None;
             }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::app_server::{AppPod, APP_PORT};
 use super::cni;
 use super::gateway::{Gateway, NodeFiles};
-use super::load::{Counts, Load};
+use super::load::{Counts, Endpoint, Load};
 use super::params::{Node, Params, Scenario};
 use super::probes::{
     metric_sum, CounterWatcher, DrainSeen, DrainWatcher, PoolWatcher, GOAWAYS, OPENED,
@@ -132,8 +132,17 @@ impl Lab {
         })
     }
 
-    fn endpoint(&self, pod: Pod) -> SocketAddr {
-        SocketAddr::new(IpAddr::V4(self.topo.pod_ip(pod)), APP_PORT)
+    fn endpoint(&self, pod: Pod) -> Endpoint {
+        let name = match pod {
+            Pod::Client => "client",
+            Pod::Old => "old pod",
+            Pod::Replacement => "replacement",
+            Pod::Reuse => "pod at the reused IP",
+        };
+        (
+            name,
+            SocketAddr::new(IpAddr::V4(self.topo.pod_ip(pod)), APP_PORT),
+        )
     }
 
     /// Starts the load on both server pods and waits until it flows.
@@ -328,6 +337,10 @@ impl Lab {
     /// go, the load runs one more second (late failures), then the row.
     async fn finish(&mut self, p: &Params, row: &mut Row, t: Times) -> Result<(), LabError> {
         if let Some(exited) = t.exited {
+            row.notes.push(format!(
+                "app exited {} after the event",
+                ms(exited - t.event)
+            ));
             let settle_from = Instant::now();
             let mut tick = tokio::time::interval(Duration::from_millis(5));
             while self.watcher().old_present() && settle_from.elapsed() < p.settle {
@@ -361,16 +374,8 @@ impl Lab {
         row.long_failed = Counts::get(&c.long_failed);
         row.long_total = row.long_failed + Counts::get(&c.long_ok);
         let failures = c.failures.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if !failures.is_empty() {
-            row.notes.push(format!(
-                "first failures: {}",
-                failures
-                    .iter()
-                    .take(3)
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(" | ")
-            ));
+        if let Some(first) = failures.first() {
+            row.notes.push(format!("first failure: {first}"));
         }
         let a = self.gw_a.metrics_text().await?;
         row.opened += metric_sum(&a, OPENED);

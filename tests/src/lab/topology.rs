@@ -202,11 +202,23 @@ pub fn remove_leftovers() {
             continue;
         };
         let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
-        if pid.is_empty() || std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        if pid.is_empty() || alive(&pid) {
             continue;
         }
         let _ = Command::new("ip").args(["netns", "del", name]).output();
     }
+}
+
+/// Whether process `pid` exists and is not a zombie.
+fn alive(pid: &str) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the parenthesised command name.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next());
+    state != Some("Z")
 }
 
 /// Runs a command line (arguments separated by whitespace).
