@@ -9,19 +9,24 @@
 //!   the workload files (the pods' lifecycle as the gateways see it);
 //! - `app_server.rs`: the server pods' HTTP app; `load.rs`: the client pod's
 //!   load; `cni.rs`: CNI DEL through `tidegate-cni`;
-//! - `probes.rs`: admin/metrics reads and the pool and drain watchers;
-//! - `scenario.rs`: one policy's timeline; `report.rs`: the table and the
+//! - `http.rs`: admin/metrics requests inside a node; `probes.rs`: the
+//!   pool, counter and drain watchers;
+//! - `scenario.rs`: one policy's run (setup, load, the row), its timelines
+//!   in `termination.rs` and `restart.rs`; `report.rs`: the table and the
 //!   README section.
 
 pub mod app_server;
 pub mod cni;
 pub mod gateway;
+pub mod http;
 pub mod load;
 pub mod params;
 pub mod probes;
 pub mod process;
 pub mod report;
+mod restart;
 pub mod scenario;
+mod termination;
 pub mod topology;
 pub mod workloads;
 

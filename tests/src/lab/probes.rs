@@ -1,114 +1,16 @@
-//! What the lab reads from the gateways: admin and metrics over HTTP/1.1
-//! keep-alive connections made inside the node's namespace (the admin
-//! listener is that namespace's 127.0.0.1), and the client gateway's pool
-//! watched every millisecond through `GET /config_dump`.
+//! What the lab watches while a scenario runs: the client gateway's pool
+//! (`GET /config_dump` every millisecond), a counter's first rise
+//! (`/metrics` every millisecond), the server gateway's drain record
+//! (`GET /drains` every 5 ms).
 
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
-use tokio::runtime::Handle;
 use tokio::sync::watch;
 
-use super::LabError;
-
-/// One HTTP endpoint inside a namespace, reached over a kept-alive connection
-/// (re-dialed when the server closed it).
-#[derive(Clone)]
-pub struct HttpProbe {
-    ns: Handle,
-    addr: SocketAddr,
-    conn: Arc<tokio::sync::Mutex<Option<SendRequest<Full<Bytes>>>>>,
-}
-
-impl HttpProbe {
-    /// `ns` is the runtime of a thread inside the namespace of `addr`.
-    pub fn new(ns: Handle, addr: SocketAddr) -> HttpProbe {
-        HttpProbe {
-            ns,
-            addr,
-            conn: Arc::default(),
-        }
-    }
-
-    /// `method path` → (status, body), within 5 s.
-    pub async fn request(&self, method: &str, path: &str) -> Result<(u16, String), LabError> {
-        let probe = self.clone();
-        let (m, p) = (method.to_owned(), path.to_owned());
-        let what = format!("{method} http://{}{path}", self.addr);
-        let task = self.ns.spawn(async move {
-            match probe.try_request(&m, &p).await {
-                Ok(v) => Ok(v),
-                // A kept-alive connection the server closed: once more on a new one.
-                Err(_) => probe.try_request(&m, &p).await,
-            }
-        });
-        match tokio::time::timeout(Duration::from_secs(5), task).await {
-            Ok(Ok(Ok(v))) => Ok(v),
-            Ok(Ok(Err(e))) => Err(LabError::Probe(format!("{what}: {e}"))),
-            Ok(Err(e)) => Err(LabError::Probe(format!("{what}: task failed: {e}"))),
-            Err(_) => Err(LabError::Timeout(format!("{what} to answer within 5 s"))),
-        }
-    }
-
-    /// Like [`HttpProbe::request`]; an answer other than 200 is an error.
-    pub async fn get_ok(&self, path: &str) -> Result<String, LabError> {
-        match self.request("GET", path).await? {
-            (200, body) => Ok(body),
-            (status, body) => Err(LabError::Probe(format!(
-                "GET http://{}{path}: {status}: {body}",
-                self.addr
-            ))),
-        }
-    }
-
-    /// Must run on the namespace's runtime (it may dial).
-    async fn try_request(&self, method: &str, path: &str) -> Result<(u16, String), String> {
-        let mut slot = self.conn.lock().await;
-        let reusable = matches!(&*slot, Some(s) if !s.is_closed());
-        if !reusable {
-            let tcp = tokio::net::TcpStream::connect(self.addr)
-                .await
-                .map_err(|e| format!("connect: {e}"))?;
-            let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-                .await
-                .map_err(|e| format!("handshake: {e}"))?;
-            tokio::spawn(conn);
-            *slot = Some(sender);
-        }
-        let sender = slot.as_mut().expect("set above");
-        let req = hyper::Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", "lab")
-            .body(Full::new(Bytes::new()))
-            .map_err(|e| e.to_string())?;
-        let sent = async {
-            sender.ready().await?;
-            sender.send_request(req).await
-        };
-        let resp = match sent.await {
-            Ok(r) => r,
-            Err(e) => {
-                *slot = None;
-                return Err(format!("request: {e}"));
-            }
-        };
-        let status = resp.status().as_u16();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| format!("body: {e}"))?
-            .to_bytes();
-        Ok((status, String::from_utf8_lossy(&body).into_owned()))
-    }
-}
+pub use super::http::HttpProbe;
 
 /// The sum of every sample of `name` (all label sets); 0 when absent.
 pub fn metric_sum(text: &str, name: &str) -> f64 {
@@ -377,5 +279,48 @@ impl CounterWatcher {
 impl Drop for CounterWatcher {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn dump(tunnels: &[(u64, &str, bool)]) -> serde_json::Value {
+        let pool: Vec<_> = tunnels
+            .iter()
+            .map(|(id, dst, goaway)| json!({"id": id, "dst_addr": dst, "goaway_received": goaway}))
+            .collect();
+        json!({ "pool": pool })
+    }
+
+    #[test]
+    fn old_pod_tunnels_are_followed_until_gone_and_reuse_is_not_theirs() {
+        let old: IpAddr = "10.1.2.2".parse().unwrap();
+        let mut t = PoolTrace::default();
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        t.observe(
+            at(0),
+            &dump(&[(1, "10.1.2.2:15008", false), (2, "10.1.3.2:15008", false)]),
+            old,
+        );
+        assert!(t.old_present());
+        t.observe(
+            at(1),
+            &dump(&[(1, "10.1.2.2:15008", true), (2, "10.1.3.2:15008", false)]),
+            old,
+        );
+        assert_eq!(t.first_goaway, Some(at(1)));
+        t.observe(at(2), &dump(&[(2, "10.1.3.2:15008", false)]), old);
+        assert!(!t.old_present());
+        assert_eq!(t.old_gone_at, Some(at(2)));
+        // After the IP went to a new pod, a tunnel to it is not the old pod's.
+        t.reuse_at = Some(at(3));
+        t.observe(at(4), &dump(&[(3, "10.1.2.2:15008", false)]), old);
+        assert!(!t.old_present());
+        assert_eq!(t.clone_summary().old_seen, 1);
+        assert_eq!(t.max_gap, Duration::from_millis(2));
     }
 }

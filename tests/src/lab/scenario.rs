@@ -5,16 +5,15 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use super::app_server::{AppPod, APP_PORT};
-use super::cni;
 use super::gateway::{Gateway, NodeFiles};
 use super::load::{Counts, Endpoint, Load};
-use super::params::{Node, Params, Scenario};
+use super::params::{Params, Scenario};
 use super::probes::{
     metric_sum, CounterWatcher, DrainSeen, DrainWatcher, PoolWatcher, GOAWAYS, OPENED,
 };
 use super::report::{ms, Row};
 use super::topology::{Pod, Topology};
-use super::workloads::{Workloads, OLD_UID, REUSE_UID};
+use super::workloads::Workloads;
 use super::LabError;
 use crate::netns::NsThread;
 
@@ -22,23 +21,23 @@ use crate::netns::NsThread;
 /// the watchers, the apps and gateways (killed), the namespace threads, the
 /// namespaces, then the files.
 pub struct Lab {
-    load: Option<Load>,
-    watcher: Option<PoolWatcher>,
-    old: Option<AppPod>,
-    reuse: Option<AppPod>,
+    pub(super) load: Option<Load>,
+    pub(super) watcher: Option<PoolWatcher>,
+    pub(super) old: Option<AppPod>,
+    pub(super) reuse: Option<AppPod>,
     _replacement: AppPod,
-    gw_a: Gateway,
-    gw_b: Gateway,
+    pub(super) gw_a: Gateway,
+    pub(super) gw_b: Gateway,
     _gw_c: Gateway,
     pa: NsThread,
-    na: NsThread,
-    nb: NsThread,
+    pub(super) na: NsThread,
+    pub(super) nb: NsThread,
     _nc: NsThread,
-    workloads: Workloads,
-    topo: Topology,
-    dir: tempfile::TempDir,
+    pub(super) workloads: Workloads,
+    pub(super) topo: Topology,
+    pub(super) dir: tempfile::TempDir,
     /// Second-generation gateways (`gateway-restart`), kept until the end.
-    restarted: Vec<Gateway>,
+    pub(super) restarted: Vec<Gateway>,
 }
 
 impl Lab {
@@ -132,7 +131,7 @@ impl Lab {
         })
     }
 
-    fn endpoint(&self, pod: Pod) -> Endpoint {
+    pub(super) fn endpoint(&self, pod: Pod) -> Endpoint {
         let name = match pod {
             Pod::Client => "client",
             Pod::Old => "old pod",
@@ -191,146 +190,6 @@ impl Lab {
         };
         self.finish(p, &mut row, t).await?;
         Ok(row)
-    }
-
-    /// Shutdown starts → the app drains and exits → CNI DEL → deleted (→ the
-    /// IP goes to a new pod).
-    async fn terminate(&mut self, p: &Params, row: &mut Row) -> Result<Times, LabError> {
-        let drains = DrainWatcher::start(self.gw_b.admin.clone(), OLD_UID.to_owned());
-        let goaways = self.goaway_watcher(&self.gw_a).await?;
-        let old = self.old.take().expect("the old pod runs until terminated");
-        let event = Instant::now();
-        let deadline = super::probes::unix_ms() + p.grace.as_millis();
-        self.workloads.terminate_old(deadline)?;
-        old.proc.signal(libc::SIGTERM);
-        let ready = vec![self.endpoint(Pod::Replacement)];
-        if p.endpoint_lag.is_zero() {
-            self.load().set_endpoints(ready);
-        } else {
-            self.load().set_endpoints_after(p.endpoint_lag, ready);
-        }
-        let exited = match old.proc.wait(p.grace).await {
-            Ok((_, at)) => at,
-            Err(_) => {
-                // The kubelet's SIGKILL at the end of the grace period.
-                old.proc.signal(libc::SIGKILL);
-                row.notes.push(format!(
-                    "the app did not exit within the grace period ({})",
-                    ms(p.grace)
-                ));
-                old.proc.wait(Duration::from_secs(5)).await?.1
-            }
-        };
-        if p.scenario == Scenario::CniHung {
-            self.gw_b.proc.signal(libc::SIGSTOP);
-        }
-        let del = cni::del(&self.gw_b.cni_socket, OLD_UID, p.cni_timeout).await;
-        if p.scenario == Scenario::CniHung {
-            self.gw_b.proc.signal(libc::SIGCONT);
-        }
-        let del = del?;
-        row.cni = format!(
-            "{} ({})",
-            ms(del.took),
-            if del.acknowledged {
-                "acknowledged"
-            } else {
-                "not drained"
-            }
-        );
-        row.cni_returned = Some(true);
-        if !del.success {
-            row.notes.push(format!("CNI DEL failed: {}", del.stderr));
-        }
-        self.topo.delete_pod(Pod::Old)?;
-        self.workloads.delete_old()?;
-        self.wait_dump("gateway A to learn the old pod was deleted", |d| {
-            !lists(d, OLD_UID)
-        })
-        .await?;
-        if p.scenario == Scenario::IpReuse {
-            self.reuse_ip(p).await?;
-            row.baseline = 3;
-        }
-        Ok(Times {
-            event,
-            exited: Some(exited),
-            drains: Some(drains),
-            goaways,
-        })
-    }
-
-    /// `ip-reuse`: a new pod gets the old pod's IP and joins the endpoints.
-    async fn reuse_ip(&mut self, p: &Params) -> Result<(), LabError> {
-        self.topo.add_pod(Pod::Reuse)?;
-        let app = AppPod::start(
-            &self.topo.pod_ns(Pod::Reuse),
-            "reuse",
-            p.app_drain,
-            &self.dir.path().join("app-reuse.log"),
-        )
-        .await?;
-        self.reuse = Some(app);
-        self.workloads.add_reuse()?;
-        self.wait_dump("gateway A to learn the new pod at the old IP", |d| {
-            lists(d, REUSE_UID)
-        })
-        .await?;
-        self.watcher().mark_reuse();
-        self.load().set_endpoints(vec![
-            self.endpoint(Pod::Replacement),
-            self.endpoint(Pod::Reuse),
-        ]);
-        Ok(())
-    }
-
-    /// `gateway-restart`: a new gateway process beside the old one, then
-    /// SIGTERM to the old one (an upgrade with `SO_REUSEPORT`).
-    async fn restart(&mut self, p: &Params, row: &mut Row) -> Result<Times, LabError> {
-        let (node, ns, rt) = match p.restart_node {
-            Node::A => ('a', self.topo.node_ns('a'), self.na.handle.clone()),
-            Node::B => ('b', self.topo.node_ns('b'), self.nb.handle.clone()),
-        };
-        let files = NodeFiles {
-            node,
-            workloads: self.dir.path().join(format!("workloads-{node}.yaml")),
-            cni_socket: self.dir.path().join(format!("cni-{node}.sock")),
-        };
-        let new = Gateway::start(&ns, rt, &files, self.dir.path(), 1).await?;
-        let old = if node == 'a' { &self.gw_a } else { &self.gw_b };
-        let opened_by_old_a = if node == 'a' {
-            metric_sum(&old.metrics_text().await?, OPENED)
-        } else {
-            0.0
-        };
-        let goaways = self.goaway_watcher(&self.gw_a).await?;
-        let event = Instant::now();
-        old.proc.signal(libc::SIGTERM);
-        let (how, at) = old.proc.wait(Duration::from_secs(20)).await?;
-        row.drain = format!("{} (old gateway's shutdown: {how})", ms(at - event));
-        row.old_gone = "–".into();
-        row.cni = "–".into();
-        if node == 'a' {
-            row.notes.push(format!(
-                "tunnels opened: {opened_by_old_a} by the old client gateway + the new one's"
-            ));
-            row.opened = opened_by_old_a;
-            let old_ip = IpAddr::V4(self.topo.pod_ip(Pod::Old));
-            self.watcher = Some(PoolWatcher::start(new.admin.clone(), old_ip));
-            let replaced = std::mem::replace(&mut self.gw_a, new);
-            self.restarted.push(replaced);
-        } else {
-            self.restarted.push(new);
-        }
-        // Two more seconds of load on the new gateway (pacing, not a wait
-        // for an event): failures after the restart count too.
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        Ok(Times {
-            event,
-            exited: None,
-            drains: None,
-            goaways,
-        })
     }
 
     /// After the last step: the client's old-pod tunnels get `settle` to
@@ -409,7 +268,7 @@ impl Lab {
     }
 
     /// Polls gateway A's `/config_dump` (5 ms) until `check` holds, at most 10 s.
-    async fn wait_dump(
+    pub(super) async fn wait_dump(
         &self,
         what: &str,
         check: impl Fn(&serde_json::Value) -> bool,
@@ -430,15 +289,15 @@ impl Lab {
     }
 
     /// Watches `gw`'s GOAWAY counter from its present value.
-    async fn goaway_watcher(&self, gw: &Gateway) -> Result<CounterWatcher, LabError> {
+    pub(super) async fn goaway_watcher(&self, gw: &Gateway) -> Result<CounterWatcher, LabError> {
         let from = metric_sum(&gw.metrics_text().await?, GOAWAYS);
         Ok(CounterWatcher::start(gw.metrics.clone(), GOAWAYS, from))
     }
 
-    fn load(&self) -> &Load {
+    pub(super) fn load(&self) -> &Load {
         self.load.as_ref().expect("load started in warm_up")
     }
-    fn watcher(&self) -> &PoolWatcher {
+    pub(super) fn watcher(&self) -> &PoolWatcher {
         self.watcher.as_ref().expect("watcher started in warm_up")
     }
 
@@ -457,16 +316,16 @@ impl Lab {
 }
 
 /// When the scenario's steps happened.
-struct Times {
-    event: Instant,
+pub(super) struct Times {
+    pub(super) event: Instant,
     /// The old app's exit (none in `gateway-restart`).
-    exited: Option<Instant>,
-    drains: Option<DrainWatcher>,
+    pub(super) exited: Option<Instant>,
+    pub(super) drains: Option<DrainWatcher>,
     /// The client gateway's GOAWAY counter, from just before the event.
-    goaways: CounterWatcher,
+    pub(super) goaways: CounterWatcher,
 }
 
-fn lists(dump: &serde_json::Value, uid: &str) -> bool {
+pub(super) fn lists(dump: &serde_json::Value, uid: &str) -> bool {
     dump["workloads"]
         .as_array()
         .is_some_and(|w| w.iter().any(|w| w["uid"] == uid))
