@@ -7,13 +7,17 @@
 //!   defaults to `<repo>/target/plugins`.
 //! - `test`: the project's whole test run (the README's test command): build
 //!   the plugins, run every test of the workspace, the plugins' native tests,
-//!   every fuzz target for a bounded time, then start the demo as `demo --check` does and run the READMEs' shell
-//!   blocks against it (`readme.rs`).
+//!   every fuzz target for a bounded time, the drain lab's smoke run
+//!   (`lab.rs`), then start the demo as `demo --check` does and run the
+//!   READMEs' shell blocks against it (`readme.rs`).
 //! - `fuzz [--secs N] [TARGET…]`: build the fuzz targets of `fuzz/` and run
 //!   each for N seconds (default 60); `test` runs them all for
 //!   [`fuzz::TEST_SECS`] each (`fuzz.rs`).
 //! - `readme`: only the last stage of `test` (the demo and the READMEs'
 //!   shell blocks), for whoever edits a README.
+//! - `lab [ARGS…]`: build as `test` does, then run the drain lab
+//!   (`target/debug/drain-lab ARGS`; needs root). `test` runs a bounded
+//!   smoke run of it (`lab.rs`).
 //! - `demo [--check] [ARGS…]`: build the plugins and the gateway (dev profile:
 //!   the build the tests use) and run it on the embedded default; extra
 //!   arguments go to `tidegate run`. `--check` runs the "try next" lines the
@@ -24,6 +28,7 @@
 mod checks;
 mod demo;
 mod fuzz;
+mod lab;
 mod plugins;
 mod readme;
 
@@ -33,7 +38,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 
 const USAGE: &str =
-    "usage: cargo xtask plugins [--out DIR] | test | fuzz [--secs N] [TARGET…] | readme | demo [--check] [ARGS…]";
+    "usage: cargo xtask plugins [--out DIR] | test | fuzz [--secs N] [TARGET…] | readme | lab [ARGS…] | demo [--check] [ARGS…]";
 
 fn main() -> ExitCode {
     match run(std::env::args().skip(1).collect()) {
@@ -78,13 +83,14 @@ fn run(args: Vec<String>) -> Result<()> {
             if let Err(e) = &fuzz {
                 eprintln!("xtask: {e:#}");
             }
+            let smoke = run_lab_smoke(&root, &mut tally);
             let docs = run_docs(&root, &mut tally);
             // One closing line for the whole run, whatever ran last.
             println!(
                 "\ntests: {} passed, {} failed, {} skipped",
                 tally.passed, tally.failed, tally.ignored
             );
-            workspace.and(plugins).and(fuzz).and(docs)
+            workspace.and(plugins).and(fuzz).and(smoke).and(docs)
         }
         Some("fuzz") => {
             let mut secs = 60;
@@ -107,6 +113,11 @@ fn run(args: Vec<String>) -> Result<()> {
             plugins::build_all(&root, &root.join("target").join("plugins"))?;
             let mut tally = Tally::default();
             run_docs(&root, &mut tally)
+        }
+        Some("lab") => {
+            let root = repo_root();
+            plugins::build_all(&root, &root.join("target").join("plugins"))?;
+            lab::run(&root, &args.collect::<Vec<_>>())
         }
         Some("demo") => {
             let root = repo_root();
@@ -182,6 +193,24 @@ fn run_docs(root: &std::path::Path, tally: &mut Tally) -> Result<()> {
     tally.ignored += checks.skipped;
     println!(
         "test result: {}. {} passed; {} failed; {} ignored (README checks)",
+        if checks.failed == 0 { "ok" } else { "FAILED" },
+        checks.passed,
+        checks.failed,
+        checks.skipped
+    );
+    checks.result()
+}
+
+/// The drain lab's smoke run (`lab.rs`), counted in the tally.
+fn run_lab_smoke(root: &std::path::Path, tally: &mut Tally) -> Result<()> {
+    println!("\nrunning the drain lab's smoke run");
+    let mut checks = checks::Checks::default();
+    lab::smoke(root, &mut checks)?;
+    tally.passed += checks.passed;
+    tally.failed += checks.failed;
+    tally.ignored += checks.skipped;
+    println!(
+        "test result: {}. {} passed; {} failed; {} ignored (drain lab smoke)",
         if checks.failed == 0 { "ok" } else { "FAILED" },
         checks.passed,
         checks.failed,

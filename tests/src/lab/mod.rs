@@ -1,0 +1,201 @@
+//! The drain lab (issue 13): in real network namespaces, two-plus-one nodes
+//! each running the real `tidegate` binary, a client pod loading two server
+//! pods, and a lifecycle scenario applied to the old server pod once per
+//! drain policy; one markdown table of what each policy did.
+//!
+//! - `params.rs`: the command line; `topology.rs`: namespaces, veths, routes,
+//!   iptables; `process.rs`: children inside a namespace;
+//! - `gateway.rs`: the gateway processes and their config; `workloads.rs`:
+//!   the workload files (the pods' lifecycle as the gateways see it);
+//! - `app_server.rs`: the server pods' HTTP app; `load.rs`: the client pod's
+//!   load; `cni.rs`: CNI DEL through `tidegate-cni`;
+//! - `http.rs`: admin/metrics requests inside a node; `probes.rs`: the
+//!   pool, counter and drain watchers;
+//! - `scenario.rs`: one policy's run (setup, load, the row), its timelines
+//!   in `termination.rs` and `restart.rs`; `report.rs`: the table and the
+//!   README section.
+
+pub mod app_server;
+pub mod cni;
+pub mod gateway;
+pub mod http;
+pub mod load;
+pub mod params;
+pub mod probes;
+pub mod process;
+pub mod report;
+mod restart;
+pub mod scenario;
+mod termination;
+pub mod topology;
+pub mod workloads;
+
+use std::path::Path;
+
+use params::{Capture, Params};
+use report::Row;
+
+/// What can stop a lab run.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    #[error("the drain lab needs root (network namespaces, iptables)")]
+    NotRoot,
+    #[error("`{0}` is not installed (the lab needs iproute2 and iptables)")]
+    MissingTool(&'static str),
+    #[error("per-pod capture is not available yet (issue 14); use --capture node")]
+    PerPodCapture,
+    #[error("unknown policy {0:?}; reference policies: {1}")]
+    UnknownPolicy(String, String),
+    #[error("setup: {0}")]
+    Setup(String),
+    #[error("gateway: {0}")]
+    Gateway(String),
+    #[error("probe: {0}")]
+    Probe(String),
+    #[error("timed out waiting for {0}")]
+    Timeout(String),
+    #[error("README: {0}")]
+    Readme(String),
+    #[error("interrupted")]
+    Interrupted,
+    #[error("check failed: {0}")]
+    Check(String),
+}
+
+/// Refuses what cannot run here, before anything is created.
+pub fn preflight(p: &Params) -> Result<(), LabError> {
+    if p.capture == Capture::PerPod {
+        return Err(LabError::PerPodCapture);
+    }
+    for policy in &p.policies {
+        if !params::REFERENCE_POLICIES.contains(&policy.as_str()) {
+            return Err(LabError::UnknownPolicy(
+                policy.clone(),
+                params::REFERENCE_POLICIES.join(", "),
+            ));
+        }
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(LabError::NotRoot);
+    }
+    if crate::netns::tool_missing("ip", "-V") {
+        return Err(LabError::MissingTool("ip"));
+    }
+    if crate::netns::tool_missing("iptables", "--version") {
+        return Err(LabError::MissingTool("iptables"));
+    }
+    Ok(())
+}
+
+/// Runs every policy of `p` one after the other, each in fresh namespaces.
+pub async fn run(p: &Params) -> Result<Vec<Row>, LabError> {
+    preflight(p)?;
+    topology::remove_leftovers();
+    let mut rows = Vec::new();
+    for (i, policy) in p.policies.iter().enumerate() {
+        tracing::info!(policy, scenario = p.scenario.name(), "drain lab run");
+        let mut lab = scenario::Lab::start(p, policy, i).await?;
+        match lab.run(p, policy).await {
+            Ok(row) => rows.push(row),
+            Err(e) => {
+                eprintln!("{}", lab.log_tails());
+                return Err(e);
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// The command line that reproduces a run (for the README).
+pub fn command_line(p: &Params) -> String {
+    let mut s = format!(
+        "cargo xtask lab --scenario {} --rate {} --long-streams {} --app-drain {} --grace {}",
+        p.scenario.name(),
+        p.rate,
+        p.long_streams,
+        cli_duration(p.app_drain),
+        cli_duration(p.grace),
+    );
+    if p.different_sa {
+        s.push_str(" --different-sa");
+    }
+    if !p.endpoint_lag.is_zero() {
+        s.push_str(&format!(" --endpoint-lag {}", cli_duration(p.endpoint_lag)));
+    }
+    match p.scenario {
+        params::Scenario::CniHung => {
+            s.push_str(&format!(" --cni-timeout {}", cli_duration(p.cni_timeout)))
+        }
+        params::Scenario::GatewayRestart => s.push_str(&format!(
+            " --restart-node {}",
+            if p.restart_node == params::Node::A {
+                "a"
+            } else {
+                "b"
+            }
+        )),
+        _ => {}
+    }
+    if p.policies.len() < params::REFERENCE_POLICIES.len() {
+        s.push_str(&format!(" --policies {}", p.policies.join(",")));
+    }
+    s
+}
+
+/// A duration as the command line takes it (`7s`, `1500ms`).
+fn cli_duration(d: std::time::Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+/// The README section: when, how, the table and the notes.
+pub fn section(p: &Params, rows: &[Row]) -> String {
+    let date = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    format!(
+        "Measured by `{}` on {date} (written by `--write-readme`; \
+         a 2-core machine, debug build):\n\n{}\n{}",
+        command_line(p),
+        report::table(rows),
+        report::notes(rows)
+    )
+}
+
+/// `--check`: the smoke stage's assertions (counts only, never timings).
+pub fn check(rows: &[Row]) -> Result<(), LabError> {
+    let mut problems = Vec::new();
+    for r in rows {
+        if r.short_failed > 0 || r.long_failed > 0 {
+            problems.push(format!(
+                "{}: {} short and {} long-stream requests failed",
+                r.policy, r.short_failed, r.long_failed
+            ));
+        }
+        if r.old_tunnel_at_end {
+            problems.push(format!(
+                "{}: a client tunnel to the old pod is still pooled",
+                r.policy
+            ));
+        }
+        if r.cni_returned == Some(false) {
+            problems.push(format!("{}: CNI DEL did not return", r.policy));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(LabError::Check(problems.join("; ")))
+    }
+}
+
+/// `README.md` of the repository (the lab is run from anywhere).
+pub fn readme_path() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+}

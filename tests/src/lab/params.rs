@@ -1,0 +1,142 @@
+//! The lab's command line: load, lifecycle timings, which scenario, which
+//! policies.
+
+use std::time::Duration;
+
+/// The reference policies of `plugins/`, in the order the table lists them.
+pub const REFERENCE_POLICIES: &[&str] = &[
+    "goaway-on-term-start",
+    "drain-at-teardown",
+    "evict-on-delete",
+    "keepalive-only",
+    "oci-drain",
+    "recommended",
+];
+
+/// What happens to the old server pod (or its node) while the load runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// Shutdown starts, the app drains and exits, CNI DEL, deletion.
+    Termination,
+    /// Termination, then a new pod gets the old pod's IP.
+    IpReuse,
+    /// No pod terminates: one gateway is replaced by a new process.
+    GatewayRestart,
+    /// Termination with the old pod's gateway SIGSTOPped during CNI DEL.
+    CniHung,
+}
+
+impl Scenario {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Termination => "termination",
+            Scenario::IpReuse => "ip-reuse",
+            Scenario::GatewayRestart => "gateway-restart",
+            Scenario::CniHung => "cni-hung",
+        }
+    }
+}
+
+/// How application traffic reaches the gateway.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Capture {
+    /// iptables REDIRECT on the node to the gateway's node-level listeners.
+    Node,
+    /// Listeners inside each pod's namespace (issue 14; not available yet).
+    PerPod,
+}
+
+/// Which gateway `gateway-restart` replaces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Node {
+    /// The client's node (its pool is what restarts).
+    A,
+    /// The old server pod's node.
+    B,
+}
+
+/// Parameters of one lab run.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Params {
+    /// New short connections per second from the client pod.
+    #[arg(long, default_value_t = 200)]
+    pub rate: u32,
+    /// Long-lived keep-alive connections (a request every ~100 ms each).
+    #[arg(long, default_value_t = 5)]
+    pub long_streams: u32,
+    /// How long the server app keeps serving after SIGTERM (then it exits when idle).
+    #[arg(long, default_value = "7s", value_parser = parse_duration)]
+    pub app_drain: Duration,
+    /// The pod's termination grace period (deadline of shutdown-started; the app is killed at its end).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub grace: Duration,
+    /// Give the replacement pod a different service account than the old one.
+    #[arg(long)]
+    pub different_sa: bool,
+    /// How long after the termination starts the client still picks the old
+    /// pod for new connections (EndpointSlice propagation; 0: at once).
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub endpoint_lag: Duration,
+    /// Capture mode.
+    #[arg(long, value_enum, default_value_t = Capture::Node)]
+    pub capture: Capture,
+    /// Policies to run, comma-separated (default: every reference policy).
+    #[arg(long, value_delimiter = ',', default_values_t = REFERENCE_POLICIES.iter().map(|s| s.to_string()))]
+    pub policies: Vec<String>,
+    /// What happens during the run.
+    #[arg(long, value_enum, default_value_t = Scenario::Termination)]
+    pub scenario: Scenario,
+    /// `gateway-restart`: which node's gateway is replaced.
+    #[arg(long, value_enum, default_value_t = Node::B)]
+    pub restart_node: Node,
+    /// `timeout_ms` of the tidegate-cni network config (the bound of CNI DEL).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub cni_timeout: Duration,
+    /// Longest wait, after deletion, for the client's tunnels to the old pod to go.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub settle: Duration,
+    /// Replace the README's drain-lab section with the table of this run.
+    #[arg(long)]
+    pub write_readme: bool,
+    /// Exit non-zero unless every run has 0 failed requests, no client
+    /// tunnel to the old pod at the end and a CNI DEL that returned (the
+    /// smoke stage of `cargo xtask test`; counts only, never timings).
+    #[arg(long)]
+    pub check: bool,
+}
+
+/// `7s`, `1500ms`, `2m` or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 7s, 1500ms, 2m)"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s or m)")),
+    };
+    if !(0.0..=3600.0).contains(&secs) {
+        return Err(format!("{s:?} is out of range (0 to 1 h)"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("7s"), Ok(Duration::from_secs(7)));
+        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert!(parse_duration("7h").is_err());
+        assert!(parse_duration("x").is_err());
+    }
+}

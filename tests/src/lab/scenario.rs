@@ -1,0 +1,351 @@
+//! One policy's run: the topology, the three gateways, the server apps and
+//! the client load, then the scenario's timeline, then the row.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use super::app_server::{AppPod, APP_PORT};
+use super::gateway::{Gateway, NodeFiles};
+use super::load::{Counts, Endpoint, Load};
+use super::params::{Params, Scenario};
+use super::probes::{
+    metric_sum, CounterWatcher, DrainSeen, DrainWatcher, PoolWatcher, GOAWAYS, OPENED,
+};
+use super::report::{ms, Row};
+use super::topology::{Pod, Topology};
+use super::workloads::Workloads;
+use super::LabError;
+use crate::netns::NsThread;
+
+/// Everything one run holds. Fields drop in declaration order: the load and
+/// the watchers, the apps and gateways (killed), the namespace threads, the
+/// namespaces, then the files.
+pub struct Lab {
+    pub(super) load: Option<Load>,
+    pub(super) watcher: Option<PoolWatcher>,
+    pub(super) old: Option<AppPod>,
+    pub(super) reuse: Option<AppPod>,
+    _replacement: AppPod,
+    pub(super) gw_a: Gateway,
+    pub(super) gw_b: Gateway,
+    _gw_c: Gateway,
+    pa: NsThread,
+    pub(super) na: NsThread,
+    pub(super) nb: NsThread,
+    _nc: NsThread,
+    pub(super) workloads: Workloads,
+    pub(super) topo: Topology,
+    pub(super) dir: tempfile::TempDir,
+    /// Second-generation gateways (`gateway-restart`), kept until the end.
+    pub(super) restarted: Vec<Gateway>,
+}
+
+impl Lab {
+    /// Builds run `run`'s namespaces and starts its processes with the
+    /// server pods annotated with `policy`.
+    pub async fn start(p: &Params, policy: &str, run: usize) -> Result<Lab, LabError> {
+        let dir = tempfile::Builder::new()
+            .prefix("drain-lab-")
+            .tempdir()
+            .map_err(|e| LabError::Setup(format!("temporary directory: {e}")))?;
+        let mut topo = Topology::new(run);
+        topo.build_nodes()?;
+        for pod in [Pod::Client, Pod::Old, Pod::Replacement] {
+            topo.add_pod(pod)?;
+        }
+        let files: Vec<NodeFiles> = ['a', 'b', 'c']
+            .into_iter()
+            .map(|node| NodeFiles {
+                node,
+                workloads: dir.path().join(format!("workloads-{node}.yaml")),
+                cni_socket: dir.path().join(format!("cni-{node}.sock")),
+            })
+            .collect();
+        let workloads = Workloads::new(
+            &topo,
+            files.iter().map(|f| f.workloads.clone()).collect(),
+            policy,
+            p.different_sa,
+        );
+        workloads.write()?;
+        let na = NsThread::idle(&topo.node_ns('a'));
+        let nb = NsThread::idle(&topo.node_ns('b'));
+        let nc = NsThread::idle(&topo.node_ns('c'));
+        // Gateway A first: it creates the development CA the others open.
+        let gw_a = Gateway::start(
+            &topo.node_ns('a'),
+            na.handle.clone(),
+            &files[0],
+            dir.path(),
+            0,
+        )
+        .await?;
+        let gw_b = Gateway::start(
+            &topo.node_ns('b'),
+            nb.handle.clone(),
+            &files[1],
+            dir.path(),
+            0,
+        )
+        .await?;
+        let gw_c = Gateway::start(
+            &topo.node_ns('c'),
+            nc.handle.clone(),
+            &files[2],
+            dir.path(),
+            0,
+        )
+        .await?;
+        let old = AppPod::start(
+            &topo.pod_ns(Pod::Old),
+            "old",
+            p.app_drain,
+            &dir.path().join("app-old.log"),
+        )
+        .await?;
+        let replacement = AppPod::start(
+            &topo.pod_ns(Pod::Replacement),
+            "replacement",
+            p.app_drain,
+            &dir.path().join("app-replacement.log"),
+        )
+        .await?;
+        let pa = NsThread::idle(&topo.pod_ns(Pod::Client));
+        Ok(Lab {
+            load: None,
+            watcher: None,
+            old: Some(old),
+            reuse: None,
+            _replacement: replacement,
+            gw_a,
+            gw_b,
+            _gw_c: gw_c,
+            pa,
+            na,
+            nb,
+            _nc: nc,
+            workloads,
+            topo,
+            dir,
+            restarted: Vec::new(),
+        })
+    }
+
+    pub(super) fn endpoint(&self, pod: Pod) -> Endpoint {
+        let name = match pod {
+            Pod::Client => "client",
+            Pod::Old => "old pod",
+            Pod::Replacement => "replacement",
+            Pod::Reuse => "pod at the reused IP",
+        };
+        (
+            name,
+            SocketAddr::new(IpAddr::V4(self.topo.pod_ip(pod)), APP_PORT),
+        )
+    }
+
+    /// Starts the load on both server pods and waits until it flows.
+    async fn warm_up(&mut self, p: &Params) -> Result<(), LabError> {
+        let old_ip = IpAddr::V4(self.topo.pod_ip(Pod::Old));
+        self.watcher = Some(PoolWatcher::start(self.gw_a.admin.clone(), old_ip));
+        let load = Load::start(
+            &self.pa.handle,
+            vec![self.endpoint(Pod::Old), self.endpoint(Pod::Replacement)],
+            p.rate,
+            p.long_streams,
+        );
+        let c = load.counts.clone();
+        self.load = Some(load);
+        let want_short = u64::from(p.rate / 2).max(5).min(u64::from(p.rate));
+        let want_long = 2 * u64::from(p.long_streams);
+        let started = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        loop {
+            tick.tick().await;
+            let (so, lo) = (Counts::get(&c.short_ok), Counts::get(&c.long_ok));
+            if so >= want_short && lo >= want_long {
+                return Ok(());
+            }
+            if started.elapsed() > Duration::from_secs(20) {
+                let failures = c.failures.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                return Err(LabError::Timeout(format!(
+                    "the load to flow before the event ({so} short and {lo} long-stream requests \
+                     succeeded in 20 s; first failures: {failures:#?})"
+                )));
+            }
+        }
+    }
+
+    /// Runs the scenario and returns its row.
+    pub async fn run(&mut self, p: &Params, policy: &str) -> Result<Row, LabError> {
+        self.warm_up(p).await?;
+        let mut row = Row {
+            policy: policy.to_owned(),
+            baseline: 2,
+            ..Row::default()
+        };
+        let t = match p.scenario {
+            Scenario::GatewayRestart => self.restart(p, &mut row).await?,
+            _ => self.terminate(p, &mut row).await?,
+        };
+        self.finish(p, &mut row, t).await?;
+        Ok(row)
+    }
+
+    /// After the last step: the client's old-pod tunnels get `settle` to
+    /// go, the load runs one more second (late failures), then the row.
+    async fn finish(&mut self, p: &Params, row: &mut Row, t: Times) -> Result<(), LabError> {
+        if let Some(exited) = t.exited {
+            row.notes.push(format!(
+                "app exited {} after the event",
+                ms(exited - t.event)
+            ));
+            let settle_from = Instant::now();
+            let mut tick = tokio::time::interval(Duration::from_millis(5));
+            while self.watcher().old_present() && settle_from.elapsed() < p.settle {
+                tick.tick().await;
+            }
+            // Load after the last lifecycle step, to count late failures
+            // (pacing, not a wait for an event).
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let trace = self
+                .watcher()
+                .trace
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone_summary();
+            row.old_tunnel_at_end = trace.old_present;
+            row.old_gone = match (trace.old_gone_at, trace.old_present, trace.old_seen) {
+                (_, true, _) => format!(
+                    "still pooled at the end ({} after exit)",
+                    ms(exited.elapsed())
+                ),
+                (Some(g), false, _) if g >= exited => ms(g - exited),
+                (Some(_), false, _) => "before the app exited".into(),
+                (None, false, 0) => "no tunnel to the old pod seen".into(),
+                (None, false, _) => "–".into(),
+            };
+        }
+        let load = self.load.take().expect("load started in warm_up");
+        let c = load.stop().await;
+        row.short_failed = Counts::get(&c.short_failed);
+        row.short_total = row.short_failed + Counts::get(&c.short_ok);
+        row.long_failed = Counts::get(&c.long_failed);
+        row.long_total = row.long_failed + Counts::get(&c.long_ok);
+        let failures = c.failures.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(first) = failures.first() {
+            row.notes.push(format!("first failure: {first}"));
+        }
+        let a = self.gw_a.metrics_text().await?;
+        row.opened += metric_sum(&a, OPENED);
+        let trace = self
+            .watcher()
+            .trace
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone_summary();
+        // The counter's first rise, or a tunnel the dump showed GOAWAYed,
+        // whichever was seen first.
+        let seen = [t.goaways.rose_at(), trace.first_goaway]
+            .into_iter()
+            .flatten()
+            .filter(|g| *g >= t.event)
+            .min();
+        row.first_goaway = match seen {
+            Some(g) => ms(g - t.event),
+            None if metric_sum(&a, GOAWAYS) > 0.0 => "received, not seen by the polls".into(),
+            None => "none".into(),
+        };
+        row.notes.push(format!(
+            "pool polled {} times, longest gap {}",
+            trace.polls,
+            ms(trace.max_gap)
+        ));
+        if let Some(drains) = t.drains {
+            row.drain = drain_cell(&drains.seen());
+        }
+        Ok(())
+    }
+
+    /// Polls gateway A's `/config_dump` (5 ms) until `check` holds, at most 10 s.
+    pub(super) async fn wait_dump(
+        &self,
+        what: &str,
+        check: impl Fn(&serde_json::Value) -> bool,
+    ) -> Result<(), LabError> {
+        let started = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(5));
+        loop {
+            tick.tick().await;
+            if let Ok(body) = self.gw_a.admin.get_ok("/config_dump").await {
+                if serde_json::from_str(&body).is_ok_and(|d| check(&d)) {
+                    return Ok(());
+                }
+            }
+            if started.elapsed() > Duration::from_secs(10) {
+                return Err(LabError::Timeout(format!("{what} (10 s)")));
+            }
+        }
+    }
+
+    /// Watches `gw`'s GOAWAY counter from its present value.
+    pub(super) async fn goaway_watcher(&self, gw: &Gateway) -> Result<CounterWatcher, LabError> {
+        let from = metric_sum(&gw.metrics_text().await?, GOAWAYS);
+        Ok(CounterWatcher::start(gw.metrics.clone(), GOAWAYS, from))
+    }
+
+    pub(super) fn load(&self) -> &Load {
+        self.load.as_ref().expect("load started in warm_up")
+    }
+    pub(super) fn watcher(&self) -> &PoolWatcher {
+        self.watcher.as_ref().expect("watcher started in warm_up")
+    }
+
+    /// The gateways' logs (for an error report).
+    pub fn log_tails(&self) -> String {
+        let mut s = String::new();
+        for (name, gw) in [("A", &self.gw_a), ("B", &self.gw_b)] {
+            s.push_str(&format!(
+                "--- gateway {name} ({}) ---\n{}\n",
+                gw.log.display(),
+                gw.log_tail()
+            ));
+        }
+        s
+    }
+}
+
+/// When the scenario's steps happened.
+pub(super) struct Times {
+    pub(super) event: Instant,
+    /// The old app's exit (none in `gateway-restart`).
+    pub(super) exited: Option<Instant>,
+    pub(super) drains: Option<DrainWatcher>,
+    /// The client gateway's GOAWAY counter, from just before the event.
+    pub(super) goaways: CounterWatcher,
+}
+
+pub(super) fn lists(dump: &serde_json::Value, uid: &str) -> bool {
+    dump["workloads"]
+        .as_array()
+        .is_some_and(|w| w.iter().any(|w| w["uid"] == uid))
+}
+
+fn drain_cell(seen: &DrainSeen) -> String {
+    let Some(view) = &seen.view else {
+        return "no drain recorded".into();
+    };
+    let left = view["tunnels_remaining"].as_u64().unwrap_or(0);
+    let left = if left > 0 {
+        format!(", {left} tunnel(s) left")
+    } else {
+        String::new()
+    };
+    match (seen.duration(), view["ended"].as_str()) {
+        (Some(d), Some(how)) => format!("{} ({how}{left})", ms(d)),
+        _ => format!(
+            "not ended ({}{left})",
+            view["phase"].as_str().unwrap_or("?")
+        ),
+    }
+}

@@ -1,0 +1,239 @@
+//! The lab's network: three node namespaces and their pods, joined by veth
+//! pairs, with iptables REDIRECT on the nodes (as `netns.rs` builds for the
+//! tests, plus a third node).
+//!
+//! ```text
+//!  pa client 10.X.1.2 ── na (node A, 10.X.0.1 / 10.X.4.1) ──┬── nb (node B, 10.X.0.2) ── pb old 10.X.2.2
+//!                                                           │                         └─ pd ip-reuse 10.X.2.2
+//!                                                           └── nc (node C, 10.X.4.2) ── pc replacement 10.X.3.2
+//! ```
+
+use std::net::Ipv4Addr;
+use std::process::Command;
+
+use super::LabError;
+use crate::netns::{HBONE_PORT, OUTBOUND_PORT};
+
+/// Every namespace of the lab starts with this, then the pid.
+pub const PREFIX: &str = "tgl";
+
+/// A pod's namespace name suffix, its node's, and its veth's subnet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pod {
+    Client,
+    Old,
+    Replacement,
+    /// The pod that gets the old pod's IP in `ip-reuse`.
+    Reuse,
+}
+
+impl Pod {
+    fn suffix(self) -> &'static str {
+        match self {
+            Pod::Client => "pa",
+            Pod::Old => "pb",
+            Pod::Replacement => "pc",
+            Pod::Reuse => "pd",
+        }
+    }
+    /// (node namespace suffix, subnet of the node–pod link).
+    fn placement(self) -> (&'static str, u8) {
+        match self {
+            Pod::Client => ("na", 1),
+            Pod::Old | Pod::Reuse => ("nb", 2),
+            Pod::Replacement => ("nc", 3),
+        }
+    }
+}
+
+/// Names and addresses of one run (`run` numbers the policies of a lab).
+pub struct Topology {
+    prefix: String,
+    /// Second octet of every address: 10.X.*.*.
+    pub x: u8,
+    /// Namespaces created so far, deleted on drop.
+    created: Vec<String>,
+}
+
+impl Topology {
+    pub fn new(run: usize) -> Topology {
+        let pid = std::process::id();
+        Topology {
+            prefix: format!("{PREFIX}{pid}r{run}"),
+            x: 200 + (pid % 50) as u8,
+            created: Vec::new(),
+        }
+    }
+
+    pub fn node_ns(&self, node: char) -> String {
+        format!("{}n{node}", self.prefix)
+    }
+    pub fn pod_ns(&self, pod: Pod) -> String {
+        format!("{}{}", self.prefix, pod.suffix())
+    }
+    pub fn addr(&self, subnet: u8, host: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, self.x, subnet, host)
+    }
+    pub fn pod_ip(&self, pod: Pod) -> Ipv4Addr {
+        self.addr(pod.placement().1, 2)
+    }
+
+    /// Nodes, the links between them, routes, forwarding and capture rules.
+    pub fn build_nodes(&mut self) -> Result<(), LabError> {
+        for n in ['a', 'b', 'c'] {
+            self.add_ns(&self.node_ns(n))?;
+        }
+        let (na, nb, nc) = (self.node_ns('a'), self.node_ns('b'), self.node_ns('c'));
+        self.veth(&na, "to-nb", self.addr(0, 1), &nb, "to-na", self.addr(0, 2))?;
+        self.veth(&na, "to-nc", self.addr(4, 1), &nc, "to-na", self.addr(4, 2))?;
+        let x = self.x;
+        run(&format!(
+            "ip -n {na} route add 10.{x}.2.0/24 via {}",
+            self.addr(0, 2)
+        ))?;
+        run(&format!(
+            "ip -n {na} route add 10.{x}.3.0/24 via {}",
+            self.addr(4, 2)
+        ))?;
+        run(&format!(
+            "ip -n {nb} route add 10.{x}.1.0/24 via {}",
+            self.addr(0, 1)
+        ))?;
+        run(&format!(
+            "ip -n {nc} route add 10.{x}.1.0/24 via {}",
+            self.addr(4, 1)
+        ))?;
+        for ns in [&na, &nb, &nc] {
+            run(&format!(
+                "ip netns exec {ns} sysctl -q -w net.ipv4.ip_forward=1"
+            ))?;
+        }
+        // Outbound capture: every TCP connection from the client pod lands on gateway A.
+        run(&format!(
+            "ip netns exec {na} iptables -t nat -A PREROUTING -i to-pa -p tcp \
+             -j REDIRECT --to-ports {OUTBOUND_PORT}"
+        ))?;
+        // HBONE to any pod of nodes B and C lands on that node's gateway.
+        for ns in [&nb, &nc] {
+            run(&format!(
+                "ip netns exec {ns} iptables -t nat -A PREROUTING -i to-na -p tcp \
+                 --dport {HBONE_PORT} -j REDIRECT --to-ports {HBONE_PORT}"
+            ))?;
+        }
+        Ok(())
+    }
+
+    /// A pod namespace on its node, with its IP and default route.
+    pub fn add_pod(&mut self, pod: Pod) -> Result<(), LabError> {
+        let (node, subnet) = pod.placement();
+        let ns = self.pod_ns(pod);
+        let node_ns = format!("{}{node}", self.prefix);
+        self.add_ns(&ns)?;
+        let link = format!("to-{}", pod.suffix());
+        self.veth(
+            &node_ns,
+            &link,
+            self.addr(subnet, 1),
+            &ns,
+            "eth0",
+            self.addr(subnet, 2),
+        )?;
+        run(&format!(
+            "ip -n {ns} route add default via {}",
+            self.addr(subnet, 1)
+        ))
+    }
+
+    /// Deletes a pod's namespace (its veth goes with it), as the runtime
+    /// does after CNI DEL.
+    pub fn delete_pod(&mut self, pod: Pod) -> Result<(), LabError> {
+        let ns = self.pod_ns(pod);
+        self.created.retain(|n| *n != ns);
+        run(&format!("ip netns del {ns}"))
+    }
+
+    fn add_ns(&mut self, ns: &str) -> Result<(), LabError> {
+        run(&format!("ip netns add {ns}"))?;
+        self.created.push(ns.to_owned());
+        run(&format!("ip -n {ns} link set lo up"))
+    }
+
+    /// A veth pair created inside `ns1` with its peer placed in `ns2`.
+    fn veth(
+        &self,
+        ns1: &str,
+        if1: &str,
+        a1: Ipv4Addr,
+        ns2: &str,
+        if2: &str,
+        a2: Ipv4Addr,
+    ) -> Result<(), LabError> {
+        run(&format!(
+            "ip -n {ns1} link add {if1} type veth peer name {if2} netns {ns2}"
+        ))?;
+        run(&format!("ip -n {ns1} addr add {a1}/24 dev {if1}"))?;
+        run(&format!("ip -n {ns2} addr add {a2}/24 dev {if2}"))?;
+        run(&format!("ip -n {ns1} link set {if1} up"))?;
+        run(&format!("ip -n {ns2} link set {if2} up"))
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        for ns in self.created.iter().rev() {
+            if let Err(e) = run(&format!("ip netns del {ns}")) {
+                eprintln!("drain-lab cleanup: {e}");
+            }
+        }
+    }
+}
+
+/// Deletes namespaces left by lab processes that no longer exist (killed
+/// with SIGKILL, so their cleanup never ran).
+pub fn remove_leftovers() {
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some(name) = line.split_whitespace().next() else {
+            continue;
+        };
+        let Some(rest) = name.strip_prefix(PREFIX) else {
+            continue;
+        };
+        let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        if pid.is_empty() || alive(&pid) {
+            continue;
+        }
+        let _ = Command::new("ip").args(["netns", "del", name]).output();
+    }
+}
+
+/// Whether process `pid` exists and is not a zombie.
+fn alive(pid: &str) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the parenthesised command name.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next());
+    state != Some("Z")
+}
+
+/// Runs a command line (arguments separated by whitespace).
+pub fn run(cmdline: &str) -> Result<(), LabError> {
+    let args: Vec<&str> = cmdline.split_whitespace().collect();
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .map_err(|e| LabError::Setup(format!("cannot run `{cmdline}`: {e}")))?;
+    if !out.status.success() {
+        return Err(LabError::Setup(format!(
+            "`{cmdline}` failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}

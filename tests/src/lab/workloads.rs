@@ -1,0 +1,119 @@
+//! The workload files every gateway watches: the same pod list on each node
+//! (a pod is local where `node` names the gateway's node), rewritten
+//! atomically at each lifecycle step. A pod set `terminating` starts
+//! shutting down on its node and raises peer-terminating elsewhere; a pod
+//! removed from the files is deleted (peer-deleted elsewhere).
+
+use std::path::PathBuf;
+
+use super::topology::{Pod, Topology};
+use super::LabError;
+
+pub const OLD_UID: &str = "lab-server-old";
+pub const REPLACEMENT_UID: &str = "lab-server-new";
+pub const REUSE_UID: &str = "lab-server-reuse";
+
+/// The pods the files list, and where each is in its lifecycle.
+pub struct Workloads {
+    pub files: Vec<PathBuf>,
+    policy: String,
+    replacement_sa: &'static str,
+    client: String,
+    old: String,
+    replacement: String,
+    old_state: OldState,
+    reuse: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OldState {
+    Running,
+    /// Terminating with this deadline (unix ms).
+    Terminating(u128),
+    Deleted,
+}
+
+impl Workloads {
+    pub fn new(t: &Topology, files: Vec<PathBuf>, policy: &str, different_sa: bool) -> Workloads {
+        Workloads {
+            files,
+            policy: policy.to_owned(),
+            replacement_sa: if different_sa { "server-v2" } else { "server" },
+            client: t.pod_ip(Pod::Client).to_string(),
+            old: t.pod_ip(Pod::Old).to_string(),
+            replacement: t.pod_ip(Pod::Replacement).to_string(),
+            old_state: OldState::Running,
+            reuse: false,
+        }
+    }
+
+    fn server(&self, uid: &str, name: &str, sa: &str, ip: &str, node: &str, extra: &str) -> String {
+        format!(
+            "- {{uid: {uid}, name: {name}, namespace: lab, service_account: {sa}, ips: [{ip}], \
+             node: {node}, labels: {{app: server}}, \
+             annotations: {{tidegate.io/drain-policy: {}}}{extra}}}\n",
+            self.policy
+        )
+    }
+
+    fn text(&self) -> String {
+        let mut s = format!(
+            "workloads:\n- {{uid: lab-client, name: client, namespace: lab, service_account: client, \
+             ips: [{}], node: node-a, labels: {{app: client}}}}\n",
+            self.client
+        );
+        match self.old_state {
+            OldState::Running => {
+                s.push_str(&self.server(OLD_UID, "server-old", "server", &self.old, "node-b", ""))
+            }
+            OldState::Terminating(deadline) => s.push_str(&self.server(
+                OLD_UID,
+                "server-old",
+                "server",
+                &self.old,
+                "node-b",
+                &format!(", state: terminating, deletion_deadline_unix_ms: {deadline}"),
+            )),
+            OldState::Deleted => {}
+        }
+        s.push_str(&self.server(
+            REPLACEMENT_UID,
+            "server-new",
+            self.replacement_sa,
+            &self.replacement,
+            "node-c",
+            "",
+        ));
+        if self.reuse {
+            s.push_str(&self.server(REUSE_UID, "server-reuse", "server", &self.old, "node-b", ""));
+        }
+        s
+    }
+
+    /// Writes every node's file (each replaced atomically).
+    pub fn write(&self) -> Result<(), LabError> {
+        let text = self.text();
+        for path in &self.files {
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, &text)
+                .and_then(|()| std::fs::rename(&tmp, path))
+                .map_err(|e| LabError::Setup(format!("write {}: {e}", path.display())))?;
+        }
+        Ok(())
+    }
+
+    pub fn terminate_old(&mut self, deadline_unix_ms: u128) -> Result<(), LabError> {
+        self.old_state = OldState::Terminating(deadline_unix_ms);
+        self.write()
+    }
+
+    pub fn delete_old(&mut self) -> Result<(), LabError> {
+        self.old_state = OldState::Deleted;
+        self.write()
+    }
+
+    pub fn add_reuse(&mut self) -> Result<(), LabError> {
+        self.reuse = true;
+        self.write()
+    }
+}
