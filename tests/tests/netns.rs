@@ -105,15 +105,26 @@ async fn echo_round_trip(dst: SocketAddr, data: Arc<Vec<u8>>) -> Result<Vec<u8>,
 
 // ---------------------------------------------------------------------------
 
-#[tokio::test]
-async fn transparent_capture_across_two_gateways_in_network_namespaces() {
+#[path = "netns/pod_sockets.rs"]
+mod pod_sockets;
+
+/// Root, `ip` and `iptables` are needed; says why when skipping.
+fn skip() -> bool {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         println!("SKIPPED netns test: needs root for network namespaces and iptables");
-        return;
+        return true;
     }
     if tool_missing("ip", "-V") || tool_missing("iptables", "--version") {
         println!("SKIPPED netns test: `ip` (iproute2) or `iptables` is not installed");
+        return true;
+    }
+    false
+}
+
+#[tokio::test]
+async fn transparent_capture_across_two_gateways_in_network_namespaces() {
+    if skip() {
         return;
     }
     tidegate_e2e::init_tracing();

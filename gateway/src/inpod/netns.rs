@@ -1,0 +1,255 @@
+//! Sockets inside a pod's network namespace.
+//!
+//! A socket belongs to the network namespace of the thread that creates it
+//! and stays there whatever thread uses it later. So one OS thread is
+//! reserved for entering pod namespaces ([`NetnsSockets`]): it `setns()`es
+//! into the pod's namespace, creates the socket, and returns to the
+//! gateway's own namespace; the socket is then served from tokio as usual.
+//! No tokio worker ever changes namespace.
+//!
+//! Every socket made here carries `SO_MARK` (the mesh's packet mark, 0x539
+//! by default) so the pod's capture rules let the gateway's own traffic
+//! through; listeners get `SO_REUSEPORT` (an upgraded gateway binds beside
+//! the old one); a dial can take a source address that is not the pod's own
+//! (`IP_TRANSPARENT` + `IP_FREEBIND`: inbound delivery with the original
+//! client's IP, so the app sees its real peer).
+
+use std::fs::File;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::{mpsc, Arc};
+
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::sync::oneshot;
+use tracing::error;
+
+/// The packet mark istio-cni's rules exempt from capture (1337).
+pub const MESH_MARK: u32 = 0x539;
+
+/// A network namespace's identity: the (device, inode) of its nsfs file.
+/// The same pod sandbox keeps it; a re-created sandbox gets a new one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NetnsId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// A pod's network namespace, held open by its file descriptor (so it stays
+/// valid even after its bind mount is gone).
+#[derive(Debug)]
+pub struct PodNetns {
+    fd: OwnedFd,
+    id: NetnsId,
+}
+
+impl PodNetns {
+    /// Takes a namespace descriptor (from CNI's `CNI_NETNS` path, or
+    /// received over a Unix socket); refuses one that is no network namespace.
+    pub fn from_fd(fd: OwnedFd) -> Result<PodNetns, NetnsError> {
+        let meta = File::from(fd.try_clone().map_err(NetnsError::Open)?)
+            .metadata()
+            .map_err(NetnsError::Open)?;
+        let id = NetnsId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        };
+        // setns with CLONE_NEWNET refuses anything else; check up front so
+        // a bad descriptor is refused where it is handed over.
+        let fs = nix::sys::statfs::fstatfs(&fd).map_err(|e| NetnsError::Open(e.into()))?;
+        if fs.filesystem_type() != NSFS_MAGIC {
+            return Err(NetnsError::NotANamespace);
+        }
+        Ok(PodNetns { fd, id })
+    }
+
+    /// Opens a namespace by path (`/var/run/netns/<name>`, `/proc/<pid>/ns/net`).
+    pub fn open(path: &Path) -> Result<PodNetns, NetnsError> {
+        let file = File::open(path).map_err(NetnsError::Open)?;
+        PodNetns::from_fd(file.into())
+    }
+
+    pub fn id(&self) -> NetnsId {
+        self.id
+    }
+}
+
+/// `NSFS_MAGIC` (linux/magic.h): the file system of namespace files.
+const NSFS_MAGIC: nix::sys::statfs::FsType = nix::sys::statfs::FsType(0x6e73_6673);
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    #[error("cannot open the network namespace: {0}")]
+    Open(io::Error),
+    #[error("the descriptor is not a network namespace")]
+    NotANamespace,
+    #[error(
+        "cannot enter the pod's network namespace: {0} (the gateway needs CAP_SYS_ADMIN for setns)"
+    )]
+    Enter(io::Error),
+    #[error("{what} inside the pod's network namespace: {source}")]
+    Socket {
+        what: &'static str,
+        source: io::Error,
+    },
+    #[error("the thread that enters pod namespaces is gone (it could not return to the gateway's namespace)")]
+    ThreadGone,
+}
+
+/// What a listener in a pod namespace gets.
+#[derive(Clone, Copy, Debug)]
+pub struct ListenOpts {
+    pub mark: u32,
+    /// `IP_TRANSPARENT`: accept connections to any address (inbound
+    /// listeners, where the original destination is the pod's app).
+    pub transparent: bool,
+    pub backlog: i32,
+}
+
+/// What a dial from a pod namespace gets.
+#[derive(Clone, Copy, Debug)]
+pub struct DialOpts {
+    pub mark: u32,
+    /// Bind to this source first; with `transparent`, it need not be an
+    /// address of the pod (`IP_TRANSPARENT` + `IP_FREEBIND`).
+    pub source: Option<IpAddr>,
+    pub transparent: bool,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The thread reserved for making sockets in pod namespaces.
+#[derive(Clone, Debug)]
+pub struct NetnsSockets {
+    jobs: mpsc::Sender<Job>,
+}
+
+impl NetnsSockets {
+    /// Starts the thread; it remembers the gateway's own namespace to
+    /// return to after each job.
+    pub fn start() -> io::Result<NetnsSockets> {
+        let home: OwnedFd = File::open("/proc/thread-self/ns/net")?.into();
+        let (jobs, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("netns-sockets".into())
+            .spawn(move || {
+                for job in rx {
+                    job();
+                    if let Err(e) = setns(&home) {
+                        // Never make another socket in an unknown namespace.
+                        error!(error = %e, "cannot return to the gateway's network namespace; pod sockets are off");
+                        return;
+                    }
+                }
+            })?;
+        Ok(NetnsSockets { jobs })
+    }
+
+    /// Runs `f` on the reserved thread inside `ns`.
+    pub async fn run<T, F>(&self, ns: &Arc<PodNetns>, f: F) -> Result<T, NetnsError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T, NetnsError> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let ns = ns.clone();
+        let job: Job = Box::new(move || {
+            let r = match setns(&ns.fd) {
+                Ok(()) => f(),
+                Err(e) => Err(NetnsError::Enter(e)),
+            };
+            let _ = tx.send(r);
+        });
+        self.jobs.send(job).map_err(|_| NetnsError::ThreadGone)?;
+        rx.await.map_err(|_| NetnsError::ThreadGone)?
+    }
+
+    /// A TCP listener on `addr` inside `ns` (`SO_REUSEADDR`, `SO_REUSEPORT`,
+    /// the mark, `IP_TRANSPARENT` when asked).
+    pub async fn listen(
+        &self,
+        ns: &Arc<PodNetns>,
+        addr: SocketAddr,
+        opts: ListenOpts,
+    ) -> Result<tokio::net::TcpListener, NetnsError> {
+        let socket = self
+            .run(ns, move || {
+                let s = new_socket(addr.ip(), opts.mark)?;
+                let err = |what| move |source| NetnsError::Socket { what, source };
+                s.set_reuse_address(true).map_err(err("SO_REUSEADDR"))?;
+                s.set_reuse_port(true).map_err(err("SO_REUSEPORT"))?;
+                if opts.transparent {
+                    set_transparent(&s).map_err(err("IP_TRANSPARENT"))?;
+                }
+                s.bind(&addr.into()).map_err(err("bind"))?;
+                s.listen(opts.backlog).map_err(err("listen"))?;
+                Ok(s)
+            })
+            .await?;
+        tokio::net::TcpListener::from_std(socket.into()).map_err(|source| NetnsError::Socket {
+            what: "register with tokio",
+            source,
+        })
+    }
+
+    /// An unconnected TCP socket for `family_of` inside `ns` (the mark; the
+    /// source bound when asked), for the caller to connect from tokio.
+    pub async fn dial_socket(
+        &self,
+        ns: &Arc<PodNetns>,
+        family_of: IpAddr,
+        opts: DialOpts,
+    ) -> Result<tokio::net::TcpSocket, NetnsError> {
+        let socket = self
+            .run(ns, move || {
+                let s = new_socket(family_of, opts.mark)?;
+                let err = |what| move |source| NetnsError::Socket { what, source };
+                if opts.transparent {
+                    set_transparent(&s).map_err(err("IP_TRANSPARENT"))?;
+                    set_freebind(&s).map_err(err("IP_FREEBIND"))?;
+                }
+                if let Some(ip) = opts.source {
+                    s.bind(&SocketAddr::new(ip, 0).into())
+                        .map_err(err("bind the source"))?;
+                }
+                Ok(s)
+            })
+            .await?;
+        Ok(tokio::net::TcpSocket::from_std_stream(socket.into()))
+    }
+}
+
+fn setns(ns: &impl AsFd) -> io::Result<()> {
+    nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).map_err(Into::into)
+}
+
+/// A nonblocking TCP socket of `ip`'s family with `SO_MARK`.
+fn new_socket(ip: IpAddr, mark: u32) -> Result<Socket, NetnsError> {
+    let err = |what| move |source| NetnsError::Socket { what, source };
+    let s = Socket::new(
+        Domain::for_address(SocketAddr::new(ip, 0)),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )
+    .map_err(err("socket"))?;
+    s.set_nonblocking(true).map_err(err("nonblocking"))?;
+    s.set_mark(mark)
+        .map_err(err("SO_MARK (needs CAP_NET_ADMIN)"))?;
+    Ok(s)
+}
+
+fn set_transparent(s: &Socket) -> io::Result<()> {
+    match s.domain()? {
+        Domain::IPV6 => s.set_ip_transparent_v6(true),
+        _ => s.set_ip_transparent_v4(true),
+    }
+}
+
+fn set_freebind(s: &Socket) -> io::Result<()> {
+    match s.domain()? {
+        Domain::IPV6 => s.set_freebind_v6(true),
+        _ => s.set_freebind_v4(true),
+    }
+}
