@@ -27,6 +27,7 @@ pub mod demo;
 pub mod drains;
 pub mod hbone;
 pub mod identity;
+pub mod inpod;
 pub mod metrics;
 pub mod oci;
 pub mod policy;

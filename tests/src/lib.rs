@@ -5,6 +5,7 @@
 pub mod kube_api;
 pub mod netns;
 pub mod oci_double;
+pub mod zds_double;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
