@@ -324,11 +324,16 @@ async fn send(sock: &AsyncFd<OwnedFd>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> 
 }
 
 /// One datagram (fds attached to the client's messages, none expected, are
-/// dropped); `None` on EOF.
+/// dropped); `None` on EOF. A datagram longer than istio-cni's 1,024-byte
+/// read is an error naming its length (the agent would get it truncated).
 async fn recv(sock: &AsyncFd<OwnedFd>) -> io::Result<Option<Vec<u8>>> {
     sock.async_io(Interest::READABLE, |fd| {
         let mut buf = [0u8; READ_BUF];
-        let (_, n) = rustix::net::recv(fd, &mut buf, RecvFlags::empty())?;
+        let (n, full) = rustix::net::recv(fd, &mut buf, RecvFlags::TRUNC)?;
+        if full > READ_BUF {
+            let e = format!("a {full}-byte message: istio-cni reads {READ_BUF} bytes");
+            return Err(io::Error::other(e));
+        }
         Ok((n > 0).then(|| buf[..n].to_vec()))
     })
     .await

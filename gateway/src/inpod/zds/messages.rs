@@ -97,15 +97,33 @@ pub struct Ack {
     pub error: String,
 }
 
+/// The longest NACK text sent, in bytes: with its framing an ack stays
+/// within the node agent's 1,024-byte read (a longer one would reach it
+/// truncated and undecodable).
+pub const MAX_ERROR_TEXT: usize = 1000;
+
 impl WorkloadResponse {
-    /// The ack of one request: `Ok` → ACK, `Err(text)` → NACK carrying `text`.
+    /// The ack of one request: `Ok` → ACK, `Err(text)` → NACK carrying
+    /// `text`, cut to [`MAX_ERROR_TEXT`] bytes.
     pub fn ack(result: Result<(), String>) -> WorkloadResponse {
         WorkloadResponse {
             payload: Some(Response::Ack(Ack {
-                error: result.err().unwrap_or_default(),
+                error: result.err().map(clip).unwrap_or_default(),
             })),
         }
     }
+}
+
+fn clip(mut text: String) -> String {
+    if text.len() > MAX_ERROR_TEXT {
+        let mut end = MAX_ERROR_TEXT - '…'.len_utf8();
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
 }
 
 #[cfg(test)]
@@ -152,6 +170,16 @@ mod tests {
         assert_eq!(WorkloadResponse::ack(Ok(())).encode_to_vec(), [0x0a, 0]);
         let nack = WorkloadResponse::ack(Err("x".into())).encode_to_vec();
         assert_eq!(nack, [0x0a, 3, 0x0a, 1, b'x']);
+    }
+
+    #[test]
+    fn a_long_nack_is_cut_to_fit_the_agents_read() {
+        let nack = WorkloadResponse::ack(Err("é".repeat(3000))).encode_to_vec();
+        assert!(nack.len() <= 1024, "{} bytes", nack.len());
+        let Some(Response::Ack(ack)) = WorkloadResponse::decode(&nack[..]).unwrap().payload else {
+            panic!("no ack");
+        };
+        assert!(ack.error.ends_with('…') && ack.error.len() <= MAX_ERROR_TEXT);
     }
 
     #[test]
