@@ -6,6 +6,7 @@ pub mod kube_api;
 pub mod lab;
 pub mod netns;
 pub mod oci_double;
+pub mod zds_double;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;

@@ -1,6 +1,10 @@
-//! In-pod capture: the gateway serves each meshed pod from listeners inside
-//! the pod's own network namespace (as ztunnel does in Istio ambient).
+//! In-pod capture: the gateway serves each meshed pod from listeners opened
+//! inside the pod's own network namespace (as Istio ambient's ztunnel does).
 //!
 //! - [`netns`]: pod namespaces and the thread that makes sockets inside them
 //!   (`setns`, `SO_MARK`, `SO_REUSEPORT`, transparent sources).
+//! - [`zds`]: the client of istio-cni's node agent socket (the ZDS
+//!   protocol), which hands over each pod's namespace as a file descriptor.
+
 pub mod netns;
+pub mod zds;

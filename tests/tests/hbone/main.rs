@@ -10,3 +10,4 @@ mod policies;
 mod pool;
 mod raw_h2;
 mod rejections;
+mod zds;

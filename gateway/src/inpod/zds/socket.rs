@@ -1,0 +1,119 @@
+//! A nonblocking `AF_UNIX` `SOCK_SEQPACKET` socket served by tokio's
+//! [`AsyncFd`] (tokio has no seqpacket type): one datagram per message, file
+//! descriptors received by `SCM_RIGHTS`.
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendFlags,
+    SocketAddrUnix, SocketFlags, SocketType,
+};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+/// The largest message either side reads (istio-cni and ztunnel both read
+/// into 1,024 bytes); a longer datagram arrives truncated.
+pub const MAX_MESSAGE: usize = 1024;
+
+/// Descriptors one read makes room for. Only one is valid; room for more
+/// lets "two fds" be reported as such instead of as a truncated control part.
+const MAX_FDS: usize = 4;
+
+/// One received datagram.
+#[derive(Debug)]
+pub struct Packet {
+    pub bytes: Vec<u8>,
+    /// Descriptors that came with it (`SCM_RIGHTS`), already owned: dropping
+    /// the packet closes them.
+    pub fds: Vec<OwnedFd>,
+    /// The datagram was longer than [`MAX_MESSAGE`] (its tail is lost).
+    pub truncated: bool,
+    /// More descriptors came than there was room for (the rest were closed).
+    pub control_truncated: bool,
+}
+
+/// A connected seqpacket socket.
+#[derive(Debug)]
+pub struct SeqPacket {
+    fd: AsyncFd<OwnedFd>,
+}
+
+impl SeqPacket {
+    /// Connects to the listener at `path`.
+    pub fn connect(path: &Path) -> io::Result<SeqPacket> {
+        let fd = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+            None,
+        )?;
+        // A Unix connect completes at once or fails (EAGAIN: backlog full),
+        // never "in progress": the caller's backoff covers the failure.
+        rustix::net::connect(&fd, &SocketAddrUnix::new(path)?)?;
+        SeqPacket::from_connected(fd)
+    }
+
+    /// Wraps a connected, nonblocking seqpacket descriptor (e.g. one
+    /// returned by `accept`).
+    pub fn from_connected(fd: OwnedFd) -> io::Result<SeqPacket> {
+        // `with_interest` is deprecated because an arbitrary `AsRawFd` could
+        // close or swap its descriptor while registered (tokio#8587); an
+        // `OwnedFd` moved into the `AsyncFd` can do neither, and its unsafe
+        // replacement is not an option here (the crate forbids unsafe code).
+        #[allow(deprecated)]
+        let fd = AsyncFd::with_interest(fd, Interest::READABLE | Interest::WRITABLE)?;
+        Ok(SeqPacket { fd })
+    }
+
+    /// Sends `bytes` as one datagram.
+    pub async fn send(&self, bytes: &[u8]) -> io::Result<()> {
+        self.fd
+            .async_io(Interest::WRITABLE, |fd| {
+                rustix::net::send(fd, bytes, SendFlags::NOSIGNAL).map_err(io::Error::from)
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Receives one datagram; `None` once the peer closed the connection.
+    /// (A zero-length datagram reads like the end of the connection, so a
+    /// peer must never send one; no ZDS message encodes to zero bytes
+    /// except a request without payload, which is invalid anyway.)
+    pub async fn recv(&self) -> io::Result<Option<Packet>> {
+        self.fd
+            .async_io(Interest::READABLE, |fd| {
+                recv_now(fd).map_err(io::Error::from)
+            })
+            .await
+    }
+}
+
+fn recv_now(fd: &OwnedFd) -> rustix::io::Result<Option<Packet>> {
+    let mut buf = [0u8; MAX_MESSAGE];
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let msg = rustix::net::recvmsg(
+        fd,
+        &mut [io::IoSliceMut::new(&mut buf)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    let mut fds = Vec::new();
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(got) = m {
+            fds.extend(got);
+        }
+    }
+    if msg.bytes == 0 && fds.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Packet {
+        bytes: buf[..msg.bytes.min(MAX_MESSAGE)].to_vec(),
+        fds,
+        truncated: msg.flags.contains(ReturnFlags::TRUNC),
+        control_truncated: msg.flags.contains(ReturnFlags::CTRUNC),
+    }))
+}
