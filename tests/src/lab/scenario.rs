@@ -26,6 +26,8 @@ pub struct Lab {
     pub(super) old: Option<AppPod>,
     pub(super) reuse: Option<AppPod>,
     _replacement: AppPod,
+    /// Second-generation gateways (`gateway-restart`), kept until the end.
+    pub(super) restarted: Vec<Gateway>,
     pub(super) gw_a: Gateway,
     pub(super) gw_b: Gateway,
     _gw_c: Gateway,
@@ -36,8 +38,6 @@ pub struct Lab {
     pub(super) workloads: Workloads,
     pub(super) topo: Topology,
     pub(super) dir: tempfile::TempDir,
-    /// Second-generation gateways (`gateway-restart`), kept until the end.
-    pub(super) restarted: Vec<Gateway>,
 }
 
 impl Lab {
