@@ -206,9 +206,12 @@ impl Tunnel {
             return;
         };
         let mut cx = Context::from_waker(Waker::noop());
-        if let Poll::Ready(Err(_)) = send.poll_ready(&mut cx) {
-            drop(guard);
-            self.mark_goaway();
+        // Only a GOAWAY: a broken connection reports its I/O error here too.
+        if let Poll::Ready(Err(e)) = send.poll_ready(&mut cx) {
+            if e.is_go_away() {
+                drop(guard);
+                self.mark_goaway();
+            }
         }
     }
 
@@ -426,14 +429,12 @@ impl Pool {
                     pool.hbone.keepalive_timeout,
                 );
                 // Poll the connection, and after each poll check whether the
-                // peer sent GOAWAY so the tunnel stops taking streams at once.
-                // (Only while pending: once the connection ended, `poll_ready`
-                // reports that end, which is no GOAWAY.)
+                // peer sent GOAWAY so the tunnel stops taking streams at once
+                // (also on the poll that ends the connection: the GOAWAY and
+                // the close may arrive together).
                 let watched = std::future::poll_fn(|cx| {
                     let r = std::pin::Pin::new(&mut conn).poll(cx);
-                    if r.is_pending() {
-                        tunnel.refresh_goaway();
-                    }
+                    tunnel.refresh_goaway();
                     r
                 });
                 let reason = tokio::select! {
