@@ -2,6 +2,7 @@
 //! gateways on port 0, echo backends, a test-side capture that stands in for
 //! iptables REDIRECT, metric readers and a bounded `eventually`.
 
+pub mod cni;
 pub mod kube_api;
 pub mod lab;
 pub mod netns;
@@ -138,6 +139,17 @@ pub fn metric_or_zero(text: &str, series: &str) -> f64 {
         "metric_or_zero is for labelled series; `{series}` is always encoded, use metric"
     );
     find_metric(text, series).unwrap_or(0.0)
+}
+
+/// The sum of every sample of `name` (all label sets); 0 when absent.
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
 }
 
 fn find_metric(text: &str, series: &str) -> Option<f64> {

@@ -21,12 +21,12 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tidegate_e2e::{metric, metric_or_zero, plugin, write_atomically};
+use tidegate_e2e::{metric, metric_or_zero, metric_sum, plugin, write_atomically};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -40,17 +40,6 @@ const ECHO_UID: &str = "echo-uid";
 
 // ---------------------------------------------------------------------------
 // Gateways and the echo server.
-
-/// The sum of every sample of `name` (all label sets).
-fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
-}
 
 const OPENED: &str = "tidegate_pool_tunnels_opened_total";
 const GOAWAYS: &str = "tidegate_pool_goaways_received_total";
@@ -304,33 +293,12 @@ struct CniDel {
 impl CniDel {
     fn start(socket: &Path, uid: &str, timeout_ms: u64) -> CniDel {
         let bin = cni_binary();
-        let conf = format!(
-            r#"{{"cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "tidegate-cni",
-                "socket": "{}", "timeout_ms": {timeout_ms},
-                "prevResult": {{"cniVersion": "1.0.0", "interfaces": [{{"name": "eth0"}}]}}}}"#,
-            socket.display()
-        );
-        let args =
-            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=demo;K8S_POD_NAME=echo;K8S_POD_UID={uid}");
+        let conf = tidegate_e2e::cni::del_conf(socket, u128::from(timeout_ms));
+        let uid = uid.to_owned();
         let started = Instant::now();
         let join = std::thread::spawn(move || {
-            let mut child = Command::new(&bin)
-                .env("CNI_COMMAND", "DEL")
-                .env("CNI_CONTAINERID", "c0ffee")
-                .env("CNI_NETNS", "/var/run/netns/none")
-                .env("CNI_IFNAME", "eth0")
-                .env("CNI_PATH", "/opt/cni/bin")
-                .env("CNI_ARGS", args)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
+            let child = tidegate_e2e::cni::spawn_del(&bin, "demo", "echo", &uid, &conf)
                 .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
-            {
-                use std::io::Write;
-                let mut stdin = child.stdin.take().unwrap();
-                stdin.write_all(conf.as_bytes()).unwrap();
-            }
             let out = child.wait_with_output().unwrap();
             (out, Instant::now())
         });

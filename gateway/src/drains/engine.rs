@@ -81,6 +81,29 @@ pub struct Outcome {
     pub teardown: Option<TeardownAck>,
 }
 
+impl Outcome {
+    /// What a decision about `uid` did (no teardown acknowledgement).
+    pub(super) fn decided(
+        uid: &str,
+        event: &'static str,
+        decision: crate::policy::Decision,
+        actions: Vec<String>,
+    ) -> Outcome {
+        Outcome {
+            uid: uid.to_owned(),
+            event,
+            duplicate: false,
+            policy: Some(decision.policy),
+            version: decision.version,
+            fallback: decision
+                .fallback
+                .map(|f| format!("{}: {}", f.kind, f.detail)),
+            actions,
+            teardown: None,
+        }
+    }
+}
+
 /// A drain in progress (or finished), as `GET /drains` shows it.
 #[derive(Clone, Debug, Serialize)]
 pub struct DrainView {
@@ -355,16 +378,8 @@ impl DrainEngine {
             self.end(uid, &step.selection, "completed");
         }
         Ok(Outcome {
-            uid: uid.to_owned(),
-            event: what.kind(),
-            duplicate: false,
-            policy: Some(decision.policy),
-            version: decision.version,
-            fallback: decision
-                .fallback
-                .map(|f| format!("{}: {}", f.kind, f.detail)),
-            actions: executed.descriptions,
             teardown,
+            ..Outcome::decided(uid, what.kind(), decision, executed.descriptions)
         })
     }
 

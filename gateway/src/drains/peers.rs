@@ -98,18 +98,12 @@ impl DrainEngine {
                 },
                 RETAIN,
             );
-            outcomes.push(Outcome {
-                uid: peer.uid().to_owned(),
-                event: kind,
-                duplicate: false,
-                policy: Some(decision.policy),
-                version: decision.version,
-                fallback: decision
-                    .fallback
-                    .map(|f| format!("{}: {}", f.kind, f.detail)),
-                actions: executed.descriptions,
-                teardown: None,
-            });
+            outcomes.push(Outcome::decided(
+                peer.uid(),
+                kind,
+                decision,
+                executed.descriptions,
+            ));
         }
         outcomes
     }

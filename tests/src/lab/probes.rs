@@ -12,16 +12,7 @@ use tokio::sync::watch;
 
 pub use super::http::HttpProbe;
 
-/// The sum of every sample of `name` (all label sets); 0 when absent.
-pub fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
-}
+pub use crate::metric_sum;
 
 pub const OPENED: &str = "tidegate_pool_tunnels_opened_total";
 pub const GOAWAYS: &str = "tidegate_pool_goaways_received_total";

@@ -68,34 +68,17 @@ impl Lab {
             p.different_sa,
         );
         workloads.write()?;
-        let na = NsThread::idle(&topo.node_ns('a'));
-        let nb = NsThread::idle(&topo.node_ns('b'));
-        let nc = NsThread::idle(&topo.node_ns('c'));
+        let [na, nb, nc] = ['a', 'b', 'c'].map(|n| NsThread::idle(&topo.node_ns(n)));
         // Gateway A first: it creates the development CA the others open.
-        let gw_a = Gateway::start(
-            &topo.node_ns('a'),
-            na.handle.clone(),
-            &files[0],
-            dir.path(),
-            0,
-        )
-        .await?;
-        let gw_b = Gateway::start(
-            &topo.node_ns('b'),
-            nb.handle.clone(),
-            &files[1],
-            dir.path(),
-            0,
-        )
-        .await?;
-        let gw_c = Gateway::start(
-            &topo.node_ns('c'),
-            nc.handle.clone(),
-            &files[2],
-            dir.path(),
-            0,
-        )
-        .await?;
+        let mut started = Vec::with_capacity(3);
+        for (i, (node, thread)) in [('a', &na), ('b', &nb), ('c', &nc)].into_iter().enumerate() {
+            let ns = topo.node_ns(node);
+            started
+                .push(Gateway::start(&ns, thread.handle.clone(), &files[i], dir.path(), 0).await?);
+        }
+        let mut started = started.into_iter();
+        let mut next = || started.next().expect("three gateways started");
+        let (gw_a, gw_b, gw_c) = (next(), next(), next());
         let old = AppPod::start(
             &topo.pod_ns(Pod::Old),
             "old",
