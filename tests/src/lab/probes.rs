@@ -12,6 +12,40 @@ use tokio::sync::watch;
 
 pub use super::http::HttpProbe;
 
+/// A poll running on a namespace's runtime; it stops when dropped.
+pub struct Poller(watch::Sender<bool>);
+
+impl Drop for Poller {
+    fn drop(&mut self) {
+        let _ = self.0.send(true);
+    }
+}
+
+/// Calls `poll` on `probe`'s runtime every `period` (a late tick delays the
+/// next) until the [`Poller`] is dropped or `poll` answers `Break`.
+fn poll_every<F, Fut>(probe: &HttpProbe, period: Duration, mut poll: F) -> Poller
+where
+    F: FnMut(HttpProbe) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = std::ops::ControlFlow<()>> + Send,
+{
+    let (stop, mut stopped) = watch::channel(false);
+    let probe = probe.clone();
+    probe.ns.clone().spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stopped.changed() => return,
+                _ = tick.tick() => {}
+            }
+            if poll(probe.clone()).await.is_break() {
+                return;
+            }
+        }
+    });
+    Poller(stop)
+}
+
 pub use crate::metric_sum;
 
 pub const OPENED: &str = "tidegate_pool_tunnels_opened_total";
@@ -99,23 +133,16 @@ pub struct TraceSummary {
 /// Polls the client gateway's `/config_dump` every millisecond until dropped.
 pub struct PoolWatcher {
     pub trace: Arc<Mutex<PoolTrace>>,
-    stop: watch::Sender<bool>,
+    _poll: Poller,
 }
 
 impl PoolWatcher {
     pub fn start(admin: HttpProbe, old_ip: IpAddr) -> PoolWatcher {
         let trace = Arc::new(Mutex::new(PoolTrace::default()));
-        let (stop, mut stopped) = watch::channel(false);
         let t = trace.clone();
-        let ns = admin.ns.clone();
-        ns.spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(1));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = stopped.changed() => return,
-                    _ = tick.tick() => {}
-                }
+        let poll = poll_every(&admin, Duration::from_millis(1), move |admin| {
+            let t = t.clone();
+            async move {
                 let got = admin.try_request("GET", "/config_dump").await;
                 let at = Instant::now();
                 let mut trace = t.lock().unwrap_or_else(|e| e.into_inner());
@@ -123,9 +150,10 @@ impl PoolWatcher {
                     Some(dump) => trace.observe(at, &dump, old_ip),
                     None => trace.errors += 1,
                 }
+                std::ops::ControlFlow::Continue(())
             }
         });
-        PoolWatcher { trace, stop }
+        PoolWatcher { trace, _poll: poll }
     }
 
     pub fn mark_reuse(&self) {
@@ -143,17 +171,11 @@ impl PoolWatcher {
     }
 }
 
-impl Drop for PoolWatcher {
-    fn drop(&mut self) {
-        let _ = self.stop.send(true);
-    }
-}
-
 /// The server gateway's drain record of one workload, polled every 5 ms
 /// through `GET /drains` until it has ended.
 pub struct DrainWatcher {
     pub seen: Arc<Mutex<DrainSeen>>,
-    stop: watch::Sender<bool>,
+    _poll: Poller,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -176,37 +198,18 @@ impl DrainSeen {
 impl DrainWatcher {
     pub fn start(admin: HttpProbe, uid: String) -> DrainWatcher {
         let seen = Arc::new(Mutex::new(DrainSeen::default()));
-        let (stop, mut stopped) = watch::channel(false);
         let s = seen.clone();
-        let ns = admin.ns.clone();
-        ns.spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(5));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = stopped.changed() => return,
-                    _ = tick.tick() => {}
+        let uid = Arc::new(uid);
+        let poll = poll_every(&admin, Duration::from_millis(5), move |admin| {
+            let (s, uid) = (s.clone(), uid.clone());
+            async move {
+                if let Ok((200, body)) = admin.try_request("GET", "/drains").await {
+                    observe_drain(&s, &body, &uid);
                 }
-                let Ok((200, body)) = admin.try_request("GET", "/drains").await else {
-                    continue;
-                };
-                let Ok(v) = serde_json::from_str::<serde_json::Value>(&body) else {
-                    continue;
-                };
-                let Some(d) = v["drains"]
-                    .as_array()
-                    .and_then(|l| l.iter().find(|d| d["uid"] == uid.as_str()))
-                else {
-                    continue;
-                };
-                let mut seen = s.lock().unwrap_or_else(|e| e.into_inner());
-                if !d["ended"].is_null() && seen.ended_seen_unix_ms.is_none() {
-                    seen.ended_seen_unix_ms = Some(unix_ms());
-                }
-                seen.view = Some(d.clone());
+                std::ops::ControlFlow::Continue(())
             }
         });
-        DrainWatcher { seen, stop }
+        DrainWatcher { seen, _poll: poll }
     }
 
     pub fn seen(&self) -> DrainSeen {
@@ -214,10 +217,22 @@ impl DrainWatcher {
     }
 }
 
-impl Drop for DrainWatcher {
-    fn drop(&mut self) {
-        let _ = self.stop.send(true);
+/// Records the drain record of `uid` in a `GET /drains` answer, if any.
+fn observe_drain(seen: &Mutex<DrainSeen>, body: &str, uid: &str) {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(body) else {
+        return;
+    };
+    let Some(d) = v["drains"]
+        .as_array()
+        .and_then(|l| l.iter().find(|d| d["uid"] == uid))
+    else {
+        return;
+    };
+    let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+    if !d["ended"].is_null() && seen.ended_seen_unix_ms.is_none() {
+        seen.ended_seen_unix_ms = Some(unix_ms());
     }
+    seen.view = Some(d.clone());
 }
 
 pub fn unix_ms() -> u128 {
@@ -233,43 +248,34 @@ pub fn unix_ms() -> u128 {
 /// between two polls.)
 pub struct CounterWatcher {
     pub rose_at: Arc<Mutex<Option<Instant>>>,
-    stop: watch::Sender<bool>,
+    _poll: Poller,
 }
 
 impl CounterWatcher {
     pub fn start(metrics: HttpProbe, series: &'static str, from: f64) -> CounterWatcher {
         let rose_at = Arc::new(Mutex::new(None));
-        let (stop, mut stopped) = watch::channel(false);
         let r = rose_at.clone();
-        let ns = metrics.ns.clone();
-        ns.spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(1));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = stopped.changed() => return,
-                    _ = tick.tick() => {}
-                }
+        let poll = poll_every(&metrics, Duration::from_millis(1), move |metrics| {
+            let r = r.clone();
+            async move {
                 let Ok((200, text)) = metrics.try_request("GET", "/metrics").await else {
-                    continue;
+                    return std::ops::ControlFlow::Continue(());
                 };
                 if metric_sum(&text, series) > from {
                     *r.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
-                    return;
+                    return std::ops::ControlFlow::Break(());
                 }
+                std::ops::ControlFlow::Continue(())
             }
         });
-        CounterWatcher { rose_at, stop }
+        CounterWatcher {
+            rose_at,
+            _poll: poll,
+        }
     }
 
     pub fn rose_at(&self) -> Option<Instant> {
         *self.rose_at.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-impl Drop for CounterWatcher {
-    fn drop(&mut self) {
-        let _ = self.stop.send(true);
     }
 }
 
