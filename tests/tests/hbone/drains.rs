@@ -400,6 +400,19 @@ async fn repeated_connect_failures_back_off_and_fail_fast() {
         ) == 1.0
     })
     .await;
+    // The backoff shows in GET /drains, under the peer it was decided about.
+    let peers = client.drains.peer_drains();
+    let failing: Vec<_> = peers
+        .iter()
+        .flat_map(|p| p.decisions.iter().map(move |d| (p.peer.as_str(), d)))
+        .filter(|(_, d)| d.event == "connect-failing")
+        .collect();
+    assert_eq!(failing.len(), 1, "{peers:?}");
+    assert_eq!(failing[0].0, "echo-uid", "{peers:?}");
+    assert!(
+        failing[0].1.actions[0].starts_with("backoff for "),
+        "{peers:?}"
+    );
     let m = client.metrics_text();
     assert_eq!(dial_failures(&m), 2.0, "no dial while backing off");
     assert_eq!(
