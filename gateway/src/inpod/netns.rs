@@ -74,6 +74,12 @@ impl PodNetns {
     pub fn id(&self) -> NetnsId {
         self.id
     }
+
+    /// Moves the calling thread into this namespace (for a thread that
+    /// ends afterwards, or the reserved one of [`NetnsSockets`]).
+    pub fn enter(&self) -> io::Result<()> {
+        setns(&self.fd)
+    }
 }
 
 /// `NSFS_MAGIC` (linux/magic.h): the file system of namespace files.

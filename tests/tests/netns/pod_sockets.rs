@@ -129,3 +129,94 @@ fn a_namespace_has_one_identity_and_anything_else_is_refused() {
         Err(NetnsError::NotANamespace)
     ));
 }
+
+/// istio-cni's rule set installed in a pod's namespace: the app's outbound
+/// TCP lands on 15001 with its original destination; a socket with the
+/// gateway's mark goes where it dials; the rules and the reply route are
+/// there as `iptables-save` and `ip rule` show them, and installing twice
+/// (a repeated ADD) is fine.
+#[tokio::test]
+async fn the_capture_rules_send_the_apps_outbound_tcp_to_15001_but_not_the_gateways() {
+    use tidegate::inpod::capture::{install, CapturePorts};
+    if super::skip() || super::tool_missing("iptables-restore", "--version") {
+        return;
+    }
+    let ns = Ns::new("c");
+    // A route out of the pod (a veth whose peer stays in the pod, so
+    // nothing answers): the destination needs one.
+    run(&format!(
+        "ip -n {} link add eth0 type veth peer name peer0",
+        ns.0
+    ));
+    run(&format!("ip -n {} link set peer0 up", ns.0));
+    run(&format!("ip -n {} addr add 10.77.0.2/24 dev eth0", ns.0));
+    run(&format!("ip -n {} link set eth0 up", ns.0));
+    run(&format!("ip -n {} route add default dev eth0", ns.0));
+    let path = std::path::PathBuf::from(format!("/var/run/netns/{}", ns.0));
+    install(&path, CapturePorts::default()).unwrap();
+    install(&path, CapturePorts::default()).unwrap();
+    let pod = ns.open();
+    let sockets = NetnsSockets::start().unwrap();
+    let any = SocketAddr::from(([0, 0, 0, 0], 15001));
+    let outbound = sockets.listen(&pod, any, listen_opts()).await.unwrap();
+    // The app: an unmarked socket dialing somewhere outside.
+    let app = sockets
+        .dial_socket(
+            &pod,
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            DialOpts {
+                mark: 0,
+                source: None,
+                transparent: false,
+            },
+        )
+        .await
+        .unwrap();
+    let elsewhere = SocketAddr::from(([10, 200, 0, 1], 80));
+    let (dialed, accepted) = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        tokio::join!(app.connect(elsewhere), outbound.accept())
+    })
+    .await
+    .expect("the app's dial lands on 15001");
+    dialed.unwrap();
+    let (tcp, _) = accepted.unwrap();
+    assert_eq!(
+        tidegate::proxy::listener::original_dst(&tcp),
+        Some(elsewhere)
+    );
+    // The gateway's own dial (mark 0x539) is not captured: it goes out
+    // eth0, where nothing answers, so it does not reach 15001.
+    let gw = sockets
+        .dial_socket(
+            &pod,
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            dial_opts(None, false),
+        )
+        .await
+        .unwrap();
+    let r =
+        tokio::time::timeout(std::time::Duration::from_millis(300), gw.connect(elsewhere)).await;
+    assert!(
+        !matches!(r, Ok(Ok(_))),
+        "a marked dial must not be redirected"
+    );
+    let pending =
+        tokio::time::timeout(std::time::Duration::from_millis(50), outbound.accept()).await;
+    assert!(pending.is_err(), "nothing more reached 15001");
+    let save = std::process::Command::new("ip")
+        .args(["netns", "exec", &ns.0, "iptables-save", "-t", "nat"])
+        .output()
+        .unwrap();
+    let save = String::from_utf8_lossy(&save.stdout);
+    assert!(save.contains("--to-ports 15006"), "{save}");
+    assert_eq!(
+        save.matches("-A OUTPUT -j ISTIO_OUTPUT").count(),
+        1,
+        "installed once: {save}"
+    );
+    let rules = std::process::Command::new("ip")
+        .args(["-n", &ns.0, "rule"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&rules.stdout).contains("lookup 100"));
+}
