@@ -277,8 +277,9 @@ fn refuse(
         .header(REASON_HEADER, e.to_string())
         .body(())
         .expect("static response");
-    let _ = respond.send_response(resp, true);
+    // Counted before the answer leaves: whoever reads the answer finds it counted.
     deps.metrics.stream_ended(e.reason());
+    let _ = respond.send_response(resp, true);
     let moved = Transferred::default();
     log(ctx, None, ctx.dialed, moved, started, e.reason());
 }
