@@ -188,17 +188,7 @@ fn run_docs(root: &std::path::Path, tally: &mut Tally) -> Result<()> {
     );
     let mut checks = checks::Checks::default();
     demo::check(root, &[], &mut checks, |c| readme::run_all(root, c))?;
-    tally.passed += checks.passed;
-    tally.failed += checks.failed;
-    tally.ignored += checks.skipped;
-    println!(
-        "test result: {}. {} passed; {} failed; {} ignored (README checks)",
-        if checks.failed == 0 { "ok" } else { "FAILED" },
-        checks.passed,
-        checks.failed,
-        checks.skipped
-    );
-    checks.result()
+    count(tally, &checks, "README checks")
 }
 
 /// The drain lab's smoke run (`lab.rs`), counted in the tally.
@@ -206,11 +196,16 @@ fn run_lab_smoke(root: &std::path::Path, tally: &mut Tally) -> Result<()> {
     println!("\nrunning the drain lab's smoke run");
     let mut checks = checks::Checks::default();
     lab::smoke(root, &mut checks)?;
+    count(tally, &checks, "drain lab smoke")
+}
+
+/// Adds a stage's checks to the tally and prints its `test result:` line.
+fn count(tally: &mut Tally, checks: &checks::Checks, stage: &str) -> Result<()> {
     tally.passed += checks.passed;
     tally.failed += checks.failed;
     tally.ignored += checks.skipped;
     println!(
-        "test result: {}. {} passed; {} failed; {} ignored (drain lab smoke)",
+        "test result: {}. {} passed; {} failed; {} ignored ({stage})",
         if checks.failed == 0 { "ok" } else { "FAILED" },
         checks.passed,
         checks.failed,

@@ -79,20 +79,13 @@ impl Lab {
         let mut started = started.into_iter();
         let mut next = || started.next().expect("three gateways started");
         let (gw_a, gw_b, gw_c) = (next(), next(), next());
-        let old = AppPod::start(
-            &topo.pod_ns(Pod::Old),
-            "old",
-            p.app_drain,
-            &dir.path().join("app-old.log"),
-        )
-        .await?;
-        let replacement = AppPod::start(
-            &topo.pod_ns(Pod::Replacement),
-            "replacement",
-            p.app_drain,
-            &dir.path().join("app-replacement.log"),
-        )
-        .await?;
+        let app = |pod, name: &'static str| {
+            let (ns, drain) = (topo.pod_ns(pod), p.app_drain);
+            let log = dir.path().join(format!("app-{name}.log"));
+            async move { AppPod::start(&ns, name, drain, &log).await }
+        };
+        let old = app(Pod::Old, "old").await?;
+        let replacement = app(Pod::Replacement, "replacement").await?;
         let pa = NsThread::idle(&topo.pod_ns(Pod::Client));
         Ok(Lab {
             load: None,
