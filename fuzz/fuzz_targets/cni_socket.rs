@@ -1,4 +1,4 @@
-//! The gateway's CNI socket protocol (`drains::cni::read_teardown`): any
+//! The gateway's CNI socket protocol (`drains::cni::read_command`): any
 //! byte stream is one teardown request or a refusal with a metric reason,
 //! never a panic; an accepted request came from one line within the bound.
 #![no_main]
@@ -6,14 +6,14 @@
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
-use tidegate::drains::cni::{read_teardown, Refused, MAX_LINE};
+use tidegate::drains::cni::{read_command, Refused, MAX_LINE};
 
 fuzz_target!(|data: &[u8]| {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
         .unwrap();
-    match rt.block_on(read_teardown(data, Duration::from_secs(5))) {
+    match rt.block_on(read_command(data, Duration::from_secs(5))) {
         Ok(Some(req)) => {
             let line_len = data.iter().position(|&b| b == b'\n').unwrap_or(data.len());
             assert!(line_len <= MAX_LINE);

@@ -37,7 +37,7 @@ fuzz_target!(|data: &[u8]| {
             assert!((1..=conf::MAX_TIMEOUT_MS).contains(&ms), "{ms}");
             assert!(!keys.socket.is_empty());
         }
-        Ok(conf::Parsed::Add(out) | conf::Parsed::Version(out)) => {
+        Ok(conf::Parsed::Add(out, _) | conf::Parsed::Version(out)) => {
             serde_json::from_str::<Value>(&out).expect("ADD and VERSION print JSON");
         }
         Ok(conf::Parsed::Nothing) => {}

@@ -11,8 +11,10 @@ use tokio::task::JoinSet;
 use tracing::info;
 
 use crate::admin::{self, AdminState};
-use crate::config::{CertificatesConfig, Config, WorkloadSourceKind};
+use crate::config::{CaptureMode, CertificatesConfig, Config, WorkloadSourceKind};
 use crate::control_plane::{self, ConnLimit, ControlMetrics};
+use crate::inpod::capture::CapturePorts;
+use crate::inpod::pods::{DataPath, PodProxies};
 use crate::metrics::ProxyFamilies;
 use crate::policy::{PolicyEngine, PolicyMetrics};
 use crate::proxy::inbound::Inbound;
@@ -52,6 +54,8 @@ pub struct App {
     pub outbound: Arc<Outbound>,
     pub policies: Arc<PolicyEngine>,
     pub drains: Arc<crate::drains::DrainEngine>,
+    /// In-pod mode: the pods served in their own namespaces.
+    pub pods: Option<Arc<PodProxies>>,
     admin: Arc<AdminState>,
     streams: ActiveStreams,
     trigger: ShutdownTrigger,
@@ -224,21 +228,6 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             .clone()
             .watch_connect_failures(failures_rx, drain.clone()),
     );
-    if let Some(path) = &config.drains.cni_socket {
-        let l = crate::drains::cni::bind(path)
-            .with_context(|| format!("drains.cni_socket {}", path.display()))?;
-        let limits = crate::drains::cni::CniLimits {
-            connections: ConnLimit::new("cni", cp.cni_max_connections, &control),
-            read_timeout: cp.cni_read_timeout,
-        };
-        tasks.spawn(crate::drains::cni::serve(
-            l,
-            drains.clone(),
-            limits,
-            drain.clone(),
-        ));
-    }
-
     let l = &config.listeners;
     let inbound_listener = bind("inbound", l.inbound)?;
     let outbound_listener = bind("outbound", l.outbound)?;
@@ -258,17 +247,24 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     ]
     .map(|l| l.local_addr().map_or(0, |a| a.port()));
     let configured = [l.inbound, l.outbound, l.admin, l.metrics, l.readiness].map(|a| a.port());
+    let capture_ports = CapturePorts {
+        hbone: config.hbone.port,
+        ..CapturePorts::default()
+    };
+    let inpod = config.capture.mode == CaptureMode::Inpod;
+    let pod_ports = [capture_ports.outbound, capture_ports.inbound_plaintext];
     let own_ports = crate::proxy::inbound::OwnPorts::new(
         bound
             .into_iter()
             .chain(configured)
-            .chain([config.hbone.port]),
+            .chain([config.hbone.port])
+            .chain(pod_ports.into_iter().filter(|_| inpod)),
     );
     let inbound = Inbound::new(
         workloads.clone(),
         tls.clone(),
         config.hbone.clone(),
-        own_ports,
+        own_ports.clone(),
         tunnels.clone(),
         families.direction("inbound"),
         streams.clone(),
@@ -281,6 +277,65 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         families.direction("outbound"),
         streams.clone(),
     );
+
+    // In-pod mode: each meshed pod gets its own listeners, handed over by
+    // tidegate-cni (the CNI socket), istio-cni (ZDS) or the state directory.
+    let mut ready_when = Vec::new();
+    let pods = if inpod {
+        drains.added_by_node_agent();
+        let pods = PodProxies::new(
+            DataPath {
+                outbound: outbound.clone(),
+                inbound: inbound.clone(),
+                workloads: workloads.clone(),
+                own_ports: own_ports.clone(),
+                plaintext_metrics: families.direction("inbound_plaintext"),
+                streams: streams.clone(),
+                drains: drains.clone(),
+            },
+            capture_ports,
+            drain.clone(),
+            &mut registry,
+        )
+        .context("starting the thread that enters pod namespaces")?;
+        if let Some(dir) = &config.capture.state_dir {
+            let adopted = pods.adopt(dir).await;
+            info!(adopted, dir = %dir.display(), "pods re-adopted from the state directory");
+        }
+        if let Some(socket) = &config.capture.zds_socket {
+            let zds = crate::inpod::zds::ZdsClient::new(
+                crate::inpod::zds::ZdsConfig {
+                    socket: socket.clone(),
+                    ..Default::default()
+                },
+                pods.clone(),
+                &mut registry,
+            );
+            ready_when.push(("istio-cni's ZDS snapshot", zds.ready()));
+            tasks.spawn(zds.run(drain.clone()));
+        }
+        Some(pods)
+    } else {
+        None
+    };
+    if let Some(path) = &config.drains.cni_socket {
+        let l = crate::drains::cni::bind(path)
+            .with_context(|| format!("drains.cni_socket {}", path.display()))?;
+        let limits = crate::drains::cni::CniLimits {
+            connections: ConnLimit::new("cni", cp.cni_max_connections, &control),
+            read_timeout: cp.cni_read_timeout,
+        };
+        let handover = pods
+            .clone()
+            .map(|p| p as Arc<dyn crate::drains::cni::PodHandover>);
+        tasks.spawn(crate::drains::cni::serve(
+            l,
+            drains.clone(),
+            handover,
+            limits,
+            drain.clone(),
+        ));
+    }
 
     let demo_echo = match &config.demo {
         Some(demo) => {
@@ -349,21 +404,32 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         http_limits("readiness"),
         admin_watch,
     ));
-    match k8s_synced {
-        None => admin_state.ready.store(true, Ordering::Release),
-        Some(mut synced) => {
-            let state = admin_state.clone();
-            let mut drain = drain.clone();
-            tasks.spawn(async move {
-                tokio::select! {
-                    r = synced.wait_for(|s| *s) => if r.is_ok() {
-                        state.ready.store(true, Ordering::Release);
-                        info!("ready: Kubernetes discovery completed its first full sync");
-                    },
-                    _ = drain.signaled() => {}
+    if let Some(synced) = k8s_synced {
+        ready_when.push(("Kubernetes discovery's first full sync", synced));
+    }
+    if ready_when.is_empty() {
+        admin_state.ready.store(true, Ordering::Release);
+    } else {
+        let state = admin_state.clone();
+        let mut drain = drain.clone();
+        tasks.spawn(async move {
+            let all = async {
+                for (what, mut done) in ready_when {
+                    if done.wait_for(|s| *s).await.is_err() {
+                        return false;
+                    }
+                    info!("{what} done");
                 }
-            });
-        }
+                true
+            };
+            tokio::select! {
+                ok = all => if ok {
+                    state.ready.store(true, Ordering::Release);
+                    info!("ready");
+                },
+                _ = drain.signaled() => {}
+            }
+        });
     }
     info!(
         node = %config.node_name,
@@ -384,6 +450,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         outbound,
         policies,
         drains,
+        pods,
         admin: admin_state,
         streams,
         trigger,
@@ -417,6 +484,9 @@ impl App {
         // can only reach a gateway that takes new connections (a new one
         // bound with SO_REUSEPORT during an upgrade), never this one.
         self.stop_accepting.start(self.shutdown_deadline);
+        if let Some(pods) = &self.pods {
+            pods.stop_accepting().await;
+        }
         for l in self.accept_loops.drain(..) {
             let _ = l.await;
         }

@@ -29,6 +29,7 @@ pub mod hbone;
 pub mod identity;
 pub mod inpod;
 pub mod metrics;
+pub mod netns;
 pub mod oci;
 pub mod policy;
 pub mod proxy;

@@ -440,6 +440,7 @@ async fn future_sizes(nodes: &TwoNodes, d: &Dialer) -> anyhow::Result<String> {
         dst_uid: "echo-uid".into(),
         dst: d.dst.clone(),
         dst_addr: d.hbone,
+        src_netns: None,
     };
     let pool_connect = size_of_val(&nodes.client.pool.connect(&key, d.authority));
     let dial_size = size_of_val(&dial(&d.tls, &d.cfg, &d.src, &d.dst, d.hbone));

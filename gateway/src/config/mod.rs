@@ -68,6 +68,9 @@ pub struct Config {
     pub shutdown: ShutdownConfig,
     pub policies: PoliciesConfig,
     pub drains: DrainsConfig,
+    /// How pod traffic reaches the gateway: node-level listeners, or
+    /// listeners inside each meshed pod's network namespace.
+    pub capture: CaptureConfig,
     /// OCI load-balancer backend draining (the `oci-drain` action); off by default.
     pub oci: OciConfig,
     /// Limits of the admin, metrics, readiness and CNI listeners.
@@ -89,6 +92,7 @@ impl Default for Config {
             shutdown: ShutdownConfig::default(),
             policies: PoliciesConfig::default(),
             drains: DrainsConfig::default(),
+            capture: CaptureConfig::default(),
             oci: OciConfig::default(),
             control_plane: ControlPlaneConfig::default(),
             demo: None,
@@ -353,6 +357,32 @@ impl Default for DrainsConfig {
     }
 }
 
+/// Where the gateway's capture listeners live.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CaptureMode {
+    /// `listeners.outbound` / `listeners.inbound` in the gateway's own
+    /// namespace, fed by iptables REDIRECT on the node (the lab and the demo).
+    #[default]
+    Node,
+    /// 15001, 15006 and 15008 inside each meshed pod's namespace, handed
+    /// over by `tidegate-cni` (`drains.cni_socket`) or istio-cni (`capture.zds_socket`).
+    Inpod,
+}
+
+/// `capture`: how pod traffic reaches the gateway.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CaptureConfig {
+    pub mode: CaptureMode,
+    /// Istio ambient: istio-cni's node agent socket
+    /// (`/var/run/ztunnel/ztunnel.sock`); unset: no ZDS client.
+    pub zds_socket: Option<PathBuf>,
+    /// Where `tidegate-cni` records each pod it handed over (one file per
+    /// pod uid naming its namespace path); read at start to re-adopt them.
+    pub state_dir: Option<PathBuf>,
+}
+
 /// The most connections `control_plane.max_connections` and
 /// `control_plane.cni_max_connections` may allow each.
 pub const CONTROL_PLANE_MAX_CONNECTIONS: u64 = 1_024;
@@ -613,6 +643,28 @@ impl Config {
         }
         if self.node_name.is_empty() {
             return Err(invalid("node_name", "must not be empty"));
+        }
+        let c = &self.capture;
+        if c.mode == CaptureMode::Inpod
+            && c.zds_socket.is_none()
+            && self.drains.cni_socket.is_none()
+        {
+            return Err(invalid(
+                "capture.mode",
+                "inpod needs a source of pods: set drains.cni_socket (tidegate-cni) or capture.zds_socket (istio-cni)",
+            ));
+        }
+        if c.mode == CaptureMode::Inpod && self.hbone.port != 15008 {
+            return Err(invalid(
+                "hbone.port",
+                "must be 15008 with capture.mode: inpod (the port the in-pod capture rules leave to HBONE, as istio-cni's do)",
+            ));
+        }
+        if c.mode == CaptureMode::Node && (c.zds_socket.is_some() || c.state_dir.is_some()) {
+            return Err(invalid(
+                "capture.mode",
+                "capture.zds_socket and capture.state_dir only apply to capture.mode: inpod",
+            ));
         }
         let k = &self.workloads.kubernetes;
         if self.workloads.source == WorkloadSourceKind::Kubernetes {

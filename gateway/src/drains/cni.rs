@@ -1,6 +1,14 @@
-//! The node-local Unix socket `tidegate-cni` talks to on CNI DEL: one JSON
-//! line in (`{"command": "teardown", "uid": …}`), one JSON line out once the
-//! teardown is acknowledged (after the policy's hold, if any).
+//! The node-local Unix socket `tidegate-cni` talks to: one JSON line in,
+//! one JSON line out.
+//!
+//! - CNI DEL: `{"command": "teardown", "uid": …}`, answered once the
+//!   teardown is acknowledged (after the policy's hold, if any); in in-pod
+//!   mode the pod's own listeners then close.
+//! - CNI ADD (in-pod mode): `{"command": "add", "uid": …, "name": …,
+//!   "namespace": …, "netns": <path>}` with the pod's network namespace
+//!   attached as one `SCM_RIGHTS` descriptor, answered `{"result":
+//!   "added"}` (or `"unchanged"` for a repeated ADD) once the pod's
+//!   listeners are up, `{"result": "error", "error": …}` otherwise.
 //!
 //! Limits: a request line is at most [`MAX_LINE`] bytes and must arrive
 //! within `control_plane.cni_read_timeout`; at most
@@ -10,15 +18,17 @@
 //! connection closed. Each refusal is counted in
 //! `tidegate_control_refusals_total{listener="cni"}`.
 
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
-use tracing::debug;
+use tracing::{debug, info, warn};
 
 use super::{DrainEngine, Lifecycle, Trigger};
 use crate::control_plane::ConnLimit;
@@ -27,7 +37,7 @@ use crate::shutdown::ShutdownWatch;
 /// The longest request line accepted (a real one is a few hundred bytes).
 pub const MAX_LINE: usize = 64 << 10;
 
-/// A teardown request as `tidegate-cni` sends it.
+/// A request as `tidegate-cni` sends it.
 #[derive(Debug, Deserialize)]
 pub struct Request {
     pub command: String,
@@ -36,6 +46,28 @@ pub struct Request {
     pub namespace: String,
     #[serde(default)]
     pub name: String,
+    /// `add`: the namespace's path (`CNI_NETNS`), recorded for re-adoption.
+    #[serde(default)]
+    pub netns: String,
+}
+
+/// A pod handed over by CNI ADD.
+#[derive(Debug, Clone)]
+pub struct HandedPod {
+    pub uid: String,
+    pub name: String,
+    pub namespace: String,
+    pub netns_path: String,
+}
+
+/// Where pods handed over on the socket go (in-pod mode: the per-pod
+/// proxies). Without one, `add` is refused: the gateway is in node mode.
+pub trait PodHandover: Send + Sync + 'static {
+    /// Serve the pod in `netns`; `Ok("added")`, or `Ok("unchanged")` when
+    /// the same pod in the same namespace is served already.
+    fn add(&self, pod: HandedPod, netns: OwnedFd) -> BoxFuture<'_, Result<&'static str, String>>;
+    /// Close the pod's listeners (after its teardown drain).
+    fn remove(&self, uid: String) -> BoxFuture<'_, ()>;
 }
 
 /// The CNI socket's connection cap and read timeout (`control_plane.cni_*`).
@@ -54,10 +86,11 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
     UnixListener::bind(path)
 }
 
-/// Serves teardown requests until drained.
+/// Serves requests until drained.
 pub async fn serve(
     listener: UnixListener,
     engine: Arc<DrainEngine>,
+    pods: Option<Arc<dyn PodHandover>>,
     limits: CniLimits,
     mut drain: ShutdownWatch,
 ) {
@@ -78,9 +111,10 @@ pub async fn serve(
         };
         let engine = engine.clone();
         let limits = limits.clone();
+        let pods = pods.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            handle(stream, engine, &limits).await
+            handle(stream, engine, pods, &limits).await
         });
     }
 }
@@ -89,9 +123,9 @@ pub async fn serve(
 #[derive(Debug)]
 pub struct Refused(pub &'static str, pub String);
 
-/// Reads and parses one teardown request; `Ok(None)`: the peer closed
-/// without sending one. Public for the fuzz target.
-pub async fn read_teardown<R: tokio::io::AsyncRead + Unpin>(
+/// Reads and parses one request; `Ok(None)`: the peer closed without
+/// sending one. Public for the fuzz target.
+pub async fn read_command<R: tokio::io::AsyncRead + Unpin>(
     r: R,
     timeout: Duration,
 ) -> Result<Option<Request>, Refused> {
@@ -101,7 +135,7 @@ pub async fn read_teardown<R: tokio::io::AsyncRead + Unpin>(
     }
     match serde_json::from_str::<Request>(&line) {
         Err(e) => Err(Refused("bad_request", e.to_string())),
-        Ok(req) if req.command != "teardown" => Err(Refused(
+        Ok(req) if req.command != "teardown" && req.command != "add" => Err(Refused(
             "bad_request",
             format!("unknown command {:?}", req.command),
         )),
@@ -135,9 +169,24 @@ async fn read_request<R: tokio::io::AsyncRead + Unpin>(
     String::from_utf8(line).map_err(|_| Refused("bad_request", "request line is not UTF-8".into()))
 }
 
-async fn handle(stream: UnixStream, engine: Arc<DrainEngine>, limits: &CniLimits) {
+async fn handle(
+    stream: UnixStream,
+    engine: Arc<DrainEngine>,
+    pods: Option<Arc<dyn PodHandover>>,
+    limits: &CniLimits,
+) {
+    // An `add` carries the pod's namespace with its first bytes.
+    let first = tokio::time::timeout(limits.read_timeout, recv_with_fds(&stream)).await;
+    let (head, mut fds) = match first {
+        Ok(Ok(x)) => x,
+        Ok(Err(e)) => return debug!(error = %e, "cni socket: reading the request failed"),
+        Err(_) => {
+            limits.connections.refused("read_timeout");
+            return debug!("cni socket: no request within the read timeout");
+        }
+    };
     let (r, mut w) = stream.into_split();
-    let req = match read_teardown(r, limits.read_timeout).await {
+    let req = match read_command(std::io::Cursor::new(head).chain(r), limits.read_timeout).await {
         Ok(None) => return, // closed without a request
         Ok(Some(req)) => req,
         Err(Refused(reason, error)) => {
@@ -148,6 +197,62 @@ async fn handle(stream: UnixStream, engine: Arc<DrainEngine>, limits: &CniLimits
             return;
         }
     };
+    let answer = match req.command.as_str() {
+        "add" => {
+            add(
+                req,
+                fds.pop().filter(|_| fds.is_empty()),
+                &engine,
+                pods.as_deref(),
+            )
+            .await
+        }
+        _ => teardown(req, &engine, pods.as_deref()).await,
+    };
+    let _ = w.write_all(format!("{answer}\n").as_bytes()).await;
+}
+
+async fn add(
+    req: Request,
+    netns: Option<OwnedFd>,
+    engine: &Arc<DrainEngine>,
+    pods: Option<&dyn PodHandover>,
+) -> serde_json::Value {
+    let error = |e: String| {
+        warn!(uid = %req.uid, error = %e, "CNI ADD refused");
+        json!({"result": "error", "error": e})
+    };
+    let Some(pods) = pods else {
+        return error(
+            "this gateway is in node capture mode (`capture.mode: node`); it takes no pods".into(),
+        );
+    };
+    let Some(netns) = netns else {
+        return error(
+            "an add must carry exactly one network namespace descriptor (SCM_RIGHTS)".into(),
+        );
+    };
+    info!(uid = %req.uid, namespace = %req.namespace, name = %req.name, netns = %req.netns, "CNI ADD");
+    let pod = HandedPod {
+        uid: req.uid.clone(),
+        name: req.name,
+        namespace: req.namespace,
+        netns_path: req.netns,
+    };
+    match pods.add(pod, netns).await {
+        Ok(result) => {
+            engine.pod_handed_over(&req.uid);
+            json!({"result": result})
+        }
+        Err(e) => error(e),
+    }
+}
+
+async fn teardown(
+    req: Request,
+    engine: &Arc<DrainEngine>,
+    pods: Option<&dyn PodHandover>,
+) -> serde_json::Value {
     debug!(uid = %req.uid, namespace = %req.namespace, name = %req.name, "CNI DEL");
     let answer = match engine
         .on_lifecycle(&req.uid, Lifecycle::Teardown, Trigger::Cni)
@@ -162,7 +267,39 @@ async fn handle(stream: UnixStream, engine: Arc<DrainEngine>, limits: &CniLimits
         // Not ours (another node, or never known): nothing to hold.
         Err(e) => json!({"result": "unknown-workload", "error": e.to_string()}),
     };
-    let _ = w.write_all(format!("{answer}\n").as_bytes()).await;
+    // The hold is over: the pod's own listeners go (in-pod mode).
+    if let Some(pods) = pods {
+        engine.pod_taken_back(&req.uid);
+        pods.remove(req.uid).await;
+    }
+    answer
+}
+
+/// The first bytes on the connection and the descriptors sent with them.
+async fn recv_with_fds(stream: &UnixStream) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    use std::mem::MaybeUninit;
+    stream
+        .async_io(tokio::io::Interest::READABLE, || {
+            let mut buf = vec![0u8; 4096];
+            let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            let msg = rustix::net::recvmsg(
+                stream,
+                &mut [std::io::IoSliceMut::new(&mut buf)],
+                &mut control,
+                RecvFlags::CMSG_CLOEXEC,
+            )?;
+            let mut fds = Vec::new();
+            for m in control.drain() {
+                if let RecvAncillaryMessage::ScmRights(got) = m {
+                    fds.extend(got);
+                }
+            }
+            buf.truncate(msg.bytes);
+            Ok((buf, fds))
+        })
+        .await
 }
 
 #[cfg(test)]

@@ -37,6 +37,8 @@ pub enum Trigger {
     WorkloadFile,
     Kubernetes,
     Cni,
+    /// istio-cni's node agent over ZDS (`DelWorkload`).
+    Zds,
     Timer,
 }
 
@@ -47,6 +49,7 @@ impl Trigger {
             Trigger::WorkloadFile => "workload-file",
             Trigger::Kubernetes => "kubernetes",
             Trigger::Cni => "cni",
+            Trigger::Zds => "zds",
             Trigger::Timer => "timer",
         }
     }
@@ -181,6 +184,9 @@ pub(super) struct DrainBook {
     /// while the pool still holds tunnels to it): a new uid at the IP means
     /// a new workload, and tunnels pooled for the old one must not carry it.
     pub(super) ip_owners: HashMap<std::net::IpAddr, String>,
+    /// In-pod mode: the pods the node agent handed over (`workload-added`
+    /// waits for both the handover and discovery).
+    pub(super) handed_over: std::collections::HashSet<String>,
 }
 
 pub struct DrainEngine {
@@ -198,6 +204,9 @@ pub struct DrainEngine {
     pub(super) tasks: DrainTasks,
     /// Executes `oci-drain` actions when `oci.enabled` (see [`DrainEngine::set_oci`]).
     oci: std::sync::OnceLock<Arc<OciDrainer>>,
+    /// In-pod mode: a local workload is "added" once its node agent
+    /// handed it over, not when discovery first lists it.
+    pub(super) added_by_node_agent: std::sync::atomic::AtomicBool,
 }
 
 /// `now + d` in unix milliseconds, saturating instead of overflowing.
@@ -232,6 +241,7 @@ impl DrainEngine {
             book: Mutex::new(DrainBook::default()),
             oci: std::sync::OnceLock::new(),
             tasks: DrainTasks::default(),
+            added_by_node_agent: Default::default(),
         })
     }
 

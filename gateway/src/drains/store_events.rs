@@ -3,6 +3,7 @@
 //! republished identical set raises nothing and a transition missed while a
 //! source was down is seen once in the next snapshot.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -53,12 +54,16 @@ impl DrainEngine {
         self.remember_removed(previous, current);
         self.peer_events(previous, current);
         self.local_events(previous, current, trigger);
-        // Local workloads that appeared (all of them in the first snapshot).
+        // Local workloads that appeared (all of them in the first snapshot);
+        // in-pod mode, only those their node agent handed over already.
+        let by_agent = self.added_by_node_agent.load(Ordering::Acquire);
         for w in current
             .iter()
             .filter(|w| w.local && previous.by_uid(w.uid()).is_none())
         {
-            self.on_added(w);
+            if !by_agent || lock(&self.book).handed_over.contains(w.uid()) {
+                self.on_added(w);
+            }
         }
         self.retire_reused_ips(current);
         self.forget_old(current);
@@ -139,6 +144,33 @@ impl DrainEngine {
                 warn!(error = %e, source = trigger.label(), "lifecycle event from the workload store failed");
             }
         });
+    }
+
+    /// In-pod mode: from now on a local workload is "added" when its node
+    /// agent hands its pod over ([`DrainEngine::pod_handed_over`]).
+    pub fn added_by_node_agent(&self) {
+        self.added_by_node_agent.store(true, Ordering::Release);
+    }
+
+    /// The node agent (CNI ADD, ZDS `AddWorkload`) handed `uid` over: its
+    /// policy sees `workload-added` now if discovery knows the workload,
+    /// else when discovery first lists it.
+    pub fn pod_handed_over(self: &Arc<Self>, uid: &str) {
+        let newly = lock(&self.book).handed_over.insert(uid.to_owned());
+        let known = self
+            .workloads
+            .snapshot()
+            .by_uid(uid)
+            .filter(|w| w.local)
+            .cloned();
+        if let (true, Some(w)) = (newly, known) {
+            self.on_added(&w);
+        }
+    }
+
+    /// The node agent took `uid` back (CNI DEL, ZDS `DelWorkload`).
+    pub fn pod_taken_back(&self, uid: &str) {
+        lock(&self.book).handed_over.remove(uid);
     }
 
     /// A local workload appeared: its policy sees `workload-added` (to set

@@ -99,8 +99,21 @@ pub async fn dial(
     dst: &SpiffeId,
     addr: SocketAddr,
 ) -> Result<(SendRequest<Bytes>, ClientConnection), DialError> {
+    dial_over(tls, cfg, src, dst, addr, TcpStream::connect(addr)).await
+}
+
+/// [`dial`] over a TCP connection `connect` makes (in a pod's namespace,
+/// say); the same bound covers it.
+pub async fn dial_over(
+    tls: &TlsContext,
+    cfg: &HboneConfig,
+    src: &SpiffeId,
+    dst: &SpiffeId,
+    addr: SocketAddr,
+    connect: impl std::future::Future<Output = std::io::Result<TcpStream>>,
+) -> Result<(SendRequest<Bytes>, ClientConnection), DialError> {
     let fut = async {
-        let tcp = TcpStream::connect(addr)
+        let tcp = connect
             .await
             .map_err(|source| DialError::Connect { addr, source })?;
         tcp.set_nodelay(true)

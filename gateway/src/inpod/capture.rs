@@ -19,7 +19,7 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use super::netns::MESH_MARK;
+use crate::netns::MESH_MARK;
 
 /// The connmark of connections the gateway made (istio-cni's `InpodTProxyMark`).
 pub const TPROXY_MARK: u32 = 0x111;
@@ -82,7 +82,7 @@ pub enum CaptureError {
     #[error("cannot open the pod's network namespace {path}: {source}")]
     Netns {
         path: String,
-        source: super::netns::NetnsError,
+        source: crate::netns::NetnsError,
     },
     #[error("cannot enter the pod's network namespace: {0} (needs CAP_SYS_ADMIN)")]
     Enter(std::io::Error),
@@ -95,7 +95,7 @@ pub enum CaptureError {
 /// entered the namespace (a child is born in its parent thread's
 /// namespace); that thread ends afterwards, never serving anything else.
 pub fn install(netns: &Path, p: CapturePorts) -> Result<(), CaptureError> {
-    let ns = super::netns::PodNetns::open(netns).map_err(|source| CaptureError::Netns {
+    let ns = crate::netns::PodNetns::open(netns).map_err(|source| CaptureError::Netns {
         path: netns.display().to_string(),
         source,
     })?;
@@ -145,6 +145,57 @@ pub fn install(netns: &Path, p: CapturePorts) -> Result<(), CaptureError> {
         })
     })
 }
+
+/// The node's side of the probe exemption (in the namespace of the caller,
+/// the node's): the kubelet's own connections to a pod leave SNATed to
+/// [`PROBE_SNAT`], which the pod's rules let through uncaptured. One rule
+/// per pod address in the nat chain `TIDEGATE_PROBES` (jumped to from
+/// POSTROUTING); `add: false` removes the pod's rules. Idempotent.
+pub fn probe_snat(add: bool, pod_ips: &[std::net::IpAddr]) -> Result<(), CaptureError> {
+    let ipt = |args: &[&str]| {
+        let mut argv = vec!["iptables", "-w", "-t", "nat"];
+        argv.extend_from_slice(args);
+        run(&argv.join(" "), &argv, None)
+    };
+    if add {
+        if ipt(&["-S", PROBE_CHAIN]).is_err() {
+            // Two ADDs may race to create it.
+            if let Err(e) = ipt(&["-N", PROBE_CHAIN]) {
+                ipt(&["-S", PROBE_CHAIN]).map_err(|_| e)?;
+            }
+        }
+        if ipt(&["-C", "POSTROUTING", "-j", PROBE_CHAIN]).is_err() {
+            ipt(&["-A", "POSTROUTING", "-j", PROBE_CHAIN])?;
+        }
+    }
+    for ip in pod_ips.iter().filter(|ip| ip.is_ipv4()) {
+        let dst = format!("{ip}/32");
+        let rule = [
+            PROBE_CHAIN,
+            "-d",
+            &dst,
+            "-p",
+            "tcp",
+            "-m",
+            "owner",
+            "--socket-exists",
+            "-j",
+            "SNAT",
+            "--to-source",
+            PROBE_SNAT,
+        ];
+        let present = ipt(&[&["-C"][..], &rule[..]].concat()).is_ok();
+        match (add, present) {
+            (true, false) => ipt(&[&["-A"][..], &rule[..]].concat())?,
+            (false, true) => ipt(&[&["-D"][..], &rule[..]].concat())?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The node's nat chain of probe SNAT rules.
+pub const PROBE_CHAIN: &str = "TIDEGATE_PROBES";
 
 /// Runs `argv`, writing `stdin` to it; its stderr is the error's detail.
 fn run(what: &str, argv: &[&str], stdin: Option<&str>) -> Result<(), CaptureError> {

@@ -163,3 +163,24 @@ pub(crate) async fn write_all(tcp: &TcpStream, mut buf: &[u8]) -> io::Result<()>
     }
     Ok(())
 }
+
+/// One direction of a plain TCP copy, half-closing `to` at EOF.
+pub async fn copy_tcp(from: &TcpStream, to: &TcpStream) -> std::io::Result<u64> {
+    let mut total = 0;
+    loop {
+        from.readable().await?;
+        let mut buf = bytes::BytesMut::with_capacity(16 * 1024);
+        match from.try_read_buf(&mut buf) {
+            Ok(0) => {
+                socket2::SockRef::from(to).shutdown(std::net::Shutdown::Write)?;
+                return Ok(total);
+            }
+            Ok(n) => {
+                total += n as u64;
+                write_all(to, &buf).await?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}

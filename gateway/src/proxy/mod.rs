@@ -10,6 +10,8 @@
 pub mod copy;
 pub mod inbound;
 pub mod listener;
+pub mod origin;
 pub mod outbound;
+pub mod plaintext;
 pub mod pool;
 pub mod tunnels;

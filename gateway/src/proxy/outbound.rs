@@ -1,6 +1,8 @@
 //! Outbound: transparent capture (port 15001). The original destination comes
-//! from `SO_ORIGINAL_DST` (iptables REDIRECT), the source workload from the
-//! source IP. HBONE destinations get a CONNECT stream on a pooled tunnel to
+//! from `SO_ORIGINAL_DST` (iptables REDIRECT). The source workload is the pod
+//! whose own listener accepted the connection (in-pod mode), or, on the
+//! node's listener (node mode), the local workload with the source IP.
+//! HBONE destinations get a CONNECT stream on a pooled tunnel to
 //! `<dst ip>:15008`; others are passed through as plain TCP.
 
 use std::net::SocketAddr;
@@ -10,8 +12,10 @@ use std::time::Instant;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info_span, Instrument};
 
+use crate::identity::SpiffeId;
 use crate::metrics::{AccessLog, ProxyMetrics};
-use crate::proxy::copy::{copy_bidirectional, Transferred};
+use crate::proxy::copy::{copy_bidirectional, copy_tcp, Transferred};
+use crate::proxy::origin::Origin;
 use crate::proxy::pool::{Pool, PoolError, PoolKey};
 use crate::shutdown::{ActiveStreams, ShutdownWatch};
 use crate::workloads::{Protocol, WorkloadStore};
@@ -22,6 +26,8 @@ pub enum OutboundError {
     NotRedirected,
     #[error("source {0} is not a workload on this node")]
     UnknownSource(std::net::IpAddr),
+    #[error("pod {0} is not known to discovery yet and its node agent named no service account")]
+    UnknownPod(String),
     #[error("destination {0} is the outbound listener itself")]
     Loop(SocketAddr),
     #[error(transparent)]
@@ -37,7 +43,7 @@ impl OutboundError {
     pub fn reason(&self) -> &'static str {
         match self {
             OutboundError::NotRedirected => "not_redirected",
-            OutboundError::UnknownSource(_) => "unknown_source",
+            OutboundError::UnknownSource(_) | OutboundError::UnknownPod(_) => "unknown_source",
             OutboundError::Loop(_) => "loop",
             OutboundError::Pool(e) => e.reason(),
             OutboundError::Passthrough { .. } => "passthrough_connect",
@@ -52,6 +58,7 @@ pub struct Outbound {
     metrics: ProxyMetrics,
     streams: ActiveStreams,
     listen_addr: std::sync::OnceLock<SocketAddr>,
+    origin: Origin,
 }
 
 impl Outbound {
@@ -69,6 +76,22 @@ impl Outbound {
             metrics,
             streams,
             listen_addr: std::sync::OnceLock::new(),
+            origin: Origin::Node,
+        })
+    }
+
+    /// The same outbound side for one pod's own listener: its connections
+    /// are the pod's, and its tunnels and passthrough dials leave from the
+    /// pod's namespace.
+    pub fn for_pod(&self, origin: Origin) -> Arc<Self> {
+        Arc::new(Outbound {
+            workloads: self.workloads.clone(),
+            pool: self.pool.clone(),
+            hbone_port: self.hbone_port,
+            metrics: self.metrics.clone(),
+            streams: self.streams.clone(),
+            listen_addr: std::sync::OnceLock::new(),
+            origin,
         })
     }
 
@@ -152,11 +175,7 @@ impl Outbound {
             return Err(OutboundError::Loop(dst));
         }
         let snapshot = self.workloads.snapshot();
-        let source = snapshot
-            .by_ip(src.ip())
-            .filter(|w| w.local)
-            .cloned()
-            .ok_or(OutboundError::UnknownSource(src.ip()))?;
+        let source = self.source_identity(&snapshot, src)?;
         let Some(target) = snapshot
             .by_ip(dst.ip())
             .filter(|w| w.spec.protocol == Protocol::Hbone)
@@ -166,12 +185,13 @@ impl Outbound {
         };
         drop(snapshot);
         let key = PoolKey {
-            src: source.identity.clone(),
+            src: source,
             dst_uid: target.uid().to_owned(),
             dst: target.identity.clone(),
             dst_addr: SocketAddr::new(dst.ip(), self.hbone_port),
+            src_netns: self.origin.netns(),
         };
-        let stream = self.pool.connect(&key, dst).await?;
+        let stream = self.pool.connect_from(&key, dst, &self.origin).await?;
         self.metrics.streams_open.inc();
         let (moved, result) =
             copy_bidirectional(tcp, stream.send, stream.recv, &self.metrics.bytes).await;
@@ -192,12 +212,42 @@ impl Outbound {
         Ok(())
     }
 
+    /// Who is connecting: the pod that owns this listener (never looked up
+    /// by address: another pod cannot claim it), or on the node's listener
+    /// the local workload with the source address.
+    fn source_identity(
+        &self,
+        snapshot: &crate::workloads::WorkloadSnapshot,
+        src: SocketAddr,
+    ) -> Result<SpiffeId, OutboundError> {
+        match &self.origin {
+            Origin::Node => snapshot
+                .by_ip(src.ip())
+                .filter(|w| w.local)
+                .map(|w| w.identity.clone())
+                .ok_or(OutboundError::UnknownSource(src.ip())),
+            Origin::Pod(pod) => match snapshot.by_uid(&pod.uid) {
+                Some(w) => Ok(w.identity.clone()),
+                None => pod
+                    .service_account
+                    .as_deref()
+                    .map(|sa| SpiffeId::new(self.workloads.trust_domain(), &pod.namespace, sa))
+                    .ok_or_else(|| OutboundError::UnknownPod(pod.uid.clone())),
+            },
+        }
+    }
+
     /// Whether `dst` is this very listener: its address, or, when it listens
-    /// on a wildcard address, its port on any address of this host.
+    /// on a wildcard address, its port on any address of this host. (A pod's
+    /// listener cannot be reached by capture: traffic to the pod itself is
+    /// not redirected.)
     fn is_own_listener(&self, dst: SocketAddr) -> bool {
         let Some(listen) = self.listen_addr.get() else {
             return false;
         };
+        if self.origin.pod().is_some() {
+            return false;
+        }
         if listen.port() != dst.port() {
             return false;
         }
@@ -215,7 +265,9 @@ impl Outbound {
         dst: SocketAddr,
         started: Instant,
     ) -> Result<(), OutboundError> {
-        let upstream = TcpStream::connect(dst)
+        let upstream = self
+            .origin
+            .connect(dst, None)
             .await
             .map_err(|source| OutboundError::Passthrough { addr: dst, source })?;
         let _ = upstream.set_nodelay(true);
@@ -234,27 +286,6 @@ impl Outbound {
         };
         access_log(("", ""), src, dst, moved, started, outcome);
         Ok(())
-    }
-}
-
-/// One direction of a plain TCP copy, half-closing `to` at EOF.
-async fn copy_tcp(from: &TcpStream, to: &TcpStream) -> std::io::Result<u64> {
-    let mut total = 0;
-    loop {
-        from.readable().await?;
-        let mut buf = bytes::BytesMut::with_capacity(16 * 1024);
-        match from.try_read_buf(&mut buf) {
-            Ok(0) => {
-                socket2::SockRef::from(to).shutdown(std::net::Shutdown::Write)?;
-                return Ok(total);
-            }
-            Ok(n) => {
-                total += n as u64;
-                crate::proxy::copy::write_all(to, &buf).await?;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
-        }
     }
 }
 

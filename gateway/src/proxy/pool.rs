@@ -34,6 +34,7 @@ use tracing::{debug, info_span, warn, Instrument};
 use crate::config::{HboneConfig, PoolConfig};
 use crate::hbone::client::{self, DialError, StreamError};
 use crate::identity::SpiffeId;
+use crate::proxy::origin::Origin;
 use crate::shutdown::ShutdownWatch;
 use crate::tls::TlsContext;
 
@@ -45,6 +46,9 @@ pub struct PoolKey {
     pub dst: SpiffeId,
     /// The destination workload's HBONE address (`ip:15008`).
     pub dst_addr: SocketAddr,
+    /// In-pod mode: the source pod's namespace (its tunnels leave with its
+    /// own address and are never shared with another pod).
+    pub src_netns: Option<crate::netns::NetnsId>,
 }
 
 /// Consecutive connect failures to one destination, reported to the drain engine.
@@ -316,6 +320,17 @@ impl Pool {
         key: &PoolKey,
         authority: SocketAddr,
     ) -> Result<PooledStream, PoolError> {
+        self.connect_from(key, authority, &Origin::Node).await
+    }
+
+    /// [`Pool::connect`], dialing a new tunnel from `origin`'s namespace
+    /// (`key.src_netns` must name the same one).
+    pub async fn connect_from(
+        self: &Arc<Self>,
+        key: &PoolKey,
+        authority: SocketAddr,
+        origin: &Origin,
+    ) -> Result<PooledStream, PoolError> {
         if let Some(remaining) = self.backing_off(key.dst_addr) {
             self.metrics.fast_failed.inc();
             return Err(PoolError::BackingOff {
@@ -334,7 +349,7 @@ impl Pool {
                 // Boxed: an async fn's state is as large as its largest await
                 // point, and the dial (TLS handshake) would otherwise make every
                 // idle connection's task ~4 KiB bigger though ~1 in 100 dials.
-                None => Box::pin(self.dial_single_flight(key, &entry)).await?,
+                None => Box::pin(self.dial_single_flight(key, &entry, origin)).await?,
             };
             let send = slot.tunnel.send.lock().unwrap().clone();
             let Some(send) = send else { continue };
@@ -367,27 +382,36 @@ impl Pool {
         self: &Arc<Self>,
         key: &PoolKey,
         entry: &Arc<KeyEntry>,
+        origin: &Origin,
     ) -> Result<StreamSlot, PoolError> {
         let _dialing = entry.dialing.lock().await;
         // Someone else may have dialed while we waited.
         if let Some(slot) = checkout(entry, self.cfg.max_streams_per_tunnel) {
             return Ok(slot);
         }
-        let (send, conn) = client::dial(&self.tls, &self.hbone, &key.src, &key.dst, key.dst_addr)
-            .await
-            .map_err(|source| {
-                self.metrics
-                    .dial_failures
-                    .get_or_create(&ReasonLabel {
-                        reason: source.reason(),
-                    })
-                    .inc();
-                self.dial_failed(key, &source.to_string());
-                PoolError::Dial {
-                    addr: key.dst_addr,
-                    source,
-                }
-            })?;
+        let tcp = origin.connect(key.dst_addr, None);
+        let (send, conn) = client::dial_over(
+            &self.tls,
+            &self.hbone,
+            &key.src,
+            &key.dst,
+            key.dst_addr,
+            tcp,
+        )
+        .await
+        .map_err(|source| {
+            self.metrics
+                .dial_failures
+                .get_or_create(&ReasonLabel {
+                    reason: source.reason(),
+                })
+                .inc();
+            self.dial_failed(key, &source.to_string());
+            PoolError::Dial {
+                addr: key.dst_addr,
+                source,
+            }
+        })?;
         // Success ends any backoff for the destination.
         self.dests.lock().unwrap().remove(&key.dst_addr);
         let tunnel = Arc::new(Tunnel {
@@ -500,10 +524,14 @@ impl Pool {
                 !idle
             });
         }
+        // Forget a key only when it has no tunnel and nothing holds its
+        // entry: a connect holds it from looking the key up until its new
+        // tunnel is pooled, and removing the entry in between would orphan
+        // that tunnel (the next connection would dial again).
         self.keys
             .lock()
             .unwrap()
-            .retain(|_, e| !e.tunnels.lock().unwrap().is_empty() || e.dialing.try_lock().is_err());
+            .retain(|_, e| Arc::strong_count(e) > 1 || !e.tunnels.lock().unwrap().is_empty());
     }
 
     /// Evicts every pooled tunnel: idle ones close at once, busy ones when

@@ -168,6 +168,10 @@ impl WorkloadStore {
         })
     }
 
+    pub fn trust_domain(&self) -> &str {
+        &self.trust_domain
+    }
+
     pub fn snapshot(&self) -> Arc<WorkloadSnapshot> {
         self.current.load_full()
     }

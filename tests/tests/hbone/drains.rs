@@ -476,6 +476,7 @@ async fn keepalive_only_leaves_a_vanished_peer_to_the_ping_timeout() {
         dst_uid: "echo-uid".into(),
         dst: tidegate::identity::SpiffeId::new("cluster.local", "demo", "echo"),
         dst_addr: proxy,
+        src_netns: None,
     };
     let stream = client.pool.connect(&key, nodes.echo).await.unwrap();
     assert_eq!(client.pool.dump().len(), 1);

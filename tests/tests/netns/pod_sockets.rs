@@ -1,12 +1,12 @@
 //! Sockets made inside a pod's network namespace by the gateway's reserved
-//! thread (`tidegate::inpod::netns`), checked from the kernel's side: which
+//! thread (`tidegate::netns`), checked from the kernel's side: which
 //! namespace a listener lives in, its mark, and a transparent source.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use socket2::SockRef;
-use tidegate::inpod::netns::{DialOpts, ListenOpts, NetnsError, NetnsSockets, PodNetns, MESH_MARK};
+use tidegate::netns::{DialOpts, ListenOpts, NetnsError, NetnsSockets, PodNetns, MESH_MARK};
 use tidegate_e2e::netns::run;
 
 /// A namespace named after the test and the process, deleted on drop.

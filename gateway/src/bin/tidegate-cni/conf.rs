@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 pub const SUPPORTED: [&str; 6] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0", "1.1.1"];
 pub const DEFAULT_SOCKET: &str = "/var/run/tidegate/cni.sock";
 pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
+pub const DEFAULT_STATE_DIR: &str = "/var/run/tidegate/pods";
 /// The longest `timeout_ms`: past the kubelet's runtime request timeout (2 min)
 /// the wait is cut anyway.
 pub const MAX_TIMEOUT_MS: u64 = 120_000;
@@ -37,8 +38,9 @@ pub fn err(code: u32, msg: &str, details: impl Into<String>) -> CniError {
 pub enum Parsed {
     /// VERSION: the answer.
     Version(String),
-    /// ADD: the previous result with the configured version, to print.
-    Add(String),
+    /// ADD: the previous result with the configured version, to print, and
+    /// what enrolling the pod needs (in-pod capture).
+    Add(String, Enroll),
     /// DEL: drain through the gateway's socket.
     Del(OurKeys),
     /// CHECK, GC, STATUS: nothing to print.
@@ -81,7 +83,11 @@ pub fn parse(command: &str, stdin: &str) -> Result<Parsed, CniError> {
                 if let Some(o) = out.as_object_mut() {
                     o.insert("cniVersion".into(), Value::String(version.to_owned()));
                 }
-                Ok(Parsed::Add(out.to_string()))
+                let enroll = Enroll {
+                    pod_ips: prev_ips(prev),
+                    ours,
+                };
+                Ok(Parsed::Add(out.to_string(), enroll))
             } else {
                 Ok(Parsed::Nothing)
             }
@@ -106,6 +112,32 @@ pub fn parse(command: &str, stdin: &str) -> Result<Parsed, CniError> {
 pub struct OurKeys {
     pub socket: String,
     pub timeout: Duration,
+    /// `capture: inpod`: ADD enrolls the pod (capture rules inside it, its
+    /// namespace handed to the gateway); `node` (the default): ADD passes
+    /// the result through.
+    pub inpod: bool,
+    /// `state_dir`: where each enrolled pod is recorded for the gateway.
+    pub state_dir: String,
+    /// `exclude_namespaces`: pods of these namespaces are never enrolled.
+    pub exclude_namespaces: Vec<String>,
+}
+
+/// What ADD needs to enroll a pod.
+#[derive(Debug)]
+pub struct Enroll {
+    pub ours: OurKeys,
+    /// The pod's addresses from `prevResult.ips` (probe SNAT on the node).
+    pub pod_ips: Vec<std::net::IpAddr>,
+}
+
+/// `prevResult.ips[].address` (`10.0.1.2/24`) → the addresses.
+fn prev_ips(prev: &Value) -> Vec<std::net::IpAddr> {
+    prev.get("ips")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|ip| ip.get("address")?.as_str()?.split('/').next()?.parse().ok())
+        .collect()
 }
 
 fn invalid_key(key: &str, value: &Value, accepted: &str) -> CniError {
@@ -137,9 +169,37 @@ fn our_keys(conf: &Value) -> Result<OurKeys, CniError> {
                 )
             })?,
     };
+    let inpod = match conf.get("capture") {
+        None => false,
+        Some(Value::String(s)) if s == "node" => false,
+        Some(Value::String(s)) if s == "inpod" => true,
+        Some(v) => return Err(invalid_key("capture", v, "\"node\" or \"inpod\"")),
+    };
+    let state_dir = match conf.get("state_dir") {
+        None => DEFAULT_STATE_DIR.to_owned(),
+        Some(Value::String(s)) if s.starts_with('/') => s.clone(),
+        Some(v) => return Err(invalid_key("state_dir", v, "an absolute directory path")),
+    };
+    let exclude_namespaces = match conf.get("exclude_namespaces") {
+        None => vec!["kube-system".to_owned()],
+        Some(Value::Array(a)) if a.iter().all(Value::is_string) => a
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect(),
+        Some(v) => {
+            return Err(invalid_key(
+                "exclude_namespaces",
+                v,
+                "a list of namespace names",
+            ))
+        }
+    };
     Ok(OurKeys {
         socket,
         timeout: Duration::from_millis(timeout_ms),
+        inpod,
+        state_dir,
+        exclude_namespaces,
     })
 }
 

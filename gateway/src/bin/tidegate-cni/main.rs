@@ -1,6 +1,11 @@
 //! `tidegate-cni`: a chained CNI plugin (CNI spec 1.x).
 //!
-//! - ADD and CHECK pass the previous result through untouched.
+//! - ADD passes the previous result through; with `capture: inpod` it first
+//!   enrolls the pod (see [`enroll`]): its namespace handed to the gateway,
+//!   istio-cni's capture rules installed inside it, a record in the state
+//!   directory. ADD fails when the gateway cannot take the pod: a pod never
+//!   starts outside a mesh it belongs to.
+//! - CHECK passes.
 //! - DEL asks the node's tidegate over its Unix socket to tear down the pod
 //!   (`K8S_POD_UID` from `CNI_ARGS`) and waits for the acknowledgement — the
 //!   gateway holds it while the pod's tunnels drain — bounded by `timeout_ms`
@@ -23,12 +28,15 @@
 //! with a string `result`; anything else (garbage, a peer dribbling bytes,
 //! `bad-request`) is reported as not drained.
 //!
-//! Deliberately standalone (std + serde_json): it runs on the host for every
-//! pod deletion and must stay small and quick.
+//! It runs on the host for every pod creation and deletion and must stay
+//! quick: DEL and the exchange with the gateway are std + serde_json; ADD
+//! in in-pod mode shares the gateway's capture rules and pod records
+//! (`tidegate::inpod`).
 
 #![forbid(unsafe_code)]
 
 use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -38,6 +46,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 mod conf;
+mod enroll;
 mod install;
 
 use conf::{acknowledgement, CniError, OurKeys, Parsed, MAX_ACK};
@@ -81,9 +90,18 @@ fn main() -> ExitCode {
 /// What the runtime asked, answered: `Some(text)` goes to stdout.
 fn run(command: &str, stdin: &str) -> Result<Option<String>, CniError> {
     Ok(match conf::parse(command, stdin)? {
-        Parsed::Version(out) | Parsed::Add(out) => Some(out),
+        Parsed::Version(out) => Some(out),
+        Parsed::Add(out, e) => {
+            if e.ours.inpod {
+                enroll::add(&e)?;
+            }
+            Some(out)
+        }
         Parsed::Del(ours) => {
             delete(&ours);
+            if ours.inpod {
+                enroll::forget(&ours);
+            }
             None
         }
         Parsed::Nothing => None,
@@ -91,7 +109,7 @@ fn run(command: &str, stdin: &str) -> Result<Option<String>, CniError> {
 }
 
 /// `K8S_POD_UID=…;K8S_POD_NAMESPACE=…` → the value of `key`.
-fn cni_arg(key: &str) -> Option<String> {
+pub(crate) fn cni_arg(key: &str) -> Option<String> {
     let args = std::env::var("CNI_ARGS").ok()?;
     args.split(';')
         .filter_map(|kv| kv.split_once('='))
@@ -115,7 +133,7 @@ fn delete(ours: &OurKeys) {
     });
     let started = Instant::now();
     let socket = &ours.socket;
-    match ask_within(socket, &request, ours.timeout) {
+    match ask_within(socket, &request, ours.timeout, None) {
         Ok(ack) => eprintln!(
             "tidegate-cni: pod {uid} drained: {ack} ({} ms)",
             started.elapsed().as_millis()
@@ -142,14 +160,19 @@ const WAITING: u8 = 2;
 /// thread of its own: a connect to a socket whose backlog is full blocks and
 /// no socket option bounds it; past the deadline the thread is abandoned
 /// (the process exits right after).
-fn ask_within(socket: &str, request: &Value, timeout: Duration) -> Result<String, String> {
+pub(crate) fn ask_within(
+    socket: &str,
+    request: &Value,
+    timeout: Duration,
+    fd: Option<OwnedFd>,
+) -> Result<String, String> {
     let deadline = Instant::now() + timeout;
     let progress = Arc::new(Progress::default());
     let (tx, rx) = mpsc::channel();
     let (socket, request) = (socket.to_owned(), format!("{request}\n"));
     let p = progress.clone();
     std::thread::spawn(move || {
-        let _ = tx.send(ask(&socket, request.as_bytes(), deadline, &p));
+        let _ = tx.send(ask(&socket, request.as_bytes(), fd, deadline, &p));
     });
     let ms = timeout.as_millis();
     match rx.recv_timeout(timeout) {
@@ -189,6 +212,7 @@ impl Failed {
 fn ask(
     socket: &str,
     request: &[u8],
+    fd: Option<OwnedFd>,
     deadline: Instant,
     progress: &Progress,
 ) -> Result<String, Failed> {
@@ -202,9 +226,14 @@ fn ask(
     stream
         .set_write_timeout(Some(left()?))
         .map_err(Failed::io("socket option"))?;
-    stream
-        .write_all(request)
-        .map_err(Failed::io("cannot send the request"))?;
+    match fd {
+        // The descriptor rides with the request's bytes (one sendmsg).
+        Some(fd) => send_with_fd(&stream, request, fd)
+            .map_err(Failed::io("cannot send the request with the namespace"))?,
+        None => stream
+            .write_all(request)
+            .map_err(Failed::io("cannot send the request"))?,
+    }
     progress.phase.store(WAITING, Ordering::Relaxed);
     let mut line = Vec::new();
     let mut chunk = [0u8; 4096];
@@ -233,4 +262,24 @@ fn ask(
             )));
         }
     }
+}
+
+/// Sends `request` with `fd` attached (`SCM_RIGHTS`) in one message.
+fn send_with_fd(stream: &UnixStream, request: &[u8], fd: OwnedFd) -> std::io::Result<()> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    use std::mem::MaybeUninit;
+    use std::os::fd::AsFd;
+    let fds = [fd.as_fd()];
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    control.push(SendAncillaryMessage::ScmRights(&fds));
+    let sent = rustix::net::sendmsg(
+        stream,
+        &[std::io::IoSlice::new(request)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
+    // The rest (a request is far below a socket buffer) goes as plain bytes.
+    let mut s = stream;
+    s.write_all(&request[sent..])
 }

@@ -23,6 +23,7 @@ use crate::hbone::{GoawayCommand, REASON_HEADER};
 use crate::identity::SpiffeId;
 use crate::metrics::{AccessLog, ProxyMetrics};
 use crate::proxy::copy::{copy_bidirectional, Transferred};
+use crate::proxy::origin::Origin;
 use crate::proxy::tunnels::InboundTunnel;
 use crate::shutdown::ActiveStreams;
 use crate::workloads::{Workload, WorkloadSnapshot, WorkloadStore};
@@ -35,6 +36,9 @@ pub struct ConnectDeps {
     pub metrics: ProxyMetrics,
     pub active: ActiveStreams,
     pub inbound_metrics: InboundMetrics,
+    /// Where upstream dials are made: the node's namespace, or the pod's
+    /// (in-pod mode) with the peer's address as source.
+    pub origin: Origin,
 }
 
 /// The gateway's own listening ports (and port 0): a CONNECT to one of them
@@ -257,7 +261,11 @@ impl Stream {
             route(req, &self.ctx, &snapshot, &self.deps.own_ports)?
         };
         let permit = self.dials.try_start()?;
-        let dialed = dial(target, self.deps.cfg.connect_timeout).await;
+        let connect = self
+            .deps
+            .origin
+            .connect(target, Some(self.ctx.peer_addr.ip()));
+        let dialed = dial(target, connect, self.deps.cfg.connect_timeout).await;
         drop(permit);
         dialed
     }
@@ -284,11 +292,14 @@ fn refuse(
     log(ctx, None, ctx.dialed, moved, started, e.reason());
 }
 
+/// The upstream dial (`connect`: in the gateway's namespace, or in the
+/// pod's with the client's address as source), bounded by `timeout`.
 async fn dial(
     target: SocketAddr,
+    connect: impl Future<Output = std::io::Result<TcpStream>>,
     timeout: Duration,
 ) -> Result<(TcpStream, SocketAddr), InboundError> {
-    let connect = tokio::time::timeout(timeout, TcpStream::connect(target)).await;
+    let connect = tokio::time::timeout(timeout, connect).await;
     let tcp = match connect {
         Ok(Ok(t)) => t,
         Ok(Err(source)) => {

@@ -22,6 +22,7 @@ use crate::config::HboneConfig;
 use crate::hbone::io::reason_label;
 use crate::hbone::{self, server::TunnelEnd};
 use crate::metrics::ProxyMetrics;
+use crate::proxy::origin::Origin;
 use crate::proxy::tunnels::{InboundTunnels, Registration};
 use crate::shutdown::{ActiveStreams, ShutdownWatch};
 use crate::tls::TlsContext;
@@ -56,6 +57,26 @@ impl Inbound {
                 metrics,
                 active: streams,
                 inbound_metrics,
+                origin: Origin::Node,
+            }),
+        })
+    }
+
+    /// The same inbound side for one pod's own HBONE listener: it serves
+    /// only that pod, and delivers to it from inside its namespace.
+    pub fn for_pod(&self, origin: Origin) -> Arc<Self> {
+        let d = &self.connects;
+        Arc::new(Inbound {
+            tls: self.tls.clone(),
+            tunnels: self.tunnels.clone(),
+            connects: Arc::new(ConnectDeps {
+                workloads: d.workloads.clone(),
+                cfg: d.cfg.clone(),
+                own_ports: d.own_ports.clone(),
+                metrics: d.metrics.clone(),
+                active: d.active.clone(),
+                inbound_metrics: d.inbound_metrics.clone(),
+                origin,
             }),
         })
     }
@@ -116,6 +137,13 @@ impl Inbound {
                 debug!("dialed address is not a workload on this node; closing");
                 return self.metrics().connection_failed("no_local_workload");
             };
+            // A pod's own listener serves that pod only.
+            if let Some(pod) = self.connects.origin.pod() {
+                if pod.uid != workload.uid() {
+                    debug!(pod = %pod.uid, "dialed address is another workload's; closing");
+                    return self.metrics().connection_failed("not_this_pod");
+                }
+            }
             tracing::Span::current().record("dst.workload", workload.uid());
             let _ = tcp.set_nodelay(true);
             let handshake = tokio::time::timeout(

@@ -36,6 +36,7 @@ fn key(src: &str, dst: &str, dst_addr: &str) -> PoolKey {
         dst: format!("spiffe://td/ns/default/sa/{dst}").parse().unwrap(),
         dst_uid: format!("{dst}-uid"),
         dst_addr: dst_addr.parse().unwrap(),
+        src_netns: None,
     }
 }
 
@@ -175,6 +176,23 @@ fn idle_close_takes_only_tunnels_idle_for_the_timeout() {
     let keys = pool.keys.lock().unwrap();
     assert_eq!(keys.len(), 2);
     assert!(!keys.contains_key(&idle.key));
+}
+
+#[test]
+fn a_sweep_keeps_the_key_a_connect_is_dialing_for() {
+    let pool = pool(100, Duration::from_secs(60));
+    let k = key("client", "echo", "10.0.0.2:15008");
+    // A connect looked the key up and is dialing: no tunnel yet.
+    let entry = pool.entry(&k);
+    pool.evict_idle_once();
+    assert!(
+        Arc::ptr_eq(&entry, &pool.entry(&k)),
+        "the dial's entry was replaced"
+    );
+    // Once nothing holds it and it has no tunnel, the key is forgotten.
+    drop(entry);
+    pool.evict_idle_once();
+    assert!(pool.keys.lock().unwrap().is_empty());
 }
 
 #[test]

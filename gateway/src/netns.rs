@@ -31,7 +31,7 @@ pub const MESH_MARK: u32 = 0x539;
 
 /// A network namespace's identity: the (device, inode) of its nsfs file.
 /// The same pod sandbox keeps it; a re-created sandbox gets a new one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct NetnsId {
     pub dev: u64,
     pub ino: u64,

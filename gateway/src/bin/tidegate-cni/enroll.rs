@@ -1,0 +1,157 @@
+//! ADD and DEL in in-pod mode (`capture: inpod`): enrolling a pod in the
+//! mesh on this node.
+//!
+//! ADD, in this order (so no captured packet ever finds nobody listening):
+//! 1. record the pod in the state directory (a gateway restarted during the
+//!    ADD re-adopts it);
+//! 2. hand its network namespace to the gateway (the descriptor over the
+//!    CNI socket) and wait for the gateway's "added": its listeners are up
+//!    inside the pod;
+//! 3. install istio-cni's capture rules inside the pod, and the node-side
+//!    probe exemption.
+//!
+//! When the gateway cannot take the pod (down, slow, refusing) ADD fails
+//! with code 11 ("try again later") and the record is removed: the kubelet
+//! retries the sandbox, and the pod never runs outside the mesh. Pods of
+//! `exclude_namespaces` are passed through unenrolled.
+//!
+//! DEL (after the gateway's teardown drain): the node-side probe rules and
+//! the record go. The pod's own rules go with its namespace.
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+
+use serde_json::{json, Value};
+use tidegate::inpod::capture::{self, CapturePorts};
+use tidegate::inpod::state::PodRecord;
+
+use crate::conf::{err, CniError, Enroll, OurKeys};
+use crate::{ask_within, cni_arg};
+
+pub fn add(e: &Enroll) -> Result<(), CniError> {
+    let ours = &e.ours;
+    let uid = cni_arg("K8S_POD_UID").ok_or_else(|| {
+        err(
+            4,
+            "invalid environment variables",
+            "K8S_POD_UID is missing from CNI_ARGS: tidegate-cni enrolls Kubernetes pods only",
+        )
+    })?;
+    let namespace = cni_arg("K8S_POD_NAMESPACE").unwrap_or_default();
+    if ours.exclude_namespaces.contains(&namespace) {
+        eprintln!("tidegate-cni: pod {uid} of excluded namespace {namespace:?} not enrolled");
+        return Ok(());
+    }
+    let name = cni_arg("K8S_POD_NAME").unwrap_or_default();
+    let netns = std::env::var("CNI_NETNS")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| err(4, "invalid environment variables", "CNI_NETNS is not set"))?;
+    let fd = open_netns(&netns)?;
+    let dir = Path::new(&ours.state_dir);
+    let record = PodRecord {
+        uid: uid.clone(),
+        name: name.clone(),
+        namespace: namespace.clone(),
+        netns: netns.clone(),
+        ips: e.pod_ips.clone(),
+    };
+    record.write(dir).map_err(|e| {
+        err(
+            5,
+            "cannot record the pod in the state directory",
+            format!("state_dir {}: {e}", dir.display()),
+        )
+    })?;
+    let undo = |e: CniError| {
+        let _ = PodRecord::remove(dir, &uid);
+        e
+    };
+    let request = json!({
+        "command": "add",
+        "uid": uid,
+        "name": name,
+        "namespace": namespace,
+        "netns": netns,
+        "container_id": std::env::var("CNI_CONTAINERID").unwrap_or_default(),
+    });
+    hand_over(ours, &request, fd).map_err(undo)?;
+    capture::install(Path::new(&netns), CapturePorts::default()).map_err(|e| {
+        undo(err(
+            5,
+            "cannot install the capture rules inside the pod",
+            e.to_string(),
+        ))
+    })?;
+    capture::probe_snat(true, &e.pod_ips).map_err(|e| {
+        undo(err(
+            5,
+            "cannot install the node's probe exemption for the pod",
+            e.to_string(),
+        ))
+    })?;
+    eprintln!("tidegate-cni: pod {uid} ({namespace}/{name}) enrolled in the mesh");
+    Ok(())
+}
+
+/// The namespace at `path`, checked to be one (a pod whose sandbox is
+/// already gone fails here, clearly).
+fn open_netns(path: &str) -> Result<OwnedFd, CniError> {
+    let gone = |detail: String| {
+        err(
+            3,
+            "the pod's network namespace is gone (the sandbox was removed during ADD)",
+            detail,
+        )
+    };
+    let file = std::fs::File::open(path).map_err(|e| gone(format!("CNI_NETNS {path}: {e}")))?;
+    let fd = OwnedFd::from(file);
+    let check = fd
+        .try_clone()
+        .map_err(|e| gone(format!("CNI_NETNS {path}: {e}")))?;
+    tidegate::netns::PodNetns::from_fd(check)
+        .map_err(|e| gone(format!("CNI_NETNS {path}: {e}")))?;
+    Ok(fd)
+}
+
+/// The handover: the gateway answers once the pod's listeners are up.
+fn hand_over(ours: &OurKeys, request: &Value, fd: OwnedFd) -> Result<(), CniError> {
+    let refused = |detail: String| {
+        err(
+            11,
+            "the node's tidegate did not take the pod; it is not started outside the mesh (the kubelet retries)",
+            detail,
+        )
+    };
+    let ack = ask_within(&ours.socket, request, ours.timeout, Some(fd))
+        .map_err(|e| refused(format!("{e} (socket {})", ours.socket)))?;
+    let v: Value = serde_json::from_str(&ack).unwrap_or_default();
+    match v.get("result").and_then(Value::as_str) {
+        Some("added" | "unchanged" | "replaced") => Ok(()),
+        _ => Err(refused(format!(
+            "the gateway answered: {}",
+            v.get("error").and_then(Value::as_str).unwrap_or(&ack)
+        ))),
+    }
+}
+
+/// DEL: the node-side probe rules and the record go; never fails (the
+/// outcome is on stderr).
+pub fn forget(ours: &OurKeys) {
+    let Some(uid) = cni_arg("K8S_POD_UID") else {
+        return;
+    };
+    let dir = Path::new(&ours.state_dir);
+    match PodRecord::read(dir, &uid) {
+        Ok(Some(record)) => {
+            if let Err(e) = capture::probe_snat(false, &record.ips) {
+                eprintln!("tidegate-cni: pod {uid}: probe rules not removed: {e}");
+            }
+        }
+        Ok(None) => {}
+        Err(e) => eprintln!("tidegate-cni: pod {uid}: record unreadable: {e}"),
+    }
+    if let Err(e) = PodRecord::remove(dir, &uid) {
+        eprintln!("tidegate-cni: pod {uid}: record not removed: {e}");
+    }
+}

@@ -1,0 +1,457 @@
+//! The per-pod proxies: for each meshed pod on the node, listeners opened
+//! inside the pod's own network namespace — 15001 (outbound capture),
+//! 15006 (plaintext inbound) and 15008 (HBONE inbound) — served by the
+//! gateway's one data path ([`crate::proxy`]) with the pod as origin.
+//!
+//! Pods come from the node agent: `tidegate-cni` over the CNI socket
+//! ([`crate::drains::cni::PodHandover`]), istio-cni over ZDS
+//! ([`super::zds::PodSink`]), or the state directory at start
+//! ([`PodProxies::adopt`]).
+//!
+//! - The same uid in the same namespace (same inode) again: nothing changes.
+//! - The same uid in a new namespace (the sandbox was re-created): the old
+//!   listeners close (their connections finish), new ones open.
+//! - Removal (after the teardown drain): the listeners close; connections
+//!   already accepted finish or end with the gateway's drain.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+use tracing::{info, warn};
+
+use super::capture::CapturePorts;
+use super::state::PodRecord;
+use super::zds;
+use crate::drains::cni::{HandedPod, PodHandover};
+use crate::drains::{DrainEngine, Lifecycle, Trigger};
+use crate::metrics::ProxyMetrics;
+use crate::netns::{ListenOpts, NetnsError, NetnsSockets, PodNetns, MESH_MARK};
+use crate::proxy::inbound::{Inbound, OwnPorts};
+use crate::proxy::origin::{Origin, Pod};
+use crate::proxy::outbound::Outbound;
+use crate::proxy::plaintext::PlaintextInbound;
+use crate::shutdown::{self, ActiveStreams, ShutdownTrigger, ShutdownWatch};
+use crate::workloads::WorkloadStore;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PodError {
+    #[error("pod {uid}: {source}")]
+    Netns { uid: String, source: NetnsError },
+    #[error("pod {uid}: cannot listen on port {port} inside its namespace: {source}")]
+    Listen {
+        uid: String,
+        port: u16,
+        source: NetnsError,
+    },
+}
+
+/// What a pod's node agent says about it.
+#[derive(Clone, Debug)]
+pub struct PodMeta {
+    pub uid: String,
+    pub name: String,
+    pub namespace: String,
+    pub service_account: Option<String>,
+    /// Who handed it over: `cni`, `zds` or `state-dir` (logs, `/config_dump`).
+    pub source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug)]
+struct PodMetrics {
+    pods: Gauge,
+    adds: Family<ResultLabel, Counter>,
+    removes: Counter,
+}
+
+impl PodMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let m = PodMetrics {
+            pods: Gauge::default(),
+            adds: Family::default(),
+            removes: Counter::default(),
+        };
+        let r = registry.sub_registry_with_prefix("inpod");
+        r.register(
+            "pods",
+            "Pods served in their own network namespace",
+            m.pods.clone(),
+        );
+        r.register(
+            "adds",
+            "Pods handed over, by result (added, unchanged, replaced, failed)",
+            m.adds.clone(),
+        );
+        r.register(
+            "removes",
+            "Pods whose listeners were closed",
+            m.removes.clone(),
+        );
+        m
+    }
+
+    fn add(&self, result: &'static str) {
+        self.adds.get_or_create(&ResultLabel { result }).inc();
+    }
+}
+
+struct Served {
+    pod: Arc<Pod>,
+    source: &'static str,
+    /// Closes the pod's listeners.
+    stop: ShutdownTrigger,
+    since: std::time::SystemTime,
+}
+
+/// A served pod as `/config_dump` shows it.
+#[derive(Debug, Serialize)]
+pub struct PodDump {
+    pub uid: String,
+    pub name: String,
+    pub namespace: String,
+    pub netns_inode: u64,
+    pub source: &'static str,
+    pub since_unix_ms: u128,
+}
+
+/// Everything the per-pod listeners share.
+pub struct PodProxies {
+    sockets: NetnsSockets,
+    outbound: Arc<Outbound>,
+    inbound: Arc<Inbound>,
+    workloads: Arc<WorkloadStore>,
+    own_ports: OwnPorts,
+    plaintext_metrics: ProxyMetrics,
+    streams: ActiveStreams,
+    drains: Arc<DrainEngine>,
+    ports: CapturePorts,
+    /// The gateway's drain: inbound tunnels on pod listeners drain with it.
+    drain: ShutdownWatch,
+    served: tokio::sync::Mutex<BTreeMap<String, Served>>,
+    metrics: PodMetrics,
+}
+
+/// The shared parts of the data path the pod listeners are made from.
+pub struct DataPath {
+    pub outbound: Arc<Outbound>,
+    pub inbound: Arc<Inbound>,
+    pub workloads: Arc<WorkloadStore>,
+    pub own_ports: OwnPorts,
+    pub plaintext_metrics: ProxyMetrics,
+    pub streams: ActiveStreams,
+    pub drains: Arc<DrainEngine>,
+}
+
+impl PodProxies {
+    pub fn new(
+        data: DataPath,
+        ports: CapturePorts,
+        drain: ShutdownWatch,
+        registry: &mut Registry,
+    ) -> std::io::Result<Arc<Self>> {
+        Ok(Arc::new(PodProxies {
+            sockets: NetnsSockets::start()?,
+            outbound: data.outbound,
+            inbound: data.inbound,
+            workloads: data.workloads,
+            own_ports: data.own_ports,
+            plaintext_metrics: data.plaintext_metrics,
+            streams: data.streams,
+            drains: data.drains,
+            ports,
+            drain,
+            served: Default::default(),
+            metrics: PodMetrics::register(registry),
+        }))
+    }
+
+    /// Serves `meta` inside `netns`: `added`, `unchanged` (same pod, same
+    /// namespace) or `replaced` (same pod, re-created sandbox).
+    pub async fn add(&self, meta: PodMeta, netns: OwnedFd) -> Result<&'static str, PodError> {
+        let r = self.add_inner(meta, netns).await;
+        self.metrics.add(match &r {
+            Ok(result) => result,
+            Err(_) => "failed",
+        });
+        r
+    }
+
+    async fn add_inner(&self, meta: PodMeta, netns: OwnedFd) -> Result<&'static str, PodError> {
+        let uid = meta.uid.clone();
+        let netns = PodNetns::from_fd(netns).map_err(|source| PodError::Netns {
+            uid: uid.clone(),
+            source,
+        })?;
+        // One add at a time: a repeated ADD racing the first must not open
+        // the listeners twice.
+        let mut served = self.served.lock().await;
+        let replaced = match served.get(&uid) {
+            Some(s) if s.pod.netns.id() == netns.id() => return Ok("unchanged"),
+            Some(_) => true,
+            None => false,
+        };
+        let pod = Arc::new(Pod {
+            uid: uid.clone(),
+            name: meta.name.clone(),
+            namespace: meta.namespace.clone(),
+            service_account: meta.service_account.clone(),
+            netns: Arc::new(netns),
+            sockets: self.sockets.clone(),
+        });
+        let stop = self.listen(&pod).await?;
+        if let Some(old) = served.insert(
+            uid.clone(),
+            Served {
+                pod: pod.clone(),
+                source: meta.source,
+                stop,
+                since: std::time::SystemTime::now(),
+            },
+        ) {
+            old.stop.start(Duration::ZERO);
+        }
+        self.metrics.pods.set(served.len() as i64);
+        let result = if replaced { "replaced" } else { "added" };
+        info!(uid = %uid, pod = %format!("{}/{}", meta.namespace, meta.name), source = meta.source,
+            netns_inode = pod.netns.id().ino, result, "pod served in its own network namespace");
+        Ok(result)
+    }
+
+    /// Opens the pod's three listeners and starts their accept loops;
+    /// the returned trigger closes them.
+    async fn listen(&self, pod: &Arc<Pod>) -> Result<ShutdownTrigger, PodError> {
+        let opts = ListenOpts {
+            mark: MESH_MARK,
+            transparent: false,
+            backlog: 1024,
+        };
+        let any = |port| SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
+        let mut listeners = Vec::new();
+        for port in [
+            self.ports.outbound,
+            self.ports.inbound_plaintext,
+            self.ports.hbone,
+        ] {
+            let l = self
+                .sockets
+                .listen(&pod.netns, any(port), opts)
+                .await
+                .map_err(|source| PodError::Listen {
+                    uid: pod.uid.clone(),
+                    port,
+                    source,
+                })?;
+            listeners.push(l);
+        }
+        let hbone = listeners.pop().expect("three listeners");
+        let plaintext = listeners.pop().expect("three listeners");
+        let outbound = listeners.pop().expect("three listeners");
+        let (stop, watch) = shutdown::channel();
+        let origin = Origin::Pod(pod.clone());
+        tokio::spawn(
+            self.outbound
+                .for_pod(origin.clone())
+                .run(outbound, watch.clone()),
+        );
+        tokio::spawn(self.inbound.for_pod(origin.clone()).run(
+            hbone,
+            watch.clone(),
+            self.drain.clone(),
+        ));
+        let plain = PlaintextInbound::new(
+            self.workloads.clone(),
+            origin,
+            self.own_ports.clone(),
+            self.plaintext_metrics.clone(),
+            self.streams.clone(),
+        );
+        tokio::spawn(plain.run(plaintext, watch));
+        Ok(stop)
+    }
+
+    /// Closes the pod's listeners; `false` when it was not served.
+    pub async fn remove(&self, uid: &str) -> bool {
+        let mut served = self.served.lock().await;
+        let Some(s) = served.remove(uid) else {
+            return false;
+        };
+        s.stop.start(Duration::ZERO);
+        self.metrics.pods.set(served.len() as i64);
+        self.metrics.removes.inc();
+        info!(uid, "pod's listeners closed");
+        true
+    }
+
+    /// The network teardown of a pod its node agent took back: the policy
+    /// decides (the hold is honoured), then the listeners close.
+    pub async fn teardown(&self, uid: &str, trigger: Trigger) {
+        if let Err(e) = self
+            .drains
+            .on_lifecycle(uid, Lifecycle::Teardown, trigger)
+            .await
+        {
+            info!(uid, error = %e, "teardown of a pod discovery does not know; closing its listeners");
+        }
+        self.drains.pod_taken_back(uid);
+        self.remove(uid).await;
+    }
+
+    /// The gateway is stopping: every pod's listeners close.
+    pub async fn stop_accepting(&self) {
+        for s in self.served.lock().await.values() {
+            s.stop.start(Duration::ZERO);
+        }
+    }
+
+    pub async fn uids(&self) -> Vec<String> {
+        self.served.lock().await.keys().cloned().collect()
+    }
+
+    pub async fn dump(&self) -> Vec<PodDump> {
+        let served = self.served.lock().await;
+        served
+            .values()
+            .map(|s| PodDump {
+                uid: s.pod.uid.clone(),
+                name: s.pod.name.clone(),
+                namespace: s.pod.namespace.clone(),
+                netns_inode: s.pod.netns.id().ino,
+                source: s.source,
+                since_unix_ms: s
+                    .since
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis()),
+            })
+            .collect()
+    }
+
+    /// Re-adopts every pod `tidegate-cni` recorded in `dir` (a restarted
+    /// gateway serves them again without a new ADD). A record whose
+    /// namespace is gone is removed: its pod is gone too.
+    pub async fn adopt(self: &Arc<Self>, dir: &Path) -> usize {
+        let mut adopted = 0;
+        for (path, record) in PodRecord::read_all(dir) {
+            let record = match record {
+                Ok(r) => r,
+                Err(e) => {
+                    warn!(file = %path.display(), error = %e, "pod record unreadable; skipped");
+                    continue;
+                }
+            };
+            let fd = match std::fs::File::open(&record.netns) {
+                Ok(f) => OwnedFd::from(f),
+                Err(e) => {
+                    info!(uid = %record.uid, netns = %record.netns, error = %e,
+                        "recorded pod's namespace is gone; record removed");
+                    let _ = std::fs::remove_file(&path);
+                    continue;
+                }
+            };
+            let meta = PodMeta {
+                uid: record.uid.clone(),
+                name: record.name,
+                namespace: record.namespace,
+                service_account: None,
+                source: "state-dir",
+            };
+            match self.add(meta, fd).await {
+                Ok(_) => {
+                    self.drains.pod_handed_over(&record.uid);
+                    adopted += 1;
+                }
+                Err(e) => warn!(uid = %record.uid, error = %e, "recorded pod not re-adopted"),
+            }
+        }
+        adopted
+    }
+}
+
+impl PodHandover for PodProxies {
+    fn add(&self, pod: HandedPod, netns: OwnedFd) -> BoxFuture<'_, Result<&'static str, String>> {
+        Box::pin(async move {
+            let meta = PodMeta {
+                uid: pod.uid,
+                name: pod.name,
+                namespace: pod.namespace,
+                service_account: None,
+                source: "cni",
+            };
+            PodProxies::add(self, meta, netns)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn remove(&self, uid: String) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            PodProxies::remove(self, &uid).await;
+        })
+    }
+}
+
+impl zds::PodSink for PodProxies {
+    type Error = PodError;
+
+    async fn add(&self, pod: zds::Pod, netns: OwnedFd) -> Result<(), PodError> {
+        let uid = pod.uid.clone();
+        let meta = PodMeta {
+            uid: pod.uid,
+            name: pod.name,
+            namespace: pod.namespace,
+            service_account: Some(pod.service_account).filter(|s| !s.is_empty()),
+            source: "zds",
+        };
+        PodProxies::add(self, meta, netns).await?;
+        self.drains.pod_handed_over(&uid);
+        Ok(())
+    }
+
+    async fn keep(&self, uid: &str) -> Result<(), PodError> {
+        // Served already (a gateway restart re-adopts nothing from ZDS: the
+        // agent re-sends an add for each pod it can re-open), or not: either
+        // way there is nothing to open.
+        if !self.served.lock().await.contains_key(uid) {
+            info!(uid, "ZDS keeps a pod this gateway does not serve");
+        }
+        Ok(())
+    }
+
+    async fn del(&self, uid: &str) -> Result<(), PodError> {
+        self.teardown(uid, Trigger::Zds).await;
+        Ok(())
+    }
+
+    async fn snapshot_done(&self, snapshot: &zds::Snapshot) -> Result<(), PodError> {
+        // Pods handed over by ZDS only: tidegate-cni's are not the agent's.
+        let from_zds: Vec<String> = self
+            .served
+            .lock()
+            .await
+            .iter()
+            .filter(|(_, s)| s.source == "zds")
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in from_zds {
+            if !snapshot.named.contains(&uid) {
+                info!(uid = %uid, "pod not in the node agent's snapshot; removing");
+                self.teardown(&uid, Trigger::Zds).await;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,219 @@
+//! Plaintext inbound (port 15006, in-pod mode): a client that does not speak
+//! HBONE (a pod outside the mesh, a node process other than the kubelet's
+//! probes) connects to a meshed pod; the pod's capture rules redirect it
+//! here. The pod's workload decides with the annotation
+//! `tidegate.io/inbound-plaintext`: `allow` (the default) delivers the
+//! connection to the app from inside the pod with the client's own address
+//! as source; `refuse` resets it, counts it and logs it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{debug, info, info_span, warn, Instrument};
+
+use crate::metrics::{AccessLog, ProxyMetrics};
+use crate::proxy::copy::{copy_tcp, Transferred};
+use crate::proxy::origin::Origin;
+use crate::shutdown::{ActiveStreams, ShutdownWatch};
+use crate::workloads::{Workload, WorkloadStore};
+
+/// The workload annotation that allows or refuses plaintext inbound.
+pub const PLAINTEXT_ANNOTATION: &str = "tidegate.io/inbound-plaintext";
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlaintextError {
+    #[error("connection was not redirected (no original destination)")]
+    NotRedirected,
+    #[error("destination {0} is not this pod's address")]
+    NotThisPod(SocketAddr),
+    #[error("destination port {0} is one of the gateway's own ports")]
+    OwnPort(u16),
+    #[error("pod {0} is not known to discovery")]
+    UnknownPod(String),
+    #[error("workload {workload} refuses plaintext inbound (`{PLAINTEXT_ANNOTATION}: {value}`)")]
+    Refused { workload: String, value: String },
+    #[error("app {addr} unreachable: {source}")]
+    Upstream {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+impl PlaintextError {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            PlaintextError::NotRedirected => "not_redirected",
+            PlaintextError::NotThisPod(_) => "not_this_pod",
+            PlaintextError::OwnPort(_) => "illegal_port",
+            PlaintextError::UnknownPod(_) => "unknown_pod",
+            PlaintextError::Refused { .. } => "plaintext_refused",
+            PlaintextError::Upstream { .. } => "upstream_unreachable",
+        }
+    }
+}
+
+/// Whether the workload takes plaintext inbound. A value other than
+/// `allow` or `refuse` refuses (a typo must not open the pod) and is logged
+/// with the key.
+pub fn allows_plaintext(w: &Workload) -> Result<(), String> {
+    match w
+        .spec
+        .annotations
+        .get(PLAINTEXT_ANNOTATION)
+        .map(String::as_str)
+    {
+        None | Some("allow") => Ok(()),
+        Some("refuse") => Err("refuse".into()),
+        Some(other) => {
+            warn!(
+                workload = %w.uid(),
+                key = PLAINTEXT_ANNOTATION,
+                value = other,
+                "unknown value (expected `allow` or `refuse`); plaintext inbound refused"
+            );
+            Err(other.to_owned())
+        }
+    }
+}
+
+/// One pod's plaintext inbound listener.
+pub struct PlaintextInbound {
+    workloads: Arc<WorkloadStore>,
+    /// The pod: connections are delivered inside its namespace.
+    origin: Origin,
+    own_ports: crate::proxy::inbound::OwnPorts,
+    metrics: ProxyMetrics,
+    streams: ActiveStreams,
+}
+
+impl PlaintextInbound {
+    pub fn new(
+        workloads: Arc<WorkloadStore>,
+        origin: Origin,
+        own_ports: crate::proxy::inbound::OwnPorts,
+        metrics: ProxyMetrics,
+        streams: ActiveStreams,
+    ) -> Arc<Self> {
+        Arc::new(PlaintextInbound {
+            workloads,
+            origin,
+            own_ports,
+            metrics,
+            streams,
+        })
+    }
+
+    /// Accepts until `stop` fires.
+    pub async fn run(self: Arc<Self>, listener: TcpListener, mut stop: ShutdownWatch) {
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = stop.signaled() => return,
+            };
+            match accepted {
+                Ok((tcp, src)) => {
+                    let this = self.clone();
+                    tokio::spawn(async move { this.serve(tcp, src).await });
+                }
+                Err(e) => {
+                    debug!(error = %e, "plaintext accept failed");
+                    self.metrics.connection_failed("accept");
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+            }
+        }
+    }
+
+    async fn serve(&self, tcp: TcpStream, src: SocketAddr) {
+        let dst = crate::proxy::listener::original_dst(&tcp);
+        let span = info_span!("inbound_plaintext", src.addr = %src, dst.addr = ?dst);
+        async {
+            self.metrics.connections_opened.inc();
+            let started = Instant::now();
+            let _guard = self.streams.track();
+            let result = match dst {
+                None => Err(PlaintextError::NotRedirected),
+                Some(dst) => self.deliver(&tcp, src, dst).await,
+            };
+            let (moved, outcome) = match result {
+                Ok(moved) => (moved, "ok"),
+                Err(e) => {
+                    match &e {
+                        PlaintextError::Refused { .. } => {
+                            info!(error = %e, "plaintext connection refused")
+                        }
+                        _ => debug!(error = %e, "plaintext connection failed"),
+                    }
+                    self.metrics.connection_failed(e.reason());
+                    // Reset: the client must not take it for an empty answer.
+                    let _ =
+                        socket2::SockRef::from(&tcp).set_linger(Some(std::time::Duration::ZERO));
+                    (Transferred::default(), e.reason())
+                }
+            };
+            self.metrics.stream_ended(outcome);
+            AccessLog {
+                direction: "inbound_plaintext",
+                src_identity: "",
+                dst_identity: "",
+                src_addr: src,
+                dst_addr: dst.unwrap_or(src),
+                moved,
+                duration: started.elapsed(),
+                result: outcome,
+                drained_by: None,
+            }
+            .emit();
+            self.metrics.connections_closed.inc();
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn deliver(
+        &self,
+        tcp: &TcpStream,
+        src: SocketAddr,
+        dst: SocketAddr,
+    ) -> Result<Transferred, PlaintextError> {
+        let pod = self
+            .origin
+            .pod()
+            .expect("plaintext inbound is served in a pod's namespace");
+        if self.own_ports.contains(dst.port()) {
+            return Err(PlaintextError::OwnPort(dst.port()));
+        }
+        let workload = self
+            .workloads
+            .snapshot()
+            .by_uid(&pod.uid)
+            .cloned()
+            .ok_or_else(|| PlaintextError::UnknownPod(pod.uid.clone()))?;
+        if !workload.spec.ips.contains(&dst.ip()) {
+            return Err(PlaintextError::NotThisPod(dst));
+        }
+        allows_plaintext(&workload).map_err(|value| PlaintextError::Refused {
+            workload: format!("{}/{}", workload.spec.namespace, workload.spec.name),
+            value,
+        })?;
+        let upstream = self
+            .origin
+            .connect(dst, Some(src.ip()))
+            .await
+            .map_err(|source| PlaintextError::Upstream { addr: dst, source })?;
+        let _ = upstream.set_nodelay(true);
+        let (up, down) = tokio::join!(copy_tcp(tcp, &upstream), copy_tcp(&upstream, tcp));
+        let moved = Transferred {
+            tcp_to_h2: *up.as_ref().unwrap_or(&0),
+            h2_to_tcp: *down.as_ref().unwrap_or(&0),
+        };
+        for (e, way) in [(up.err(), "client → app"), (down.err(), "app → client")] {
+            if let Some(e) = e {
+                debug!(error = %e, way, "plaintext copy ended with an error");
+            }
+        }
+        Ok(moved)
+    }
+}
