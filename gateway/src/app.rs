@@ -366,6 +366,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         pool: pool.clone(),
         policies: policies.clone(),
         drains: drains.clone(),
+        pods: pods.clone(),
         default_grace: config.drains.default_grace,
         metrics: registry,
         ready: Default::default(),

@@ -3,6 +3,7 @@
 //! iptables REDIRECT, metric readers and a bounded `eventually`.
 
 pub mod cni;
+pub mod inpod;
 pub mod kube_api;
 pub mod lab;
 pub mod netns;

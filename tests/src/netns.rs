@@ -98,8 +98,16 @@ pub fn run(cmdline: &str) {
 }
 
 /// Deletes the namespaces (their veths go with them) when dropped, panic or not.
+#[derive(Default)]
 pub struct NetnsGuard {
     names: Vec<String>,
+}
+
+impl NetnsGuard {
+    /// Deletes `ns` too when dropped.
+    pub fn push(&mut self, ns: &str) {
+        self.names.push(ns.to_owned());
+    }
 }
 
 impl Drop for NetnsGuard {

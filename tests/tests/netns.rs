@@ -108,6 +108,9 @@ async fn echo_round_trip(dst: SocketAddr, data: Arc<Vec<u8>>) -> Result<Vec<u8>,
 #[path = "netns/pod_sockets.rs"]
 mod pod_sockets;
 
+#[path = "netns/inpod.rs"]
+mod inpod;
+
 /// Root, `ip` and `iptables` are needed; says why when skipping.
 fn skip() -> bool {
     // SAFETY: geteuid has no preconditions.

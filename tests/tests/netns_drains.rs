@@ -21,7 +21,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -256,33 +256,6 @@ impl Held {
 // ---------------------------------------------------------------------------
 // tidegate-cni, the real binary.
 
-/// `target/debug/tidegate-cni`, next to the directory of this test
-/// executable (`target/debug/deps`); built once if missing.
-fn cni_binary() -> PathBuf {
-    static BUILT: Mutex<()> = Mutex::new(());
-    let exe = std::env::current_exe().expect("current_exe");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test executable lives in target/<profile>/deps");
-    let bin = profile_dir.join("tidegate-cni");
-    let _once = BUILT.lock().unwrap_or_else(|e| e.into_inner());
-    if !bin.exists() {
-        let out = Command::new(env!("CARGO"))
-            .args(["build", "-p", "tidegate", "--bin", "tidegate-cni"])
-            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-            .output()
-            .expect("run cargo build for tidegate-cni");
-        assert!(
-            out.status.success(),
-            "cargo build -p tidegate --bin tidegate-cni failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    assert!(bin.exists(), "{} missing after the build", bin.display());
-    bin
-}
-
 /// `tidegate-cni` DEL for `uid`, run on a background OS thread (it only
 /// talks to the Unix socket, so the namespace of the thread does not matter).
 struct CniDel {
@@ -292,7 +265,7 @@ struct CniDel {
 
 impl CniDel {
     fn start(socket: &Path, uid: &str, timeout_ms: u64) -> CniDel {
-        let bin = cni_binary();
+        let bin = tidegate_e2e::cni::binary();
         let conf = tidegate_e2e::cni::del_conf(socket, u128::from(timeout_ms));
         let uid = uid.to_owned();
         let started = Instant::now();

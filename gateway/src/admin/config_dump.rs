@@ -1,13 +1,14 @@
 //! `GET /config_dump`: the node, every workload (a local one with its real
 //! lifecycle phase and its policy: name, version, source, why), the inbound
-//! tunnels and the outbound pool.
+//! tunnels, the outbound pool and (in-pod mode) the pods served in their
+//! own namespaces.
 
 use serde_json::{json, Value};
 
 use super::AdminState;
 use crate::workloads::Workload;
 
-pub(super) fn dump(state: &AdminState) -> Value {
+pub(super) async fn dump(state: &AdminState) -> Value {
     let snapshot = state.workloads.snapshot();
     let workloads: Vec<Value> = snapshot.iter().map(|w| workload(state, w)).collect();
     json!({
@@ -16,6 +17,10 @@ pub(super) fn dump(state: &AdminState) -> Value {
         "workloads_generation": snapshot.generation,
         "inbound_tunnels": state.registry.dump(),
         "pool": state.pool.dump(),
+        "capture": match &state.pods {
+            None => json!({"mode": "node"}),
+            Some(pods) => json!({"mode": "inpod", "pods": pods.dump().await}),
+        },
     })
 }
 

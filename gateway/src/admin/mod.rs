@@ -42,6 +42,8 @@ pub struct AdminState {
     pub pool: Arc<Pool>,
     pub policies: Arc<PolicyEngine>,
     pub drains: Arc<crate::drains::DrainEngine>,
+    /// In-pod mode: the pods served in their own namespaces.
+    pub pods: Option<Arc<crate::inpod::pods::PodProxies>>,
     /// `drains.default_grace`: the grace of a `shutdown-starting` without `?grace=`.
     pub default_grace: std::time::Duration,
     pub metrics: prometheus_client::registry::Registry,
@@ -94,7 +96,7 @@ pub async fn admin(state: Arc<AdminState>, req: Request<Incoming>) -> Response<B
             "peer_drains": state.drains.peer_drains(),
         })),
         (&Method::GET, "/policies") => json_response(json!({ "policies": state.policies.list() })),
-        (&Method::GET, "/config_dump") => json_response(config_dump::dump(&state)),
+        (&Method::GET, "/config_dump") => json_response(config_dump::dump(&state).await),
         (_, "/config_dump") => text(StatusCode::METHOD_NOT_ALLOWED, "use GET /config_dump\n"),
         (_, path) => text(
             StatusCode::NOT_FOUND,

@@ -118,6 +118,14 @@ pub fn install(netns: &Path, p: CapturePorts) -> Result<(), CaptureError> {
                     Some(&rules),
                 )?;
             }
+            // A gateway upgraded beside the old one (SO_REUSEPORT): when the
+            // old one closes its listeners, connections still in their accept
+            // queues move to the new one's instead of being reset.
+            run(
+                "sysctl net.ipv4.tcp_migrate_req=1",
+                &["sysctl", "-q", "-w", "net.ipv4.tcp_migrate_req=1"],
+                None,
+            )?;
             let mark = format!("0x{TPROXY_MARK:x}/0xfff");
             let table = ROUTE_TABLE.to_string();
             run_idempotent(&[

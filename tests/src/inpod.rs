@@ -1,0 +1,112 @@
+//! Two nodes whose pods are captured *inside* their own network namespaces
+//! (in-pod mode): namespaces created as a container runtime does (`ip netns
+//! add`, a veth from the node), no capture rule anywhere until `tidegate-cni`
+//! ADD installs them.
+//!
+//! ```text
+//!  pa (meshed client)  10.X.1.2 ──veth── 10.X.1.1 ┐                        ┌ 10.X.2.1 ──veth── 10.X.2.2  pb (meshed server)
+//!  pc (not meshed)     10.X.3.2 ──veth── 10.X.3.1 ┴ na 10.X.0.1 ── 10.X.0.2 nb
+//! ```
+
+use std::net::Ipv4Addr;
+use std::process::Command;
+
+use crate::netns::{run, NetnsGuard, Topology};
+
+pub struct InpodTopology {
+    pub na: String,
+    pub nb: String,
+    pub pa: String,
+    pub pb: String,
+    /// A pod on node A outside the mesh.
+    pub pc: String,
+    pub x: u8,
+}
+
+impl InpodTopology {
+    /// Scenario `k` of a test binary whose namespaces start with `tag`.
+    pub fn new(tag: &str, k: u8) -> InpodTopology {
+        let t = Topology::new(tag, k);
+        InpodTopology {
+            pc: format!("{tag}{}s{k}pc", std::process::id()),
+            na: t.na,
+            nb: t.nb,
+            pa: t.pa,
+            pb: t.pb,
+            x: t.x,
+        }
+    }
+
+    pub fn addr(&self, subnet: u8, host: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, self.x, subnet, host)
+    }
+    pub fn pod_a(&self) -> Ipv4Addr {
+        self.addr(1, 2)
+    }
+    pub fn pod_b(&self) -> Ipv4Addr {
+        self.addr(2, 2)
+    }
+    pub fn pod_c(&self) -> Ipv4Addr {
+        self.addr(3, 2)
+    }
+
+    /// `/var/run/netns/<name>`: what a runtime passes as `CNI_NETNS`.
+    pub fn netns_path(name: &str) -> String {
+        format!("/var/run/netns/{name}")
+    }
+
+    /// Creates the namespaces, veths, addresses, routes and forwarding; no
+    /// iptables rule. The guard is armed before the first namespace exists.
+    pub fn build(&self) -> NetnsGuard {
+        let all = [&self.na, &self.nb, &self.pa, &self.pb, &self.pc];
+        for ns in all {
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+        let mut guard = NetnsGuard::default();
+        for ns in all {
+            run(&format!("ip netns add {ns}"));
+            guard.push(ns);
+            run(&format!("ip -n {ns} link set lo up"));
+        }
+        let (na, nb) = (&self.na, &self.nb);
+        let pairs = [
+            (na, "to-pa", self.addr(1, 1), &self.pa, "eth0", self.pod_a()),
+            (na, "to-pc", self.addr(3, 1), &self.pc, "eth0", self.pod_c()),
+            (nb, "to-pb", self.addr(2, 1), &self.pb, "eth0", self.pod_b()),
+            (na, "to-nb", self.addr(0, 1), nb, "to-na", self.addr(0, 2)),
+        ];
+        for (ns1, if1, a1, ns2, if2, a2) in pairs {
+            run(&format!(
+                "ip -n {ns1} link add {if1} type veth peer name {if2} netns {ns2}"
+            ));
+            run(&format!("ip -n {ns1} addr add {a1}/24 dev {if1}"));
+            run(&format!("ip -n {ns2} addr add {a2}/24 dev {if2}"));
+            run(&format!("ip -n {ns1} link set {if1} up"));
+            run(&format!("ip -n {ns2} link set {if2} up"));
+        }
+        for (pod, gw) in [(&self.pa, 1), (&self.pc, 3), (&self.pb, 2)] {
+            run(&format!(
+                "ip -n {pod} route add default via {}",
+                self.addr(gw, 1)
+            ));
+        }
+        run(&format!(
+            "ip -n {na} route add {}/24 via {}",
+            self.addr(2, 0),
+            self.addr(0, 2)
+        ));
+        for subnet in [1, 3] {
+            run(&format!(
+                "ip -n {nb} route add {}/24 via {}",
+                self.addr(subnet, 0),
+                self.addr(0, 1)
+            ));
+        }
+        for ns in [na, nb] {
+            run(&format!(
+                "ip netns exec {ns} sysctl -q -w net.ipv4.ip_forward=1"
+            ));
+        }
+        guard
+    }
+}

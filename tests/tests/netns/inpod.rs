@@ -1,0 +1,564 @@
+//! In-pod capture end to end (issue 14): two nodes, pods created as a
+//! container runtime does, the real `tidegate-cni` run with the CNI
+//! environment and stdin for ADD and DEL — no test-side capture rule: the
+//! plugin installs them inside each pod — and in-process gateways in
+//! `capture.mode: inpod` inside the node namespaces (topology in
+//! `tidegate_e2e::inpod`).
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tidegate_e2e::cni::{inpod_conf, CniPod};
+use tidegate_e2e::inpod::InpodTopology;
+use tidegate_e2e::netns::{gateway_config, Gateway, NetnsGuard, NsThread, ECHO_PORT, STEP};
+use tidegate_e2e::{metric_or_zero, write_atomically};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::{echo_round_trip, pattern, skip, start_echo};
+
+const CLIENT_UID: &str = "pa-uid";
+const SERVER_UID: &str = "pb-uid";
+
+fn workloads_yaml(t: &InpodTopology, server_annotations: &str) -> String {
+    format!(
+        r#"workloads:
+- {{uid: {CLIENT_UID}, name: client, namespace: demo, service_account: client, ips: [{a}], node: node-a}}
+- {{uid: {SERVER_UID}, name: echo, namespace: demo, service_account: echo, ips: [{b}], node: node-b, annotations: {{{server_annotations}}}}}
+- {{uid: pc-uid, name: legacy, namespace: demo, service_account: legacy, ips: [{c}], node: node-a, protocol: TCP}}
+"#,
+        a = t.pod_a(),
+        b = t.pod_b(),
+        c = t.pod_c(),
+    )
+}
+
+/// A node: its namespace, its gateway's files, a thread to run commands in it.
+struct Node {
+    ns: String,
+    name: &'static str,
+    socket: PathBuf,
+    state: PathBuf,
+    /// Commands (tidegate-cni, probes) run from here, in the node's namespace.
+    shell: NsThread,
+}
+
+impl Node {
+    fn new(dir: &Path, ns: &str, name: &'static str) -> Node {
+        Node {
+            ns: ns.to_owned(),
+            name,
+            socket: dir.join(format!("{name}.sock")),
+            state: dir.join(format!("{name}-pods")),
+            shell: NsThread::idle(ns),
+        }
+    }
+
+    fn config_extra(&self) -> String {
+        format!(
+            "capture:\n  mode: inpod\n  state_dir: {}\ndrains:\n  cni_socket: {}\n",
+            self.state.display(),
+            self.socket.display()
+        )
+    }
+
+    async fn gateway(&self, dir: &Path) -> Gateway {
+        let cfg = gateway_config(
+            self.name,
+            &dir.join("ca"),
+            &dir.join("workloads.yaml"),
+            &self.config_extra(),
+        );
+        Gateway::start(self.name, &self.ns, cfg).await
+    }
+
+    /// `tidegate-cni <command>` for `pod` as the node's runtime runs it.
+    async fn cni(&self, command: &str, pod: CniPod<'static>, pod_ip: IpAddr) -> Output {
+        let conf = inpod_conf(&self.socket, &self.state, pod_ip);
+        let command = command.to_owned();
+        let what = format!("tidegate-cni {command} {}", pod.uid);
+        self.shell
+            .run(&what, STEP, async move {
+                tidegate_e2e::cni::run(&tidegate_e2e::cni::binary(), &command, &pod, &conf)
+                    .expect("run tidegate-cni")
+            })
+            .await
+    }
+}
+
+fn stdout_json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "tidegate-cni printed no JSON ({e}): stdout {:?} stderr {:?}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn ok(what: &str, out: &Output) {
+    assert!(
+        out.status.success(),
+        "{what} failed: stdout {} stderr {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Fields drop in order: gateways and threads first, then their files,
+/// then the namespaces.
+struct Scenario {
+    t: InpodTopology,
+    gw_a: Gateway,
+    gw_b: Gateway,
+    a: Node,
+    b: Node,
+    pa: NsThread,
+    pb: NsThread,
+    pc: NsThread,
+    /// The peer address of every connection pod B's echo server accepted.
+    peers: Arc<Mutex<Vec<SocketAddr>>>,
+    dir: tempfile::TempDir,
+    _guard: NetnsGuard,
+}
+
+fn pa_pod(t: &InpodTopology) -> CniPod<'static> {
+    CniPod {
+        namespace: "demo",
+        name: "client",
+        uid: CLIENT_UID,
+        netns: InpodTopology::netns_path(&t.pa).leak(),
+    }
+}
+
+fn pb_pod(t: &InpodTopology) -> CniPod<'static> {
+    CniPod {
+        namespace: "demo",
+        name: "echo",
+        uid: SERVER_UID,
+        netns: InpodTopology::netns_path(&t.pb).leak(),
+    }
+}
+
+impl Scenario {
+    /// Topology, both gateways, the echo server in pod B; no pod enrolled.
+    async fn start(k: u8) -> Scenario {
+        tidegate_e2e::init_tracing();
+        let t = InpodTopology::new("ip", k);
+        let guard = t.build();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("workloads.yaml"), workloads_yaml(&t, "")).unwrap();
+        let a = Node::new(dir.path(), &t.na, "node-a");
+        let b = Node::new(dir.path(), &t.nb, "node-b");
+        let gw_a = a.gateway(dir.path()).await;
+        let gw_b = b.gateway(dir.path()).await;
+        let (pa, pb, pc) = (
+            NsThread::idle(&t.pa),
+            NsThread::idle(&t.pb),
+            NsThread::idle(&t.pc),
+        );
+        let peers = start_echo(&pb).await;
+        Scenario {
+            t,
+            dir,
+            a,
+            b,
+            gw_a,
+            gw_b,
+            pa,
+            pb,
+            pc,
+            peers,
+            _guard: guard,
+        }
+    }
+
+    /// Enrolls pod A on node A and pod B on node B with `tidegate-cni` ADD.
+    async fn enroll_both(&self) {
+        let out = self
+            .a
+            .cni("ADD", pa_pod(&self.t), self.t.pod_a().into())
+            .await;
+        ok("ADD pod A", &out);
+        // The previous result comes back untouched.
+        assert_eq!(
+            stdout_json(&out)["ips"][0]["address"],
+            format!("{}/24", self.t.pod_a())
+        );
+        let out = self
+            .b
+            .cni("ADD", pb_pod(&self.t), self.t.pod_b().into())
+            .await;
+        ok("ADD pod B", &out);
+    }
+
+    fn server(&self) -> SocketAddr {
+        SocketAddr::new(self.t.pod_b().into(), ECHO_PORT)
+    }
+
+    fn last_peer(&self) -> SocketAddr {
+        *self
+            .peers
+            .lock()
+            .unwrap()
+            .last()
+            .expect("the echo server saw a connection")
+    }
+}
+
+/// A round trip from `from` (a thread in some namespace) to `dst`.
+async fn round_trip(from: &NsThread, dst: SocketAddr, len: usize, seed: u64) -> Result<(), String> {
+    let data = Arc::new(pattern(len, seed));
+    let sent = data.clone();
+    let back = from
+        .run("round trip", STEP, echo_round_trip(dst, sent))
+        .await?;
+    if back != *data {
+        return Err(format!(
+            "{} bytes sent, {} came back different",
+            data.len(),
+            back.len()
+        ));
+    }
+    Ok(())
+}
+
+fn inbound_failed(text: &str, reason: &str) -> f64 {
+    metric_or_zero(
+        text,
+        &format!(
+            r#"tidegate_connections_failed_total{{direction="inbound_plaintext",reason="{reason}"}}"#
+        ),
+    )
+}
+
+#[tokio::test]
+async fn inpod_an_unmodified_client_reaches_a_pod_on_another_node_through_hbone() {
+    if skip() {
+        return;
+    }
+    let s = Scenario::start(0).await;
+    s.enroll_both().await;
+    // 1 byte, 64 KiB and 4 MiB, byte-exact both ways, from a plain socket in pod A.
+    for (len, seed) in [(1, 1), (64 << 10, 2), (4 << 20, 3)] {
+        round_trip(&s.pa, s.server(), len, seed)
+            .await
+            .unwrap_or_else(|e| panic!("{len} bytes: {e}"));
+        // Pod B's app sees pod A's own address as its peer.
+        assert_eq!(s.last_peer().ip(), IpAddr::from(s.t.pod_a()), "{len} bytes");
+    }
+    // One tunnel, from pod A's identity to pod B's, dialed from inside pod A.
+    let dump_a = s.gw_a.admin_ok("GET", "/config_dump").await;
+    let pool = dump_a["pool"].as_array().unwrap();
+    assert_eq!(pool.len(), 1, "{dump_a}");
+    assert_eq!(pool[0]["src"], "spiffe://cluster.local/ns/demo/sa/client");
+    assert_eq!(pool[0]["dst"], "spiffe://cluster.local/ns/demo/sa/echo");
+    let pods_a = &dump_a["capture"]["pods"];
+    assert_eq!(pods_a[0]["uid"], CLIENT_UID, "{dump_a}");
+    assert_eq!(pods_a[0]["source"], "cni");
+    // Gateway B accepted it in pod B's namespace, from pod A's address.
+    let dump_b = s.gw_b.admin_ok("GET", "/config_dump").await;
+    let tunnels = dump_b["inbound_tunnels"].as_array().unwrap();
+    assert_eq!(tunnels.len(), 1, "{dump_b}");
+    assert_eq!(tunnels[0]["workload_uid"], SERVER_UID);
+    assert_eq!(
+        tunnels[0]["peer_identity"],
+        "spiffe://cluster.local/ns/demo/sa/client"
+    );
+    assert_eq!(
+        tunnels[0]["peer_addr"]
+            .as_str()
+            .unwrap()
+            .split(':')
+            .next()
+            .unwrap(),
+        s.t.pod_a().to_string()
+    );
+    // Each application connection went through gateway A's outbound side once.
+    let ma = s.gw_a.metrics().await;
+    assert_eq!(
+        tidegate_e2e::metric(
+            &ma,
+            r#"tidegate_connections_opened_total{direction="outbound"}"#
+        ),
+        3.0
+    );
+}
+
+#[tokio::test]
+async fn inpod_probes_and_a_pods_own_address_bypass_the_gateway_and_plaintext_obeys_the_workload() {
+    if skip() {
+        return;
+    }
+    let s = Scenario::start(1).await;
+    s.enroll_both().await;
+    let opened = |text: &str, dir: &str| {
+        metric_or_zero(
+            text,
+            &format!(r#"tidegate_connections_opened_total{{direction="{dir}"}}"#),
+        )
+    };
+    // A kubelet-style probe from node B's own namespace: SNATed by the rule
+    // ADD put on the node, let through by the pod's rules, straight to the app.
+    let nb = &s.b.shell;
+    round_trip(nb, s.server(), 100, 4)
+        .await
+        .expect("probe from the node");
+    assert_eq!(s.last_peer().ip().to_string(), "169.254.7.127");
+    // Pod B to its own address: not captured.
+    round_trip(&s.pb, s.server(), 100, 5)
+        .await
+        .expect("pod B to itself");
+    assert_eq!(s.last_peer().ip(), IpAddr::from(s.t.pod_b()));
+    let m = s.gw_b.metrics().await;
+    assert_eq!(
+        opened(&m, "outbound"),
+        0.0,
+        "nothing went through gateway B's outbound side"
+    );
+    assert_eq!(
+        opened(&m, "inbound_plaintext"),
+        0.0,
+        "nor its plaintext inbound"
+    );
+    // A pod outside the mesh reaches pod B through 15006, seen with its own address.
+    round_trip(&s.pc, s.server(), 1000, 6)
+        .await
+        .expect("plaintext from pod C");
+    assert_eq!(s.last_peer().ip(), IpAddr::from(s.t.pod_c()));
+    let m = s.gw_b.metrics().await;
+    assert_eq!(opened(&m, "inbound_plaintext"), 1.0);
+    // The workload refuses plaintext: reset, counted, and the app sees nothing.
+    write_atomically(
+        &s.dir.path().join("workloads.yaml"),
+        &workloads_yaml(&s.t, "tidegate.io/inbound-plaintext: refuse"),
+    );
+    tidegate_e2e::wait_for("plaintext refused", STEP, || async {
+        let r = round_trip(&s.pc, s.server(), 10, 7).await;
+        let m = s.gw_b.metrics().await;
+        (r.is_err() && inbound_failed(&m, "plaintext_refused") >= 1.0).then_some(())
+    })
+    .await;
+    let seen = s.peers.lock().unwrap().len();
+    round_trip(&s.pc, s.server(), 10, 8)
+        .await
+        .expect_err("plaintext is refused");
+    assert_eq!(
+        s.peers.lock().unwrap().len(),
+        seen,
+        "a refused connection reached the app"
+    );
+    // Meshed traffic is untouched by the setting.
+    round_trip(&s.pa, s.server(), 100, 8)
+        .await
+        .expect("HBONE still served");
+}
+
+#[tokio::test]
+async fn inpod_cni_add_fails_clearly_and_del_is_idempotent() {
+    if skip() {
+        return;
+    }
+    let s = Scenario::start(2).await;
+    // A pod whose namespace disappeared before ADD ran.
+    let gone = CniPod {
+        netns: "/var/run/netns/tidegate-no-such-pod",
+        ..pb_pod(&s.t)
+    };
+    let out = s.b.cni("ADD", gone, s.t.pod_b().into()).await;
+    assert!(!out.status.success());
+    let err = stdout_json(&out);
+    assert_eq!(err["code"], 3, "{err}");
+    assert!(
+        err["msg"].as_str().unwrap().contains("namespace is gone"),
+        "{err}"
+    );
+    assert!(
+        err["details"]
+            .as_str()
+            .unwrap()
+            .contains("tidegate-no-such-pod"),
+        "{err}"
+    );
+    // The gateway is not listening (a wrong socket): ADD fails, try again
+    // later, and leaves no record behind.
+    let mut wrong = Node::new(s.dir.path(), &s.t.nb, "node-b");
+    wrong.socket = s.dir.path().join("nobody.sock");
+    let out = wrong.cni("ADD", pb_pod(&s.t), s.t.pod_b().into()).await;
+    assert!(!out.status.success());
+    let err = stdout_json(&out);
+    assert_eq!(err["code"], 11, "{err}");
+    assert!(
+        err["msg"]
+            .as_str()
+            .unwrap()
+            .contains("not started outside the mesh"),
+        "{err}"
+    );
+    assert!(tidegate::inpod::state::PodRecord::read_all(&wrong.state).is_empty());
+    // A real ADD, twice: the second changes nothing.
+    for _ in 0..2 {
+        ok(
+            "ADD",
+            &s.b.cni("ADD", pb_pod(&s.t), s.t.pod_b().into()).await,
+        );
+    }
+    let m = s.gw_b.metrics().await;
+    assert_eq!(
+        metric_or_zero(&m, r#"tidegate_inpod_adds_total{result="added"}"#),
+        1.0
+    );
+    assert_eq!(
+        metric_or_zero(&m, r#"tidegate_inpod_adds_total{result="unchanged"}"#),
+        1.0
+    );
+    assert_eq!(tidegate_e2e::metric(&m, "tidegate_inpod_pods"), 1.0);
+    assert_eq!(
+        tidegate::inpod::state::PodRecord::read_all(&s.b.state).len(),
+        1
+    );
+    // DEL twice: both succeed; the listeners close and the record goes.
+    for _ in 0..2 {
+        ok(
+            "DEL",
+            &s.b.cni("DEL", pb_pod(&s.t), s.t.pod_b().into()).await,
+        );
+    }
+    let m = s.gw_b.metrics().await;
+    assert_eq!(tidegate_e2e::metric(&m, "tidegate_inpod_pods"), 0.0);
+    assert!(tidegate::inpod::state::PodRecord::read_all(&s.b.state).is_empty());
+    // DEL of a pod never added succeeds too.
+    let unknown = CniPod {
+        uid: "never-added",
+        ..pb_pod(&s.t)
+    };
+    ok(
+        "DEL unknown",
+        &s.b.cni("DEL", unknown, s.t.pod_b().into()).await,
+    );
+}
+
+/// Opens short connections from pod A to pod B every 10 ms (100/s) until
+/// stopped; counts successes and failures.
+struct Load {
+    stop: tokio::sync::watch::Sender<bool>,
+    done: tokio::sync::oneshot::Receiver<(usize, Vec<String>)>,
+}
+
+impl Load {
+    fn start(pa: &NsThread, dst: SocketAddr) -> Load {
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let (tx, done) = tokio::sync::oneshot::channel();
+        pa.handle.spawn(async move {
+            let (mut ok, mut failed) = (0, Vec::new());
+            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            let mut inflight = tokio::task::JoinSet::new();
+            while !*stopped.borrow() {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        inflight.spawn(async move {
+                            let mut tcp = TcpStream::connect(dst).await.map_err(|e| format!("connect: {e}"))?;
+                            tcp.write_all(b"ping").await.map_err(|e| format!("write: {e}"))?;
+                            tcp.shutdown().await.map_err(|e| format!("shutdown: {e}"))?;
+                            let mut back = Vec::new();
+                            tcp.read_to_end(&mut back).await.map_err(|e| format!("read: {e}"))?;
+                            (back == b"ping").then_some(()).ok_or(format!("got {back:?}"))
+                        });
+                    }
+                    _ = stopped.changed() => {}
+                    Some(r) = inflight.join_next() => match r {
+                        Ok(Ok(())) => ok += 1,
+                        Ok(Err(e)) => failed.push(e),
+                        Err(e) => failed.push(e.to_string()),
+                    },
+                }
+            }
+            while let Some(r) = inflight.join_next().await {
+                match r {
+                    Ok(Ok(())) => ok += 1,
+                    Ok(Err(e)) => failed.push(e),
+                    Err(e) => failed.push(e.to_string()),
+                }
+            }
+            let _ = tx.send((ok, failed));
+        });
+        Load { stop, done }
+    }
+
+    async fn stop(self) -> (usize, Vec<String>) {
+        let _ = self.stop.send(true);
+        tokio::time::timeout(STEP, self.done)
+            .await
+            .expect("load generator stops")
+            .expect("load generator result")
+    }
+}
+
+#[tokio::test]
+async fn inpod_a_restarted_gateway_readopts_its_pods_and_no_request_fails() {
+    if skip() {
+        return;
+    }
+    let s = Scenario::start(3).await;
+    s.enroll_both().await;
+    round_trip(&s.pa, s.server(), 100, 9)
+        .await
+        .expect("warm up");
+    let Scenario {
+        t,
+        gw_a: _gw_a,
+        gw_b: old_b,
+        a: _a,
+        b,
+        pa,
+        pb: _pb,
+        pc: _pc,
+        peers,
+        dir,
+        _guard,
+    } = s;
+    let server = SocketAddr::new(t.pod_b().into(), ECHO_PORT);
+    let load = Load::start(&pa, server);
+    let count = || peers.lock().unwrap().len();
+    tidegate_e2e::wait_for("load flowing", STEP, || async {
+        (count() > 100).then_some(())
+    })
+    .await;
+    // The upgrade on node B: a new gateway binds beside the old one (same
+    // ports inside pod B, SO_REUSEPORT) and re-adopts pod B from the state
+    // directory — no new ADD; then the old one drains and exits.
+    let new_b = b.gateway(dir.path()).await;
+    let m = new_b.metrics().await;
+    assert_eq!(tidegate_e2e::metric(&m, "tidegate_inpod_pods"), 1.0, "{m}");
+    let dump = new_b.admin_ok("GET", "/config_dump").await;
+    assert_eq!(dump["capture"]["pods"][0]["source"], "state-dir", "{dump}");
+    // Dropping it runs its whole shutdown (listeners close, tunnels get
+    // GOAWAY and drain) and joins its thread.
+    drop(old_b);
+    let after = count();
+    // Traffic goes on through the new gateway.
+    tidegate_e2e::wait_for("connections after the restart", STEP, || async {
+        (count() > after + 100).then_some(())
+    })
+    .await;
+    let (ok, failed) = load.stop().await;
+    println!("restart under load: {ok} ok, {} failed", failed.len());
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed: {:?}",
+        failed.len(),
+        ok + failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    let m = new_b.metrics().await;
+    assert!(
+        metric_or_zero(
+            &m,
+            r#"tidegate_connections_opened_total{direction="inbound"}"#
+        ) >= 1.0,
+        "the new gateway took the tunnels: {m}"
+    );
+}
