@@ -292,6 +292,8 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
                 plaintext_metrics: families.direction("inbound_plaintext"),
                 streams: streams.clone(),
                 drains: drains.clone(),
+                tunnels: tunnels.clone(),
+                pool: pool.clone(),
             },
             capture_ports,
             drain.clone(),

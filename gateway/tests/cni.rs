@@ -565,6 +565,20 @@ fn the_cni_socket_bounds_lines_and_answers_bad_ones() {
         )
         .await;
         assert_eq!(answer["result"], "unknown-workload", "{answer}");
+        // A pod handed to a gateway in node capture mode is refused, saying why.
+        let (answer, _) = exchange(
+            &socket,
+            b"{\"command\": \"add\", \"uid\": \"u\", \"netns\": \"/var/run/netns/x\"}\n",
+        )
+        .await;
+        assert_eq!(answer["result"], "error", "{answer}");
+        assert!(
+            answer["error"]
+                .as_str()
+                .unwrap()
+                .contains("capture.mode: node"),
+            "{answer}"
+        );
         app.shutdown().await;
     });
 }

@@ -4,7 +4,7 @@
 //! namespace of the thread that creates them).
 
 use std::future::Future;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::process::Command;
@@ -425,7 +425,17 @@ impl Gateway {
     /// its own thread: the admin listener is 127.0.0.1 of the node namespace.
     /// Returns the status code and the JSON body (`null` if not JSON).
     pub async fn admin(&self, method: &str, path: &str) -> (u16, serde_json::Value) {
-        let addr = self.addrs.admin;
+        self.http(self.addrs.admin, method, path).await
+    }
+
+    /// `GET /healthz/ready` on the readiness listener: its status code.
+    pub async fn readiness(&self) -> u16 {
+        self.http(self.addrs.readiness, "GET", "/healthz/ready")
+            .await
+            .0
+    }
+
+    async fn http(&self, addr: SocketAddr, method: &str, path: &str) -> (u16, serde_json::Value) {
         let request = format!(
             "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
         );

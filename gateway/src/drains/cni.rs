@@ -180,10 +180,8 @@ async fn handle(
     let (head, mut fds) = match first {
         Ok(Ok(x)) => x,
         Ok(Err(e)) => return debug!(error = %e, "cni socket: reading the request failed"),
-        Err(_) => {
-            limits.connections.refused("read_timeout");
-            return debug!("cni socket: no request within the read timeout");
-        }
+        // Silent: the line reader below times out and answers why.
+        Err(_) => (Vec::new(), Vec::new()),
     };
     let (r, mut w) = stream.into_split();
     let req = match read_command(std::io::Cursor::new(head).chain(r), limits.read_timeout).await {

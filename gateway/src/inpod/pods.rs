@@ -41,6 +41,8 @@ use crate::proxy::inbound::{Inbound, OwnPorts};
 use crate::proxy::origin::{Origin, Pod};
 use crate::proxy::outbound::Outbound;
 use crate::proxy::plaintext::PlaintextInbound;
+use crate::proxy::pool::Pool;
+use crate::proxy::tunnels::InboundTunnels;
 use crate::shutdown::{self, ActiveStreams, ShutdownTrigger, ShutdownWatch};
 use crate::workloads::WorkloadStore;
 
@@ -139,6 +141,8 @@ pub struct PodProxies {
     plaintext_metrics: ProxyMetrics,
     streams: ActiveStreams,
     drains: Arc<DrainEngine>,
+    tunnels: Arc<InboundTunnels>,
+    pool: Arc<Pool>,
     ports: CapturePorts,
     /// The gateway's drain: inbound tunnels on pod listeners drain with it.
     drain: ShutdownWatch,
@@ -155,6 +159,8 @@ pub struct DataPath {
     pub plaintext_metrics: ProxyMetrics,
     pub streams: ActiveStreams,
     pub drains: Arc<DrainEngine>,
+    pub tunnels: Arc<InboundTunnels>,
+    pub pool: Arc<Pool>,
 }
 
 impl PodProxies {
@@ -173,6 +179,8 @@ impl PodProxies {
             plaintext_metrics: data.plaintext_metrics,
             streams: data.streams,
             drains: data.drains,
+            tunnels: data.tunnels,
+            pool: data.pool,
             ports,
             drain,
             served: Default::default(),
@@ -284,7 +292,9 @@ impl PodProxies {
         Ok(stop)
     }
 
-    /// Closes the pod's listeners; `false` when it was not served.
+    /// The pod's network is gone (after its teardown drain): its listeners
+    /// close, and whatever tunnels it still has — inbound to it, pooled
+    /// from it — are closed at once. `false` when it was not served.
     pub async fn remove(&self, uid: &str) -> bool {
         let mut served = self.served.lock().await;
         let Some(s) = served.remove(uid) else {
@@ -293,7 +303,14 @@ impl PodProxies {
         s.stop.start(Duration::ZERO);
         self.metrics.pods.set(served.len() as i64);
         self.metrics.removes.inc();
-        info!(uid, "pod's listeners closed");
+        drop(served);
+        let inbound = self.tunnels.close_current(uid, "pod removed");
+        let netns = Some(s.pod.netns.id());
+        let outbound = self.pool.evict_matching(true, |k| k.src_netns == netns);
+        info!(
+            uid,
+            inbound, outbound, "pod's listeners closed; its remaining tunnels closed"
+        );
         true
     }
 

@@ -265,6 +265,23 @@ impl InboundTunnels {
         self.goaway_from_now_on(uid, cmd, Some(Duration::ZERO), "workload deleted")
     }
 
+    /// The tunnels `uid` has now are closed at once, streams reset, with a
+    /// TLS close_notify (its pod's network is gone); tunnels accepted
+    /// later are not affected (a re-added pod). Returns how many.
+    pub fn close_current(&self, uid: &str, label: &str) -> usize {
+        let cmd = GoawayCommand {
+            graceful: false,
+            deadline: Some(Instant::now()),
+            issued: Instant::now(),
+            close_notify: true,
+        };
+        let tunnels = self.for_workload(uid);
+        for t in &tunnels {
+            t.request_goaway(cmd, label);
+        }
+        tunnels.len()
+    }
+
     /// Forgets the drains of `uid` (its record is gone).
     pub fn forget(&self, uid: &str) {
         self.standing.lock().unwrap().remove(uid);

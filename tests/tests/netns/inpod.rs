@@ -42,6 +42,8 @@ struct Node {
     name: &'static str,
     socket: PathBuf,
     state: PathBuf,
+    /// Pods come from istio-cni over ZDS (this socket) instead of tidegate-cni.
+    zds: Option<PathBuf>,
     /// Commands (tidegate-cni, probes) run from here, in the node's namespace.
     shell: NsThread,
 }
@@ -53,11 +55,15 @@ impl Node {
             name,
             socket: dir.join(format!("{name}.sock")),
             state: dir.join(format!("{name}-pods")),
+            zds: None,
             shell: NsThread::idle(ns),
         }
     }
 
     fn config_extra(&self) -> String {
+        if let Some(zds) = &self.zds {
+            return format!("capture:\n  mode: inpod\n  zds_socket: {}\n", zds.display());
+        }
         format!(
             "capture:\n  mode: inpod\n  state_dir: {}\ndrains:\n  cni_socket: {}\n",
             self.state.display(),
@@ -146,13 +152,20 @@ fn pb_pod(t: &InpodTopology) -> CniPod<'static> {
 impl Scenario {
     /// Topology, both gateways, the echo server in pod B; no pod enrolled.
     async fn start(k: u8) -> Scenario {
+        Self::start_with(k, |_| {}).await
+    }
+
+    /// [`Scenario::start`], with node B's settings changed by `b_setup`
+    /// before its gateway starts.
+    async fn start_with(k: u8, b_setup: impl FnOnce(&mut Node)) -> Scenario {
         tidegate_e2e::init_tracing();
         let t = InpodTopology::new("ip", k);
         let guard = t.build();
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("workloads.yaml"), workloads_yaml(&t, "")).unwrap();
         let a = Node::new(dir.path(), &t.na, "node-a");
-        let b = Node::new(dir.path(), &t.nb, "node-b");
+        let mut b = Node::new(dir.path(), &t.nb, "node-b");
+        b_setup(&mut b);
         let gw_a = a.gateway(dir.path()).await;
         let gw_b = b.gateway(dir.path()).await;
         let (pa, pb, pc) = (
@@ -561,4 +574,93 @@ async fn inpod_a_restarted_gateway_readopts_its_pods_and_no_request_fails() {
         ) >= 1.0,
         "the new gateway took the tunnels: {m}"
     );
+}
+
+#[tokio::test]
+async fn inpod_istio_cni_drives_the_gateway_over_zds() {
+    use tidegate_e2e::zds_double::{expect_ack, PodSpec, ZdsDouble};
+    if skip() {
+        return;
+    }
+    let zds_dir = tempfile::tempdir().unwrap();
+    let socket = zds_dir.path().join("ztunnel.sock");
+    let mut double = ZdsDouble::bind(&socket).unwrap();
+    // istio-cni probes an idle connection every 5 s; quicker here.
+    double.probe_interval = Duration::from_millis(20);
+    let s = Scenario::start_with(4, |b| b.zds = Some(socket.clone())).await;
+    // Pod A by tidegate-cni on node A; pod B by istio-cni on node B.
+    ok(
+        "ADD pod A",
+        &s.a.cni("ADD", pa_pod(&s.t), s.t.pod_a().into()).await,
+    );
+    let pod_b = || PodSpec {
+        uid: SERVER_UID.into(),
+        name: "echo".into(),
+        namespace: "demo".into(),
+        service_account: "echo".into(),
+    };
+    let netns_b = || {
+        std::os::fd::OwnedFd::from(std::fs::File::open(InpodTopology::netns_path(&s.t.pb)).unwrap())
+    };
+    let conn = tokio::time::timeout(STEP, double.accept())
+        .await
+        .expect("the gateway connects to the node agent")
+        .expect("hello V1");
+    // Not ready before the snapshot, ready after it.
+    assert_eq!(s.gw_b.readiness().await, 503);
+    conn.snapshot(vec![(pod_b(), netns_b())], &[])
+        .await
+        .expect("snapshot acked");
+    tidegate_e2e::wait_for("ready after the snapshot", STEP, || async {
+        (s.gw_b.readiness().await == 200).then_some(())
+    })
+    .await;
+    // istio-cni's rules inside pod B (what its CNI plugin installs).
+    let pb_path = InpodTopology::netns_path(&s.t.pb);
+    s.b.shell
+        .run("istio-cni's rules in pod B", STEP, async move {
+            tidegate::inpod::capture::install(
+                Path::new(&pb_path),
+                tidegate::inpod::capture::CapturePorts::default(),
+            )
+        })
+        .await
+        .expect("rules installed");
+    round_trip(&s.pa, s.server(), 64 << 10, 10)
+        .await
+        .expect("traffic over ZDS-handed pod");
+    assert_eq!(s.last_peer().ip(), IpAddr::from(s.t.pod_a()));
+    let dump = s.gw_b.admin_ok("GET", "/config_dump").await;
+    assert_eq!(dump["capture"]["pods"][0]["source"], "zds", "{dump}");
+    // The keepalive probe found the quiet connection alive.
+    tidegate_e2e::wait_for("a keepalive probe", STEP, || {
+        std::future::ready((conn.probes() > 0).then_some(()))
+    })
+    .await;
+    // The agent restarts: the gateway reconnects; the same pod in the same
+    // namespace again changes nothing.
+    conn.drop_connection().await;
+    let conn = tokio::time::timeout(STEP, double.accept())
+        .await
+        .expect("the gateway reconnects")
+        .expect("hello V1");
+    conn.snapshot(vec![(pod_b(), netns_b())], &[])
+        .await
+        .expect("second snapshot acked");
+    let m = s.gw_b.metrics().await;
+    assert_eq!(
+        metric_or_zero(&m, r#"tidegate_inpod_adds_total{result="unchanged"}"#),
+        1.0,
+        "{m}"
+    );
+    round_trip(&s.pa, s.server(), 100, 11)
+        .await
+        .expect("still served");
+    // DelWorkload: the teardown drain, then pod B's listeners close.
+    expect_ack("del", conn.del(SERVER_UID).await.unwrap()).unwrap();
+    let m = s.gw_b.metrics().await;
+    assert_eq!(tidegate_e2e::metric(&m, "tidegate_inpod_pods"), 0.0, "{m}");
+    round_trip(&s.pa, s.server(), 100, 12)
+        .await
+        .expect_err("pod B is no longer served");
 }
