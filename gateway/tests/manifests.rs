@@ -33,7 +33,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tidegate::config::{CertificatesConfig, Config, WorkloadSourceKind};
+use tidegate::config::{CaptureMode, CertificatesConfig, Config, WorkloadSourceKind};
 use tidegate::oci::OciAuth;
 
 fn repo() -> PathBuf {
@@ -560,6 +560,47 @@ fn check_invariants(r: &Rendered) -> Config {
         assert_eq!(volumes[&m.name].host_path.as_ref().unwrap().path, host);
     }
 
+    // In-pod capture: tidegate-cni enrolls pods (or, with ZDS, istio-cni
+    // does and tidegate-cni passes them through); the records it writes are
+    // where the gateway reads them; pods' namespaces are visible to it.
+    if config.capture.mode == CaptureMode::Inpod {
+        let enrolls = arg_after(cni, "--capture") == "inpod";
+        assert_eq!(
+            enrolls,
+            config.capture.zds_socket.is_none(),
+            "{}: exactly one of tidegate-cni ADD and istio-cni (ZDS) enrolls pods",
+            r.dir
+        );
+        if enrolls {
+            let state = config
+                .capture
+                .state_dir
+                .as_deref()
+                .expect("capture.state_dir is set");
+            assert_eq!(Path::new(arg_after(cni, "--state-dir")), state);
+            assert!(volume_of(&pod, gw, state).0.host_path.is_some());
+        }
+        if let Some(zds) = &config.capture.zds_socket {
+            let (v, _) = volume_of(&pod, gw, zds);
+            assert_eq!(
+                v.host_path.as_ref().map(|h| h.path.as_str()),
+                Some("/var/run/ztunnel"),
+                "{}: istio-cni's socket directory on the node",
+                r.dir
+            );
+        }
+        let netns = mount_of(gw, Path::new("/var/run/netns"))
+            .expect("pods' namespaces are mounted at /var/run/netns");
+        assert_eq!(netns.mount_propagation.as_deref(), Some("HostToContainer"));
+        assert_eq!(
+            volumes[&netns.name]
+                .host_path
+                .as_ref()
+                .map(|h| h.path.as_str()),
+            Some("/var/run/netns")
+        );
+    }
+
     // Every mount has its volume; a ConfigMap or Secret volume names an
     // object of the render or one the cluster provides (PROVIDED_ELSEWHERE).
     let elsewhere = |kind: &str, name: &str| {
@@ -613,11 +654,17 @@ fn check_invariants(r: &Rendered) -> Config {
             "{}",
             c.name
         );
-        assert!(
-            caps.add.as_ref().is_none_or(|a| a.is_empty()),
-            "{}: adds capabilities",
-            c.name
-        );
+        // In-pod capture: the gateway enters pods' namespaces (SYS_ADMIN),
+        // marks its sockets there and delivers with the client's address
+        // (NET_ADMIN, NET_RAW). Nothing else, and nothing for the installer.
+        let added: BTreeSet<&str> = caps.add.iter().flatten().map(String::as_str).collect();
+        let expected: BTreeSet<&str> =
+            if c.name == "tidegate" && config.capture.mode == CaptureMode::Inpod {
+                ["NET_ADMIN", "NET_RAW", "SYS_ADMIN"].into()
+            } else {
+                BTreeSet::new()
+            };
+        assert_eq!(added, expected, "{}: capabilities added", c.name);
         let res = c
             .resources
             .as_ref()
@@ -890,6 +937,16 @@ fn the_istio_ambient_example_trusts_istiods_root() {
     assert_eq!(key, Path::new("root-cert.pem"));
     // ... while the gateway's own certificates still come from the node.
     assert!(volume_of(&pod, gw, dir).0.host_path.is_some());
+    // Pods come from istio-cni over ZDS; tidegate-cni keeps only its DEL hook.
+    assert_eq!(config.capture.mode, CaptureMode::Inpod);
+    assert_eq!(
+        config.capture.zds_socket.as_deref(),
+        Some(Path::new("/var/run/ztunnel/ztunnel.sock"))
+    );
+    assert_eq!(
+        arg_after(container(&pod, "install-cni"), "--capture"),
+        "node"
+    );
 }
 
 #[test]

@@ -38,6 +38,9 @@ pub struct Options {
     /// Written into our plugin entry when set (the plugin's defaults otherwise).
     pub socket: Option<String>,
     pub timeout_ms: Option<u64>,
+    /// `capture` and `state_dir` keys (in-pod mode), written when set.
+    pub capture: Option<String>,
+    pub state_dir: Option<String>,
     /// Keep re-checking at this interval (install only).
     pub watch: Option<Duration>,
 }
@@ -56,7 +59,8 @@ impl fmt::Display for InstallError {
             InstallError::Usage(m) => write!(
                 f,
                 "{m}\nusage: tidegate-cni install --cni-bin-dir DIR --cni-conf-dir DIR \
-                 [--socket PATH] [--timeout-ms N] [--watch SECONDS]\n       \
+                 [--socket PATH] [--timeout-ms N] [--capture node|inpod] [--state-dir DIR] \
+                 [--watch SECONDS]\n       \
                  tidegate-cni uninstall --cni-bin-dir DIR --cni-conf-dir DIR"
             ),
             InstallError::NoConfig(dir) => write!(
@@ -113,6 +117,8 @@ pub fn parse(command: &str, args: &[String]) -> Result<Options, InstallError> {
         conf_dir: PathBuf::new(),
         socket: None,
         timeout_ms: None,
+        capture: None,
+        state_dir: None,
         watch: None,
     };
     let mut it = args.iter();
@@ -139,6 +145,24 @@ pub fn parse(command: &str, args: &[String]) -> Result<Options, InstallError> {
                             ))
                         })?,
                 );
+            }
+            "--capture" if command == "install" => {
+                let v = value()?;
+                if v != "node" && v != "inpod" {
+                    return Err(InstallError::Usage(format!(
+                        "--capture {v:?} is not node or inpod"
+                    )));
+                }
+                o.capture = Some(v);
+            }
+            "--state-dir" if command == "install" => {
+                let v = value()?;
+                if !v.starts_with('/') {
+                    return Err(InstallError::Usage(format!(
+                        "--state-dir {v:?} is not an absolute path"
+                    )));
+                }
+                o.state_dir = Some(v);
             }
             "--watch" if command == "install" => {
                 let v = value()?;
@@ -216,6 +240,12 @@ fn our_entry(o: &Options) -> Value {
     }
     if let Some(t) = o.timeout_ms {
         e["timeout_ms"] = json!(t);
+    }
+    if let Some(c) = &o.capture {
+        e["capture"] = json!(c);
+    }
+    if let Some(d) = &o.state_dir {
+        e["state_dir"] = json!(d);
     }
     e
 }
