@@ -3,13 +3,20 @@
 //!
 //! ```text
 //! cargo run -p tidegate-e2e --bin zds-double -- --socket /tmp/ztunnel.sock \
-//!     --pod <uid>:<name>:<namespace>:<service-account>:/var/run/netns/<ns> [--pod ...]
+//!     --pod <uid>:<name>:<namespace>:<service-account>:/var/run/netns/<ns> [--pod ...] \
+//!     [--keep <uid> ...]
 //! ```
 //! It accepts one client, checks its hello (V1), sends the snapshot (one
-//! `AddWorkload` per `--pod`, with the namespace as `SCM_RIGHTS`, then
-//! `SnapshotSent`), printing each ack; then reads commands on stdin, one per
-//! line: `del <uid>`, `add <pod spec as above>`, `keep <uid>`, `quit`.
-//! Keepalive probes run every 5 s between requests, as istio-cni's do.
+//! `AddWorkload` per `--pod`, with the namespace as `SCM_RIGHTS`, one
+//! `KeepWorkload` per `--keep`, then `SnapshotSent`), printing each ack;
+//! then reads commands on stdin, one per line: `del <uid>`, `add <pod spec
+//! as above>`, `keep <uid>` (after the snapshot a protocol error, which a
+//! client NACKs — ztunnel then exits), `quit`. Keepalive probes run every
+//! 5 s between requests, as istio-cni's do.
+//!
+//! Checked against ztunnel built from its public source (commit 62d82653):
+//! hello, the snapshot's adds, HBONE traffic between the two pods, and
+//! `DelWorkload` all ACKed (README, "Capture").
 
 use std::io::BufRead;
 use std::os::fd::OwnedFd;
@@ -46,12 +53,18 @@ async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let mut socket = None;
     let mut pods = Vec::new();
+    let mut keeps = Vec::new();
     while let Some(a) = args.next() {
+        if a == "--help" || a == "-h" {
+            println!("zds-double --socket PATH [--pod uid:name:namespace:sa:/netns/path ...] [--keep uid ...]");
+            return Ok(());
+        }
         let value = args.next().with_context(|| format!("{a} needs a value"))?;
         match a.as_str() {
             "--socket" => socket = Some(std::path::PathBuf::from(value)),
             "--pod" => pods.push(pod(&value)?),
-            other => bail!("unknown argument {other:?} (see the file's header)"),
+            "--keep" => keeps.push(value),
+            other => bail!("unknown argument {other:?} (try --help)"),
         }
     }
     let socket = socket.context("--socket is required")?;
@@ -62,6 +75,9 @@ async fn main() -> anyhow::Result<()> {
     for (spec, fd) in pods {
         let uid = spec.uid.clone();
         println!("add {uid}: {}", show(&conn.add(spec, fd).await?));
+    }
+    for uid in keeps {
+        println!("keep {uid}: {}", show(&conn.keep(&uid).await?));
     }
     println!("snapshot_sent: {}", show(&conn.snapshot_sent().await?));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
