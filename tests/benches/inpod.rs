@@ -1,0 +1,604 @@
+//! In-pod capture benchmark (issue 14): a program that prints figures, not a
+//! timed test.
+//!
+//! ```text
+//! cargo bench --workspace --profile dev --bench inpod
+//! ```
+//!
+//! Two nodes in network namespaces with in-process gateways in
+//! `capture.mode: inpod` (their node-level listeners bound too), pods
+//! enrolled by the real `tidegate-cni` ADD:
+//!
+//! - **data path, same run, same gateways**: per-pod listeners (pod A → pod
+//!   B, both enrolled: pod A's 15001 → HBONE from inside pod A → pod B's
+//!   15008) against node-level listeners (pod C → pod D, not enrolled;
+//!   iptables REDIRECT on the nodes to the gateways' node-level 15001/15008),
+//!   each next to raw TCP measured in the same run: loopback inside a pod,
+//!   and node A → pod D across the same veths, uncaptured;
+//! - **ADD → pod proxied**: 100 more pods on node B, each enrolled by
+//!   `tidegate-cni ADD` in turn: the time ADD takes, and the time until a
+//!   plain connection from inside the new pod to pod B's app has gone
+//!   through the pod's own listener and HBONE (p50/p99);
+//! - **memory per pod**: this process's RSS (both gateways live in it) before
+//!   and after those 100 pods, divided by 100 — listeners, tasks and state.
+//!
+//! Every loop is bounded in count and time; the whole run takes about a
+//! minute. Needs root, `ip` and `iptables`; skipped with a note otherwise.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream as StdTcp};
+use std::time::{Duration, Instant};
+
+use tidegate_e2e::cni::{inpod_conf, CniPod};
+use tidegate_e2e::netns::{
+    enter_netns, gateway_config, run, tool_missing, Gateway, NetnsGuard, NsThread, STEP,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const PODS: usize = 100;
+const ECHO: u16 = 8080;
+const SINK: u16 = 8081;
+const TP_MAX_BYTES: u64 = 1 << 30;
+const TP_MAX_TIME: Duration = Duration::from_secs(3);
+const RR_SIZE: usize = 1024;
+const RR_WARMUP: usize = 200;
+const RR_MAX: usize = 20_000;
+const RR_MAX_TIME: Duration = Duration::from_secs(2);
+const CONN_CONCURRENCY: usize = 8;
+const CONN_MAX_TIME: Duration = Duration::from_secs(3);
+
+struct Net {
+    tag: String,
+    x: u8,
+}
+
+impl Net {
+    fn ns(&self, name: &str) -> String {
+        format!("{}{name}", self.tag)
+    }
+    fn ip(&self, subnet: u8, host: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, self.x, subnet, host)
+    }
+    /// Pod A (enrolled, node A), B (enrolled, node B), C (node-level, node
+    /// A), D (node-level, node B); node link 10.x.0.0/24.
+    fn pod_ip(&self, pod: char) -> Ipv4Addr {
+        self.ip(pod_subnet(pod), 2)
+    }
+    /// Extra pod `i` on node B: 10.x.4.(10+i)/32 behind its own veth.
+    fn extra_ip(&self, i: usize) -> Ipv4Addr {
+        self.ip(4, 10 + i as u8)
+    }
+}
+
+fn pod_subnet(pod: char) -> u8 {
+    match pod {
+        'a' => 1,
+        'b' => 2,
+        'c' => 3,
+        _ => 5,
+    }
+}
+
+fn build(net: &Net) -> NetnsGuard {
+    let mut guard = NetnsGuard::default();
+    let (na, nb) = (net.ns("na"), net.ns("nb"));
+    let mut all = vec![na.clone(), nb.clone()];
+    all.extend("abcd".chars().map(|p| net.ns(&format!("p{p}"))));
+    all.extend((0..PODS).map(|i| net.ns(&format!("x{i}"))));
+    for ns in &all {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", ns])
+            .output();
+        run(&format!("ip netns add {ns}"));
+        guard.push(ns);
+        run(&format!("ip -n {ns} link set lo up"));
+    }
+    let veth = |n1: &str, if1: &str, a1: String, n2: &str, if2: &str, a2: String| {
+        run(&format!(
+            "ip -n {n1} link add {if1} type veth peer name {if2} netns {n2}"
+        ));
+        run(&format!("ip -n {n1} addr add {a1} dev {if1}"));
+        run(&format!("ip -n {n2} addr add {a2} dev {if2}"));
+        run(&format!("ip -n {n1} link set {if1} up"));
+        run(&format!("ip -n {n2} link set {if2} up"));
+    };
+    veth(
+        &na,
+        "to-nb",
+        format!("{}/24", net.ip(0, 1)),
+        &nb,
+        "to-na",
+        format!("{}/24", net.ip(0, 2)),
+    );
+    for pod in ['a', 'b', 'c', 'd'] {
+        let node = if pod == 'a' || pod == 'c' { &na } else { &nb };
+        let s = pod_subnet(pod);
+        let ns = net.ns(&format!("p{pod}"));
+        veth(
+            node,
+            &format!("to-p{pod}"),
+            format!("{}/24", net.ip(s, 1)),
+            &ns,
+            "eth0",
+            format!("{}/24", net.ip(s, 2)),
+        );
+        run(&format!(
+            "ip -n {ns} route add default via {}",
+            net.ip(s, 1)
+        ));
+    }
+    for i in 0..PODS {
+        let ns = net.ns(&format!("x{i}"));
+        veth(
+            &nb,
+            &format!("x{i}"),
+            format!("{}/32", net.ip(4, 1)),
+            &ns,
+            "eth0",
+            format!("{}/32", net.extra_ip(i)),
+        );
+        run(&format!(
+            "ip -n {ns} route add {}/32 dev eth0",
+            net.ip(4, 1)
+        ));
+        run(&format!(
+            "ip -n {ns} route add default via {} dev eth0",
+            net.ip(4, 1)
+        ));
+        run(&format!(
+            "ip -n {nb} route add {}/32 dev x{i}",
+            net.extra_ip(i)
+        ));
+    }
+    for s in [2, 5] {
+        run(&format!(
+            "ip -n {na} route add {}/24 via {}",
+            net.ip(s, 0),
+            net.ip(0, 2)
+        ));
+    }
+    for s in [1, 3] {
+        run(&format!(
+            "ip -n {nb} route add {}/24 via {}",
+            net.ip(s, 0),
+            net.ip(0, 1)
+        ));
+    }
+    for n in [&na, &nb] {
+        run(&format!(
+            "ip netns exec {n} sysctl -q -w net.ipv4.ip_forward=1"
+        ));
+    }
+    // Node-level capture for pods C and D (node mode, on the same gateways).
+    run(&format!(
+        "ip netns exec {na} iptables -t nat -A PREROUTING -i to-pc -p tcp -j REDIRECT --to-ports 15001"
+    ));
+    run(&format!(
+        "ip netns exec {nb} iptables -t nat -A PREROUTING -d {} -p tcp --dport 15008 -j REDIRECT --to-ports 15008",
+        net.pod_ip('d')
+    ));
+    guard
+}
+
+fn workloads(net: &Net) -> String {
+    let mut y = String::from("workloads:\n");
+    for (pod, node) in [
+        ('a', "node-a"),
+        ('b', "node-b"),
+        ('c', "node-a"),
+        ('d', "node-b"),
+    ] {
+        y += &format!(
+            "- {{uid: p{pod}, name: p{pod}, namespace: bench, service_account: p{pod}, ips: [{}], node: {node}}}\n",
+            net.pod_ip(pod)
+        );
+    }
+    for i in 0..PODS {
+        y += &format!(
+            "- {{uid: x{i}, name: x{i}, namespace: bench, service_account: x, ips: [{}], node: node-b}}\n",
+            net.extra_ip(i)
+        );
+    }
+    y
+}
+
+/// Echo on 8080, and on 8081 a sink that answers the byte count (8 bytes,
+/// big-endian) once the client half-closes.
+async fn servers(pod: &NsThread) {
+    pod.run("servers", STEP, async {
+        let echo = TcpListener::bind(("0.0.0.0", ECHO)).await.unwrap();
+        let sink = TcpListener::bind(("0.0.0.0", SINK)).await.unwrap();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = echo.accept().await {
+                tokio::spawn(async move {
+                    let _ = tcp.set_nodelay(true);
+                    let (mut r, mut w) = tcp.into_split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                    let _ = w.shutdown().await;
+                });
+            }
+        });
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = sink.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 256 << 10];
+                    let mut n = 0u64;
+                    while let Ok(k) = tcp.read(&mut buf).await {
+                        if k == 0 {
+                            break;
+                        }
+                        n += k as u64;
+                    }
+                    let _ = tcp.write_all(&n.to_be_bytes()).await;
+                });
+            }
+        });
+    })
+    .await;
+}
+
+struct Figures {
+    mb_s: f64,
+    rr_p50_us: f64,
+    rr_p99_us: f64,
+    conns_s: f64,
+    conn_p99_us: f64,
+}
+
+fn pct(sorted: &[Duration], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[i].as_secs_f64() * 1e6
+}
+
+async fn measure(ip: Ipv4Addr) -> Result<Figures, String> {
+    let e = |w: &'static str| move |x: std::io::Error| format!("{w}: {x}");
+    // Throughput: one direction into the sink.
+    let mut tcp = TcpStream::connect((ip, SINK))
+        .await
+        .map_err(e("connect sink"))?;
+    let chunk = vec![0x5au8; 256 << 10];
+    let started = Instant::now();
+    let mut sent = 0u64;
+    while sent < TP_MAX_BYTES && started.elapsed() < TP_MAX_TIME {
+        tcp.write_all(&chunk).await.map_err(e("write"))?;
+        sent += chunk.len() as u64;
+    }
+    tcp.shutdown().await.map_err(e("shutdown"))?;
+    let mut count = [0u8; 8];
+    tcp.read_exact(&mut count).await.map_err(e("sink count"))?;
+    let secs = started.elapsed().as_secs_f64();
+    if u64::from_be_bytes(count) != sent {
+        return Err(format!(
+            "sink counted {} of {sent} bytes",
+            u64::from_be_bytes(count)
+        ));
+    }
+    let mb_s = sent as f64 / secs / 1e6;
+    // Warm 1 KiB request/response.
+    let mut tcp = TcpStream::connect((ip, ECHO))
+        .await
+        .map_err(e("connect echo"))?;
+    tcp.set_nodelay(true).map_err(e("nodelay"))?;
+    let out = vec![7u8; RR_SIZE];
+    let mut back = vec![0u8; RR_SIZE];
+    let mut lat = Vec::new();
+    let started = Instant::now();
+    for i in 0..RR_WARMUP + RR_MAX {
+        if started.elapsed() > RR_MAX_TIME {
+            break;
+        }
+        let t = Instant::now();
+        tcp.write_all(&out).await.map_err(e("rr write"))?;
+        tcp.read_exact(&mut back).await.map_err(e("rr read"))?;
+        if i >= RR_WARMUP {
+            lat.push(t.elapsed());
+        }
+    }
+    lat.sort();
+    // New connections per second, each with one 1 KiB round trip.
+    let deadline = Instant::now() + CONN_MAX_TIME;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..CONN_CONCURRENCY {
+        tasks.spawn(async move {
+            let mut lat = Vec::new();
+            let out = vec![9u8; RR_SIZE];
+            let mut back = vec![0u8; RR_SIZE];
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                let mut tcp = TcpStream::connect((ip, ECHO))
+                    .await
+                    .map_err(|x| format!("connect: {x}"))?;
+                tcp.write_all(&out)
+                    .await
+                    .map_err(|x| format!("write: {x}"))?;
+                tcp.read_exact(&mut back)
+                    .await
+                    .map_err(|x| format!("read: {x}"))?;
+                drop(tcp);
+                lat.push(t.elapsed());
+            }
+            Ok::<_, String>(lat)
+        });
+    }
+    let started = Instant::now();
+    let mut all = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        all.extend(r.map_err(|x| x.to_string())??);
+    }
+    let conns_s = all.len() as f64
+        / started
+            .elapsed()
+            .as_secs_f64()
+            .max(CONN_MAX_TIME.as_secs_f64());
+    all.sort();
+    Ok(Figures {
+        mb_s,
+        rr_p50_us: pct(&lat, 0.5),
+        rr_p99_us: pct(&lat, 0.99),
+        conns_s,
+        conn_p99_us: pct(&all, 0.99),
+    })
+}
+
+/// `tidegate-cni ADD` of pod `uid` (namespace `ns`) on `node`, run from
+/// the node's namespace; when it started and when it returned.
+async fn enroll(
+    sh: &NsThread,
+    bin: &std::path::Path,
+    dir: &std::path::Path,
+    node: &'static str,
+    uid: String,
+    ns: String,
+    ip: Ipv4Addr,
+) -> (Instant, Instant) {
+    let conf = inpod_conf(
+        &dir.join(format!("{node}.sock")),
+        &dir.join(format!("{node}-pods")),
+        ip.into(),
+    );
+    let bin = bin.to_owned();
+    sh.run("tidegate-cni ADD", STEP, async move {
+        let netns = format!("/var/run/netns/{ns}");
+        let pod = CniPod {
+            namespace: "bench",
+            name: &uid,
+            uid: &uid,
+            netns: &netns,
+        };
+        let started = Instant::now();
+        let out = tidegate_e2e::cni::run(&bin, "ADD", &pod, &conf).expect("run tidegate-cni");
+        assert!(
+            out.status.success(),
+            "ADD {uid}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        (started, Instant::now())
+    })
+    .await
+}
+
+fn vm_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// From inside `ns`, until a 1-byte round trip to `dst` succeeds.
+fn first_round_trip(ns: String, dst: SocketAddr, within: Duration) -> Result<Instant, String> {
+    std::thread::spawn(move || {
+        enter_netns(&ns)?;
+        let deadline = Instant::now() + within;
+        loop {
+            let tried = StdTcp::connect_timeout(&dst, Duration::from_secs(1)).and_then(|mut t| {
+                t.set_read_timeout(Some(Duration::from_secs(1)))?;
+                t.write_all(b"x")?;
+                let mut b = [0u8; 1];
+                t.read_exact(&mut b)
+            });
+            if tried.is_ok() {
+                return Ok(Instant::now());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "no round trip from {ns} within {within:?}: {tried:?}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    })
+    .join()
+    .map_err(|_| "round-trip thread panicked".to_string())?
+}
+
+fn main() -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0
+        || tool_missing("ip", "-V")
+        || tool_missing("iptables", "--version")
+    {
+        println!("SKIPPED: needs root, `ip` and `iptables`");
+        return Ok(());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(bench())
+}
+
+async fn bench() -> anyhow::Result<()> {
+    let pid = std::process::id();
+    let net = Net {
+        tag: format!("bi{}", pid % 10_000),
+        x: 200 + (pid % 40) as u8,
+    };
+    println!("in-pod benchmark: {} pods, namespaces {}*", PODS, net.tag);
+    let guard = build(&net);
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("workloads.yaml"), workloads(&net))?;
+    let node = |name: &'static str| {
+        let extra = format!(
+            "capture:\n  mode: inpod\n  state_dir: {d}/{name}-pods\ndrains:\n  cni_socket: {d}/{name}.sock\n",
+            d = dir.path().display()
+        );
+        let mut cfg = gateway_config(
+            name,
+            &dir.path().join("ca"),
+            &dir.path().join("workloads.yaml"),
+            &extra,
+        );
+        // New connections per second from one client pod exceed the default
+        // per-tunnel dial rate (1,000/s) here: raised for both paths alike.
+        cfg.hbone.max_dials_per_second_per_tunnel = 100_000;
+        cfg
+    };
+    let gw_a = Gateway::start("node-a", &net.ns("na"), node("node-a")).await;
+    let gw_b = Gateway::start("node-b", &net.ns("nb"), node("node-b")).await;
+    let shell = |n: &str| NsThread::idle(&net.ns(n));
+    let (sh_a, sh_b) = (shell("na"), shell("nb"));
+    let pods: Vec<NsThread> = "abcd".chars().map(|p| shell(&format!("p{p}"))).collect();
+    for p in &pods[1..] {
+        servers(p).await;
+    }
+    let bin = tidegate_e2e::cni::binary();
+    let add =
+        |sh, node, uid: String, ns: String, ip| enroll(sh, &bin, dir.path(), node, uid, ns, ip);
+    add(&sh_a, "node-a", "pa".into(), net.ns("pa"), net.pod_ip('a')).await;
+    add(&sh_b, "node-b", "pb".into(), net.ns("pb"), net.pod_ip('b')).await;
+
+    // ---- data path: raw, node-level, per-pod; interleaved, 3 rounds ----
+    let paths: [(&str, &NsThread, Ipv4Addr); 4] = [
+        ("raw TCP, loopback in a pod", &pods[3], Ipv4Addr::LOCALHOST),
+        ("raw TCP, node A → pod D", &sh_a, net.pod_ip('d')),
+        ("node-level listeners (C → D)", &pods[2], net.pod_ip('d')),
+        ("per-pod listeners (A → B)", &pods[0], net.pod_ip('b')),
+    ];
+    let mut results: Vec<Vec<Figures>> = paths.iter().map(|_| Vec::new()).collect();
+    for round in 0..3 {
+        for (i, (what, from, ip)) in paths.iter().enumerate() {
+            let ip = *ip;
+            let f = match from
+                .run(
+                    what,
+                    Duration::from_secs(60),
+                    async move { measure(ip).await },
+                )
+                .await
+            {
+                Ok(f) => f,
+                Err(e) => {
+                    for gw in [&gw_a, &gw_b] {
+                        let m = gw.metrics().await;
+                        for l in m.lines().filter(|l| {
+                            !l.starts_with('#') && (l.contains("failed") || l.contains("ended"))
+                        }) {
+                            eprintln!("{}: {l}", gw.name);
+                        }
+                    }
+                    anyhow::bail!("{what}, round {round}: {e}");
+                }
+            };
+            results[i].push(f);
+        }
+    }
+    let med = |v: &[Figures], f: fn(&Figures) -> f64| {
+        let mut x: Vec<f64> = v.iter().map(f).collect();
+        x.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        x[x.len() / 2]
+    };
+    println!("\ndata path (medians of 3 interleaved rounds; ratios to the raw cross-node path):");
+    println!("| path | MB/s | 1 KiB RR p50 µs | p99 µs | new conns/s | conn p99 µs |");
+    println!("|---|---|---|---|---|---|");
+    let base = &results[1];
+    for (i, (what, ..)) in paths.iter().enumerate() {
+        let r = &results[i];
+        println!(
+            "| {what} | {:.0} ({:.2}×) | {:.0} ({:.2}×) | {:.0} | {:.0} ({:.2}×) | {:.0} |",
+            med(r, |f| f.mb_s),
+            med(r, |f| f.mb_s) / med(base, |f| f.mb_s),
+            med(r, |f| f.rr_p50_us),
+            med(r, |f| f.rr_p50_us) / med(base, |f| f.rr_p50_us),
+            med(r, |f| f.rr_p99_us),
+            med(r, |f| f.conns_s),
+            med(r, |f| f.conns_s) / med(base, |f| f.conns_s),
+            med(r, |f| f.conn_p99_us),
+        );
+    }
+    let (node_level, per_pod) = (&results[2], &results[3]);
+    println!(
+        "per-pod / node-level: throughput {:.2}×, RR p50 {:.2}×, new conns/s {:.2}×",
+        med(per_pod, |f| f.mb_s) / med(node_level, |f| f.mb_s),
+        med(per_pod, |f| f.rr_p50_us) / med(node_level, |f| f.rr_p50_us),
+        med(per_pod, |f| f.conns_s) / med(node_level, |f| f.conns_s),
+    );
+
+    // ---- ADD → pod proxied (first half), memory per pod (second half) ----
+    let dst = SocketAddr::new(net.pod_ip('b').into(), ECHO);
+    let half = PODS / 2;
+    let (mut add_ms, mut proxied_ms) = (Vec::new(), Vec::new());
+    let rss_start = vm_rss_kib();
+    for i in 0..half {
+        let ns = net.ns(&format!("x{i}"));
+        let (t0, t1) = add(
+            &sh_b,
+            "node-b",
+            format!("x{i}"),
+            ns.clone(),
+            net.extra_ip(i),
+        )
+        .await;
+        let t2 =
+            first_round_trip(ns, dst, Duration::from_secs(10)).map_err(|e| anyhow::anyhow!(e))?;
+        add_ms.push(t1.duration_since(t0));
+        proxied_ms.push(t2.duration_since(t0));
+    }
+    let rss_mid = vm_rss_kib();
+    for i in half..PODS {
+        let (t0, t1) = add(
+            &sh_b,
+            "node-b",
+            format!("x{i}"),
+            net.ns(&format!("x{i}")),
+            net.extra_ip(i),
+        )
+        .await;
+        add_ms.push(t1.duration_since(t0));
+    }
+    let rss_end = vm_rss_kib();
+    let m = gw_b.metrics().await;
+    let served = tidegate_e2e::metric(&m, "tidegate_inpod_pods");
+    add_ms.sort();
+    proxied_ms.sort();
+    println!("\n{PODS} pods enrolled on node B one after another ({served} pods served, pod B included):");
+    println!(
+        "  tidegate-cni ADD ({PODS} pods): p50 {:.1} ms, p99 {:.1} ms",
+        pct(&add_ms, 0.5) / 1e3,
+        pct(&add_ms, 0.99) / 1e3
+    );
+    println!(
+        "  ADD start → first connection from the new pod proxied ({half} pods): p50 {:.1} ms, p99 {:.1} ms",
+        pct(&proxied_ms, 0.5) / 1e3,
+        pct(&proxied_ms, 0.99) / 1e3
+    );
+    println!(
+        "  memory, pods without traffic ({} pods): RSS {rss_mid} → {rss_end} KiB, {:.1} KiB per pod (three listeners, their tasks, the pod's state)",
+        PODS - half,
+        rss_end.saturating_sub(rss_mid) as f64 / (PODS - half) as f64
+    );
+    println!(
+        "  memory, pods that made one connection ({half} pods): RSS {rss_start} → {rss_mid} KiB, {:.1} KiB per pod (plus its idle HBONE tunnel, both ends)",
+        rss_mid.saturating_sub(rss_start) as f64 / half as f64
+    );
+    drop(pods);
+    drop((sh_a, sh_b, gw_a, gw_b));
+    drop(guard);
+    Ok(())
+}
