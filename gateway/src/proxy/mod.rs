@@ -4,6 +4,8 @@
 //! - [`pool`]: outbound HBONE tunnels per (peer, identity), reused and evicted.
 //! - [`inbound`]: the HBONE listener (15008); routes, authorizes and dials each CONNECT.
 //! - [`tunnels`]: the live inbound tunnels per workload (admin dump, drain engine).
+//! - [`plaintext`]: a pod's 15006 (in-pod mode): plaintext inbound, allowed or refused.
+//! - [`origin`]: where a listener's sockets live — the node's namespace or a pod's.
 //! - [`listener`]: binding and original-destination lookup.
 //! - [`copy`]: moving bytes between an HTTP/2 stream and a TCP socket.
 
