@@ -25,6 +25,7 @@ pub mod config;
 pub mod control_plane;
 pub mod demo;
 pub mod drains;
+pub mod fd_passing;
 pub mod hbone;
 pub mod identity;
 pub mod inpod;

@@ -95,13 +95,7 @@ fn build(net: &Net) -> NetnsGuard {
         run(&format!("ip -n {ns} link set lo up"));
     }
     let veth = |n1: &str, if1: &str, a1: String, n2: &str, if2: &str, a2: String| {
-        run(&format!(
-            "ip -n {n1} link add {if1} type veth peer name {if2} netns {n2}"
-        ));
-        run(&format!("ip -n {n1} addr add {a1} dev {if1}"));
-        run(&format!("ip -n {n2} addr add {a2} dev {if2}"));
-        run(&format!("ip -n {n1} link set {if1} up"));
-        run(&format!("ip -n {n2} link set {if2} up"));
+        tidegate_e2e::netns::veth(n1, if1, &a1, n2, if2, &a2)
     };
     veth(
         &na,

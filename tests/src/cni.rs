@@ -56,10 +56,10 @@ pub struct CniPod<'a> {
     pub netns: &'a str,
 }
 
-/// Runs `bin` for `command` (ADD, DEL, …) on `pod` with `conf` on stdin,
-/// to completion, in the namespace of the calling thread (a runtime runs
-/// plugins in the node's).
-pub fn run(bin: &Path, command: &str, pod: &CniPod<'_>, conf: &str) -> std::io::Result<Output> {
+/// Starts `bin` for `command` (ADD, DEL, …) on `pod` with `conf` on its
+/// stdin (then closed), in the namespace of the calling thread (a runtime
+/// runs plugins in the node's); stdout and stderr are piped.
+pub fn spawn(bin: &Path, command: &str, pod: &CniPod<'_>, conf: &str) -> std::io::Result<Child> {
     let args = format!(
         "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_UID={}",
         pod.namespace, pod.name, pod.uid
@@ -78,7 +78,12 @@ pub fn run(bin: &Path, command: &str, pod: &CniPod<'_>, conf: &str) -> std::io::
     if let Some(mut stdin) = child.stdin.take() {
         stdin.write_all(conf.as_bytes())?;
     }
-    child.wait_with_output()
+    Ok(child)
+}
+
+/// [`spawn`], to completion.
+pub fn run(bin: &Path, command: &str, pod: &CniPod<'_>, conf: &str) -> std::io::Result<Output> {
+    spawn(bin, command, pod, conf)?.wait_with_output()
 }
 
 /// A chained plugin's network configuration for DEL: the gateway's socket,
@@ -101,22 +106,11 @@ pub fn spawn_del(
     uid: &str,
     conf: &str,
 ) -> std::io::Result<Child> {
-    let args = format!(
-        "IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};K8S_POD_UID={uid}"
-    );
-    let mut child = Command::new(bin)
-        .env("CNI_COMMAND", "DEL")
-        .env("CNI_CONTAINERID", "c0ffee")
-        .env("CNI_NETNS", "/var/run/netns/none")
-        .env("CNI_IFNAME", "eth0")
-        .env("CNI_PATH", "/opt/cni/bin")
-        .env("CNI_ARGS", args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(conf.as_bytes())?;
-    }
-    Ok(child)
+    let pod = CniPod {
+        namespace,
+        name,
+        uid,
+        netns: "/var/run/netns/none",
+    };
+    spawn(bin, "DEL", &pod, conf)
 }

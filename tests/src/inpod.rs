@@ -11,7 +11,7 @@
 use std::net::Ipv4Addr;
 use std::process::Command;
 
-use crate::netns::{run, NetnsGuard, Topology};
+use crate::netns::{run, veth, NetnsGuard, Topology};
 
 pub struct InpodTopology {
     pub na: String,
@@ -76,13 +76,7 @@ impl InpodTopology {
             (na, "to-nb", self.addr(0, 1), nb, "to-na", self.addr(0, 2)),
         ];
         for (ns1, if1, a1, ns2, if2, a2) in pairs {
-            run(&format!(
-                "ip -n {ns1} link add {if1} type veth peer name {if2} netns {ns2}"
-            ));
-            run(&format!("ip -n {ns1} addr add {a1}/24 dev {if1}"));
-            run(&format!("ip -n {ns2} addr add {a2}/24 dev {if2}"));
-            run(&format!("ip -n {ns1} link set {if1} up"));
-            run(&format!("ip -n {ns2} link set {if2} up"));
+            veth(ns1, if1, &format!("{a1}/24"), ns2, if2, &format!("{a2}/24"));
         }
         for (pod, gw) in [(&self.pa, 1), (&self.pc, 3), (&self.pb, 2)] {
             run(&format!(

@@ -97,6 +97,19 @@ pub fn run(cmdline: &str) {
     }
 }
 
+/// A veth pair created in `ns1` (`if1`, address `a1` with its prefix) with
+/// its peer placed directly in `ns2` (`if2`, `a2`), both up: the host
+/// namespace is never touched.
+pub fn veth(ns1: &str, if1: &str, a1: &str, ns2: &str, if2: &str, a2: &str) {
+    run(&format!(
+        "ip -n {ns1} link add {if1} type veth peer name {if2} netns {ns2}"
+    ));
+    run(&format!("ip -n {ns1} addr add {a1} dev {if1}"));
+    run(&format!("ip -n {ns2} addr add {a2} dev {if2}"));
+    run(&format!("ip -n {ns1} link set {if1} up"));
+    run(&format!("ip -n {ns2} link set {if2} up"));
+}
+
 /// Deletes the namespaces (their veths go with them) when dropped, panic or not.
 #[derive(Default)]
 pub struct NetnsGuard {
@@ -140,21 +153,13 @@ pub fn build_topology(t: &Topology) -> NetnsGuard {
         run(&format!("ip -n {ns} link set lo up"));
     }
     let (na, nb, pa, pb) = (&t.na, &t.nb, &t.pa, &t.pb);
-    // Veths are created inside the node namespace with the peer placed
-    // directly in the other namespace: the host namespace is never touched.
     let pairs = [
         (na, "to-pa", t.node_a_to_pod(), pa, "eth0", t.pod_a()),
         (nb, "to-pb", t.node_b_to_pod(), pb, "eth0", t.pod_b()),
         (na, "to-nb", t.node_a(), nb, "to-na", t.node_b()),
     ];
     for (ns1, if1, a1, ns2, if2, a2) in pairs {
-        run(&format!(
-            "ip -n {ns1} link add {if1} type veth peer name {if2} netns {ns2}"
-        ));
-        run(&format!("ip -n {ns1} addr add {a1}/24 dev {if1}"));
-        run(&format!("ip -n {ns2} addr add {a2}/24 dev {if2}"));
-        run(&format!("ip -n {ns1} link set {if1} up"));
-        run(&format!("ip -n {ns2} link set {if2} up"));
+        veth(ns1, if1, &format!("{a1}/24"), ns2, if2, &format!("{a2}/24"));
     }
     run(&format!(
         "ip -n {pa} route add default via {}",

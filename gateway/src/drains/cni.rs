@@ -275,27 +275,12 @@ async fn teardown(
 
 /// The first bytes on the connection and the descriptors sent with them.
 async fn recv_with_fds(stream: &UnixStream) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
-    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
-    use std::mem::MaybeUninit;
     stream
         .async_io(tokio::io::Interest::READABLE, || {
             let mut buf = vec![0u8; 4096];
-            let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
-            let mut control = RecvAncillaryBuffer::new(&mut space);
-            let msg = rustix::net::recvmsg(
-                stream,
-                &mut [std::io::IoSliceMut::new(&mut buf)],
-                &mut control,
-                RecvFlags::CMSG_CLOEXEC,
-            )?;
-            let mut fds = Vec::new();
-            for m in control.drain() {
-                if let RecvAncillaryMessage::ScmRights(got) = m {
-                    fds.extend(got);
-                }
-            }
-            buf.truncate(msg.bytes);
-            Ok((buf, fds))
+            let got = crate::fd_passing::recv_with_fds(stream, &mut buf)?;
+            buf.truncate(got.bytes);
+            Ok((buf, got.fds))
         })
         .await
 }

@@ -3,24 +3,16 @@
 //! descriptors received by `SCM_RIGHTS`.
 
 use std::io;
-use std::mem::MaybeUninit;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 
-use rustix::net::{
-    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendFlags,
-    SocketAddrUnix, SocketFlags, SocketType,
-};
+use rustix::net::{AddressFamily, SendFlags, SocketAddrUnix, SocketFlags, SocketType};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 /// The largest message either side reads (istio-cni and ztunnel both read
 /// into 1,024 bytes); a longer datagram arrives truncated.
 pub const MAX_MESSAGE: usize = 1024;
-
-/// Descriptors one read makes room for. Only one is valid; room for more
-/// lets "two fds" be reported as such instead of as a truncated control part.
-const MAX_FDS: usize = 4;
 
 /// One received datagram.
 #[derive(Debug)]
@@ -84,36 +76,21 @@ impl SeqPacket {
     /// except a request without payload, which is invalid anyway.)
     pub async fn recv(&self) -> io::Result<Option<Packet>> {
         self.fd
-            .async_io(Interest::READABLE, |fd| {
-                recv_now(fd).map_err(io::Error::from)
-            })
+            .async_io(Interest::READABLE, |fd| recv_now(fd))
             .await
     }
 }
 
-fn recv_now(fd: &OwnedFd) -> rustix::io::Result<Option<Packet>> {
+fn recv_now(fd: &OwnedFd) -> io::Result<Option<Packet>> {
     let mut buf = [0u8; MAX_MESSAGE];
-    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
-    let mut control = RecvAncillaryBuffer::new(&mut space);
-    let msg = rustix::net::recvmsg(
-        fd,
-        &mut [io::IoSliceMut::new(&mut buf)],
-        &mut control,
-        RecvFlags::CMSG_CLOEXEC,
-    )?;
-    let mut fds = Vec::new();
-    for m in control.drain() {
-        if let RecvAncillaryMessage::ScmRights(got) = m {
-            fds.extend(got);
-        }
-    }
-    if msg.bytes == 0 && fds.is_empty() {
+    let got = crate::fd_passing::recv_with_fds(fd, &mut buf)?;
+    if got.bytes == 0 && got.fds.is_empty() {
         return Ok(None);
     }
     Ok(Some(Packet {
-        bytes: buf[..msg.bytes.min(MAX_MESSAGE)].to_vec(),
-        fds,
-        truncated: msg.flags.contains(ReturnFlags::TRUNC),
-        control_truncated: msg.flags.contains(ReturnFlags::CTRUNC),
+        bytes: buf[..got.bytes.min(MAX_MESSAGE)].to_vec(),
+        fds: got.fds,
+        truncated: got.truncated,
+        control_truncated: got.truncated_fds,
     }))
 }
