@@ -75,9 +75,7 @@ impl SeqPacket {
     /// peer must never send one; no ZDS message encodes to zero bytes
     /// except a request without payload, which is invalid anyway.)
     pub async fn recv(&self) -> io::Result<Option<Packet>> {
-        self.fd
-            .async_io(Interest::READABLE, |fd| recv_now(fd))
-            .await
+        self.fd.async_io(Interest::READABLE, recv_now).await
     }
 }
 
