@@ -25,7 +25,7 @@ use crate::proxy::tunnels::InboundTunnels;
 use crate::shutdown::{self, ActiveStreams, ShutdownTrigger};
 use crate::tls::{CertDir, CertSource, DevCa, TlsContext, TlsMetrics};
 use crate::workloads::{
-    kubernetes, parse_workload_file, WorkloadFileMetrics, WorkloadFileWatcher, WorkloadStore,
+    kubernetes, parse_file, WorkloadFileMetrics, WorkloadFileWatcher, WorkloadStore,
 };
 
 /// The embedded default configuration (`tidegate run` without `--config`).
@@ -94,14 +94,15 @@ pub fn cert_source(config: &Config) -> anyhow::Result<Arc<dyn CertSource>> {
 
 /// Loads the configured workload file once (or the embedded set).
 pub fn load_workloads(config: &Config, store: &Arc<WorkloadStore>) -> anyhow::Result<()> {
-    match &config.workloads.file {
+    let parsed = match &config.workloads.file {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("workloads.file {}", path.display()))?;
-            store.publish(parse_workload_file(&text)?);
+            parse_file(&text)?
         }
-        None => store.publish(parse_workload_file(DEFAULT_WORKLOADS)?),
-    }
+        None => parse_file(DEFAULT_WORKLOADS)?,
+    };
+    store.publish_all(parsed.workloads, parsed.services);
     Ok(())
 }
 
@@ -270,12 +271,21 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         streams.clone(),
         crate::proxy::inbound::InboundMetrics::register(&mut registry),
     );
+    let picker = crate::proxy::endpoints::EndpointPicker::new(
+        pool.clone(),
+        config.hbone.port,
+        config.outbound.endpoint_choice,
+        config.outbound.goaway_skip,
+        crate::proxy::endpoints::EndpointMetrics::register(&mut registry),
+    );
+    let routing = crate::proxy::outbound::Routing::new(picker, &config.outbound, &mut registry);
     let outbound = Outbound::new(
         workloads.clone(),
         pool.clone(),
         config.hbone.port,
         families.direction("outbound"),
         streams.clone(),
+        routing.clone(),
     );
 
     // In-pod mode: each meshed pod gets its own listeners, handed over by
@@ -347,6 +357,13 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             let addr = l.local_addr()?;
             info!(%addr, "demo echo backend listening");
             tasks.spawn(crate::demo::run_echo(l, drain.clone()));
+            for more in &demo.more_echoes {
+                let l = crate::demo::bind_echo(*more)
+                    .await
+                    .with_context(|| format!("demo.more_echoes {more}"))?;
+                info!(addr = %more, "demo echo backend listening");
+                tasks.spawn(crate::demo::run_echo(l, drain.clone()));
+            }
             Some(addr)
         }
         None => None,
@@ -369,6 +386,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         policies: policies.clone(),
         drains: drains.clone(),
         pods: pods.clone(),
+        routing: routing.clone(),
         default_grace: config.drains.default_grace,
         metrics: registry,
         ready: Default::default(),

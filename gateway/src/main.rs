@@ -100,6 +100,7 @@ fn print_next_steps(app: &tidegate::app::App) {
         "\ntidegate is running on the embedded default (demo workloads, development CA).\n\
          Try, in another terminal:\n\
          \n  echo hello | {me} connect --to {echo}\n\
+         \n  echo hi | {me} connect --to 127.0.0.10:80     # the Service `echo`: one of its two endpoints\n\
          \n  {me} workloads     # each workload's state and drain policy, and why\n\
          \n  curl -s http://{admin}/config_dump     # workloads, tunnels, pool\n\
          \n  curl -s http://{admin}/policies        # loaded policies, versions, calls\n\

@@ -333,6 +333,8 @@ fn gateway_workload(policy: &str) -> Workload {
             oci_backend_draining: false,
             namespace_policy: None,
             deletion_deadline_unix_ms: None,
+            services: Vec::new(),
+            ports: Default::default(),
         },
         identity: SpiffeId::new("cluster.local", NS, "checkout"),
         local: true,

@@ -234,6 +234,8 @@ pub struct Options {
     pub client_view_of_echo_sa: String,
     /// Replaces the shared development CA (YAML of the `certificates` key's value).
     pub certificates: Option<String>,
+    /// Replaces both gateways' workload file (Services, more endpoints).
+    pub workloads: Option<String>,
 }
 
 impl Default for Options {
@@ -243,6 +245,7 @@ impl Default for Options {
             server_yaml: String::new(),
             client_view_of_echo_sa: "echo".into(),
             certificates: None,
+            workloads: None,
         }
     }
 }
@@ -316,12 +319,15 @@ impl TwoNodes {
         let ca = dir.path().join("ca");
         let server_wl = dir.path().join("server-workloads.yaml");
         let client_wl = dir.path().join("client-workloads.yaml");
-        std::fs::write(&server_wl, workloads_yaml(octet, "echo")).unwrap();
-        std::fs::write(
-            &client_wl,
-            workloads_yaml(octet, &opts.client_view_of_echo_sa),
-        )
-        .unwrap();
+        let (server_text, client_text) = match &opts.workloads {
+            Some(text) => (text.clone(), text.clone()),
+            None => (
+                workloads_yaml(octet, "echo"),
+                workloads_yaml(octet, &opts.client_view_of_echo_sa),
+            ),
+        };
+        std::fs::write(&server_wl, server_text).unwrap();
+        std::fs::write(&client_wl, client_text).unwrap();
         let echo = echo_server(ip(octet, 2)).await;
         let certs = opts
             .certificates

@@ -17,11 +17,31 @@ pub(super) async fn dump(state: &AdminState) -> Value {
         "workloads_generation": snapshot.generation,
         "inbound_tunnels": state.registry.dump(),
         "pool": state.pool.dump(),
+        "services": services(state, &snapshot),
         "capture": match &state.pods {
             None => json!({"mode": "node"}),
             Some(pods) => json!({"mode": "inpod", "pods": pods.dump().await}),
         },
     })
+}
+
+/// Each Service: its VIPs and ports, and every endpoint with its
+/// conditions and why a new connection would not go there now.
+fn services(state: &AdminState, snapshot: &crate::workloads::WorkloadSnapshot) -> Vec<Value> {
+    snapshot
+        .services()
+        .iter()
+        .map(|svc| {
+            json!({
+                "name": svc.spec.name,
+                "namespace": svc.spec.namespace,
+                "vips": svc.spec.vips,
+                "ports": svc.spec.ports,
+                "endpoints": state.routing.picker.explain(svc),
+                "unresolved": svc.unresolved.iter().map(|(uid, port, why)| json!({"workload_uid": uid, "port": port, "reason": why})).collect::<Vec<_>>(),
+            })
+        })
+        .collect()
 }
 
 /// One workload as its source gave it, plus for a local one:

@@ -44,6 +44,8 @@ pub struct AdminState {
     pub drains: Arc<crate::drains::DrainEngine>,
     /// In-pod mode: the pods served in their own namespaces.
     pub pods: Option<Arc<crate::inpod::pods::PodProxies>>,
+    /// Services' endpoint choice (`/config_dump` shows why one is skipped).
+    pub routing: Arc<crate::proxy::outbound::Routing>,
     /// `drains.default_grace`: the grace of a `shutdown-starting` without `?grace=`.
     pub default_grace: std::time::Duration,
     pub metrics: prometheus_client::registry::Registry,

@@ -16,19 +16,55 @@ use crate::workloads::WorkloadStore;
 pub async fn run(config: Config, args: ConnectArgs) -> anyhow::Result<()> {
     let store = WorkloadStore::new(&config.trust_domain, &config.node_name);
     crate::app::load_workloads(&config, &store)?;
-    let server_identity = match args.server_identity {
+    let snapshot = store.snapshot();
+    // A Service VIP:port: one of its ready endpoints (any, if none is ready).
+    let (to, endpoint_identity) = match snapshot.service_by_vip(args.to.ip(), args.to.port()) {
+        Some(svc) => {
+            let all = svc
+                .endpoints
+                .get(&args.to.port())
+                .map(Vec::as_slice)
+                .unwrap_or(&[]);
+            let ready: Vec<_> = all.iter().filter(|e| e.conditions.ready).collect();
+            let from: Vec<_> = if ready.is_empty() {
+                all.iter().collect()
+            } else {
+                ready
+            };
+            let Some(e) = from.get(fastrand::usize(..from.len().max(1))) else {
+                bail!(
+                    "Service {} has no endpoint for port {}",
+                    svc.key(),
+                    args.to.port()
+                );
+            };
+            let to = std::net::SocketAddr::new(e.ip, e.target_port);
+            eprintln!(
+                "tidegate connect: {} is Service {}; endpoint {} ({}, {} of {})",
+                args.to,
+                svc.key(),
+                to,
+                e.workload.spec.name,
+                from.len(),
+                all.len()
+            );
+            (to, Some(e.workload.identity.clone()))
+        }
+        None => (args.to, None),
+    };
+    let server_identity = match args.server_identity.clone().or(endpoint_identity) {
         Some(id) => id,
-        None => store
-            .snapshot()
-            .by_ip(args.to.ip())
+        None => snapshot
+            .by_ip(to.ip())
             .map(|w| w.identity.clone())
             .with_context(|| {
                 format!(
-                    "{} is not a known workload; pass --server-identity spiffe://... or add it to the workload file",
-                    args.to.ip()
+                    "{} is not a known workload or Service; pass --server-identity spiffe://... or add it to the workload file",
+                    to.ip()
                 )
             })?,
     };
+    let args = ConnectArgs { to, ..args };
     let me = args
         .as_identity
         .unwrap_or_else(|| SpiffeId::new(&config.trust_domain, "default", "tidegate-connect"));

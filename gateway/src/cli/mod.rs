@@ -108,7 +108,7 @@ pub struct WorkloadsArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct ConnectArgs {
-    /// Destination workload address.
+    /// Destination: a workload address, or a Service VIP:port (one of its endpoints).
     #[arg(long)]
     pub to: SocketAddr,
     /// Identity to connect as (needs a certificate from the configured source).

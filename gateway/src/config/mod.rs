@@ -71,6 +71,9 @@ pub struct Config {
     /// How pod traffic reaches the gateway: node-level listeners, or
     /// listeners inside each meshed pod's network namespace.
     pub capture: CaptureConfig,
+    /// Routing of captured connections: Services' endpoint choice, the
+    /// cluster's address ranges.
+    pub outbound: OutboundConfig,
     /// OCI load-balancer backend draining (the `oci-drain` action); off by default.
     pub oci: OciConfig,
     /// Limits of the admin, metrics, readiness and CNI listeners.
@@ -93,6 +96,7 @@ impl Default for Config {
             policies: PoliciesConfig::default(),
             drains: DrainsConfig::default(),
             capture: CaptureConfig::default(),
+            outbound: OutboundConfig::default(),
             oci: OciConfig::default(),
             control_plane: ControlPlaneConfig::default(),
             demo: None,
@@ -357,6 +361,56 @@ impl Default for DrainsConfig {
     }
 }
 
+/// How a Service's endpoint is chosen among the usable ones.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EndpointChoice {
+    /// Two endpoints at random, the one with fewer open streams from here.
+    #[default]
+    P2c,
+    /// One endpoint at random.
+    Random,
+}
+
+/// What becomes of a connection to an address inside the cluster's ranges
+/// that is no known workload or Service.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UnknownInCluster {
+    /// Reset, counted (`reason="unknown_in_cluster"`): never plaintext.
+    #[default]
+    Refuse,
+    /// Plain TCP, as for any address outside the cluster.
+    Passthrough,
+}
+
+/// `outbound`: routing of captured connections.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OutboundConfig {
+    /// The cluster's pod and Service ranges (`10.0.0.0/8`): a destination
+    /// inside them that is no known workload or Service is handled by
+    /// `unknown_in_cluster`. Empty: every unknown address is passed through.
+    pub cluster_cidrs: Vec<Cidr>,
+    pub unknown_in_cluster: UnknownInCluster,
+    pub endpoint_choice: EndpointChoice,
+    /// How long a GOAWAY received from a tunnel to an endpoint keeps it out
+    /// of the choice (a new tunnel to it ends it sooner).
+    #[serde(with = "duration")]
+    pub goaway_skip: Duration,
+}
+
+impl Default for OutboundConfig {
+    fn default() -> Self {
+        OutboundConfig {
+            cluster_cidrs: Vec::new(),
+            unknown_in_cluster: UnknownInCluster::Refuse,
+            endpoint_choice: EndpointChoice::P2c,
+            goaway_skip: Duration::from_secs(10),
+        }
+    }
+}
+
 /// Where the gateway's capture listeners live.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -535,6 +589,9 @@ pub struct BindingSpec {
 pub struct DemoConfig {
     /// Address of the in-process echo backend.
     pub echo: SocketAddr,
+    /// More echo backends (the demo Service's other endpoints).
+    #[serde(default)]
+    pub more_echoes: Vec<SocketAddr>,
 }
 
 impl Config {

@@ -265,6 +265,13 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
         dur("drains.max_hold", d.max_hold, Duration::ZERO, 10 * MIN),
         dur("drains.default_grace", d.default_grace, Duration::ZERO, DAY),
         dur(
+            "outbound.goaway_skip",
+            c.outbound.goaway_skip,
+            Duration::ZERO,
+            HOUR,
+        )
+        .because("0: a GOAWAY alone never takes an endpoint out of the choice"),
+        dur(
             "drains.default_goaway_deadline",
             d.default_goaway_deadline,
             Duration::ZERO,

@@ -28,6 +28,8 @@ pub(super) fn spec(uid: &str, node: &str, ip: [u8; 4]) -> WorkloadSpec {
         oci_backend_draining: false,
         namespace_policy: None,
         deletion_deadline_unix_ms: None,
+        services: Vec::new(),
+        ports: Default::default(),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The data path: the listeners, the tunnels and the bytes.
 //!
 //! - [`outbound`]: the capture listener (15001), one pooled CONNECT stream per connection.
+//! - [`endpoints`]: a Service's endpoint for a new connection, drain-aware.
 //! - [`pool`]: outbound HBONE tunnels per (peer, identity), reused and evicted.
 //! - [`inbound`]: the HBONE listener (15008); routes, authorizes and dials each CONNECT.
 //! - [`tunnels`]: the live inbound tunnels per workload (admin dump, drain engine).
@@ -10,6 +11,7 @@
 //! - [`copy`]: moving bytes between an HTTP/2 stream and a TCP socket.
 
 pub mod copy;
+pub mod endpoints;
 pub mod inbound;
 pub mod listener;
 pub mod origin;

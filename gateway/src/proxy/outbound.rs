@@ -15,6 +15,7 @@ use tracing::{debug, info_span, Instrument};
 use crate::identity::SpiffeId;
 use crate::metrics::{AccessLog, ProxyMetrics};
 use crate::proxy::copy::{copy_bidirectional, copy_tcp, Transferred};
+use crate::proxy::endpoints::EndpointPicker;
 use crate::proxy::origin::Origin;
 use crate::proxy::pool::{Pool, PoolError, PoolKey};
 use crate::shutdown::{ActiveStreams, ShutdownWatch};
@@ -32,6 +33,15 @@ pub enum OutboundError {
     Loop(SocketAddr),
     #[error(transparent)]
     Pool(#[from] PoolError),
+    #[error("Service {service} has no endpoint for port {port}")]
+    NoHealthyEndpoint { service: String, port: u16 },
+    #[error("{0} is inside the cluster's ranges but no known workload or Service (outbound.unknown_in_cluster: refuse)")]
+    UnknownInCluster(std::net::IpAddr),
+    #[error("endpoint {addr} unreachable: {source}")]
+    Endpoint {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("passthrough connect to {addr}: {source}")]
     Passthrough {
         addr: SocketAddr,
@@ -47,6 +57,9 @@ impl OutboundError {
             OutboundError::Loop(_) => "loop",
             OutboundError::Pool(e) => e.reason(),
             OutboundError::Passthrough { .. } => "passthrough_connect",
+            OutboundError::NoHealthyEndpoint { .. } => "no_healthy_endpoint",
+            OutboundError::UnknownInCluster(_) => "unknown_in_cluster",
+            OutboundError::Endpoint { .. } => "endpoint_connect",
         }
     }
 }
@@ -59,6 +72,53 @@ pub struct Outbound {
     streams: ActiveStreams,
     listen_addr: std::sync::OnceLock<SocketAddr>,
     origin: Origin,
+    routing: Arc<Routing>,
+}
+
+/// How destinations that are no workload IP are routed: Services, and the
+/// cluster's ranges.
+pub struct Routing {
+    pub picker: EndpointPicker,
+    pub cluster_cidrs: Vec<crate::config::Cidr>,
+    pub unknown_in_cluster: crate::config::UnknownInCluster,
+    /// `tidegate_outbound_passthrough_total`: connections sent on in plain
+    /// TCP to their original destination (no workload, no Service).
+    pub passthrough: prometheus_client::metrics::counter::Counter,
+}
+
+impl Routing {
+    pub fn new(
+        picker: EndpointPicker,
+        cfg: &crate::config::OutboundConfig,
+        registry: &mut prometheus_client::registry::Registry,
+    ) -> Arc<Self> {
+        let passthrough = prometheus_client::metrics::counter::Counter::default();
+        registry.register(
+            "outbound_passthrough",
+            "Captured connections passed through in plain TCP (destination is no workload and no Service)",
+            passthrough.clone(),
+        );
+        Arc::new(Routing {
+            picker,
+            cluster_cidrs: cfg.cluster_cidrs.clone(),
+            unknown_in_cluster: cfg.unknown_in_cluster,
+            passthrough,
+        })
+    }
+}
+
+/// Where a connection goes once routed.
+enum Route {
+    /// A CONNECT stream on a tunnel to the workload's gateway.
+    Hbone {
+        target: Arc<crate::workloads::Workload>,
+        hbone_ip: std::net::IpAddr,
+        authority: SocketAddr,
+    },
+    /// Plain TCP to this address (a non-mesh Service endpoint).
+    Tcp(SocketAddr),
+    /// Plain TCP to the original destination.
+    Passthrough,
 }
 
 impl Outbound {
@@ -68,6 +128,7 @@ impl Outbound {
         hbone_port: u16,
         metrics: ProxyMetrics,
         streams: ActiveStreams,
+        routing: Arc<Routing>,
     ) -> Arc<Self> {
         Arc::new(Outbound {
             workloads,
@@ -77,6 +138,7 @@ impl Outbound {
             streams,
             listen_addr: std::sync::OnceLock::new(),
             origin: Origin::Node,
+            routing,
         })
     }
 
@@ -92,6 +154,7 @@ impl Outbound {
             streams: self.streams.clone(),
             listen_addr: std::sync::OnceLock::new(),
             origin,
+            routing: self.routing.clone(),
         })
     }
 
@@ -176,22 +239,28 @@ impl Outbound {
         }
         let snapshot = self.workloads.snapshot();
         let source = self.source_identity(&snapshot, src)?;
-        let Some(target) = snapshot
-            .by_ip(dst.ip())
-            .filter(|w| w.spec.protocol == Protocol::Hbone)
-            .cloned()
-        else {
-            return self.passthrough(tcp, src, dst, started).await;
-        };
+        let route = self.route(&snapshot, dst)?;
         drop(snapshot);
+        let (target, hbone_ip, authority) = match route {
+            Route::Passthrough => return self.passthrough(tcp, src, dst, dst, started).await,
+            Route::Tcp(addr) => return self.passthrough(tcp, src, dst, addr, started).await,
+            Route::Hbone {
+                target,
+                hbone_ip,
+                authority,
+            } => (target, hbone_ip, authority),
+        };
         let key = PoolKey {
             src: source,
             dst_uid: target.uid().to_owned(),
             dst: target.identity.clone(),
-            dst_addr: SocketAddr::new(dst.ip(), self.hbone_port),
+            dst_addr: SocketAddr::new(hbone_ip, self.hbone_port),
             src_netns: self.origin.netns(),
         };
-        let stream = self.pool.connect_from(&key, dst, &self.origin).await?;
+        let stream = self
+            .pool
+            .connect_from(&key, authority, &self.origin)
+            .await?;
         self.metrics.streams_open.inc();
         let (moved, result) =
             copy_bidirectional(tcp, stream.send, stream.recv, &self.metrics.bytes).await;
@@ -210,6 +279,53 @@ impl Outbound {
         access_log((&ids.0, &ids.1), src, dst, moved, started, outcome);
         drop(stream.slot);
         Ok(())
+    }
+
+    /// Where `dst` goes: a workload IP first, then a Service VIP:port (an
+    /// endpoint chosen, drain-aware); neither: passthrough — unless it is
+    /// inside the cluster's ranges and `unknown_in_cluster` refuses.
+    fn route(
+        &self,
+        snapshot: &crate::workloads::WorkloadSnapshot,
+        dst: SocketAddr,
+    ) -> Result<Route, OutboundError> {
+        if let Some(w) = snapshot.by_ip(dst.ip()) {
+            return Ok(match w.spec.protocol {
+                Protocol::Hbone => Route::Hbone {
+                    target: w.clone(),
+                    hbone_ip: dst.ip(),
+                    authority: dst,
+                },
+                Protocol::Tcp => Route::Passthrough,
+            });
+        }
+        if let Some(svc) = snapshot.service_by_vip(dst.ip(), dst.port()) {
+            let e = self.routing.picker.pick(svc, dst.port()).ok_or_else(|| {
+                OutboundError::NoHealthyEndpoint {
+                    service: svc.key(),
+                    port: dst.port(),
+                }
+            })?;
+            let addr = SocketAddr::new(e.ip, e.target_port);
+            return Ok(match e.workload.spec.protocol {
+                Protocol::Hbone => Route::Hbone {
+                    target: e.workload.clone(),
+                    hbone_ip: e.ip,
+                    authority: addr,
+                },
+                Protocol::Tcp => Route::Tcp(addr),
+            });
+        }
+        let in_cluster = self
+            .routing
+            .cluster_cidrs
+            .iter()
+            .any(|c| c.contains(dst.ip()));
+        if in_cluster && self.routing.unknown_in_cluster == crate::config::UnknownInCluster::Refuse
+        {
+            return Err(OutboundError::UnknownInCluster(dst.ip()));
+        }
+        Ok(Route::Passthrough)
     }
 
     /// Who is connecting: the pod that owns this listener (never looked up
@@ -258,18 +374,26 @@ impl Outbound {
         std::net::UdpSocket::bind(SocketAddr::new(dst.ip(), 0)).is_ok()
     }
 
+    /// Plain TCP to `to`: the original destination `dst` (passthrough), or
+    /// a non-mesh Service endpoint.
     async fn passthrough(
         &self,
         tcp: &TcpStream,
         src: SocketAddr,
         dst: SocketAddr,
+        to: SocketAddr,
         started: Instant,
     ) -> Result<(), OutboundError> {
-        let upstream = self
-            .origin
-            .connect(dst, None)
-            .await
-            .map_err(|source| OutboundError::Passthrough { addr: dst, source })?;
+        let upstream = self.origin.connect(to, None).await.map_err(|source| {
+            if to == dst {
+                OutboundError::Passthrough { addr: dst, source }
+            } else {
+                OutboundError::Endpoint { addr: to, source }
+            }
+        })?;
+        if to == dst {
+            self.routing.passthrough.inc();
+        }
         let _ = upstream.set_nodelay(true);
         let (up, down) = tokio::join!(copy_tcp(tcp, &upstream), copy_tcp(&upstream, tcp));
         let result = up.and_then(|u| down.map(|d| (u, d)));

@@ -179,6 +179,7 @@ pub struct Tunnel {
     opened: Instant,
     idle_since: Mutex<Option<Instant>>,
     goaways_received: Counter,
+    goaway_seen: GoawaySeen,
 }
 
 impl Tunnel {
@@ -222,6 +223,10 @@ impl Tunnel {
     fn mark_goaway(&self) {
         if !self.goaway.swap(true, Ordering::AcqRel) {
             self.goaways_received.inc();
+            self.goaway_seen
+                .lock()
+                .unwrap()
+                .insert(self.key.dst_uid.clone(), Instant::now());
             debug!(tunnel = self.id, "tunnel received GOAWAY; no new streams");
         }
     }
@@ -269,7 +274,14 @@ pub struct Pool {
     metrics: PoolMetrics,
     dests: Mutex<HashMap<SocketAddr, DestState>>,
     failures: Mutex<Option<tokio::sync::mpsc::UnboundedSender<ConnectFailure>>>,
+    /// When a tunnel to each destination workload (uid) last received
+    /// GOAWAY: usually the earliest sign that it drains (Service endpoint
+    /// choice skips it). Cleared when a new tunnel to it opens.
+    goaway_seen: GoawaySeen,
 }
+
+/// Destination uid → when a tunnel to it last received GOAWAY.
+pub(crate) type GoawaySeen = Arc<Mutex<HashMap<String, Instant>>>;
 
 /// An established CONNECT stream on a pooled tunnel.
 pub struct PooledStream {
@@ -310,7 +322,38 @@ impl Pool {
             metrics: PoolMetrics::register(registry),
             dests: Mutex::new(HashMap::new()),
             failures: Mutex::new(None),
+            goaway_seen: Default::default(),
         })
+    }
+
+    /// When a tunnel to workload `uid` received GOAWAY, if that was within
+    /// `window` and no tunnel to it opened since.
+    pub fn goaway_within(&self, uid: &str, window: Duration) -> Option<Instant> {
+        let seen = *self.goaway_seen.lock().unwrap().get(uid)?;
+        (seen.elapsed() < window).then_some(seen)
+    }
+
+    /// Whether new tunnels to `addr` fail fast (a policy's connect-failing backoff).
+    pub fn is_backing_off(&self, addr: SocketAddr) -> bool {
+        self.backing_off(addr).is_some()
+    }
+
+    /// Streams open now on pooled tunnels to workload `uid`.
+    pub fn open_streams_to(&self, uid: &str) -> usize {
+        self.keys
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| k.dst_uid == uid)
+            .map(|(_, e)| {
+                e.tunnels
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t.streams())
+                    .sum::<usize>()
+            })
+            .sum()
     }
 
     /// Opens a CONNECT stream to `authority` through a tunnel for `key`,
@@ -427,7 +470,10 @@ impl Pool {
             opened: Instant::now(),
             idle_since: Mutex::new(None),
             goaways_received: self.metrics.goaways_received.clone(),
+            goaway_seen: self.goaway_seen.clone(),
         });
+        // The destination takes new tunnels again: whatever GOAWAY said is over.
+        self.goaway_seen.lock().unwrap().remove(&key.dst_uid);
         self.metrics.opened.inc();
         self.metrics.tunnels.inc();
         entry.tunnels.lock().unwrap().push(tunnel.clone());

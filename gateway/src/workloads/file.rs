@@ -20,6 +20,7 @@ use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use tracing::{info, warn};
 
+use super::services::{ServiceSpec, TargetPort};
 use super::{WorkloadSpec, WorkloadStore};
 use crate::shutdown::ShutdownWatch;
 
@@ -28,6 +29,16 @@ use crate::shutdown::ShutdownWatch;
 pub struct WorkloadFile {
     /// Required; `workloads: []` (or an empty value) is the empty set.
     pub workloads: Option<Vec<WorkloadSpec>>,
+    /// Optional: Services (VIPs and ports); workloads join them by name.
+    #[serde(default)]
+    pub services: Vec<ServiceSpec>,
+}
+
+/// A workload file's content, validated.
+#[derive(Clone, Debug, Default)]
+pub struct Parsed {
+    pub workloads: Vec<WorkloadSpec>,
+    pub services: Vec<ServiceSpec>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -54,8 +65,13 @@ impl WorkloadFileError {
     }
 }
 
-/// Parses and validates a workload file's text.
+/// Parses and validates a workload file's text: its workloads.
 pub fn parse_workload_file(text: &str) -> Result<Vec<WorkloadSpec>, WorkloadFileError> {
+    parse_file(text).map(|p| p.workloads)
+}
+
+/// Parses and validates a workload file's text: workloads and Services.
+pub fn parse_file(text: &str) -> Result<Parsed, WorkloadFileError> {
     if text.trim().is_empty() {
         return Err(WorkloadFileError::Empty("is empty"));
     }
@@ -100,7 +116,87 @@ pub fn parse_workload_file(text: &str) -> Result<Vec<WorkloadSpec>, WorkloadFile
             return Err(bad("namespace", e.to_string()));
         }
     }
-    Ok(workloads)
+    let services = file.services;
+    check_services(&services, &workloads, &ips)?;
+    Ok(Parsed {
+        workloads,
+        services,
+    })
+}
+
+/// Services: a name, VIPs no workload uses, TCP ports once per VIP; every
+/// Service a workload names exists.
+fn check_services(
+    services: &[ServiceSpec],
+    workloads: &[WorkloadSpec],
+    workload_ips: &HashSet<std::net::IpAddr>,
+) -> Result<(), WorkloadFileError> {
+    let mut keys = HashSet::new();
+    let mut vip_ports = HashSet::new();
+    for (i, svc) in services.iter().enumerate() {
+        let bad = |field: &str, message: String| WorkloadFileError::Invalid {
+            key: format!("services[{i}].{field}"),
+            message,
+        };
+        if svc.name.is_empty() {
+            return Err(bad("name", "must not be empty".into()));
+        }
+        if !keys.insert(svc.key()) {
+            return Err(bad("name", format!("duplicate Service {}", svc.key())));
+        }
+        if svc.vips.is_empty() {
+            return Err(bad("vips", "at least one VIP is required".into()));
+        }
+        if svc.ports.is_empty() {
+            return Err(bad("ports", "at least one port is required".into()));
+        }
+        for vip in &svc.vips {
+            if workload_ips.contains(vip) {
+                return Err(bad("vips", format!("{vip} is a workload's IP")));
+            }
+        }
+        for (j, p) in svc.ports.iter().enumerate() {
+            let bad = |field: &str, message: String| WorkloadFileError::Invalid {
+                key: format!("services[{i}].ports[{j}].{field}"),
+                message,
+            };
+            if p.port == 0 {
+                return Err(bad("port", "must not be 0".into()));
+            }
+            if p.protocol != "TCP" {
+                return Err(bad(
+                    "protocol",
+                    format!("{:?}: only TCP is carried", p.protocol),
+                ));
+            }
+            if let Some(TargetPort::Number(0)) = p.target_port {
+                return Err(bad("target_port", "must not be 0".into()));
+            }
+            for vip in &svc.vips {
+                if !vip_ports.insert((*vip, p.port)) {
+                    return Err(bad(
+                        "port",
+                        format!("{vip}:{} belongs to two Services", p.port),
+                    ));
+                }
+            }
+        }
+    }
+    for (i, w) in workloads.iter().enumerate() {
+        for (j, name) in w.services.iter().enumerate() {
+            let key = match name.split_once('/') {
+                Some(_) => name.clone(),
+                None => format!("{}/{name}", w.namespace),
+            };
+            if !keys.contains(&key) {
+                return Err(WorkloadFileError::Invalid {
+                    key: format!("workloads[{i}].services[{j}]"),
+                    message: format!("no Service {key} in the file's `services`"),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -167,7 +263,8 @@ impl WorkloadFileWatcher {
         metrics: WorkloadFileMetrics,
     ) -> Result<Self, WorkloadFileError> {
         let text = read(path)?;
-        store.publish(parse_workload_file(&text)?);
+        let parsed = parse_file(&text)?;
+        store.publish_all(parsed.workloads, parsed.services);
         Ok(WorkloadFileWatcher {
             path: path.to_owned(),
             interval,
@@ -224,11 +321,12 @@ impl WorkloadFileWatcher {
     }
 
     fn apply(&mut self, text: String) {
-        match parse_workload_file(&text) {
-            Ok(specs) => {
-                info!(path = %self.path.display(), workloads = specs.len(), "workload file reloaded");
+        match parse_file(&text) {
+            Ok(parsed) => {
+                info!(path = %self.path.display(), workloads = parsed.workloads.len(),
+                    services = parsed.services.len(), "workload file reloaded");
                 self.metrics.reloads.inc();
-                self.store.publish(specs);
+                self.store.publish_all(parsed.workloads, parsed.services);
             }
             Err(e) => {
                 self.metrics.rejected(&e);

@@ -8,9 +8,11 @@
 
 mod file;
 pub mod kubernetes;
+pub mod services;
 
 pub use file::{
-    parse_workload_file, WorkloadFile, WorkloadFileError, WorkloadFileMetrics, WorkloadFileWatcher,
+    parse_file, parse_workload_file, Parsed, WorkloadFile, WorkloadFileError, WorkloadFileMetrics,
+    WorkloadFileWatcher,
 };
 
 use std::collections::{BTreeMap, HashMap};
@@ -80,6 +82,13 @@ pub struct WorkloadSpec {
     /// engine uses `drains.default_grace`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deletion_deadline_unix_ms: Option<u64>,
+    /// The Services this workload is an endpoint of: `<name>` (its own
+    /// namespace) or `<namespace>/<name>`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<String>,
+    /// Named ports (a Service's `target_port` by name resolves here).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ports: BTreeMap<String, u16>,
 }
 
 fn default_namespace() -> String {
@@ -123,6 +132,8 @@ impl Workload {
 pub struct WorkloadSnapshot {
     by_uid: BTreeMap<String, Arc<Workload>>,
     by_ip: HashMap<IpAddr, Arc<Workload>>,
+    services: Vec<Arc<services::Service>>,
+    by_vip: HashMap<(IpAddr, u16), Arc<services::Service>>,
     /// Bumped on every publish.
     pub generation: u64,
 }
@@ -134,6 +145,20 @@ impl WorkloadSnapshot {
 
     pub fn by_uid(&self, uid: &str) -> Option<&Arc<Workload>> {
         self.by_uid.get(uid)
+    }
+
+    /// The Service with `vip` as an address and `port` as a port.
+    pub fn service_by_vip(&self, vip: IpAddr, port: u16) -> Option<&Arc<services::Service>> {
+        self.by_vip.get(&(vip, port))
+    }
+
+    /// Whether `ip` is some Service's VIP (on any port).
+    pub fn is_vip(&self, ip: IpAddr) -> bool {
+        self.services.iter().any(|s| s.spec.vips.contains(&ip))
+    }
+
+    pub fn services(&self) -> &[Arc<services::Service>] {
+        &self.services
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Workload>> {
@@ -183,7 +208,21 @@ impl WorkloadStore {
 
     /// Replaces the whole set atomically. The specs were validated by their
     /// source (the file parser; Kubernetes discovery gives each IP one owner).
+    /// Replaces the workloads, keeping the Services (resolved again
+    /// against the new workloads).
     pub fn publish(&self, specs: Vec<WorkloadSpec>) {
+        let services = self
+            .current
+            .load()
+            .services
+            .iter()
+            .map(|s| s.spec.clone())
+            .collect();
+        self.publish_all(specs, services);
+    }
+
+    /// Replaces the workloads and the Services together.
+    pub fn publish_all(&self, specs: Vec<WorkloadSpec>, services: Vec<services::ServiceSpec>) {
         let generation = self.current.load().generation + 1;
         let mut snap = WorkloadSnapshot {
             generation,
@@ -202,6 +241,7 @@ impl WorkloadStore {
             }
             snap.by_uid.insert(w.spec.uid.clone(), w);
         }
+        (snap.services, snap.by_vip) = services::resolve(services, &snap.by_uid);
         self.current.store(Arc::new(snap));
         self.changed.send_replace(generation);
     }

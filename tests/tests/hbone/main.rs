@@ -10,4 +10,5 @@ mod policies;
 mod pool;
 mod raw_h2;
 mod rejections;
+mod services;
 mod zds;

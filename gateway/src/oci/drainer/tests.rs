@@ -26,6 +26,8 @@ fn spec(uid: &str, ips: &[&str]) -> WorkloadSpec {
         oci_backend_draining: true,
         namespace_policy: None,
         deletion_deadline_unix_ms: None,
+        services: Vec::new(),
+        ports: Default::default(),
     }
 }
 

@@ -213,6 +213,8 @@ fn pod_spec(
         oci_backend_draining: facts.is_some_and(|f| f.oci_draining),
         namespace_policy: ns_labels.and_then(|l| l.get(&cfg.policy_label)).cloned(),
         deletion_deadline_unix_ms: deadline.map(|ms| ms.max(0) as u64),
+        services: Vec::new(),
+        ports: Default::default(),
     })
 }
 

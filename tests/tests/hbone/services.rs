@@ -1,0 +1,363 @@
+//! Services (issue 15): a VIP in front of three endpoints on node B; the
+//! client gateway picks one per new connection and never a draining one
+//! when another will do. Each endpoint's backend counts its connections, so
+//! "no new connection reaches it" is counted where it matters.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tidegate_e2e::{
+    eventually, ip, metric_or_zero, plugin, round_trip, write_atomically, Capture, Options,
+    TwoNodes,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// An echo backend that counts the connections it accepted.
+async fn counting_echo(addr: SocketAddr) -> (SocketAddr, Arc<AtomicUsize>) {
+    let l = TcpListener::bind(addr).await.unwrap();
+    let bound = l.local_addr().unwrap();
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = l.accept().await {
+            seen.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let (mut r, mut w) = tcp.into_split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    (bound, count)
+}
+
+const VIP_HOST: u8 = 100;
+const EMPTY_VIP_HOST: u8 = 101;
+
+/// Endpoint workloads `e{i}` at 127.octet.0.(10+i), all on node B, members
+/// of Service `echo` (named port `http`) whose state is given; `e0` is also
+/// in Service `second` (numeric target port). The client at .3 on node A.
+fn services_yaml(octet: u8, port: u16, states: &[&str]) -> String {
+    let mut y = format!(
+        "workloads:\n- {{uid: client-uid, name: client, namespace: demo, service_account: client, ips: [{}], node: node-a}}\n",
+        ip(octet, 3)
+    );
+    for (i, state) in states.iter().enumerate() {
+        let services = if i == 0 { "[echo, second]" } else { "[echo]" };
+        y += &format!(
+            "- {{uid: e{i}, name: e{i}, namespace: demo, service_account: echo, ips: [{}], node: node-b, state: {state}, services: {services}, ports: {{http: {port}}}}}\n",
+            ip(octet, 10 + i as u8)
+        );
+    }
+    y += &format!(
+        "services:\n\
+         - {{name: echo, namespace: demo, vips: [{vip}], ports: [{{port: 80, target_port: http}}]}}\n\
+         - {{name: second, namespace: demo, vips: [{vip2}], ports: [{{port: 81, target_port: {port}}}]}}\n\
+         - {{name: empty, namespace: demo, vips: [{empty}], ports: [{{port: 80}}]}}\n",
+        vip = ip(octet, VIP_HOST),
+        vip2 = ip(octet, VIP_HOST + 2),
+        empty = ip(octet, EMPTY_VIP_HOST),
+    );
+    y
+}
+
+struct Svc {
+    nodes: TwoNodes,
+    port: u16,
+    counts: Vec<Arc<AtomicUsize>>,
+    vip: Capture,
+}
+
+impl Svc {
+    async fn start(octet: u8, opts: Options) -> Svc {
+        let (first, c0) = counting_echo(SocketAddr::new(ip(octet, 10), 0)).await;
+        let port = first.port();
+        let mut counts = vec![c0];
+        for i in 1..3 {
+            counts.push(
+                counting_echo(SocketAddr::new(ip(octet, 10 + i), port))
+                    .await
+                    .1,
+            );
+        }
+        let yaml = services_yaml(octet, port, &["running"; 3]);
+        let nodes = TwoNodes::with(
+            octet,
+            Options {
+                workloads: Some(yaml),
+                ..opts
+            },
+        )
+        .await;
+        let vip = Capture::start(
+            nodes.client.outbound.clone(),
+            SocketAddr::new(ip(octet, VIP_HOST), 80),
+        )
+        .await;
+        Svc {
+            nodes,
+            port,
+            counts,
+            vip,
+        }
+    }
+
+    fn count(&self, i: usize) -> usize {
+        self.counts[i].load(Ordering::SeqCst)
+    }
+
+    /// One short connection through the VIP: a round trip, then close.
+    async fn call(&self) -> std::io::Result<()> {
+        let mut tcp = self.vip.try_connect(self.nodes.client_ip).await?;
+        let back = round_trip(&mut tcp, b"ping").await?;
+        assert_eq!(back, b"ping");
+        tcp.shutdown().await?;
+        let mut rest = Vec::new();
+        tcp.read_to_end(&mut rest).await?;
+        Ok(())
+    }
+
+    /// Rewrites `which` gateway's workload file with these endpoint states
+    /// and waits until that gateway's store has them.
+    async fn set_states(&self, which: &str, states: &[&str]) {
+        let file = self
+            .nodes
+            .dir
+            .path()
+            .join(format!("{which}-workloads.yaml"));
+        write_atomically(&file, &services_yaml(self.nodes.octet, self.port, states));
+        let app = if which == "client" {
+            &self.nodes.client
+        } else {
+            &self.nodes.server
+        };
+        let want: Vec<bool> = states.iter().map(|s| *s == "terminating").collect();
+        eventually(
+            "the workload file reloaded",
+            Duration::from_secs(10),
+            || {
+                let snap = app.workloads.snapshot();
+                (0..states.len()).all(|i| {
+                    snap.by_uid(&format!("e{i}")).is_some_and(|w| {
+                        (w.spec.state == tidegate::workloads::LifecycleState::Terminating)
+                            == want[i]
+                    })
+                })
+            },
+        )
+        .await;
+    }
+
+    fn client_metric(&self, series: &str) -> f64 {
+        metric_or_zero(&self.nodes.client.metrics_text(), series)
+    }
+}
+
+fn choices(reason: &str) -> String {
+    format!(r#"tidegate_service_endpoint_choices_total{{reason="{reason}"}}"#)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vip_spreads_over_ready_endpoints_and_never_picks_a_terminating_one() {
+    let s = Svc::start(121, Options::default()).await;
+    for _ in 0..60 {
+        s.call().await.unwrap();
+    }
+    for i in 0..3 {
+        assert!(s.count(i) > 0, "endpoint e{i} got none of 60 connections");
+    }
+    // Discovery says e1 is terminating: it is not chosen any more.
+    s.set_states("client", &["running", "terminating", "running"])
+        .await;
+    let e1 = s.count(1);
+    for _ in 0..60 {
+        s.call().await.unwrap();
+    }
+    assert_eq!(s.count(1), e1, "a terminating endpoint got new connections");
+    assert!(
+        s.client_metric(r#"tidegate_service_endpoint_skips_total{reason="not_ready"}"#) >= 60.0
+    );
+    // Every endpoint terminating: served by the terminating ones
+    // (Kubernetes' terminating-endpoint fallback), nobody fails.
+    s.set_states("client", &["terminating"; 3]).await;
+    let before: usize = (0..3).map(|i| s.count(i)).sum();
+    for _ in 0..30 {
+        s.call().await.unwrap();
+    }
+    assert_eq!((0..3).map(|i| s.count(i)).sum::<usize>(), before + 30);
+    assert!(s.client_metric(&choices("terminating_fallback")) >= 30.0);
+    // /config_dump shows each endpoint and why it is skipped.
+    let (status, body) = tidegate_e2e::http_get(s.nodes.client.addrs.admin, "/config_dump").await;
+    assert_eq!(status, 200);
+    let dump: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let echo = dump["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "echo")
+        .expect("Service echo in /config_dump");
+    let endpoints = echo["endpoints"].as_array().unwrap();
+    assert_eq!(endpoints.len(), 3, "{echo}");
+    assert!(
+        endpoints.iter().all(|e| e["skipped"] == "not_ready"),
+        "{echo}"
+    );
+    assert_eq!(
+        endpoints[0]["addr"],
+        format!("{}:{}", ip(121, 10), s.port),
+        "named target port resolved per endpoint: {echo}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_goaway_from_an_endpoint_takes_it_out_of_the_choice_before_discovery_knows() {
+    let s = Svc::start(
+        122,
+        Options {
+            server_yaml: format!(
+                "policies:\n  default: p\n  plugins:\n    p: {{file: {}}}\n",
+                plugin("goaway-on-term-start").display()
+            ),
+            ..Default::default()
+        },
+    )
+    .await;
+    // Warm: a tunnel to every endpoint.
+    for _ in 0..60 {
+        s.call().await.unwrap();
+    }
+    assert!((0..3).all(|i| s.count(i) > 0));
+    // Only node B learns that e2 terminates: its policy sends GOAWAY; the
+    // client's discovery still says running.
+    s.set_states("server", &["running", "running", "terminating"])
+        .await;
+    eventually(
+        "the client saw GOAWAY from e2's tunnel",
+        Duration::from_secs(10),
+        || {
+            s.nodes
+                .client
+                .pool
+                .goaway_within("e2", Duration::from_secs(60))
+                .is_some()
+        },
+    )
+    .await;
+    let e2 = s.count(2);
+    for _ in 0..60 {
+        s.call().await.unwrap();
+    }
+    assert_eq!(
+        s.count(2),
+        e2,
+        "an endpoint that sent GOAWAY got new connections"
+    );
+    assert!(
+        s.client_metric(r#"tidegate_service_endpoint_skips_total{reason="goaway_received"}"#)
+            >= 60.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_services_share_a_pod_an_empty_vip_resets_and_unknown_addresses_follow_the_ranges() {
+    let octet = 123;
+    let s = Svc::start(
+        octet,
+        Options {
+            client_yaml: format!("outbound:\n  cluster_cidrs: [127.{octet}.0.0/24]\n"),
+            ..Default::default()
+        },
+    )
+    .await;
+    // Service `second` (numeric target port) reaches e0 only, the pod it shares with `echo`.
+    let second = Capture::start(
+        s.nodes.client.outbound.clone(),
+        SocketAddr::new(ip(octet, VIP_HOST + 2), 81),
+    )
+    .await;
+    let mut tcp = second.connect(s.nodes.client_ip).await;
+    assert_eq!(round_trip(&mut tcp, b"two").await.unwrap(), b"two");
+    assert_eq!(s.count(0), 1);
+    // A VIP without endpoints: reset at once, counted.
+    let empty = Capture::start(
+        s.nodes.client.outbound.clone(),
+        SocketAddr::new(ip(octet, EMPTY_VIP_HOST), 80),
+    )
+    .await;
+    let r = match empty.try_connect(s.nodes.client_ip).await {
+        Ok(mut tcp) => round_trip(&mut tcp, b"x").await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    assert!(r.is_err(), "a VIP without endpoints answered");
+    let failed = |reason: &str| {
+        s.client_metric(&format!(
+            r#"tidegate_connections_failed_total{{direction="outbound",reason="{reason}"}}"#
+        ))
+    };
+    eventually(
+        "no_healthy_endpoint counted",
+        Duration::from_secs(5),
+        || failed("no_healthy_endpoint") == 1.0,
+    )
+    .await;
+    // An unknown address inside the cluster's range: refused, never plaintext.
+    let inside = tidegate_e2e::echo_server(ip(octet, 200)).await;
+    let cap = Capture::start(s.nodes.client.outbound.clone(), inside).await;
+    let r = match cap.try_connect(s.nodes.client_ip).await {
+        Ok(mut tcp) => round_trip(&mut tcp, b"x").await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    assert!(
+        r.is_err(),
+        "an unknown in-cluster address was passed through"
+    );
+    eventually("unknown_in_cluster counted", Duration::from_secs(5), || {
+        failed("unknown_in_cluster") == 1.0
+    })
+    .await;
+    // Outside the ranges: passed through, and counted as such.
+    let outside = tidegate_e2e::echo_server(IpAddr::from([127, octet + 1, 0, 200])).await;
+    let cap = Capture::start(s.nodes.client.outbound.clone(), outside).await;
+    let mut tcp = cap.connect(s.nodes.client_ip).await;
+    assert_eq!(round_trip(&mut tcp, b"out").await.unwrap(), b"out");
+    assert_eq!(
+        tidegate_e2e::metric(
+            &s.nodes.client.metrics_text(),
+            "tidegate_outbound_passthrough_total"
+        ),
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoint_churn_drops_none_of_a_thousand_open_connections() {
+    let s = Svc::start(124, Options::default()).await;
+    let mut held = Vec::new();
+    for i in 0..1000u32 {
+        let mut tcp = s.vip.connect(s.nodes.client_ip).await;
+        let msg = i.to_be_bytes();
+        assert_eq!(round_trip(&mut tcp, &msg).await.unwrap(), msg);
+        held.push(tcp);
+    }
+    // Churn: endpoints go terminating and back, on both sides, twice.
+    for states in [
+        ["terminating", "running", "running"],
+        ["running", "terminating", "terminating"],
+        ["running", "running", "running"],
+    ] {
+        s.set_states("client", &states).await;
+        s.set_states("server", &states).await;
+    }
+    for (i, tcp) in held.iter_mut().enumerate() {
+        let msg = (i as u32 ^ 0xa5a5).to_be_bytes();
+        assert_eq!(
+            round_trip(tcp, &msg)
+                .await
+                .unwrap_or_else(|e| panic!("held connection {i}: {e}")),
+            msg
+        );
+    }
+}
