@@ -133,7 +133,7 @@ pub struct WorkloadSnapshot {
     by_uid: BTreeMap<String, Arc<Workload>>,
     by_ip: HashMap<IpAddr, Arc<Workload>>,
     services: Vec<Arc<services::Service>>,
-    by_vip: HashMap<(IpAddr, u16), Arc<services::Service>>,
+    by_vip: services::VipIndex,
     /// Bumped on every publish.
     pub generation: u64,
 }

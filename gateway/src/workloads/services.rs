@@ -124,11 +124,14 @@ fn member(w: &Workload, svc: &ServiceSpec) -> bool {
     })
 }
 
+/// VIP:port → its Service.
+pub type VipIndex = HashMap<(IpAddr, u16), Arc<Service>>;
+
 /// Resolves every Service against the workloads; indexes VIP:port.
 pub fn resolve(
     specs: Vec<ServiceSpec>,
     workloads: &BTreeMap<String, Arc<Workload>>,
-) -> (Vec<Arc<Service>>, HashMap<(IpAddr, u16), Arc<Service>>) {
+) -> (Vec<Arc<Service>>, VipIndex) {
     let mut services = Vec::new();
     let mut by_vip = HashMap::new();
     for spec in specs {

@@ -361,3 +361,181 @@ async fn endpoint_churn_drops_none_of_a_thousand_open_connections() {
         );
     }
 }
+
+/// New connections through the VIP at ~200/s (one every 5 ms, each on its
+/// own task) until stopped; counts successes and keeps failures.
+struct Load {
+    ok: Arc<AtomicUsize>,
+    failed: Arc<std::sync::Mutex<Vec<String>>>,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Load {
+    fn start(s: &Arc<Svc>) -> Load {
+        let ok = Arc::new(AtomicUsize::new(0));
+        let failed = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let (s, ok2, failed2) = (s.clone(), ok.clone(), failed.clone());
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(5));
+            let mut calls = tokio::task::JoinSet::new();
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        let (s, ok, failed) = (s.clone(), ok2.clone(), failed2.clone());
+                        calls.spawn(async move {
+                            match s.call().await {
+                                Ok(()) => { ok.fetch_add(1, Ordering::SeqCst); }
+                                Err(e) => failed.lock().unwrap().push(e.to_string()),
+                            }
+                        });
+                    }
+                    _ = stopped.changed() => break,
+                }
+                while calls.try_join_next().is_some() {}
+            }
+            while calls.join_next().await.is_some() {}
+        });
+        Load {
+            ok,
+            failed,
+            stop,
+            task,
+        }
+    }
+
+    /// Waits until `n` more connections succeeded (or fails after 30 s).
+    async fn more(&self, n: usize, what: &str) {
+        let target = self.ok.load(Ordering::SeqCst) + n;
+        eventually(what, Duration::from_secs(30), || {
+            self.ok.load(Ordering::SeqCst) >= target
+        })
+        .await;
+    }
+
+    async fn stop(self) -> (usize, Vec<String>) {
+        let _ = self.stop.send(true);
+        self.task.await.unwrap();
+        let failed = self.failed.lock().unwrap().clone();
+        (self.ok.load(Ordering::SeqCst), failed)
+    }
+}
+
+/// One endpoint's pod terminates under 200 new connections/s: with
+/// `goaway-on-term-start` on its node (the GOAWAY reaches the client first),
+/// then with `evict-on-delete` on the client (terminating, then deleted). No
+/// connection fails, and once the client knows, none reaches that endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_that_terminates_under_load_gets_no_new_connection_and_none_fails() {
+    // goaway-on-term-start on node B.
+    let s = Arc::new(
+        Svc::start(
+            125,
+            Options {
+                server_yaml: format!(
+                    "policies:\n  default: p\n  plugins:\n    p: {{file: {}}}\n",
+                    plugin("goaway-on-term-start").display()
+                ),
+                ..Default::default()
+            },
+        )
+        .await,
+    );
+    let load = Load::start(&s);
+    load.more(200, "load flowing").await;
+    assert!((0..3).all(|i| s.count(i) > 0));
+    s.set_states("server", &["running", "terminating", "running"])
+        .await;
+    eventually(
+        "the client saw e1's GOAWAY",
+        Duration::from_secs(10),
+        || {
+            s.nodes
+                .client
+                .pool
+                .goaway_within("e1", Duration::from_secs(60))
+                .is_some()
+        },
+    )
+    .await;
+    // Streams already on e1 finish; then nothing new goes there.
+    eventually("e1's streams ended", Duration::from_secs(10), || {
+        s.nodes.client.pool.open_streams_to("e1") == 0
+    })
+    .await;
+    // A connection that picked e1 just before may still be on its way.
+    load.more(20, "settled").await;
+    let e1 = s.count(1);
+    load.more(200, "load after the GOAWAY").await;
+    assert_eq!(s.count(1), e1, "e1 got connections after its GOAWAY");
+    let (ok, failed) = load.stop().await;
+    assert!(
+        failed.is_empty(),
+        "{} of {} failed: {:?}",
+        failed.len(),
+        ok + failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+
+    // evict-on-delete on the client.
+    let s = Arc::new(
+        Svc::start(
+            126,
+            Options {
+                client_yaml: format!(
+                    "policies:\n  default: p\n  plugins:\n    p: {{file: {}}}\n",
+                    plugin("evict-on-delete").display()
+                ),
+                ..Default::default()
+            },
+        )
+        .await,
+    );
+    let load = Load::start(&s);
+    load.more(200, "load flowing").await;
+    s.set_states("client", &["running", "terminating", "running"])
+        .await;
+    eventually("e1's streams ended", Duration::from_secs(10), || {
+        s.nodes.client.pool.open_streams_to("e1") == 0
+    })
+    .await;
+    load.more(20, "settled").await;
+    let e1 = s.count(1);
+    load.more(200, "load after e1 terminates").await;
+    assert_eq!(s.count(1), e1, "a terminating endpoint got connections");
+    // Deleted: gone from both nodes; the client evicts its tunnels to it.
+    for which in ["client", "server"] {
+        let file = s.nodes.dir.path().join(format!("{which}-workloads.yaml"));
+        let text = services_yaml(s.nodes.octet, s.port, &["running"; 3]);
+        let without: String = text
+            .lines()
+            .filter(|l| !l.contains("uid: e1,"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        write_atomically(&file, &without);
+    }
+    eventually(
+        "the client evicted its tunnels to e1",
+        Duration::from_secs(10),
+        || {
+            !s.nodes
+                .client
+                .pool
+                .dump()
+                .iter()
+                .any(|t| t.dst.ends_with("/sa/echo") && t.dst_addr.ip() == ip(126, 11))
+        },
+    )
+    .await;
+    load.more(200, "load after e1 is deleted").await;
+    assert_eq!(s.count(1), e1);
+    let (ok, failed) = load.stop().await;
+    assert!(
+        failed.is_empty(),
+        "{} of {} failed: {:?}",
+        failed.len(),
+        ok + failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+}
