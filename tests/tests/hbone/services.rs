@@ -151,9 +151,34 @@ impl Svc {
         .await;
     }
 
+    /// Waits until the client has seen a GOAWAY from a tunnel to endpoint `uid`.
+    async fn client_saw_goaway(&self, uid: &str) {
+        eventually(
+            &format!("the client saw GOAWAY from {uid}'s tunnel"),
+            Duration::from_secs(10),
+            || {
+                self.nodes
+                    .client
+                    .pool
+                    .goaway_within(uid, Duration::from_secs(60))
+                    .is_some()
+            },
+        )
+        .await;
+    }
+
     fn client_metric(&self, series: &str) -> f64 {
         metric_or_zero(&self.nodes.client.metrics_text(), series)
     }
+}
+
+/// Options binding every local workload of one gateway (`server_yaml` or
+/// `client_yaml`) to the reference policy `name`.
+fn policy(name: &str) -> String {
+    format!(
+        "policies:\n  default: p\n  plugins:\n    p: {{file: {}}}\n",
+        plugin(name).display()
+    )
 }
 
 fn choices(reason: &str) -> String {
@@ -215,10 +240,7 @@ async fn a_goaway_from_an_endpoint_takes_it_out_of_the_choice_before_discovery_k
     let s = Svc::start(
         122,
         Options {
-            server_yaml: format!(
-                "policies:\n  default: p\n  plugins:\n    p: {{file: {}}}\n",
-                plugin("goaway-on-term-start").display()
-            ),
+            server_yaml: policy("goaway-on-term-start"),
             ..Default::default()
         },
     )
@@ -232,18 +254,7 @@ async fn a_goaway_from_an_endpoint_takes_it_out_of_the_choice_before_discovery_k
     // client's discovery still says running.
     s.set_states("server", &["running", "running", "terminating"])
         .await;
-    eventually(
-        "the client saw GOAWAY from e2's tunnel",
-        Duration::from_secs(10),
-        || {
-            s.nodes
-                .client
-                .pool
-                .goaway_within("e2", Duration::from_secs(60))
-                .is_some()
-        },
-    )
-    .await;
+    s.client_saw_goaway("e2").await;
     let e2 = s.count(2);
     for _ in 0..60 {
         s.call().await.unwrap();
@@ -430,10 +441,7 @@ async fn an_endpoint_that_terminates_under_load_gets_no_new_connection_and_none_
         Svc::start(
             125,
             Options {
-                server_yaml: format!(
-                    "policies:\n  default: p\n  plugins:\n    p: {{file: {}}}\n",
-                    plugin("goaway-on-term-start").display()
-                ),
+                server_yaml: policy("goaway-on-term-start"),
                 ..Default::default()
             },
         )
@@ -444,18 +452,7 @@ async fn an_endpoint_that_terminates_under_load_gets_no_new_connection_and_none_
     assert!((0..3).all(|i| s.count(i) > 0));
     s.set_states("server", &["running", "terminating", "running"])
         .await;
-    eventually(
-        "the client saw e1's GOAWAY",
-        Duration::from_secs(10),
-        || {
-            s.nodes
-                .client
-                .pool
-                .goaway_within("e1", Duration::from_secs(60))
-                .is_some()
-        },
-    )
-    .await;
+    s.client_saw_goaway("e1").await;
     // Streams already on e1 finish; then nothing new goes there.
     eventually("e1's streams ended", Duration::from_secs(10), || {
         s.nodes.client.pool.open_streams_to("e1") == 0
@@ -480,10 +477,7 @@ async fn an_endpoint_that_terminates_under_load_gets_no_new_connection_and_none_
         Svc::start(
             126,
             Options {
-                client_yaml: format!(
-                    "policies:\n  default: p\n  plugins:\n    p: {{file: {}}}\n",
-                    plugin("evict-on-delete").display()
-                ),
+                client_yaml: policy("evict-on-delete"),
                 ..Default::default()
             },
         )
