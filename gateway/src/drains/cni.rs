@@ -46,7 +46,8 @@ pub struct Request {
     pub namespace: String,
     #[serde(default)]
     pub name: String,
-    /// `add`: the namespace's path (`CNI_NETNS`), recorded for re-adoption.
+    /// `add`: the namespace's path (`CNI_NETNS`), logged (the plugin keeps
+    /// the record for re-adoption).
     #[serde(default)]
     pub netns: String,
 }
@@ -57,7 +58,6 @@ pub struct HandedPod {
     pub uid: String,
     pub name: String,
     pub namespace: String,
-    pub netns_path: String,
 }
 
 /// Where pods handed over on the socket go (in-pod mode: the per-pod
@@ -235,7 +235,6 @@ async fn add(
         uid: req.uid.clone(),
         name: req.name,
         namespace: req.namespace,
-        netns_path: req.netns,
     };
     match pods.add(pod, netns).await {
         Ok(result) => {

@@ -335,10 +335,6 @@ impl PodProxies {
         }
     }
 
-    pub async fn uids(&self) -> Vec<String> {
-        self.served.lock().await.keys().cloned().collect()
-    }
-
     pub async fn dump(&self) -> Vec<PodDump> {
         let served = self.served.lock().await;
         served

@@ -152,11 +152,6 @@ impl WorkloadSnapshot {
         self.by_vip.get(&(vip, port))
     }
 
-    /// Whether `ip` is some Service's VIP (on any port).
-    pub fn is_vip(&self, ip: IpAddr) -> bool {
-        self.services.iter().any(|s| s.spec.vips.contains(&ip))
-    }
-
     pub fn services(&self) -> &[Arc<services::Service>] {
         &self.services
     }
