@@ -847,11 +847,12 @@ fn the_base_keeps_its_invariants() {
     let Some(r) = kustomize("base") else { return };
     let config = check_invariants(&r);
     assert_eq!(config.listeners.readiness.port(), 15021);
-    // Off in the base: OCI draining and the Service watch that feeds it.
+    // Off in the base: OCI draining. On: the Service watch (routing by
+    // ClusterIP), and granted.
     assert!(!config.oci.enabled);
-    assert!(!config.workloads.kubernetes.services);
+    assert!(config.workloads.kubernetes.services);
     let (_, pod) = r.pod();
-    assert!(!granted(&r, "tidegate", "tidegate-system")
+    assert!(granted(&r, "tidegate", "tidegate-system")
         .contains(&(String::new(), "services".to_owned())));
     // Certificates and their root come from the node (hostPath).
     let CertificatesConfig::Dir { trust_bundle, .. } = &config.certificates else {

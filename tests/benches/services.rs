@@ -9,6 +9,11 @@
 //!   1,000 endpoints, `p2c` (two at random, fewer open streams) and
 //!   `random`, every endpoint usable (each pick still checks each one's
 //!   conditions, GOAWAY record and backoff).
+//! - **Balance, `p2c` vs `random`**: a Service of three endpoints, one of
+//!   them slow (it answers 20 ms late), 16 clients each opening a
+//!   connection, one 1 KiB round trip, closing, for 3 s per choice: the
+//!   slow endpoint's share of connections, and the connection time p50 /
+//!   p99 (what "keep the better" is decided on).
 //! - **New connections per second through a VIP vs straight to a pod IP**:
 //!   both gateways in this process (the harness's `TwoNodes`), 8 concurrent
 //!   clients each opening a connection, one 1 KiB round trip, closing;
@@ -16,6 +21,7 @@
 //!   raw TCP from the same client address.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,7 +31,7 @@ use tidegate::proxy::pool::Pool;
 use tidegate::tls::{DevCa, TlsContext, TlsMetrics};
 use tidegate::workloads::WorkloadStore;
 use tidegate_e2e::{ip, round_trip, Capture, Options, TwoNodes};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const PICK_TIME: Duration = Duration::from_secs(1);
 const CONN_TIME: Duration = Duration::from_secs(3);
@@ -123,6 +129,98 @@ async fn conns_per_sec(nodes: &Arc<TwoNodes>, dst: SocketAddr, raw: bool) -> f64
     total as f64 / started.elapsed().as_secs_f64()
 }
 
+/// An echo backend that answers `delay` late and counts its connections.
+async fn backend(addr: SocketAddr, delay: Duration) -> (SocketAddr, Arc<AtomicUsize>) {
+    let l = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let bound = l.local_addr().unwrap();
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = l.accept().await {
+            seen.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 1024];
+                if tcp.read_exact(&mut buf).await.is_ok() {
+                    tokio::time::sleep(delay).await;
+                    let _ = tcp.write_all(&buf).await;
+                }
+                let _ = tcp.shutdown().await;
+            });
+        }
+    });
+    (bound, count)
+}
+
+/// One choice under load: (slow endpoint's share, p50 ms, p99 ms, conns/s).
+async fn balance(octet: u8, choice: &str) -> (f64, f64, f64, f64) {
+    const CLIENTS: usize = 16;
+    let delays = [Duration::ZERO, Duration::ZERO, Duration::from_millis(20)];
+    let mut counts = Vec::new();
+    let mut yaml = format!(
+        "workloads:\n- {{uid: client-uid, name: client, namespace: demo, service_account: client, ips: [{}], node: node-a}}\n",
+        ip(octet, 3)
+    );
+    let mut port = 0;
+    for (i, delay) in delays.iter().enumerate() {
+        let host = ip(octet, 10 + i as u8);
+        let (addr, count) = backend(SocketAddr::new(host, port), *delay).await;
+        port = addr.port();
+        counts.push(count);
+        yaml += &format!(
+            "- {{uid: e{i}, name: e{i}, namespace: demo, service_account: echo, ips: [{host}], node: node-b, services: [echo]}}\n"
+        );
+    }
+    yaml += &format!(
+        "services:\n- {{name: echo, namespace: demo, vips: [{}], ports: [{{port: 80, target_port: {port}}}]}}\n",
+        ip(octet, 100)
+    );
+    let nodes = TwoNodes::with(
+        octet,
+        Options {
+            workloads: Some(yaml),
+            client_yaml: format!("outbound:\n  endpoint_choice: {choice}\n"),
+            server_yaml: "  max_dials_per_second_per_tunnel: 100000\n".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let cap = Arc::new(
+        Capture::start(
+            nodes.client.outbound.clone(),
+            SocketAddr::new(ip(octet, 100), 80),
+        )
+        .await,
+    );
+    let deadline = Instant::now() + CONN_TIME;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..CLIENTS {
+        let (cap, src) = (cap.clone(), nodes.client_ip);
+        tasks.spawn(async move {
+            let msg = vec![7u8; 1024];
+            let mut times = Vec::new();
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                let mut tcp = cap.connect(src).await;
+                assert_eq!(round_trip(&mut tcp, &msg).await.unwrap(), msg);
+                let _ = tcp.shutdown().await;
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            times
+        });
+    }
+    let started = Instant::now();
+    let mut times = Vec::new();
+    while let Some(t) = tasks.join_next().await {
+        times.extend(t.unwrap());
+    }
+    let rate = times.len() as f64 / started.elapsed().as_secs_f64();
+    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let at = |q: f64| times[((times.len() - 1) as f64 * q) as usize];
+    let total: usize = counts.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+    let slow = counts[2].load(Ordering::Relaxed) as f64 / total as f64;
+    (slow, at(0.5), at(0.99), rate)
+}
+
 fn main() -> anyhow::Result<()> {
     println!("Services benchmark\n\nendpoint choice, ns per pick (every endpoint usable):");
     println!("| endpoints | p2c | random |\n|---|---|---|");
@@ -138,6 +236,22 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async {
+        println!(
+            "\nbalance: 3 endpoints, one answering 20 ms late; 16 clients, a new connection and one 1 KiB round trip each, {CONN_TIME:?} per choice:"
+        );
+        println!("| choice | slow endpoint's share of connections | connection time p50 / p99 ms | conns/s |\n|---|---|---|---|");
+        let mut rows = Vec::new();
+        for (octet, choice) in [(214, "p2c"), (215, "random")] {
+            let (share, p50, p99, rate) = balance(octet, choice).await;
+            println!("| {choice} | {:.1} % | {p50:.2} / {p99:.2} | {rate:.0} |", share * 100.0);
+            rows.push((p50, p99, rate));
+        }
+        println!(
+            "p2c / random: p50 {:.2}×, p99 {:.2}×, conns/s {:.2}×",
+            rows[0].0 / rows[1].0,
+            rows[0].1 / rows[1].1,
+            rows[0].2 / rows[1].2
+        );
         let octet = 213;
         let echo = tidegate_e2e::echo_server(ip(octet, 2)).await;
         let yaml = format!(

@@ -295,9 +295,12 @@ pub struct KubernetesConfig {
     /// Namespace label naming the drain policy of every pod in it (below the
     /// pod annotation `tidegate.io/drain-policy`, above `policies.bindings`).
     pub policy_label: String,
-    /// Watch Services (metadata only) so that a Service annotated
-    /// `tidegate.io/oci-backend-draining: "true"` sets `oci_backend_draining`
-    /// on the pods its EndpointSlices name. Needs services get/list/watch.
+    /// Watch Services: routing by ClusterIP to the endpoints their
+    /// EndpointSlices list, and the annotation
+    /// `tidegate.io/oci-backend-draining: "true"` that sets
+    /// `oci_backend_draining` on those pods. Needs services get/list/watch.
+    /// Off: a ClusterIP is no known destination (passthrough, or refused
+    /// inside `outbound.cluster_cidrs`).
     pub services: bool,
     /// Changes arriving within this window are published as one snapshot.
     #[serde(with = "duration")]

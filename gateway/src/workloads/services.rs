@@ -4,13 +4,18 @@
 //! endpoint, the target port and its conditions.
 //!
 //! - A workload joins a Service by naming it (`services: [<name>]` or
-//!   `<namespace>/<name>` in the workload file; EndpointSlices in Kubernetes).
+//!   `<namespace>/<name>` in the workload file). Kubernetes discovery lists
+//!   the endpoints explicitly instead (its EndpointSlices, by pod uid, with
+//!   their conditions): [`ServiceSpec::endpoints`].
 //! - `target_port` is a number, or a name resolved per endpoint from the
 //!   workload's named ports (`ports: {http: 8080}`); an endpoint without that
 //!   name is not an endpoint of that port.
 //! - Conditions follow Kubernetes' EndpointSlice: `ready`, `serving`,
 //!   `terminating`. From the workload file they follow the workload's state
 //!   (running: ready and serving; terminating: serving and terminating).
+//!   From EndpointSlices they are the slice's, except that a workload the
+//!   gateway knows is terminating (its pod's deletionTimestamp, which can
+//!   arrive before the slice update) is never `ready`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -56,6 +61,11 @@ pub struct ServiceSpec {
     /// ClusterIPs (Kubernetes `spec.clusterIPs`).
     pub vips: Vec<IpAddr>,
     pub ports: Vec<ServicePort>,
+    /// Explicit endpoints, workload uid → conditions (Kubernetes
+    /// EndpointSlices). Absent (the workload file): the workloads naming
+    /// the Service, conditions from their state.
+    #[serde(default, skip_deserializing, skip_serializing_if = "Option::is_none")]
+    pub endpoints: Option<BTreeMap<String, Conditions>>,
 }
 
 fn default_namespace() -> String {
@@ -85,6 +95,44 @@ impl Conditions {
             ready: !terminating,
             serving: true,
             terminating,
+        }
+    }
+
+    /// As an EndpointSlice gives them: unset `ready` and `serving` mean
+    /// true, unset `terminating` false (the API's defaults, as kube-proxy
+    /// reads them).
+    pub fn from_slice(
+        ready: Option<bool>,
+        serving: Option<bool>,
+        terminating: Option<bool>,
+    ) -> Conditions {
+        Conditions {
+            ready: ready.unwrap_or(true),
+            serving: serving.unwrap_or(true),
+            terminating: terminating.unwrap_or(false),
+        }
+    }
+
+    /// The same endpoint listed twice (two slices during a transition): the
+    /// more usable reading of each condition.
+    pub fn merge(self, other: Conditions) -> Conditions {
+        Conditions {
+            ready: self.ready || other.ready,
+            serving: self.serving || other.serving,
+            terminating: self.terminating && other.terminating,
+        }
+    }
+
+    /// The slice's conditions, tightened by what the gateway knows of `w`.
+    fn for_workload(self, w: &Workload) -> Conditions {
+        if w.spec.state == LifecycleState::Terminating {
+            Conditions {
+                ready: false,
+                terminating: true,
+                ..self
+            }
+        } else {
+            self
         }
     }
 }
@@ -135,13 +183,34 @@ pub fn resolve(
     let mut services = Vec::new();
     let mut by_vip = HashMap::new();
     for spec in specs {
-        let members: Vec<&Arc<Workload>> =
-            workloads.values().filter(|w| member(w, &spec)).collect();
+        // Explicit endpoints whose pod is no workload (host network, no IP
+        // yet, or not known yet): listed as unresolved.
+        let mut strangers = Vec::new();
+        let members: Vec<(&Arc<Workload>, Conditions)> = match &spec.endpoints {
+            Some(eps) => eps
+                .iter()
+                .filter_map(|(uid, c)| match workloads.get(uid) {
+                    Some(w) => Some((w, c.for_workload(w))),
+                    None => {
+                        strangers.push(uid);
+                        None
+                    }
+                })
+                .collect(),
+            None => workloads
+                .values()
+                .filter(|w| member(w, &spec))
+                .map(|w| (w, Conditions::of(w)))
+                .collect(),
+        };
         let mut endpoints = BTreeMap::new();
         let mut unresolved = Vec::new();
-        for p in &spec.ports {
+        for p in spec.ports.iter().filter(|p| p.protocol == "TCP") {
+            for uid in &strangers {
+                unresolved.push(((*uid).clone(), p.port, "not_a_workload"));
+            }
             let mut list = Vec::new();
-            for w in &members {
+            for (w, conditions) in &members {
                 let target = match &p.target_port {
                     None => Some(p.port),
                     Some(TargetPort::Number(n)) => Some(*n),
@@ -160,7 +229,7 @@ pub fn resolve(
                     workload: (*w).clone(),
                     ip,
                     target_port,
-                    conditions: Conditions::of(w),
+                    conditions: *conditions,
                 });
             }
             endpoints.insert(p.port, list);
@@ -171,11 +240,85 @@ pub fn resolve(
             unresolved,
         });
         for vip in &svc.spec.vips {
-            for p in &svc.spec.ports {
+            for p in svc.spec.ports.iter().filter(|p| p.protocol == "TCP") {
                 by_vip.insert((*vip, p.port), svc.clone());
             }
         }
         services.push(svc);
     }
     (services, by_vip)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workloads::{WorkloadSpec, WorkloadStore};
+
+    fn spec(uid: &str, ip: &str, state: LifecycleState) -> WorkloadSpec {
+        serde_yaml::from_str(&format!(
+            "{{uid: {uid}, name: {uid}, namespace: ns, ips: [{ip}], node: n, state: {}}}",
+            match state {
+                LifecycleState::Running => "running",
+                _ => "terminating",
+            }
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn explicit_endpoints_keep_their_conditions_unless_the_pod_is_known_to_terminate() {
+        let store = WorkloadStore::new("cluster.local", "n");
+        let ready = Conditions::from_slice(None, None, None);
+        let svc = ServiceSpec {
+            name: "web".into(),
+            namespace: "ns".into(),
+            vips: vec!["10.96.0.1".parse().unwrap()],
+            ports: vec![ServicePort {
+                port: 80,
+                target_port: Some(TargetPort::Number(8080)),
+                protocol: "TCP".into(),
+            }],
+            endpoints: Some(
+                [
+                    ("a".to_owned(), ready),
+                    ("b".to_owned(), ready),
+                    ("gone".to_owned(), ready),
+                ]
+                .into(),
+            ),
+        };
+        store.publish_all(
+            vec![
+                spec("a", "10.0.0.1", LifecycleState::Running),
+                // Its pod has a deletionTimestamp; the slice has not caught up.
+                spec("b", "10.0.0.2", LifecycleState::Terminating),
+            ],
+            vec![svc],
+        );
+        let snap = store.snapshot();
+        let web = snap
+            .service_by_vip("10.96.0.1".parse().unwrap(), 80)
+            .unwrap();
+        let eps: Vec<(&str, u16, Conditions)> = web.endpoints[&80]
+            .iter()
+            .map(|e| (e.workload.uid(), e.target_port, e.conditions))
+            .collect();
+        assert_eq!(
+            eps,
+            [
+                ("a", 8080, ready),
+                (
+                    "b",
+                    8080,
+                    Conditions {
+                        ready: false,
+                        serving: true,
+                        terminating: true
+                    }
+                ),
+            ],
+            "an endpoint naming no known workload is left out"
+        );
+        assert_eq!(web.unresolved, [("gone".to_owned(), 80, "not_a_workload")]);
+    }
 }

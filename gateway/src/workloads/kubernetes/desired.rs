@@ -7,9 +7,11 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::core::PartialObjectMeta;
 
 use crate::config::KubernetesConfig;
+use crate::workloads::services::{Conditions, ServicePort, ServiceSpec, TargetPort};
 use crate::workloads::{LifecycleState, Protocol, WorkloadSpec};
 
 /// The Service annotation that opts the pods it selects into OCI backend draining.
@@ -23,7 +25,7 @@ pub struct Stores {
     pub pods: Vec<Arc<Pod>>,
     pub namespaces: Vec<Arc<PartialObjectMeta<Namespace>>>,
     pub slices: Vec<Arc<EndpointSlice>>,
-    pub services: Vec<Arc<PartialObjectMeta<Service>>>,
+    pub services: Vec<Arc<Service>>,
 }
 
 /// The workload set to publish, plus what could not be resolved.
@@ -31,6 +33,9 @@ pub struct Stores {
 pub struct Desired {
     /// Sorted by uid.
     pub specs: Vec<WorkloadSpec>,
+    /// Services with a ClusterIP, sorted by `namespace/name`; endpoints
+    /// from their EndpointSlices.
+    pub services: Vec<ServiceSpec>,
     /// EndpointSlice endpoints naming a pod UID no pod watch holds (informer
     /// skew: the slice arrived before the pod, or after it went). They are
     /// ignored until the pod shows up; counted and logged by the caller.
@@ -44,6 +49,14 @@ struct EndpointFacts {
     oci_draining: bool,
 }
 
+/// What the EndpointSlices say, per pod and per Service.
+struct SliceFacts<'a> {
+    pods: HashMap<&'a str, EndpointFacts>,
+    /// (namespace, Service name) → pod uid → conditions.
+    services: HashMap<(&'a str, &'a str), BTreeMap<String, Conditions>>,
+    unknown: Vec<String>,
+}
+
 pub fn build(stores: &Stores, cfg: &KubernetesConfig) -> Desired {
     let ns_labels: HashMap<&str, &BTreeMap<String, String>> = stores
         .namespaces
@@ -55,7 +68,11 @@ pub fn build(stores: &Stores, cfg: &KubernetesConfig) -> Desired {
         .iter()
         .filter_map(|p| p.metadata.uid.as_deref())
         .collect();
-    let (facts, unknown_endpoints) = endpoint_facts(stores, &pod_uids);
+    let SliceFacts {
+        pods: facts,
+        services: mut endpoints,
+        unknown: unknown_endpoints,
+    } = slice_facts(stores, &pod_uids);
 
     let mut specs: Vec<(WorkloadSpec, i64)> = stores
         .pods
@@ -75,16 +92,73 @@ pub fn build(stores: &Stores, cfg: &KubernetesConfig) -> Desired {
     resolve_ip_reuse(&mut specs);
     let mut specs: Vec<WorkloadSpec> = specs.into_iter().map(|(s, _)| s).collect();
     specs.sort_by(|a, b| a.uid.cmp(&b.uid));
+    let mut services: Vec<ServiceSpec> = stores
+        .services
+        .iter()
+        .filter_map(|s| service_spec(s, &mut endpoints))
+        .collect();
+    services.sort_by_key(ServiceSpec::key);
     Desired {
         specs,
+        services,
         unknown_endpoints,
     }
 }
 
-fn endpoint_facts<'a>(
-    stores: &'a Stores,
-    pod_uids: &HashSet<&str>,
-) -> (HashMap<&'a str, EndpointFacts>, Vec<String>) {
+/// A Service as the data path routes it; `None` without a ClusterIP
+/// (headless, ExternalName: clients resolve those to pod IPs themselves).
+/// Only TCP ports are kept.
+fn service_spec<'a>(
+    svc: &'a Service,
+    endpoints: &mut HashMap<(&'a str, &'a str), BTreeMap<String, Conditions>>,
+) -> Option<ServiceSpec> {
+    let name = svc.metadata.name.as_deref()?;
+    let namespace = svc.metadata.namespace.as_deref().unwrap_or("default");
+    let spec = svc.spec.as_ref()?;
+    let mut vips: Vec<IpAddr> = spec
+        .cluster_ips
+        .iter()
+        .flatten()
+        .filter_map(|ip| ip.parse().ok())
+        .collect();
+    if let Some(ip) = spec.cluster_ip.as_deref().and_then(|ip| ip.parse().ok()) {
+        if !vips.contains(&ip) {
+            vips.insert(0, ip);
+        }
+    }
+    if vips.is_empty() {
+        return None;
+    }
+    let ports = spec
+        .ports
+        .iter()
+        .flatten()
+        .filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")
+        .filter_map(|p| {
+            Some(ServicePort {
+                port: u16::try_from(p.port).ok()?,
+                target_port: match &p.target_port {
+                    None => None,
+                    Some(IntOrString::Int(n)) => Some(TargetPort::Number(u16::try_from(*n).ok()?)),
+                    Some(IntOrString::String(s)) => match s.parse::<u16>() {
+                        Ok(n) => Some(TargetPort::Number(n)),
+                        Err(_) => Some(TargetPort::Name(s.clone())),
+                    },
+                },
+                protocol: "TCP".into(),
+            })
+        })
+        .collect();
+    Some(ServiceSpec {
+        name: name.to_owned(),
+        namespace: namespace.to_owned(),
+        vips,
+        ports,
+        endpoints: Some(endpoints.remove(&(namespace, name)).unwrap_or_default()),
+    })
+}
+
+fn slice_facts<'a>(stores: &'a Stores, pod_uids: &HashSet<&str>) -> SliceFacts<'a> {
     let oci_services: HashSet<(&str, &str)> = stores
         .services
         .iter()
@@ -103,6 +177,7 @@ fn endpoint_facts<'a>(
         })
         .collect();
     let mut facts: HashMap<&str, EndpointFacts> = HashMap::new();
+    let mut services: HashMap<(&str, &str), BTreeMap<String, Conditions>> = HashMap::new();
     let mut unknown = Vec::new();
     for slice in &stores.slices {
         let ns = slice.metadata.namespace.as_deref().unwrap_or("default");
@@ -131,18 +206,32 @@ fn endpoint_facts<'a>(
                 ));
                 continue;
             }
+            let c = ep.conditions.as_ref();
+            let conditions = Conditions::from_slice(
+                c.and_then(|c| c.ready),
+                c.and_then(|c| c.serving),
+                c.and_then(|c| c.terminating),
+            );
             let f = facts.entry(uid).or_default();
-            f.terminating |= ep
-                .conditions
-                .as_ref()
-                .and_then(|c| c.terminating)
-                .unwrap_or(false);
+            f.terminating |= conditions.terminating;
             f.oci_draining |= oci;
+            if let Some(service) = service {
+                services
+                    .entry((ns, service.as_str()))
+                    .or_default()
+                    .entry(uid.to_owned())
+                    .and_modify(|have| *have = have.merge(conditions))
+                    .or_insert(conditions);
+            }
         }
     }
     unknown.sort();
     unknown.dedup();
-    (facts, unknown)
+    SliceFacts {
+        pods: facts,
+        services,
+        unknown,
+    }
 }
 
 /// One pod as a workload; `None` for pods without an IP yet, whose
@@ -214,8 +303,19 @@ fn pod_spec(
         namespace_policy: ns_labels.and_then(|l| l.get(&cfg.policy_label)).cloned(),
         deletion_deadline_unix_ms: deadline.map(|ms| ms.max(0) as u64),
         services: Vec::new(),
-        ports: Default::default(),
+        ports: named_ports(pod),
     })
+}
+
+/// The pod's named container ports (a Service's `targetPort` by name).
+fn named_ports(pod: &Pod) -> BTreeMap<String, u16> {
+    pod.spec
+        .iter()
+        .flat_map(|s| &s.containers)
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")
+        .filter_map(|p| Some((p.name.clone()?, u16::try_from(p.container_port).ok()?)))
+        .collect()
 }
 
 fn pod_ips(pod: &Pod) -> Vec<IpAddr> {

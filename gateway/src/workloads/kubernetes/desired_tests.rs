@@ -123,3 +123,129 @@ fn slices_mark_terminating_peers_and_report_unknown_pods() {
         d.unknown_endpoints
     );
 }
+
+fn slice_of(service: &str, name: &str, endpoints: serde_json::Value) -> Arc<EndpointSlice> {
+    Arc::new(
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns", "labels": {SERVICE_NAME_LABEL: service}},
+            "addressType": "IPv4",
+            "endpoints": endpoints,
+        }))
+        .unwrap(),
+    )
+}
+
+fn endpoint(uid: &str, conditions: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({"addresses": ["10.0.0.1"], "conditions": conditions,
+        "targetRef": {"kind": "Pod", "name": uid, "namespace": "ns", "uid": uid}})
+}
+
+#[test]
+fn services_get_vips_tcp_ports_and_their_slices_endpoints() {
+    let svc =
+        |v: serde_json::Value| -> Arc<Service> { Arc::new(serde_json::from_value(v).unwrap()) };
+    let web = svc(serde_json::json!({
+        "metadata": {"name": "web", "namespace": "ns"},
+        "spec": {"clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10", "fd00::10"],
+            "ports": [
+                {"name": "http", "port": 80, "targetPort": "http"},
+                {"name": "admin", "port": 9000, "targetPort": 9001},
+                {"name": "same", "port": 7000},
+                {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53},
+            ]}
+    }));
+    let headless = svc(serde_json::json!({
+        "metadata": {"name": "db", "namespace": "ns"},
+        "spec": {"clusterIP": "None", "clusterIPs": ["None"], "ports": [{"port": 5432}]}
+    }));
+    let empty = svc(serde_json::json!({
+        "metadata": {"name": "empty", "namespace": "ns"},
+        "spec": {"clusterIP": "10.96.0.11", "ports": [{"port": 80}]}
+    }));
+    let mut a = (*running("a", "u1", "10.0.0.1", "2026-01-01T00:00:00Z")).clone();
+    a.spec.as_mut().unwrap().containers = serde_json::from_value(serde_json::json!([
+        {"name": "app", "ports": [{"name": "http", "containerPort": 8080},
+                                  {"name": "metrics", "containerPort": 9090, "protocol": "UDP"},
+                                  {"containerPort": 7000}]}
+    ]))
+    .unwrap();
+    let stores = Stores {
+        pods: vec![
+            Arc::new(a),
+            running("b", "u2", "10.0.0.2", "2026-01-01T00:00:00Z"),
+            running("c", "u3", "10.0.0.3", "2026-01-01T00:00:00Z"),
+        ],
+        services: vec![web, headless, empty],
+        slices: vec![
+            // u2 terminating in one slice and ready in the next (a transition):
+            // the more usable reading wins.
+            slice_of(
+                "web",
+                "web-1",
+                serde_json::json!([
+                    endpoint("u1", serde_json::json!({})),
+                    endpoint(
+                        "u2",
+                        serde_json::json!({"ready": false, "serving": true, "terminating": true})
+                    ),
+                    endpoint(
+                        "u3",
+                        serde_json::json!({"ready": false, "serving": false, "terminating": true})
+                    ),
+                ]),
+            ),
+            slice_of(
+                "web",
+                "web-2",
+                serde_json::json!([endpoint("u2", serde_json::json!({"ready": true}))]),
+            ),
+        ],
+        ..Default::default()
+    };
+    let d = build(&stores, &cfg());
+    let keys: Vec<String> = d.services.iter().map(ServiceSpec::key).collect();
+    assert_eq!(
+        keys,
+        ["ns/empty", "ns/web"],
+        "the headless Service is not routed"
+    );
+    let web = &d.services[1];
+    assert_eq!(
+        web.vips,
+        [
+            "10.96.0.10".parse::<IpAddr>().unwrap(),
+            "fd00::10".parse().unwrap()
+        ]
+    );
+    let ports: Vec<(u16, Option<TargetPort>)> = web
+        .ports
+        .iter()
+        .map(|p| (p.port, p.target_port.clone()))
+        .collect();
+    assert_eq!(
+        ports,
+        [
+            (80, Some(TargetPort::Name("http".into()))),
+            (9000, Some(TargetPort::Number(9001))),
+            (7000, None),
+        ],
+        "the UDP port is dropped"
+    );
+    let eps = web.endpoints.as_ref().unwrap();
+    let c = |ready, serving, terminating| Conditions {
+        ready,
+        serving,
+        terminating,
+    };
+    assert_eq!(
+        eps["u1"],
+        c(true, true, false),
+        "unset conditions: ready, serving"
+    );
+    assert_eq!(eps["u2"], c(true, true, false));
+    assert_eq!(eps["u3"], c(false, false, true));
+    assert_eq!(d.services[0].endpoints.as_ref().map(|e| e.len()), Some(0));
+    // Named TCP container ports only.
+    let a = d.specs.iter().find(|s| s.uid == "u1").unwrap();
+    assert_eq!(a.ports, [("http".to_owned(), 8080)].into());
+}

@@ -19,6 +19,7 @@ pub struct KubernetesMetrics {
     pub(super) watch_errors: Family<ResourceLabels, Counter>,
     pub(super) lists: Family<ResourceLabels, Counter>,
     pub(super) workloads: Gauge,
+    pub(super) services: Gauge,
     pub(super) publishes: Counter,
     pub(super) unknown_endpoints: Gauge,
     pub(super) synced: Gauge,
@@ -31,6 +32,7 @@ impl KubernetesMetrics {
             watch_errors: Family::default(),
             lists: Family::default(),
             workloads: Gauge::default(),
+            services: Gauge::default(),
             publishes: Counter::default(),
             unknown_endpoints: Gauge::default(),
             synced: Gauge::default(),
@@ -55,6 +57,11 @@ impl KubernetesMetrics {
             "workloads",
             "Workloads in the last published snapshot",
             m.workloads.clone(),
+        );
+        r.register(
+            "services",
+            "Services with a ClusterIP in the last published snapshot",
+            m.services.clone(),
         );
         r.register(
             "publishes",

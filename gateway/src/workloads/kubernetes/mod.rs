@@ -5,12 +5,17 @@
 //! - pods on this node (`fieldSelector=spec.nodeName=<node_name>`) and pods
 //!   elsewhere (`spec.nodeName!=<node_name>`), stripped on arrival to what a
 //!   workload needs (uid, name, namespace, service account, node, IPs,
-//!   phase, labels, annotations, deletionTimestamp) so memory stays bounded;
+//!   phase, labels, annotations, deletionTimestamp, named container ports)
+//!   so memory stays bounded;
 //! - namespaces, metadata only (mesh opt-in label, policy label);
 //! - `discovery.k8s.io/v1` EndpointSlices (`terminating` conditions: a peer
 //!   terminating before its pod object says so);
-//! - services, metadata only, when `workloads.kubernetes.services` is on
-//!   (the `tidegate.io/oci-backend-draining` annotation).
+//! - Services, when `workloads.kubernetes.services` is on (the default),
+//!   stripped to ClusterIPs, TCP ports and the
+//!   `tidegate.io/oci-backend-draining` annotation: routing by VIP, with
+//!   the endpoints their EndpointSlices list (conditions `ready`, `serving`,
+//!   `terminating`), target ports by number or by the pod's named
+//!   container port.
 //!
 //! Level-triggered: every change marks the set dirty; after
 //! `workloads.kubernetes.debounce` the whole desired set is rebuilt from the
@@ -37,7 +42,9 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Pod, PodSpec, PodStatus, Service};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, Namespace, Pod, PodSpec, PodStatus, Service, ServicePort, ServiceSpec,
+};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::store::Writer;
@@ -56,9 +63,8 @@ use metrics::ResourceLabels;
 
 /// What discovery reads, as RBAC names it (API group, resource): the
 /// ClusterRoles of a rendered `deploy/` kustomization grant get/list/watch on
-/// exactly these and nothing else, services only when the config turns the
-/// Service watch on (the base leaves it off; `components/oci-draining` adds
-/// it); `gateway/tests/manifests.rs` checks it.
+/// exactly these and nothing else (services only when the config keeps the
+/// Service watch on, as the base does); `gateway/tests/manifests.rs` checks it.
 pub const WATCHED_RESOURCES: [(&str, &str); 4] = [
     (
         <Pod as k8s_openapi::Resource>::GROUP,
@@ -141,7 +147,7 @@ struct Readers {
     remote_pods: Store<Pod>,
     namespaces: Store<PartialObjectMeta<Namespace>>,
     slices: Store<EndpointSlice>,
-    services: Option<Store<PartialObjectMeta<Service>>>,
+    services: Option<Store<Service>>,
 }
 
 /// What the watch tasks tell the publisher.
@@ -202,7 +208,7 @@ impl KubernetesSource {
             services: self
                 .cfg
                 .services
-                .then(|| w.start_meta::<Service>("services")),
+                .then(|| w.start("services", watcher::Config::default(), strip_service)),
         };
         tokio::select! {
             _ = self.publish_loop(&readers, &progress) => {}
@@ -212,7 +218,7 @@ impl KubernetesSource {
     }
 
     async fn publish_loop(&self, readers: &Readers, progress: &Progress) {
-        let mut last: Option<Vec<super::WorkloadSpec>> = None;
+        let mut last: Option<(Vec<super::WorkloadSpec>, Vec<super::services::ServiceSpec>)> = None;
         let mut last_unknown: Vec<String> = Vec::new();
         loop {
             progress.dirty.notified().await;
@@ -253,18 +259,21 @@ impl KubernetesSource {
                     .set(desired.unknown_endpoints.len() as i64);
                 last_unknown = desired.unknown_endpoints;
             }
-            if last.as_ref() != Some(&desired.specs) {
-                self.metrics.workloads.set(desired.specs.len() as i64);
+            let set = (desired.specs, desired.services);
+            if last.as_ref() != Some(&set) {
+                self.metrics.workloads.set(set.0.len() as i64);
+                self.metrics.services.set(set.1.len() as i64);
                 self.metrics.publishes.inc();
-                self.store.publish(desired.specs.clone());
+                self.store.publish_all(set.0.clone(), set.1.clone());
                 if last.is_none() {
                     info!(
-                        workloads = desired.specs.len(),
+                        workloads = set.0.len(),
+                        services = set.1.len(),
                         node = %self.node,
                         "Kubernetes discovery: first full sync published"
                     );
                 }
-                last = Some(desired.specs);
+                last = Some(set);
             }
             if !*self.synced.borrow() {
                 self.metrics.synced.set(1);
@@ -363,6 +372,26 @@ fn strip_pod(pod: &mut Pod) {
         host_network: s.host_network,
         node_name: s.node_name,
         service_account_name: s.service_account_name,
+        // Named ports only (a Service's targetPort by name).
+        containers: s
+            .containers
+            .into_iter()
+            .map(|c| Container {
+                ports: c.ports.map(|ps| {
+                    ps.into_iter()
+                        .filter(|p| p.name.is_some())
+                        .map(|p| ContainerPort {
+                            name: p.name,
+                            container_port: p.container_port,
+                            protocol: p.protocol,
+                            ..Default::default()
+                        })
+                        .collect()
+                }),
+                ..Default::default()
+            })
+            .filter(|c| c.ports.as_ref().is_some_and(|p| !p.is_empty()))
+            .collect(),
         ..Default::default()
     });
     pod.status = pod.status.take().map(|s| PodStatus {
@@ -371,6 +400,34 @@ fn strip_pod(pod: &mut Pod) {
         pod_ips: s.pod_ips,
         ..Default::default()
     });
+}
+
+/// Keeps what routing needs of a Service: ClusterIPs, ports, the OCI opt-in.
+fn strip_service(svc: &mut Service) {
+    let m = &mut svc.metadata;
+    m.managed_fields = None;
+    m.owner_references = None;
+    m.labels = None;
+    m.annotations = m.annotations.take().and_then(|mut a| {
+        let keep = a.remove(desired::OCI_DRAINING_ANNOTATION)?;
+        Some([(desired::OCI_DRAINING_ANNOTATION.to_owned(), keep)].into())
+    });
+    svc.spec = svc.spec.take().map(|s| ServiceSpec {
+        cluster_ip: s.cluster_ip,
+        cluster_ips: s.cluster_ips,
+        ports: s.ports.map(|ps| {
+            ps.into_iter()
+                .map(|p| ServicePort {
+                    port: p.port,
+                    target_port: p.target_port,
+                    protocol: p.protocol,
+                    ..Default::default()
+                })
+                .collect()
+        }),
+        ..Default::default()
+    });
+    svc.status = None;
 }
 
 fn strip_slice(slice: &mut EndpointSlice) {
