@@ -20,6 +20,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod ca;
 pub mod cli;
 pub mod config;
 pub mod control_plane;

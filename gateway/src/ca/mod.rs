@@ -1,0 +1,21 @@
+//! The Istio CA protocol (`istio.v1.auth.IstioCertificateService`): what a
+//! node agent sends to get a certificate for each pod on its node, and what
+//! the CA checks before it signs one (facts in `../shared/ISTIO.md` §3).
+//!
+//! - [`messages`]: the request and response, and `google.protobuf.Struct`
+//!   for the `ImpersonatedIdentity` metadata, written with prost's derives.
+//! - [`csr`]: an ECDSA P-256 key and a CSR with one URI SAN and an empty
+//!   subject (the client); a CSR read and its signature checked (the CA).
+//! - [`impersonation`]: istiod's node authorizer — who may ask for whose
+//!   identity — as a pure decision over the caller and the pods it sees.
+
+pub mod csr;
+pub mod impersonation;
+pub mod messages;
+
+/// The gRPC method path.
+pub const CREATE_CERTIFICATE: &str = "/istio.v1.auth.IstioCertificateService/CreateCertificate";
+/// The metadata key naming the identity a node agent asks for on a pod's behalf.
+pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
+/// The token audience the CA expects by default (istiod's `TOKEN_AUDIENCES`).
+pub const DEFAULT_AUDIENCE: &str = "istio-ca";
