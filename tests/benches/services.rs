@@ -21,7 +21,7 @@
 //!   raw TCP from the same client address.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,8 +30,8 @@ use tidegate::proxy::endpoints::{EndpointMetrics, EndpointPicker};
 use tidegate::proxy::pool::Pool;
 use tidegate::tls::{DevCa, TlsContext, TlsMetrics};
 use tidegate::workloads::WorkloadStore;
-use tidegate_e2e::{ip, round_trip, Capture, Options, TwoNodes};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tidegate_e2e::{counting_echo, ip, round_trip, Capture, Options, TwoNodes};
+use tokio::io::AsyncWriteExt;
 
 const PICK_TIME: Duration = Duration::from_secs(1);
 const CONN_TIME: Duration = Duration::from_secs(3);
@@ -129,28 +129,6 @@ async fn conns_per_sec(nodes: &Arc<TwoNodes>, dst: SocketAddr, raw: bool) -> f64
     total as f64 / started.elapsed().as_secs_f64()
 }
 
-/// An echo backend that answers `delay` late and counts its connections.
-async fn backend(addr: SocketAddr, delay: Duration) -> (SocketAddr, Arc<AtomicUsize>) {
-    let l = tokio::net::TcpListener::bind(addr).await.unwrap();
-    let bound = l.local_addr().unwrap();
-    let count = Arc::new(AtomicUsize::new(0));
-    let seen = count.clone();
-    tokio::spawn(async move {
-        while let Ok((mut tcp, _)) = l.accept().await {
-            seen.fetch_add(1, Ordering::Relaxed);
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 1024];
-                if tcp.read_exact(&mut buf).await.is_ok() {
-                    tokio::time::sleep(delay).await;
-                    let _ = tcp.write_all(&buf).await;
-                }
-                let _ = tcp.shutdown().await;
-            });
-        }
-    });
-    (bound, count)
-}
-
 /// One choice under load: (slow endpoint's share, p50 ms, p99 ms, conns/s).
 async fn balance(octet: u8, choice: &str) -> (f64, f64, f64, f64) {
     const CLIENTS: usize = 16;
@@ -163,7 +141,7 @@ async fn balance(octet: u8, choice: &str) -> (f64, f64, f64, f64) {
     let mut port = 0;
     for (i, delay) in delays.iter().enumerate() {
         let host = ip(octet, 10 + i as u8);
-        let (addr, count) = backend(SocketAddr::new(host, port), *delay).await;
+        let (addr, count) = counting_echo(SocketAddr::new(host, port), *delay).await;
         port = addr.port();
         counts.push(count);
         yaml += &format!(

@@ -59,6 +59,37 @@ pub async fn echo_server(ip: IpAddr) -> SocketAddr {
     addr
 }
 
+/// An echo backend on `addr` that counts the connections it accepted and
+/// holds its first answer on each back by `delay` (a slow endpoint).
+pub async fn counting_echo(
+    addr: SocketAddr,
+    delay: Duration,
+) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    let l = TcpListener::bind(addr).await.unwrap();
+    let bound = l.local_addr().unwrap();
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = count.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = l.accept().await {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                let (mut r, mut w) = tcp.into_split();
+                let mut first = vec![0u8; 16 * 1024];
+                let n = match r.read(&mut first).await {
+                    Ok(n) if n > 0 => n,
+                    _ => return,
+                };
+                tokio::time::sleep(delay).await;
+                if w.write_all(&first[..n]).await.is_ok() {
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                }
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    (bound, count)
+}
+
 /// Echoes on an already bound listener (e.g. inside a network namespace).
 pub fn serve_echo(l: TcpListener) {
     tokio::spawn(async move {

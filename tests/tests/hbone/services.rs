@@ -9,30 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tidegate_e2e::{
-    eventually, ip, metric_or_zero, plugin, round_trip, write_atomically, Capture, Options,
-    TwoNodes,
+    counting_echo, eventually, ip, metric_or_zero, plugin, round_trip, write_atomically, Capture,
+    Options, TwoNodes,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
-
-/// An echo backend that counts the connections it accepted.
-async fn counting_echo(addr: SocketAddr) -> (SocketAddr, Arc<AtomicUsize>) {
-    let l = TcpListener::bind(addr).await.unwrap();
-    let bound = l.local_addr().unwrap();
-    let count = Arc::new(AtomicUsize::new(0));
-    let seen = count.clone();
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = l.accept().await {
-            seen.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                let (mut r, mut w) = tcp.into_split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-                let _ = w.shutdown().await;
-            });
-        }
-    });
-    (bound, count)
-}
 
 const VIP_HOST: u8 = 100;
 const EMPTY_VIP_HOST: u8 = 101;
@@ -73,12 +53,12 @@ struct Svc {
 
 impl Svc {
     async fn start(octet: u8, opts: Options) -> Svc {
-        let (first, c0) = counting_echo(SocketAddr::new(ip(octet, 10), 0)).await;
+        let (first, c0) = counting_echo(SocketAddr::new(ip(octet, 10), 0), Duration::ZERO).await;
         let port = first.port();
         let mut counts = vec![c0];
         for i in 1..3 {
             counts.push(
-                counting_echo(SocketAddr::new(ip(octet, 10 + i), port))
+                counting_echo(SocketAddr::new(ip(octet, 10 + i), port), Duration::ZERO)
                     .await
                     .1,
             );

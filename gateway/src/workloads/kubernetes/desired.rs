@@ -115,17 +115,10 @@ fn service_spec<'a>(
     let name = svc.metadata.name.as_deref()?;
     let namespace = svc.metadata.namespace.as_deref().unwrap_or("default");
     let spec = svc.spec.as_ref()?;
-    let mut vips: Vec<IpAddr> = spec
-        .cluster_ips
-        .iter()
-        .flatten()
-        .filter_map(|ip| ip.parse().ok())
-        .collect();
-    if let Some(ip) = spec.cluster_ip.as_deref().and_then(|ip| ip.parse().ok()) {
-        if !vips.contains(&ip) {
-            vips.insert(0, ip);
-        }
-    }
+    let vips = primary_first(
+        spec.cluster_ip.as_deref(),
+        spec.cluster_ips.iter().flatten().map(String::as_str),
+    );
     if vips.is_empty() {
         return None;
     }
@@ -322,13 +315,18 @@ fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
     let Some(status) = pod.status.as_ref() else {
         return Vec::new();
     };
-    let mut ips: Vec<IpAddr> = status
-        .pod_ips
-        .iter()
-        .flatten()
-        .filter_map(|p| p.ip.parse().ok())
-        .collect();
-    if let Some(ip) = status.pod_ip.as_deref().and_then(|ip| ip.parse().ok()) {
+    primary_first(
+        status.pod_ip.as_deref(),
+        status.pod_ips.iter().flatten().map(|p| p.ip.as_str()),
+    )
+}
+
+/// The addresses of a dual-stack field pair (`podIP`/`podIPs`,
+/// `clusterIP`/`clusterIPs`): the list, the primary first; what does not
+/// parse (`None` of a headless Service) is left out.
+fn primary_first<'a>(primary: Option<&str>, all: impl Iterator<Item = &'a str>) -> Vec<IpAddr> {
+    let mut ips: Vec<IpAddr> = all.filter_map(|ip| ip.parse().ok()).collect();
+    if let Some(ip) = primary.and_then(|ip| ip.parse().ok()) {
         if !ips.contains(&ip) {
             ips.insert(0, ip);
         }
