@@ -11,6 +11,8 @@ use tokio::task::JoinSet;
 use tracing::info;
 
 use crate::admin::{self, AdminState};
+use crate::ca::certs::IstioCaCerts;
+use crate::ca::metrics::CaMetrics;
 use crate::config::{CaptureMode, CertificatesConfig, Config, WorkloadSourceKind};
 use crate::control_plane::{self, ConnLimit, ControlMetrics};
 use crate::inpod::capture::CapturePorts;
@@ -89,6 +91,10 @@ pub fn cert_source(config: &Config) -> anyhow::Result<Arc<dyn CertSource>> {
         CertificatesConfig::Dir {
             dir, trust_bundle, ..
         } => CertDir::load(dir, trust_bundle).context("certificates.dir")?,
+        CertificatesConfig::IstioCa(ca) => Arc::new(
+            IstioCaCerts::new(ca.settings(), CaMetrics::default())
+                .context("certificates (istio-ca)")?,
+        ),
     })
 }
 
@@ -162,6 +168,12 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             (d.clone(), Some(d))
         }
         CertificatesConfig::DevCa { .. } => (cert_source(&config)?, None),
+        CertificatesConfig::IstioCa(ca) => {
+            let certs = IstioCaCerts::new(ca.settings(), CaMetrics::register(&mut registry))
+                .context("certificates (istio-ca)")?;
+            tasks.spawn(certs.clone().run(workloads.clone(), drain.clone()));
+            (Arc::new(certs), None)
+        }
     };
     if let (
         Some(d),
@@ -387,6 +399,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         drains: drains.clone(),
         pods: pods.clone(),
         routing: routing.clone(),
+        certificates: tls.source().clone(),
         default_grace: config.drains.default_grace,
         metrics: registry,
         ready: Default::default(),

@@ -1,6 +1,7 @@
 //! `GET /config_dump`: the node, every workload (a local one with its real
 //! lifecycle phase and its policy: name, version, source, why), the inbound
-//! tunnels, the outbound pool and (in-pod mode) the pods served in their
+//! tunnels, the outbound pool, the certificates held (an `istio-ca`
+//! source: identity, serial, not-after, state) and (in-pod mode) the pods served in their
 //! own namespaces.
 
 use serde_json::{json, Value};
@@ -18,6 +19,7 @@ pub(super) async fn dump(state: &AdminState) -> Value {
         "inbound_tunnels": state.registry.dump(),
         "pool": state.pool.dump(),
         "services": services(state, &snapshot),
+        "certificates": state.certificates.dump(),
         "capture": match &state.pods {
             None => json!({"mode": "node"}),
             Some(pods) => json!({"mode": "inpod", "pods": pods.dump().await}),

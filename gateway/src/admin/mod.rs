@@ -46,6 +46,8 @@ pub struct AdminState {
     pub pods: Option<Arc<crate::inpod::pods::PodProxies>>,
     /// Services' endpoint choice (`/config_dump` shows why one is skipped).
     pub routing: Arc<crate::proxy::outbound::Routing>,
+    /// `/config_dump` shows what the certificate source holds.
+    pub certificates: Arc<dyn crate::tls::CertSource>,
     /// `drains.default_grace`: the grace of a `shutdown-starting` without `?grace=`.
     pub default_grace: std::time::Duration,
     pub metrics: prometheus_client::registry::Registry,

@@ -6,12 +6,18 @@
 //!   for the `ImpersonatedIdentity` metadata, written with prost's derives.
 //! - [`csr`]: an ECDSA P-256 key and a CSR with one URI SAN and an empty
 //!   subject (the client); a CSR read and its signature checked (the CA).
+//! - [`client`]: the gRPC call over TLS, with the token and cluster id.
+//! - [`certs`]: `certificates.source: istio-ca`, a certificate per local
+//!   identity, renewed at half-life, retried with backoff.
 //! - [`impersonation`]: istiod's node authorizer — who may ask for whose
 //!   identity — as a pure decision over the caller and the pods it sees.
 
+pub mod certs;
+pub mod client;
 pub mod csr;
 pub mod impersonation;
 pub mod messages;
+pub mod metrics;
 
 /// The gRPC method path.
 pub const CREATE_CERTIFICATE: &str = "/istio.v1.auth.IstioCertificateService/CreateCertificate";

@@ -224,6 +224,73 @@ pub enum CertificatesConfig {
         #[serde(default = "default_reload_interval", with = "duration")]
         reload_interval: Duration,
     },
+    /// An Istio CA (istiod, or `tidegate ca`): a certificate per local
+    /// identity, asked for on the pods' behalf (`ImpersonatedIdentity`),
+    /// renewed at half-life.
+    IstioCa(IstioCaConfig),
+}
+
+/// `certificates.source: istio-ca`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IstioCaConfig {
+    /// `https://host:port` (ztunnel's `CA_ADDRESS`).
+    pub address: String,
+    /// PEM roots that verify the CA's serving certificate, re-read every
+    /// `reload_interval` (ztunnel's `CA_ROOT_CA`). Also trusted for peers.
+    pub roots: PathBuf,
+    /// The projected service-account token, audience `istio-ca`, re-read
+    /// for every request (ztunnel's `AUTH_TOKEN`).
+    pub token: PathBuf,
+    /// Sent as the `clusterid` header.
+    pub cluster_id: String,
+    /// Verify the CA as this name instead of the address's host.
+    pub server_name: Option<String>,
+    /// Requested validity (`validity_duration`; ztunnel's `SECRET_TTL`).
+    #[serde(with = "duration")]
+    pub validity: Duration,
+    /// How long a handshake waits for an identity's first certificate.
+    #[serde(with = "duration")]
+    pub first_use_wait: Duration,
+    /// Per request to the CA.
+    #[serde(with = "duration")]
+    pub timeout: Duration,
+    #[serde(with = "duration")]
+    pub reload_interval: Duration,
+}
+
+impl Default for IstioCaConfig {
+    fn default() -> Self {
+        IstioCaConfig {
+            address: "https://istiod.istio-system.svc:15012".into(),
+            roots: "/var/run/secrets/istio/root-cert.pem".into(),
+            token: "/var/run/secrets/tokens/istio-token".into(),
+            cluster_id: "Kubernetes".into(),
+            server_name: None,
+            validity: Duration::from_secs(24 * 3600),
+            first_use_wait: Duration::from_secs(5),
+            timeout: Duration::from_secs(10),
+            reload_interval: default_reload_interval(),
+        }
+    }
+}
+
+impl IstioCaConfig {
+    pub fn settings(&self) -> crate::ca::certs::IstioCaSettings {
+        crate::ca::certs::IstioCaSettings {
+            client: crate::ca::client::CaClientConfig {
+                address: self.address.clone(),
+                roots: self.roots.clone(),
+                token: self.token.clone(),
+                cluster_id: self.cluster_id.clone(),
+                server_name: self.server_name.clone(),
+                timeout: self.timeout,
+            },
+            validity: self.validity,
+            first_use_wait: self.first_use_wait,
+            reload_interval: self.reload_interval,
+        }
+    }
 }
 
 fn default_cert_validity() -> Duration {

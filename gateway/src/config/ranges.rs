@@ -351,6 +351,24 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
             millis(10),
             HOUR,
         )),
+        CertificatesConfig::IstioCa(ca) => rows.extend([
+            dur("certificates.validity", ca.validity, MIN, 365 * DAY)
+                .because("renewal happens at half-life; the CA may shorten it"),
+            dur(
+                "certificates.first_use_wait",
+                ca.first_use_wait,
+                millis(10),
+                MIN,
+            )
+            .because("a handshake waits this long for a new identity's certificate"),
+            dur("certificates.timeout", ca.timeout, millis(100), MIN),
+            dur(
+                "certificates.reload_interval",
+                ca.reload_interval,
+                millis(10),
+                HOUR,
+            ),
+        ]),
     }
     rows
 }

@@ -130,7 +130,14 @@ impl TlsContext {
     }
 
     pub fn server_config(&self, id: &SpiffeId) -> Result<Arc<ServerConfig>, CertError> {
-        let key = self.source.certified_key(id)?;
+        self.server_config_with(id, self.source.certified_key(id)?)
+    }
+
+    fn server_config_with(
+        &self,
+        id: &SpiffeId,
+        key: Arc<CertifiedKey>,
+    ) -> Result<Arc<ServerConfig>, CertError> {
         let mut cache = self.server_cache.lock().unwrap();
         if let Some((k, cfg)) = cache.get(id) {
             if Arc::ptr_eq(k, &key) {
@@ -161,7 +168,14 @@ impl TlsContext {
         src: &SpiffeId,
         expected: &SpiffeId,
     ) -> Result<Arc<ClientConfig>, CertError> {
-        let key = self.source.certified_key(src)?;
+        self.client_config_with(expected, self.source.certified_key(src)?)
+    }
+
+    fn client_config_with(
+        &self,
+        expected: &SpiffeId,
+        key: Arc<CertifiedKey>,
+    ) -> Result<Arc<ClientConfig>, CertError> {
         let verifier = Arc::new(SpiffeServerVerifier {
             chain: self.chain(),
             expected: expected.clone(),
@@ -194,7 +208,8 @@ impl TlsContext {
         local: &SpiffeId,
         tcp: TcpStream,
     ) -> Result<(ServerTls, SpiffeId), HandshakeError> {
-        let cfg = self.server_config(local)?;
+        let key = self.source.fetch(local).await?;
+        let cfg = self.server_config_with(local, key)?;
         let tls = tokio_rustls::TlsAcceptor::from(cfg)
             .accept(tcp)
             .await
@@ -215,7 +230,8 @@ impl TlsContext {
         tcp: TcpStream,
     ) -> Result<ClientTls, HandshakeError> {
         let result = async {
-            let cfg = self.client_config(src, expected)?;
+            let key = self.source.fetch(src).await?;
+            let cfg = self.client_config_with(expected, key)?;
             // An IP server name: rustls sends no SNI for it, as HBONE expects.
             tokio_rustls::TlsConnector::from(cfg)
                 .connect(ServerName::IpAddress(dst_ip.into()), tcp)

@@ -67,7 +67,13 @@ pub enum CertError {
     NoCertificate(SpiffeId),
     #[error("development CA: {0}")]
     DevCa(#[from] DevCaError),
+    #[error("no certificate for identity {id} yet: {reason}")]
+    Unavailable { id: SpiffeId, reason: String },
 }
+
+/// A boxed future, for the one async method of [`CertSource`].
+pub type CertFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Arc<CertifiedKey>, CertError>> + Send + 'a>>;
 
 /// Where the gateway gets certificates for its local workload identities.
 pub trait CertSource: Send + Sync + 'static {
@@ -75,4 +81,14 @@ pub trait CertSource: Send + Sync + 'static {
     fn certified_key(&self, id: &SpiffeId) -> Result<Arc<CertifiedKey>, CertError>;
     /// The current trust bundle.
     fn roots(&self) -> Arc<Roots>;
+    /// Like [`CertSource::certified_key`], but a source that fetches
+    /// certificates on demand waits (a bounded time) for one it does not
+    /// hold yet. Handshakes call this.
+    fn fetch<'a>(&'a self, id: &'a SpiffeId) -> CertFuture<'a> {
+        Box::pin(std::future::ready(self.certified_key(id)))
+    }
+    /// What `/config_dump` shows under `certificates` (never a key).
+    fn dump(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
 }
