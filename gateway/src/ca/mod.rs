@@ -18,6 +18,7 @@ pub mod csr;
 pub mod impersonation;
 pub mod messages;
 pub mod metrics;
+pub mod server;
 
 /// The gRPC method path.
 pub const CREATE_CERTIFICATE: &str = "/istio.v1.auth.IstioCertificateService/CreateCertificate";

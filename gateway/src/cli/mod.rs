@@ -49,6 +49,8 @@ pub enum Command {
     /// Create and build drain-policy plugins (standalone crates, outside this repository).
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Serve the Istio CA protocol (certificates for every node's pods) for clusters without istiod.
+    Ca(Box<crate::ca::server::CaServerConfig>),
 }
 
 #[derive(Debug, Subcommand)]
