@@ -24,11 +24,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::DaemonSet;
+#[path = "manifests/ca.rs"]
+mod ca;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, Namespace, PodSpec, Secret, Service, ServiceAccount, Volume, VolumeMount,
 };
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -51,6 +54,11 @@ const PROVIDED_ELSEWHERE: &[(&str, &str, &str)] = &[
         "ConfigMap",
         "istio-ca-root-cert",
         "istiod publishes it in every namespace",
+    ),
+    (
+        "ConfigMap",
+        "tidegate-ca-root",
+        "tidegate ca publishes its root there at its first start (base/ca-deployment.yaml)",
     ),
     (
         "Secret",
@@ -120,7 +128,11 @@ fn check_typed(doc: &Value, origin: &str) -> String {
         "ServiceAccount" => drop(typed::<ServiceAccount>(doc, &origin)),
         "ClusterRole" => drop(typed::<ClusterRole>(doc, &origin)),
         "ClusterRoleBinding" => drop(typed::<ClusterRoleBinding>(doc, &origin)),
+        "Role" => drop(typed::<Role>(doc, &origin)),
+        "RoleBinding" => drop(typed::<RoleBinding>(doc, &origin)),
         "DaemonSet" => drop(typed::<DaemonSet>(doc, &origin)),
+        "Deployment" => drop(typed::<Deployment>(doc, &origin)),
+        "Service" => drop(typed::<Service>(doc, &origin)),
         "ConfigMap" => drop(typed::<ConfigMap>(doc, &origin)),
         "Secret" => drop(typed::<Secret>(doc, &origin)),
         other => panic!("{origin}: no typed check for kind {other}"),
@@ -168,7 +180,13 @@ struct Generator {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PatchRef {
-    path: String,
+    /// A patch file beside the kustomization, or ...
+    path: Option<String>,
+    /// ... an inline patch applied to every object `target` selects.
+    #[allow(dead_code)]
+    patch: Option<String>,
+    #[allow(dead_code)]
+    target: Option<Value>,
 }
 
 impl Kustomization {
@@ -197,7 +215,7 @@ impl Kustomization {
         self.resources
             .iter()
             .chain(&self.components)
-            .chain(self.patches.iter().map(|p| &p.path))
+            .chain(self.patches.iter().filter_map(|p| p.path.as_ref()))
             .chain(generated)
             .map(|s| s.as_str())
             .collect()
@@ -411,35 +429,92 @@ fn gateway_config(r: &Rendered, pod: &PodSpec, c: &Container) -> Config {
         .unwrap_or_else(|e| panic!("{}: the gateway refuses its config: {e}", r.dir))
 }
 
-/// (API group, resource) pairs the gateway's ServiceAccount may read, from
-/// every ClusterRole bound to it; every rule read-only and without wildcards.
-fn granted(r: &Rendered, service_account: &str, namespace: &str) -> BTreeSet<(String, String)> {
+/// Every (Cluster)RoleBinding binds one ServiceAccount of the render to a
+/// role of the render, and every role is bound.
+fn check_bindings(r: &Rendered) {
+    let accounts: BTreeSet<String> = r
+        .all::<ServiceAccount>("ServiceAccount")
+        .into_iter()
+        .filter_map(|s| s.metadata.name)
+        .collect();
+    let mut roles: BTreeSet<(String, String)> = BTreeSet::new();
+    for kind in ["ClusterRole", "Role"] {
+        for o in r.objects.iter().filter(|o| o["kind"] == kind) {
+            roles.insert((kind.into(), o["metadata"]["name"].as_str().unwrap().into()));
+        }
+    }
+    let mut bound = BTreeSet::new();
+    let bindings = r
+        .all::<ClusterRoleBinding>("ClusterRoleBinding")
+        .into_iter()
+        .map(|b| (b.metadata.name, b.subjects, b.role_ref))
+        .chain(
+            r.all::<RoleBinding>("RoleBinding")
+                .into_iter()
+                .map(|b| (b.metadata.name, b.subjects, b.role_ref)),
+        );
+    for (name, subjects, role_ref) in bindings {
+        let name = name.unwrap();
+        let subjects = subjects.unwrap_or_default();
+        assert_eq!(subjects.len(), 1, "{}: {name} binds one subject", r.dir);
+        assert_eq!(subjects[0].kind, "ServiceAccount");
+        assert!(
+            accounts.contains(&subjects[0].name),
+            "{}: {name} binds {}, not a ServiceAccount of the render",
+            r.dir,
+            subjects[0].name
+        );
+        let role = (role_ref.kind.clone(), role_ref.name.clone());
+        assert!(
+            roles.contains(&role),
+            "{}: {name} binds {role:?}, not in the render",
+            r.dir
+        );
+        bound.insert(role);
+    }
+    let unbound: Vec<_> = roles.difference(&bound).collect();
+    assert!(
+        unbound.is_empty(),
+        "{}: roles bound to nobody: {unbound:?}",
+        r.dir
+    );
+}
+
+/// The ClusterRoles bound to `service_account` of `namespace`.
+fn cluster_roles_of(r: &Rendered, service_account: &str, namespace: &str) -> Vec<ClusterRole> {
     let roles: BTreeMap<String, ClusterRole> = r
         .all::<ClusterRole>("ClusterRole")
         .into_iter()
         .map(|c| (c.metadata.name.clone().unwrap(), c))
         .collect();
-    let mut bound = BTreeSet::new();
+    r.all::<ClusterRoleBinding>("ClusterRoleBinding")
+        .into_iter()
+        .filter(|b| {
+            b.subjects
+                .iter()
+                .flatten()
+                .any(|s| s.name == service_account && s.namespace.as_deref() == Some(namespace))
+        })
+        .map(|b| roles[&b.role_ref.name].clone())
+        .collect()
+}
+
+/// (API group, resource) pairs the gateway's ServiceAccount may read, from
+/// every ClusterRole bound to it; every rule read-only and without
+/// wildcards, and no namespaced Role at all.
+fn granted(r: &Rendered, service_account: &str, namespace: &str) -> BTreeSet<(String, String)> {
     let mut out = BTreeSet::new();
-    for binding in r.all::<ClusterRoleBinding>("ClusterRoleBinding") {
-        let name = binding.metadata.name.clone().unwrap();
-        let subjects = binding.subjects.clone().unwrap_or_default();
-        assert_eq!(subjects.len(), 1, "{}: {name} binds one subject", r.dir);
-        assert_eq!(subjects[0].kind, "ServiceAccount");
-        assert_eq!(
-            (subjects[0].name.as_str(), subjects[0].namespace.as_deref()),
-            (service_account, Some(namespace)),
-            "{}: {name} binds the gateway's ServiceAccount",
+    for b in r.all::<RoleBinding>("RoleBinding") {
+        assert!(
+            !b.subjects
+                .iter()
+                .flatten()
+                .any(|s| s.name == service_account),
+            "{}: the gateway has no namespaced Role",
             r.dir
         );
-        assert_eq!(binding.role_ref.kind, "ClusterRole");
-        let role = roles.get(&binding.role_ref.name).unwrap_or_else(|| {
-            panic!(
-                "{}: {name} binds {}, not in the render",
-                r.dir, binding.role_ref.name
-            )
-        });
-        bound.insert(binding.role_ref.name.clone());
+    }
+    for role in cluster_roles_of(r, service_account, namespace) {
         for rule in role.rules.clone().unwrap_or_default() {
             let verbs: BTreeSet<_> = rule.verbs.iter().map(String::as_str).collect();
             assert_eq!(verbs, BTreeSet::from(["get", "list", "watch"]), "read-only");
@@ -452,12 +527,6 @@ fn granted(r: &Rendered, service_account: &str, namespace: &str) -> BTreeSet<(St
             }
         }
     }
-    let unbound: Vec<_> = roles.keys().filter(|n| !bound.contains(*n)).collect();
-    assert!(
-        unbound.is_empty(),
-        "{}: roles bound to nobody: {unbound:?}",
-        r.dir
-    );
     out
 }
 
@@ -676,7 +745,8 @@ fn check_invariants(r: &Rendered) -> Config {
         );
     }
 
-    // Files the config names are where the pod can read them.
+    // Files the config names are where the pod can read them (istio-ca's
+    // token and roots: `ca::check_istio_ca`).
     if let CertificatesConfig::Dir {
         dir, trust_bundle, ..
     } = &config.certificates
@@ -730,8 +800,11 @@ fn check_invariants(r: &Rendered) -> Config {
             r.dir, o["kind"], o["metadata"]["name"]
         );
     }
-    let sa: ServiceAccount = r.one("ServiceAccount");
-    assert_eq!(pod.service_account_name, sa.metadata.name);
+    let sa: ServiceAccount = r
+        .all::<ServiceAccount>("ServiceAccount")
+        .into_iter()
+        .find(|s| s.metadata.name == pod.service_account_name)
+        .unwrap_or_else(|| panic!("{}: the gateway's ServiceAccount is not rendered", r.dir));
     // Discovery uses the in-cluster credentials of that ServiceAccount and
     // may read exactly what it watches with this config.
     assert_eq!(config.workloads.source, WorkloadSourceKind::Kubernetes);
@@ -743,6 +816,10 @@ fn check_invariants(r: &Rendered) -> Config {
         "{}: RBAC grants exactly what discovery watches",
         r.dir
     );
+    check_bindings(r);
+    if let CertificatesConfig::IstioCa(ca_config) = &config.certificates {
+        ca::check_istio_ca(r, &pod, gw, ca_config, &ns, &sa, &config.trust_domain);
+    }
     config
 }
 
@@ -851,15 +928,15 @@ fn the_base_keeps_its_invariants() {
     // ClusterIP), and granted.
     assert!(!config.oci.enabled);
     assert!(config.workloads.kubernetes.services);
-    let (_, pod) = r.pod();
     assert!(granted(&r, "tidegate", "tidegate-system")
         .contains(&(String::new(), "services".to_owned())));
-    // Certificates and their root come from the node (hostPath).
-    let CertificatesConfig::Dir { trust_bundle, .. } = &config.certificates else {
-        panic!("certificates from a directory")
+    // Certificates from `tidegate ca`, installed beside the gateways
+    // (check_invariants checked the two fit together).
+    let CertificatesConfig::IstioCa(ca) = &config.certificates else {
+        panic!("certificates from the Istio CA protocol")
     };
-    let (v, _) = volume_of(&pod, container(&pod, "tidegate"), trust_bundle);
-    assert!(v.host_path.is_some());
+    assert_eq!(ca.address, "https://tidegate-ca.tidegate-system.svc:15012");
+    assert!(r.contains("Deployment", "tidegate-ca"));
 }
 
 #[test]
@@ -915,29 +992,38 @@ fn the_oci_draining_example_turns_draining_on_with_its_key_and_rbac() {
 }
 
 #[test]
-fn the_istio_ambient_example_trusts_istiods_root() {
+fn the_istio_ambient_example_takes_certificates_from_istiod() {
     let Some(r) = kustomize("examples/istio-ambient") else {
         return;
     };
     let config = check_invariants(&r);
     assert_eq!(config.trust_domain, "cluster.local");
-    let CertificatesConfig::Dir {
-        dir, trust_bundle, ..
-    } = &config.certificates
-    else {
-        panic!("certificates from a directory")
+    // Certificates from istiod, verified against the root it publishes;
+    // tidegate ca is not installed.
+    let CertificatesConfig::IstioCa(ca) = &config.certificates else {
+        panic!("certificates from istiod")
     };
+    assert_eq!(ca.address, "https://istiod.istio-system.svc:15012");
     let (_, pod) = r.pod();
     let gw = container(&pod, "tidegate");
-    // The root is istiod's ConfigMap (key root-cert.pem) ...
-    let (v, key) = volume_of(&pod, gw, trust_bundle);
+    let (v, key) = volume_of(&pod, gw, &ca.roots);
     assert_eq!(
         v.config_map.as_ref().map(|c| c.name.as_str()),
         Some("istio-ca-root-cert")
     );
     assert_eq!(key, Path::new("root-cert.pem"));
-    // ... while the gateway's own certificates still come from the node.
-    assert!(volume_of(&pod, gw, dir).0.host_path.is_some());
+    for kind in [
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+        "ClusterRole",
+        "Role",
+    ] {
+        assert!(
+            !r.contains(kind, "tidegate-ca"),
+            "{kind} tidegate-ca left out"
+        );
+    }
     // Pods come from istio-cni over ZDS; tidegate-cni keeps only its DEL hook.
     assert_eq!(config.capture.mode, CaptureMode::Inpod);
     assert_eq!(

@@ -228,9 +228,9 @@ impl IstioCaCerts {
             keep
         });
         for id in wanted {
-            if !entries.contains_key(&id) {
-                let e = self.inner.spawn(&id);
-                entries.insert(id, e);
+            if let std::collections::hash_map::Entry::Vacant(v) = entries.entry(id) {
+                let e = self.inner.spawn(v.key());
+                v.insert(e);
             }
         }
     }
@@ -268,7 +268,7 @@ impl IstioCaCerts {
         // next backoff step, and wait for its outcome.
         kick.notify_one();
         let unavailable = |reason: String| CertError::Unavailable {
-            id: id.clone(),
+            id: Box::new(id.clone()),
             reason,
         };
         let wait = self.inner.settings.first_use_wait;
@@ -285,7 +285,9 @@ impl IstioCaCerts {
             Ok(Ok(s)) => match s.valid() {
                 Some(i) => Ok(i.key.clone()),
                 None => Err(unavailable(
-                    s.last_error.clone().unwrap_or_else(|| "no certificate".into()),
+                    s.last_error
+                        .clone()
+                        .unwrap_or_else(|| "no certificate".into()),
                 )),
             },
         }
@@ -316,7 +318,12 @@ impl Inner {
         }
     }
 
-    async fn keep_fresh(self: Arc<Self>, id: SpiffeId, status: watch::Sender<Status>, kick: Arc<Notify>) {
+    async fn keep_fresh(
+        self: Arc<Self>,
+        id: SpiffeId,
+        status: watch::Sender<Status>,
+        kick: Arc<Notify>,
+    ) {
         let mut backoff = Backoff::default();
         loop {
             let started = Instant::now();
@@ -378,13 +385,15 @@ impl Inner {
         let mut chain = Vec::new();
         for pem in &pems {
             for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-                chain.push(cert.map_err(|e| IssueError::BadChain(format!("a malformed PEM: {e}")))?);
+                chain
+                    .push(cert.map_err(|e| IssueError::BadChain(format!("a malformed PEM: {e}")))?);
             }
         }
         let leaf = chain
             .first()
             .ok_or_else(|| IssueError::BadChain("an empty chain".into()))?;
-        let got = identity_of(leaf).map_err(|e| IssueError::BadChain(format!("a leaf without a SPIFFE id: {e}")))?;
+        let got = identity_of(leaf)
+            .map_err(|e| IssueError::BadChain(format!("a leaf without a SPIFFE id: {e}")))?;
         if got != *id {
             return Err(IssueError::SanMismatch {
                 got: got.to_string(),
@@ -444,7 +453,9 @@ impl Inner {
         all.extend(set.chains.iter().filter(|c| !set.file.contains(c)).cloned());
         match Roots::from_certs(all) {
             Ok(r) => self.roots.store(Arc::new(r)),
-            Err(e) => warn!(error = %e, "a CA root is not a usable trust anchor; keeping the previous roots"),
+            Err(e) => {
+                warn!(error = %e, "a CA root is not a usable trust anchor; keeping the previous roots")
+            }
         }
     }
 
@@ -478,7 +489,7 @@ impl CertSource for IstioCaCerts {
         match s.valid() {
             Some(i) => Ok(i.key.clone()),
             None => Err(CertError::Unavailable {
-                id: id.clone(),
+                id: Box::new(id.clone()),
                 reason: s
                     .last_error
                     .clone()
@@ -574,10 +585,15 @@ mod tests {
     fn backoff_doubles_from_half_a_second_to_150_seconds_with_jitter() {
         let mut b = Backoff::default();
         let steps: Vec<Duration> = (0..12).map(|_| b.next()).collect();
-        let base = [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 150.0, 150.0, 150.0];
+        let base = [
+            0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 150.0, 150.0, 150.0,
+        ];
         for (d, want) in steps.iter().zip(base) {
             let s = d.as_secs_f64();
-            assert!(s >= want * 0.8 - 1e-9 && s <= want * 1.2 + 1e-9, "{s} vs {want}");
+            assert!(
+                s >= want * 0.8 - 1e-9 && s <= want * 1.2 + 1e-9,
+                "{s} vs {want}"
+            );
         }
     }
 
@@ -589,7 +605,13 @@ mod tests {
             provider()
                 .key_provider
                 .load_private_key(
-                    PrivateKeyDer::from_pem_slice(csr::generate(&"spiffe://td/ns/a/sa/b".parse().unwrap()).unwrap().key_pem.as_bytes()).unwrap(),
+                    PrivateKeyDer::from_pem_slice(
+                        csr::generate(&"spiffe://td/ns/a/sa/b".parse().unwrap())
+                            .unwrap()
+                            .key_pem
+                            .as_bytes(),
+                    )
+                    .unwrap(),
                 )
                 .unwrap(),
         ));

@@ -132,12 +132,11 @@ impl CaClient {
         &self,
         request: IstioCertificateRequest,
     ) -> Result<Vec<String>, CaClientError> {
-        let token = std::fs::read_to_string(&self.cfg.token).map_err(|source| {
-            CaClientError::Token {
+        let token =
+            std::fs::read_to_string(&self.cfg.token).map_err(|source| CaClientError::Token {
                 path: self.cfg.token.clone(),
                 source,
-            }
-        })?;
+            })?;
         tls_config(&self.cfg.roots).map_err(|e| CaClientError::Roots {
             path: self.cfg.roots.clone(),
             message: e.to_string(),
@@ -159,7 +158,8 @@ impl CaClient {
         grpc.ready().await.map_err(|e| {
             CaClientError::from(tonic::Status::unavailable(format!("CA not reachable: {e}")))
         })?;
-        let codec = tonic_prost::ProstCodec::<IstioCertificateRequest, IstioCertificateResponse>::default();
+        let codec =
+            tonic_prost::ProstCodec::<IstioCertificateRequest, IstioCertificateResponse>::default();
         let resp = grpc
             .unary(
                 req,

@@ -84,7 +84,8 @@ pub fn read_der(der: &CertificateSigningRequestDer<'_>) -> Result<ReadCsr, CsrEr
 
 impl ReadCsr {
     /// A leaf for `identity` (whatever the CSR asked for: the CA decided),
-    /// with the CSR's public key, valid from 5 minutes ago (clock skew)
+    /// with the CSR's public key, valid from a little before now (clock skew: a tenth of
+    /// the validity, at most 5 minutes)
     /// for `validity`.
     pub fn sign(
         self,
@@ -106,7 +107,9 @@ impl ReadCsr {
             KeyUsagePurpose::KeyEncipherment,
         ];
         let now = SystemTime::now();
-        params.not_before = (now - Duration::from_secs(300)).into();
+        // Backdated for clock skew, by at most a tenth of the validity so
+        // that half-life (when clients renew) stays in the future.
+        params.not_before = (now - (validity / 10).min(Duration::from_secs(300))).into();
         params.not_after = (now + validity).into();
         params.serial_number = Some(rcgen::SerialNumber::from_slice(
             &fastrand::u64(..).to_be_bytes(),

@@ -68,12 +68,13 @@ pub enum CertError {
     #[error("development CA: {0}")]
     DevCa(#[from] DevCaError),
     #[error("no certificate for identity {id} yet: {reason}")]
-    Unavailable { id: SpiffeId, reason: String },
+    Unavailable { id: Box<SpiffeId>, reason: String },
 }
 
 /// A boxed future, for the one async method of [`CertSource`].
-pub type CertFuture<'a> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Arc<CertifiedKey>, CertError>> + Send + 'a>>;
+pub type CertFuture<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Arc<CertifiedKey>, CertError>> + Send + 'a>,
+>;
 
 /// Where the gateway gets certificates for its local workload identities.
 pub trait CertSource: Send + Sync + 'static {

@@ -1,7 +1,9 @@
 //! A wire-level Kubernetes API server double for discovery tests: kube-rs
 //! talks to it over real HTTP/1.1 on 127.0.0.1 exactly as to a real one.
 //!
-//! Serves `GET /api/v1/{pods,namespaces,services}` and
+//! Serves namespaced Secrets and ConfigMaps (get, create, replace),
+//! TokenReview (tokens registered with [`FakeApiServer::add_token`]),
+//! `GET /api/v1/{pods,namespaces,services}` and
 //! `/apis/discovery.k8s.io/v1/endpointslices`: lists (resourceVersion,
 //! resourceVersionMatch, limit/continue, field and label selectors,
 //! metadata-only with `Accept: ...;as=PartialObjectMetadataList`), watch
@@ -17,6 +19,9 @@
 mod selectors;
 mod server;
 mod state;
+mod writes;
+
+pub use writes::TokenInfo;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -113,9 +118,16 @@ impl FakeApiServer {
                 let st = st.clone();
                 let tls = tls.clone();
                 tokio::spawn(async move {
-                    let svc = service_fn(move |req| {
-                        let resp = server::handle(&st, req);
-                        async move { Ok::<_, std::convert::Infallible>(resp) }
+                    let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        let st = st.clone();
+                        async move {
+                            let resp = if writes::handles(req.uri().path()) {
+                                writes::handle(&st, req).await
+                            } else {
+                                server::handle(&st, req)
+                            };
+                            Ok::<_, std::convert::Infallible>(resp)
+                        }
                     });
                     let http = hyper::server::conn::http1::Builder::new();
                     let _ = match tls {
@@ -229,6 +241,39 @@ impl FakeApiServer {
     pub fn metadata_only_requests(&self, kind: Kind) -> u64 {
         let st = self.state.lock().unwrap();
         st.metadata_only.get(&kind).copied().unwrap_or(0)
+    }
+
+    /// Registers a token TokenReview will accept.
+    pub fn add_token(&self, token: &str, info: TokenInfo) {
+        self.state
+            .lock()
+            .unwrap()
+            .named
+            .tokens
+            .insert(token.to_owned(), info);
+    }
+
+    /// TokenReviews answered.
+    pub fn token_reviews(&self) -> u64 {
+        self.state.lock().unwrap().named.token_reviews
+    }
+
+    /// A namespaced Secret or ConfigMap (`resource` is `secrets` or `configmaps`).
+    pub fn named(&self, resource: &str, ns: &str, name: &str) -> Option<Value> {
+        let st = self.state.lock().unwrap();
+        st.named
+            .objects
+            .get(&(resource.to_owned(), ns.to_owned(), name.to_owned()))
+            .cloned()
+    }
+
+    /// Writes a namespaced Secret or ConfigMap as an operator's `kubectl
+    /// apply` would (the object as given).
+    pub fn put_named(&self, resource: &str, ns: &str, name: &str, object: Value) {
+        self.state.lock().unwrap().named.objects.insert(
+            (resource.to_owned(), ns.to_owned(), name.to_owned()),
+            object,
+        );
     }
 
     /// Open watch streams for `kind`.

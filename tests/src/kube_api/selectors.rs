@@ -30,7 +30,7 @@ impl Filter {
                 binary(term).ok_or_else(|| format!("invalid field selector term {term:?}"))?;
             if !matches!(
                 k.as_str(),
-                "metadata.name" | "metadata.namespace" | "spec.nodeName"
+                "metadata.name" | "metadata.namespace" | "spec.nodeName" | "status.phase"
             ) {
                 return Err(format!("field label not supported: {k}"));
             }

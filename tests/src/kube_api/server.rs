@@ -175,11 +175,11 @@ fn status_value(code: u16, reason: &str, message: &str) -> Value {
     })
 }
 
-fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
+pub(super) fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
     json_response(code, &status_value(code.as_u16(), reason, message))
 }
 
-fn json_response(code: StatusCode, v: &Value) -> Response<Body> {
+pub(super) fn json_response(code: StatusCode, v: &Value) -> Response<Body> {
     Response::builder()
         .status(code)
         .header(http::header::CONTENT_TYPE, "application/json")

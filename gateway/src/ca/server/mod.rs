@@ -40,7 +40,11 @@ pub struct CaServerConfig {
     #[arg(long, env = "TIDEGATE_CA_SECRET", default_value = "tidegate-ca-root")]
     pub secret: String,
     /// ConfigMap the root certificate is published in (`root-cert.pem`).
-    #[arg(long, env = "TIDEGATE_CA_ROOT_CONFIGMAP", default_value = "tidegate-ca-root")]
+    #[arg(
+        long,
+        env = "TIDEGATE_CA_ROOT_CONFIGMAP",
+        default_value = "tidegate-ca-root"
+    )]
     pub root_configmap: String,
     #[arg(long, env = "TIDEGATE_TRUST_DOMAIN", default_value = "cluster.local")]
     pub trust_domain: String,
@@ -95,7 +99,8 @@ pub enum CaServerError {
 /// A started CA.
 pub struct RunningCa {
     pub addr: SocketAddr,
-    /// The root certificate (PEM) clients trust.
+    /// The root certificate (PEM) leaves chain to; the published bundle
+    /// may hold further trusted roots (`root::TRUSTED_ROOTS_KEY`).
     pub root_pem: String,
     pub task: tokio::task::JoinHandle<()>,
 }
@@ -103,7 +108,11 @@ pub struct RunningCa {
 /// Loads (or creates) the root, publishes it, waits for the first list of
 /// pods, then serves until `drain` fires.
 pub async fn start(cfg: CaServerConfig, drain: ShutdownWatch) -> Result<RunningCa, CaServerError> {
-    if let Some(bad) = cfg.trusted.iter().find(|t| t.split('/').count() != 2 || t.starts_with('/') || t.ends_with('/')) {
+    if let Some(bad) = cfg
+        .trusted
+        .iter()
+        .find(|t| t.split('/').count() != 2 || t.starts_with('/') || t.ends_with('/'))
+    {
         return Err(CaServerError::Trusted(bad.clone()));
     }
     let client = crate::workloads::kubernetes::client_for(&KubernetesConfig {
@@ -115,7 +124,7 @@ pub async fn start(cfg: CaServerConfig, drain: ShutdownWatch) -> Result<RunningC
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &cfg.namespace);
     let root = root::load_or_create(&secrets, &cfg.secret, &cfg.trust_domain).await?;
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &cfg.namespace);
-    root::publish(&maps, &cfg.root_configmap, &root.cert_pem).await?;
+    root::publish(&maps, &cfg.root_configmap, &root.bundle_pem).await?;
     let tls = serving_tls(&root, &cfg.serving_names)?;
 
     let pods = Arc::new(pods::PodIndex::default());
@@ -133,10 +142,12 @@ pub async fn start(cfg: CaServerConfig, drain: ShutdownWatch) -> Result<RunningC
             addr: cfg.listen,
             source,
         })?;
-    let addr = listener.local_addr().map_err(|source| CaServerError::Listen {
-        addr: cfg.listen,
-        source,
-    })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| CaServerError::Listen {
+            addr: cfg.listen,
+            source,
+        })?;
     let root_pem = root.cert_pem.clone();
     let ca = Arc::new(service::Ca {
         root,
@@ -157,7 +168,10 @@ pub async fn start(cfg: CaServerConfig, drain: ShutdownWatch) -> Result<RunningC
     })
 }
 
-fn serving_tls(root: &root::CaRoot, names: &[String]) -> Result<tokio_rustls::TlsAcceptor, CaServerError> {
+fn serving_tls(
+    root: &root::CaRoot,
+    names: &[String],
+) -> Result<tokio_rustls::TlsAcceptor, CaServerError> {
     let bad = |m: String| CaServerError::Serving(m);
     let (cert_pem, key_pem) = root.serving_cert(names).map_err(|e| bad(e.to_string()))?;
     let chain = vec![
@@ -231,13 +245,21 @@ impl tonic::transport::server::Connected for TlsConn {
 }
 
 impl AsyncRead for TlsConn {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for TlsConn {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
     }
 

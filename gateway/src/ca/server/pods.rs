@@ -31,7 +31,11 @@ impl Index {
         self.remove(&key);
         *self
             .on_node
-            .entry((facts.node.clone(), key.0.clone(), facts.service_account.clone()))
+            .entry((
+                facts.node.clone(),
+                key.0.clone(),
+                facts.service_account.clone(),
+            ))
             .or_default() += 1;
         self.by_name.insert(key, facts);
     }
@@ -91,7 +95,12 @@ impl Pods for PodIndex {
 
 impl PodIndex {
     /// Follows the pods until drained; `synced` turns true after the first list.
-    pub async fn follow(&self, client: kube::Client, synced: watch::Sender<bool>, mut drain: ShutdownWatch) {
+    pub async fn follow(
+        &self,
+        client: kube::Client,
+        synced: watch::Sender<bool>,
+        mut drain: ShutdownWatch,
+    ) {
         let pods: Api<Pod> = Api::all(client);
         let cfg = watcher::Config::default().fields("status.phase!=Failed");
         let mut stream = std::pin::pin!(watcher::watcher(pods, cfg).default_backoff());

@@ -4,9 +4,13 @@
 //! root certificate published in a ConfigMap (`root-cert.pem`) for the
 //! gateways to mount as `certificates.roots`.
 //!
-//! Rotation: create the new Secret by hand (or delete it, and a restart
-//! creates one), restart `tidegate ca`; gateways re-read `root-cert.pem`
-//! from the ConfigMap and accept both roots while they renew at half-life.
+//! Rotation without a failed handshake (deploy/README.md, "Rotating the
+//! root"): put the new `ca-cert.pem`/`ca-key.pem` in the Secret and the
+//! old certificate in its optional `trusted-roots.pem`, restart `tidegate
+//! ca`: it signs with the new root and publishes both, so every gateway
+//! (re-reading `root-cert.pem`) accepts leaves of either while they renew at
+//! half-life; after the longest validity has passed, drop
+//! `trusted-roots.pem` and restart again.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
@@ -19,6 +23,8 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType, PKCS_ECDSA_P256_SHA256,
 };
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
 use tracing::info;
 
 use crate::ca::csr::CsrError;
@@ -26,24 +32,25 @@ use crate::ca::csr::CsrError;
 pub const CERT_KEY: &str = "ca-cert.pem";
 pub const KEY_KEY: &str = "ca-key.pem";
 pub const ROOT_CERT_KEY: &str = "root-cert.pem";
+/// Optional: further roots still trusted (the previous one, during a rotation).
+pub const TRUSTED_ROOTS_KEY: &str = "trusted-roots.pem";
 
 #[derive(Debug, thiserror::Error)]
 pub enum RootError {
     #[error("Kubernetes API ({what}): {source}")]
-    Api {
-        what: String,
-        source: kube::Error,
-    },
+    Api { what: String, source: kube::Error },
     #[error("Secret {secret}: {message}")]
     Invalid { secret: String, message: String },
     #[error("cannot generate: {0}")]
     Generate(#[from] rcgen::Error),
 }
 
-/// The root: its certificate (PEM) and the issuer that signs leaves.
+/// The root: its certificate (PEM), the issuer that signs leaves, and the
+/// bundle published for verifiers (this root, then any still trusted).
 pub struct CaRoot {
     pub cert_pem: String,
     pub issuer: Issuer<'static, KeyPair>,
+    pub bundle_pem: String,
 }
 
 impl CaRoot {
@@ -52,7 +59,8 @@ impl CaRoot {
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
         let mut p = CertificateParams::default();
         p.distinguished_name = DistinguishedName::new();
-        p.distinguished_name.push(DnType::OrganizationName, trust_domain);
+        p.distinguished_name
+            .push(DnType::OrganizationName, trust_domain);
         p.distinguished_name.push(DnType::CommonName, "tidegate CA");
         p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         p.key_usages = vec![
@@ -67,6 +75,7 @@ impl CaRoot {
         Ok(CaRoot {
             cert_pem: cert.pem(),
             issuer: Issuer::new(p, key),
+            bundle_pem: cert.pem(),
         })
     }
 
@@ -76,6 +85,7 @@ impl CaRoot {
         Ok(CaRoot {
             cert_pem: cert_pem.to_owned(),
             issuer,
+            bundle_pem: cert_pem.to_owned(),
         })
     }
 
@@ -137,7 +147,10 @@ pub async fn load_or_create(
         },
         type_: Some("Opaque".into()),
         data: Some(BTreeMap::from([
-            (CERT_KEY.to_owned(), ByteString(root.cert_pem.clone().into_bytes())),
+            (
+                CERT_KEY.to_owned(),
+                ByteString(root.cert_pem.clone().into_bytes()),
+            ),
             (
                 KEY_KEY.to_owned(),
                 ByteString(root.issuer.key().serialize_pem().into_bytes()),
@@ -174,9 +187,32 @@ fn from_secret(name: &str, s: &Secret) -> Result<CaRoot, RootError> {
             .ok_or_else(|| invalid(format!("no data key {k}")))?;
         String::from_utf8(b.0.clone()).map_err(|_| invalid(format!("{k} is not PEM text")))
     };
-    let root = CaRoot::from_pem(&field(CERT_KEY)?, &field(KEY_KEY)?)
+    let mut root = CaRoot::from_pem(&field(CERT_KEY)?, &field(KEY_KEY)?)
         .map_err(|e| invalid(format!("{CERT_KEY}/{KEY_KEY}: {e}")))?;
-    info!(secret = name, "CA root loaded");
+    let has_extra = s
+        .data
+        .as_ref()
+        .is_some_and(|d| d.contains_key(TRUSTED_ROOTS_KEY));
+    if has_extra {
+        let extra = field(TRUSTED_ROOTS_KEY)?;
+        let certs = CertificateDer::pem_slice_iter(extra.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| invalid(format!("{TRUSTED_ROOTS_KEY}: {e}")))?;
+        if certs.is_empty() {
+            return Err(invalid(format!("{TRUSTED_ROOTS_KEY}: no certificate")));
+        }
+        if !root.bundle_pem.ends_with('\n') {
+            root.bundle_pem.push('\n');
+        }
+        root.bundle_pem.push_str(&extra);
+        info!(
+            secret = name,
+            extra = certs.len(),
+            "CA root loaded, with further trusted roots"
+        );
+    } else {
+        info!(secret = name, "CA root loaded");
+    }
     Ok(root)
 }
 

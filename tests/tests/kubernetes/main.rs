@@ -13,6 +13,8 @@ use tidegate::workloads::LifecycleState;
 use tidegate_e2e::kube_api::{FakeApiServer, Kind};
 use tidegate_e2e::{eventually, http_get, init_tracing, ip, metric, metric_or_zero, plugin};
 
+mod ca;
+
 const WAIT: Duration = Duration::from_secs(10);
 
 /// A gateway on `node` discovering from `api_server`, with two policies:
