@@ -574,7 +574,10 @@ fn plugin_new_builds_checks_passes_its_trace_and_hot_swaps() {
     let out = ok(&tidegate_in(&krate, &["plugin", "build"]));
     assert!(out.starts_with("wrote target/my-policy.wasm ("), "{out}");
     assert!(
-        out.contains("exports: tidegate:policy/policy@0.1.0"),
+        out.contains(&format!(
+            "exports: tidegate:policy/policy@{}",
+            tidegate_sdk::CONTRACT_VERSION
+        )),
         "{out}"
     );
     assert!(

@@ -187,7 +187,7 @@ fn check_refuses_wrong_versions_and_garbage_by_name() {
     );
     let report = String::from_utf8_lossy(&out.stdout);
     assert!(
-        report.contains("imports: tidegate:policy/types@0.1.0"),
+        report.contains("imports: tidegate:policy/types@0.2.0"),
         "no WASI: {report}"
     );
 }
@@ -479,4 +479,132 @@ fn plugin_files_are_watched_and_swapped() {
         trigger.start(Duration::ZERO);
         task.await.unwrap();
     });
+}
+
+/// A pod with 6 labels and 5 annotations, as the bench's typical pod.
+fn labelled_shutdown(uid: &str) -> sdk::Event {
+    let mut info = sdk::WorkloadInfo::new(uid).named("demo", uid);
+    for (k, v) in [
+        ("app", "web"),
+        ("tier", "frontend"),
+        ("version", "v2"),
+        ("pod-template-hash", "7d9f8b6c5"),
+        ("app.kubernetes.io/part-of", "shop"),
+        ("team", "checkout"),
+    ] {
+        info = info.with_label(k, v);
+    }
+    for (k, v) in [
+        ("tidegate.io/oci-drain", "true"),
+        ("kubectl.kubernetes.io/restartedAt", "2026-12-01T10:00:00Z"),
+        ("prometheus.io/scrape", "true"),
+        ("prometheus.io/port", "9090"),
+        ("cluster-autoscaler.kubernetes.io/safe-to-evict", "true"),
+    ] {
+        info = info.with_annotation(k, v);
+    }
+    sdk::Event::ShutdownStarted(sdk::ShutdownStarted {
+        workload: sdk::WorkloadState::new(info).with_inbound(2, 3),
+        grace_deadline_ms: 1_000_000,
+        grace_remaining_ms: 30_000,
+    })
+}
+
+fn logged(actions: &[sdk::Action]) -> Vec<String> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            sdk::Action::Log(l) => Some(l.message.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A plugin built for 0.1.0 (`init` returns nothing) still loads, runs
+/// under the 0.1.0 bindings, is handed every label and annotation, and its
+/// actions are executed as before.
+#[test]
+fn a_plugin_built_for_contract_0_1_0_still_loads_and_sees_all_metadata() {
+    let (e, _) = engine("");
+    let sel = install(&e, "old", "fixtures/contract-0-1", "");
+    let v = e.version("old").unwrap();
+    assert_eq!(v.contract.to_string(), "0.1.0");
+    assert_eq!(v.reads(), Some(sdk::MetadataReads::everything()));
+    let d = e.decide(&sel, &labelled_shutdown("w"));
+    assert_eq!(logged(&d.actions), ["labels=6 annotations=5"], "{d:?}");
+    assert!(
+        matches!(&d.actions[0], sdk::Action::Goaway(g) if g.workload == "w"),
+        "{d:?}"
+    );
+    let (exports, _) = v.interface();
+    assert!(
+        exports.iter().any(|x| x == "tidegate:policy/policy@0.1.0"),
+        "{exports:?}"
+    );
+}
+
+/// A 0.2.0 plugin is handed exactly the label and annotation keys its
+/// `init` declared (`*`: every key; none: none), and a declaration beyond
+/// the bounds is refused at install with the reason.
+#[test]
+fn a_contract_0_2_0_plugin_is_handed_only_the_metadata_it_declared() {
+    let (e, _) = engine("");
+    let cases = [
+        (
+            r#"{"labels": "app,missing", "annotations": "tidegate.io/oci-drain"}"#,
+            "labels=app annotations=tidegate.io/oci-drain",
+        ),
+        (
+            r#"{"labels": "*"}"#,
+            "labels=app,app.kubernetes.io/part-of,pod-template-hash,team,tier,version annotations=",
+        ),
+        (r#"{}"#, "labels= annotations="),
+    ];
+    for (config, want) in cases {
+        let sel = install(&e, "probe", "fixtures/reads-probe", config);
+        assert_eq!(e.version("probe").unwrap().contract.to_string(), "0.2.0");
+        let d = e.decide(&sel, &labelled_shutdown("w"));
+        assert_eq!(logged(&d.actions), [want], "{config}");
+    }
+    let too_many: Vec<String> = (0..=tidegate::policy::MAX_READ_KEYS)
+        .map(|i| format!("k{i}"))
+        .collect();
+    let bytes = std::fs::read(plugin("fixtures/reads-probe")).unwrap();
+    let config = format!(r#"{{"labels": "{}"}}"#, too_many.join(","));
+    let err = e
+        .install("probe2", &bytes, Some(&config))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("metadata-reads.labels") && err.contains("at most 64"),
+        "{err}"
+    );
+    assert!(e.version("probe2").is_none());
+}
+
+/// The reference plugins declare what they read: `oci-drain` and
+/// `recommended` the opt-in annotation (and so still drain an opted-in
+/// pod), the others nothing.
+#[test]
+fn reference_plugins_declare_only_what_they_read() {
+    let (e, _) = engine("");
+    for name in REFERENCE {
+        install(&e, name, name, "");
+        let reads = e.version(name).unwrap().reads().unwrap();
+        let expect = match name {
+            "oci-drain" | "recommended" => {
+                sdk::MetadataReads::none().annotation("tidegate.io/oci-drain")
+            }
+            _ => sdk::MetadataReads::none(),
+        };
+        assert_eq!(reads, expect, "{name}");
+    }
+    let sel = install(&e, "oci-drain", "oci-drain", "");
+    let d = e.decide(&sel, &labelled_shutdown("w"));
+    assert!(
+        d.actions
+            .iter()
+            .any(|a| matches!(a, sdk::Action::OciDrain(o) if o.workload == "w")),
+        "the opt-in annotation still reaches it: {d:?}"
+    );
 }

@@ -15,11 +15,21 @@ use crate::action::{
     Action, AtCapacity, Backoff, Evict, EvictWhen, Goaway, GoawayMode, GoawayTarget, HoldTeardown,
     LogLevel, LogLine, OciDrain, SetTimer,
 };
+use crate::bindings::exports::tidegate::policy::policy;
 use crate::bindings::tidegate::policy::types as wit;
 use crate::event::{
     ConnectFailing, Event, GatewayShutdown, NetworkTeardown, PeerInfo, PeerState, ShutdownStarted,
     TimerFired, WorkloadInfo, WorkloadState,
 };
+
+impl From<crate::MetadataReads> for policy::MetadataReads {
+    fn from(r: crate::MetadataReads) -> Self {
+        Self {
+            labels: r.labels.to_list(),
+            annotations: r.annotations.to_list(),
+        }
+    }
+}
 
 fn map_from(pairs: Vec<(String, String)>) -> BTreeMap<String, String> {
     pairs.into_iter().collect()

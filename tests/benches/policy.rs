@@ -487,6 +487,62 @@ fn decision_latency(engine: &PolicyEngine) -> Vec<LatencyRow> {
     rows
 }
 
+/// The contract's metadata reads (0.2.0) in one run: the same plugin
+/// (`fixtures/reads-probe`) on the typical pod event, handed every label
+/// and annotation (`*`, what a 0.1.0 plugin gets) or only the one
+/// annotation it reads; and `fixtures/contract-0-1`, a plugin built for
+/// 0.1.0.
+fn metadata_reads(engine: &PolicyEngine) {
+    header(
+        "1b. Metadata reads (contract 0.2.0): the same event, every key vs only the declared ones",
+    );
+    print_table_header();
+    let probe = match std::fs::read(plugins_dir().join("fixtures/reads-probe.wasm")) {
+        Ok(b) => b,
+        Err(e) => return println!("  fixtures/reads-probe.wasm: {e} (cargo xtask plugins)"),
+    };
+    let event = shutdown_started();
+    let mut p50 = Vec::new();
+    for (name, config) in [
+        ("probe-every-key", r#"{"labels": "*", "annotations": "*"}"#),
+        (
+            "probe-one-annotation",
+            r#"{"annotations": "tidegate.io/oci-drain"}"#,
+        ),
+    ] {
+        engine
+            .install(name, &probe, Some(config))
+            .expect("reads-probe loads");
+        let version = engine.version(name).expect("installed");
+        let raw = per_call(WARMUP, CALLS, || {
+            std::hint::black_box(version.call_raw(&event, Clock::Wall).unwrap());
+        });
+        print_stats_row(name, event.kind(), "1", "call_raw", &raw, verdict(&raw));
+        p50.push(raw.p50());
+    }
+    println!(
+        "  declared / every key, p50: {:.2}x",
+        p50[1].as_secs_f64() / p50[0].as_secs_f64()
+    );
+    if let Ok(old) = std::fs::read(plugins_dir().join("fixtures/contract-0-1.wasm")) {
+        engine
+            .install("contract-0-1", &old, None)
+            .expect("0.1.0 loads");
+        let version = engine.version("contract-0-1").expect("installed");
+        let raw = per_call(WARMUP, CALLS, || {
+            std::hint::black_box(version.call_raw(&event, Clock::Wall).unwrap());
+        });
+        print_stats_row(
+            "contract-0-1 (built for 0.1.0)",
+            event.kind(),
+            "2",
+            "call_raw",
+            &raw,
+            verdict(&raw),
+        );
+    }
+}
+
 fn breakdown(engine: &PolicyEngine, rows: &[LatencyRow]) {
     header("1b. Where the time goes (per call; p50 / p99)");
     let line = |what: &str, s: &Stats| {
@@ -795,6 +851,7 @@ fn main() -> ExitCode {
 
     if run("1") {
         let rows = decision_latency(&engine);
+        metadata_reads(&engine);
         breakdown(&engine, &rows);
     }
     if run("2") {

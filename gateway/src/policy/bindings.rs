@@ -1,7 +1,26 @@
-//! The host bindings of the `tidegate:policy` WIT package, generated here and
-//! nowhere else.
+//! The host bindings of the `tidegate:policy` WIT packages, generated here
+//! and nowhere else: one module per contract version the host implements.
+//! Both versions share the `types` interface (0.2.0 changed only `init`),
+//! so 0.2.0's bindings reuse 0.1.0's types and one converter serves both.
 
-wasmtime::component::bindgen!({
-    path: "../sdk/wit",
-    world: "drain-policy",
-});
+/// `tidegate:policy@0.1.0`, frozen in `sdk/wit-history/0.1.0/`.
+pub mod v0_1 {
+    wasmtime::component::bindgen!({
+        path: "../sdk/wit-history/0.1.0",
+        world: "drain-policy",
+    });
+}
+
+/// `tidegate:policy@0.2.0` (`sdk/wit/`, the SDK's).
+pub mod v0_2 {
+    wasmtime::component::bindgen!({
+        path: "../sdk/wit",
+        world: "drain-policy",
+        with: {
+            "tidegate:policy/types": super::v0_1::tidegate::policy::types,
+        },
+    });
+}
+
+/// The types every contract version shares.
+pub use v0_1::tidegate::policy::types;

@@ -11,26 +11,39 @@
 
 use tidegate_sdk as sdk;
 
-use super::bindings::tidegate::policy::types as wit;
+use super::bindings::types as wit;
+use super::bindings::v0_2::exports::tidegate::policy::policy;
 
-fn pairs(m: &std::collections::BTreeMap<String, String>) -> Vec<(String, String)> {
-    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+/// The pairs of `m` the policy declared it reads: only those are copied
+/// (here, and again into the sandbox).
+fn pairs(
+    m: &std::collections::BTreeMap<String, String>,
+    keys: &sdk::Keys,
+) -> Vec<(String, String)> {
+    match keys {
+        sdk::Keys::All => m.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        sdk::Keys::Only(keys) => keys
+            .iter()
+            .filter_map(|k| m.get_key_value(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    }
 }
 
-fn workload_info(w: &sdk::WorkloadInfo) -> wit::WorkloadInfo {
+fn workload_info(w: &sdk::WorkloadInfo, reads: &sdk::MetadataReads) -> wit::WorkloadInfo {
     wit::WorkloadInfo {
         uid: w.uid.clone(),
         name: w.name.clone(),
         namespace: w.namespace.clone(),
         identity: w.identity.clone(),
-        labels: pairs(&w.labels),
-        annotations: pairs(&w.annotations),
+        labels: pairs(&w.labels, &reads.labels),
+        annotations: pairs(&w.annotations, &reads.annotations),
     }
 }
 
-fn workload_state(w: &sdk::WorkloadState) -> wit::WorkloadState {
+fn workload_state(w: &sdk::WorkloadState, reads: &sdk::MetadataReads) -> wit::WorkloadState {
     wit::WorkloadState {
-        info: workload_info(&w.info),
+        info: workload_info(&w.info, reads),
         inbound_tunnels: w.inbound_tunnels,
         inbound_streams: w.inbound_streams,
         outbound_pooled_tunnels: w.outbound_pooled_tunnels,
@@ -56,18 +69,21 @@ fn peer_state(p: &sdk::PeerState) -> wit::PeerState {
     }
 }
 
-pub fn event(e: &sdk::Event) -> wit::Event {
+/// The event as the policy sees it: labels and annotations limited to
+/// what it declared it `reads`.
+pub fn event(e: &sdk::Event, reads: &sdk::MetadataReads) -> wit::Event {
     use sdk::Event as E;
+    let state = |w: &sdk::WorkloadState| workload_state(w, reads);
     match e {
-        E::WorkloadAdded(w) => wit::Event::WorkloadAdded(workload_state(w)),
-        E::WorkloadDeleted(w) => wit::Event::WorkloadDeleted(workload_state(w)),
+        E::WorkloadAdded(w) => wit::Event::WorkloadAdded(state(w)),
+        E::WorkloadDeleted(w) => wit::Event::WorkloadDeleted(state(w)),
         E::ShutdownStarted(s) => wit::Event::ShutdownStarted(wit::ShutdownStarted {
-            workload: workload_state(&s.workload),
+            workload: state(&s.workload),
             grace_deadline_ms: s.grace_deadline_ms,
             grace_remaining_ms: s.grace_remaining_ms,
         }),
         E::NetworkTeardown(t) => wit::Event::NetworkTeardown(wit::NetworkTeardown {
-            workload: workload_state(&t.workload),
+            workload: state(&t.workload),
             since_shutdown_ms: t.since_shutdown_ms,
             max_hold_ms: t.max_hold_ms,
         }),
@@ -83,13 +99,25 @@ pub fn event(e: &sdk::Event) -> wit::Event {
         E::GatewayShutdown(g) => wit::Event::GatewayShutdown(wit::GatewayShutdown {
             deadline_ms: g.deadline_ms,
             remaining_ms: g.remaining_ms,
-            workloads: g.workloads.iter().map(workload_state).collect(),
+            workloads: g.workloads.iter().map(state).collect(),
         }),
         E::TimerFired(t) => wit::Event::TimerFired(wit::TimerFired {
             subject: t.subject.clone(),
             tag: t.tag.clone(),
-            workload: t.workload.as_ref().map(workload_state),
+            workload: t.workload.as_ref().map(state),
         }),
+    }
+}
+
+/// What a 0.2.0 policy's `init` declared it reads.
+pub fn reads(r: policy::MetadataReads) -> sdk::MetadataReads {
+    let policy::MetadataReads {
+        labels,
+        annotations,
+    } = r;
+    sdk::MetadataReads {
+        labels: sdk::Keys::from_list(labels),
+        annotations: sdk::Keys::from_list(annotations),
     }
 }
 

@@ -104,6 +104,13 @@ pub struct Decision {
     pub latency: Duration,
 }
 
+/// What `/policies` shows of a plugin's declared metadata reads.
+#[derive(Clone, Debug, serde::Serialize, PartialEq, Eq)]
+pub struct PolicyReads {
+    pub labels: Vec<String>,
+    pub annotations: Vec<String>,
+}
+
 #[derive(Debug, Serialize)]
 pub struct PolicyStatus {
     pub name: String,
@@ -117,6 +124,8 @@ pub struct PolicyStatus {
     pub watched_file: Option<PathBuf>,
     pub version: Option<String>,
     pub contract: Option<String>,
+    /// The label and annotation keys the plugin is handed (`*`: every key).
+    pub reads: Option<PolicyReads>,
     pub size: Option<usize>,
     pub loaded_at_unix_ms: Option<u128>,
     pub calls: u64,
@@ -544,6 +553,10 @@ impl PolicyEngine {
                     watched_file: s.and_then(|s| s.file.clone()),
                     version: v.map(|v| v.hash.clone()),
                     contract: v.map(|v| v.contract.to_string()),
+                    reads: v.and_then(|v| v.reads()).map(|r| PolicyReads {
+                        labels: r.labels.to_list(),
+                        annotations: r.annotations.to_list(),
+                    }),
                     size: v.map(|v| v.size),
                     loaded_at_unix_ms: v.map(|v| unix_ms(v.loaded_at)),
                     calls: v.map(|v| v.calls()).unwrap_or(0),

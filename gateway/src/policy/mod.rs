@@ -28,7 +28,7 @@ pub use engine::{Decision, LoadedFrom, PolicyEngine, Selection, UploadResult, Up
 pub use error::{CallFailure, FailureKind, LoadError};
 pub use fallback::Fallback;
 pub use metrics::PolicyMetrics;
-pub use plugin::{PluginVersion, QuarantineRule};
+pub use plugin::{PluginVersion, QuarantineRule, MAX_READ_KEYS};
 pub use resolve::{Resolution, SelectedBy, Skipped, PEER_POLICY_ANNOTATION, POLICY_ANNOTATION};
 pub use runtime::{Clock, PolicyRuntime, RuntimeLimits};
 pub use validate::{validate, Bounds, Ignored, Validated};

@@ -1,7 +1,10 @@
 //! One loaded version of a plugin: compiled once, instantiated from a cached
 //! `InstancePre`, one warm instance reused across calls. A failed call
 //! discards the instance (a trap poisons a component store); the next call
-//! re-instantiates. Repeated failures quarantine the version.
+//! re-instantiates. Repeated failures quarantine the version. A plugin of
+//! either contract version the host implements is served by that
+//! version's bindings; a 0.2.0 plugin's `init` says which labels and
+//! annotations each event carries.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -12,11 +15,53 @@ use tidegate_sdk as sdk;
 use wasmtime::component::Component;
 use wasmtime::Store;
 
-use super::bindings::{DrainPolicy, DrainPolicyPre};
+use super::bindings::{v0_1, v0_2};
 use super::convert;
 use super::error::{one_line, CallFailure, FailureKind, LoadError};
 use super::runtime::{Clock, HostState, PolicyRuntime};
-use super::version::{self, Version};
+use super::version::{self, Contract, Version};
+
+/// At most this many label keys, and as many annotation keys, in a
+/// plugin's `metadata-reads` (more is refused at `init`).
+pub const MAX_READ_KEYS: usize = 64;
+/// The longest Kubernetes label or annotation key (253-byte prefix, `/`,
+/// 63-byte name).
+const MAX_KEY_LEN: usize = 317;
+
+/// The compiled plugin, ready to instantiate, through its contract's bindings.
+enum Pre {
+    V0_1(v0_1::DrainPolicyPre<HostState>),
+    V0_2(v0_2::DrainPolicyPre<HostState>),
+}
+
+enum Instance {
+    V0_1(v0_1::DrainPolicy),
+    V0_2(v0_2::DrainPolicy),
+}
+
+/// Bounds a plugin's declared reads; the error names what is wrong.
+fn check_reads(reads: &sdk::MetadataReads) -> Result<(), String> {
+    for (what, keys) in [
+        ("labels", &reads.labels),
+        ("annotations", &reads.annotations),
+    ] {
+        let sdk::Keys::Only(keys) = keys else {
+            continue;
+        };
+        if keys.len() > MAX_READ_KEYS {
+            return Err(format!(
+                "metadata-reads.{what}: {} keys, at most {MAX_READ_KEYS} (or [\"*\"] for every key)",
+                keys.len()
+            ));
+        }
+        if let Some(k) = keys.iter().find(|k| k.is_empty() || k.len() > MAX_KEY_LEN) {
+            return Err(format!(
+                "metadata-reads.{what}: key {k:?} is not a Kubernetes key (1 to {MAX_KEY_LEN} bytes)"
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// When a version is quarantined: `failures` failed calls within `window`.
 #[derive(Clone, Copy, Debug)]
@@ -44,7 +89,9 @@ impl Default for QuarantineRule {
 
 struct Warm {
     store: Store<HostState>,
-    policy: DrainPolicy,
+    policy: Instance,
+    /// What this instance's `init` declared it reads.
+    reads: sdk::MetadataReads,
 }
 
 /// A compiled, validated plugin version.
@@ -57,7 +104,9 @@ pub struct PluginVersion {
     pub loaded_at: SystemTime,
     pub size: usize,
     runtime: Arc<PolicyRuntime>,
-    pre: DrainPolicyPre<HostState>,
+    pre: Pre,
+    /// The reads of the last successful `init`, for `/policies`.
+    reads: Mutex<Option<sdk::MetadataReads>>,
     warm: Mutex<Option<Warm>>,
     quarantine: QuarantineRule,
     recent_failures: Mutex<VecDeque<Instant>>,
@@ -138,12 +187,21 @@ impl PluginVersion {
     ) -> Result<Arc<Self>, LoadError> {
         let component = Component::new(&runtime.engine, bytes)
             .map_err(|e| LoadError::NotAComponent(one_line(format!("{e:#}"))))?;
-        let contract = version::check(&runtime.engine, &component)?;
-        let pre = runtime
+        let (contract, bindings) = version::check(&runtime.engine, &component)?;
+        let instantiate_err =
+            |e: wasmtime::Error| LoadError::Instantiate(one_line(format!("{e:#}")));
+        let instance_pre = runtime
             .linker
             .instantiate_pre(&component)
-            .and_then(DrainPolicyPre::new)
-            .map_err(|e| LoadError::Instantiate(one_line(format!("{e:#}"))))?;
+            .map_err(instantiate_err)?;
+        let pre = match bindings {
+            Contract::V0_1 => {
+                Pre::V0_1(v0_1::DrainPolicyPre::new(instance_pre).map_err(instantiate_err)?)
+            }
+            Contract::V0_2 => {
+                Pre::V0_2(v0_2::DrainPolicyPre::new(instance_pre).map_err(instantiate_err)?)
+            }
+        };
         let version = Arc::new(PluginVersion {
             name: name.to_owned(),
             hash: digest(bytes, config),
@@ -153,6 +211,7 @@ impl PluginVersion {
             size: bytes.len(),
             runtime: runtime.clone(),
             pre,
+            reads: Mutex::new(None),
             warm: Mutex::new(None),
             quarantine,
             recent_failures: Mutex::new(VecDeque::new()),
@@ -189,21 +248,51 @@ impl PluginVersion {
         self.instantiations.fetch_add(1, Ordering::Relaxed);
         let mut store = self.new_store(clock);
         store.set_epoch_deadline(PolicyRuntime::ticks(self.runtime.limits.init_deadline));
-        let policy = self
-            .pre
-            .instantiate(&mut store)
-            .map_err(|e| classify(&store, e))?;
-        match policy
-            .tidegate_policy_policy()
-            .call_init(&mut store, &self.config)
-        {
-            Ok(Ok(())) => Ok(Warm { store, policy }),
-            Ok(Err(msg)) => Err(CallFailure {
-                kind: FailureKind::Init,
-                detail: msg,
-            }),
+        let (policy, init) = match &self.pre {
+            Pre::V0_1(pre) => {
+                let p = pre
+                    .instantiate(&mut store)
+                    .map_err(|e| classify(&store, e))?;
+                let init = p
+                    .tidegate_policy_policy()
+                    .call_init(&mut store, &self.config)
+                    .map(|r| r.map(|()| sdk::MetadataReads::everything()));
+                (Instance::V0_1(p), init)
+            }
+            Pre::V0_2(pre) => {
+                let p = pre
+                    .instantiate(&mut store)
+                    .map_err(|e| classify(&store, e))?;
+                let init = p
+                    .tidegate_policy_policy()
+                    .call_init(&mut store, &self.config)
+                    .map(|r| r.map(convert::reads));
+                (Instance::V0_2(p), init)
+            }
+        };
+        let init_failure = |detail: String| CallFailure {
+            kind: FailureKind::Init,
+            detail,
+        };
+        match init {
+            Ok(Ok(reads)) => {
+                check_reads(&reads).map_err(init_failure)?;
+                *self.reads.lock().unwrap() = Some(reads.clone());
+                Ok(Warm {
+                    store,
+                    policy,
+                    reads,
+                })
+            }
+            Ok(Err(msg)) => Err(init_failure(msg)),
             Err(e) => Err(classify(&store, e)),
         }
+    }
+
+    /// What the plugin's last successful `init` declared it reads (every
+    /// key for a 0.1.0 plugin).
+    pub fn reads(&self) -> Option<sdk::MetadataReads> {
+        self.reads.lock().unwrap().clone()
     }
 
     /// Calls `decide` on the warm instance (instantiating it if needed).
@@ -224,12 +313,16 @@ impl PluginVersion {
         data.logs_left = self.runtime.limits.logs_per_call;
         warm.store
             .set_epoch_deadline(PolicyRuntime::ticks(self.runtime.limits.call_deadline));
-        let wit_event = convert::event(event);
-        match warm
-            .policy
-            .tidegate_policy_policy()
-            .call_decide(&mut warm.store, &wit_event)
-        {
+        let wit_event = convert::event(event, &warm.reads);
+        let decided = match &warm.policy {
+            Instance::V0_1(p) => p
+                .tidegate_policy_policy()
+                .call_decide(&mut warm.store, &wit_event),
+            Instance::V0_2(p) => p
+                .tidegate_policy_policy()
+                .call_decide(&mut warm.store, &wit_event),
+        };
+        match decided {
             Ok(actions) => Ok(actions.into_iter().map(convert::action).collect()),
             Err(e) => {
                 let failure = classify(&warm.store, e);
@@ -286,7 +379,11 @@ impl PluginVersion {
 
     /// Exports and imports of the component, for `tidegate policy check`.
     pub fn interface(&self) -> (Vec<String>, Vec<String>) {
-        let ty = self.pre.instance_pre().component().component_type();
+        let component = match &self.pre {
+            Pre::V0_1(pre) => pre.instance_pre().component(),
+            Pre::V0_2(pre) => pre.instance_pre().component(),
+        };
+        let ty = component.component_type();
         let engine = &self.runtime.engine;
         (
             ty.exports(engine).map(|(n, _)| n.to_owned()).collect(),

@@ -9,8 +9,7 @@ use std::time::Duration;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config as WasmConfig, Engine, ResourceLimiter};
 
-use super::bindings::tidegate::policy::{host, types};
-use super::bindings::DrainPolicy;
+use super::bindings::{types, v0_1, v0_2};
 use super::metrics::PolicyMetrics;
 
 /// Limits applied to every plugin call.
@@ -109,8 +108,8 @@ impl ResourceLimiter for HostState {
 
 impl types::Host for HostState {}
 
-impl host::Host for HostState {
-    fn log(&mut self, level: types::LogLevel, message: String) {
+impl HostState {
+    fn log_line(&mut self, level: types::LogLevel, message: String) {
         if self.logs_left == 0 {
             return;
         }
@@ -125,15 +124,28 @@ impl host::Host for HostState {
             types::LogLevel::Error => tracing::error!(policy, "{message}"),
         }
     }
-
-    fn now_ms(&mut self) -> u64 {
-        self.clock.now_ms()
-    }
-
-    fn metric(&mut self, name: String, delta: u64) {
-        self.metrics.plugin_counter(&self.policy, &name, delta);
-    }
 }
+
+/// The host functions, the same for every contract version.
+macro_rules! host_impl {
+    ($host:path) => {
+        impl $host for HostState {
+            fn log(&mut self, level: types::LogLevel, message: String) {
+                self.log_line(level, message)
+            }
+
+            fn now_ms(&mut self) -> u64 {
+                self.clock.now_ms()
+            }
+
+            fn metric(&mut self, name: String, delta: u64) {
+                self.metrics.plugin_counter(&self.policy, &name, delta);
+            }
+        }
+    };
+}
+host_impl!(v0_1::tidegate::policy::host::Host);
+host_impl!(v0_2::tidegate::policy::host::Host);
 
 /// The shared engine and linker.
 pub struct PolicyRuntime {
@@ -158,7 +170,11 @@ impl PolicyRuntime {
             .cranelift_opt_level(wasmtime::OptLevel::Speed);
         let engine = Engine::new(&cfg)?;
         let mut linker = Linker::new(&engine);
-        DrainPolicy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        v0_1::DrainPolicy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        // 0.2.0 shares 0.1.0's types (bindings.rs): only its host functions
+        // are new, and its types interface is an instance without functions.
+        v0_2::tidegate::policy::host::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        linker.instance("tidegate:policy/types@0.2.0")?;
         let stop = Arc::new(AtomicBool::new(false));
         spawn_ticker(engine.clone(), stop.clone());
         Ok(Arc::new(PolicyRuntime {

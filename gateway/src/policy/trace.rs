@@ -112,12 +112,13 @@ pub fn check(plugin: &Path, config: &str, cfg: &PoliciesConfig) -> Result<String
     let (exports, imports) = v.interface();
     let yaml = tidegate_sdk::trace::to_yaml(&validated.actions).unwrap_or_default();
     Ok(format!(
-        "ok: {}\n  size: {} bytes\n  version: {}\n  contract: tidegate:policy@{} (host implements {})\n  exports: {}\n  imports: {}\n  self-test (shutdown-started) → {} action(s), {} ignored, {} clamped:\n{}",
+        "ok: {}\n  size: {} bytes\n  version: {}\n  contract: tidegate:policy@{} (host implements {})\n  reads: {}\n  exports: {}\n  imports: {}\n  self-test (shutdown-started) → {} action(s), {} ignored, {} clamped:\n{}",
         plugin.display(),
         v.size,
         v.hash,
         v.contract,
-        super::version::HOST_CONTRACT,
+        super::version::HOST_CONTRACTS.join(", "),
+        v.reads().map_or_else(|| "unknown".to_owned(), |r| describe_reads(&r)),
         exports.join(", "),
         if imports.is_empty() { "none".into() } else { imports.join(", ") },
         validated.actions.len(),
@@ -125,4 +126,18 @@ pub fn check(plugin: &Path, config: &str, cfg: &PoliciesConfig) -> Result<String
         validated.clamped,
         yaml.lines().map(|l| format!("    {l}\n")).collect::<String>()
     ))
+}
+
+/// `labels [app], annotations every key` for `tidegate policy check`.
+fn describe_reads(r: &tidegate_sdk::MetadataReads) -> String {
+    let keys = |k: &tidegate_sdk::Keys| match k {
+        tidegate_sdk::Keys::All => "every key".to_owned(),
+        tidegate_sdk::Keys::Only(keys) if keys.is_empty() => "none".to_owned(),
+        tidegate_sdk::Keys::Only(keys) => format!("[{}]", keys.join(", ")),
+    };
+    format!(
+        "labels {}, annotations {}",
+        keys(&r.labels),
+        keys(&r.annotations)
+    )
 }

@@ -1,18 +1,52 @@
 //! The contract version check, done on the compiled component before it is
 //! ever instantiated.
 //!
-//! Rule (also in sdk/README.md): while the major version is 0, a plugin is
-//! accepted only when major and minor equal the host's (patch may differ);
-//! from 1.0 on, the major must be equal and the plugin's minor must not be
-//! newer than the host's.
+//! The host implements several contract versions ([`HOST_CONTRACTS`]). Rule
+//! (also in sdk/README.md): while the major version is 0, a plugin is
+//! accepted only when its major and minor equal those of one of them (patch
+//! may differ); from 1.0 on, the major must be equal and the plugin's minor
+//! must not be newer than the host's.
 
 use wasmtime::component::Component;
 use wasmtime::Engine;
 
 use super::error::LoadError;
 
-/// The WIT package version this gateway implements.
+/// The newest WIT package version this gateway implements (the SDK's).
 pub const HOST_CONTRACT: &str = tidegate_sdk::CONTRACT_VERSION;
+
+/// Every WIT package version this gateway implements, newest first.
+pub const HOST_CONTRACTS: &[&str] = &[HOST_CONTRACT, "0.1.0"];
+
+/// The contract versions the host has bindings for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contract {
+    /// `init` returns nothing; every label and annotation is handed over.
+    V0_1,
+    /// `init` returns the metadata the policy reads.
+    V0_2,
+}
+
+impl Contract {
+    fn of(v: Version) -> Option<Contract> {
+        match (v.major, v.minor) {
+            (0, 1) => Some(Contract::V0_1),
+            (0, 2) => Some(Contract::V0_2),
+            _ => None,
+        }
+    }
+}
+
+fn host_versions() -> Vec<Version> {
+    HOST_CONTRACTS
+        .iter()
+        .map(|v| Version::parse(v).expect("the host's versions are valid"))
+        .collect()
+}
+
+fn host_list() -> String {
+    HOST_CONTRACTS.join(" and ")
+}
 
 const PACKAGE: &str = "tidegate:policy/";
 
@@ -51,9 +85,9 @@ impl std::fmt::Display for Version {
     }
 }
 
-/// Checks exports and imports; returns the plugin's contract version.
-pub fn check(engine: &Engine, component: &Component) -> Result<Version, LoadError> {
-    let host = Version::parse(HOST_CONTRACT).expect("the SDK's version is valid");
+/// Checks exports and imports; returns the plugin's contract version and
+/// the bindings that serve it.
+pub fn check(engine: &Engine, component: &Component) -> Result<(Version, Contract), LoadError> {
     let ty = component.component_type();
     let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_owned()).collect();
     let policy = exports
@@ -62,14 +96,17 @@ pub fn check(engine: &Engine, component: &Component) -> Result<Version, LoadErro
         .ok_or_else(|| LoadError::NoPolicyExport(exports.join(", ")))?;
     let plugin = Version::parse(policy).ok_or_else(|| LoadError::IncompatibleVersion {
         plugin: policy.to_owned(),
-        host: host.to_string(),
+        host: host_list(),
     })?;
-    if !host.accepts(plugin) {
-        return Err(LoadError::IncompatibleVersion {
-            plugin: plugin.to_string(),
-            host: host.to_string(),
-        });
-    }
+    let incompatible = || LoadError::IncompatibleVersion {
+        plugin: plugin.to_string(),
+        host: host_list(),
+    };
+    let host = host_versions()
+        .into_iter()
+        .find(|h| h.accepts(plugin))
+        .ok_or_else(incompatible)?;
+    let contract = Contract::of(host).ok_or_else(incompatible)?;
     for (name, _) in ty.imports(engine) {
         let Some(rest) = name.strip_prefix(PACKAGE) else {
             return Err(LoadError::UnsupportedImport(name.to_owned()));
@@ -82,7 +119,7 @@ pub fn check(engine: &Engine, component: &Component) -> Result<Version, LoadErro
             });
         }
     }
-    Ok(plugin)
+    Ok((plugin, contract))
 }
 
 #[cfg(test)]
@@ -100,5 +137,13 @@ mod tests {
         assert!(!one.accepts(Version::parse("1.4.0").unwrap()));
         assert!(!one.accepts(Version::parse("2.0.0").unwrap()));
         assert!(Version::parse("1.2").is_none());
+    }
+
+    #[test]
+    fn every_listed_version_has_bindings() {
+        for v in host_versions() {
+            assert!(Contract::of(v).is_some(), "{v}");
+        }
+        assert_eq!(HOST_CONTRACTS[0], tidegate_sdk::CONTRACT_VERSION);
     }
 }

@@ -12,7 +12,7 @@
 //! - `close-notify` (boolean, default true).
 
 use tidegate_sdk::config::Config;
-use tidegate_sdk::{export_policy, Action, Event, GoawayMode, Policy};
+use tidegate_sdk::{export_policy, Action, Event, GoawayMode, MetadataReads, Policy};
 
 const MAX_MS: u64 = 3_600_000;
 
@@ -41,6 +41,11 @@ impl Policy for DrainAtTeardown {
         };
         c.finish()?;
         Ok(policy)
+    }
+
+    /// No label and no annotation: the decision never looks at them.
+    fn reads(&self) -> MetadataReads {
+        MetadataReads::none()
     }
 
     fn decide(&mut self, event: &Event) -> Vec<Action> {

@@ -15,7 +15,7 @@
 //! - `backoff-jitter` (number 0.0..=1.0, default 0.2).
 
 use tidegate_sdk::config::Config;
-use tidegate_sdk::{export_policy, Action, Backoff, Event, Policy};
+use tidegate_sdk::{export_policy, Action, Backoff, Event, MetadataReads, Policy};
 
 /// See the crate documentation.
 #[derive(Debug)]
@@ -58,6 +58,11 @@ impl Policy for EvictOnDelete {
             failure_threshold,
             backoff,
         })
+    }
+
+    /// No label and no annotation: the decision never looks at them.
+    fn reads(&self) -> MetadataReads {
+        MetadataReads::none()
     }
 
     fn decide(&mut self, event: &Event) -> Vec<Action> {

@@ -10,7 +10,7 @@
 //! - `close-notify` (boolean, default true): TLS close_notify on close.
 
 use tidegate_sdk::config::Config;
-use tidegate_sdk::{export_policy, Action, Event, Policy};
+use tidegate_sdk::{export_policy, Action, Event, MetadataReads, Policy};
 
 const MAX_MS: u64 = 3_600_000;
 
@@ -32,6 +32,11 @@ impl Policy for GoawayOnTermStart {
         };
         c.finish()?;
         Ok(policy)
+    }
+
+    /// No label and no annotation: the decision never looks at them.
+    fn reads(&self) -> MetadataReads {
+        MetadataReads::none()
     }
 
     fn decide(&mut self, event: &Event) -> Vec<Action> {

@@ -4,7 +4,7 @@
 //! Configuration: none; an empty string or `{}` (any key is refused).
 
 use tidegate_sdk::config::Config;
-use tidegate_sdk::{export_policy, Action, Event, Policy};
+use tidegate_sdk::{export_policy, Action, Event, MetadataReads, Policy};
 
 /// See the crate documentation.
 #[derive(Debug)]
@@ -14,6 +14,11 @@ impl Policy for KeepaliveOnly {
     fn init(config: &str) -> Result<Self, String> {
         Config::parse(config)?.finish()?;
         Ok(Self)
+    }
+
+    /// No label and no annotation: the decision never looks at them.
+    fn reads(&self) -> MetadataReads {
+        MetadataReads::none()
     }
 
     fn decide(&mut self, _event: &Event) -> Vec<Action> {

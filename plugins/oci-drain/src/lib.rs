@@ -10,7 +10,7 @@
 //! - `at-capacity` (`"keep"` or `"remove-early"`, default `"keep"`).
 
 use tidegate_sdk::config::Config;
-use tidegate_sdk::{export_policy, Action, AtCapacity, Event, Policy, WorkloadInfo};
+use tidegate_sdk::{export_policy, Action, AtCapacity, Event, MetadataReads, Policy, WorkloadInfo};
 
 /// See the crate documentation.
 #[derive(Debug)]
@@ -43,6 +43,15 @@ impl Policy for OciDrainPolicy {
         };
         c.finish()?;
         Ok(policy)
+    }
+
+    /// Only the opt-in annotation, when it is required.
+    fn reads(&self) -> MetadataReads {
+        if self.require_opt_in {
+            MetadataReads::none().annotation(&self.opt_in_annotation)
+        } else {
+            MetadataReads::none()
+        }
     }
 
     fn decide(&mut self, event: &Event) -> Vec<Action> {

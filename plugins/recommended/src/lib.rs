@@ -30,8 +30,8 @@
 
 use tidegate_sdk::config::Config;
 use tidegate_sdk::{
-    export_policy, Action, AtCapacity, Backoff, Event, GoawayMode, LogLevel, NetworkTeardown,
-    Policy, WorkloadInfo,
+    export_policy, Action, AtCapacity, Backoff, Event, GoawayMode, LogLevel, MetadataReads,
+    NetworkTeardown, Policy, WorkloadInfo,
 };
 
 const MAX_MS: u64 = 3_600_000;
@@ -97,6 +97,14 @@ impl Policy for Recommended {
             ));
         }
         Ok(policy)
+    }
+
+    /// Only the OCI opt-in annotation, and only when it decides anything.
+    fn reads(&self) -> MetadataReads {
+        match self.oci {
+            OciMode::OptIn => MetadataReads::none().annotation(&self.oci_annotation),
+            OciMode::Always | OciMode::Never => MetadataReads::none(),
+        }
     }
 
     fn decide(&mut self, event: &Event) -> Vec<Action> {
