@@ -191,7 +191,8 @@ impl IstioCaCerts {
             metrics,
         });
         inner.publish_roots();
-        inner.metrics.observe(Arc::downgrade(&inner));
+        let weak: std::sync::Weak<Inner> = Arc::downgrade(&inner);
+        inner.metrics.observe(weak);
         Ok(IstioCaCerts { inner })
     }
 
@@ -458,9 +459,11 @@ impl Inner {
             }
         }
     }
+}
 
+impl super::metrics::ExpirySource for Inner {
     /// Seconds to expiry of each current certificate.
-    pub(super) fn expiries(&self) -> Vec<(String, f64)> {
+    fn expiries(&self) -> Vec<(String, f64)> {
         let now = SystemTime::now();
         self.entries
             .lock()

@@ -12,7 +12,14 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use super::certs::Inner;
+/// Where the expiry gauge reads its figures at scrape time (the
+/// certificates, which own this module's metrics, not the other way round).
+pub trait ExpirySource: Send + Sync {
+    /// (identity, seconds until its current certificate expires).
+    fn expiries(&self) -> Vec<(String, f64)>;
+}
+
+type Source = Arc<Mutex<Option<Weak<dyn ExpirySource>>>>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
@@ -28,7 +35,7 @@ struct IdentityLabels {
 pub struct CaMetrics {
     fetches: Family<ResultLabels, Counter>,
     latency: Histogram,
-    source: Arc<Mutex<Weak<Inner>>>,
+    source: Source,
 }
 
 impl Default for CaMetrics {
@@ -36,13 +43,13 @@ impl Default for CaMetrics {
         CaMetrics {
             fetches: Family::default(),
             latency: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
-            source: Arc::new(Mutex::new(Weak::new())),
+            source: Arc::new(Mutex::new(None)),
         }
     }
 }
 
 /// Seconds to expiry, per identity, read from the certificates at scrape time.
-struct Expiry(Arc<Mutex<Weak<Inner>>>);
+struct Expiry(Source);
 
 impl std::fmt::Debug for Expiry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -52,7 +59,7 @@ impl std::fmt::Debug for Expiry {
 
 impl prometheus_client::collector::Collector for Expiry {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let Some(inner) = self.0.lock().unwrap().upgrade() else {
+        let Some(inner) = self.0.lock().unwrap().as_ref().and_then(Weak::upgrade) else {
             return Ok(());
         };
         let mut family = encoder.encode_descriptor(
@@ -87,8 +94,8 @@ impl CaMetrics {
         m
     }
 
-    pub(super) fn observe(&self, inner: Weak<Inner>) {
-        *self.source.lock().unwrap() = inner;
+    pub(super) fn observe(&self, source: Weak<dyn ExpirySource>) {
+        *self.source.lock().unwrap() = Some(source);
     }
 
     pub(super) fn fetched(&self, result: &'static str, took: Duration) {
