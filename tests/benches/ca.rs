@@ -29,13 +29,13 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tidegate::ca::server::{start as start_ca, CaServerConfig};
+use tidegate::ca::server::start as start_ca;
 use tidegate::identity::SpiffeId;
-use tidegate_e2e::kube_api::{FakeApiServer, Kind, TokenInfo};
+use tidegate_e2e::ca::{ca_config, gateway_pod, until_known};
+use tidegate_e2e::kube_api::{FakeApiServer, Kind};
 use tidegate_e2e::{echo_server, gateway_config_with, ip, round_trip, write_atomically, Capture};
 use tokio::net::TcpStream;
 
-const NS: &str = "tidegate-system";
 const ISSUE_N: usize = 50;
 const BURST: usize = 100;
 const PODS: usize = 30;
@@ -47,28 +47,6 @@ fn pod(name: &str, sa: &str, node: &str, pod_ip: IpAddr) -> serde_json::Value {
         "spec": {"nodeName": node, "serviceAccountName": sa, "containers": [{"name": "app", "image": "app:1"}]},
         "status": {"phase": "Running", "podIP": pod_ip.to_string()},
     })
-}
-
-fn gateway_pod(api: &FakeApiServer, node: &str) -> String {
-    let name = format!("tidegate-{node}");
-    api.apply(
-        Kind::Pod,
-        json!({
-            "metadata": {"name": name, "namespace": NS, "uid": format!("{name}-uid")},
-            "spec": {"nodeName": node, "serviceAccountName": "tidegate", "containers": [{"name": "gw", "image": "tidegate"}]},
-            "status": {"phase": "Running"},
-        }),
-    );
-    let token = format!("token-{node}");
-    api.add_token(
-        &token,
-        TokenInfo {
-            username: format!("system:serviceaccount:{NS}:tidegate"),
-            audiences: vec!["istio-ca".into()],
-            pod: Some((name.clone(), format!("{name}-uid"))),
-        },
-    );
-    token
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -97,6 +75,15 @@ fn issue_ip(i: usize) -> IpAddr {
     IpAddr::from([127, OCTET + 1, (i / 250) as u8, (i % 250 + 1) as u8])
 }
 
+fn issue_workload(i: usize) -> String {
+    workload(
+        &format!("i{i}"),
+        &format!("issue-{i}"),
+        issue_ip(i),
+        "node-a",
+    )
+}
+
 fn issue_id(i: usize) -> SpiffeId {
     SpiffeId::new("cluster.local", "demo", &format!("issue-{i}"))
 }
@@ -113,8 +100,9 @@ async fn run() -> anyhow::Result<()> {
     tidegate_e2e::raise_fd_limit();
     let api = FakeApiServer::start().await;
     let dir = tempfile::tempdir()?;
-    let tok_a = gateway_pod(&api, "node-a");
-    let tok_b = gateway_pod(&api, "node-b");
+    let (tok_a, tok_b) = ("token-a", "token-b");
+    gateway_pod(&api, "tidegate-node-a", "node-a", tok_a);
+    gateway_pod(&api, "tidegate-node-b", "node-b", tok_b);
     api.apply(Kind::Pod, pod("echo", "echo", "node-b", ip(OCTET, 2)));
     for i in 0..ISSUE_N + BURST {
         api.apply(
@@ -135,19 +123,7 @@ async fn run() -> anyhow::Result<()> {
     }
     let (_trigger, drain) = tidegate::shutdown::channel();
     let ca = start_ca(
-        CaServerConfig {
-            listen: "127.0.0.1:0".parse()?,
-            namespace: NS.into(),
-            secret: "tidegate-ca-root".into(),
-            root_configmap: "tidegate-ca-root".into(),
-            trust_domain: "cluster.local".into(),
-            trusted: vec![format!("{NS}/tidegate")],
-            audience: "istio-ca".into(),
-            serving_names: vec!["127.0.0.1".into()],
-            max_validity: Duration::from_secs(3600),
-            api_server: Some(api.url()),
-            kubeconfig: None,
-        },
+        ca_config(&api, "127.0.0.1:0".parse()?, Duration::from_secs(3600)),
         drain,
     )
     .await?;
@@ -173,7 +149,7 @@ async fn run() -> anyhow::Result<()> {
     let backend = echo_server(ip(OCTET, 2)).await;
     let server = tidegate::app::build(gateway_config_with(
         "node-b",
-        &certs(&write("tok-b", &tok_b)),
+        &certs(&write("tok-b", tok_b)),
         &wl,
         15008,
         "",
@@ -181,7 +157,7 @@ async fn run() -> anyhow::Result<()> {
     .await?;
     let client = tidegate::app::build(gateway_config_with(
         "node-a",
-        &certs(&write("tok-a", &tok_a)),
+        &certs(&write("tok-a", tok_a)),
         &wl,
         server.addrs.inbound.port(),
         "",
@@ -193,39 +169,24 @@ async fn run() -> anyhow::Result<()> {
         "Certificate issuance benchmark (tidegate ca over gRPC/TLS on loopback, the API double)\n"
     );
     let mut text = base.clone();
-    let mut changes = client.workloads.subscribe();
     // Issuance, one pod at a time: from the moment the gateway knows the
     // pod to its certificate installed.
     let mut serial = Vec::new();
     for i in 0..ISSUE_N {
-        text += &workload(
-            &format!("i{i}"),
-            &format!("issue-{i}"),
-            issue_ip(i),
-            "node-a",
-        );
+        text += &issue_workload(i);
         write_atomically(&wl, &text);
-        while client.workloads.snapshot().by_ip(issue_ip(i)).is_none() {
-            changes.changed().await?;
-        }
+        until_known(&client, issue_ip(i)).await;
         let t = Instant::now();
         source.fetch(&issue_id(i)).await?;
         serial.push(ms(t.elapsed()));
     }
     // A burst: BURST pods in one change.
     for i in ISSUE_N..ISSUE_N + BURST {
-        text += &workload(
-            &format!("i{i}"),
-            &format!("issue-{i}"),
-            issue_ip(i),
-            "node-a",
-        );
+        text += &issue_workload(i);
     }
     write_atomically(&wl, &text);
     let last = issue_ip(ISSUE_N + BURST - 1);
-    while client.workloads.snapshot().by_ip(last).is_none() {
-        changes.changed().await?;
-    }
+    until_known(&client, last).await;
     let t_all = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     for i in ISSUE_N..ISSUE_N + BURST {
@@ -256,9 +217,7 @@ async fn run() -> anyhow::Result<()> {
     for i in 0..PODS {
         text += &workload(&format!("c{i}"), &format!("cold-{i}"), cold_ip(i), "node-a");
         write_atomically(&wl, &text);
-        while client.workloads.snapshot().by_ip(cold_ip(i)).is_none() {
-            changes.changed().await?;
-        }
+        until_known(&client, cold_ip(i)).await;
         let t = Instant::now();
         let mut conn = capture.connect(cold_ip(i)).await;
         round_trip(&mut conn, &payload).await?;

@@ -2,6 +2,7 @@
 //! gateways on port 0, echo backends, a test-side capture that stands in for
 //! iptables REDIRECT, metric readers and a bounded `eventually`.
 
+pub mod ca;
 pub mod cni;
 pub mod inpod;
 pub mod kube_api;

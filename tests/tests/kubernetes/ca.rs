@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::json;
 use tidegate::ca::client::{CaClient, CaClientConfig};
 use tidegate::ca::messages::IstioCertificateRequest;
-use tidegate::ca::server::{start as start_ca, CaServerConfig, RunningCa};
+use tidegate::ca::server::{start as start_ca, RunningCa};
 use tidegate::identity::SpiffeId;
 use tidegate::shutdown::ShutdownTrigger;
 use tidegate_e2e::kube_api::{FakeApiServer, Kind, TokenInfo};
@@ -16,50 +16,10 @@ use tidegate_e2e::{eventually, http_get, init_tracing, ip, metric, round_trip};
 
 use super::{pod, WAIT};
 
-const NS: &str = "tidegate-system";
+use tidegate_e2e::ca::{ca_config, gateway_pod, until_known, NS};
 
 fn id(ns: &str, sa: &str) -> SpiffeId {
     SpiffeId::new("cluster.local", ns, sa)
-}
-
-/// A gateway pod (service account `tidegate`) on `node`, with its token.
-fn gateway_pod(api: &FakeApiServer, name: &str, node: &str, token: &str) {
-    api.apply(
-        Kind::Pod,
-        json!({
-            "metadata": {"name": name, "namespace": NS, "uid": format!("{name}-uid")},
-            "spec": {"nodeName": node, "serviceAccountName": "tidegate", "containers": [{"name": "gw", "image": "tidegate"}]},
-            "status": {"phase": "Running"},
-        }),
-    );
-    api.add_token(
-        token,
-        TokenInfo {
-            username: format!("system:serviceaccount:{NS}:tidegate"),
-            audiences: vec!["istio-ca".into()],
-            pod: Some((name.into(), format!("{name}-uid"))),
-        },
-    );
-}
-
-fn ca_config(
-    api: &FakeApiServer,
-    listen: std::net::SocketAddr,
-    max_validity: Duration,
-) -> CaServerConfig {
-    CaServerConfig {
-        listen,
-        namespace: NS.into(),
-        secret: "tidegate-ca-root".into(),
-        root_configmap: "tidegate-ca-root".into(),
-        trust_domain: "cluster.local".into(),
-        trusted: vec![format!("{NS}/tidegate")],
-        audience: "istio-ca".into(),
-        serving_names: vec!["127.0.0.1".into()],
-        max_validity,
-        api_server: Some(api.url()),
-        kubeconfig: None,
-    }
 }
 
 async fn ca(
@@ -412,10 +372,7 @@ async fn gateways_with_certificates_from_tidegate_ca_carry_traffic_and_survive_r
         ip(octet, 6)
     );
     tidegate_e2e::write_atomically(&wl, &text);
-    let mut changes = client.workloads.subscribe();
-    while client.workloads.snapshot().by_ip(ip(octet, 6)).is_none() {
-        changes.changed().await.unwrap();
-    }
+    until_known(&client, ip(octet, 6)).await;
     let err = client
         .tls
         .source()

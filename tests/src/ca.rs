@@ -1,0 +1,69 @@
+//! `tidegate ca` over the Kubernetes API double, as the CA tests and the
+//! `ca` bench run it: the node agents' pods and tokens, and the CA's settings.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use serde_json::json;
+use tidegate::app::App;
+use tidegate::ca::server::CaServerConfig;
+
+use crate::kube_api::{FakeApiServer, Kind, TokenInfo};
+
+/// The namespace of the node agents (service account `tidegate`) and of the CA.
+pub const NS: &str = "tidegate-system";
+
+/// A gateway pod `name` (service account `tidegate`) on `node`, and a
+/// pod-bound `token` for it with the CA's audience.
+pub fn gateway_pod(api: &FakeApiServer, name: &str, node: &str, token: &str) {
+    api.apply(
+        Kind::Pod,
+        json!({
+            "metadata": {"name": name, "namespace": NS, "uid": format!("{name}-uid")},
+            "spec": {"nodeName": node, "serviceAccountName": "tidegate", "containers": [{"name": "gw", "image": "tidegate"}]},
+            "status": {"phase": "Running"},
+        }),
+    );
+    api.add_token(
+        token,
+        TokenInfo {
+            username: format!("system:serviceaccount:{NS}:tidegate"),
+            audiences: vec![tidegate::ca::DEFAULT_AUDIENCE.into()],
+            pod: Some((name.into(), format!("{name}-uid"))),
+        },
+    );
+}
+
+/// `tidegate ca` on `listen`, trusting the gateways of [`gateway_pod`],
+/// serving as 127.0.0.1, reading `api`.
+pub fn ca_config(
+    api: &FakeApiServer,
+    listen: SocketAddr,
+    max_validity: Duration,
+) -> CaServerConfig {
+    CaServerConfig {
+        listen,
+        namespace: NS.into(),
+        secret: "tidegate-ca-root".into(),
+        root_configmap: "tidegate-ca-root".into(),
+        trust_domain: "cluster.local".into(),
+        trusted: vec![format!("{NS}/tidegate")],
+        audience: tidegate::ca::DEFAULT_AUDIENCE.into(),
+        serving_names: vec!["127.0.0.1".into()],
+        max_validity,
+        api_server: Some(api.url()),
+        kubeconfig: None,
+    }
+}
+
+/// Waits until `app`'s workload store knows a workload at `ip` (after a
+/// write of the workload file).
+pub async fn until_known(app: &App, ip: IpAddr) {
+    let mut changes = app.workloads.subscribe();
+    while app.workloads.snapshot().by_ip(ip).is_none() {
+        changes
+            .changed()
+            .await
+            .expect("the store outlives the wait");
+    }
+}
