@@ -26,6 +26,10 @@
 //!
 //! The binary is built with `cargo build --release -p tidegate` (or taken
 //! from `DATAPLANE_GATEWAY_BIN` when set).
+//!
+//! With `-- --pair NAME=COMMAND ...` it measures gateway pairs side by side
+//! instead (any HBONE gateway a command line starts; `--pair tidegate` is
+//! the built-in line): see [`pair`].
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -33,6 +37,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+#[path = "dataplane/pair.rs"]
+mod pair;
 
 use anyhow::{anyhow, bail, Context as _};
 use bytes::Bytes;
@@ -1390,6 +1397,10 @@ fn print_table(rows: &[Row]) {
 fn main() -> anyhow::Result<()> {
     if let Ok(addr) = std::env::var(ECHO_ROLE_ENV) {
         return echo_process(&addr);
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(pairs) = pair::parse_args(&args)? {
+        return pair::run(pairs);
     }
     let started = Instant::now();
     let nofile = raise_nofile(65_536);

@@ -30,23 +30,12 @@ use std::net::{Ipv4Addr, SocketAddr, TcpStream as StdTcp};
 use std::time::{Duration, Instant};
 
 use tidegate_e2e::cni::{inpod_conf, CniPod};
+use tidegate_e2e::measure::{measure, median, pct, servers, Figures, ECHO};
 use tidegate_e2e::netns::{
     enter_netns, gateway_config, run, tool_missing, Gateway, NetnsGuard, NsThread, STEP,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 
 const PODS: usize = 100;
-const ECHO: u16 = 8080;
-const SINK: u16 = 8081;
-const TP_MAX_BYTES: u64 = 1 << 30;
-const TP_MAX_TIME: Duration = Duration::from_secs(3);
-const RR_SIZE: usize = 1024;
-const RR_WARMUP: usize = 200;
-const RR_MAX: usize = 20_000;
-const RR_MAX_TIME: Duration = Duration::from_secs(2);
-const CONN_CONCURRENCY: usize = 8;
-const CONN_MAX_TIME: Duration = Duration::from_secs(3);
 
 struct Net {
     tag: String,
@@ -195,147 +184,6 @@ fn workloads(net: &Net) -> String {
         );
     }
     y
-}
-
-/// Echo on 8080, and on 8081 a sink that answers the byte count (8 bytes,
-/// big-endian) once the client half-closes.
-async fn servers(pod: &NsThread) {
-    pod.run("servers", STEP, async {
-        let echo = TcpListener::bind(("0.0.0.0", ECHO)).await.unwrap();
-        let sink = TcpListener::bind(("0.0.0.0", SINK)).await.unwrap();
-        tokio::spawn(async move {
-            while let Ok((tcp, _)) = echo.accept().await {
-                tokio::spawn(async move {
-                    let _ = tcp.set_nodelay(true);
-                    let (mut r, mut w) = tcp.into_split();
-                    let _ = tokio::io::copy(&mut r, &mut w).await;
-                    let _ = w.shutdown().await;
-                });
-            }
-        });
-        tokio::spawn(async move {
-            while let Ok((mut tcp, _)) = sink.accept().await {
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 256 << 10];
-                    let mut n = 0u64;
-                    while let Ok(k) = tcp.read(&mut buf).await {
-                        if k == 0 {
-                            break;
-                        }
-                        n += k as u64;
-                    }
-                    let _ = tcp.write_all(&n.to_be_bytes()).await;
-                });
-            }
-        });
-    })
-    .await;
-}
-
-struct Figures {
-    mb_s: f64,
-    rr_p50_us: f64,
-    rr_p99_us: f64,
-    conns_s: f64,
-    conn_p99_us: f64,
-}
-
-fn pct(sorted: &[Duration], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
-    sorted[i].as_secs_f64() * 1e6
-}
-
-async fn measure(ip: Ipv4Addr) -> Result<Figures, String> {
-    let e = |w: &'static str| move |x: std::io::Error| format!("{w}: {x}");
-    // Throughput: one direction into the sink.
-    let mut tcp = TcpStream::connect((ip, SINK))
-        .await
-        .map_err(e("connect sink"))?;
-    let chunk = vec![0x5au8; 256 << 10];
-    let started = Instant::now();
-    let mut sent = 0u64;
-    while sent < TP_MAX_BYTES && started.elapsed() < TP_MAX_TIME {
-        tcp.write_all(&chunk).await.map_err(e("write"))?;
-        sent += chunk.len() as u64;
-    }
-    tcp.shutdown().await.map_err(e("shutdown"))?;
-    let mut count = [0u8; 8];
-    tcp.read_exact(&mut count).await.map_err(e("sink count"))?;
-    let secs = started.elapsed().as_secs_f64();
-    if u64::from_be_bytes(count) != sent {
-        return Err(format!(
-            "sink counted {} of {sent} bytes",
-            u64::from_be_bytes(count)
-        ));
-    }
-    let mb_s = sent as f64 / secs / 1e6;
-    // Warm 1 KiB request/response.
-    let mut tcp = TcpStream::connect((ip, ECHO))
-        .await
-        .map_err(e("connect echo"))?;
-    tcp.set_nodelay(true).map_err(e("nodelay"))?;
-    let out = vec![7u8; RR_SIZE];
-    let mut back = vec![0u8; RR_SIZE];
-    let mut lat = Vec::new();
-    let started = Instant::now();
-    for i in 0..RR_WARMUP + RR_MAX {
-        if started.elapsed() > RR_MAX_TIME {
-            break;
-        }
-        let t = Instant::now();
-        tcp.write_all(&out).await.map_err(e("rr write"))?;
-        tcp.read_exact(&mut back).await.map_err(e("rr read"))?;
-        if i >= RR_WARMUP {
-            lat.push(t.elapsed());
-        }
-    }
-    lat.sort();
-    // New connections per second, each with one 1 KiB round trip.
-    let deadline = Instant::now() + CONN_MAX_TIME;
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..CONN_CONCURRENCY {
-        tasks.spawn(async move {
-            let mut lat = Vec::new();
-            let out = vec![9u8; RR_SIZE];
-            let mut back = vec![0u8; RR_SIZE];
-            while Instant::now() < deadline {
-                let t = Instant::now();
-                let mut tcp = TcpStream::connect((ip, ECHO))
-                    .await
-                    .map_err(|x| format!("connect: {x}"))?;
-                tcp.write_all(&out)
-                    .await
-                    .map_err(|x| format!("write: {x}"))?;
-                tcp.read_exact(&mut back)
-                    .await
-                    .map_err(|x| format!("read: {x}"))?;
-                drop(tcp);
-                lat.push(t.elapsed());
-            }
-            Ok::<_, String>(lat)
-        });
-    }
-    let started = Instant::now();
-    let mut all = Vec::new();
-    while let Some(r) = tasks.join_next().await {
-        all.extend(r.map_err(|x| x.to_string())??);
-    }
-    let conns_s = all.len() as f64
-        / started
-            .elapsed()
-            .as_secs_f64()
-            .max(CONN_MAX_TIME.as_secs_f64());
-    all.sort();
-    Ok(Figures {
-        mb_s,
-        rr_p50_us: pct(&lat, 0.5),
-        rr_p99_us: pct(&lat, 0.99),
-        conns_s,
-        conn_p99_us: pct(&all, 0.99),
-    })
 }
 
 /// `tidegate-cni ADD` of pod `uid` (namespace `ns`) on `node`, run from
@@ -503,11 +351,7 @@ async fn bench() -> anyhow::Result<()> {
             results[i].push(f);
         }
     }
-    let med = |v: &[Figures], f: fn(&Figures) -> f64| {
-        let mut x: Vec<f64> = v.iter().map(f).collect();
-        x.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        x[x.len() / 2]
-    };
+    let med = |v: &[Figures], f: fn(&Figures) -> f64| median(v, f);
     println!("\ndata path (medians of 3 interleaved rounds; ratios to the raw cross-node path):");
     println!("| path | MB/s | 1 KiB RR p50 µs | p99 µs | new conns/s | conn p99 µs |");
     println!("|---|---|---|---|---|---|");

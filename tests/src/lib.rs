@@ -7,6 +7,7 @@ pub mod cni;
 pub mod inpod;
 pub mod kube_api;
 pub mod lab;
+pub mod measure;
 pub mod netns;
 pub mod oci_double;
 pub mod zds_double;

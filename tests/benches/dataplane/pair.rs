@@ -1,0 +1,705 @@
+//! `--pair NAME=COMMAND`: the same measurements against any HBONE gateway
+//! pair that a command line starts, side by side in one run.
+//!
+//! ```text
+//! cargo bench -p tidegate-e2e --bench dataplane -- \
+//!     --pair 'ztunnel=exec env ... /path/to/ztunnel proxy ztunnel' --pair tidegate
+//! ```
+//!
+//! The topology is a real node pair in network namespaces (the in-pod one of
+//! `tidegate_e2e::inpod`): pod A (client) on node A, pod B (echo + sink
+//! servers) on node B, the nodes joined by a veth. Both pods get istio-cni's
+//! in-pod capture rules (`tidegate::inpod::capture`, the rules istio-cni
+//! installs), so an application connection from pod A goes to pod A's
+//! 15001, over HBONE (mTLS, HTTP/2 CONNECT) to pod B's 15008, and from
+//! there to the server: client pod → gateway A → HBONE → gateway B → server.
+//!
+//! For each pair and each node the bench runs `sh -c COMMAND` inside that
+//! node's namespace (its own process group), with:
+//!
+//! | variable | what |
+//! |---|---|
+//! | `DP_NODE` | `node-a` or `node-b` |
+//! | `DP_ZDS` | the node agent's ZDS socket (ztunnel's `INPOD_UDS`): the bench serves it and hands over the node's pod |
+//! | `DP_CA_ADDRESS` | an Istio CA (`tidegate ca` in this process over the Kubernetes API double; trusts `tidegate-system/tidegate`) |
+//! | `DP_CA_ROOT` | its root certificate (PEM) |
+//! | `DP_TOKEN` | a token file the CA accepts for this node's gateway |
+//! | `DP_TRUST_DOMAIN` / `DP_CLUSTER_ID` | `cluster.local` / `Kubernetes` |
+//! | `DP_DIR` | `workloads.yaml` (tidegate's workload file) and `local-xds.yaml` (the same two pods in ztunnel's `LOCAL_XDS_PATH` format) |
+//! | `DP_LOG` | a file for the gateway's log (access logs on) |
+//!
+//! `--pair tidegate` (no `=`) is the built-in line: the release `tidegate
+//! run` in `capture.mode: inpod` with `zds_socket: $DP_ZDS` and
+//! `certificates.source: istio-ca`.
+//!
+//! A pair is up when both have ACKed their pod's `AddWorkload` and the ZDS
+//! snapshot, and a 1-byte round trip from pod A to pod B has gone through.
+//! Every figure is checked to have crossed HBONE: a counting rule in pod
+//! B's mangle INPUT for TCP to 15008 must have seen at least the bytes the
+//! throughput run moved. Rounds are interleaved (raw, pair 1, pair 2, ...,
+//! 3 rounds); each pair is started afresh every round and killed after it.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde_json::json;
+use tidegate_e2e::ca::{ca_config, gateway_pod};
+use tidegate_e2e::inpod::InpodTopology;
+use tidegate_e2e::kube_api::{FakeApiServer, Kind};
+use tidegate_e2e::measure::{idle_conns, median, new_conns, pct, servers, throughput, warm_rr};
+use tidegate_e2e::netns::NsThread;
+use tidegate_e2e::zds_double::{expect_ack, PodSpec, ZdsConn, ZdsDouble};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const ROUNDS: usize = 3;
+const IDLE_CONNS: usize = 2_000;
+const IDLE_CONCURRENCY: usize = 100;
+const UP_WITHIN: Duration = Duration::from_secs(30);
+const PHASE_WITHIN: Duration = Duration::from_secs(90);
+const CA_PORT: u16 = 15012;
+const NS: &str = "bench";
+
+/// One gateway pair to measure.
+pub struct PairSpec {
+    pub name: String,
+    /// `None`: the built-in `tidegate` line.
+    pub command: Option<String>,
+}
+
+/// `--pair NAME[=COMMAND]` arguments; `None` when there are none.
+pub fn parse_args(args: &[String]) -> anyhow::Result<Option<Vec<PairSpec>>> {
+    let mut pairs = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let v = match a.as_str() {
+            "--pair" => it
+                .next()
+                .context("--pair needs NAME or NAME=COMMAND")?
+                .clone(),
+            s if s.starts_with("--pair=") => s["--pair=".len()..].to_owned(),
+            _ => continue,
+        };
+        let spec = match v.split_once('=') {
+            Some((name, cmd)) if !name.is_empty() && !cmd.trim().is_empty() => PairSpec {
+                name: name.into(),
+                command: Some(cmd.into()),
+            },
+            None if v == "tidegate" => PairSpec {
+                name: v,
+                command: None,
+            },
+            _ => bail!("--pair {v:?}: expected `tidegate` or NAME=COMMAND"),
+        };
+        pairs.push(spec);
+    }
+    Ok((!pairs.is_empty()).then_some(pairs))
+}
+
+/// One round of one path.
+#[derive(Clone, Debug, Default)]
+struct Round {
+    mb_s: f64,
+    /// Both gateways' CPU-seconds per GB moved (NaN for raw).
+    cpu_per_gb: f64,
+    rr_p50: f64,
+    rr_p99: f64,
+    conns_s: f64,
+    conn_p99: f64,
+    /// Both gateways' RSS growth per idle connection, KiB (NaN for raw).
+    kib_per_conn: f64,
+}
+
+struct Env {
+    topo: InpodTopology,
+    dir: PathBuf,
+    pod_a: NsThread,
+    pod_b: NsThread,
+    ca_addr: SocketAddr,
+    bin: Option<PathBuf>,
+    /// The CA and the API double (their runtime lives on this thread).
+    _na: NsThread,
+}
+
+pub fn run(pairs: Vec<PairSpec>) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIPPED: --pair needs root (network namespaces, iptables)");
+        return Ok(());
+    }
+    tidegate_e2e::raise_fd_limit();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(bench(pairs))
+}
+
+async fn bench(pairs: Vec<PairSpec>) -> anyhow::Result<()> {
+    let topo = InpodTopology::new("dp", 0);
+    let _guard = topo.build();
+    let dir = tempfile::tempdir()?;
+    let bin = match pairs.iter().any(|p| p.command.is_none()) {
+        true => Some(super::gateway_binary()?),
+        false => None,
+    };
+    let env = setup(topo, dir.path(), bin).await?;
+    println!(
+        "gateway pairs side by side: {} rounds, interleaved; pod A {} → pod B {} (in-pod capture, HBONE across two nodes); load {}",
+        ROUNDS,
+        env.topo.pod_a(),
+        env.topo.pod_b(),
+        super::loadavg()
+    );
+    for p in &pairs {
+        println!(
+            "  {}: {}",
+            p.name,
+            p.command
+                .as_deref()
+                .unwrap_or("built-in: tidegate run (inpod, zds, istio-ca)")
+        );
+    }
+    let mut raw = Vec::new();
+    let mut results: Vec<Vec<Round>> = pairs.iter().map(|_| Vec::new()).collect();
+    for round in 0..ROUNDS {
+        raw.push(raw_round(&env).await?);
+        println!(
+            "round {round}: raw loopback TCP {:.0} MB/s",
+            raw[round].mb_s
+        );
+        for (i, p) in pairs.iter().enumerate() {
+            let r = pair_round(&env, p)
+                .await
+                .with_context(|| format!("{}, round {round}", p.name))?;
+            println!(
+                "round {round}: {:<10} {:.0} MB/s, {:.2} CPU-s/GB, RR p50 {:.0} µs, {:.0} conns/s, {:.2} KiB/conn",
+                p.name, r.mb_s, r.cpu_per_gb, r.rr_p50, r.conns_s, r.kib_per_conn
+            );
+            results[i].push(r);
+        }
+    }
+    print_table(&pairs, &raw, &results);
+    Ok(())
+}
+
+/// The namespaces' servers, the CA, and the files every pair reads.
+async fn setup(topo: InpodTopology, dir: &Path, bin: Option<PathBuf>) -> anyhow::Result<Env> {
+    let pod_a = NsThread::idle(&topo.pa);
+    let pod_b = NsThread::idle(&topo.pb);
+    servers(&pod_b).await;
+    // Tens of thousands of short connections per run from one client
+    // address: without TIME_WAIT in the pods (no bucket for it) a later
+    // round's ports never collide with an earlier round's closing
+    // connections, which otherwise stalls SYNs for a second at a time on
+    // every path alike. The range stays above the gateways' 150xx ports.
+    for pod in [&topo.pa, &topo.pb] {
+        super::run(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                pod,
+                "sysctl",
+                "-q",
+                "-w",
+                "net.ipv4.tcp_max_tw_buckets=0",
+                "net.ipv4.ip_local_port_range=20000 64999",
+            ],
+        )?;
+    }
+    for pod in [&topo.pa, &topo.pb] {
+        tidegate::inpod::capture::install(
+            Path::new(&InpodTopology::netns_path(pod)),
+            Default::default(),
+        )
+        .with_context(|| format!("capture rules in {pod}"))?;
+    }
+    // Counts what reaches pod B's HBONE port.
+    iptables(
+        &topo.pb,
+        &[
+            "-t", "mangle", "-I", "INPUT", "1", "-p", "tcp", "--dport", "15008",
+        ],
+    )?;
+
+    let ca_ip = topo.addr(0, 1);
+    let ca_addr = SocketAddr::new(ca_ip.into(), CA_PORT);
+    let na = NsThread::idle(&topo.na);
+    let (a_ip, b_ip) = (topo.pod_a(), topo.pod_b());
+    let root_pem = na
+        .run("tidegate ca", PHASE_WITHIN, async move {
+            let api = FakeApiServer::start().await;
+            gateway_pod(&api, "tidegate-node-a", "node-a", "token-a");
+            gateway_pod(&api, "tidegate-node-b", "node-b", "token-b");
+            for (name, node, ip) in [("client", "node-a", a_ip), ("server", "node-b", b_ip)] {
+                api.apply(
+                    Kind::Pod,
+                    json!({
+                        "metadata": {"name": name, "namespace": NS, "uid": format!("{name}-uid")},
+                        "spec": {"nodeName": node, "serviceAccountName": name, "containers": [{"name": "app", "image": "app:1"}]},
+                        "status": {"phase": "Running", "podIP": ip.to_string()},
+                    }),
+                );
+            }
+            let mut cfg = ca_config(&api, ca_addr, Duration::from_secs(24 * 3600));
+            cfg.serving_names = vec![ca_ip.to_string()];
+            let (trigger, drain) = tidegate::shutdown::channel();
+            let ca = tidegate::ca::server::start(cfg, drain).await.map_err(|e| e.to_string())?;
+            // Both live as long as the namespace thread's runtime.
+            tokio::spawn(async move {
+                let _keep = (api, trigger);
+                std::future::pending::<()>().await
+            });
+            Ok::<_, String>(ca.root_pem)
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("tidegate ca: {e}"))?;
+    std::fs::write(dir.join("ca-root.pem"), root_pem)?;
+    for node in ["a", "b"] {
+        std::fs::write(
+            dir.join(format!("node-{node}.token")),
+            format!("token-{node}"),
+        )?;
+    }
+    let pods = [("client", a_ip, "node-a"), ("server", b_ip, "node-b")];
+    let mut wl = String::from("workloads:\n");
+    let mut xds = String::from("workloads:\n");
+    for (name, ip, node) in pods {
+        wl += &format!(
+            "- {{uid: {name}-uid, name: {name}, namespace: {NS}, service_account: {name}, ips: [{ip}], node: {node}}}\n"
+        );
+        xds += &format!(
+            "- {{uid: {name}-uid, name: {name}, namespace: {NS}, serviceAccount: {name}, workloadIps: [\"{ip}\"], protocol: HBONE, node: {node}, network: \"\", trustDomain: cluster.local, services: {{}}}}\n"
+        );
+    }
+    std::fs::write(dir.join("workloads.yaml"), wl)?;
+    std::fs::write(dir.join("local-xds.yaml"), xds)?;
+    if bin.is_some() {
+        for node in ["node-a", "node-b"] {
+            std::fs::write(
+                dir.join(format!("tidegate-{node}.yaml")),
+                tidegate_config(dir, node, ca_addr),
+            )?;
+        }
+    }
+    Ok(Env {
+        topo,
+        dir: dir.to_owned(),
+        pod_a,
+        pod_b,
+        ca_addr,
+        bin,
+        _na: na,
+    })
+}
+
+fn tidegate_config(dir: &Path, node: &str, ca: SocketAddr) -> String {
+    let d = dir.display();
+    format!(
+        "node_name: {node}
+trust_domain: cluster.local
+capture: {{mode: inpod, zds_socket: {d}/{node}.sock, state_dir: {d}/{node}-pods}}
+certificates: {{source: istio-ca, address: 'https://{ca}', roots: {d}/ca-root.pem, token: {d}/{node}.token, validity: 24h}}
+workloads: {{file: {d}/workloads.yaml, reload_interval: 1s}}
+hbone: {{max_dials_per_second_per_tunnel: 100000}}
+shutdown: {{deadline: 1s}}
+"
+    )
+}
+
+fn iptables(ns: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "iptables", "-w"])
+        .args(args)
+        .output()
+        .context("run iptables")?;
+    if !out.status.success() {
+        bail!(
+            "iptables {args:?} in {ns}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Bytes pod B's HBONE counting rule has seen; `zero` resets it.
+fn hbone_bytes(env: &Env, zero: bool) -> anyhow::Result<u64> {
+    let out = iptables(
+        &env.topo.pb,
+        &["-t", "mangle", "-L", "INPUT", "1", "-v", "-x", "-n"],
+    )?;
+    let bytes = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|b| b.parse().ok())
+        .with_context(|| format!("counting rule: {out:?}"))?;
+    if zero {
+        iptables(&env.topo.pb, &["-t", "mangle", "-Z", "INPUT", "1"])?;
+    }
+    Ok(bytes)
+}
+
+async fn raw_round(env: &Env) -> anyhow::Result<Round> {
+    let lo = Ipv4Addr::LOCALHOST;
+    env.pod_b
+        .run("raw loopback", PHASE_WITHIN, async move {
+            let (bytes, secs) = throughput(lo).await?;
+            let rr = warm_rr(lo).await?;
+            let (conns_s, conns) = new_conns(lo).await?;
+            Ok::<_, String>(Round {
+                mb_s: bytes as f64 / secs / 1e6,
+                cpu_per_gb: f64::NAN,
+                rr_p50: pct(&rr, 0.5),
+                rr_p99: pct(&rr, 0.99),
+                conns_s,
+                conn_p99: pct(&conns, 0.99),
+                kib_per_conn: f64::NAN,
+            })
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!(e))
+}
+
+/// One node's gateway: its process group, killed on drop.
+struct NodeProc {
+    child: Child,
+    log: PathBuf,
+}
+
+impl NodeProc {
+    fn start(env: &Env, pair: &PairSpec, node: &str, ns: &str) -> anyhow::Result<NodeProc> {
+        let dir = &env.dir;
+        let line = match (&pair.command, &env.bin) {
+            (Some(c), _) => c.clone(),
+            (None, Some(bin)) => format!(
+                "exec '{}' run --config \"$DP_DIR/tidegate-$DP_NODE.yaml\"",
+                bin.display()
+            ),
+            (None, None) => bail!("no tidegate binary"),
+        };
+        let log = dir.join(format!("{}-{node}.log", pair.name));
+        let out = std::fs::File::create(&log)?;
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns, "sh", "-c", &line]);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("TIDEGATE_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("DP_NODE", node)
+            .env("DP_ZDS", dir.join(format!("{node}.sock")))
+            .env("DP_CA_ADDRESS", format!("https://{}", env.ca_addr))
+            .env("DP_CA_ROOT", dir.join("ca-root.pem"))
+            .env("DP_TOKEN", dir.join(format!("{node}.token")))
+            .env("DP_TRUST_DOMAIN", "cluster.local")
+            .env("DP_CLUSTER_ID", "Kubernetes")
+            .env("DP_DIR", dir)
+            .env("DP_LOG", &log)
+            .env("TIDEGATE_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .process_group(0);
+        // SAFETY: prctl only sets this child's parent-death signal.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().with_context(|| format!("spawn {line}"))?;
+        Ok(NodeProc { child, log })
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        process_tree(self.child.id())
+    }
+
+    fn log_tail(&self) -> String {
+        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+impl Drop for NodeProc {
+    /// Kills the whole group and waits until every process of it is gone
+    /// (the next pair binds the same ports).
+    fn drop(&mut self) {
+        let tree = self.pids();
+        // SAFETY: kill(2) on our own child's process group.
+        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+        let _ = self.child.wait();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline && tree.iter().any(|p| alive(*p)) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Whether any thread of `pid` still runs: a killed process's leader turns
+/// zombie while its other threads may still be closing its sockets.
+fn alive(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("stat"))
+            .ok()
+            .and_then(|s| s[s.rfind(')')? + 2..].chars().next())
+            .is_some_and(|state| state != 'Z' && state != 'X')
+    })
+}
+
+/// `pid` and every descendant (from /proc/*/stat's ppid).
+fn process_tree(pid: u32) -> Vec<u32> {
+    let mut parent = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Some(pp) = stat_fields(p).and_then(|f| f.get(1).and_then(|x| x.parse::<u32>().ok()))
+        {
+            parent.push((p, pp));
+        }
+    }
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        tree.extend(parent.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    tree
+}
+
+/// The fields of /proc/<pid>/stat after the command name (state first).
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &s[s.rfind(')')? + 2..];
+    Some(after.split_whitespace().map(str::to_owned).collect())
+}
+
+fn cpu_secs(pids: &[u32]) -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    pids.iter()
+        .filter_map(|p| stat_fields(*p))
+        .map(|f| {
+            // utime and stime: fields 14 and 15 of stat, 12 and 13 here.
+            let t = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+            (t(11) + t(12)) / hz
+        })
+        .sum()
+}
+
+fn rss_kib(pids: &[u32]) -> u64 {
+    pids.iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
+        .filter_map(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+/// Serves one node's ZDS socket: hands over `pod` (its namespace by
+/// descriptor) and the snapshot end, and returns the connection (dropping it
+/// would tell the gateway the node agent went away).
+async fn node_agent(zds: ZdsDouble, pod: PodSpec, netns: String) -> anyhow::Result<ZdsConn> {
+    let conn = tokio::time::timeout(UP_WITHIN, zds.accept())
+        .await
+        .with_context(|| {
+            format!(
+                "no ZDS client on {} within {UP_WITHIN:?}",
+                zds.path.display()
+            )
+        })??;
+    let fd = std::fs::File::open(&netns).with_context(|| format!("open {netns}"))?;
+    expect_ack("AddWorkload", conn.add(pod, fd.into()).await?)?;
+    expect_ack("SnapshotSent", conn.snapshot_sent().await?)?;
+    Ok(conn)
+}
+
+fn pod_spec(name: &str) -> PodSpec {
+    PodSpec {
+        uid: format!("{name}-uid"),
+        name: name.into(),
+        namespace: NS.into(),
+        service_account: name.into(),
+    }
+}
+
+async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
+    let zds_a = ZdsDouble::bind(&env.dir.join("node-a.sock"))?;
+    let zds_b = ZdsDouble::bind(&env.dir.join("node-b.sock"))?;
+    let a = NodeProc::start(env, pair, "node-a", &env.topo.na)?;
+    let b = NodeProc::start(env, pair, "node-b", &env.topo.nb)?;
+    let up = async {
+        let agents = tokio::try_join!(
+            node_agent(
+                zds_a,
+                pod_spec("client"),
+                InpodTopology::netns_path(&env.topo.pa)
+            ),
+            node_agent(
+                zds_b,
+                pod_spec("server"),
+                InpodTopology::netns_path(&env.topo.pb)
+            ),
+        )?;
+        first_round_trip(env).await?;
+        Ok::<_, anyhow::Error>(agents)
+    };
+    let _agents = match up.await {
+        Ok(x) => x,
+        Err(e) => bail!(
+            "not up: {e:#}\n--- node-a log ---\n{}\n--- node-b log ---\n{}",
+            a.log_tail(),
+            b.log_tail()
+        ),
+    };
+    let pids: Vec<u32> = a.pids().into_iter().chain(b.pids()).collect();
+    let dst = env.topo.pod_b();
+
+    hbone_bytes(env, true)?;
+    let c0 = cpu_secs(&pids);
+    let (bytes, secs) = env
+        .pod_a
+        .run(
+            "throughput",
+            PHASE_WITHIN,
+            async move { throughput(dst).await },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let cpu = cpu_secs(&pids) - c0;
+    let over_hbone = hbone_bytes(env, false)?;
+    if over_hbone < bytes {
+        bail!("only {over_hbone} bytes reached pod B's 15008 for {bytes} moved: not over HBONE");
+    }
+    let (rr, (conns_s, conns)) = env
+        .pod_a
+        .run("rr + new connections", PHASE_WITHIN, async move {
+            Ok::<_, String>((warm_rr(dst).await?, new_conns(dst).await?))
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!(e))?;
+
+    // Memory: idle connections held from pod A, both gateways' RSS growth.
+    let pids: Vec<u32> = a.pids().into_iter().chain(b.pids()).collect();
+    let before = rss_kib(&pids);
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel::<()>();
+    let (open_tx, open_rx) = tokio::sync::oneshot::channel();
+    let holder = env.pod_a.handle.spawn(async move {
+        let r = idle_conns(dst, IDLE_CONNS, IDLE_CONCURRENCY).await;
+        let n = r.as_ref().map(Vec::len).map_err(Clone::clone);
+        let _ = open_tx.send(n);
+        let _ = held_rx.await;
+        drop(r);
+    });
+    let opened = tokio::time::timeout(PHASE_WITHIN, open_rx)
+        .await
+        .context("idle connections: timed out")??
+        .map_err(|e| anyhow::anyhow!("idle connections: {e}"))?;
+    let after = rss_kib(&pids);
+    let _ = held_tx.send(());
+    let _ = holder.await;
+    Ok(Round {
+        mb_s: bytes as f64 / secs / 1e6,
+        cpu_per_gb: cpu / (bytes as f64 / 1e9),
+        rr_p50: pct(&rr, 0.5),
+        rr_p99: pct(&rr, 0.99),
+        conns_s,
+        conn_p99: pct(&conns, 0.99),
+        kib_per_conn: after.saturating_sub(before) as f64 / opened as f64,
+    })
+}
+
+/// Retries a 1-byte round trip pod A → pod B until one succeeds.
+async fn first_round_trip(env: &Env) -> anyhow::Result<()> {
+    let dst = SocketAddr::new(env.topo.pod_b().into(), tidegate_e2e::measure::ECHO);
+    let started = Instant::now();
+    env.pod_a
+        .run(
+            "first round trip",
+            UP_WITHIN + Duration::from_secs(5),
+            async move {
+                let mut last = String::new();
+                while started.elapsed() < UP_WITHIN {
+                    let once = async {
+                        let mut tcp = tokio::net::TcpStream::connect(dst).await?;
+                        tcp.write_all(b"x").await?;
+                        let mut b = [0u8; 1];
+                        tcp.read_exact(&mut b).await?;
+                        Ok::<_, std::io::Error>(())
+                    };
+                    match tokio::time::timeout(Duration::from_secs(5), once).await {
+                        Ok(Ok(())) => return Ok(()),
+                        Ok(Err(e)) => last = e.to_string(),
+                        Err(_) => last = "timed out".into(),
+                    }
+                    // Not an event we can await: the gateway's certificates and
+                    // listeners come up on its own schedule.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(anyhow::anyhow!(
+                    "no round trip within {UP_WITHIN:?}: {last}"
+                ))
+            },
+        )
+        .await
+}
+
+fn print_table(pairs: &[PairSpec], raw: &[Round], results: &[Vec<Round>]) {
+    let med = |v: &[Round], f: fn(&Round) -> f64| median(v, f);
+    type Fig = (&'static str, fn(&Round) -> f64, &'static str);
+    let figs: [Fig; 7] = [
+        ("single-stream throughput", |r| r.mb_s, "MB/s"),
+        ("CPU-seconds per GB, both gateways", |r| r.cpu_per_gb, "s"),
+        ("1 KiB RR p50", |r| r.rr_p50, "µs"),
+        ("1 KiB RR p99", |r| r.rr_p99, "µs"),
+        ("new connections/s (8 concurrent)", |r| r.conns_s, "/s"),
+        ("new connection p99", |r| r.conn_p99, "µs"),
+        (
+            "memory per idle connection, both gateways",
+            |r| r.kib_per_conn,
+            "KiB",
+        ),
+    ];
+    println!("\nmedians of {ROUNDS} interleaved rounds; [range of per-round ratios]:");
+    let mut head = "| figure | raw loopback |".to_string();
+    for p in pairs {
+        head += &format!(" {} |", p.name);
+    }
+    for p in &pairs[1..] {
+        head += &format!(" {} / {} |", p.name, pairs[0].name);
+    }
+    println!("{head}");
+    println!("{}", "|---".repeat(2 + pairs.len() * 2 - 1) + "|");
+    for (what, f, unit) in figs {
+        let mut line = format!("| {what} ({unit}) | {:.2} |", med(raw, f));
+        for r in results {
+            line += &format!(" {:.2} |", med(r, f));
+        }
+        for r in &results[1..] {
+            let ratios: Vec<f64> = r
+                .iter()
+                .zip(&results[0])
+                .map(|(x, y)| f(x) / f(y))
+                .collect();
+            let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            line += &format!(
+                " {:.2} [{lo:.2}–{hi:.2}] |",
+                med(r, f) / med(&results[0], f)
+            );
+        }
+        println!("{line}");
+    }
+}

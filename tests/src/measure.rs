@@ -1,0 +1,241 @@
+//! The data-path measurements the benches share: an echo and a sink server
+//! inside a pod, and from a client (in whatever namespace it runs)
+//! single-stream throughput, warm 1 KiB request/response latency and new
+//! connections per second — every loop bounded in count and in time.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::netns::{NsThread, STEP};
+
+/// The echo server's port.
+pub const ECHO: u16 = 8080;
+/// The sink's port: it answers the byte count once the client half-closes.
+pub const SINK: u16 = 8081;
+const TP_MAX_BYTES: u64 = 1 << 30;
+const TP_MAX_TIME: Duration = Duration::from_secs(3);
+const RR_SIZE: usize = 1024;
+const RR_WARMUP: usize = 200;
+const RR_MAX: usize = 20_000;
+const RR_MAX_TIME: Duration = Duration::from_secs(2);
+const CONN_CONCURRENCY: usize = 8;
+const CONN_MAX_TIME: Duration = Duration::from_secs(3);
+
+/// One round's figures for one path.
+#[derive(Clone, Debug)]
+pub struct Figures {
+    pub mb_s: f64,
+    /// Bytes the throughput run moved (the sink counted exactly these).
+    pub bytes: u64,
+    /// From the first write until the sink's count arrived.
+    pub secs: f64,
+    pub rr_p50_us: f64,
+    pub rr_p99_us: f64,
+    pub conns_s: f64,
+    pub conn_p50_us: f64,
+    pub conn_p99_us: f64,
+}
+
+/// The `q` quantile of sorted durations, in µs (NaN when empty).
+pub fn pct(sorted: &[Duration], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[i].as_secs_f64() * 1e6
+}
+
+/// The median of `f` over rounds.
+pub fn median<T>(rounds: &[T], f: impl Fn(&T) -> f64) -> f64 {
+    let mut x: Vec<f64> = rounds.iter().map(f).collect();
+    x.sort_by(|a, b| a.total_cmp(b));
+    x.get(x.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Echo on [`ECHO`], and on [`SINK`] a sink that answers the byte count (8
+/// bytes, big-endian) once the client half-closes; both inside `pod`.
+pub async fn servers(pod: &NsThread) {
+    pod.run("servers", STEP, async {
+        let echo = TcpListener::bind(("0.0.0.0", ECHO)).await.unwrap();
+        let sink = TcpListener::bind(("0.0.0.0", SINK)).await.unwrap();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = echo.accept().await {
+                tokio::spawn(async move {
+                    let _ = tcp.set_nodelay(true);
+                    let (mut r, mut w) = tcp.into_split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                    let _ = w.shutdown().await;
+                });
+            }
+        });
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = sink.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 256 << 10];
+                    let mut n = 0u64;
+                    while let Ok(k) = tcp.read(&mut buf).await {
+                        if k == 0 {
+                            break;
+                        }
+                        n += k as u64;
+                    }
+                    let _ = tcp.write_all(&n.to_be_bytes()).await;
+                });
+            }
+        });
+    })
+    .await;
+}
+
+/// Throughput, warm RR and new connections/s against the [`servers`] at `ip`.
+pub async fn measure(ip: Ipv4Addr) -> Result<Figures, String> {
+    let (bytes, secs) = throughput(ip).await?;
+    let rr = warm_rr(ip).await?;
+    let (conns_s, conns) = new_conns(ip).await?;
+    Ok(Figures {
+        mb_s: bytes as f64 / secs / 1e6,
+        bytes,
+        secs,
+        rr_p50_us: pct(&rr, 0.5),
+        rr_p99_us: pct(&rr, 0.99),
+        conns_s,
+        conn_p50_us: pct(&conns, 0.5),
+        conn_p99_us: pct(&conns, 0.99),
+    })
+}
+
+fn err(what: &'static str) -> impl Fn(std::io::Error) -> String {
+    move |x| format!("{what}: {x}")
+}
+
+/// One direction into the sink: (bytes the sink counted, seconds).
+pub async fn throughput(ip: Ipv4Addr) -> Result<(u64, f64), String> {
+    let mut tcp = TcpStream::connect((ip, SINK))
+        .await
+        .map_err(err("connect sink"))?;
+    let chunk = vec![0x5au8; 256 << 10];
+    let started = Instant::now();
+    let mut sent = 0u64;
+    while sent < TP_MAX_BYTES && started.elapsed() < TP_MAX_TIME {
+        tcp.write_all(&chunk).await.map_err(err("write"))?;
+        sent += chunk.len() as u64;
+    }
+    tcp.shutdown().await.map_err(err("shutdown"))?;
+    let mut count = [0u8; 8];
+    tcp.read_exact(&mut count)
+        .await
+        .map_err(err("sink count"))?;
+    let secs = started.elapsed().as_secs_f64();
+    if u64::from_be_bytes(count) != sent {
+        return Err(format!(
+            "sink counted {} of {sent} bytes",
+            u64::from_be_bytes(count)
+        ));
+    }
+    Ok((sent, secs))
+}
+
+/// Warm 1 KiB request/response on one connection: sorted latencies.
+pub async fn warm_rr(ip: Ipv4Addr) -> Result<Vec<Duration>, String> {
+    let mut tcp = TcpStream::connect((ip, ECHO))
+        .await
+        .map_err(err("connect echo"))?;
+    tcp.set_nodelay(true).map_err(err("nodelay"))?;
+    let out = vec![7u8; RR_SIZE];
+    let mut back = vec![0u8; RR_SIZE];
+    let mut lat = Vec::new();
+    let started = Instant::now();
+    for i in 0..RR_WARMUP + RR_MAX {
+        if started.elapsed() > RR_MAX_TIME {
+            break;
+        }
+        let t = Instant::now();
+        tcp.write_all(&out).await.map_err(err("rr write"))?;
+        tcp.read_exact(&mut back).await.map_err(err("rr read"))?;
+        if i >= RR_WARMUP {
+            lat.push(t.elapsed());
+        }
+    }
+    lat.sort();
+    Ok(lat)
+}
+
+/// New connections per second from [`CONN_CONCURRENCY`] workers, each with
+/// one 1 KiB round trip: (rate, sorted latencies).
+pub async fn new_conns(ip: Ipv4Addr) -> Result<(f64, Vec<Duration>), String> {
+    let deadline = Instant::now() + CONN_MAX_TIME;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..CONN_CONCURRENCY {
+        tasks.spawn(async move {
+            let mut lat = Vec::new();
+            let out = vec![9u8; RR_SIZE];
+            let mut back = vec![0u8; RR_SIZE];
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                let mut tcp = TcpStream::connect((ip, ECHO))
+                    .await
+                    .map_err(|x| format!("connect: {x}"))?;
+                tcp.write_all(&out)
+                    .await
+                    .map_err(|x| format!("write: {x}"))?;
+                tcp.read_exact(&mut back)
+                    .await
+                    .map_err(|x| format!("read: {x}"))?;
+                drop(tcp);
+                lat.push(t.elapsed());
+            }
+            Ok::<_, String>(lat)
+        });
+    }
+    let started = Instant::now();
+    let mut all = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        all.extend(r.map_err(|x| x.to_string())??);
+    }
+    let rate = all.len() as f64
+        / started
+            .elapsed()
+            .as_secs_f64()
+            .max(CONN_MAX_TIME.as_secs_f64());
+    all.sort();
+    Ok((rate, all))
+}
+
+/// Opens `n` connections to the echo server at `ip` (each proven with a
+/// one-byte round trip, `concurrency` at a time) and returns them, idle.
+pub async fn idle_conns(
+    ip: Ipv4Addr,
+    n: usize,
+    concurrency: usize,
+) -> Result<Vec<TcpStream>, String> {
+    let dst = SocketAddr::new(ip.into(), ECHO);
+    let mut held = Vec::with_capacity(n);
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut started = 0;
+    while held.len() < n {
+        while started < n && tasks.len() < concurrency {
+            started += 1;
+            tasks.spawn(async move {
+                let mut tcp = TcpStream::connect(dst)
+                    .await
+                    .map_err(|x| format!("connect: {x}"))?;
+                tcp.write_all(b"x")
+                    .await
+                    .map_err(|x| format!("write: {x}"))?;
+                let mut b = [0u8; 1];
+                tcp.read_exact(&mut b)
+                    .await
+                    .map_err(|x| format!("read: {x}"))?;
+                Ok::<_, String>(tcp)
+            });
+        }
+        match tasks.join_next().await {
+            Some(r) => held.push(r.map_err(|x| x.to_string())??),
+            None => break,
+        }
+    }
+    Ok(held)
+}
