@@ -38,6 +38,8 @@
 //! B's mangle INPUT for TCP to 15008 must have seen at least the bytes the
 //! throughput run moved. Rounds are interleaved (raw, pair 1, pair 2, ...,
 //! 3 rounds); each pair is started afresh every round and killed after it.
+//! `DATAPLANE_PERF_STAT=1` adds a `perf stat` of both gateways during each
+//! transfer (page faults, context switches, syscalls, futex calls per MB).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::process::CommandExt;
@@ -568,6 +570,7 @@ async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
     let dst = env.topo.pod_b();
 
     hbone_bytes(env, true)?;
+    let stat = PerfStat::start(&pids, &env.dir.join(format!("{}.perf-stat", pair.name)));
     let c0 = cpu_secs(&pids);
     let (bytes, secs) = env
         .pod_a
@@ -579,6 +582,16 @@ async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
         .await
         .map_err(|e| anyhow::anyhow!(e))?;
     let cpu = cpu_secs(&pids) - c0;
+    if let Some(stat) = stat {
+        let mb = bytes as f64 / 1e6;
+        println!(
+            "  {} perf stat during the transfer ({mb:.0} MB):",
+            pair.name
+        );
+        for (event, count) in stat.stop() {
+            println!("    {event:<32} {count:>12.0}  ({:.1} per MB)", count / mb);
+        }
+    }
     let over_hbone = hbone_bytes(env, false)?;
     if over_hbone < bytes {
         bail!("only {over_hbone} bytes reached pod B's 15008 for {bytes} moved: not over HBONE");
@@ -619,6 +632,54 @@ async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
         conn_p99: pct(&conns, 0.99),
         kib_per_conn: after.saturating_sub(before) as f64 / opened as f64,
     })
+}
+
+/// `DATAPLANE_PERF_STAT=1`: `perf stat` of both gateways (every thread)
+/// during the throughput run — page faults, context switches, syscalls,
+/// futex calls and CPU time, to compare gateways per MB moved.
+struct PerfStat {
+    child: Child,
+    out: PathBuf,
+}
+
+const PERF_EVENTS: &str =
+    "task-clock,page-faults,context-switches,raw_syscalls:sys_enter,syscalls:sys_enter_futex";
+
+impl PerfStat {
+    fn start(pids: &[u32], out: &Path) -> Option<PerfStat> {
+        std::env::var_os("DATAPLANE_PERF_STAT")?;
+        let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+        let child = Command::new("perf")
+            .args(["stat", "-x", ",", "-e", PERF_EVENTS, "-o"])
+            .arg(out)
+            .args(["-p", &pids.join(",")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| eprintln!("DATAPLANE_PERF_STAT: cannot run perf: {e}"))
+            .ok()?;
+        // perf attaches to every thread before the transfer starts.
+        std::thread::sleep(Duration::from_millis(300));
+        Some(PerfStat {
+            child,
+            out: out.to_owned(),
+        })
+    }
+
+    /// Stops perf; (event, count) as it wrote them.
+    fn stop(mut self) -> Vec<(String, f64)> {
+        // SAFETY: kill(2) on the pid of a child this program spawned and has not reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let _ = self.child.wait();
+        std::fs::read_to_string(&self.out)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                Some((f.get(2)?.to_string(), f.first()?.parse().ok()?))
+            })
+            .collect()
+    }
 }
 
 /// Retries a 1-byte round trip pod A → pod B until one succeeds.
