@@ -90,21 +90,32 @@ pub async fn servers(pod: &NsThread) {
     .await;
 }
 
+impl Figures {
+    /// From what [`throughput`], [`warm_rr`] and [`new_conns`] returned.
+    pub fn new(
+        (bytes, secs): (u64, f64),
+        rr: &[Duration],
+        (conns_s, conns): (f64, &[Duration]),
+    ) -> Figures {
+        Figures {
+            mb_s: bytes as f64 / secs / 1e6,
+            bytes,
+            secs,
+            rr_p50_us: pct(rr, 0.5),
+            rr_p99_us: pct(rr, 0.99),
+            conns_s,
+            conn_p50_us: pct(conns, 0.5),
+            conn_p99_us: pct(conns, 0.99),
+        }
+    }
+}
+
 /// Throughput, warm RR and new connections/s against the [`servers`] at `ip`.
 pub async fn measure(ip: Ipv4Addr) -> Result<Figures, String> {
-    let (bytes, secs) = throughput(ip).await?;
+    let tp = throughput(ip).await?;
     let rr = warm_rr(ip).await?;
     let (conns_s, conns) = new_conns(ip).await?;
-    Ok(Figures {
-        mb_s: bytes as f64 / secs / 1e6,
-        bytes,
-        secs,
-        rr_p50_us: pct(&rr, 0.5),
-        rr_p99_us: pct(&rr, 0.99),
-        conns_s,
-        conn_p50_us: pct(&conns, 0.5),
-        conn_p99_us: pct(&conns, 0.99),
-    })
+    Ok(Figures::new(tp, &rr, (conns_s, &conns)))
 }
 
 fn err(what: &'static str) -> impl Fn(std::io::Error) -> String {

@@ -52,7 +52,9 @@ use serde_json::json;
 use tidegate_e2e::ca::{ca_config, gateway_pod};
 use tidegate_e2e::inpod::InpodTopology;
 use tidegate_e2e::kube_api::{FakeApiServer, Kind};
-use tidegate_e2e::measure::{idle_conns, median, new_conns, pct, servers, throughput, warm_rr};
+use tidegate_e2e::measure::{
+    idle_conns, measure, median, new_conns, servers, throughput, warm_rr, Figures,
+};
 use tidegate_e2e::netns::NsThread;
 use tidegate_e2e::zds_double::{expect_ack, PodSpec, ZdsConn, ZdsDouble};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -102,15 +104,11 @@ pub fn parse_args(args: &[String]) -> anyhow::Result<Option<Vec<PairSpec>>> {
 }
 
 /// One round of one path.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 struct Round {
-    mb_s: f64,
+    fig: Figures,
     /// Both gateways' CPU-seconds per GB moved (NaN for raw).
     cpu_per_gb: f64,
-    rr_p50: f64,
-    rr_p99: f64,
-    conns_s: f64,
-    conn_p99: f64,
     /// Both gateways' RSS growth per idle connection, KiB (NaN for raw).
     kib_per_conn: f64,
 }
@@ -171,7 +169,7 @@ async fn bench(pairs: Vec<PairSpec>) -> anyhow::Result<()> {
         raw.push(raw_round(&env).await?);
         println!(
             "round {round}: raw loopback TCP {:.0} MB/s",
-            raw[round].mb_s
+            raw[round].fig.mb_s
         );
         for (i, p) in pairs.iter().enumerate() {
             let r = pair_round(&env, p)
@@ -179,7 +177,7 @@ async fn bench(pairs: Vec<PairSpec>) -> anyhow::Result<()> {
                 .with_context(|| format!("{}, round {round}", p.name))?;
             println!(
                 "round {round}: {:<10} {:.0} MB/s, {:.2} CPU-s/GB, RR p50 {:.0} µs, {:.0} conns/s, {:.2} KiB/conn",
-                p.name, r.mb_s, r.cpu_per_gb, r.rr_p50, r.conns_s, r.kib_per_conn
+                p.name, r.fig.mb_s, r.cpu_per_gb, r.fig.rr_p50_us, r.fig.conns_s, r.kib_per_conn
             );
             results[i].push(r);
         }
@@ -346,24 +344,16 @@ fn hbone_bytes(env: &Env, zero: bool) -> anyhow::Result<u64> {
 }
 
 async fn raw_round(env: &Env) -> anyhow::Result<Round> {
-    let lo = Ipv4Addr::LOCALHOST;
-    env.pod_b
-        .run("raw loopback", PHASE_WITHIN, async move {
-            let (bytes, secs) = throughput(lo).await?;
-            let rr = warm_rr(lo).await?;
-            let (conns_s, conns) = new_conns(lo).await?;
-            Ok::<_, String>(Round {
-                mb_s: bytes as f64 / secs / 1e6,
-                cpu_per_gb: f64::NAN,
-                rr_p50: pct(&rr, 0.5),
-                rr_p99: pct(&rr, 0.99),
-                conns_s,
-                conn_p99: pct(&conns, 0.99),
-                kib_per_conn: f64::NAN,
-            })
-        })
+    let fig = env
+        .pod_b
+        .run("raw loopback", PHASE_WITHIN, measure(Ipv4Addr::LOCALHOST))
         .await
-        .map_err(|e| anyhow::anyhow!(e))
+        .map_err(|e| anyhow::anyhow!(e))?;
+    Ok(Round {
+        fig,
+        cpu_per_gb: f64::NAN,
+        kib_per_conn: f64::NAN,
+    })
 }
 
 /// One node's gateway: its process group, killed on drop.
@@ -486,28 +476,14 @@ fn stat_fields(pid: u32) -> Option<Vec<String>> {
     Some(after.split_whitespace().map(str::to_owned).collect())
 }
 
+/// CPU seconds of every process in `pids` (NaN if one is gone).
 fn cpu_secs(pids: &[u32]) -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    pids.iter()
-        .filter_map(|p| stat_fields(*p))
-        .map(|f| {
-            // utime and stime: fields 14 and 15 of stat, 12 and 13 here.
-            let t = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
-            (t(11) + t(12)) / hz
-        })
-        .sum()
+    pids.iter().map(|p| super::cpu_secs(*p)).sum()
 }
 
+/// VmRSS of every process in `pids`, KiB (a process gone counts 0).
 fn rss_kib(pids: &[u32]) -> u64 {
-    pids.iter()
-        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
-        .filter_map(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .sum()
+    pids.iter().filter_map(|p| super::vm_rss_kib(*p).ok()).sum()
 }
 
 /// Serves one node's ZDS socket: hands over `pod` (its namespace by
@@ -624,12 +600,8 @@ async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
     let _ = held_tx.send(());
     let _ = holder.await;
     Ok(Round {
-        mb_s: bytes as f64 / secs / 1e6,
+        fig: Figures::new((bytes, secs), &rr, (conns_s, &conns)),
         cpu_per_gb: cpu / (bytes as f64 / 1e9),
-        rr_p50: pct(&rr, 0.5),
-        rr_p99: pct(&rr, 0.99),
-        conns_s,
-        conn_p99: pct(&conns, 0.99),
         kib_per_conn: after.saturating_sub(before) as f64 / opened as f64,
     })
 }
@@ -721,12 +693,12 @@ fn print_table(pairs: &[PairSpec], raw: &[Round], results: &[Vec<Round>]) {
     let med = |v: &[Round], f: fn(&Round) -> f64| median(v, f);
     type Fig = (&'static str, fn(&Round) -> f64, &'static str);
     let figs: [Fig; 7] = [
-        ("single-stream throughput", |r| r.mb_s, "MB/s"),
+        ("single-stream throughput", |r| r.fig.mb_s, "MB/s"),
         ("CPU-seconds per GB, both gateways", |r| r.cpu_per_gb, "s"),
-        ("1 KiB RR p50", |r| r.rr_p50, "µs"),
-        ("1 KiB RR p99", |r| r.rr_p99, "µs"),
-        ("new connections/s (8 concurrent)", |r| r.conns_s, "/s"),
-        ("new connection p99", |r| r.conn_p99, "µs"),
+        ("1 KiB RR p50", |r| r.fig.rr_p50_us, "µs"),
+        ("1 KiB RR p99", |r| r.fig.rr_p99_us, "µs"),
+        ("new connections/s (8 concurrent)", |r| r.fig.conns_s, "/s"),
+        ("new connection p99", |r| r.fig.conn_p99_us, "µs"),
         (
             "memory per idle connection, both gateways",
             |r| r.kib_per_conn,
