@@ -10,12 +10,13 @@ use h2::{RecvStream, SendStream};
 use http::{Method, Request, StatusCode};
 use tokio::net::TcpStream;
 
+use super::client_io::{ClientIo, GoawayFlag};
 use super::REASON_HEADER;
 use crate::config::HboneConfig;
 use crate::identity::SpiffeId;
 use crate::tls::{HandshakeError, TlsContext};
 
-pub type ClientConnection = Connection<crate::tls::ClientTls, Bytes>;
+pub type ClientConnection = Connection<ClientIo, Bytes>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DialError {
@@ -99,11 +100,13 @@ pub async fn dial(
     dst: &SpiffeId,
     addr: SocketAddr,
 ) -> Result<(SendRequest<Bytes>, ClientConnection), DialError> {
-    dial_over(tls, cfg, src, dst, addr, TcpStream::connect(addr)).await
+    let goaway = GoawayFlag::default();
+    dial_over(tls, cfg, src, dst, addr, TcpStream::connect(addr), goaway).await
 }
 
 /// [`dial`] over a TCP connection `connect` makes (in a pod's namespace,
-/// say); the same bound covers it.
+/// say); the same bound covers it. `goaway` is raised when the peer's
+/// GOAWAY is read ([`ClientIo`]).
 pub async fn dial_over(
     tls: &TlsContext,
     cfg: &HboneConfig,
@@ -111,6 +114,7 @@ pub async fn dial_over(
     dst: &SpiffeId,
     addr: SocketAddr,
     connect: impl std::future::Future<Output = std::io::Result<TcpStream>>,
+    goaway: GoawayFlag,
 ) -> Result<(SendRequest<Bytes>, ClientConnection), DialError> {
     let fut = async {
         let tcp = connect
@@ -122,7 +126,8 @@ pub async fn dial_over(
         if stream.get_ref().1.alpn_protocol() != Some(crate::tls::ALPN_H2) {
             return Err(DialError::NoH2);
         }
-        Ok(super::client_builder(cfg).handshake(stream).await?)
+        let io = ClientIo::new(stream, goaway);
+        Ok(super::client_builder(cfg).handshake(io).await?)
     };
     tokio::time::timeout(cfg.connect_timeout, fut)
         .await

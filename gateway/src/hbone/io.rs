@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use super::frames::{ErrorFrame, FrameScan};
 use crate::tls::ServerTls;
 
 /// The HTTP/2 frame that carried a refusal.
@@ -72,85 +73,21 @@ pub fn reason_label(r: h2::Reason) -> &'static str {
     }
 }
 
-const FRAME_HEADER: usize = 9;
-const TYPE_RST_STREAM: u8 = 0x3;
-const TYPE_GOAWAY: u8 = 0x7;
-
-/// Follows the frame boundaries of a written HTTP/2 byte stream.
-#[derive(Debug)]
-struct FrameScan {
-    /// The frame header, then the payload bytes up to the error code.
-    head: [u8; FRAME_HEADER + 8],
-    filled: usize,
-    /// How many bytes of `head` this frame needs (9, 13 or 17).
-    want: usize,
-    /// Payload bytes still to pass over.
-    skip: usize,
-}
-
-impl Default for FrameScan {
-    fn default() -> Self {
-        FrameScan {
-            head: [0; FRAME_HEADER + 8],
-            filled: 0,
-            want: FRAME_HEADER,
-            skip: 0,
-        }
+/// The refusal an error frame h2 wrote means: none for NO_ERROR (a drain)
+/// and CANCEL (our own reset of a stream whose copy failed).
+fn refusal(frame: ErrorFrame) -> Option<Refusal> {
+    if frame.reason == h2::Reason::NO_ERROR || frame.reason == h2::Reason::CANCEL {
+        return None;
     }
-}
-
-impl FrameScan {
-    /// Consumes written bytes; returns the refusals completed in them.
-    fn scan(&mut self, mut buf: &[u8], found: &mut impl FnMut(Refusal)) {
-        while !buf.is_empty() {
-            if self.skip > 0 {
-                let n = self.skip.min(buf.len());
-                self.skip -= n;
-                buf = &buf[n..];
-                continue;
-            }
-            let n = (self.want - self.filled).min(buf.len());
-            self.head[self.filled..self.filled + n].copy_from_slice(&buf[..n]);
-            self.filled += n;
-            buf = &buf[n..];
-            if self.filled == self.want {
-                self.frame_part_done(found);
-            }
-        }
-    }
-
-    fn frame_part_done(&mut self, found: &mut impl FnMut(Refusal)) {
-        let len = u32::from_be_bytes([0, self.head[0], self.head[1], self.head[2]]) as usize;
-        let kind = self.head[3];
-        let code_at = match kind {
-            TYPE_RST_STREAM if len >= 4 => Some(0),
-            TYPE_GOAWAY if len >= 8 => Some(4),
-            _ => None,
-        };
-        match code_at {
-            Some(at) if self.want == FRAME_HEADER => {
-                // Read on up to the end of the error code.
-                self.want = FRAME_HEADER + at + 4;
-                return;
-            }
-            Some(at) => {
-                let c = &self.head[FRAME_HEADER + at..FRAME_HEADER + at + 4];
-                let reason = h2::Reason::from(u32::from_be_bytes([c[0], c[1], c[2], c[3]]));
-                if reason != h2::Reason::NO_ERROR && reason != h2::Reason::CANCEL {
-                    let frame = if kind == TYPE_GOAWAY {
-                        RefusalFrame::Goaway
-                    } else {
-                        RefusalFrame::RstStream
-                    };
-                    found(Refusal { frame, reason });
-                }
-            }
-            None => {}
-        }
-        self.skip = len - (self.want - FRAME_HEADER);
-        self.filled = 0;
-        self.want = FRAME_HEADER;
-    }
+    let kind = if frame.goaway {
+        RefusalFrame::Goaway
+    } else {
+        RefusalFrame::RstStream
+    };
+    Some(Refusal {
+        frame: kind,
+        reason: frame.reason,
+    })
 }
 
 /// The mTLS stream of one inbound tunnel as h2 sees it.
@@ -214,7 +151,11 @@ impl ServerIo {
 
     fn observe(&mut self, written: &[u8]) {
         let sink = &self.refusals;
-        self.scan.scan(written, &mut |r| sink(r));
+        self.scan.scan(written, &mut |frame| {
+            if let Some(r) = refusal(frame) {
+                sink(r)
+            }
+        });
     }
 }
 
@@ -316,42 +257,26 @@ async fn linger(mut tcp: tokio::net::TcpStream) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::frames::wire::*;
     use super::*;
 
-    fn frame(kind: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-        let len = payload.len() as u32;
-        let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, 0];
-        f.extend_from_slice(&stream.to_be_bytes());
-        f.extend_from_slice(payload);
-        f
-    }
-
-    fn goaway(code: u32) -> Vec<u8> {
-        let mut p = 7u32.to_be_bytes().to_vec();
-        p.extend_from_slice(&code.to_be_bytes());
-        p.extend_from_slice(b"debug data");
-        frame(TYPE_GOAWAY, 0, &p)
-    }
-
-    fn scan_in_pieces(bytes: &[u8], piece: usize) -> Vec<Refusal> {
-        let mut scan = FrameScan::default();
-        let mut out = Vec::new();
-        for chunk in bytes.chunks(piece) {
-            scan.scan(chunk, &mut |r| out.push(r));
-        }
-        out
+    fn refusals(bytes: &[u8], piece: usize) -> Vec<Refusal> {
+        scan_in_pieces(bytes, piece)
+            .into_iter()
+            .filter_map(refusal)
+            .collect()
     }
 
     #[test]
     fn finds_error_coded_resets_and_goaways_across_any_split() {
-        let mut wire = frame(0x4, 0, &[0; 12]); // SETTINGS
-        wire.extend(frame(0x0, 1, &[7; 40_000])); // DATA
-        wire.extend(frame(TYPE_RST_STREAM, 3, &1u32.to_be_bytes())); // PROTOCOL_ERROR
-        wire.extend(frame(TYPE_RST_STREAM, 5, &8u32.to_be_bytes())); // CANCEL: ours, not a refusal
-        wire.extend(frame(TYPE_RST_STREAM, 7, &7u32.to_be_bytes())); // REFUSED_STREAM
-        wire.extend(goaway(0)); // NO_ERROR: a drain, not a refusal
-        wire.extend(frame(0x6, 0, &[0; 8])); // PING
-        wire.extend(goaway(0xb)); // ENHANCE_YOUR_CALM
+        let mut bytes = frame(0x4, 0, &[0; 12]); // SETTINGS
+        bytes.extend(frame(0x0, 1, &[7; 40_000])); // DATA
+        bytes.extend(rst(3, 1)); // PROTOCOL_ERROR
+        bytes.extend(rst(5, 8)); // CANCEL: ours, not a refusal
+        bytes.extend(rst(7, 7)); // REFUSED_STREAM
+        bytes.extend(goaway(0)); // NO_ERROR: a drain, not a refusal
+        bytes.extend(frame(0x6, 0, &[0; 8])); // PING
+        bytes.extend(goaway(0xb)); // ENHANCE_YOUR_CALM
         let want = vec![
             Refusal {
                 frame: RefusalFrame::RstStream,
@@ -366,8 +291,8 @@ mod tests {
                 reason: h2::Reason::ENHANCE_YOUR_CALM,
             },
         ];
-        for piece in [1, 2, 5, 9, 13, 1000, wire.len()] {
-            assert_eq!(scan_in_pieces(&wire, piece), want, "split every {piece}");
+        for piece in [1, 2, 5, 9, 13, 1000, bytes.len()] {
+            assert_eq!(refusals(&bytes, piece), want, "split every {piece}");
         }
     }
 

@@ -5,8 +5,12 @@
 //! - [`client`]: dialing a tunnel to a peer gateway and opening CONNECT streams.
 //! - [`keepalive`]: HTTP/2 PING liveness for both sides.
 //! - [`io`]: the server's byte stream: close_notify on close, refusals h2 writes.
+//! - [`client_io`]: the client's byte stream: the peer's GOAWAY as it is read.
+//! - `frames`: following frame boundaries from outside h2 (both of the above).
 
 pub mod client;
+pub mod client_io;
+mod frames;
 pub mod io;
 pub mod keepalive;
 pub mod server;
@@ -32,6 +36,15 @@ pub struct GoawayCommand {
     pub close_notify: bool,
 }
 
+/// How much a stream may queue in h2 before its writer waits: the whole
+/// stream window (as ztunnel's client does). The peer's window bounds it
+/// anyway; a smaller buffer (it was one frame, 1 MiB) only made h2 wake
+/// the copy task once per frame written, to top the buffer up, instead of
+/// once per WINDOW_UPDATE.
+fn send_buffer(cfg: &HboneConfig) -> usize {
+    cfg.stream_window as usize
+}
+
 pub(crate) fn server_builder(cfg: &HboneConfig) -> h2::server::Builder {
     let mut b = h2::server::Builder::new();
     b.initial_window_size(cfg.stream_window)
@@ -39,7 +52,7 @@ pub(crate) fn server_builder(cfg: &HboneConfig) -> h2::server::Builder {
         .max_frame_size(cfg.max_frame_size)
         .max_concurrent_streams(cfg.max_concurrent_streams)
         .max_header_list_size(cfg.max_header_list_size)
-        .max_send_buffer_size(cfg.max_frame_size as usize);
+        .max_send_buffer_size(send_buffer(cfg));
     b
 }
 
@@ -49,7 +62,7 @@ pub(crate) fn client_builder(cfg: &HboneConfig) -> h2::client::Builder {
         .initial_connection_window_size(cfg.connection_window)
         .max_frame_size(cfg.max_frame_size)
         .max_header_list_size(cfg.max_header_list_size)
-        .max_send_buffer_size(cfg.max_frame_size as usize)
+        .max_send_buffer_size(send_buffer(cfg))
         .enable_push(false);
     b
 }

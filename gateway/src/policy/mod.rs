@@ -1,7 +1,8 @@
 //! Drain policies as WebAssembly components.
 //!
 //! - [`bindings`]: the host side of the WIT contract (generated, only here).
-//! - [`runtime`]: engine, epoch deadlines, memory caps, host imports.
+//! - [`runtime`]: engine, epoch deadlines, memory caps, host imports;
+//!   `ticker`: the epoch ticker, awake only while plugins run.
 //! - [`plugin`]: one compiled version, warm instance, failure handling.
 //! - [`engine`]: the loaded set, selection per workload, decisions, hot swap.
 //! - [`resolve`]: which policy a workload gets and why (one function for
@@ -19,6 +20,7 @@ pub mod metrics;
 pub mod plugin;
 pub mod resolve;
 pub mod runtime;
+mod ticker;
 pub mod trace;
 mod validate;
 pub mod version;

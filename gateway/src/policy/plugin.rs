@@ -246,6 +246,7 @@ impl PluginVersion {
 
     fn instantiate(&self, clock: Clock) -> Result<Warm, CallFailure> {
         self.instantiations.fetch_add(1, Ordering::Relaxed);
+        let _busy = self.runtime.busy();
         let mut store = self.new_store(clock);
         store.set_epoch_deadline(PolicyRuntime::ticks(self.runtime.limits.init_deadline));
         let (policy, init) = match &self.pre {
@@ -304,6 +305,7 @@ impl PluginVersion {
     ) -> Result<Vec<sdk::Action>, CallFailure> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let mut guard = self.warm.lock().unwrap();
+        let _busy = self.runtime.busy();
         let warm = match guard.as_mut() {
             Some(w) => w,
             None => guard.insert(self.instantiate(clock)?),

@@ -2,7 +2,6 @@
 //! bounds calls, per-store memory caps, and the host functions a policy may
 //! import (log, now-ms, metric) — nothing else, no WASI.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +10,7 @@ use wasmtime::{Config as WasmConfig, Engine, ResourceLimiter};
 
 use super::bindings::{types, v0_1, v0_2};
 use super::metrics::PolicyMetrics;
+use super::ticker::{Busy, Ticker, EPOCH_TICK};
 
 /// Limits applied to every plugin call.
 #[derive(Clone, Debug)]
@@ -47,8 +47,6 @@ impl Default for RuntimeLimits {
         crate::config::PoliciesConfig::default().runtime_limits()
     }
 }
-
-const EPOCH_TICK: Duration = Duration::from_millis(1);
 
 /// Where `host.now-ms` reads its time: the wall clock, or a trace's value.
 #[derive(Clone, Copy, Debug, Default)]
@@ -153,7 +151,7 @@ pub struct PolicyRuntime {
     pub(super) linker: Linker<HostState>,
     pub(super) limits: RuntimeLimits,
     pub(super) metrics: PolicyMetrics,
-    stop: Arc<AtomicBool>,
+    ticker: Ticker,
 }
 
 impl PolicyRuntime {
@@ -175,14 +173,13 @@ impl PolicyRuntime {
         // are new, and its types interface is an instance without functions.
         v0_2::tidegate::policy::host::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
         linker.instance("tidegate:policy/types@0.2.0")?;
-        let stop = Arc::new(AtomicBool::new(false));
-        spawn_ticker(engine.clone(), stop.clone());
+        let ticker = Ticker::spawn(engine.clone())?;
         Ok(Arc::new(PolicyRuntime {
             engine,
             linker,
             limits,
             metrics,
-            stop,
+            ticker,
         }))
     }
 
@@ -199,24 +196,10 @@ impl PolicyRuntime {
     pub(super) fn ticks(d: Duration) -> u64 {
         (d.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64 + 1
     }
-}
 
-impl Drop for PolicyRuntime {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+    /// Marks a plugin call (instantiation, `init`, `decide`) in progress:
+    /// epoch deadlines only advance while one is.
+    pub(super) fn busy(&self) -> Busy<'_> {
+        self.ticker.busy()
     }
-}
-
-/// Advances the engine's epoch every millisecond, so a call's deadline of N
-/// ticks interrupts it after ~N ms whatever it is doing.
-fn spawn_ticker(engine: Engine, stop: Arc<AtomicBool>) {
-    std::thread::Builder::new()
-        .name("policy-epoch".into())
-        .spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(EPOCH_TICK);
-                engine.increment_epoch();
-            }
-        })
-        .expect("spawn the policy epoch ticker");
 }

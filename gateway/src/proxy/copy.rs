@@ -7,7 +7,8 @@
 //! the figure the memory benchmark checks.
 //!
 //! The read size follows the flow ([`ReadSize`]): a read that fills its
-//! buffer doubles the next one, from 16 KiB up to 256 KiB, so a bulk
+//! buffer doubles the next one, from one TLS record up to sixteen (less
+//! room for the frame header), so a bulk
 //! transfer moves in few large reads, DATA frames and writes; while reads
 //! keep filling, the buffer's allocation can be reclaimed once HTTP/2 has
 //! let go of the previous chunk (no fresh pages per read). A read that
@@ -16,6 +17,8 @@
 
 use std::future::poll_fn;
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 
 use bytes::{Bytes, BytesMut};
 use h2::{RecvStream, SendStream};
@@ -26,9 +29,16 @@ use tokio::net::TcpStream;
 /// them, never the other way round.
 pub use crate::metrics::{ByteCounters, Transferred};
 
-/// The first read of a burst, and the largest a flow grows to.
-const READ_MIN: usize = 16 * 1024;
-const READ_MAX: usize = 256 * 1024;
+/// The first read of a burst, and the largest a flow grows to: whole TLS
+/// records (16 KiB of plaintext each) less room for the 9-byte DATA frame
+/// header, so a frame fills its records exactly. A power of two left the
+/// header's 9 bytes in a record of their own: one more seal on one side
+/// and one more open on the other for every frame (as ztunnel sizes its
+/// reads).
+const TLS_RECORD: usize = 16 * 1024;
+const FRAME_ROOM: usize = 64;
+const READ_MIN: usize = TLS_RECORD - FRAME_ROOM;
+const READ_MAX: usize = 16 * TLS_RECORD - FRAME_ROOM;
 
 /// The read size of one direction of a copy.
 #[derive(Debug)]
@@ -58,7 +68,7 @@ impl ReadSize {
         let filled = n >= self.want;
         let data = self.buf.split().freeze();
         if filled {
-            self.want = (self.want * 2).min(READ_MAX);
+            self.want = ((self.want + FRAME_ROOM) * 2 - FRAME_ROOM).min(READ_MAX);
         } else {
             // Drained: hold nothing while the socket may stay quiet.
             *self = ReadSize::default();
@@ -98,8 +108,17 @@ pub async fn copy_bidirectional(
     counters: &ByteCounters,
 ) -> (Transferred, Result<(), CopyError>) {
     let mut moved = Transferred::default();
+    // Set once the peer's END_STREAM arrived: from then on only the sending
+    // side can learn of a reset (before, `recv.data()` reports it).
+    let recv_ended = AtomicBool::new(false);
     let result = {
-        let up = tcp_to_h2(tcp, &mut send, &counters.tcp_to_h2, &mut moved.tcp_to_h2);
+        let up = tcp_to_h2(
+            tcp,
+            &mut send,
+            &recv_ended,
+            &counters.tcp_to_h2,
+            &mut moved.tcp_to_h2,
+        );
         let down = h2_to_tcp(&mut recv, tcp, &counters.h2_to_tcp, &mut moved.h2_to_tcp);
         tokio::pin!(up, down);
         let (mut up_done, mut down_done) = (false, false);
@@ -110,7 +129,12 @@ pub async fn copy_bidirectional(
                     Err(e) => break Err(e),
                 },
                 r = &mut down, if !down_done => match r {
-                    Ok(()) => down_done = true,
+                    Ok(()) => {
+                        down_done = true;
+                        // `up` is polled again by the next `select!` and
+                        // starts watching for a reset.
+                        recv_ended.store(true, Ordering::Relaxed);
+                    }
                     Err(e) => break Err(e),
                 },
             }
@@ -128,22 +152,15 @@ pub async fn copy_bidirectional(
 async fn tcp_to_h2(
     tcp: &TcpStream,
     send: &mut SendStream<Bytes>,
+    recv_ended: &AtomicBool,
     counter: &Counter,
     total: &mut u64,
 ) -> Result<(), CopyError> {
     let mut size = ReadSize::default();
     loop {
-        // Wait for data (or a reset of the h2 stream); no buffer is held
-        // unless the last read filled its buffer (more is already queued).
-        tokio::select! {
-            r = tcp.readable() => r?,
-            r = poll_fn(|cx| send.poll_reset(cx)) => {
-                return Err(CopyError::Io(io::Error::new(
-                    io::ErrorKind::ConnectionReset,
-                    format!("peer reset the stream: {:?}", r?),
-                )));
-            }
-        }
+        // Wait for data; no buffer is held unless the last read filled its
+        // buffer (more is already queued).
+        readable_or_reset(tcp, send, recv_ended).await?;
         match read_drained(tcp, size.buffer()) {
             Ok(0) => {
                 send.send_data(Bytes::new(), true)?;
@@ -161,6 +178,34 @@ async fn tcp_to_h2(
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// Waits until `tcp` is readable or, once the receiving side ended, the
+/// peer reset the stream. While the receiving side is open a reset reaches
+/// `recv.data()` and ends the copy there; watching it here too took h2's
+/// lock once more per chunk and shared the stream's send waker with
+/// `poll_capacity`, so capacity updates woke this task while it waited on
+/// the socket.
+async fn readable_or_reset(
+    tcp: &TcpStream,
+    send: &mut SendStream<Bytes>,
+    recv_ended: &AtomicBool,
+) -> Result<(), CopyError> {
+    poll_fn(|cx| {
+        if recv_ended.load(Ordering::Relaxed) {
+            if let Poll::Ready(r) = send.poll_reset(cx) {
+                return Poll::Ready(Err(match r {
+                    Ok(reason) => CopyError::Io(io::Error::new(
+                        io::ErrorKind::ConnectionReset,
+                        format!("peer reset the stream: {reason:?}"),
+                    )),
+                    Err(e) => CopyError::H2(e),
+                }));
+            }
+        }
+        tcp.poll_read_ready(cx).map_err(CopyError::Io)
+    })
+    .await
 }
 
 /// `try_read_buf`, except that a read shorter than the room it had also
@@ -230,13 +275,34 @@ async fn h2_to_tcp(
 pub(crate) async fn write_all(tcp: &TcpStream, mut buf: &[u8]) -> io::Result<()> {
     while !buf.is_empty() {
         tcp.writable().await?;
-        match tcp.try_write(buf) {
+        match write_drained(tcp, buf) {
             Ok(n) => buf = &buf[n..],
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
         }
     }
     Ok(())
+}
+
+/// `try_write`, except that a write shorter than offered also clears the
+/// socket's write readiness, as tokio's own `poll_write` does: the send
+/// buffer is full, so the next wait goes to epoll instead of spending a
+/// `sendto` on `EAGAIN` first.
+fn write_drained(tcp: &TcpStream, buf: &[u8]) -> io::Result<usize> {
+    let mut wrote = None;
+    let r = tcp.try_io(tokio::io::Interest::WRITABLE, || {
+        let n = tcp.try_write(buf)?;
+        wrote = Some(n);
+        if n < buf.len() {
+            Err(io::ErrorKind::WouldBlock.into())
+        } else {
+            Ok(n)
+        }
+    });
+    match (r, wrote) {
+        (Err(e), Some(n)) if e.kind() == io::ErrorKind::WouldBlock => Ok(n),
+        (r, _) => r,
+    }
 }
 
 /// One direction of a plain TCP copy, half-closing `to` at EOF.
@@ -264,8 +330,9 @@ pub async fn copy_tcp(from: &TcpStream, to: &TcpStream) -> std::io::Result<u64> 
 mod tests {
     use super::*;
 
-    /// Reads that fill the buffer double the next one up to READ_MAX; a
-    /// short read lets the buffer go.
+    /// Reads that fill the buffer double the next one up to READ_MAX, each
+    /// a whole number of TLS records with room for the DATA frame header;
+    /// a short read lets the buffer go.
     #[test]
     fn read_size_follows_the_flow() {
         let mut size = ReadSize::default();
@@ -277,17 +344,10 @@ mod tests {
             let chunk = size.took(want);
             assert_eq!(chunk.len(), want);
         }
-        assert_eq!(
-            wants,
-            [
-                16 << 10,
-                32 << 10,
-                64 << 10,
-                128 << 10,
-                256 << 10,
-                256 << 10
-            ]
-        );
+        // Whole TLS records less room for the frame header.
+        let records: Vec<usize> = wants.iter().map(|w| (w + 64) / (16 << 10)).collect();
+        assert_eq!(records, [1, 2, 4, 8, 16, 16]);
+        assert!(wants.iter().all(|w| (w + 64) % (16 << 10) == 0));
         // A read that does not fill the buffer: back to the small size, no
         // capacity held.
         size.buffer().resize(100, 1);

@@ -33,6 +33,7 @@ use tracing::{debug, info_span, warn, Instrument};
 
 use crate::config::{HboneConfig, PoolConfig};
 use crate::hbone::client::{self, DialError, StreamError};
+use crate::hbone::client_io::GoawayFlag;
 use crate::identity::SpiffeId;
 use crate::proxy::origin::Origin;
 use crate::shutdown::ShutdownWatch;
@@ -204,7 +205,8 @@ impl Tunnel {
     }
 
     /// h2 records a received GOAWAY as a connection error that `poll_ready`
-    /// reports; notice it (the driver calls this after every poll).
+    /// reports; notice it at checkout (the driver learns of a GOAWAY from
+    /// the frames it reads, see `hbone::client_io`).
     fn refresh_goaway(&self) {
         if self.goaway.load(Ordering::Acquire) {
             return;
@@ -441,6 +443,7 @@ impl Pool {
             return Ok(slot);
         }
         let tcp = origin.connect(key.dst_addr, None);
+        let goaway_read = GoawayFlag::default();
         let (send, conn) = client::dial_over(
             &self.tls,
             &self.hbone,
@@ -448,6 +451,7 @@ impl Pool {
             &key.dst,
             key.dst_addr,
             tcp,
+            goaway_read.clone(),
         )
         .await
         .map_err(|source| {
@@ -490,7 +494,7 @@ impl Pool {
         self.metrics.opened.inc();
         self.metrics.tunnels.inc();
         entry.tunnels.lock().unwrap().push(tunnel.clone());
-        self.spawn_driver(tunnel.clone(), entry.clone(), conn);
+        self.spawn_driver(tunnel.clone(), entry.clone(), conn, goaway_read);
         Ok(StreamSlot { tunnel })
     }
 
@@ -500,6 +504,7 @@ impl Pool {
         tunnel: Arc<Tunnel>,
         entry: Arc<KeyEntry>,
         mut conn: client::ClientConnection,
+        goaway_read: GoawayFlag,
     ) {
         let pool = self.clone();
         let span = info_span!("tunnel", id = tunnel.id, dst = %tunnel.key.dst_addr);
@@ -511,13 +516,15 @@ impl Pool {
                     pool.hbone.keepalive_interval,
                     pool.hbone.keepalive_timeout,
                 );
-                // Poll the connection, and after each poll check whether the
-                // peer sent GOAWAY so the tunnel stops taking streams at once
+                // Poll the connection, and after each poll check whether a
+                // GOAWAY was read so the tunnel stops taking streams at once
                 // (also on the poll that ends the connection: the GOAWAY and
-                // the close may arrive together).
+                // the close may arrive together). One atomic load per poll.
                 let watched = std::future::poll_fn(|cx| {
                     let r = std::pin::Pin::new(&mut conn).poll(cx);
-                    tunnel.refresh_goaway();
+                    if goaway_read.is_raised() {
+                        tunnel.mark_goaway();
+                    }
                     r
                 });
                 let reason = tokio::select! {
