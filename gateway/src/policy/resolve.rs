@@ -89,35 +89,38 @@ pub fn resolve(
     known: impl Fn(&str) -> bool,
 ) -> Resolution {
     let mut skipped = Vec::new();
-    let named = [
+    // Every event resolves its workload's policy: the texts saying why are
+    // written only for the source that wins (formatting all three first
+    // cost more than the rest of the resolution).
+    type Why = fn(&WorkloadSpec) -> String;
+    let named: [(Option<&str>, SelectedBy, Why); 3] = [
+        (admin, SelectedBy::Admin, |s| {
+            format!("run-time binding (PUT /workloads/{}/policy)", s.uid)
+        }),
         (
-            admin.map(str::to_owned),
-            SelectedBy::Admin,
-            format!("run-time binding (PUT /workloads/{}/policy)", spec.uid),
-        ),
-        (
-            spec.annotations.get(POLICY_ANNOTATION).cloned(),
+            spec.annotations.get(POLICY_ANNOTATION).map(String::as_str),
             SelectedBy::Annotation,
-            format!("pod annotation {POLICY_ANNOTATION}"),
+            |_| format!("pod annotation {POLICY_ANNOTATION}"),
         ),
         (
-            spec.namespace_policy.clone(),
+            spec.namespace_policy.as_deref(),
             SelectedBy::Namespace,
-            format!("namespace {}'s policy label", spec.namespace),
+            |s| format!("namespace {}'s policy label", s.namespace),
         ),
     ];
     for (name, by, why) in named {
         let Some(name) = name else { continue };
-        if known(&name) {
+        if known(name) {
+            let why = why(spec);
             return Resolution {
-                name,
+                name: name.to_owned(),
                 by,
                 why,
                 skipped,
             };
         }
         skipped.push(Skipped {
-            policy: name,
+            policy: name.to_owned(),
             source: by.label(),
             reason: "no such policy (neither in policies.plugins nor uploaded)".into(),
         });
