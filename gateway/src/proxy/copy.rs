@@ -212,21 +212,39 @@ async fn readable_or_reset(
 /// clears the socket's readiness, as tokio's own `poll_read` does: the
 /// socket is drained, so the next wait goes straight to epoll instead of
 /// spending a `recvfrom` on `EAGAIN` first (one syscall of four per small
-/// request on each side). The inner read is the real one; the outer `try_io`
-/// only turns "drained" into the `WouldBlock` that clears readiness.
+/// request on each side).
 fn read_drained(tcp: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
     let room = buf.capacity() - buf.len();
-    let mut got = None;
-    let r = tcp.try_io(tokio::io::Interest::READABLE, || {
-        let n = tcp.try_read_buf(buf)?;
-        got = Some(n);
-        if n > 0 && n < room {
+    io_once(
+        tcp,
+        tokio::io::Interest::READABLE,
+        || tcp.try_read_buf(buf),
+        |n| n > 0 && n < room,
+    )
+}
+
+/// One non-blocking read or write `op` (returning the bytes it moved) that
+/// also clears the socket's readiness for `interest` when `short(n)` says
+/// the socket is drained or full. The inner call is the real one; the
+/// outer `try_io` only turns "short" into the `WouldBlock` that clears
+/// readiness, and the count is still returned.
+fn io_once(
+    tcp: &TcpStream,
+    interest: tokio::io::Interest,
+    mut op: impl FnMut() -> io::Result<usize>,
+    short: impl Fn(usize) -> bool,
+) -> io::Result<usize> {
+    let mut moved = None;
+    let r = tcp.try_io(interest, || {
+        let n = op()?;
+        moved = Some(n);
+        if short(n) {
             Err(io::ErrorKind::WouldBlock.into())
         } else {
             Ok(n)
         }
     });
-    match (r, got) {
+    match (r, moved) {
         (Err(e), Some(n)) if e.kind() == io::ErrorKind::WouldBlock => Ok(n),
         (r, _) => r,
     }
@@ -289,20 +307,12 @@ pub(crate) async fn write_all(tcp: &TcpStream, mut buf: &[u8]) -> io::Result<()>
 /// buffer is full, so the next wait goes to epoll instead of spending a
 /// `sendto` on `EAGAIN` first.
 fn write_drained(tcp: &TcpStream, buf: &[u8]) -> io::Result<usize> {
-    let mut wrote = None;
-    let r = tcp.try_io(tokio::io::Interest::WRITABLE, || {
-        let n = tcp.try_write(buf)?;
-        wrote = Some(n);
-        if n < buf.len() {
-            Err(io::ErrorKind::WouldBlock.into())
-        } else {
-            Ok(n)
-        }
-    });
-    match (r, wrote) {
-        (Err(e), Some(n)) if e.kind() == io::ErrorKind::WouldBlock => Ok(n),
-        (r, _) => r,
-    }
+    io_once(
+        tcp,
+        tokio::io::Interest::WRITABLE,
+        || tcp.try_write(buf),
+        |n| n < buf.len(),
+    )
 }
 
 /// One direction of a plain TCP copy, half-closing `to` at EOF.
