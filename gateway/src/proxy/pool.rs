@@ -16,7 +16,6 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -184,6 +183,8 @@ pub struct Tunnel {
     idle_since: Mutex<Option<Instant>>,
     goaways_received: Counter,
     goaway_seen: GoawaySeen,
+    /// Raised by the connection's reader when the peer's GOAWAY arrives.
+    goaway_read: GoawayFlag,
 }
 
 impl Tunnel {
@@ -204,24 +205,12 @@ impl Tunnel {
         !self.goaway.load(Ordering::Acquire)
     }
 
-    /// h2 records a received GOAWAY as a connection error that `poll_ready`
-    /// reports; notice it at checkout (the driver learns of a GOAWAY from
-    /// the frames it reads, see `hbone::client_io`).
+    /// Notices a GOAWAY the tunnel's reader has seen (`hbone::client_io`):
+    /// the driver calls this after every poll of the connection, checkout
+    /// before using the tunnel. One atomic load while none arrived.
     fn refresh_goaway(&self) {
-        if self.goaway.load(Ordering::Acquire) {
-            return;
-        }
-        let mut guard = self.send.lock().unwrap();
-        let Some(send) = guard.as_mut() else {
-            return;
-        };
-        let mut cx = Context::from_waker(Waker::noop());
-        // Only a GOAWAY: a broken connection reports its I/O error here too.
-        if let Poll::Ready(Err(e)) = send.poll_ready(&mut cx) {
-            if e.is_go_away() {
-                drop(guard);
-                self.mark_goaway();
-            }
+        if self.goaway_read.is_raised() {
+            self.mark_goaway();
         }
     }
 
@@ -488,13 +477,14 @@ impl Pool {
             idle_since: Mutex::new(None),
             goaways_received: self.metrics.goaways_received.clone(),
             goaway_seen: self.goaway_seen.clone(),
+            goaway_read,
         });
         // The destination takes new tunnels again: whatever GOAWAY said is over.
         self.goaway_seen.lock().unwrap().remove(&key.dst_uid);
         self.metrics.opened.inc();
         self.metrics.tunnels.inc();
         entry.tunnels.lock().unwrap().push(tunnel.clone());
-        self.spawn_driver(tunnel.clone(), entry.clone(), conn, goaway_read);
+        self.spawn_driver(tunnel.clone(), entry.clone(), conn);
         Ok(StreamSlot { tunnel })
     }
 
@@ -504,7 +494,6 @@ impl Pool {
         tunnel: Arc<Tunnel>,
         entry: Arc<KeyEntry>,
         mut conn: client::ClientConnection,
-        goaway_read: GoawayFlag,
     ) {
         let pool = self.clone();
         let span = info_span!("tunnel", id = tunnel.id, dst = %tunnel.key.dst_addr);
@@ -522,9 +511,7 @@ impl Pool {
                 // the close may arrive together). One atomic load per poll.
                 let watched = std::future::poll_fn(|cx| {
                     let r = std::pin::Pin::new(&mut conn).poll(cx);
-                    if goaway_read.is_raised() {
-                        tunnel.mark_goaway();
-                    }
+                    tunnel.refresh_goaway();
                     r
                 });
                 let reason = tokio::select! {

@@ -59,6 +59,7 @@ fn add(pool: &Pool, key: &PoolKey, idle_since: Option<Instant>) -> Arc<Tunnel> {
         idle_since: Mutex::new(idle_since),
         goaways_received: Counter::default(),
         goaway_seen: Default::default(),
+        goaway_read: Default::default(),
     });
     pool.entry(key).tunnels.lock().unwrap().push(tunnel.clone());
     tunnel
