@@ -1,8 +1,18 @@
 //! `cargo xtask fuzz [--secs N] [TARGET…]`: the fuzz targets under `fuzz/`
-//! (libFuzzer through cargo-fuzz, without a sanitizer, so a stable toolchain
-//! builds them), each run for a bounded time.
+//! (libFuzzer through `libfuzzer-sys`, without a sanitizer, so a stable
+//! toolchain builds them), each run for a bounded time.
 //!
-//! cargo-fuzz is installed when missing. Each target starts from its corpus
+//! The build is plain `cargo build` with the coverage instrumentation
+//! cargo-fuzz would add (`cargo fuzz build -s none`: SanitizerCoverage's
+//! inline 8-bit counters, PC table, comparison tracing and stack depth,
+//! `--cfg fuzzing`), so nothing has to be installed first, but without the
+//! three settings of cargo-fuzz's release build that cost build time and
+//! buy nothing in a bounded run: debug info, one codegen unit per crate
+//! (wasmtime and Cranelift compiled on one thread each) and
+//! `-Clink-dead-code`. The targets are the same `fuzz/Cargo.toml` bins, so
+//! `cargo fuzz run <target>` still works for whoever has cargo-fuzz.
+//!
+//! Each target starts from its corpus
 //! in the repository (`fuzz/corpus/<target>`) and writes what it finds to
 //! `target/fuzz/corpus/<target>` (kept between runs, never committed); a
 //! crash fails the run and leaves its input in `fuzz/artifacts/<target>/`,
@@ -28,7 +38,18 @@ pub const TARGETS: [&str; 7] = [
 /// What `cargo xtask test` gives each target.
 pub const TEST_SECS: u64 = 20;
 
-const CARGO_FUZZ_VERSION: &str = "0.13.2";
+/// libFuzzer's coverage feedback, as `cargo fuzz build -s none` passes it
+/// (rustc's stable `-C passes`/`-C llvm-args`; no sanitizer runtime).
+const INSTRUMENT: [&str; 8] = [
+    "-Cpasses=sancov-module",
+    "-Cllvm-args=-sanitizer-coverage-level=4",
+    "-Cllvm-args=-sanitizer-coverage-inline-8bit-counters",
+    "-Cllvm-args=-sanitizer-coverage-pc-table",
+    "-Cllvm-args=-sanitizer-coverage-trace-compares",
+    "-Cllvm-args=-sanitizer-coverage-stack-depth",
+    "-Cllvm-args=-simplifycfg-branch-fold-threshold=0",
+    "--cfg=fuzzing",
+];
 
 pub fn run(root: &Path, secs: u64, targets: &[String]) -> Result<()> {
     for t in targets {
@@ -41,11 +62,8 @@ pub fn run(root: &Path, secs: u64, targets: &[String]) -> Result<()> {
     } else {
         targets.iter().map(String::as_str).collect()
     };
-    ensure_cargo_fuzz()?;
     let fuzz = root.join("fuzz");
-    println!("xtask: building the fuzz targets (instrumented; the first build takes about 10 minutes on 2 cores)");
-    crate::run_cargo(&fuzz, &["fuzz", "build", "-s", "none", "-O"])?;
-    let bin_dir = fuzz.join("target").join(host_triple()?).join("release");
+    let bin_dir = build(&fuzz)?;
     let mut crashed = Vec::new();
     for t in targets {
         let found = root.join("target").join("fuzz").join("corpus").join(t);
@@ -95,26 +113,33 @@ pub fn run(root: &Path, secs: u64, targets: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn ensure_cargo_fuzz() -> Result<()> {
+/// Builds every target instrumented; returns the directory of the binaries.
+fn build(fuzz: &Path) -> Result<std::path::PathBuf> {
+    let triple = host_triple()?;
+    println!("xtask: building the fuzz targets (instrumented; the first build takes about 6 minutes on 2 cores)");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let present = Command::new(&cargo)
-        .args(["fuzz", "--version"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if present {
-        return Ok(());
+    // An explicit --target keeps the flags off build scripts and proc macros
+    // (they would link libFuzzer's hooks without its runtime).
+    let status = Command::new(cargo)
+        .current_dir(fuzz)
+        .args(["build", "--release", "--bins", "--target", &triple])
+        .env("RUSTFLAGS", rustflags(std::env::var("RUSTFLAGS").ok()))
+        .status()
+        .context("running cargo build for the fuzz targets")?;
+    if !status.success() {
+        bail!("building the fuzz targets failed ({status})");
     }
-    println!("xtask: installing cargo-fuzz {CARGO_FUZZ_VERSION} (once)");
-    crate::run_cargo(
-        Path::new("."),
-        &[
-            "install",
-            "cargo-fuzz",
-            "--locked",
-            "--version",
-            CARGO_FUZZ_VERSION,
-        ],
-    )
+    Ok(fuzz.join("target").join(triple).join("release"))
+}
+
+/// The instrumentation flags, then whatever the caller's `RUSTFLAGS` adds.
+fn rustflags(extra: Option<String>) -> String {
+    let mut flags = INSTRUMENT.join(" ");
+    if let Some(extra) = extra.filter(|e| !e.trim().is_empty()) {
+        flags.push(' ');
+        flags.push_str(&extra);
+    }
+    flags
 }
 
 fn host_triple() -> Result<String> {
@@ -124,4 +149,19 @@ fn host_triple() -> Result<String> {
         .find_map(|l| l.strip_prefix("host: "))
         .map(str::to_owned)
         .context("rustc -vV names no host")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instrumentation_comes_first_and_callers_flags_are_kept() {
+        assert_eq!(rustflags(None), INSTRUMENT.join(" "));
+        assert_eq!(rustflags(Some("  ".into())), INSTRUMENT.join(" "));
+        let with = rustflags(Some("-Ctarget-cpu=native".into()));
+        assert!(with.starts_with("-Cpasses=sancov-module "));
+        assert!(with.ends_with(" -Ctarget-cpu=native"));
+        assert!(with.contains("--cfg=fuzzing"));
+    }
 }
