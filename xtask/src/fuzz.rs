@@ -116,7 +116,7 @@ pub fn run(root: &Path, secs: u64, targets: &[String]) -> Result<()> {
 /// Builds every target instrumented; returns the directory of the binaries.
 fn build(fuzz: &Path) -> Result<std::path::PathBuf> {
     let triple = host_triple()?;
-    println!("xtask: building the fuzz targets (instrumented; the first build took 15 minutes on a 2-core machine)");
+    println!("xtask: building the fuzz targets (instrumented; the first build took 18 minutes on a 2-core machine)");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     // An explicit --target keeps the flags off build scripts and proc macros
     // (they would link libFuzzer's hooks without its runtime).
