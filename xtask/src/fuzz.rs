@@ -5,11 +5,11 @@
 //! The build is plain `cargo build` with the coverage instrumentation
 //! cargo-fuzz would add (`cargo fuzz build -s none`: SanitizerCoverage's
 //! inline 8-bit counters, PC table, comparison tracing and stack depth,
-//! `--cfg fuzzing`), so nothing has to be installed first, but without the
-//! three settings of cargo-fuzz's release build that cost build time and
-//! buy nothing in a bounded run: debug info, one codegen unit per crate
-//! (wasmtime and Cranelift compiled on one thread each) and
-//! `-Clink-dead-code`. The targets are the same `fuzz/Cargo.toml` bins, so
+//! `--cfg fuzzing`), so nothing has to be installed first, and without the
+//! three settings cargo-fuzz's release build adds: debug info, one codegen
+//! unit per crate (wasmtime and Cranelift compiled on one thread each) and
+//! `-Clink-dead-code` (not timed against cargo-fuzz's build: the build here
+//! took 18 minutes in CI). The targets are the same `fuzz/Cargo.toml` bins, so
 //! `cargo fuzz run <target>` still works for whoever has cargo-fuzz.
 //!
 //! Each target starts from its corpus
@@ -117,18 +117,14 @@ pub fn run(root: &Path, secs: u64, targets: &[String]) -> Result<()> {
 fn build(fuzz: &Path) -> Result<std::path::PathBuf> {
     let triple = host_triple()?;
     println!("xtask: building the fuzz targets (instrumented; the first build took 18 minutes on a 2-core machine)");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     // An explicit --target keeps the flags off build scripts and proc macros
     // (they would link libFuzzer's hooks without its runtime).
-    let status = Command::new(cargo)
-        .current_dir(fuzz)
-        .args(["build", "--release", "--bins", "--target", &triple])
-        .env("RUSTFLAGS", rustflags(std::env::var("RUSTFLAGS").ok()))
-        .status()
-        .context("running cargo build for the fuzz targets")?;
-    if !status.success() {
-        bail!("building the fuzz targets failed ({status})");
-    }
+    let flags = rustflags(std::env::var("RUSTFLAGS").ok());
+    crate::run_cargo_env(
+        fuzz,
+        &["build", "--release", "--bins", "--target", &triple],
+        &[("RUSTFLAGS", &flags)],
+    )?;
     Ok(fuzz.join("target").join(triple).join("release"))
 }
 

@@ -239,10 +239,20 @@ fn run_tests(dir: &std::path::Path, args: &[&str], tally: &mut Tally) -> Result<
 
 /// Runs cargo with `args` in `dir`, inheriting stdio; fails on a non-zero exit.
 pub(crate) fn run_cargo(dir: &std::path::Path, args: &[&str]) -> Result<()> {
+    run_cargo_env(dir, args, &[])
+}
+
+/// [`run_cargo`] with extra environment variables.
+pub(crate) fn run_cargo_env(
+    dir: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = std::process::Command::new(cargo)
         .current_dir(dir)
         .args(args)
+        .envs(env.iter().copied())
         .status()
         .with_context(|| format!("running cargo {}", args.join(" ")))?;
     if !status.success() {
