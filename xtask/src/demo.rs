@@ -29,18 +29,14 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Builds `tidegate` (dev profile, progress visible) and returns its path.
 ///
-/// The build selects what `cargo test --workspace` selects (every member,
-/// bins and tests): cargo resolves features per selection, and `-p tidegate`
-/// alone resolves build-script and proc-macro dependencies differently
-/// (wasmtime's code generators among them), so the tests would rebuild most
-/// of it. This way the demo's build is the test command's build: a little
+/// The build is the test command's ([`crate::build_workspace`]): a little
 /// more on the first run (the test binaries link), nothing twice.
 pub fn build_gateway(root: &Path) -> Result<PathBuf> {
     eprintln!(
         "xtask: building the gateway and its tests (dev profile; the first build of a fresh \
          clone takes about 15 minutes on 2 cores, later ones seconds)"
     );
-    crate::run_cargo(root, &["build", "--workspace", "--bins", "--tests"])?;
+    crate::build_workspace(root)?;
     Ok(root.join("target").join("debug").join("tidegate"))
 }
 

@@ -33,7 +33,7 @@ const SMOKE_ARGS: &[&str] = &[
 const SMOKE_TIMEOUT_SECS: u32 = 120;
 
 fn build(root: &Path) -> Result<std::path::PathBuf> {
-    crate::run_cargo(root, &["build", "--workspace", "--bins", "--tests"])?;
+    crate::build_workspace(root)?;
     Ok(root.join("target").join("debug").join("drain-lab"))
 }
 

@@ -29,9 +29,11 @@ mod checks;
 mod demo;
 mod fuzz;
 mod lab;
+mod lint;
 mod plugins;
 mod readme;
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -41,6 +43,14 @@ const USAGE: &str =
     "usage: cargo xtask plugins [--out DIR] | test | fuzz [--secs N] [TARGET…] | readme | lab [ARGS…] | demo [--check] [ARGS…]";
 
 fn main() -> ExitCode {
+    // The fuzz build runs xtask as its rustc wrapper (`fuzz.rs`).
+    if let Some(under) = std::env::var_os(fuzz::INSTRUMENT_UNDER) {
+        let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+        return fuzz::rustc_wrapper(std::path::Path::new(&under), &args).unwrap_or_else(|e| {
+            eprintln!("xtask (rustc wrapper): error: {e:#}");
+            ExitCode::FAILURE
+        });
+    }
     match run(std::env::args().skip(1).collect()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -66,9 +76,17 @@ fn run(args: Vec<String>) -> Result<()> {
         }
         Some("test") => {
             let root = repo_root();
+            let lint = lint::env(true)?.unwrap_or_default();
             plugins::build_all(&root, &root.join("target").join("plugins"))?;
             let mut tally = Tally::default();
-            let workspace = run_tests(&root, &["test", "--workspace"], &mut tally);
+            // Every target (benches too) built and linted first; the run
+            // then builds nothing.
+            let workspace = run_cargo_env(
+                &root,
+                &["test", "--workspace", "--all-targets", "--no-run"],
+                &lint,
+            )
+            .and_then(|()| run_tests(&root, &["test", "--workspace"], &lint, &mut tally));
             let plugins = run_tests(
                 &root.join("plugins"),
                 &[
@@ -77,6 +95,7 @@ fn run(args: Vec<String>) -> Result<()> {
                     "--target-dir",
                     "../target/plugins/native",
                 ],
+                &[],
                 &mut tally,
             );
             let fuzz = fuzz::run(&root, fuzz::TEST_SECS, &[]);
@@ -214,13 +233,19 @@ fn count(tally: &mut Tally, checks: &checks::Checks, stage: &str) -> Result<()> 
     checks.result()
 }
 
-/// Runs `cargo test …`, echoing its output and counting results.
-fn run_tests(dir: &std::path::Path, args: &[&str], tally: &mut Tally) -> Result<()> {
+/// Runs `cargo test …` with `env`, echoing its output and counting results.
+fn run_tests(
+    dir: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, OsString)],
+    tally: &mut Tally,
+) -> Result<()> {
     use std::io::BufRead;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut child = std::process::Command::new(cargo)
         .current_dir(dir)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(std::process::Stdio::piped())
         .spawn()
         .with_context(|| format!("running cargo {}", args.join(" ")))?;
@@ -237,22 +262,28 @@ fn run_tests(dir: &std::path::Path, args: &[&str], tally: &mut Tally) -> Result<
     Ok(())
 }
 
-/// Runs cargo with `args` in `dir`, inheriting stdio; fails on a non-zero exit.
-pub(crate) fn run_cargo(dir: &std::path::Path, args: &[&str]) -> Result<()> {
-    run_cargo_env(dir, args, &[])
+/// The build the demo, the lab and the tests share: every member, bins and
+/// tests (cargo resolves features per selection, so `-p tidegate` alone
+/// would resolve wasmtime's build-time dependencies differently and the
+/// tests would rebuild most of it), the members linted as they compile
+/// (`lint.rs`) when clippy is installed.
+pub(crate) fn build_workspace(root: &std::path::Path) -> Result<()> {
+    let lint = lint::env(false)?.unwrap_or_default();
+    run_cargo_env(root, &["build", "--workspace", "--bins", "--tests"], &lint)
 }
 
-/// [`run_cargo`] with extra environment variables.
+/// Runs cargo with `args` and the extra `env` in `dir`, inheriting stdio;
+/// fails on a non-zero exit.
 pub(crate) fn run_cargo_env(
     dir: &std::path::Path,
     args: &[&str],
-    env: &[(&str, &str)],
+    env: &[(&str, OsString)],
 ) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = std::process::Command::new(cargo)
         .current_dir(dir)
         .args(args)
-        .envs(env.iter().copied())
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .status()
         .with_context(|| format!("running cargo {}", args.join(" ")))?;
     if !status.success() {

@@ -44,7 +44,13 @@ async fn echo_exact(nodes: &TwoNodes, len: usize) {
     // Compare in the writer's chunking so the pattern lines up.
     let mut pending: Vec<u8> = Vec::new();
     loop {
-        let n = r.read(&mut got).await.unwrap();
+        let n = match r.read(&mut got).await {
+            Ok(n) => n,
+            Err(e) => panic!(
+                "reading the echo of {len} bytes failed after {seen}: {e}\n{}",
+                why_streams_ended(nodes)
+            ),
+        };
         if n == 0 {
             break;
         }
@@ -67,6 +73,26 @@ async fn echo_exact(nodes: &TwoNodes, len: usize) {
         "echo ended early (half-close propagated too soon?)"
     );
     writer.await.unwrap();
+}
+
+/// What both gateways counted about failed connections, ended streams and
+/// closed tunnels (by reason): the cause of a reset the application saw.
+fn why_streams_ended(nodes: &TwoNodes) -> String {
+    let mut out = String::new();
+    for (who, text) in [
+        ("client", nodes.client.metrics_text()),
+        ("server", nodes.server.metrics_text()),
+    ] {
+        for line in text.lines().filter(|l| {
+            l.starts_with("tidegate_")
+                && ["connections_failed", "streams_ended", "tunnels_closed"]
+                    .iter()
+                    .any(|m| l.contains(m))
+        }) {
+            out.push_str(&format!("{who}: {line}\n"));
+        }
+    }
+    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
