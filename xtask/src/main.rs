@@ -6,7 +6,9 @@
 //!   `DIR/<name>.wasm` (fixtures: `DIR/fixtures/<name>.wasm`). `DIR`
 //!   defaults to `<repo>/target/plugins`.
 //! - `test`: the project's whole test run (the README's test command): build
-//!   the plugins, run every test of the workspace, the plugins' native tests,
+//!   the plugins, build every target of the workspace with its crates
+//!   linted as they compile (`lint.rs`: clippy, `-D warnings`), run every
+//!   test of the workspace, the plugins' native tests,
 //!   every fuzz target for a bounded time, the drain lab's smoke run
 //!   (`lab.rs`), then start the demo as `demo --check` does and run the
 //!   READMEs' shell blocks against it (`readme.rs`).
