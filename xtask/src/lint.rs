@@ -20,21 +20,21 @@ use anyhow::{bail, Result};
 /// `clippy-driver`'s `-D warnings`, in the encoding `cargo clippy` passes it.
 const CLIPPY_ARGS: &str = "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__";
 
-/// The environment of a linted build, or `None` when clippy is missing and
+/// The environment of a linted build; empty when clippy is missing and
 /// `required` is false.
-pub fn env(required: bool) -> Result<Option<Vec<(&'static str, OsString)>>> {
+pub fn env(required: bool) -> Result<Vec<(&'static str, OsString)>> {
     match driver() {
-        Some(driver) => Ok(Some(vec![
+        Some(driver) => Ok(vec![
             ("RUSTC_WORKSPACE_WRAPPER", driver.into_os_string()),
             ("CLIPPY_ARGS", CLIPPY_ARGS.into()),
-        ])),
+        ]),
         None if required => bail!(
             "clippy-driver not found beside cargo: the test command lints the workspace as it \
              builds it (rustup component add clippy)"
         ),
         None => {
             eprintln!("xtask: clippy-driver not found beside cargo; building without lints");
-            Ok(None)
+            Ok(Vec::new())
         }
     }
 }
@@ -66,14 +66,5 @@ mod tests {
                 std::env::consts::EXE_SUFFIX
             ))
         );
-    }
-
-    #[test]
-    fn warnings_are_errors() {
-        let args: Vec<&str> = CLIPPY_ARGS
-            .split("__CLIPPY_HACKERY__")
-            .filter(|a| !a.is_empty())
-            .collect();
-        assert_eq!(args, ["-D", "warnings"]);
     }
 }

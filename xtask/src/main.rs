@@ -78,7 +78,7 @@ fn run(args: Vec<String>) -> Result<()> {
         }
         Some("test") => {
             let root = repo_root();
-            let lint = lint::env(true)?.unwrap_or_default();
+            let lint = lint::env(true)?;
             plugins::build_all(&root, &root.join("target").join("plugins"))?;
             let mut tally = Tally::default();
             // Every target (benches too) built and linted first; the run
@@ -270,7 +270,7 @@ fn run_tests(
 /// tests would rebuild most of it), the members linted as they compile
 /// (`lint.rs`) when clippy is installed.
 pub(crate) fn build_workspace(root: &std::path::Path) -> Result<()> {
-    let lint = lint::env(false)?.unwrap_or_default();
+    let lint = lint::env(false)?;
     run_cargo_env(root, &["build", "--workspace", "--bins", "--tests"], &lint)
 }
 
