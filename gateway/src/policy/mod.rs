@@ -13,6 +13,7 @@ pub mod bindings;
 #[cfg(test)]
 mod contract_tests;
 mod convert;
+mod convert_legacy;
 pub mod engine;
 mod error;
 mod fallback;
