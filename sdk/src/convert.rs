@@ -16,14 +16,11 @@ use crate::action::{
     LogLevel, LogLine, OciDrain, SetTimer,
 };
 use crate::bindings::exports::tidegate::policy::policy;
-use crate::bindings::tidegate::policy::events as ev;
 use crate::bindings::tidegate::policy::types as wit;
 use crate::event::{
     ConnectFailing, Event, GatewayShutdown, NetworkTeardown, PeerInfo, PeerState, ShutdownStarted,
     TimerFired, WorkloadInfo, WorkloadState,
 };
-#[cfg(test)]
-use crate::span::Text;
 
 impl From<crate::MetadataReads> for policy::MetadataReads {
     fn from(r: crate::MetadataReads) -> Self {
@@ -32,6 +29,14 @@ impl From<crate::MetadataReads> for policy::MetadataReads {
             annotations: r.annotations.to_list(),
         }
     }
+}
+
+fn map_from(pairs: Vec<(String, String)>) -> BTreeMap<String, String> {
+    pairs.into_iter().collect()
+}
+
+fn map_into(map: BTreeMap<String, String>) -> Vec<(String, String)> {
+    map.into_iter().collect()
 }
 
 impl From<wit::LogLevel> for LogLevel {
@@ -58,270 +63,223 @@ impl From<LogLevel> for wit::LogLevel {
     }
 }
 
-/// Reads the strings of a 0.3.0 event out of the text it came with.
-struct Reader<'a>(&'a str);
-
-impl Reader<'_> {
-    /// A span outside the text is a host bug: the guest traps (and the
-    /// host falls back) rather than decide on a made-up string.
-    fn string(&self, s: ev::Span) -> String {
-        let ev::Span { start, len } = s;
-        match crate::span::get(self.0, start, len) {
-            Some(v) => v.to_owned(),
-            None => panic!(
-                "tidegate-sdk: span {start}+{len} is not inside the event's text ({} bytes)",
-                self.0.len()
-            ),
-        }
-    }
-
-    fn workload_info(&self, w: ev::WorkloadInfo) -> WorkloadInfo {
-        let ev::WorkloadInfo {
+impl From<wit::WorkloadInfo> for WorkloadInfo {
+    fn from(w: wit::WorkloadInfo) -> Self {
+        let wit::WorkloadInfo {
             uid,
             name,
             namespace,
             identity,
-            metadata,
-        } = w;
-        let mut labels = BTreeMap::new();
-        let mut annotations = BTreeMap::new();
-        for ev::MetadataEntry { kind, key, value } in metadata {
-            let map = match kind {
-                ev::MetadataKind::Label => &mut labels,
-                ev::MetadataKind::Annotation => &mut annotations,
-            };
-            map.insert(self.string(key), self.string(value));
-        }
-        WorkloadInfo {
-            uid: self.string(uid),
-            name: self.string(name),
-            namespace: self.string(namespace),
-            identity: self.string(identity),
             labels,
             annotations,
+        } = w;
+        Self {
+            uid,
+            name,
+            namespace,
+            identity,
+            labels: map_from(labels),
+            annotations: map_from(annotations),
         }
     }
+}
 
-    fn workload_state(&self, w: ev::WorkloadState) -> WorkloadState {
-        let ev::WorkloadState {
+impl From<WorkloadInfo> for wit::WorkloadInfo {
+    fn from(w: WorkloadInfo) -> Self {
+        Self {
+            uid: w.uid,
+            name: w.name,
+            namespace: w.namespace,
+            identity: w.identity,
+            labels: map_into(w.labels),
+            annotations: map_into(w.annotations),
+        }
+    }
+}
+
+impl From<wit::WorkloadState> for WorkloadState {
+    fn from(w: wit::WorkloadState) -> Self {
+        let wit::WorkloadState {
             info,
             inbound_tunnels,
             inbound_streams,
             outbound_pooled_tunnels,
             age_ms,
         } = w;
-        WorkloadState {
-            info: self.workload_info(info),
+        Self {
+            info: info.into(),
             inbound_tunnels,
             inbound_streams,
             outbound_pooled_tunnels,
             age_ms,
         }
     }
-
-    fn peer_info(&self, p: ev::PeerInfo) -> PeerInfo {
-        let ev::PeerInfo {
-            uid,
-            name,
-            namespace,
-            identity,
-            address,
-        } = p;
-        PeerInfo {
-            uid: self.string(uid),
-            name: self.string(name),
-            namespace: self.string(namespace),
-            identity: self.string(identity),
-            address: self.string(address),
-        }
-    }
-
-    fn peer_state(&self, p: ev::PeerState) -> PeerState {
-        let ev::PeerState {
-            peer,
-            pooled_tunnels,
-            active_streams,
-        } = p;
-        PeerState {
-            peer: self.peer_info(peer),
-            pooled_tunnels,
-            active_streams,
-        }
-    }
-
-    fn event(&self, e: ev::Event) -> Event {
-        match e {
-            ev::Event::WorkloadAdded(w) => Event::WorkloadAdded(self.workload_state(w)),
-            ev::Event::ShutdownStarted(ev::ShutdownStarted {
-                workload,
-                grace_deadline_ms,
-                grace_remaining_ms,
-            }) => Event::ShutdownStarted(ShutdownStarted {
-                workload: self.workload_state(workload),
-                grace_deadline_ms,
-                grace_remaining_ms,
-            }),
-            ev::Event::NetworkTeardown(ev::NetworkTeardown {
-                workload,
-                since_shutdown_ms,
-                max_hold_ms,
-            }) => Event::NetworkTeardown(NetworkTeardown {
-                workload: self.workload_state(workload),
-                since_shutdown_ms,
-                max_hold_ms,
-            }),
-            ev::Event::WorkloadDeleted(w) => Event::WorkloadDeleted(self.workload_state(w)),
-            ev::Event::PeerTerminating(p) => Event::PeerTerminating(self.peer_state(p)),
-            ev::Event::PeerDeleted(p) => Event::PeerDeleted(self.peer_state(p)),
-            ev::Event::ConnectFailing(ev::ConnectFailing {
-                destination,
-                peer,
-                consecutive_failures,
-                last_error,
-                failing_for_ms,
-            }) => Event::ConnectFailing(ConnectFailing {
-                destination: self.string(destination),
-                peer: peer.map(|p| self.peer_info(p)),
-                consecutive_failures,
-                last_error: self.string(last_error),
-                failing_for_ms,
-            }),
-            ev::Event::GatewayShutdown(ev::GatewayShutdown {
-                deadline_ms,
-                remaining_ms,
-                workloads,
-            }) => Event::GatewayShutdown(GatewayShutdown {
-                deadline_ms,
-                remaining_ms,
-                workloads: workloads
-                    .into_iter()
-                    .map(|w| self.workload_state(w))
-                    .collect(),
-            }),
-            ev::Event::TimerFired(ev::TimerFired {
-                subject,
-                tag,
-                workload,
-            }) => Event::TimerFired(TimerFired {
-                subject: self.string(subject),
-                tag: self.string(tag),
-                workload: workload.map(|w| self.workload_state(w)),
-            }),
-        }
-    }
 }
 
-/// The SDK event of a 0.3.0 event and its text (what `decide` receives).
-pub(crate) fn event_from_wit(e: ev::Event, text: &str) -> Event {
-    Reader(text).event(e)
-}
-
-/// Writes an SDK event as a 0.3.0 event and its text, as the host does
-/// (`gateway/src/policy/convert.rs`); the SDK's tests use it.
-#[cfg(test)]
-struct Writer(Text);
-
-#[cfg(test)]
-impl Writer {
-    fn span(&mut self, s: &str) -> ev::Span {
-        let (start, len) = self.0.push(s);
-        ev::Span { start, len }
-    }
-
-    fn workload_info(&mut self, w: &WorkloadInfo) -> ev::WorkloadInfo {
-        let mut metadata = Vec::with_capacity(w.labels.len() + w.annotations.len());
-        for (kind, map) in [
-            (ev::MetadataKind::Label, &w.labels),
-            (ev::MetadataKind::Annotation, &w.annotations),
-        ] {
-            for (k, v) in map {
-                metadata.push(ev::MetadataEntry {
-                    kind,
-                    key: self.span(k),
-                    value: self.span(v),
-                });
-            }
-        }
-        ev::WorkloadInfo {
-            uid: self.span(&w.uid),
-            name: self.span(&w.name),
-            namespace: self.span(&w.namespace),
-            identity: self.span(&w.identity),
-            metadata,
-        }
-    }
-
-    fn workload_state(&mut self, w: &WorkloadState) -> ev::WorkloadState {
-        ev::WorkloadState {
-            info: self.workload_info(&w.info),
+impl From<WorkloadState> for wit::WorkloadState {
+    fn from(w: WorkloadState) -> Self {
+        Self {
+            info: w.info.into(),
             inbound_tunnels: w.inbound_tunnels,
             inbound_streams: w.inbound_streams,
             outbound_pooled_tunnels: w.outbound_pooled_tunnels,
             age_ms: w.age_ms,
         }
     }
+}
 
-    fn peer_info(&mut self, p: &PeerInfo) -> ev::PeerInfo {
-        ev::PeerInfo {
-            uid: self.span(&p.uid),
-            name: self.span(&p.name),
-            namespace: self.span(&p.namespace),
-            identity: self.span(&p.identity),
-            address: self.span(&p.address),
+impl From<wit::PeerInfo> for PeerInfo {
+    fn from(p: wit::PeerInfo) -> Self {
+        let wit::PeerInfo {
+            uid,
+            name,
+            namespace,
+            identity,
+            address,
+        } = p;
+        Self {
+            uid,
+            name,
+            namespace,
+            identity,
+            address,
         }
     }
+}
 
-    fn peer_state(&mut self, p: &PeerState) -> ev::PeerState {
-        ev::PeerState {
-            peer: self.peer_info(&p.peer),
+impl From<PeerInfo> for wit::PeerInfo {
+    fn from(p: PeerInfo) -> Self {
+        Self {
+            uid: p.uid,
+            name: p.name,
+            namespace: p.namespace,
+            identity: p.identity,
+            address: p.address,
+        }
+    }
+}
+
+impl From<wit::PeerState> for PeerState {
+    fn from(p: wit::PeerState) -> Self {
+        let wit::PeerState {
+            peer,
+            pooled_tunnels,
+            active_streams,
+        } = p;
+        Self {
+            peer: peer.into(),
+            pooled_tunnels,
+            active_streams,
+        }
+    }
+}
+
+impl From<PeerState> for wit::PeerState {
+    fn from(p: PeerState) -> Self {
+        Self {
+            peer: p.peer.into(),
             pooled_tunnels: p.pooled_tunnels,
             active_streams: p.active_streams,
         }
     }
+}
 
-    fn event(&mut self, e: &Event) -> ev::Event {
+impl From<wit::Event> for Event {
+    fn from(e: wit::Event) -> Self {
         match e {
-            Event::WorkloadAdded(w) => ev::Event::WorkloadAdded(self.workload_state(w)),
-            Event::ShutdownStarted(s) => ev::Event::ShutdownStarted(ev::ShutdownStarted {
-                workload: self.workload_state(&s.workload),
-                grace_deadline_ms: s.grace_deadline_ms,
-                grace_remaining_ms: s.grace_remaining_ms,
+            wit::Event::WorkloadAdded(w) => Event::WorkloadAdded(w.into()),
+            wit::Event::ShutdownStarted(wit::ShutdownStarted {
+                workload,
+                grace_deadline_ms,
+                grace_remaining_ms,
+            }) => Event::ShutdownStarted(ShutdownStarted {
+                workload: workload.into(),
+                grace_deadline_ms,
+                grace_remaining_ms,
             }),
-            Event::NetworkTeardown(t) => ev::Event::NetworkTeardown(ev::NetworkTeardown {
-                workload: self.workload_state(&t.workload),
-                since_shutdown_ms: t.since_shutdown_ms,
-                max_hold_ms: t.max_hold_ms,
+            wit::Event::NetworkTeardown(wit::NetworkTeardown {
+                workload,
+                since_shutdown_ms,
+                max_hold_ms,
+            }) => Event::NetworkTeardown(NetworkTeardown {
+                workload: workload.into(),
+                since_shutdown_ms,
+                max_hold_ms,
             }),
-            Event::WorkloadDeleted(w) => ev::Event::WorkloadDeleted(self.workload_state(w)),
-            Event::PeerTerminating(p) => ev::Event::PeerTerminating(self.peer_state(p)),
-            Event::PeerDeleted(p) => ev::Event::PeerDeleted(self.peer_state(p)),
-            Event::ConnectFailing(c) => ev::Event::ConnectFailing(ev::ConnectFailing {
-                destination: self.span(&c.destination),
-                peer: c.peer.as_ref().map(|p| self.peer_info(p)),
-                consecutive_failures: c.consecutive_failures,
-                last_error: self.span(&c.last_error),
-                failing_for_ms: c.failing_for_ms,
+            wit::Event::WorkloadDeleted(w) => Event::WorkloadDeleted(w.into()),
+            wit::Event::PeerTerminating(p) => Event::PeerTerminating(p.into()),
+            wit::Event::PeerDeleted(p) => Event::PeerDeleted(p.into()),
+            wit::Event::ConnectFailing(wit::ConnectFailing {
+                destination,
+                peer,
+                consecutive_failures,
+                last_error,
+                failing_for_ms,
+            }) => Event::ConnectFailing(ConnectFailing {
+                destination,
+                peer: peer.map(Into::into),
+                consecutive_failures,
+                last_error,
+                failing_for_ms,
             }),
-            Event::GatewayShutdown(g) => ev::Event::GatewayShutdown(ev::GatewayShutdown {
-                deadline_ms: g.deadline_ms,
-                remaining_ms: g.remaining_ms,
-                workloads: g.workloads.iter().map(|w| self.workload_state(w)).collect(),
+            wit::Event::GatewayShutdown(wit::GatewayShutdown {
+                deadline_ms,
+                remaining_ms,
+                workloads,
+            }) => Event::GatewayShutdown(GatewayShutdown {
+                deadline_ms,
+                remaining_ms,
+                workloads: workloads.into_iter().map(Into::into).collect(),
             }),
-            Event::TimerFired(t) => ev::Event::TimerFired(ev::TimerFired {
-                subject: self.span(&t.subject),
-                tag: self.span(&t.tag),
-                workload: t.workload.as_ref().map(|w| self.workload_state(w)),
+            wit::Event::TimerFired(wit::TimerFired {
+                subject,
+                tag,
+                workload,
+            }) => Event::TimerFired(TimerFired {
+                subject,
+                tag,
+                workload: workload.map(Into::into),
             }),
         }
     }
 }
 
-/// An SDK event as a 0.3.0 event and its text.
-#[cfg(test)]
-pub(crate) fn event_to_wit(e: &Event) -> (ev::Event, String) {
-    let mut w = Writer(Text::new());
-    let event = w.event(e);
-    (event, w.0.as_str().to_owned())
+impl From<Event> for wit::Event {
+    fn from(e: Event) -> Self {
+        match e {
+            Event::WorkloadAdded(w) => wit::Event::WorkloadAdded(w.into()),
+            Event::ShutdownStarted(s) => wit::Event::ShutdownStarted(wit::ShutdownStarted {
+                workload: s.workload.into(),
+                grace_deadline_ms: s.grace_deadline_ms,
+                grace_remaining_ms: s.grace_remaining_ms,
+            }),
+            Event::NetworkTeardown(t) => wit::Event::NetworkTeardown(wit::NetworkTeardown {
+                workload: t.workload.into(),
+                since_shutdown_ms: t.since_shutdown_ms,
+                max_hold_ms: t.max_hold_ms,
+            }),
+            Event::WorkloadDeleted(w) => wit::Event::WorkloadDeleted(w.into()),
+            Event::PeerTerminating(p) => wit::Event::PeerTerminating(p.into()),
+            Event::PeerDeleted(p) => wit::Event::PeerDeleted(p.into()),
+            Event::ConnectFailing(c) => wit::Event::ConnectFailing(wit::ConnectFailing {
+                destination: c.destination,
+                peer: c.peer.map(Into::into),
+                consecutive_failures: c.consecutive_failures,
+                last_error: c.last_error,
+                failing_for_ms: c.failing_for_ms,
+            }),
+            Event::GatewayShutdown(g) => wit::Event::GatewayShutdown(wit::GatewayShutdown {
+                deadline_ms: g.deadline_ms,
+                remaining_ms: g.remaining_ms,
+                workloads: g.workloads.into_iter().map(Into::into).collect(),
+            }),
+            Event::TimerFired(t) => wit::Event::TimerFired(wit::TimerFired {
+                subject: t.subject,
+                tag: t.tag,
+                workload: t.workload.map(Into::into),
+            }),
+        }
+    }
 }
 
 impl From<Action> for wit::Action {

@@ -1,40 +1,16 @@
 use crate::__private::Slot;
-use crate::bindings::tidegate::policy::{events as ev, types as wit};
-use crate::convert::{event_from_wit, event_to_wit};
+use crate::bindings::tidegate::policy::types as wit;
 use crate::*;
 
-/// A hand-written 0.3.0 event text; [`sp`] finds a string's span in it.
-const TEXT: &str = "u1web-1shopspiffe://cluster.local/ns/shop/sa/webapp\
-tidegate.io/oci-draintruepeer-1db-0dataspiffe://cluster.local/ns/data/sa/db\
-10.0.0.9:15008connection refused";
-
-fn sp(s: &str) -> ev::Span {
-    let start = TEXT.find(s).expect("in TEXT") as u32;
-    ev::Span {
-        start,
-        len: s.len() as u32,
-    }
-}
-
-fn wit_workload(uid: &str) -> ev::WorkloadState {
-    ev::WorkloadState {
-        info: ev::WorkloadInfo {
-            uid: sp(uid),
-            name: sp("web-1"),
-            namespace: sp("shop"),
-            identity: sp("spiffe://cluster.local/ns/shop/sa/web"),
-            metadata: vec![
-                ev::MetadataEntry {
-                    kind: ev::MetadataKind::Label,
-                    key: sp("app"),
-                    value: sp("web"),
-                },
-                ev::MetadataEntry {
-                    kind: ev::MetadataKind::Annotation,
-                    key: sp("tidegate.io/oci-drain"),
-                    value: sp("true"),
-                },
-            ],
+fn wit_workload(uid: &str) -> wit::WorkloadState {
+    wit::WorkloadState {
+        info: wit::WorkloadInfo {
+            uid: uid.into(),
+            name: "web-1".into(),
+            namespace: "shop".into(),
+            identity: "spiffe://cluster.local/ns/shop/sa/web".into(),
+            labels: vec![("app".into(), "web".into())],
+            annotations: vec![("tidegate.io/oci-drain".into(), "true".into())],
         },
         inbound_tunnels: 1,
         inbound_streams: 2,
@@ -43,27 +19,25 @@ fn wit_workload(uid: &str) -> ev::WorkloadState {
     }
 }
 
-fn wit_peer() -> ev::PeerInfo {
-    ev::PeerInfo {
-        uid: sp("peer-1"),
-        name: sp("db-0"),
-        namespace: sp("data"),
-        identity: sp("spiffe://cluster.local/ns/data/sa/db"),
-        address: sp("10.0.0.9:15008"),
+fn wit_peer() -> wit::PeerInfo {
+    wit::PeerInfo {
+        uid: "peer-1".into(),
+        name: "db-0".into(),
+        namespace: "data".into(),
+        identity: "spiffe://cluster.local/ns/data/sa/db".into(),
+        address: "10.0.0.9:15008".into(),
     }
-}
-
-fn decoded(e: ev::Event) -> Event {
-    event_from_wit(e, TEXT)
 }
 
 #[test]
 fn wit_event_fields_land_in_the_same_named_sdk_fields() {
-    let Event::ShutdownStarted(s) = decoded(ev::Event::ShutdownStarted(ev::ShutdownStarted {
-        workload: wit_workload("u1"),
-        grace_deadline_ms: 5,
-        grace_remaining_ms: 6,
-    })) else {
+    let Event::ShutdownStarted(s) =
+        Event::from(wit::Event::ShutdownStarted(wit::ShutdownStarted {
+            workload: wit_workload("u1"),
+            grace_deadline_ms: 5,
+            grace_remaining_ms: 6,
+        }))
+    else {
         panic!("wrong case");
     };
     let w = &s.workload;
@@ -86,11 +60,11 @@ fn wit_event_fields_land_in_the_same_named_sdk_fields() {
     assert_eq!(w.info.annotation("tidegate.io/oci-drain"), Some("true"));
     assert_eq!(w.info.label("tidegate.io/oci-drain"), None);
 
-    let Event::ConnectFailing(c) = decoded(ev::Event::ConnectFailing(ev::ConnectFailing {
-        destination: sp("10.0.0.9:15008"),
+    let Event::ConnectFailing(c) = Event::from(wit::Event::ConnectFailing(wit::ConnectFailing {
+        destination: "10.0.0.9:15008".into(),
         peer: Some(wit_peer()),
         consecutive_failures: 7,
-        last_error: sp("connection refused"),
+        last_error: "connection refused".into(),
         failing_for_ms: 8,
     })) else {
         panic!("wrong case");
@@ -108,15 +82,11 @@ fn wit_event_fields_land_in_the_same_named_sdk_fields() {
 }
 
 fn every_event() -> Vec<Event> {
-    let Event::WorkloadAdded(w) = decoded(ev::Event::WorkloadAdded(wit_workload("u1"))) else {
-        unreachable!()
-    };
-    let Event::PeerDeleted(peer) = decoded(ev::Event::PeerDeleted(ev::PeerState {
-        peer: wit_peer(),
+    let w = WorkloadState::from(wit_workload("u1"));
+    let peer = PeerState {
+        peer: wit_peer().into(),
         pooled_tunnels: 2,
         active_streams: 9,
-    })) else {
-        unreachable!()
     };
     vec![
         Event::WorkloadAdded(w.clone()),
@@ -185,8 +155,7 @@ fn every_action() -> Vec<Action> {
 #[test]
 fn events_and_actions_survive_a_round_trip_through_the_bindings() {
     for e in every_event() {
-        let (wit_event, text) = event_to_wit(&e);
-        assert_eq!(event_from_wit(wit_event, &text), e);
+        assert_eq!(Event::from(wit::Event::from(e.clone())), e);
     }
     for a in every_action() {
         assert_eq!(Action::from(wit::Action::from(a.clone())), a);
@@ -331,16 +300,16 @@ impl Policy for Echo {
 fn export_glue_keeps_state_between_calls_and_converts_both_ways() {
     let slot = Slot::<Echo>::new();
     slot.init("").unwrap();
-    let event = ev::Event::WorkloadAdded(wit_workload("u1"));
-    slot.decide(event.clone(), TEXT);
-    let out = slot.decide(event, TEXT);
+    let event = wit::Event::WorkloadAdded(wit_workload("u1"));
+    slot.decide(event.clone());
+    let out = slot.decide(event);
     let [wit::Action::Goaway(g)] = out.as_slice() else {
         panic!("expected one goaway, got {out:?}");
     };
     assert_eq!((g.workload.as_str(), g.delay_ms), ("u1", 2));
     // A fresh init starts over.
     slot.init("").unwrap();
-    let out = slot.decide(ev::Event::WorkloadAdded(wit_workload("u1")), TEXT);
+    let out = slot.decide(wit::Event::WorkloadAdded(wit_workload("u1")));
     assert!(matches!(out.as_slice(), [wit::Action::Goaway(g)] if g.delay_ms == 1));
 }
 
@@ -350,7 +319,7 @@ fn failed_init_returns_the_error_and_leaves_no_policy() {
     slot.init("").unwrap();
     assert_eq!(slot.init("bad"), Err("config key `x`: bad".to_owned()));
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        slot.decide(ev::Event::WorkloadAdded(wit_workload("u")), TEXT)
+        slot.decide(wit::Event::WorkloadAdded(wit_workload("u")))
     }));
     assert!(r.is_err(), "decide after a failed init must trap");
 }
@@ -462,17 +431,4 @@ steps:
             "{d}"
         );
     }
-}
-
-#[test]
-fn a_span_outside_the_event_text_traps_naming_the_span() {
-    let mut w = wit_workload("u1");
-    w.info.uid = ev::Span { start: 500, len: 3 };
-    let r = std::panic::catch_unwind(|| decoded(ev::Event::WorkloadAdded(w)));
-    let panic = r.expect_err("a bad span must trap");
-    let msg = panic.downcast_ref::<String>().expect("a formatted message");
-    assert!(
-        msg.contains("span 500+3") && msg.contains(&format!("{} bytes", TEXT.len())),
-        "{msg}"
-    );
 }

@@ -487,71 +487,64 @@ fn decision_latency(engine: &PolicyEngine) -> Vec<LatencyRow> {
     rows
 }
 
-/// The contract versions in one run, on the typical pod event:
-/// `fixtures/reads-probe` (0.3.0, one text per event) handed every label
+/// The contract's metadata reads (0.2.0) in one run: the same plugin
+/// (`fixtures/reads-probe`) on the typical pod event, handed every label
 /// and annotation (`*`, what a 0.1.0 plugin gets) or only the one
-/// annotation it reads; the same probe with the reads of
-/// `fixtures/contract-0-2`, which is that probe built for 0.2.0 (one WIT
-/// string per string), so the two do the same work; and
-/// `fixtures/contract-0-1`, a plugin built for 0.1.0.
+/// annotation it reads; and `fixtures/contract-0-1`, a plugin built for
+/// 0.1.0.
 fn metadata_reads(engine: &PolicyEngine) {
-    header("1b. Contract versions and metadata reads: the same event, the same work");
+    header(
+        "1b. Metadata reads (contract 0.2.0): the same event, every key vs only the declared ones",
+    );
     print_table_header();
-    let read = |name: &str| std::fs::read(plugins_dir().join(format!("fixtures/{name}.wasm")));
-    let probe = match read("reads-probe") {
+    let probe = match std::fs::read(plugins_dir().join("fixtures/reads-probe.wasm")) {
         Ok(b) => b,
         Err(e) => return println!("  fixtures/reads-probe.wasm: {e} (cargo xtask plugins)"),
     };
     let event = shutdown_started();
-    let time = |name: &str, bytes: &[u8], config: Option<&str>, actions: &str| {
-        engine.install(name, bytes, config).expect("fixture loads");
+    let mut p50 = Vec::new();
+    for (name, config) in [
+        ("probe-every-key", r#"{"labels": "*", "annotations": "*"}"#),
+        (
+            "probe-one-annotation",
+            r#"{"annotations": "tidegate.io/oci-drain"}"#,
+        ),
+    ] {
+        engine
+            .install(name, &probe, Some(config))
+            .expect("reads-probe loads");
         let version = engine.version(name).expect("installed");
         let raw = per_call(WARMUP, CALLS, || {
             std::hint::black_box(version.call_raw(&event, Clock::Wall).unwrap());
         });
-        let label = format!("{name} ({})", version.contract);
+        print_stats_row(name, event.kind(), "1", "call_raw", &raw, verdict(&raw));
+        p50.push(raw.p50());
+    }
+    println!(
+        "  declared / every key, p50: {:.2}x",
+        p50[1].as_secs_f64() / p50[0].as_secs_f64()
+    );
+    if let Ok(old) = std::fs::read(plugins_dir().join("fixtures/contract-0-1.wasm")) {
+        engine
+            .install("contract-0-1", &old, None)
+            .expect("0.1.0 loads");
+        let version = engine.version("contract-0-1").expect("installed");
+        let raw = per_call(WARMUP, CALLS, || {
+            std::hint::black_box(version.call_raw(&event, Clock::Wall).unwrap());
+        });
         print_stats_row(
-            &label,
+            "contract-0-1 (built for 0.1.0)",
             event.kind(),
-            actions,
+            "2",
             "call_raw",
             &raw,
             verdict(&raw),
         );
-        raw.p50().as_secs_f64()
-    };
-    let every = time(
-        "probe-every-key",
-        &probe,
-        Some(r#"{"labels": "*", "annotations": "*"}"#),
-        "1",
-    );
-    let one = time(
-        "probe-one-annotation",
-        &probe,
-        Some(r#"{"annotations": "tidegate.io/oci-drain"}"#),
-        "1",
-    );
-    println!("  declared / every key, p50: {:.2}x", one / every);
-    let same_reads = r#"{"labels": "app", "annotations": "tidegate.io/oci-drain"}"#;
-    let new = time("probe-app-and-annotation", &probe, Some(same_reads), "1");
-    match read("contract-0-2") {
-        Ok(old) => {
-            let old = time("contract-0-2", &old, None, "1");
-            println!(
-                "  0.3.0 / 0.2.0, same reads and work, p50: {:.2}x",
-                new / old
-            );
-        }
-        Err(e) => println!("  fixtures/contract-0-2.wasm: {e}"),
-    }
-    if let Ok(old) = read("contract-0-1") {
-        time("contract-0-1", &old, None, "2");
     }
 }
 
 fn breakdown(engine: &PolicyEngine, rows: &[LatencyRow]) {
-    header("1c. Where the time goes (per call; p50 / p99)");
+    header("1b. Where the time goes (per call; p50 / p99)");
     let line = |what: &str, s: &Stats| {
         println!("  {what:<70} {:>9} {:>9}", fmt_d(s.p50()), fmt_d(s.p99()));
     };

@@ -13,7 +13,6 @@ pub mod bindings;
 #[cfg(test)]
 mod contract_tests;
 mod convert;
-mod convert_legacy;
 pub mod engine;
 mod error;
 mod fallback;

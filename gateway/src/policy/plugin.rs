@@ -2,10 +2,9 @@
 //! `InstancePre`, one warm instance reused across calls. A failed call
 //! discards the instance (a trap poisons a component store); the next call
 //! re-instantiates. Repeated failures quarantine the version. A plugin of
-//! any contract version the host implements is served by that version's
-//! bindings; from 0.2.0 on, a plugin's `init` says which labels and
-//! annotations each event carries, and a 0.3.0 plugin gets the event's
-//! strings in one text (written into a buffer the instance keeps).
+//! either contract version the host implements is served by that
+//! version's bindings; a 0.2.0 plugin's `init` says which labels and
+//! annotations each event carries.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,11 +15,11 @@ use tidegate_sdk as sdk;
 use wasmtime::component::Component;
 use wasmtime::Store;
 
-use super::bindings::{v0_1, v0_2, v0_3};
+use super::bindings::{v0_1, v0_2};
+use super::convert;
 use super::error::{one_line, CallFailure, FailureKind, LoadError};
 use super::runtime::{Clock, HostState, PolicyRuntime};
 use super::version::{self, Contract, Version};
-use super::{convert, convert_legacy};
 
 /// At most this many label keys, and as many annotation keys, in a
 /// plugin's `metadata-reads` (more is refused at `init`).
@@ -33,13 +32,11 @@ const MAX_KEY_LEN: usize = 317;
 enum Pre {
     V0_1(v0_1::DrainPolicyPre<HostState>),
     V0_2(v0_2::DrainPolicyPre<HostState>),
-    V0_3(v0_3::DrainPolicyPre<HostState>),
 }
 
 enum Instance {
     V0_1(v0_1::DrainPolicy),
     V0_2(v0_2::DrainPolicy),
-    V0_3(v0_3::DrainPolicy),
 }
 
 /// Bounds a plugin's declared reads; the error names what is wrong.
@@ -95,8 +92,6 @@ struct Warm {
     policy: Instance,
     /// What this instance's `init` declared it reads.
     reads: sdk::MetadataReads,
-    /// The text of the event being decided (0.3.0), reused across calls.
-    text: sdk::span::Text,
 }
 
 /// A compiled, validated plugin version.
@@ -206,9 +201,6 @@ impl PluginVersion {
             Contract::V0_2 => {
                 Pre::V0_2(v0_2::DrainPolicyPre::new(instance_pre).map_err(instantiate_err)?)
             }
-            Contract::V0_3 => {
-                Pre::V0_3(v0_3::DrainPolicyPre::new(instance_pre).map_err(instantiate_err)?)
-            }
         };
         let version = Arc::new(PluginVersion {
             name: name.to_owned(),
@@ -275,18 +267,8 @@ impl PluginVersion {
                 let init = p
                     .tidegate_policy_policy()
                     .call_init(&mut store, &self.config)
-                    .map(|r| r.map(convert::reads_v0_2));
-                (Instance::V0_2(p), init)
-            }
-            Pre::V0_3(pre) => {
-                let p = pre
-                    .instantiate(&mut store)
-                    .map_err(|e| classify(&store, e))?;
-                let init = p
-                    .tidegate_policy_policy()
-                    .call_init(&mut store, &self.config)
                     .map(|r| r.map(convert::reads));
-                (Instance::V0_3(p), init)
+                (Instance::V0_2(p), init)
             }
         };
         let init_failure = |detail: String| CallFailure {
@@ -301,7 +283,6 @@ impl PluginVersion {
                     store,
                     policy,
                     reads,
-                    text: sdk::span::Text::new(),
                 })
             }
             Ok(Err(msg)) => Err(init_failure(msg)),
@@ -334,21 +315,14 @@ impl PluginVersion {
         data.logs_left = self.runtime.limits.logs_per_call;
         warm.store
             .set_epoch_deadline(PolicyRuntime::ticks(self.runtime.limits.call_deadline));
+        let wit_event = convert::event(event, &warm.reads);
         let decided = match &warm.policy {
             Instance::V0_1(p) => p
                 .tidegate_policy_policy()
-                .call_decide(&mut warm.store, &convert_legacy::event(event, &warm.reads)),
+                .call_decide(&mut warm.store, &wit_event),
             Instance::V0_2(p) => p
                 .tidegate_policy_policy()
-                .call_decide(&mut warm.store, &convert_legacy::event(event, &warm.reads)),
-            Instance::V0_3(p) => {
-                let wit_event = convert::EventWriter::new(&mut warm.text, &warm.reads).event(event);
-                p.tidegate_policy_policy().call_decide(
-                    &mut warm.store,
-                    &wit_event,
-                    warm.text.as_str(),
-                )
-            }
+                .call_decide(&mut warm.store, &wit_event),
         };
         match decided {
             Ok(actions) => Ok(actions.into_iter().map(convert::action).collect()),
@@ -410,7 +384,6 @@ impl PluginVersion {
         let component = match &self.pre {
             Pre::V0_1(pre) => pre.instance_pre().component(),
             Pre::V0_2(pre) => pre.instance_pre().component(),
-            Pre::V0_3(pre) => pre.instance_pre().component(),
         };
         let ty = component.component_type();
         let engine = &self.runtime.engine;

@@ -16,7 +16,7 @@ use super::error::LoadError;
 pub const HOST_CONTRACT: &str = tidegate_sdk::CONTRACT_VERSION;
 
 /// Every WIT package version this gateway implements, newest first.
-pub const HOST_CONTRACTS: &[&str] = &[HOST_CONTRACT, "0.2.0", "0.1.0"];
+pub const HOST_CONTRACTS: &[&str] = &[HOST_CONTRACT, "0.1.0"];
 
 /// The contract versions the host has bindings for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,8 +25,6 @@ pub enum Contract {
     V0_1,
     /// `init` returns the metadata the policy reads.
     V0_2,
-    /// An event's strings travel as spans of one text.
-    V0_3,
 }
 
 impl Contract {
@@ -34,7 +32,6 @@ impl Contract {
         match (v.major, v.minor) {
             (0, 1) => Some(Contract::V0_1),
             (0, 2) => Some(Contract::V0_2),
-            (0, 3) => Some(Contract::V0_3),
             _ => None,
         }
     }
@@ -47,12 +44,8 @@ fn host_versions() -> Vec<Version> {
         .collect()
 }
 
-/// "0.3.0, 0.2.0 and 0.1.0".
 fn host_list() -> String {
-    match HOST_CONTRACTS.split_last() {
-        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
-        _ => HOST_CONTRACTS.join(""),
-    }
+    HOST_CONTRACTS.join(" and ")
 }
 
 const PACKAGE: &str = "tidegate:policy/";
@@ -152,6 +145,5 @@ mod tests {
             assert!(Contract::of(v).is_some(), "{v}");
         }
         assert_eq!(HOST_CONTRACTS[0], tidegate_sdk::CONTRACT_VERSION);
-        assert_eq!(host_list(), "0.3.0, 0.2.0 and 0.1.0");
     }
 }
