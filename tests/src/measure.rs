@@ -18,7 +18,8 @@ pub const SINK: u16 = 8081;
 const TP_MAX_BYTES: u64 = 1 << 30;
 const TP_MAX_TIME: Duration = Duration::from_secs(3);
 const RR_SIZE: usize = 1024;
-const RR_WARMUP: usize = 200;
+/// Round trips before the timed ones (not in the latencies, but served).
+pub const RR_WARMUP: usize = 200;
 const RR_MAX: usize = 20_000;
 const RR_MAX_TIME: Duration = Duration::from_secs(2);
 const CONN_CONCURRENCY: usize = 8;

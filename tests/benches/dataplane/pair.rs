@@ -38,8 +38,13 @@
 //! B's mangle INPUT for TCP to 15008 must have seen at least the bytes the
 //! throughput run moved. Rounds are interleaved (raw, pair 1, pair 2, ...,
 //! 3 rounds); each pair is started afresh every round and killed after it.
+//! Besides CPU-seconds per GB, both gateways' CPU time is read (from
+//! /proc) over each latency phase and divided by the requests served: CPU-µs
+//! per warm round trip and per new connection, where a latency gap that is
+//! work shows apart from one that is waiting.
 //! `DATAPLANE_PERF_STAT=1` adds a `perf stat` of both gateways during each
-//! transfer (page faults, context switches, syscalls, futex calls per MB).
+//! transfer (page faults, context switches, syscalls, futex calls per MB)
+//! and during each latency phase (the same counts per request).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::process::CommandExt;
@@ -53,7 +58,7 @@ use tidegate_e2e::ca::{ca_config, gateway_pod};
 use tidegate_e2e::inpod::InpodTopology;
 use tidegate_e2e::kube_api::{FakeApiServer, Kind};
 use tidegate_e2e::measure::{
-    idle_conns, measure, median, new_conns, servers, throughput, warm_rr, Figures,
+    idle_conns, measure, median, new_conns, servers, throughput, warm_rr, Figures, RR_WARMUP,
 };
 use tidegate_e2e::netns::NsThread;
 use tidegate_e2e::zds_double::{expect_ack, PodSpec, ZdsConn, ZdsDouble};
@@ -111,6 +116,10 @@ struct Round {
     cpu_per_gb: f64,
     /// Both gateways' RSS growth per idle connection, KiB (NaN for raw).
     kib_per_conn: f64,
+    /// Both gateways' CPU-µs per warm 1 KiB round trip (NaN for raw).
+    cpu_us_per_rr: f64,
+    /// Both gateways' CPU-µs per new connection with its round trip (NaN for raw).
+    cpu_us_per_conn: f64,
 }
 
 struct Env {
@@ -353,6 +362,8 @@ async fn raw_round(env: &Env) -> anyhow::Result<Round> {
         fig,
         cpu_per_gb: f64::NAN,
         kib_per_conn: f64::NAN,
+        cpu_us_per_rr: f64::NAN,
+        cpu_us_per_conn: f64::NAN,
     })
 }
 
@@ -572,13 +583,33 @@ async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
     if over_hbone < bytes {
         bail!("only {over_hbone} bytes reached pod B's 15008 for {bytes} moved: not over HBONE");
     }
-    let (rr, (conns_s, conns)) = env
+    // Per request: both gateways' CPU time over each latency phase, divided
+    // by the requests it served (warm-up round trips included: they cost
+    // the same work).
+    let stat = PerfStat::start(&pids, &env.dir.join(format!("{}-rr.perf-stat", pair.name)));
+    let c0 = cpu_secs(&pids);
+    let rr = env
         .pod_a
-        .run("rr + new connections", PHASE_WITHIN, async move {
-            Ok::<_, String>((warm_rr(dst).await?, new_conns(dst).await?))
+        .run("rr", PHASE_WITHIN, async move { warm_rr(dst).await })
+        .await
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let rr_served = (rr.len() + RR_WARMUP) as f64;
+    let cpu_us_per_rr = (cpu_secs(&pids) - c0) * 1e6 / rr_served;
+    per_request(pair, "warm round trip", stat, rr_served);
+    let stat = PerfStat::start(
+        &pids,
+        &env.dir.join(format!("{}-conn.perf-stat", pair.name)),
+    );
+    let c0 = cpu_secs(&pids);
+    let (conns_s, conns) = env
+        .pod_a
+        .run("new connections", PHASE_WITHIN, async move {
+            new_conns(dst).await
         })
         .await
         .map_err(|e| anyhow::anyhow!(e))?;
+    let cpu_us_per_conn = (cpu_secs(&pids) - c0) * 1e6 / conns.len() as f64;
+    per_request(pair, "new connection", stat, conns.len() as f64);
 
     // Memory: idle connections held from pod A, both gateways' RSS growth.
     let pids: Vec<u32> = a.pids().into_iter().chain(b.pids()).collect();
@@ -603,7 +634,21 @@ async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
         fig: Figures::new((bytes, secs), &rr, (conns_s, &conns)),
         cpu_per_gb: cpu / (bytes as f64 / 1e9),
         kib_per_conn: after.saturating_sub(before) as f64 / opened as f64,
+        cpu_us_per_rr,
+        cpu_us_per_conn,
     })
+}
+
+/// Prints a phase's `perf stat` counts per request (when it ran).
+fn per_request(pair: &PairSpec, what: &str, stat: Option<PerfStat>, requests: f64) {
+    let Some(stat) = stat else { return };
+    println!(
+        "  {} perf stat per {what} ({requests:.0} of them):",
+        pair.name
+    );
+    for (event, count) in stat.stop() {
+        println!("    {event:<32} {:>10.2}", count / requests);
+    }
 }
 
 /// `DATAPLANE_PERF_STAT=1`: `perf stat` of both gateways (every thread)
@@ -692,13 +737,23 @@ async fn first_round_trip(env: &Env) -> anyhow::Result<()> {
 fn print_table(pairs: &[PairSpec], raw: &[Round], results: &[Vec<Round>]) {
     let med = |v: &[Round], f: fn(&Round) -> f64| median(v, f);
     type Fig = (&'static str, fn(&Round) -> f64, &'static str);
-    let figs: [Fig; 7] = [
+    let figs: [Fig; 9] = [
         ("single-stream throughput", |r| r.fig.mb_s, "MB/s"),
         ("CPU-seconds per GB, both gateways", |r| r.cpu_per_gb, "s"),
         ("1 KiB RR p50", |r| r.fig.rr_p50_us, "µs"),
         ("1 KiB RR p99", |r| r.fig.rr_p99_us, "µs"),
         ("new connections/s (8 concurrent)", |r| r.fig.conns_s, "/s"),
         ("new connection p99", |r| r.fig.conn_p99_us, "µs"),
+        (
+            "CPU per warm round trip, both gateways",
+            |r| r.cpu_us_per_rr,
+            "µs",
+        ),
+        (
+            "CPU per new connection, both gateways",
+            |r| r.cpu_us_per_conn,
+            "µs",
+        ),
         (
             "memory per idle connection, both gateways",
             |r| r.kib_per_conn,
