@@ -1127,7 +1127,11 @@ struct Processes {
 /// `DATAPLANE_PERF=<file>`: record a `perf` profile of both gateways
 /// during the process-mode throughput run (for finding where time goes).
 fn start_perf(pids: &[u32]) -> Option<Child> {
-    let out = std::env::var_os("DATAPLANE_PERF")?;
+    start_perf_to(pids, Path::new(&std::env::var_os("DATAPLANE_PERF")?))
+}
+
+/// `perf record` (call graphs) of `pids` into `out` until [`stop_perf`].
+fn start_perf_to(pids: &[u32], out: &Path) -> Option<Child> {
     let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
     let child = Command::new("perf")
         .args(["record", "-F", "999", "-g", "-o"])

@@ -45,6 +45,9 @@
 //! `DATAPLANE_PERF_STAT=1` adds a `perf stat` of both gateways during each
 //! transfer (page faults, context switches, syscalls, futex calls per MB)
 //! and during each latency phase (the same counts per request).
+//! `DATAPLANE_PERF_RR=<dir>` records a `perf` profile (call graphs) of both
+//! gateways during each pair's warm round trips, into `<dir>/<pair>-rr.data`
+//! (the last round's).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::process::CommandExt;
@@ -587,6 +590,12 @@ async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
     // by the requests it served (warm-up round trips included: they cost
     // the same work).
     let stat = PerfStat::start(&pids, &env.dir.join(format!("{}-rr.perf-stat", pair.name)));
+    let profile = std::env::var_os("DATAPLANE_PERF_RR").and_then(|dir| {
+        super::start_perf_to(
+            &pids,
+            &Path::new(&dir).join(format!("{}-rr.data", pair.name)),
+        )
+    });
     let c0 = cpu_secs(&pids);
     let rr = env
         .pod_a
@@ -595,6 +604,7 @@ async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
         .map_err(|e| anyhow::anyhow!(e))?;
     let rr_served = (rr.len() + RR_WARMUP) as f64;
     let cpu_us_per_rr = (cpu_secs(&pids) - c0) * 1e6 / rr_served;
+    super::stop_perf(profile);
     per_request(pair, "warm round trip", stat, rr_served);
     let stat = PerfStat::start(
         &pids,
