@@ -573,14 +573,7 @@ async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
         .map_err(|e| anyhow::anyhow!(e))?;
     let cpu = cpu_secs(&pids) - c0;
     if let Some(stat) = stat {
-        let mb = bytes as f64 / 1e6;
-        println!(
-            "  {} perf stat during the transfer ({mb:.0} MB):",
-            pair.name
-        );
-        for (event, count) in stat.stop() {
-            println!("    {event:<32} {count:>12.0}  ({:.1} per MB)", count / mb);
-        }
+        stat.report(&pair.name, "the transfer", bytes as f64 / 1e6, "MB");
     }
     let over_hbone = hbone_bytes(env, false)?;
     if over_hbone < bytes {
@@ -605,7 +598,9 @@ async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
     let rr_served = (rr.len() + RR_WARMUP) as f64;
     let cpu_us_per_rr = (cpu_secs(&pids) - c0) * 1e6 / rr_served;
     super::stop_perf(profile);
-    per_request(pair, "warm round trip", stat, rr_served);
+    if let Some(stat) = stat {
+        stat.report(&pair.name, "the warm round trips", rr_served, "round trip");
+    }
     let stat = PerfStat::start(
         &pids,
         &env.dir.join(format!("{}-conn.perf-stat", pair.name)),
@@ -619,7 +614,14 @@ async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
         .await
         .map_err(|e| anyhow::anyhow!(e))?;
     let cpu_us_per_conn = (cpu_secs(&pids) - c0) * 1e6 / conns.len() as f64;
-    per_request(pair, "new connection", stat, conns.len() as f64);
+    if let Some(stat) = stat {
+        stat.report(
+            &pair.name,
+            "the new connections",
+            conns.len() as f64,
+            "connection",
+        );
+    }
 
     // Memory: idle connections held from pod A, both gateways' RSS growth.
     let pids: Vec<u32> = a.pids().into_iter().chain(b.pids()).collect();
@@ -647,18 +649,6 @@ async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
         cpu_us_per_rr,
         cpu_us_per_conn,
     })
-}
-
-/// Prints a phase's `perf stat` counts per request (when it ran).
-fn per_request(pair: &PairSpec, what: &str, stat: Option<PerfStat>, requests: f64) {
-    let Some(stat) = stat else { return };
-    println!(
-        "  {} perf stat per {what} ({requests:.0} of them):",
-        pair.name
-    );
-    for (event, count) in stat.stop() {
-        println!("    {event:<32} {:>10.2}", count / requests);
-    }
 }
 
 /// `DATAPLANE_PERF_STAT=1`: `perf stat` of both gateways (every thread)
@@ -691,6 +681,18 @@ impl PerfStat {
             child,
             out: out.to_owned(),
         })
+    }
+
+    /// Stops perf and prints each count, and per `unit` (`units` of them
+    /// in the phase).
+    fn report(self, pair: &str, phase: &str, units: f64, unit: &str) {
+        println!("  {pair} perf stat during {phase}, per {unit} ({units:.0} in all):");
+        for (event, count) in self.stop() {
+            println!(
+                "    {event:<32} {count:>12.0}  ({:.2} per {unit})",
+                count / units
+            );
+        }
     }
 
     /// Stops perf; (event, count) as it wrote them.
