@@ -2,12 +2,18 @@
 //! and nowhere else: one module per contract version the host implements.
 //! Both versions share the `types` interface (0.2.0 changed only `init`),
 //! so 0.2.0's bindings reuse 0.1.0's types and one converter serves both.
+//!
+//! Both are generated `Borrowing`: an event's strings and lists are `&str`
+//! and slices borrowed from the gateway's own event (`convert.rs`), so the
+//! host copies nothing before wasmtime copies each string into the sandbox.
+//! Types the host receives (actions, `metadata-reads`) stay owned.
 
 /// `tidegate:policy@0.1.0`, frozen in `sdk/wit-history/0.1.0/`.
 pub mod v0_1 {
     wasmtime::component::bindgen!({
         path: "../sdk/wit-history/0.1.0",
         world: "drain-policy",
+        ownership: Borrowing { duplicate_if_necessary: true },
     });
 }
 
@@ -16,6 +22,7 @@ pub mod v0_2 {
     wasmtime::component::bindgen!({
         path: "../sdk/wit",
         world: "drain-policy",
+        ownership: Borrowing { duplicate_if_necessary: true },
         with: {
             "tidegate:policy/types": super::v0_1::tidegate::policy::types,
         },

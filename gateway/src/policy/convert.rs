@@ -14,54 +14,103 @@ use tidegate_sdk as sdk;
 use super::bindings::types as wit;
 use super::bindings::v0_2::exports::tidegate::policy::policy;
 
-/// The pairs of `m` the policy declared it reads: only those are copied
-/// (here, and again into the sandbox).
-fn pairs(
-    m: &std::collections::BTreeMap<String, String>,
-    keys: &sdk::Keys,
-) -> Vec<(String, String)> {
-    match keys {
-        sdk::Keys::All => m.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-        sdk::Keys::Only(keys) => keys
-            .iter()
-            .filter_map(|k| m.get_key_value(k))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
+/// The workloads an event carries, in the order [`event`] lowers them.
+fn workloads(e: &sdk::Event) -> impl Iterator<Item = &sdk::WorkloadState> {
+    use sdk::Event as E;
+    let (one, many): (Option<&sdk::WorkloadState>, &[sdk::WorkloadState]) = match e {
+        E::WorkloadAdded(w) | E::WorkloadDeleted(w) => (Some(w), &[]),
+        E::ShutdownStarted(s) => (Some(&s.workload), &[]),
+        E::NetworkTeardown(t) => (Some(&t.workload), &[]),
+        E::TimerFired(t) => (t.workload.as_ref(), &[]),
+        E::GatewayShutdown(g) => (None, &g.workloads),
+        E::PeerTerminating(_) | E::PeerDeleted(_) | E::ConnectFailing(_) => (None, &[]),
+    };
+    one.into_iter().chain(many)
+}
+
+/// The label and annotation pairs an event hands the policy (only the keys
+/// it declared it reads), borrowed from the event: what the lowered event's
+/// lists point into. Nothing is copied on the host; wasmtime copies each
+/// string once, into the sandbox.
+pub struct Declared<'a> {
+    /// Every handed pair, workload after workload: its labels, then its
+    /// annotations.
+    pairs: Vec<(&'a str, &'a str)>,
+    /// Where each workload's labels end, then where its annotations end.
+    cuts: Vec<usize>,
+}
+
+impl<'a> Declared<'a> {
+    pub fn new(e: &'a sdk::Event, reads: &sdk::MetadataReads) -> Self {
+        let mut d = Declared {
+            pairs: Vec::new(),
+            cuts: Vec::new(),
+        };
+        for w in workloads(e) {
+            for (m, keys) in [
+                (&w.info.labels, &reads.labels),
+                (&w.info.annotations, &reads.annotations),
+            ] {
+                match keys {
+                    sdk::Keys::All => d.pairs.extend(m.iter().map(|(k, v)| (&**k, &**v))),
+                    sdk::Keys::Only(keys) => d.pairs.extend(
+                        keys.iter()
+                            .filter_map(|k| m.get_key_value(k))
+                            .map(|(k, v)| (&**k, &**v)),
+                    ),
+                }
+                d.cuts.push(d.pairs.len());
+            }
+        }
+        d
+    }
+
+    /// The `nth` workload of the event (in [`workloads`] order), lowered.
+    fn state(&'a self, nth: usize, w: &'a sdk::WorkloadState) -> wit::WorkloadState<'a> {
+        let start = if nth == 0 { 0 } else { self.cuts[2 * nth - 1] };
+        let (labels_end, end) = (self.cuts[2 * nth], self.cuts[2 * nth + 1]);
+        wit::WorkloadState {
+            info: wit::WorkloadInfo {
+                uid: &w.info.uid,
+                name: &w.info.name,
+                namespace: &w.info.namespace,
+                identity: &w.info.identity,
+                labels: &self.pairs[start..labels_end],
+                annotations: &self.pairs[labels_end..end],
+            },
+            inbound_tunnels: w.inbound_tunnels,
+            inbound_streams: w.inbound_streams,
+            outbound_pooled_tunnels: w.outbound_pooled_tunnels,
+            age_ms: w.age_ms,
+        }
+    }
+
+    /// The lowered workloads of a `gateway-shutdown` event (none for any
+    /// other): [`event`] borrows its list.
+    pub fn shutdown_workloads(&'a self, e: &'a sdk::Event) -> Vec<wit::WorkloadState<'a>> {
+        match e {
+            sdk::Event::GatewayShutdown(g) => g
+                .workloads
+                .iter()
+                .enumerate()
+                .map(|(n, w)| self.state(n, w))
+                .collect(),
+            _ => Vec::new(),
+        }
     }
 }
 
-fn workload_info(w: &sdk::WorkloadInfo, reads: &sdk::MetadataReads) -> wit::WorkloadInfo {
-    wit::WorkloadInfo {
-        uid: w.uid.clone(),
-        name: w.name.clone(),
-        namespace: w.namespace.clone(),
-        identity: w.identity.clone(),
-        labels: pairs(&w.labels, &reads.labels),
-        annotations: pairs(&w.annotations, &reads.annotations),
-    }
-}
-
-fn workload_state(w: &sdk::WorkloadState, reads: &sdk::MetadataReads) -> wit::WorkloadState {
-    wit::WorkloadState {
-        info: workload_info(&w.info, reads),
-        inbound_tunnels: w.inbound_tunnels,
-        inbound_streams: w.inbound_streams,
-        outbound_pooled_tunnels: w.outbound_pooled_tunnels,
-        age_ms: w.age_ms,
-    }
-}
-
-fn peer_info(p: &sdk::PeerInfo) -> wit::PeerInfo {
+fn peer_info(p: &sdk::PeerInfo) -> wit::PeerInfo<'_> {
     wit::PeerInfo {
-        uid: p.uid.clone(),
-        name: p.name.clone(),
-        namespace: p.namespace.clone(),
-        identity: p.identity.clone(),
-        address: p.address.clone(),
+        uid: &p.uid,
+        name: &p.name,
+        namespace: &p.namespace,
+        identity: &p.identity,
+        address: &p.address,
     }
 }
 
-fn peer_state(p: &sdk::PeerState) -> wit::PeerState {
+fn peer_state(p: &sdk::PeerState) -> wit::PeerState<'_> {
     wit::PeerState {
         peer: peer_info(&p.peer),
         pooled_tunnels: p.pooled_tunnels,
@@ -69,11 +118,17 @@ fn peer_state(p: &sdk::PeerState) -> wit::PeerState {
     }
 }
 
-/// The event as the policy sees it: labels and annotations limited to
-/// what it declared it `reads`.
-pub fn event(e: &sdk::Event, reads: &sdk::MetadataReads) -> wit::Event {
+/// The event as the policy sees it, borrowed from `e`: labels and
+/// annotations limited to what `declared` holds (made from the same
+/// event), a `gateway-shutdown`'s list from
+/// [`Declared::shutdown_workloads`].
+pub fn event<'a>(
+    e: &'a sdk::Event,
+    declared: &'a Declared<'a>,
+    shutdown_workloads: &'a [wit::WorkloadState<'a>],
+) -> wit::Event<'a> {
     use sdk::Event as E;
-    let state = |w: &sdk::WorkloadState| workload_state(w, reads);
+    let state = |w| declared.state(0, w);
     match e {
         E::WorkloadAdded(w) => wit::Event::WorkloadAdded(state(w)),
         E::WorkloadDeleted(w) => wit::Event::WorkloadDeleted(state(w)),
@@ -90,20 +145,20 @@ pub fn event(e: &sdk::Event, reads: &sdk::MetadataReads) -> wit::Event {
         E::PeerTerminating(p) => wit::Event::PeerTerminating(peer_state(p)),
         E::PeerDeleted(p) => wit::Event::PeerDeleted(peer_state(p)),
         E::ConnectFailing(c) => wit::Event::ConnectFailing(wit::ConnectFailing {
-            destination: c.destination.clone(),
+            destination: &c.destination,
             peer: c.peer.as_ref().map(peer_info),
             consecutive_failures: c.consecutive_failures,
-            last_error: c.last_error.clone(),
+            last_error: &c.last_error,
             failing_for_ms: c.failing_for_ms,
         }),
         E::GatewayShutdown(g) => wit::Event::GatewayShutdown(wit::GatewayShutdown {
             deadline_ms: g.deadline_ms,
             remaining_ms: g.remaining_ms,
-            workloads: g.workloads.iter().map(state).collect(),
+            workloads: shutdown_workloads,
         }),
         E::TimerFired(t) => wit::Event::TimerFired(wit::TimerFired {
-            subject: t.subject.clone(),
-            tag: t.tag.clone(),
+            subject: &t.subject,
+            tag: &t.tag,
             workload: t.workload.as_ref().map(state),
         }),
     }
@@ -204,5 +259,83 @@ pub fn action(a: wit::Action) -> sdk::Action {
             level: log_level(level),
             message,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workload(uid: &str, n: usize) -> sdk::WorkloadState {
+        let mut info = sdk::WorkloadInfo::new(uid).named("ns", uid);
+        for i in 0..n {
+            info = info
+                .with_label(format!("l{i}"), format!("{uid}-l{i}"))
+                .with_annotation(format!("a{i}"), format!("{uid}-a{i}"));
+        }
+        sdk::WorkloadState::new(info)
+    }
+
+    fn lowered(e: &sdk::Event, reads: &sdk::MetadataReads) -> Vec<(String, Vec<String>)> {
+        let declared = Declared::new(e, reads);
+        let all = declared.shutdown_workloads(e);
+        let states: Vec<wit::WorkloadState<'_>> = match event(e, &declared, &all) {
+            wit::Event::GatewayShutdown(g) => g.workloads.to_vec(),
+            wit::Event::ShutdownStarted(s) => vec![s.workload],
+            wit::Event::TimerFired(t) => t.workload.into_iter().collect(),
+            _ => vec![],
+        };
+        states
+            .iter()
+            .map(|s| {
+                let pairs = s.info.labels.iter().chain(s.info.annotations);
+                let pairs = pairs.map(|(k, v)| format!("{k}={v}")).collect();
+                (s.info.uid.to_owned(), pairs)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_workload_gets_its_own_declared_pairs() {
+        let e = sdk::Event::GatewayShutdown(sdk::GatewayShutdown {
+            deadline_ms: 1,
+            remaining_ms: 1,
+            workloads: vec![workload("w0", 0), workload("w1", 3), workload("w2", 2)],
+        });
+        let reads = sdk::MetadataReads {
+            labels: sdk::Keys::Only(vec!["l1".into(), "missing".into()]),
+            annotations: sdk::Keys::Only(vec!["a0".into()]),
+        };
+        assert_eq!(
+            lowered(&e, &reads),
+            [
+                ("w0".into(), vec![]),
+                ("w1".into(), vec!["l1=w1-l1".into(), "a0=w1-a0".into()]),
+                ("w2".into(), vec!["l1=w2-l1".into(), "a0=w2-a0".into()]),
+            ]
+        );
+        let every = lowered(&e, &sdk::MetadataReads::everything());
+        assert_eq!(every[1].1.len(), 6, "{every:?}");
+        assert_eq!(every[2].1, ["l0=w2-l0", "l1=w2-l1", "a0=w2-a0", "a1=w2-a1"]);
+    }
+
+    #[test]
+    fn single_workload_events_and_none() {
+        let reads = sdk::MetadataReads {
+            labels: sdk::Keys::Only(vec![]),
+            annotations: sdk::Keys::Only(vec!["a1".into()]),
+        };
+        let e = sdk::Event::ShutdownStarted(sdk::ShutdownStarted {
+            workload: workload("w", 2),
+            grace_deadline_ms: 1,
+            grace_remaining_ms: 1,
+        });
+        assert_eq!(lowered(&e, &reads), [("w".into(), vec!["a1=w-a1".into()])]);
+        let timer = sdk::Event::TimerFired(sdk::TimerFired {
+            subject: "w".into(),
+            tag: "t".into(),
+            workload: None,
+        });
+        assert_eq!(lowered(&timer, &reads), []);
     }
 }
