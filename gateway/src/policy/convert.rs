@@ -14,25 +14,33 @@ use tidegate_sdk as sdk;
 use super::bindings::types as wit;
 use super::bindings::v0_2::exports::tidegate::policy::policy;
 
-/// The workloads an event carries, in the order [`event`] lowers them.
+/// The workloads an event carries, in the order [`event`] lowers them:
+/// the one it is about ([`sdk::Event::workload`]) or a `gateway-shutdown`'s.
 fn workloads(e: &sdk::Event) -> impl Iterator<Item = &sdk::WorkloadState> {
-    use sdk::Event as E;
-    let (one, many): (Option<&sdk::WorkloadState>, &[sdk::WorkloadState]) = match e {
-        E::WorkloadAdded(w) | E::WorkloadDeleted(w) => (Some(w), &[]),
-        E::ShutdownStarted(s) => (Some(&s.workload), &[]),
-        E::NetworkTeardown(t) => (Some(&t.workload), &[]),
-        E::TimerFired(t) => (t.workload.as_ref(), &[]),
-        E::GatewayShutdown(g) => (None, &g.workloads),
-        E::PeerTerminating(_) | E::PeerDeleted(_) | E::ConnectFailing(_) => (None, &[]),
+    let many: &[sdk::WorkloadState] = match e {
+        sdk::Event::GatewayShutdown(g) => &g.workloads,
+        _ => &[],
     };
-    one.into_iter().chain(many)
+    e.workload().into_iter().chain(many)
+}
+
+/// Lowers `e` as the policy sees it (labels and annotations limited to
+/// what it declared it `reads`), borrowed from `e`, and hands it to `f`.
+pub fn with_event<R>(
+    e: &sdk::Event,
+    reads: &sdk::MetadataReads,
+    f: impl FnOnce(wit::Event<'_>) -> R,
+) -> R {
+    let declared = Declared::new(e, reads);
+    let shutdown_workloads = declared.shutdown_workloads(e);
+    f(event(e, &declared, &shutdown_workloads))
 }
 
 /// The label and annotation pairs an event hands the policy (only the keys
 /// it declared it reads), borrowed from the event: what the lowered event's
 /// lists point into. Nothing is copied on the host; wasmtime copies each
 /// string once, into the sandbox.
-pub struct Declared<'a> {
+struct Declared<'a> {
     /// Every handed pair, workload after workload: its labels, then its
     /// annotations.
     pairs: Vec<(&'a str, &'a str)>,
@@ -41,7 +49,7 @@ pub struct Declared<'a> {
 }
 
 impl<'a> Declared<'a> {
-    pub fn new(e: &'a sdk::Event, reads: &sdk::MetadataReads) -> Self {
+    fn new(e: &'a sdk::Event, reads: &sdk::MetadataReads) -> Self {
         let mut d = Declared {
             pairs: Vec::new(),
             cuts: Vec::new(),
@@ -87,7 +95,7 @@ impl<'a> Declared<'a> {
 
     /// The lowered workloads of a `gateway-shutdown` event (none for any
     /// other): [`event`] borrows its list.
-    pub fn shutdown_workloads(&'a self, e: &'a sdk::Event) -> Vec<wit::WorkloadState<'a>> {
+    fn shutdown_workloads(&'a self, e: &'a sdk::Event) -> Vec<wit::WorkloadState<'a>> {
         match e {
             sdk::Event::GatewayShutdown(g) => g
                 .workloads
@@ -121,8 +129,8 @@ fn peer_state(p: &sdk::PeerState) -> wit::PeerState<'_> {
 /// The event as the policy sees it, borrowed from `e`: labels and
 /// annotations limited to what `declared` holds (made from the same
 /// event), a `gateway-shutdown`'s list from
-/// [`Declared::shutdown_workloads`].
-pub fn event<'a>(
+/// [`Declared::shutdown_workloads`]. [`with_event`] makes all three.
+fn event<'a>(
     e: &'a sdk::Event,
     declared: &'a Declared<'a>,
     shutdown_workloads: &'a [wit::WorkloadState<'a>],
@@ -276,23 +284,19 @@ mod tests {
         sdk::WorkloadState::new(info)
     }
 
+    /// Each lowered workload's uid and its `key=value` pairs.
     fn lowered(e: &sdk::Event, reads: &sdk::MetadataReads) -> Vec<(String, Vec<String>)> {
-        let declared = Declared::new(e, reads);
-        let all = declared.shutdown_workloads(e);
-        let states: Vec<wit::WorkloadState<'_>> = match event(e, &declared, &all) {
-            wit::Event::GatewayShutdown(g) => g.workloads.to_vec(),
-            wit::Event::ShutdownStarted(s) => vec![s.workload],
-            wit::Event::TimerFired(t) => t.workload.into_iter().collect(),
-            _ => vec![],
+        let owned = |s: &wit::WorkloadState<'_>| {
+            let pairs = s.info.labels.iter().chain(s.info.annotations);
+            let pairs = pairs.map(|(k, v)| format!("{k}={v}")).collect();
+            (s.info.uid.to_owned(), pairs)
         };
-        states
-            .iter()
-            .map(|s| {
-                let pairs = s.info.labels.iter().chain(s.info.annotations);
-                let pairs = pairs.map(|(k, v)| format!("{k}={v}")).collect();
-                (s.info.uid.to_owned(), pairs)
-            })
-            .collect()
+        with_event(e, reads, |lowered| match lowered {
+            wit::Event::GatewayShutdown(g) => g.workloads.iter().map(owned).collect(),
+            wit::Event::ShutdownStarted(s) => vec![owned(&s.workload)],
+            wit::Event::TimerFired(t) => t.workload.iter().map(owned).collect(),
+            _ => vec![],
+        })
     }
 
     #[test]

@@ -315,17 +315,14 @@ impl PluginVersion {
         data.logs_left = self.runtime.limits.logs_per_call;
         warm.store
             .set_epoch_deadline(PolicyRuntime::ticks(self.runtime.limits.call_deadline));
-        let declared = convert::Declared::new(event, &warm.reads);
-        let shutdown_workloads = declared.shutdown_workloads(event);
-        let wit_event = convert::event(event, &declared, &shutdown_workloads);
-        let decided = match &warm.policy {
+        let decided = convert::with_event(event, &warm.reads, |wit_event| match &warm.policy {
             Instance::V0_1(p) => p
                 .tidegate_policy_policy()
                 .call_decide(&mut warm.store, wit_event),
             Instance::V0_2(p) => p
                 .tidegate_policy_policy()
                 .call_decide(&mut warm.store, wit_event),
-        };
+        });
         match decided {
             Ok(actions) => Ok(actions.into_iter().map(convert::action).collect()),
             Err(e) => {
