@@ -187,7 +187,7 @@ fn check_refuses_wrong_versions_and_garbage_by_name() {
     );
     let report = String::from_utf8_lossy(&out.stdout);
     assert!(
-        report.contains("imports: tidegate:policy/types@0.2.0"),
+        report.contains("imports: tidegate:policy/types@0.3.0"),
         "no WASI: {report}"
     );
 }
@@ -543,11 +543,46 @@ fn a_plugin_built_for_contract_0_1_0_still_loads_and_sees_all_metadata() {
     );
 }
 
-/// A 0.2.0 plugin is handed exactly the label and annotation keys its
-/// `init` declared (`*`: every key; none: none), and a declaration beyond
-/// the bounds is refused at install with the reason.
+/// A plugin built for 0.2.0 (`decide` takes the typed event) still loads,
+/// runs under the 0.2.0 bindings, is handed only the keys its `init`
+/// declared, and its actions are executed as before.
 #[test]
-fn a_contract_0_2_0_plugin_is_handed_only_the_metadata_it_declared() {
+fn a_plugin_built_for_contract_0_2_0_still_loads_and_sees_what_it_declared() {
+    let (e, _) = engine("");
+    let sel = install(&e, "typed", "fixtures/contract-0-2", "");
+    let v = e.version("typed").unwrap();
+    assert_eq!(v.contract.to_string(), "0.2.0");
+    assert_eq!(
+        v.reads(),
+        Some(
+            sdk::MetadataReads::none()
+                .label("app")
+                .annotation("tidegate.io/oci-drain")
+        )
+    );
+    let d = e.decide(&sel, &labelled_shutdown("w"));
+    assert_eq!(
+        logged(&d.actions),
+        ["labels=app annotations=tidegate.io/oci-drain"],
+        "{d:?}"
+    );
+    assert!(
+        matches!(&d.actions[0], sdk::Action::Goaway(g) if g.workload == "w"),
+        "{d:?}"
+    );
+    let (exports, _) = v.interface();
+    assert!(
+        exports.iter().any(|x| x == "tidegate:policy/policy@0.2.0"),
+        "{exports:?}"
+    );
+}
+
+/// A 0.3.0 plugin (the SDK's: the event arrives encoded) is handed exactly
+/// the label and annotation keys its `init` declared (`*`: every key;
+/// none: none), and a declaration beyond the bounds is refused at install
+/// with the reason.
+#[test]
+fn a_contract_0_3_0_plugin_is_handed_only_the_metadata_it_declared() {
     let (e, _) = engine("");
     let cases = [
         (
@@ -562,7 +597,7 @@ fn a_contract_0_2_0_plugin_is_handed_only_the_metadata_it_declared() {
     ];
     for (config, want) in cases {
         let sel = install(&e, "probe", "fixtures/reads-probe", config);
-        assert_eq!(e.version("probe").unwrap().contract.to_string(), "0.2.0");
+        assert_eq!(e.version("probe").unwrap().contract.to_string(), "0.3.0");
         let d = e.decide(&sel, &labelled_shutdown("w"));
         assert_eq!(logged(&d.actions), [want], "{config}");
     }

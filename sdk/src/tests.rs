@@ -296,21 +296,46 @@ impl Policy for Echo {
     }
 }
 
+/// `Slot::decide` takes the event in its wire form, as the host sends it.
+fn wire(event: wit::Event) -> Vec<u8> {
+    let mut out = Vec::new();
+    crate::wire::encode_event(
+        &Event::from(event),
+        &crate::MetadataReads::everything(),
+        &mut out,
+    );
+    out
+}
+
 #[test]
 fn export_glue_keeps_state_between_calls_and_converts_both_ways() {
     let slot = Slot::<Echo>::new();
     slot.init("").unwrap();
-    let event = wit::Event::WorkloadAdded(wit_workload("u1"));
-    slot.decide(event.clone());
-    let out = slot.decide(event);
+    let event = wire(wit::Event::WorkloadAdded(wit_workload("u1")));
+    slot.decide(&event);
+    let out = slot.decide(&event);
     let [wit::Action::Goaway(g)] = out.as_slice() else {
         panic!("expected one goaway, got {out:?}");
     };
     assert_eq!((g.workload.as_str(), g.delay_ms), ("u1", 2));
     // A fresh init starts over.
     slot.init("").unwrap();
-    let out = slot.decide(wit::Event::WorkloadAdded(wit_workload("u1")));
+    let out = slot.decide(&wire(wit::Event::WorkloadAdded(wit_workload("u1"))));
     assert!(matches!(out.as_slice(), [wit::Action::Goaway(g)] if g.delay_ms == 1));
+}
+
+#[test]
+fn a_buffer_that_is_no_event_traps() {
+    let slot = Slot::<Echo>::new();
+    slot.init("").unwrap();
+    let mut event = wire(wit::Event::WorkloadAdded(wit_workload("u1")));
+    event.push(0);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| slot.decide(&event)));
+    let msg = *r
+        .expect_err("a bad buffer must trap")
+        .downcast::<String>()
+        .unwrap();
+    assert!(msg.contains("1 bytes after the event"), "{msg}");
 }
 
 #[test]
@@ -319,7 +344,7 @@ fn failed_init_returns_the_error_and_leaves_no_policy() {
     slot.init("").unwrap();
     assert_eq!(slot.init("bad"), Err("config key `x`: bad".to_owned()));
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        slot.decide(wit::Event::WorkloadAdded(wit_workload("u")))
+        slot.decide(&wire(wit::Event::WorkloadAdded(wit_workload("u"))))
     }));
     assert!(r.is_err(), "decide after a failed init must trap");
 }

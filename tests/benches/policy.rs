@@ -30,7 +30,9 @@
 //!    self-test event, atomic swap); median of a few runs.
 //!
 //! `POLICY_BENCH_SECTIONS=1` (or `2,3`) runs only the given sections (for
-//! `perf record`).
+//! `perf record`); `POLICY_BENCH_PLUGINS=<dir>` reads the plugins from
+//! another directory than `target/plugins` (the same host against plugins
+//! built at another commit).
 //!
 //! Times are per call measured with `Instant::now()` around each call, so
 //! they include one clock read (its cost is printed as the floor). The run
@@ -363,8 +365,13 @@ fn native_policy(plugin: &str) -> NativeDecide {
 
 // ---- setup --------------------------------------------------------------
 
+/// `target/plugins`, or `POLICY_BENCH_PLUGINS` (the same host timed
+/// against plugins built from another commit, e.g. for another contract).
 fn plugins_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/plugins")
+    match std::env::var_os("POLICY_BENCH_PLUGINS") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/plugins"),
+    }
 }
 
 fn read_plugins() -> Result<BTreeMap<&'static str, Vec<u8>>, String> {
@@ -487,14 +494,15 @@ fn decision_latency(engine: &PolicyEngine) -> Vec<LatencyRow> {
     rows
 }
 
-/// The contract's metadata reads (0.2.0) in one run: the same plugin
+/// The contract's metadata reads (0.2.0 on) in one run: the same plugin
 /// (`fixtures/reads-probe`) on the typical pod event, handed every label
 /// and annotation (`*`, what a 0.1.0 plugin gets) or only the one
-/// annotation it reads; and `fixtures/contract-0-1`, a plugin built for
-/// 0.1.0.
+/// annotation it reads; and `fixtures/contract-0-1` and `-0-2`, plugins
+/// built for the older contracts (0.2.0's reads one label and one
+/// annotation, and gets the event typed rather than encoded).
 fn metadata_reads(engine: &PolicyEngine) {
     header(
-        "1b. Metadata reads (contract 0.2.0): the same event, every key vs only the declared ones",
+        "1b. Metadata reads (contract 0.2.0 on): the same event, every key vs only the declared ones",
     );
     print_table_header();
     let probe = match std::fs::read(plugins_dir().join("fixtures/reads-probe.wasm")) {
@@ -524,16 +532,22 @@ fn metadata_reads(engine: &PolicyEngine) {
         "  declared / every key, p50: {:.2}x",
         p50[1].as_secs_f64() / p50[0].as_secs_f64()
     );
-    if let Ok(old) = std::fs::read(plugins_dir().join("fixtures/contract-0-1.wasm")) {
+    for (fixture, what) in [
+        ("contract-0-1", "built for 0.1.0"),
+        ("contract-0-2", "built for 0.2.0"),
+    ] {
+        let Ok(old) = std::fs::read(plugins_dir().join(format!("fixtures/{fixture}.wasm"))) else {
+            continue;
+        };
         engine
-            .install("contract-0-1", &old, None)
-            .expect("0.1.0 loads");
-        let version = engine.version("contract-0-1").expect("installed");
+            .install(fixture, &old, None)
+            .expect("an older contract loads");
+        let version = engine.version(fixture).expect("installed");
         let raw = per_call(WARMUP, CALLS, || {
             std::hint::black_box(version.call_raw(&event, Clock::Wall).unwrap());
         });
         print_stats_row(
-            "contract-0-1 (built for 0.1.0)",
+            &format!("{fixture} ({what})"),
             event.kind(),
             "2",
             "call_raw",

@@ -12,7 +12,6 @@
 use tidegate_sdk as sdk;
 
 use super::bindings::types as wit;
-use super::bindings::v0_2::exports::tidegate::policy::policy;
 
 /// The workloads an event carries, in the order [`event`] lowers them:
 /// the one it is about ([`sdk::Event::workload`]) or a `gateway-shutdown`'s.
@@ -172,17 +171,27 @@ fn event<'a>(
     }
 }
 
-/// What a 0.2.0 policy's `init` declared it reads.
-pub fn reads(r: policy::MetadataReads) -> sdk::MetadataReads {
-    let policy::MetadataReads {
-        labels,
-        annotations,
-    } = r;
-    sdk::MetadataReads {
-        labels: sdk::Keys::from_list(labels),
-        annotations: sdk::Keys::from_list(annotations),
-    }
+/// What a 0.2.0 or 0.3.0 policy's `init` declared it reads (the same
+/// record in both, generated once per version).
+macro_rules! reads_from {
+    ($($v:ident),*) => {$(
+        impl From<super::bindings::$v::exports::tidegate::policy::policy::MetadataReads>
+            for sdk::MetadataReads
+        {
+            fn from(r: super::bindings::$v::exports::tidegate::policy::policy::MetadataReads) -> Self {
+                let super::bindings::$v::exports::tidegate::policy::policy::MetadataReads {
+                    labels,
+                    annotations,
+                } = r;
+                sdk::MetadataReads {
+                    labels: sdk::Keys::from_list(labels),
+                    annotations: sdk::Keys::from_list(annotations),
+                }
+            }
+        }
+    )*};
 }
+reads_from!(v0_2, v0_3);
 
 pub fn log_level(l: wit::LogLevel) -> sdk::LogLevel {
     match l {

@@ -2,9 +2,10 @@
 //! `InstancePre`, one warm instance reused across calls. A failed call
 //! discards the instance (a trap poisons a component store); the next call
 //! re-instantiates. Repeated failures quarantine the version. A plugin of
-//! either contract version the host implements is served by that
-//! version's bindings; a 0.2.0 plugin's `init` says which labels and
-//! annotations each event carries.
+//! any contract version the host implements is served by that version's
+//! bindings; a 0.2.0 or 0.3.0 plugin's `init` says which labels and
+//! annotations each event carries, and a 0.3.0 plugin gets the event
+//! encoded in one buffer (`tidegate_sdk::wire`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,7 +16,7 @@ use tidegate_sdk as sdk;
 use wasmtime::component::Component;
 use wasmtime::Store;
 
-use super::bindings::{v0_1, v0_2};
+use super::bindings::{v0_1, v0_2, v0_3};
 use super::convert;
 use super::error::{one_line, CallFailure, FailureKind, LoadError};
 use super::runtime::{Clock, HostState, PolicyRuntime};
@@ -32,11 +33,13 @@ const MAX_KEY_LEN: usize = 317;
 enum Pre {
     V0_1(v0_1::DrainPolicyPre<HostState>),
     V0_2(v0_2::DrainPolicyPre<HostState>),
+    V0_3(v0_3::DrainPolicyPre<HostState>),
 }
 
 enum Instance {
     V0_1(v0_1::DrainPolicy),
     V0_2(v0_2::DrainPolicy),
+    V0_3(v0_3::DrainPolicy),
 }
 
 /// Bounds a plugin's declared reads; the error names what is wrong.
@@ -92,6 +95,8 @@ struct Warm {
     policy: Instance,
     /// What this instance's `init` declared it reads.
     reads: sdk::MetadataReads,
+    /// A 0.3.0 event's encoding, reused from call to call.
+    wire: Vec<u8>,
 }
 
 /// A compiled, validated plugin version.
@@ -201,6 +206,9 @@ impl PluginVersion {
             Contract::V0_2 => {
                 Pre::V0_2(v0_2::DrainPolicyPre::new(instance_pre).map_err(instantiate_err)?)
             }
+            Contract::V0_3 => {
+                Pre::V0_3(v0_3::DrainPolicyPre::new(instance_pre).map_err(instantiate_err)?)
+            }
         };
         let version = Arc::new(PluginVersion {
             name: name.to_owned(),
@@ -267,8 +275,18 @@ impl PluginVersion {
                 let init = p
                     .tidegate_policy_policy()
                     .call_init(&mut store, &self.config)
-                    .map(|r| r.map(convert::reads));
+                    .map(|r| r.map(sdk::MetadataReads::from));
                 (Instance::V0_2(p), init)
+            }
+            Pre::V0_3(pre) => {
+                let p = pre
+                    .instantiate(&mut store)
+                    .map_err(|e| classify(&store, e))?;
+                let init = p
+                    .tidegate_policy_policy()
+                    .call_init(&mut store, &self.config)
+                    .map(|r| r.map(sdk::MetadataReads::from));
+                (Instance::V0_3(p), init)
             }
         };
         let init_failure = |detail: String| CallFailure {
@@ -283,6 +301,7 @@ impl PluginVersion {
                     store,
                     policy,
                     reads,
+                    wire: Vec::new(),
                 })
             }
             Ok(Err(msg)) => Err(init_failure(msg)),
@@ -315,14 +334,20 @@ impl PluginVersion {
         data.logs_left = self.runtime.limits.logs_per_call;
         warm.store
             .set_epoch_deadline(PolicyRuntime::ticks(self.runtime.limits.call_deadline));
-        let decided = convert::with_event(event, &warm.reads, |wit_event| match &warm.policy {
-            Instance::V0_1(p) => p
-                .tidegate_policy_policy()
-                .call_decide(&mut warm.store, wit_event),
-            Instance::V0_2(p) => p
-                .tidegate_policy_policy()
-                .call_decide(&mut warm.store, wit_event),
-        });
+        let decided = match &warm.policy {
+            Instance::V0_1(p) => convert::with_event(event, &warm.reads, |e| {
+                p.tidegate_policy_policy().call_decide(&mut warm.store, e)
+            }),
+            Instance::V0_2(p) => convert::with_event(event, &warm.reads, |e| {
+                p.tidegate_policy_policy().call_decide(&mut warm.store, e)
+            }),
+            Instance::V0_3(p) => {
+                warm.wire.clear();
+                sdk::wire::encode_event(event, &warm.reads, &mut warm.wire);
+                p.tidegate_policy_policy()
+                    .call_decide(&mut warm.store, &warm.wire)
+            }
+        };
         match decided {
             Ok(actions) => Ok(actions.into_iter().map(convert::action).collect()),
             Err(e) => {
@@ -383,6 +408,7 @@ impl PluginVersion {
         let component = match &self.pre {
             Pre::V0_1(pre) => pre.instance_pre().component(),
             Pre::V0_2(pre) => pre.instance_pre().component(),
+            Pre::V0_3(pre) => pre.instance_pre().component(),
         };
         let ty = component.component_type();
         let engine = &self.runtime.engine;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config as WasmConfig, Engine, ResourceLimiter};
 
-use super::bindings::{types, v0_1, v0_2};
+use super::bindings::{types, v0_1, v0_2, v0_3};
 use super::metrics::PolicyMetrics;
 use super::ticker::{Busy, Ticker, EPOCH_TICK};
 
@@ -144,6 +144,7 @@ macro_rules! host_impl {
 }
 host_impl!(v0_1::tidegate::policy::host::Host);
 host_impl!(v0_2::tidegate::policy::host::Host);
+host_impl!(v0_3::tidegate::policy::host::Host);
 
 /// The shared engine and linker.
 pub struct PolicyRuntime {
@@ -169,10 +170,13 @@ impl PolicyRuntime {
         let engine = Engine::new(&cfg)?;
         let mut linker = Linker::new(&engine);
         v0_1::DrainPolicy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
-        // 0.2.0 shares 0.1.0's types (bindings.rs): only its host functions
-        // are new, and its types interface is an instance without functions.
+        // Later versions share 0.1.0's types (bindings.rs): only their host
+        // functions are new, and their types interface is an instance
+        // without functions.
         v0_2::tidegate::policy::host::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
         linker.instance("tidegate:policy/types@0.2.0")?;
+        v0_3::tidegate::policy::host::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        linker.instance("tidegate:policy/types@0.3.0")?;
         let ticker = Ticker::spawn(engine.clone())?;
         Ok(Arc::new(PolicyRuntime {
             engine,

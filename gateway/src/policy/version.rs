@@ -16,7 +16,7 @@ use super::error::LoadError;
 pub const HOST_CONTRACT: &str = tidegate_sdk::CONTRACT_VERSION;
 
 /// Every WIT package version this gateway implements, newest first.
-pub const HOST_CONTRACTS: &[&str] = &[HOST_CONTRACT, "0.1.0"];
+pub const HOST_CONTRACTS: &[&str] = &[HOST_CONTRACT, "0.2.0", "0.1.0"];
 
 /// The contract versions the host has bindings for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +25,8 @@ pub enum Contract {
     V0_1,
     /// `init` returns the metadata the policy reads.
     V0_2,
+    /// As 0.2.0, and `decide` takes the event encoded in one buffer.
+    V0_3,
 }
 
 impl Contract {
@@ -32,6 +34,7 @@ impl Contract {
         match (v.major, v.minor) {
             (0, 1) => Some(Contract::V0_1),
             (0, 2) => Some(Contract::V0_2),
+            (0, 3) => Some(Contract::V0_3),
             _ => None,
         }
     }
@@ -44,8 +47,13 @@ fn host_versions() -> Vec<Version> {
         .collect()
 }
 
+/// "0.3.0, 0.2.0 and 0.1.0".
 fn host_list() -> String {
-    HOST_CONTRACTS.join(" and ")
+    match HOST_CONTRACTS.split_last() {
+        Some((last, [])) => (*last).to_owned(),
+        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+        None => String::new(),
+    }
 }
 
 const PACKAGE: &str = "tidegate:policy/";
@@ -145,5 +153,6 @@ mod tests {
             assert!(Contract::of(v).is_some(), "{v}");
         }
         assert_eq!(HOST_CONTRACTS[0], tidegate_sdk::CONTRACT_VERSION);
+        assert_eq!(host_list(), "0.3.0, 0.2.0 and 0.1.0");
     }
 }
