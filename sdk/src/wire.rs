@@ -420,9 +420,33 @@ impl Reader<'_> {
         }
     }
 
+    /// The string's bytes, borrowed from the buffer (not yet checked).
+    fn bytes(&mut self) -> Result<&[u8], WireError> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+
+    /// Overwrites `map`. When the pairs have the keys `map` already holds,
+    /// in its order (the same workload again; the host encodes a map in
+    /// key order), only the values are overwritten, in their memory.
     fn pairs(&mut self, map: &mut BTreeMap<String, String>) -> Result<(), WireError> {
-        map.clear();
         let n = self.u32()?;
+        if map.len() == n as usize {
+            let start = self.at;
+            let mut same = true;
+            for (k, v) in map.iter_mut() {
+                if self.bytes()? != k.as_bytes() {
+                    same = false;
+                    break;
+                }
+                self.string(v)?;
+            }
+            if same {
+                return Ok(());
+            }
+            self.at = start;
+        }
+        map.clear();
         for _ in 0..n {
             let (mut k, mut v) = (String::new(), String::new());
             self.string(&mut k)?;
@@ -685,6 +709,34 @@ mod tests {
                 reads.filter(&mut expected);
                 assert_eq!(scratch, expected, "{before:?} then {after:?}");
             }
+        }
+    }
+
+    /// The same workload again with new values, or with other keys of
+    /// the same count, decodes as afresh (values overwritten in place,
+    /// keys replaced).
+    #[test]
+    fn labels_decoded_in_place_are_the_new_ones() {
+        let with = |labels: &[(&str, &str)]| {
+            let mut w = WorkloadState::new(WorkloadInfo::new("u"));
+            for (k, v) in labels {
+                w.info.labels.insert((*k).into(), (*v).into());
+            }
+            Event::WorkloadAdded(w)
+        };
+        let first = with(&[("app", "web"), ("tier", "front")]);
+        let seconds = [
+            with(&[("app", "api"), ("tier", "back-end-longer-than-before")]),
+            with(&[("app", "web"), ("zone", "a")]),
+            with(&[("team", "x"), ("tier", "front")]),
+            with(&[("app", "web")]),
+            with(&[]),
+        ];
+        for second in seconds {
+            let mut scratch = decode_event(&encoded(&first, &MetadataReads::everything())).unwrap();
+            let bytes = encoded(&second, &MetadataReads::everything());
+            decode_event_into(&bytes, &mut scratch).unwrap();
+            assert_eq!(scratch, second);
         }
     }
 
