@@ -457,25 +457,21 @@ impl PolicyEngine {
         let latency = started.elapsed();
         let validated = validate(event, raw, &self.bounds);
         let policy = selection.name.clone();
-        self.metrics
-            .decisions
-            .get_or_create(&DecisionLabels {
-                policy: policy.clone(),
-                event: event.kind(),
-                decided_by: if fallback.is_some() || selection.version.is_none() {
-                    self.cfg.fallback.name()
-                } else {
-                    "plugin"
-                },
-            })
-            .inc();
-        if fallback.is_none() && selection.version.is_some() {
-            self.metrics
-                .latency
-                .get_or_create(&PolicyLabels {
-                    policy: policy.clone(),
-                })
-                .observe(latency.as_secs_f64());
+        match &selection.version {
+            Some(v) if fallback.is_none() => {
+                v.series.decided(event.kind()).inc();
+                v.series.latency().observe(latency.as_secs_f64());
+            }
+            _ => {
+                self.metrics
+                    .decisions
+                    .get_or_create(&DecisionLabels {
+                        policy: policy.clone(),
+                        event: event.kind(),
+                        decided_by: self.cfg.fallback.name(),
+                    })
+                    .inc();
+            }
         }
         for (why, action) in &validated.ignored {
             if *why == Ignored::OtherSubject {

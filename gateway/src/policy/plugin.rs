@@ -19,6 +19,7 @@ use wasmtime::Store;
 use super::bindings::{v0_1, v0_2, v0_3};
 use super::convert;
 use super::error::{one_line, CallFailure, FailureKind, LoadError};
+use super::metrics::DecisionSeries;
 use super::runtime::{Clock, HostState, PolicyRuntime};
 use super::version::{self, Contract, Version};
 
@@ -119,6 +120,8 @@ pub struct PluginVersion {
     calls: AtomicU64,
     failures: AtomicU64,
     instantiations: AtomicU64,
+    /// Its decisions' metric series, looked up once.
+    pub(super) series: DecisionSeries,
 }
 
 impl std::fmt::Debug for PluginVersion {
@@ -227,6 +230,7 @@ impl PluginVersion {
             calls: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             instantiations: AtomicU64::new(0),
+            series: DecisionSeries::new(&runtime.metrics, name),
         });
         let warm = version.instantiate(clock).map_err(|f| match f.kind {
             FailureKind::Init => LoadError::Init(one_line(f.detail)),
