@@ -369,7 +369,7 @@ impl PolicyEngine {
 
     /// Whether `name` is a policy: configured in `policies.plugins` or uploaded.
     pub fn is_known(&self, name: &str) -> bool {
-        self.cfg.plugins.contains_key(name) || self.version(name).is_some()
+        self.cfg.plugins.contains_key(name) || self.current.load().versions.contains_key(name)
     }
 
     /// Which policy `workload` gets and why ([`super::resolve`] has the

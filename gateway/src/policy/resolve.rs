@@ -26,6 +26,11 @@ use crate::workloads::WorkloadSpec;
 /// The annotation that picks a workload's policy by name.
 pub const POLICY_ANNOTATION: &str = "tidegate.io/drain-policy";
 
+/// Why a workload got the policy its annotation names: a constant, so the
+/// most common resolution copies it instead of formatting it (a test keeps
+/// it in step with [`POLICY_ANNOTATION`]).
+const ANNOTATION_WHY: &str = "pod annotation tidegate.io/drain-policy";
+
 /// The client annotation that picks the policy deciding its peers' events
 /// (instead of each terminating peer's own policy).
 pub const PEER_POLICY_ANNOTATION: &str = "tidegate.io/peer-drain-policy";
@@ -100,7 +105,7 @@ pub fn resolve(
         (
             spec.annotations.get(POLICY_ANNOTATION).map(String::as_str),
             SelectedBy::Annotation,
-            |_| format!("pod annotation {POLICY_ANNOTATION}"),
+            |_| ANNOTATION_WHY.to_owned(),
         ),
         (
             spec.namespace_policy.as_deref(),
@@ -228,6 +233,7 @@ mod tests {
         assert_eq!((r.name.as_str(), r.by), ("b", SelectedBy::Admin));
         let r = resolve(&w, None, &c, known);
         assert_eq!((r.name.as_str(), r.by), ("a", SelectedBy::Annotation));
+        assert_eq!(r.why, format!("pod annotation {POLICY_ANNOTATION}"));
         let mut w2 = w.clone();
         w2.annotations.clear();
         let r = resolve(&w2, None, &c, known);
