@@ -89,7 +89,7 @@ fn install(e: &PolicyEngine, name: &str, file: &str, config: &str) -> Selection 
         name: name.into(),
         by: SelectedBy::Default,
         version: e.version(name),
-        why: String::new(),
+        why: "".into(),
         skipped: Vec::new(),
     }
 }

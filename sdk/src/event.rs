@@ -367,4 +367,20 @@ impl Event {
             Event::TimerFired(e) => vec![e.subject.as_str()],
         }
     }
+
+    /// Whether an action may name `subject` in answer to this event: one of
+    /// [`Event::subjects`], without collecting them.
+    pub fn has_subject(&self, subject: &str) -> bool {
+        match self {
+            Event::WorkloadAdded(w) | Event::WorkloadDeleted(w) => w.uid() == subject,
+            Event::ShutdownStarted(e) => e.workload.uid() == subject,
+            Event::NetworkTeardown(e) => e.workload.uid() == subject,
+            Event::PeerTerminating(p) | Event::PeerDeleted(p) => p.subject() == subject,
+            Event::ConnectFailing(e) => {
+                e.destination == subject || e.peer.as_ref().is_some_and(|p| p.uid == subject)
+            }
+            Event::GatewayShutdown(e) => e.workloads.iter().any(|w| w.uid() == subject),
+            Event::TimerFired(e) => e.subject == subject,
+        }
+    }
 }

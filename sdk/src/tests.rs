@@ -259,6 +259,20 @@ fn event_subjects_follow_the_wit_rules() {
         failing_for_ms: 0,
     });
     assert_eq!(with_peer.subjects(), vec!["d", "p"]);
+    // has_subject (what the host checks) says yes to exactly these.
+    for event in events.iter().chain([&with_peer]) {
+        for s in event.subjects() {
+            assert!(event.has_subject(s), "{} has subject {s}", event.kind());
+        }
+        for other in ["", "u", "u12", "peer-2", "dest", "nobody"] {
+            assert_eq!(
+                event.has_subject(other),
+                event.subjects().contains(&other),
+                "{} and {other:?}",
+                event.kind()
+            );
+        }
+    }
     let kinds: Vec<&str> = every_event().iter().map(Event::kind).collect();
     assert_eq!(kinds, EVENT_KINDS);
 }

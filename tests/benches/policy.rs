@@ -667,7 +667,7 @@ fn breakdown(engine: &PolicyEngine, rows: &[LatencyRow]) {
         name: "not-loaded".into(),
         by: tidegate::policy::SelectedBy::Default,
         version: None,
-        why: String::new(),
+        why: "".into(),
         skipped: Vec::new(),
     };
     let teardown = network_teardown();

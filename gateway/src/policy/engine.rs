@@ -2,6 +2,7 @@
 //! swapped atomically by one writer), per-workload selection, decisions with
 //! fallback, and hot swap from files or the admin API.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -78,7 +79,7 @@ pub struct Selection {
     pub by: SelectedBy,
     pub version: Option<Arc<PluginVersion>>,
     /// The rule that chose it and the names passed over ([`super::resolve`]).
-    pub why: String,
+    pub why: Cow<'static, str>,
     pub skipped: Vec<Skipped>,
 }
 

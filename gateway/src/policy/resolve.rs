@@ -18,6 +18,8 @@
 //! what discovery says of it ([`resolve_for_peer`]) — unless the local client
 //! overrides it with the annotation `tidegate.io/peer-drain-policy`.
 
+use std::borrow::Cow;
+
 use serde::Serialize;
 
 use crate::config::PoliciesConfig;
@@ -80,8 +82,9 @@ pub struct Skipped {
 pub struct Resolution {
     pub name: String,
     pub by: SelectedBy,
-    /// Human-readable: the rule that chose `name`.
-    pub why: String,
+    /// Human-readable: the rule that chose `name` (borrowed when it is a
+    /// constant: the annotation, `policies.default`, the fallback).
+    pub why: Cow<'static, str>,
     pub skipped: Vec<Skipped>,
 }
 
@@ -97,20 +100,20 @@ pub fn resolve(
     // Every event resolves its workload's policy: the texts saying why are
     // written only for the source that wins (formatting all three first
     // cost more than the rest of the resolution).
-    type Why = fn(&WorkloadSpec) -> String;
+    type Why = fn(&WorkloadSpec) -> Cow<'static, str>;
     let named: [(Option<&str>, SelectedBy, Why); 3] = [
         (admin, SelectedBy::Admin, |s| {
-            format!("run-time binding (PUT /workloads/{}/policy)", s.uid)
+            format!("run-time binding (PUT /workloads/{}/policy)", s.uid).into()
         }),
         (
             spec.annotations.get(POLICY_ANNOTATION).map(String::as_str),
             SelectedBy::Annotation,
-            |_| ANNOTATION_WHY.to_owned(),
+            |_| Cow::Borrowed(ANNOTATION_WHY),
         ),
         (
             spec.namespace_policy.as_deref(),
             SelectedBy::Namespace,
-            |s| format!("namespace {}'s policy label", s.namespace),
+            |s| format!("namespace {}'s policy label", s.namespace).into(),
         ),
     ];
     for (name, by, why) in named {
@@ -149,7 +152,7 @@ pub fn resolve(
             return Resolution {
                 name: b.policy.clone(),
                 by: SelectedBy::Binding(i),
-                why: format!("policies.bindings[{i}] ({})", what.join(", ")),
+                why: format!("policies.bindings[{i}] ({})", what.join(", ")).into(),
                 skipped,
             };
         }
@@ -188,7 +191,8 @@ pub fn resolve_for_peer(
                 why: format!(
                     "client {}/{}'s annotation {PEER_POLICY_ANNOTATION}",
                     client.namespace, client.name
-                ),
+                )
+                .into(),
                 skipped,
             };
         }
@@ -201,7 +205,7 @@ pub fn resolve_for_peer(
     let mut r = resolve(peer, None, cfg, known);
     skipped.append(&mut r.skipped);
     r.skipped = skipped;
-    r.why = format!("the peer's: {}", r.why);
+    r.why = format!("the peer's: {}", r.why).into();
     r
 }
 

@@ -88,63 +88,105 @@ fn clamp_f64(v: &mut f64, lo: f64, hi: f64, clamped: &mut usize) {
     }
 }
 
-pub fn validate(event: &sdk::Event, actions: Vec<sdk::Action>, bounds: &Bounds) -> Validated {
-    let subjects = event.subjects();
-    let mut out = Validated::default();
+pub fn validate(event: &sdk::Event, mut actions: Vec<sdk::Action>, bounds: &Bounds) -> Validated {
     let max_hold = match event {
         sdk::Event::NetworkTeardown(t) => {
             Some(Duration::from_millis(t.max_hold_ms).min(bounds.max_hold))
         }
         _ => None,
     };
-    for mut action in actions {
-        if out.actions.len() >= bounds.max_actions {
-            out.ignored.push((Ignored::TooMany, action));
-            continue;
-        }
-        if let Some(s) = action.subject() {
-            if !subjects.contains(&s) {
-                out.ignored.push((Ignored::OtherSubject, action));
-                continue;
-            }
-        }
-        let c = &mut out.clamped;
-        match &mut action {
-            sdk::Action::Goaway(g) => {
-                clamp_ms(&mut g.delay_ms, bounds.max_delay, c);
-                if let Some(d) = g.hard_deadline_ms.as_mut() {
-                    clamp_ms(d, bounds.max_deadline, c);
-                }
-            }
-            sdk::Action::Backoff(b) => {
-                clamp_ms(&mut b.max_ms, bounds.max_backoff, c);
-                clamp_ms(&mut b.initial_ms, Duration::from_millis(b.max_ms), c);
-                clamp_f64(&mut b.multiplier, 1.0, 16.0, c);
-                clamp_f64(&mut b.jitter, 0.0, 1.0, c);
-            }
-            sdk::Action::HoldTeardown(h) => match max_hold {
-                Some(max) => clamp_ms(&mut h.bound_ms, max, c),
-                None => {
-                    out.ignored.push((Ignored::NotApplicable, action));
-                    continue;
-                }
-            },
-            sdk::Action::SetTimer(t) => clamp_ms(&mut t.after_ms, bounds.max_timer, c),
-            sdk::Action::Log(l) => {
-                if l.message.len() > bounds.max_log_len {
-                    let mut end = bounds.max_log_len;
-                    while !l.message.is_char_boundary(end) {
-                        end -= 1;
-                    }
-                    l.message.truncate(end);
-                    *c += 1;
-                }
-            }
-            sdk::Action::Evict(_) | sdk::Action::OciDrain(_) => {}
-        }
-        out.actions.push(action);
+    // The usual decision is all valid: checked in place, it is returned in
+    // the policy's own vector and nothing is allocated. From the first
+    // action dropped on, each one is put back (in order) or moved out with
+    // its reason; `check` refuses before it changes anything, so checking
+    // that first one again gives the same answer.
+    let mut clamped = 0;
+    let mut valid = 0;
+    while valid < actions.len()
+        && check(
+            event,
+            &mut actions[valid],
+            max_hold,
+            bounds,
+            valid,
+            &mut clamped,
+        )
+        .is_ok()
+    {
+        valid += 1;
     }
-    out
+    let rest = actions.split_off(valid);
+    let mut ignored = Vec::new();
+    for mut action in rest {
+        match check(
+            event,
+            &mut action,
+            max_hold,
+            bounds,
+            actions.len(),
+            &mut clamped,
+        ) {
+            Ok(()) => actions.push(action),
+            Err(why) => ignored.push((why, action)),
+        }
+    }
+    Validated {
+        actions,
+        ignored,
+        clamped,
+    }
+}
+
+/// Clamps one action's numbers in place, or says why it is dropped (before
+/// touching it); `kept` is how many of the decision's actions passed before
+/// it.
+fn check(
+    event: &sdk::Event,
+    action: &mut sdk::Action,
+    max_hold: Option<Duration>,
+    bounds: &Bounds,
+    kept: usize,
+    c: &mut usize,
+) -> Result<(), Ignored> {
+    if kept >= bounds.max_actions {
+        return Err(Ignored::TooMany);
+    }
+    if let Some(s) = action.subject() {
+        if !event.has_subject(s) {
+            return Err(Ignored::OtherSubject);
+        }
+    }
+    match action {
+        sdk::Action::Goaway(g) => {
+            clamp_ms(&mut g.delay_ms, bounds.max_delay, c);
+            if let Some(d) = g.hard_deadline_ms.as_mut() {
+                clamp_ms(d, bounds.max_deadline, c);
+            }
+        }
+        sdk::Action::Backoff(b) => {
+            clamp_ms(&mut b.max_ms, bounds.max_backoff, c);
+            clamp_ms(&mut b.initial_ms, Duration::from_millis(b.max_ms), c);
+            clamp_f64(&mut b.multiplier, 1.0, 16.0, c);
+            clamp_f64(&mut b.jitter, 0.0, 1.0, c);
+        }
+        sdk::Action::HoldTeardown(h) => match max_hold {
+            Some(max) => clamp_ms(&mut h.bound_ms, max, c),
+            None => return Err(Ignored::NotApplicable),
+        },
+        sdk::Action::SetTimer(t) => clamp_ms(&mut t.after_ms, bounds.max_timer, c),
+        sdk::Action::Log(l) => {
+            if l.message.len() > bounds.max_log_len {
+                let mut end = bounds.max_log_len;
+                while !l.message.is_char_boundary(end) {
+                    end -= 1;
+                }
+                l.message.truncate(end);
+                *c += 1;
+            }
+        }
+        sdk::Action::Evict(_) | sdk::Action::OciDrain(_) => {}
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -188,6 +230,39 @@ mod tests {
         };
         assert_eq!(h.bound_ms, 5_000, "bounded by the event's max-hold-ms");
         assert_eq!(v.clamped, 3);
+    }
+
+    #[test]
+    fn after_a_dropped_action_the_rest_keep_their_order_and_clamps_count_once() {
+        let w = sdk::WorkloadInfo::new("mine");
+        let other = sdk::WorkloadInfo::new("theirs");
+        let log = |m: &str| {
+            sdk::Action::Log(sdk::LogLine {
+                level: sdk::LogLevel::Info,
+                message: m.into(),
+            })
+        };
+        let actions = vec![
+            log("first"),
+            sdk::Action::goaway_inbound(&other).into(),
+            sdk::Action::goaway_inbound(&w).delay_ms(u64::MAX).into(),
+            sdk::Action::goaway_inbound(&other).into(),
+            log("last"),
+        ];
+        let v = validate(&teardown("mine"), actions, &Bounds::default());
+        let kept: Vec<String> = v.actions.iter().map(|a| format!("{a:?}")).collect();
+        assert_eq!(v.actions.len(), 3, "{kept:?}");
+        assert!(matches!(&v.actions[0], sdk::Action::Log(l) if l.message == "first"));
+        assert!(
+            matches!(&v.actions[1], sdk::Action::Goaway(g) if g.workload == "mine" && g.delay_ms == 60_000)
+        );
+        assert!(matches!(&v.actions[2], sdk::Action::Log(l) if l.message == "last"));
+        assert_eq!(v.clamped, 1);
+        assert_eq!(v.ignored.len(), 2);
+        assert!(v
+            .ignored
+            .iter()
+            .all(|(why, a)| *why == Ignored::OtherSubject && a.subject() == Some("theirs")));
     }
 
     #[test]

@@ -86,7 +86,7 @@ impl PolicyEngine {
                 &fresh
             }
         };
-        let mut why = sel.why.clone();
+        let mut why = sel.why.to_string();
         if sel.version.is_none() && sel.by != SelectedBy::Fallback {
             why += &format!(
                 "; not loaded, the fallback {} decides",

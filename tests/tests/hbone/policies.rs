@@ -194,7 +194,7 @@ async fn misbehaving_plugins_never_disturb_traffic() {
             name: "bad".into(),
             by: tidegate::policy::SelectedBy::Default,
             version: engine.version("bad"),
-            why: String::new(),
+            why: "".into(),
             skipped: Vec::new(),
         };
         let deleted = sdk::Event::WorkloadDeleted(sdk::WorkloadState::new(sdk::WorkloadInfo::new(

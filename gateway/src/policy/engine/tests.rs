@@ -27,7 +27,7 @@ fn selection(name: &str, by: SelectedBy) -> Selection {
         name: name.to_owned(),
         by,
         version: None,
-        why: String::new(),
+        why: "".into(),
         skipped: vec![],
     }
 }
