@@ -30,6 +30,20 @@ pub const MAX_READ_KEYS: usize = 64;
 /// 63-byte name).
 const MAX_KEY_LEN: usize = 317;
 
+/// The largest encoded event whose buffer a warm instance keeps for the
+/// next call. A typical pod event is a few hundred bytes; a larger buffer
+/// (a `gateway-shutdown` listing many pods with every annotation) is freed
+/// after its call rather than held for the plugin version's life.
+const KEEP_WIRE_BYTES: usize = 64 * 1024;
+
+/// After a call: keeps `wire`'s memory for the next event unless one
+/// large event grew it past [`KEEP_WIRE_BYTES`].
+fn release_if_large(wire: &mut Vec<u8>) {
+    if wire.capacity() > KEEP_WIRE_BYTES {
+        *wire = Vec::new();
+    }
+}
+
 /// The compiled plugin, ready to instantiate, through its contract's bindings.
 enum Pre {
     V0_1(v0_1::DrainPolicyPre<HostState>),
@@ -348,8 +362,11 @@ impl PluginVersion {
             Instance::V0_3(p) => {
                 warm.wire.clear();
                 sdk::wire::encode_event(event, &warm.reads, &mut warm.wire);
-                p.tidegate_policy_policy()
-                    .call_decide(&mut warm.store, &warm.wire)
+                let decided = p
+                    .tidegate_policy_policy()
+                    .call_decide(&mut warm.store, &warm.wire);
+                release_if_large(&mut warm.wire);
+                decided
             }
         };
         match decided {
@@ -442,5 +459,25 @@ fn classify(store: &Store<HostState>, e: wasmtime::Error) -> CallFailure {
     CallFailure {
         kind,
         detail: one_line(format!("{e:#}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_large_event_buffer_is_freed_a_typical_one_kept() {
+        let mut typical = Vec::with_capacity(512);
+        typical.extend_from_slice(&[1; 300]);
+        typical.clear();
+        let kept = typical.capacity();
+        release_if_large(&mut typical);
+        assert_eq!(typical.capacity(), kept, "kept for the next event");
+
+        let mut large: Vec<u8> = Vec::with_capacity(KEEP_WIRE_BYTES + 1);
+        assert!(large.capacity() > KEEP_WIRE_BYTES);
+        release_if_large(&mut large);
+        assert_eq!(large.capacity(), 0, "freed after its call");
     }
 }
