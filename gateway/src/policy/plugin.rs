@@ -275,37 +275,27 @@ impl PluginVersion {
         let _busy = self.runtime.busy();
         let mut store = self.new_store(clock);
         store.set_epoch_deadline(PolicyRuntime::ticks(self.runtime.limits.init_deadline));
+        // Each contract's bindings are their own types: the same steps,
+        // written once. `$reads` turns what `init` returned into the SDK's
+        // reads (a 0.1.0 plugin declares none and gets every key).
+        macro_rules! instantiate_with {
+            ($pre:expr, $instance:path, $reads:expr) => {{
+                let p = $pre
+                    .instantiate(&mut store)
+                    .map_err(|e| classify(&store, e))?;
+                let init = p
+                    .tidegate_policy_policy()
+                    .call_init(&mut store, &self.config)
+                    .map(|r| r.map($reads));
+                ($instance(p), init)
+            }};
+        }
         let (policy, init) = match &self.pre {
-            Pre::V0_1(pre) => {
-                let p = pre
-                    .instantiate(&mut store)
-                    .map_err(|e| classify(&store, e))?;
-                let init = p
-                    .tidegate_policy_policy()
-                    .call_init(&mut store, &self.config)
-                    .map(|r| r.map(|()| sdk::MetadataReads::everything()));
-                (Instance::V0_1(p), init)
-            }
-            Pre::V0_2(pre) => {
-                let p = pre
-                    .instantiate(&mut store)
-                    .map_err(|e| classify(&store, e))?;
-                let init = p
-                    .tidegate_policy_policy()
-                    .call_init(&mut store, &self.config)
-                    .map(|r| r.map(sdk::MetadataReads::from));
-                (Instance::V0_2(p), init)
-            }
-            Pre::V0_3(pre) => {
-                let p = pre
-                    .instantiate(&mut store)
-                    .map_err(|e| classify(&store, e))?;
-                let init = p
-                    .tidegate_policy_policy()
-                    .call_init(&mut store, &self.config)
-                    .map(|r| r.map(sdk::MetadataReads::from));
-                (Instance::V0_3(p), init)
-            }
+            Pre::V0_1(pre) => instantiate_with!(pre, Instance::V0_1, |()| {
+                sdk::MetadataReads::everything()
+            }),
+            Pre::V0_2(pre) => instantiate_with!(pre, Instance::V0_2, sdk::MetadataReads::from),
+            Pre::V0_3(pre) => instantiate_with!(pre, Instance::V0_3, sdk::MetadataReads::from),
         };
         let init_failure = |detail: String| CallFailure {
             kind: FailureKind::Init,
