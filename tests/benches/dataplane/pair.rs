@@ -36,8 +36,9 @@
 //! snapshot, and a 1-byte round trip from pod A to pod B has gone through.
 //! Every figure is checked to have crossed HBONE: a counting rule in pod
 //! B's mangle INPUT for TCP to 15008 must have seen at least the bytes the
-//! throughput run moved. Rounds are interleaved (raw, pair 1, pair 2, ...,
-//! 3 rounds); each pair is started afresh every round and killed after it.
+//! throughput run moved. Rounds are interleaved (raw, then every pair,
+//! each round starting one pair later: raw, 1, 2; raw, 2, 1; ... 3 rounds);
+//! each pair is started afresh every round and killed after it.
 //! Besides CPU-seconds per GB, both gateways' CPU time is read (from
 //! /proc) over each latency phase and divided by the requests served: CPU-µs
 //! per warm round trip and per new connection, where a latency gap that is
@@ -47,7 +48,8 @@
 //! and during each latency phase (the same counts per request).
 //! `DATAPLANE_PERF_RR=<dir>` records a `perf` profile (call graphs) of both
 //! gateways during each pair's warm round trips, into `<dir>/<pair>-rr.data`
-//! (the last round's).
+//! (the last round's); `DATAPLANE_PERF_TP=<dir>` the same during the
+//! transfer, into `<dir>/<pair>-tp.data`.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::process::CommandExt;
@@ -183,7 +185,11 @@ async fn bench(pairs: Vec<PairSpec>) -> anyhow::Result<()> {
             "round {round}: raw loopback TCP {:.0} MB/s",
             raw[round].fig.mb_s
         );
-        for (i, p) in pairs.iter().enumerate() {
+        // Each round starts with another pair, so no pair always runs
+        // right after raw TCP's load (or always last).
+        for k in 0..pairs.len() {
+            let i = (k + round) % pairs.len();
+            let p = &pairs[i];
             let r = pair_round(&env, p)
                 .await
                 .with_context(|| format!("{}, round {round}", p.name))?;
@@ -561,6 +567,7 @@ async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
 
     hbone_bytes(env, true)?;
     let stat = PerfStat::start(&pids, &env.dir.join(format!("{}.perf-stat", pair.name)));
+    let profile = perf_record_to("DATAPLANE_PERF_TP", &pids, &pair.name, "tp");
     let c0 = cpu_secs(&pids);
     let (bytes, secs) = env
         .pod_a
@@ -572,6 +579,7 @@ async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
         .await
         .map_err(|e| anyhow::anyhow!(e))?;
     let cpu = cpu_secs(&pids) - c0;
+    super::stop_perf(profile);
     if let Some(stat) = stat {
         stat.report(&pair.name, "the transfer", bytes as f64 / 1e6, "MB");
     }
@@ -583,12 +591,7 @@ async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
     // by the requests it served (warm-up round trips included: they cost
     // the same work).
     let stat = PerfStat::start(&pids, &env.dir.join(format!("{}-rr.perf-stat", pair.name)));
-    let profile = std::env::var_os("DATAPLANE_PERF_RR").and_then(|dir| {
-        super::start_perf_to(
-            &pids,
-            &Path::new(&dir).join(format!("{}-rr.data", pair.name)),
-        )
-    });
+    let profile = perf_record_to("DATAPLANE_PERF_RR", &pids, &pair.name, "rr");
     let c0 = cpu_secs(&pids);
     let rr = env
         .pod_a
@@ -651,6 +654,13 @@ async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
     })
 }
 
+/// `perf record` of both gateways into `$var/<pair>-<phase>.data` when the
+/// variable `var` names a directory.
+fn perf_record_to(var: &str, pids: &[u32], pair: &str, phase: &str) -> Option<Child> {
+    let dir = std::env::var_os(var)?;
+    super::start_perf_to(pids, &Path::new(&dir).join(format!("{pair}-{phase}.data")))
+}
+
 /// `DATAPLANE_PERF_STAT=1`: `perf stat` of both gateways (every thread)
 /// during the throughput run — page faults, context switches, syscalls,
 /// futex calls and CPU time, to compare gateways per MB moved.
@@ -659,8 +669,13 @@ struct PerfStat {
     out: PathBuf,
 }
 
-const PERF_EVENTS: &str =
-    "task-clock,page-faults,context-switches,raw_syscalls:sys_enter,syscalls:sys_enter_futex";
+/// CPU time, faults and switches, then every syscall and the ones that
+/// carry the bytes (socket reads and writes, epoll waits) one by one: how
+/// many bytes each read and write moves shows in their count per MB.
+const PERF_EVENTS: &str = "task-clock,page-faults,context-switches,raw_syscalls:sys_enter,\
+    syscalls:sys_enter_futex,syscalls:sys_enter_recvfrom,syscalls:sys_enter_read,\
+    syscalls:sys_enter_sendto,syscalls:sys_enter_write,syscalls:sys_enter_writev,\
+    syscalls:sys_enter_epoll_wait";
 
 impl PerfStat {
     fn start(pids: &[u32], out: &Path) -> Option<PerfStat> {
