@@ -36,7 +36,6 @@ pub mod oci;
 pub mod policy;
 pub mod proxy;
 pub mod shutdown;
-pub mod socket_io;
 pub mod tls;
 pub mod workload_table;
 pub mod workloads;

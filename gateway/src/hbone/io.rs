@@ -236,7 +236,7 @@ impl Drop for ServerIo {
             return;
         };
         let (tcp, _) = tls.into_inner();
-        rt.spawn(linger(tcp.into_inner()));
+        rt.spawn(linger(tcp));
     }
 }
 

@@ -15,18 +15,17 @@ use tokio::net::TcpStream;
 use super::verify::{
     identity_of, Chain, IdentityError, SpiffeClientVerifier, SpiffeServerVerifier,
 };
-use super::{provider, CertError, CertSource, ReadAhead, TlsMetrics, ALPN_H2};
+use super::{provider, CertError, CertSource, TlsMetrics, ALPN_H2};
 use crate::identity::SpiffeId;
 
-/// The socket under each is read ahead of rustls while a flow lasts
-/// ([`ReadAhead`]).
-pub type ServerTls = tokio_rustls::server::TlsStream<ReadAhead>;
-pub type ClientTls = tokio_rustls::client::TlsStream<ReadAhead>;
+pub type ServerTls = tokio_rustls::server::TlsStream<TcpStream>;
+pub type ClientTls = tokio_rustls::client::TlsStream<TcpStream>;
 
-/// How much rustls encrypts ahead of the socket per write: a bulk flow's
-/// DATA frames (up to sixteen records, see `proxy::copy`) go out in one
-/// `writev` each instead of four (rustls' default is 64 KiB). Held only
-/// while the socket's send buffer is full.
+/// How much plaintext rustls takes per write before the socket has taken
+/// the records already sealed: a bulk flow's DATA frames (sixteen records
+/// at most, see `proxy::copy`) go out in one `writev` each instead of four
+/// (rustls' default is 64 KiB; measured: writev per MB moved 16 -> 5).
+/// Held only while the socket's send buffer is full.
 const SEND_LIMIT: usize = 320 * 1024;
 
 /// A failed handshake, with a bounded reason for metrics and logs.
@@ -219,7 +218,7 @@ impl TlsContext {
         let key = self.source.fetch(local).await?;
         let cfg = self.server_config_with(local, key)?;
         let tls = tokio_rustls::TlsAcceptor::from(cfg)
-            .accept(ReadAhead::new(tcp))
+            .accept(tcp)
             .await
             .map_err(|source| HandshakeError::Failed {
                 reason: classify(&source),
@@ -244,7 +243,7 @@ impl TlsContext {
             let cfg = self.client_config_with(expected, key)?;
             // An IP server name: rustls sends no SNI for it, as HBONE expects.
             tokio_rustls::TlsConnector::from(cfg)
-                .connect(ServerName::IpAddress(dst_ip.into()), ReadAhead::new(tcp))
+                .connect(ServerName::IpAddress(dst_ip.into()), tcp)
                 .await
                 .map(|mut tls| {
                     tls.get_mut().1.set_buffer_limit(Some(SEND_LIMIT));

@@ -6,14 +6,12 @@ mod certdir;
 mod context;
 mod devca;
 mod metrics;
-mod read_ahead;
 mod verify;
 
 pub use certdir::{CertDir, CertDirError};
 pub use context::{classify, ClientTls, HandshakeError, ServerTls, TlsContext};
 pub use devca::{DevCa, DevCaError};
 pub use metrics::TlsMetrics;
-pub use read_ahead::ReadAhead;
 pub use verify::{identity_of, IdentityError};
 
 use std::sync::Arc;
