@@ -1,11 +1,17 @@
 //! Sockets inside a pod's network namespace.
 //!
 //! A socket belongs to the network namespace of the thread that creates it
-//! and stays there whatever thread uses it later. So one OS thread is
-//! reserved for entering pod namespaces ([`NetnsSockets`]): it `setns()`es
-//! into the pod's namespace, creates the socket, and returns to the
-//! gateway's own namespace; the socket is then served from tokio as usual.
-//! No tokio worker ever changes namespace.
+//! and stays there whatever thread uses it later. So the thread that needs
+//! a pod socket ([`NetnsSockets`]) `setns()`es into the pod's namespace,
+//! creates and sets up the socket, and `setns()`es back into the namespace
+//! it came from, all in one synchronous call (nothing can await, so no
+//! other task runs on the thread meanwhile); the socket is then served
+//! from tokio as usual. A thread that cannot get back stops the gateway:
+//! its next sockets would be made in the wrong namespace. (ztunnel makes
+//! its pod sockets the same way. Until 2026-12-03 one reserved thread made
+//! them, and every inbound delivery paid two cross-thread wake-ups for it:
+//! measured, one context switch and 1.5 futex calls more per new
+//! connection, README "Benchmarks".)
 //!
 //! Every socket made here carries `SO_MARK` (the mesh's packet mark, 0x539
 //! by default) so the pod's capture rules let the gateway's own traffic
@@ -20,10 +26,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::sync::oneshot;
 use tracing::error;
 
 /// The packet mark istio-cni's rules exempt from capture (1337).
@@ -76,7 +81,7 @@ impl PodNetns {
     }
 
     /// Moves the calling thread into this namespace (for a thread that
-    /// ends afterwards, or the reserved one of [`NetnsSockets`]).
+    /// stays there or ends afterwards).
     pub fn enter(&self) -> io::Result<()> {
         setns(&self.fd)
     }
@@ -100,8 +105,6 @@ pub enum NetnsError {
         what: &'static str,
         source: io::Error,
     },
-    #[error("the thread that enters pod namespaces is gone (it could not return to the gateway's namespace)")]
-    ThreadGone,
 }
 
 /// What a listener in a pod namespace gets.
@@ -124,76 +127,68 @@ pub struct DialOpts {
     pub transparent: bool,
 }
 
-type Job = Box<dyn FnOnce() + Send>;
+/// Makes sockets inside pod namespaces (see the module documentation).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NetnsSockets;
 
-/// The thread reserved for making sockets in pod namespaces.
-#[derive(Clone, Debug)]
-pub struct NetnsSockets {
-    jobs: mpsc::Sender<Job>,
+thread_local! {
+    /// The namespace this thread returns to after making a pod socket:
+    /// the one it was in the first time it made one.
+    static HOME: std::cell::OnceCell<OwnedFd> = const { std::cell::OnceCell::new() };
 }
 
 impl NetnsSockets {
-    /// Starts the thread; it remembers the gateway's own namespace to
-    /// return to after each job.
-    pub fn start() -> io::Result<NetnsSockets> {
-        let home: OwnedFd = File::open("/proc/thread-self/ns/net")?.into();
-        let (jobs, rx) = mpsc::channel::<Job>();
-        std::thread::Builder::new()
-            .name("netns-sockets".into())
-            .spawn(move || {
-                for job in rx {
-                    job();
-                    if let Err(e) = setns(&home) {
-                        // Never make another socket in an unknown namespace.
-                        error!(error = %e, "cannot return to the gateway's network namespace; pod sockets are off");
-                        return;
-                    }
-                }
-            })?;
-        Ok(NetnsSockets { jobs })
+    pub fn new() -> NetnsSockets {
+        NetnsSockets
     }
 
-    /// Runs `f` on the reserved thread inside `ns`.
-    pub async fn run<T, F>(&self, ns: &Arc<PodNetns>, f: F) -> Result<T, NetnsError>
-    where
-        T: Send + 'static,
-        F: FnOnce() -> Result<T, NetnsError> + Send + 'static,
-    {
-        let (tx, rx) = oneshot::channel();
-        let ns = ns.clone();
-        let job: Job = Box::new(move || {
-            let r = match setns(&ns.fd) {
-                Ok(()) => f(),
-                Err(e) => Err(NetnsError::Enter(e)),
+    /// Runs `f` on the calling thread inside `ns` and brings the thread
+    /// back to its own namespace before returning.
+    fn run<T>(
+        &self,
+        ns: &PodNetns,
+        f: impl FnOnce() -> Result<T, NetnsError>,
+    ) -> Result<T, NetnsError> {
+        HOME.with(|home| {
+            let home = match home.get() {
+                Some(fd) => fd,
+                None => {
+                    let fd: OwnedFd = File::open("/proc/thread-self/ns/net")
+                        .map_err(NetnsError::Open)?
+                        .into();
+                    home.get_or_init(|| fd)
+                }
             };
-            let _ = tx.send(r);
-        });
-        self.jobs.send(job).map_err(|_| NetnsError::ThreadGone)?;
-        rx.await.map_err(|_| NetnsError::ThreadGone)?
+            setns(&ns.fd).map_err(NetnsError::Enter)?;
+            let r = f();
+            if let Err(e) = setns(home) {
+                error!(error = %e, "cannot return to the gateway's network namespace after making a pod socket; stopping");
+                std::process::abort();
+            }
+            r
+        })
     }
 
     /// A TCP listener on `addr` inside `ns` (`SO_REUSEADDR`, `SO_REUSEPORT`,
     /// the mark, `IP_TRANSPARENT` when asked).
-    pub async fn listen(
+    pub fn listen(
         &self,
         ns: &Arc<PodNetns>,
         addr: SocketAddr,
         opts: ListenOpts,
     ) -> Result<tokio::net::TcpListener, NetnsError> {
-        let socket = self
-            .run(ns, move || {
-                let s = new_socket(addr.ip(), opts.mark)?;
-                let err = |what| move |source| NetnsError::Socket { what, source };
-                s.set_reuse_address(true).map_err(err("SO_REUSEADDR"))?;
-                s.set_reuse_port(true).map_err(err("SO_REUSEPORT"))?;
-                if opts.transparent {
-                    set_transparent(&s).map_err(err("IP_TRANSPARENT"))?;
-                }
-                s.bind(&addr.into()).map_err(err("bind"))?;
-                s.listen(opts.backlog).map_err(err("listen"))?;
-                Ok(s)
-            })
-            .await?;
+        let socket = self.run(ns, move || {
+            let s = new_socket(addr.ip(), opts.mark)?;
+            let err = |what| move |source| NetnsError::Socket { what, source };
+            s.set_reuse_address(true).map_err(err("SO_REUSEADDR"))?;
+            s.set_reuse_port(true).map_err(err("SO_REUSEPORT"))?;
+            if opts.transparent {
+                set_transparent(&s).map_err(err("IP_TRANSPARENT"))?;
+            }
+            s.bind(&addr.into()).map_err(err("bind"))?;
+            s.listen(opts.backlog).map_err(err("listen"))?;
+            Ok(s)
+        })?;
         tokio::net::TcpListener::from_std(socket.into()).map_err(|source| NetnsError::Socket {
             what: "register with tokio",
             source,
@@ -202,27 +197,25 @@ impl NetnsSockets {
 
     /// An unconnected TCP socket for `family_of` inside `ns` (the mark; the
     /// source bound when asked), for the caller to connect from tokio.
-    pub async fn dial_socket(
+    pub fn dial_socket(
         &self,
         ns: &Arc<PodNetns>,
         family_of: IpAddr,
         opts: DialOpts,
     ) -> Result<tokio::net::TcpSocket, NetnsError> {
-        let socket = self
-            .run(ns, move || {
-                let s = new_socket(family_of, opts.mark)?;
-                let err = |what| move |source| NetnsError::Socket { what, source };
-                if opts.transparent {
-                    set_transparent(&s).map_err(err("IP_TRANSPARENT"))?;
-                    set_freebind(&s).map_err(err("IP_FREEBIND"))?;
-                }
-                if let Some(ip) = opts.source {
-                    s.bind(&SocketAddr::new(ip, 0).into())
-                        .map_err(err("bind the source"))?;
-                }
-                Ok(s)
-            })
-            .await?;
+        let socket = self.run(ns, move || {
+            let s = new_socket(family_of, opts.mark)?;
+            let err = |what| move |source| NetnsError::Socket { what, source };
+            if opts.transparent {
+                set_transparent(&s).map_err(err("IP_TRANSPARENT"))?;
+                set_freebind(&s).map_err(err("IP_FREEBIND"))?;
+            }
+            if let Some(ip) = opts.source {
+                s.bind(&SocketAddr::new(ip, 0).into())
+                    .map_err(err("bind the source"))?;
+            }
+            Ok(s)
+        })?;
         Ok(tokio::net::TcpSocket::from_std_stream(socket.into()))
     }
 }

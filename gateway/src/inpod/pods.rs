@@ -171,7 +171,7 @@ impl PodProxies {
         registry: &mut Registry,
     ) -> std::io::Result<Arc<Self>> {
         Ok(Arc::new(PodProxies {
-            sockets: NetnsSockets::start()?,
+            sockets: NetnsSockets::new(),
             outbound: data.outbound,
             inbound: data.inbound,
             workloads: data.workloads,
@@ -219,7 +219,7 @@ impl PodProxies {
             namespace: meta.namespace.clone(),
             service_account: meta.service_account.clone(),
             netns: Arc::new(netns),
-            sockets: self.sockets.clone(),
+            sockets: self.sockets,
         });
         let stop = self.listen(&pod).await?;
         if let Some(old) = served.insert(
@@ -258,7 +258,6 @@ impl PodProxies {
             let l = self
                 .sockets
                 .listen(&pod.netns, any(port), opts)
-                .await
                 .map_err(|source| PodError::Listen {
                     uid: pod.uid.clone(),
                     port,

@@ -80,7 +80,6 @@ impl Origin {
                     transparent: source.is_some(),
                 },
             )
-            .await
             .map_err(io::Error::other)?;
         socket.connect(addr).await
     }

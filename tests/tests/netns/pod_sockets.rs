@@ -1,6 +1,7 @@
-//! Sockets made inside a pod's network namespace by the gateway's reserved
-//! thread (`tidegate::netns`), checked from the kernel's side: which
-//! namespace a listener lives in, its mark, and a transparent source.
+//! Sockets made inside a pod's network namespace by the thread that asks
+//! for them (`tidegate::netns`), checked from the kernel's side: which
+//! namespace a listener lives in, its mark, a transparent source, and the
+//! thread back in its own namespace afterwards.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -33,6 +34,11 @@ impl Drop for Ns {
     }
 }
 
+/// The network namespace the calling thread is in (`net:[inode]`).
+fn this_threads_namespace() -> std::path::PathBuf {
+    std::fs::read_link("/proc/thread-self/ns/net").unwrap()
+}
+
 fn listen_opts() -> ListenOpts {
     ListenOpts {
         mark: MESH_MARK,
@@ -56,18 +62,17 @@ async fn a_listener_made_for_a_pod_lives_in_its_namespace_with_the_mark() {
     }
     let ns = Ns::new("l");
     let pod = ns.open();
-    let sockets = NetnsSockets::start().unwrap();
+    let sockets = NetnsSockets::new();
     // The host namespace holds the port without SO_REUSEPORT: the same
     // port binds again only in another namespace.
     let host = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = host.local_addr().unwrap();
-    let listener = sockets.listen(&pod, addr, listen_opts()).await.unwrap();
+    let listener = sockets.listen(&pod, addr, listen_opts()).unwrap();
     assert_eq!(SockRef::from(&listener).mark().unwrap(), MESH_MARK);
     assert!(SockRef::from(&listener).reuse_port().unwrap());
     // A dial made in the pod's namespace reaches the pod's listener.
     let socket = sockets
         .dial_socket(&pod, addr.ip(), dial_opts(None, false))
-        .await
         .unwrap();
     assert_eq!(SockRef::from(&socket).mark().unwrap(), MESH_MARK);
     let (dialed, accepted) = tokio::join!(socket.connect(addr), listener.accept());
@@ -89,17 +94,18 @@ async fn a_dial_from_a_pod_takes_a_source_it_does_not_own_only_when_transparent(
     }
     let ns = Ns::new("d");
     let pod = ns.open();
-    let sockets = NetnsSockets::start().unwrap();
+    let sockets = NetnsSockets::new();
+    let home = this_threads_namespace();
     let client_ip = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7));
     let s = sockets
         .dial_socket(&pod, client_ip, dial_opts(Some(client_ip), true))
-        .await
         .unwrap();
     assert_eq!(s.local_addr().unwrap().ip(), client_ip);
+    assert_eq!(this_threads_namespace(), home, "back home after a dial");
     let e = sockets
         .dial_socket(&pod, client_ip, dial_opts(Some(client_ip), false))
-        .await
         .unwrap_err();
+    assert_eq!(this_threads_namespace(), home, "back home after a failure");
     match e {
         NetnsError::Socket { what, source } => {
             assert_eq!(what, "bind the source");
@@ -107,12 +113,14 @@ async fn a_dial_from_a_pod_takes_a_source_it_does_not_own_only_when_transparent(
         }
         other => panic!("want a bind error, got {other}"),
     }
-    // The thread went back home after the failure: the next job works.
+    // And the next socket is made in the pod again: the port the host
+    // namespace holds (without SO_REUSEPORT) binds there.
+    let host = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let l = sockets
-        .listen(&pod, SocketAddr::from(([127, 0, 0, 1], 0)), listen_opts())
-        .await
+        .listen(&pod, host.local_addr().unwrap(), listen_opts())
         .unwrap();
-    assert!(l.local_addr().unwrap().port() > 0);
+    assert_eq!(l.local_addr().unwrap(), host.local_addr().unwrap());
+    assert_eq!(this_threads_namespace(), home);
 }
 
 #[test]
@@ -156,9 +164,9 @@ async fn the_capture_rules_send_the_apps_outbound_tcp_to_15001_but_not_the_gatew
     install(&path, CapturePorts::default()).unwrap();
     install(&path, CapturePorts::default()).unwrap();
     let pod = ns.open();
-    let sockets = NetnsSockets::start().unwrap();
+    let sockets = NetnsSockets::new();
     let any = SocketAddr::from(([0, 0, 0, 0], 15001));
-    let outbound = sockets.listen(&pod, any, listen_opts()).await.unwrap();
+    let outbound = sockets.listen(&pod, any, listen_opts()).unwrap();
     // The app: an unmarked socket dialing somewhere outside.
     let app = sockets
         .dial_socket(
@@ -170,7 +178,6 @@ async fn the_capture_rules_send_the_apps_outbound_tcp_to_15001_but_not_the_gatew
                 transparent: false,
             },
         )
-        .await
         .unwrap();
     let elsewhere = SocketAddr::from(([10, 200, 0, 1], 80));
     let (dialed, accepted) = tokio::time::timeout(std::time::Duration::from_secs(10), async {
@@ -192,7 +199,6 @@ async fn the_capture_rules_send_the_apps_outbound_tcp_to_15001_but_not_the_gatew
             IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             dial_opts(None, false),
         )
-        .await
         .unwrap();
     let r =
         tokio::time::timeout(std::time::Duration::from_millis(300), gw.connect(elsewhere)).await;
