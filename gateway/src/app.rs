@@ -320,8 +320,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             capture_ports,
             drain.clone(),
             &mut registry,
-        )
-        .context("starting the thread that enters pod namespaces")?;
+        );
         if let Some(dir) = &config.capture.state_dir {
             let adopted = pods.adopt(dir).await;
             info!(adopted, dir = %dir.display(), "pods re-adopted from the state directory");

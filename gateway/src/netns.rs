@@ -26,7 +26,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::sync::Arc;
 
 use socket2::{Domain, Protocol, Socket, Type};
 use tracing::error;
@@ -173,7 +172,7 @@ impl NetnsSockets {
     /// the mark, `IP_TRANSPARENT` when asked).
     pub fn listen(
         &self,
-        ns: &Arc<PodNetns>,
+        ns: &PodNetns,
         addr: SocketAddr,
         opts: ListenOpts,
     ) -> Result<tokio::net::TcpListener, NetnsError> {
@@ -199,7 +198,7 @@ impl NetnsSockets {
     /// source bound when asked), for the caller to connect from tokio.
     pub fn dial_socket(
         &self,
-        ns: &Arc<PodNetns>,
+        ns: &PodNetns,
         family_of: IpAddr,
         opts: DialOpts,
     ) -> Result<tokio::net::TcpSocket, NetnsError> {

@@ -169,8 +169,8 @@ impl PodProxies {
         ports: CapturePorts,
         drain: ShutdownWatch,
         registry: &mut Registry,
-    ) -> std::io::Result<Arc<Self>> {
-        Ok(Arc::new(PodProxies {
+    ) -> Arc<Self> {
+        Arc::new(PodProxies {
             sockets: NetnsSockets::new(),
             outbound: data.outbound,
             inbound: data.inbound,
@@ -185,7 +185,7 @@ impl PodProxies {
             drain,
             served: Default::default(),
             metrics: PodMetrics::register(registry),
-        }))
+        })
     }
 
     /// Serves `meta` inside `netns`: `added`, `unchanged` (same pod, same

@@ -218,15 +218,13 @@ impl TlsContext {
         let key = self.source.fetch(local).await?;
         let cfg = self.server_config_with(local, key)?;
         let tls = tokio_rustls::TlsAcceptor::from(cfg)
-            .accept(tcp)
+            .accept_with(tcp, |c| c.set_buffer_limit(Some(SEND_LIMIT)))
             .await
             .map_err(|source| HandshakeError::Failed {
                 reason: classify(&source),
                 source,
             })?;
         let peer = peer_identity(tls.get_ref().1.peer_certificates())?;
-        let mut tls = tls;
-        tls.get_mut().1.set_buffer_limit(Some(SEND_LIMIT));
         Ok((tls, peer))
     }
 
@@ -243,12 +241,10 @@ impl TlsContext {
             let cfg = self.client_config_with(expected, key)?;
             // An IP server name: rustls sends no SNI for it, as HBONE expects.
             tokio_rustls::TlsConnector::from(cfg)
-                .connect(ServerName::IpAddress(dst_ip.into()), tcp)
-                .await
-                .map(|mut tls| {
-                    tls.get_mut().1.set_buffer_limit(Some(SEND_LIMIT));
-                    tls
+                .connect_with(ServerName::IpAddress(dst_ip.into()), tcp, |c| {
+                    c.set_buffer_limit(Some(SEND_LIMIT))
                 })
+                .await
                 .map_err(|source| HandshakeError::Failed {
                     reason: classify(&source),
                     source,
