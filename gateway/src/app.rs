@@ -19,6 +19,7 @@ use crate::inpod::capture::CapturePorts;
 use crate::inpod::pods::{DataPath, PodProxies};
 use crate::metrics::ProxyFamilies;
 use crate::policy::{PolicyEngine, PolicyMetrics};
+use crate::proxy::congestion::TcpTuning;
 use crate::proxy::inbound::Inbound;
 use crate::proxy::listener::bind;
 use crate::proxy::outbound::Outbound;
@@ -193,10 +194,12 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let families = ProxyFamilies::register(&mut registry);
     let streams = ActiveStreams::default();
     let tunnels = Arc::new(InboundTunnels::default());
+    let tcp = TcpTuning::from_config(&config.tcp)?;
     let pool = Pool::new(
         tls.clone(),
         config.hbone.clone(),
         config.pool.clone(),
+        tcp.tunnel.clone(),
         &mut registry,
     );
     tasks.spawn(pool.clone().evict_idle(drain.clone()));
@@ -244,6 +247,9 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let l = &config.listeners;
     let inbound_listener = bind("inbound", l.inbound)?;
     let outbound_listener = bind("outbound", l.outbound)?;
+    // Inherited by every connection each accepts.
+    tcp.tunnel.apply_or_log(&inbound_listener);
+    tcp.app.apply_or_log(&outbound_listener);
     let admin_listener = bind("admin", l.admin)?;
     let metrics_listener = bind("metrics", l.metrics)?;
     let ready_listener = bind("readiness", l.readiness)?;
@@ -282,6 +288,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         families.direction("inbound"),
         streams.clone(),
         crate::proxy::inbound::InboundMetrics::register(&mut registry),
+        tcp.app.clone(),
     );
     let picker = crate::proxy::endpoints::EndpointPicker::new(
         pool.clone(),
@@ -316,6 +323,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
                 drains: drains.clone(),
                 tunnels: tunnels.clone(),
                 pool: pool.clone(),
+                tcp: tcp.clone(),
             },
             capture_ports,
             drain.clone(),

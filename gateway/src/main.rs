@@ -32,10 +32,25 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tidegate: {e:#}");
+            eprintln!("tidegate: {}", error_line(&e));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes on one line, each cause once: our errors name
+/// their source in their own message (`cannot read config file …: No such
+/// file`), which anyhow's `{:#}` would print a second time.
+fn error_line(e: &anyhow::Error) -> String {
+    let mut line = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !line.contains(&cause) {
+            line.push_str(": ");
+            line.push_str(&cause);
+        }
+    }
+    line
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {

@@ -208,6 +208,18 @@ fn bad_config_names_the_key_and_exits_non_zero() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("`listeners.admin`"), "{err}");
+
+    // A missing file: named, and its cause said once.
+    let missing = dir.path().join("missing.yaml");
+    let out = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&missing)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&*missing.to_string_lossy()), "{err}");
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
 }
 
 /// The metrics port never holds a half-sent request: it is closed after

@@ -66,6 +66,7 @@ fn pick_ns(n: usize, choice: EndpointChoice) -> f64 {
         tls,
         Default::default(),
         PoolConfig::default(),
+        Default::default(),
         &mut registry,
     );
     let picker = EndpointPicker::new(

@@ -63,6 +63,8 @@ pub struct Config {
     pub listeners: Listeners,
     pub hbone: HboneConfig,
     pub pool: PoolConfig,
+    /// The data path's TCP sockets: congestion control.
+    pub tcp: TcpConfig,
     pub certificates: CertificatesConfig,
     pub workloads: WorkloadsConfig,
     pub shutdown: ShutdownConfig,
@@ -90,6 +92,7 @@ impl Default for Config {
             listeners: Listeners::default(),
             hbone: HboneConfig::default(),
             pool: PoolConfig::default(),
+            tcp: TcpConfig::default(),
             certificates: CertificatesConfig::default(),
             workloads: WorkloadsConfig::default(),
             shutdown: ShutdownConfig::default(),
@@ -177,6 +180,27 @@ impl Default for HboneConfig {
             // Those 100 streams turning over every 100 ms; a reset loop gets
             // no more connections to the workload than that.
             max_dials_per_second_per_tunnel: 1000,
+        }
+    }
+}
+
+/// `tcp`: congestion control of the data path's sockets (see
+/// `proxy/congestion.rs`); an empty name keeps the host's default.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TcpConfig {
+    /// Connections to and from this node's workloads: they never leave the
+    /// node, so pacing them (BBR without `fq`) costs CPU and buys nothing.
+    pub app_congestion_control: String,
+    /// HBONE tunnels between nodes: the host's default unless named.
+    pub tunnel_congestion_control: String,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        TcpConfig {
+            app_congestion_control: "cubic".into(),
+            tunnel_congestion_control: String::new(),
         }
     }
 }

@@ -41,7 +41,13 @@ pub(super) fn pool(reg: &mut prometheus_client::registry::Registry) -> Arc<Pool>
         "td",
         TlsMetrics::register(reg),
     ));
-    Pool::new(tls, Default::default(), Default::default(), reg)
+    Pool::new(
+        tls,
+        Default::default(),
+        Default::default(),
+        Default::default(),
+        reg,
+    )
 }
 
 /// An engine on node `n1` with a local workload `local-uid` and a peer

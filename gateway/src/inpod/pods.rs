@@ -37,6 +37,7 @@ use crate::drains::cni::{HandedPod, PodHandover};
 use crate::drains::{DrainEngine, Lifecycle, Trigger};
 use crate::metrics::ProxyMetrics;
 use crate::netns::{ListenOpts, NetnsError, NetnsSockets, PodNetns, MESH_MARK};
+use crate::proxy::congestion::TcpTuning;
 use crate::proxy::inbound::{Inbound, OwnPorts};
 use crate::proxy::origin::{Origin, Pod};
 use crate::proxy::outbound::Outbound;
@@ -143,6 +144,7 @@ pub struct PodProxies {
     drains: Arc<DrainEngine>,
     tunnels: Arc<InboundTunnels>,
     pool: Arc<Pool>,
+    tcp: TcpTuning,
     ports: CapturePorts,
     /// The gateway's drain: inbound tunnels on pod listeners drain with it.
     drain: ShutdownWatch,
@@ -161,6 +163,8 @@ pub struct DataPath {
     pub drains: Arc<DrainEngine>,
     pub tunnels: Arc<InboundTunnels>,
     pub pool: Arc<Pool>,
+    /// Congestion control of the pod listeners' sockets.
+    pub tcp: TcpTuning,
 }
 
 impl PodProxies {
@@ -181,6 +185,7 @@ impl PodProxies {
             drains: data.drains,
             tunnels: data.tunnels,
             pool: data.pool,
+            tcp: data.tcp,
             ports,
             drain,
             served: Default::default(),
@@ -250,10 +255,10 @@ impl PodProxies {
         };
         let any = |port| SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
         let mut listeners = Vec::new();
-        for port in [
-            self.ports.outbound,
-            self.ports.inbound_plaintext,
-            self.ports.hbone,
+        for (port, cc) in [
+            (self.ports.outbound, &self.tcp.app),
+            (self.ports.inbound_plaintext, &self.tcp.app),
+            (self.ports.hbone, &self.tcp.tunnel),
         ] {
             let l = self
                 .sockets
@@ -263,6 +268,8 @@ impl PodProxies {
                     port,
                     source,
                 })?;
+            // Inherited by every connection it accepts.
+            cc.apply_or_log(&l);
             listeners.push(l);
         }
         let hbone = listeners.pop().expect("three listeners");
@@ -286,6 +293,7 @@ impl PodProxies {
             self.own_ports.clone(),
             self.plaintext_metrics.clone(),
             self.streams.clone(),
+            self.tcp.app.clone(),
         );
         tokio::spawn(plain.run(plaintext, watch));
         Ok(stop)

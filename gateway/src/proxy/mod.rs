@@ -9,7 +9,9 @@
 //! - [`origin`]: where a listener's sockets live — the node's namespace or a pod's.
 //! - [`listener`]: binding and original-destination lookup.
 //! - [`copy`]: moving bytes between an HTTP/2 stream and a TCP socket.
+//! - [`congestion`]: the congestion control of app-side and tunnel sockets.
 
+pub mod congestion;
 pub mod copy;
 pub mod endpoints;
 pub mod inbound;

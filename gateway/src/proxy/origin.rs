@@ -13,8 +13,9 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
+use super::congestion::Congestion;
 use crate::netns::{DialOpts, NetnsId, NetnsSockets, PodNetns, MESH_MARK};
 
 /// A pod served in its own namespace, as its node agent handed it over.
@@ -57,16 +58,23 @@ impl Origin {
         }
     }
 
-    /// A connection to `addr` made in this namespace. `as_client`: the
-    /// original client's address as source (in a pod: `IP_TRANSPARENT`), so
-    /// the destination sees its real peer; ignored in the node's namespace.
+    /// A connection to `addr` made in this namespace, with congestion
+    /// control `cc`. `as_client`: the original client's address as source
+    /// (in a pod: `IP_TRANSPARENT`), so the destination sees its real peer;
+    /// ignored in the node's namespace.
     pub async fn connect(
         &self,
         addr: SocketAddr,
         as_client: Option<IpAddr>,
+        cc: &Congestion,
     ) -> io::Result<TcpStream> {
         let Origin::Pod(pod) = self else {
-            return TcpStream::connect(addr).await;
+            let socket = match addr {
+                SocketAddr::V4(_) => TcpSocket::new_v4()?,
+                SocketAddr::V6(_) => TcpSocket::new_v6()?,
+            };
+            cc.apply_or_log(&socket);
+            return socket.connect(addr).await;
         };
         let source = as_client.filter(|ip| ip.is_ipv4() == addr.is_ipv4());
         let socket = pod
@@ -81,6 +89,7 @@ impl Origin {
                 },
             )
             .map_err(io::Error::other)?;
+        cc.apply_or_log(&socket);
         socket.connect(addr).await
     }
 }

@@ -14,6 +14,7 @@ use tracing::{debug, info_span, Instrument};
 
 use crate::identity::SpiffeId;
 use crate::metrics::{AccessLog, ProxyMetrics};
+use crate::proxy::congestion::Congestion;
 use crate::proxy::copy::{copy_bidirectional, copy_tcp, Transferred};
 use crate::proxy::endpoints::EndpointPicker;
 use crate::proxy::origin::Origin;
@@ -384,13 +385,17 @@ impl Outbound {
         to: SocketAddr,
         started: Instant,
     ) -> Result<(), OutboundError> {
-        let upstream = self.origin.connect(to, None).await.map_err(|source| {
-            if to == dst {
-                OutboundError::Passthrough { addr: dst, source }
-            } else {
-                OutboundError::Endpoint { addr: to, source }
-            }
-        })?;
+        let upstream = self
+            .origin
+            .connect(to, None, &Congestion::host_default())
+            .await
+            .map_err(|source| {
+                if to == dst {
+                    OutboundError::Passthrough { addr: dst, source }
+                } else {
+                    OutboundError::Endpoint { addr: to, source }
+                }
+            })?;
         if to == dst {
             self.routing.passthrough.inc();
         }

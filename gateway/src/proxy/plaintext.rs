@@ -14,6 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, info_span, warn, Instrument};
 
 use crate::metrics::{AccessLog, ProxyMetrics};
+use crate::proxy::congestion::Congestion;
 use crate::proxy::copy::{copy_tcp, Transferred};
 use crate::proxy::origin::Origin;
 use crate::shutdown::{ActiveStreams, ShutdownWatch};
@@ -86,6 +87,8 @@ pub struct PlaintextInbound {
     own_ports: crate::proxy::inbound::OwnPorts,
     metrics: ProxyMetrics,
     streams: ActiveStreams,
+    /// Congestion control of the deliveries (`tcp.app_congestion_control`).
+    app_cc: Congestion,
 }
 
 impl PlaintextInbound {
@@ -95,6 +98,7 @@ impl PlaintextInbound {
         own_ports: crate::proxy::inbound::OwnPorts,
         metrics: ProxyMetrics,
         streams: ActiveStreams,
+        app_cc: Congestion,
     ) -> Arc<Self> {
         Arc::new(PlaintextInbound {
             workloads,
@@ -102,6 +106,7 @@ impl PlaintextInbound {
             own_ports,
             metrics,
             streams,
+            app_cc,
         })
     }
 
@@ -200,7 +205,7 @@ impl PlaintextInbound {
         })?;
         let upstream = self
             .origin
-            .connect(dst, Some(src.ip()))
+            .connect(dst, Some(src.ip()), &self.app_cc)
             .await
             .map_err(|source| PlaintextError::Upstream { addr: dst, source })?;
         let _ = upstream.set_nodelay(true);

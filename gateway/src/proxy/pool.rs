@@ -34,6 +34,7 @@ use crate::config::{HboneConfig, PoolConfig};
 use crate::hbone::client::{self, DialError, StreamError};
 use crate::hbone::client_io::GoawayFlag;
 use crate::identity::SpiffeId;
+use crate::proxy::congestion::Congestion;
 use crate::proxy::origin::Origin;
 use crate::shutdown::ShutdownWatch;
 use crate::tls::TlsContext;
@@ -261,6 +262,8 @@ pub struct Pool {
     tls: Arc<TlsContext>,
     hbone: HboneConfig,
     cfg: PoolConfig,
+    /// Congestion control of the tunnels dialed (`tcp.tunnel_congestion_control`).
+    tunnel_cc: Congestion,
     keys: Mutex<HashMap<PoolKey, Arc<KeyEntry>>>,
     /// Tunnels evicted "when idle" that still carry streams: no longer
     /// pooled (they take no new stream), listed until they close.
@@ -307,12 +310,14 @@ impl Pool {
         tls: Arc<TlsContext>,
         hbone: HboneConfig,
         cfg: PoolConfig,
+        tunnel_cc: Congestion,
         registry: &mut Registry,
     ) -> Arc<Self> {
         Arc::new(Pool {
             tls,
             hbone,
             cfg,
+            tunnel_cc,
             keys: Mutex::new(HashMap::new()),
             draining: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(0),
@@ -431,7 +436,7 @@ impl Pool {
         if let Some(slot) = checkout(entry, self.cfg.max_streams_per_tunnel) {
             return Ok(slot);
         }
-        let tcp = origin.connect(key.dst_addr, None);
+        let tcp = origin.connect(key.dst_addr, None, &self.tunnel_cc);
         let goaway_read = GoawayFlag::default();
         let (send, conn) = client::dial_over(
             &self.tls,

@@ -44,6 +44,8 @@ struct Node {
     state: PathBuf,
     /// Pods come from istio-cni over ZDS (this socket) instead of tidegate-cni.
     zds: Option<PathBuf>,
+    /// More configuration, appended as is.
+    extra: String,
     /// Commands (tidegate-cni, probes) run from here, in the node's namespace.
     shell: NsThread,
 }
@@ -56,19 +58,22 @@ impl Node {
             socket: dir.join(format!("{name}.sock")),
             state: dir.join(format!("{name}-pods")),
             zds: None,
+            extra: String::new(),
             shell: NsThread::idle(ns),
         }
     }
 
     fn config_extra(&self) -> String {
-        if let Some(zds) = &self.zds {
-            return format!("capture:\n  mode: inpod\n  zds_socket: {}\n", zds.display());
-        }
-        format!(
-            "capture:\n  mode: inpod\n  state_dir: {}\ndrains:\n  cni_socket: {}\n",
-            self.state.display(),
-            self.socket.display()
-        )
+        let capture = if let Some(zds) = &self.zds {
+            format!("capture:\n  mode: inpod\n  zds_socket: {}\n", zds.display())
+        } else {
+            format!(
+                "capture:\n  mode: inpod\n  state_dir: {}\ndrains:\n  cni_socket: {}\n",
+                self.state.display(),
+                self.socket.display()
+            )
+        };
+        capture + &self.extra
     }
 
     async fn gateway(&self, dir: &Path) -> Gateway {
@@ -158,12 +163,23 @@ impl Scenario {
     /// [`Scenario::start`], with node B's settings changed by `b_setup`
     /// before its gateway starts.
     async fn start_with(k: u8, b_setup: impl FnOnce(&mut Node)) -> Scenario {
+        Self::start_with_both(k, |_| {}, b_setup).await
+    }
+
+    /// [`Scenario::start`], with each node's settings changed before its
+    /// gateway starts.
+    async fn start_with_both(
+        k: u8,
+        a_setup: impl FnOnce(&mut Node),
+        b_setup: impl FnOnce(&mut Node),
+    ) -> Scenario {
         tidegate_e2e::init_tracing();
         let t = InpodTopology::new("ip", k);
         let guard = t.build();
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("workloads.yaml"), workloads_yaml(&t, "")).unwrap();
-        let a = Node::new(dir.path(), &t.na, "node-a");
+        let mut a = Node::new(dir.path(), &t.na, "node-a");
+        a_setup(&mut a);
         let mut b = Node::new(dir.path(), &t.nb, "node-b");
         b_setup(&mut b);
         let gw_a = a.gateway(dir.path()).await;
@@ -663,4 +679,80 @@ async fn inpod_istio_cni_drives_the_gateway_over_zds() {
     round_trip(&s.pa, s.server(), 100, 12)
         .await
         .expect_err("pod B is no longer served");
+}
+
+/// The congestion control algorithms `ss -ti` reports for the established
+/// TCP sockets in namespace `ns` that match `filter` (ss's filter syntax).
+fn congestion_controls(ns: &str, filter: &str) -> Vec<String> {
+    let known = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        .expect("the host's congestion controls");
+    let known: Vec<&str> = known.split_whitespace().collect();
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "ss", "-tinH", "state", "established"])
+        .arg(filter)
+        .output()
+        .expect("run ss");
+    ok(&format!("ss in {ns}"), &out);
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter(|w| known.contains(w))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The gateways' sockets on the app side (the captured connection in pod
+/// A, the delivery in pod B) use `tcp.app_congestion_control`, their
+/// tunnel sockets `tcp.tunnel_congestion_control`, and the apps' own
+/// sockets keep the host's default. `reno` is nobody's default.
+#[tokio::test]
+async fn inpod_app_side_and_tunnel_sockets_use_their_configured_congestion_control() {
+    if skip() {
+        return;
+    }
+    let host = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").unwrap();
+    let host = host.trim().to_owned();
+    assert_ne!(
+        host, "reno",
+        "the test needs a host default other than reno"
+    );
+    // The tunnels get whichever of cubic and bbr is not the host's default.
+    let tunnel = if host == "cubic" { "bbr" } else { "cubic" };
+    let tcp =
+        format!("tcp: {{app_congestion_control: reno, tunnel_congestion_control: {tunnel}}}\n");
+    let s =
+        Scenario::start_with_both(5, |a| a.extra = tcp.clone(), |b| b.extra = tcp.clone()).await;
+    s.enroll_both().await;
+    // One app connection, held open after a round trip.
+    let dst = s.server();
+    let held =
+        s.pa.run("hold a connection", STEP, async move {
+            use std::io::{Read, Write};
+            let mut c = std::net::TcpStream::connect_timeout(&dst, STEP).expect("connect");
+            c.write_all(b"x").unwrap();
+            let mut b = [0u8; 1];
+            c.read_exact(&mut b).unwrap();
+            c
+        })
+        .await;
+    let (pa, pb) = (&s.t.pa, &s.t.pb);
+    // Pod A: the gateway's side of the captured connection, the app's
+    // side, the tunnel dialed to pod B.
+    assert_eq!(congestion_controls(pa, "sport = :15001"), ["reno"]);
+    let local = held.local_addr().unwrap();
+    assert_eq!(
+        congestion_controls(pa, &format!("sport = :{}", local.port())),
+        [host.as_str()]
+    );
+    assert_eq!(congestion_controls(pa, "dport = :15008"), [tunnel]);
+    // Pod B: the tunnel accepted, the delivery to the app, the app's side.
+    assert_eq!(congestion_controls(pb, "sport = :15008"), [tunnel]);
+    assert_eq!(
+        congestion_controls(pb, &format!("dport = :{ECHO_PORT}")),
+        ["reno"]
+    );
+    assert_eq!(
+        congestion_controls(pb, &format!("sport = :{ECHO_PORT}")),
+        [host.as_str()]
+    );
+    drop(held);
 }

@@ -22,6 +22,7 @@ use crate::hbone::server::StreamHandler;
 use crate::hbone::{GoawayCommand, REASON_HEADER};
 use crate::identity::SpiffeId;
 use crate::metrics::{AccessLog, ProxyMetrics};
+use crate::proxy::congestion::Congestion;
 use crate::proxy::copy::{copy_bidirectional, Transferred};
 use crate::proxy::origin::Origin;
 use crate::proxy::tunnels::InboundTunnel;
@@ -39,6 +40,8 @@ pub struct ConnectDeps {
     /// Where upstream dials are made: the node's namespace, or the pod's
     /// (in-pod mode) with the peer's address as source.
     pub origin: Origin,
+    /// Congestion control of the deliveries (`tcp.app_congestion_control`).
+    pub app_cc: Congestion,
 }
 
 /// The gateway's own listening ports (and port 0): a CONNECT to one of them
@@ -261,10 +264,10 @@ impl Stream {
             route(req, &self.ctx, &snapshot, &self.deps.own_ports)?
         };
         let permit = self.dials.try_start()?;
-        let connect = self
-            .deps
-            .origin
-            .connect(target, Some(self.ctx.peer_addr.ip()));
+        let connect =
+            self.deps
+                .origin
+                .connect(target, Some(self.ctx.peer_addr.ip()), &self.deps.app_cc);
         let dialed = dial(target, connect, self.deps.cfg.connect_timeout).await;
         drop(permit);
         dialed

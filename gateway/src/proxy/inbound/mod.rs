@@ -22,6 +22,7 @@ use crate::config::HboneConfig;
 use crate::hbone::io::reason_label;
 use crate::hbone::{self, server::TunnelEnd};
 use crate::metrics::ProxyMetrics;
+use crate::proxy::congestion::Congestion;
 use crate::proxy::origin::Origin;
 use crate::proxy::tunnels::{InboundTunnels, Registration};
 use crate::shutdown::{ActiveStreams, ShutdownWatch};
@@ -46,6 +47,7 @@ impl Inbound {
         metrics: ProxyMetrics,
         streams: ActiveStreams,
         inbound_metrics: InboundMetrics,
+        app_cc: Congestion,
     ) -> Arc<Self> {
         Arc::new(Inbound {
             tls,
@@ -58,6 +60,7 @@ impl Inbound {
                 active: streams,
                 inbound_metrics,
                 origin: Origin::Node,
+                app_cc,
             }),
         })
     }
@@ -77,6 +80,7 @@ impl Inbound {
                 active: d.active.clone(),
                 inbound_metrics: d.inbound_metrics.clone(),
                 origin,
+                app_cc: d.app_cc.clone(),
             }),
         })
     }
