@@ -111,6 +111,58 @@ mod pod_sockets;
 #[path = "netns/inpod.rs"]
 mod inpod;
 
+/// The congestion control algorithms `ss -ti` reports for the established
+/// TCP sockets in namespace `ns` that match `filter` (ss's filter syntax).
+fn congestion_controls(ns: &str, filter: &str) -> Vec<String> {
+    let known = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        .expect("the host's congestion controls");
+    let known: Vec<&str> = known.split_whitespace().collect();
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "ss", "-tinH", "state", "established"])
+        .arg(filter)
+        .output()
+        .expect("run ss");
+    assert!(
+        out.status.success(),
+        "ss in {ns}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter(|w| known.contains(w))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The host's default congestion control; the one the tests give tunnel
+/// sockets (whichever of cubic and bbr is not the host's); and the `tcp`
+/// configuration that gives app-side sockets `reno`, nobody's default.
+fn host_congestion() -> (String, &'static str, String) {
+    let host = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").unwrap();
+    let host = host.trim().to_owned();
+    assert_ne!(
+        host, "reno",
+        "the test needs a host default other than reno"
+    );
+    let tunnel = if host == "cubic" { "bbr" } else { "cubic" };
+    let tcp =
+        format!("tcp: {{app_congestion_control: reno, tunnel_congestion_control: {tunnel}}}\n");
+    (host, tunnel, tcp)
+}
+
+/// An app connection from `pod` to `dst`, held open after a one-byte round trip.
+async fn hold_connection(pod: &NsThread, dst: SocketAddr) -> std::net::TcpStream {
+    pod.run("hold a connection", STEP, async move {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect_timeout(&dst, STEP).expect("connect");
+        c.write_all(b"x").unwrap();
+        let mut b = [0u8; 1];
+        c.read_exact(&mut b).unwrap();
+        c
+    })
+    .await
+}
+
 /// Root, `ip` and `iptables` are needed; says why when skipping.
 fn skip() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -155,8 +207,9 @@ async fn transparent_capture_across_two_gateways_in_network_namespaces() {
     let ca = dir.path().join("ca");
 
     // Gateway A first: it creates the shared dev CA that gateway B then opens.
-    let gw_a = Gateway::start("A", &t.na, gateway_config("node-a", &ca, &workloads, "")).await;
-    let gw_b = Gateway::start("B", &t.nb, gateway_config("node-b", &ca, &workloads, "")).await;
+    let (host, tunnel, tcp) = host_congestion();
+    let gw_a = Gateway::start("A", &t.na, gateway_config("node-a", &ca, &workloads, &tcp)).await;
+    let gw_b = Gateway::start("B", &t.nb, gateway_config("node-b", &ca, &workloads, &tcp)).await;
     assert_eq!(gw_a.addrs.outbound.port(), OUTBOUND_PORT);
     assert_eq!(gw_b.addrs.inbound.port(), HBONE_PORT);
     let pod_b = NsThread::idle(&t.pb);
@@ -375,6 +428,34 @@ async fn transparent_capture_across_two_gateways_in_network_namespaces() {
         "echo server saw connections not coming from node B ({node_b}): {strays:?} (pod A is {})",
         t.pod_a()
     );
+
+    // 5. The gateways' app-side sockets (the captured connection on node
+    //    A, the delivery on node B) use `tcp.app_congestion_control`, the
+    //    tunnel's ends `tcp.tunnel_congestion_control`, the apps' own
+    //    sockets the host's default.
+    let held = hold_connection(&pod_a, echo).await;
+    assert_eq!(
+        congestion_controls(&t.na, &format!("sport = :{OUTBOUND_PORT}")),
+        ["reno"]
+    );
+    assert_eq!(
+        congestion_controls(&t.na, &format!("dport = :{HBONE_PORT}")),
+        [tunnel]
+    );
+    assert_eq!(
+        congestion_controls(&t.nb, &format!("sport = :{HBONE_PORT}")),
+        [tunnel]
+    );
+    assert_eq!(
+        congestion_controls(&t.nb, &format!("dport = :{ECHO_PORT}")),
+        ["reno"]
+    );
+    let local = held.local_addr().unwrap().port();
+    assert_eq!(
+        congestion_controls(&t.pa, &format!("sport = :{local}")),
+        [host.as_str()]
+    );
+    drop(held);
 
     println!(
         "netns: {conns} connections pod A ({}) -> gateway A ({}) => gateway B ({}) -> pod B ({}) over 1 tunnel in {:?}",

@@ -18,7 +18,10 @@ use tidegate_e2e::{metric_or_zero, write_atomically};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::{echo_round_trip, pattern, skip, start_echo};
+use super::{
+    congestion_controls, echo_round_trip, hold_connection, host_congestion, pattern, skip,
+    start_echo,
+};
 
 const CLIENT_UID: &str = "pa-uid";
 const SERVER_UID: &str = "pb-uid";
@@ -681,25 +684,6 @@ async fn inpod_istio_cni_drives_the_gateway_over_zds() {
         .expect_err("pod B is no longer served");
 }
 
-/// The congestion control algorithms `ss -ti` reports for the established
-/// TCP sockets in namespace `ns` that match `filter` (ss's filter syntax).
-fn congestion_controls(ns: &str, filter: &str) -> Vec<String> {
-    let known = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
-        .expect("the host's congestion controls");
-    let known: Vec<&str> = known.split_whitespace().collect();
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", ns, "ss", "-tinH", "state", "established"])
-        .arg(filter)
-        .output()
-        .expect("run ss");
-    ok(&format!("ss in {ns}"), &out);
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .filter(|w| known.contains(w))
-        .map(str::to_owned)
-        .collect()
-}
-
 /// The gateways' sockets on the app side (the captured connection in pod
 /// A, the delivery in pod B) use `tcp.app_congestion_control`, their
 /// tunnel sockets `tcp.tunnel_congestion_control`, and the apps' own
@@ -709,31 +693,12 @@ async fn inpod_app_side_and_tunnel_sockets_use_their_configured_congestion_contr
     if skip() {
         return;
     }
-    let host = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").unwrap();
-    let host = host.trim().to_owned();
-    assert_ne!(
-        host, "reno",
-        "the test needs a host default other than reno"
-    );
-    // The tunnels get whichever of cubic and bbr is not the host's default.
-    let tunnel = if host == "cubic" { "bbr" } else { "cubic" };
-    let tcp =
-        format!("tcp: {{app_congestion_control: reno, tunnel_congestion_control: {tunnel}}}\n");
+    let (host, tunnel, tcp) = host_congestion();
     let s =
         Scenario::start_with_both(5, |a| a.extra = tcp.clone(), |b| b.extra = tcp.clone()).await;
     s.enroll_both().await;
     // One app connection, held open after a round trip.
-    let dst = s.server();
-    let held =
-        s.pa.run("hold a connection", STEP, async move {
-            use std::io::{Read, Write};
-            let mut c = std::net::TcpStream::connect_timeout(&dst, STEP).expect("connect");
-            c.write_all(b"x").unwrap();
-            let mut b = [0u8; 1];
-            c.read_exact(&mut b).unwrap();
-            c
-        })
-        .await;
+    let held = hold_connection(&s.pa, s.server()).await;
     let (pa, pb) = (&s.t.pa, &s.t.pb);
     // Pod A: the gateway's side of the captured connection, the app's
     // side, the tunnel dialed to pod B.
