@@ -84,15 +84,7 @@ impl TcpTuning {
         let check = |key: &'static str, name: &str| {
             let cc = Congestion::named(name);
             let probe = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP));
-            probe
-                .and_then(|s| cc.apply(&s))
-                .map_err(|source| CongestionError {
-                    key,
-                    name: name.to_owned(),
-                    source,
-                    available: available(),
-                })?;
-            Ok(cc)
+            decide(key, cc.clone(), probe.and_then(|s| cc.apply(&s)))
         };
         Ok(TcpTuning {
             app: check("tcp.app_congestion_control", &cfg.app_congestion_control)?,
@@ -101,6 +93,33 @@ impl TcpTuning {
                 &cfg.tunnel_congestion_control,
             )?,
         })
+    }
+}
+
+/// What the probe's answer means for `cc` under `key`. A name the host
+/// does not know is a mistake in the configuration: an error. A name the
+/// gateway may not use (no `CAP_NET_ADMIN`, and not in
+/// `net.ipv4.tcp_allowed_congestion_control`) is the environment's: a
+/// warning, and the host's default, so that an unprivileged gateway (the
+/// demo on a laptop) still starts.
+fn decide(
+    key: &'static str,
+    cc: Congestion,
+    probe: io::Result<()>,
+) -> Result<Congestion, CongestionError> {
+    match probe {
+        Ok(()) => Ok(cc),
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            tracing::warn!(key, congestion = ?cc.name(), error = %e,
+                "congestion control not permitted (needs CAP_NET_ADMIN or net.ipv4.tcp_allowed_congestion_control); the host's default is kept");
+            Ok(Congestion::host_default())
+        }
+        Err(source) => Err(CongestionError {
+            key,
+            name: cc.name().unwrap_or_default().to_owned(),
+            source,
+            available: available(),
+        }),
     }
 }
 
@@ -158,5 +177,19 @@ mod tests {
         assert!(e.contains("`tcp.tunnel_congestion_control`"), "{e}");
         assert!(e.contains("\"no-such-cc\""), "{e}");
         assert!(e.contains("reno"), "the host's list: {e}");
+    }
+
+    /// Not permitted (an unprivileged gateway, a name outside the allowed
+    /// list): the host's default, not an error; any other refusal is one.
+    #[test]
+    fn a_name_not_permitted_keeps_the_host_default() {
+        let key = "tcp.app_congestion_control";
+        let denied = io::Error::from(io::ErrorKind::PermissionDenied);
+        let cc = decide(key, Congestion::named("cubic"), Err(denied)).unwrap();
+        assert_eq!(cc, Congestion::host_default());
+        let unknown = io::Error::from(io::ErrorKind::NotFound);
+        assert!(decide(key, Congestion::named("cubic"), Err(unknown)).is_err());
+        let cc = decide(key, Congestion::named("cubic"), Ok(())).unwrap();
+        assert_eq!(cc.name(), Some("cubic"));
     }
 }
