@@ -671,11 +671,13 @@ struct PerfStat {
 
 /// CPU time, faults and switches, then every syscall and the ones that
 /// carry the bytes (socket reads and writes, epoll waits) one by one: how
-/// many bytes each read and write moves shows in their count per MB.
+/// many bytes each read and write moves shows in their count per MB. Last,
+/// the high-resolution timers armed: TCP's internal pacing arms one per
+/// burst it holds back (BBR on a device without the `fq` qdisc).
 const PERF_EVENTS: &str = "task-clock,page-faults,context-switches,raw_syscalls:sys_enter,\
     syscalls:sys_enter_futex,syscalls:sys_enter_recvfrom,syscalls:sys_enter_read,\
     syscalls:sys_enter_sendto,syscalls:sys_enter_write,syscalls:sys_enter_writev,\
-    syscalls:sys_enter_epoll_wait";
+    syscalls:sys_enter_epoll_wait,timer:hrtimer_start";
 
 impl PerfStat {
     fn start(pids: &[u32], out: &Path) -> Option<PerfStat> {
