@@ -21,13 +21,6 @@ use crate::identity::SpiffeId;
 pub type ServerTls = tokio_rustls::server::TlsStream<TcpStream>;
 pub type ClientTls = tokio_rustls::client::TlsStream<TcpStream>;
 
-/// How much plaintext rustls takes per write before the socket has taken
-/// the records already sealed: a bulk flow's DATA frames (sixteen records
-/// at most, see `proxy::copy`) go out in one `writev` each instead of four
-/// (rustls' default is 64 KiB; measured: writev per MB moved 16 -> 5).
-/// Held only while the socket's send buffer is full.
-const SEND_LIMIT: usize = 320 * 1024;
-
 /// A failed handshake, with a bounded reason for metrics and logs.
 #[derive(Debug, thiserror::Error)]
 pub enum HandshakeError {
@@ -218,7 +211,7 @@ impl TlsContext {
         let key = self.source.fetch(local).await?;
         let cfg = self.server_config_with(local, key)?;
         let tls = tokio_rustls::TlsAcceptor::from(cfg)
-            .accept_with(tcp, |c| c.set_buffer_limit(Some(SEND_LIMIT)))
+            .accept(tcp)
             .await
             .map_err(|source| HandshakeError::Failed {
                 reason: classify(&source),
@@ -241,9 +234,7 @@ impl TlsContext {
             let cfg = self.client_config_with(expected, key)?;
             // An IP server name: rustls sends no SNI for it, as HBONE expects.
             tokio_rustls::TlsConnector::from(cfg)
-                .connect_with(ServerName::IpAddress(dst_ip.into()), tcp, |c| {
-                    c.set_buffer_limit(Some(SEND_LIMIT))
-                })
+                .connect(ServerName::IpAddress(dst_ip.into()), tcp)
                 .await
                 .map_err(|source| HandshakeError::Failed {
                     reason: classify(&source),
