@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use tokio::net::{TcpSocket, TcpStream};
 
-use super::congestion::Congestion;
 use crate::netns::{DialOpts, NetnsId, NetnsSockets, PodNetns, MESH_MARK};
+use crate::proxy::congestion::Congestion;
 
 /// A pod served in its own namespace, as its node agent handed it over.
 #[derive(Debug)]
