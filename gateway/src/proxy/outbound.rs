@@ -162,10 +162,23 @@ impl Outbound {
     /// Accepts captured connections until the drain signal fires, then drops
     /// the listener. Proxied connections go on until they end or the process
     /// exits at the drain deadline.
-    pub async fn run(self: Arc<Self>, listener: TcpListener, mut drain: ShutdownWatch) {
+    ///
+    /// The listener's address is recorded before the future is returned, so
+    /// loop detection holds from the moment the caller has it, not from the
+    /// spawned task's first poll (a connection proxied in between would
+    /// otherwise pass through to the listener itself).
+    pub fn run(
+        self: Arc<Self>,
+        listener: TcpListener,
+        drain: ShutdownWatch,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
         if let Ok(a) = listener.local_addr() {
             let _ = self.listen_addr.set(a);
         }
+        self.accept_loop(listener, drain)
+    }
+
+    async fn accept_loop(self: Arc<Self>, listener: TcpListener, mut drain: ShutdownWatch) {
         loop {
             let accepted = tokio::select! {
                 a = listener.accept() => a,
