@@ -30,7 +30,9 @@
 //!    self-test event, atomic swap); median of a few runs.
 //!
 //! `POLICY_BENCH_SECTIONS=1` (or `2,3`) runs only the given sections (for
-//! `perf record`); `POLICY_BENCH_PLUGINS=<dir>` reads the plugins from
+//! `perf record`); `POLICY_BENCH_ONLY=recommended` (or a comma-separated
+//! list) times only those plugins in section 1's table (for `valgrind
+//! --tool=callgrind` of one plugin's call); `POLICY_BENCH_PLUGINS=<dir>` reads the plugins from
 //! another directory than `target/plugins` (the same host against plugins
 //! built at another commit).
 //!
@@ -448,8 +450,10 @@ fn decision_latency(engine: &PolicyEngine) -> Vec<LatencyRow> {
          engine = PolicyEngine::select + PolicyEngine::decide"
     );
     print_table_header();
+    let only = std::env::var("POLICY_BENCH_ONLY").unwrap_or_default();
+    let timed = |p: &str| only.is_empty() || only.split(',').any(|o| o.trim() == p);
     let mut rows = Vec::new();
-    for plugin in PLUGINS {
+    for plugin in PLUGINS.into_iter().filter(|p| timed(p)) {
         let version = engine.version(plugin).expect("installed");
         let event = event_for(plugin);
         let n_actions = version.call_raw(&event, Clock::Wall).expect("call").len();
