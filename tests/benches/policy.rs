@@ -31,7 +31,8 @@
 //!
 //! `POLICY_BENCH_SECTIONS=1` (or `2,3`) runs only the given sections (for
 //! `perf record`); `POLICY_BENCH_ONLY=recommended` (or a comma-separated
-//! list) times only those plugins in section 1's table (for `valgrind
+//! list) times only those plugins in section 1's table, without the
+//! breakdown (for `valgrind
 //! --tool=callgrind` of one plugin's call); `POLICY_BENCH_PLUGINS=<dir>` reads the plugins from
 //! another directory than `target/plugins` (the same host against plugins
 //! built at another commit).
@@ -862,8 +863,12 @@ fn main() -> ExitCode {
 
     if run("1") {
         let rows = decision_latency(&engine);
-        metadata_reads(&engine);
-        breakdown(&engine, &rows);
+        // A plugin picked by POLICY_BENCH_ONLY is timed alone: the
+        // breakdown's other plugins would land in the same profile.
+        if std::env::var_os("POLICY_BENCH_ONLY").is_none() {
+            metadata_reads(&engine);
+            breakdown(&engine, &rows);
+        }
     }
     if run("2") {
         let trap_runtime = PolicyRuntime::new(RuntimeLimits::default(), PolicyMetrics::default())
