@@ -32,8 +32,8 @@
 //! `POLICY_BENCH_SECTIONS=1` (or `2,3`) runs only the given sections (for
 //! `perf record`); `POLICY_BENCH_ONLY=recommended` (or a comma-separated
 //! list) times only those plugins in section 1's table, without the
-//! breakdown (for `valgrind
-//! --tool=callgrind` of one plugin's call); `POLICY_BENCH_PLUGINS=<dir>` reads the plugins from
+//! breakdown (for `valgrind --tool=callgrind` of one plugin's call);
+//! `POLICY_BENCH_PLUGINS=<dir>` reads the plugins from
 //! another directory than `target/plugins` (the same host against plugins
 //! built at another commit).
 //!
@@ -368,6 +368,28 @@ fn native_policy(plugin: &str) -> NativeDecide {
 
 // ---- setup --------------------------------------------------------------
 
+/// A comma-separated list from the environment (`POLICY_BENCH_SECTIONS`,
+/// `POLICY_BENCH_ONLY`); unset or empty picks everything.
+struct EnvList(String);
+
+impl EnvList {
+    fn read(var: &str) -> Self {
+        EnvList(std::env::var(var).unwrap_or_default())
+    }
+
+    fn names(&self) -> impl Iterator<Item = &str> {
+        self.0.split(',').map(str::trim).filter(|n| !n.is_empty())
+    }
+
+    fn is_all(&self) -> bool {
+        self.names().next().is_none()
+    }
+
+    fn picks(&self, name: &str) -> bool {
+        self.is_all() || self.names().any(|n| n == name)
+    }
+}
+
 /// `target/plugins`, or `POLICY_BENCH_PLUGINS` (the same host timed
 /// against plugins built from another commit, e.g. for another contract).
 fn plugins_dir() -> PathBuf {
@@ -441,7 +463,7 @@ fn print_table_header() {
     );
 }
 
-fn decision_latency(engine: &PolicyEngine) -> Vec<LatencyRow> {
+fn decision_latency(engine: &PolicyEngine, only: &EnvList) -> Vec<LatencyRow> {
     header(&format!(
         "1. Decision latency, warm instance ({CALLS} timed calls per row after {WARMUP} warm-up; \
          per-call wall time incl. one clock read)"
@@ -451,10 +473,8 @@ fn decision_latency(engine: &PolicyEngine) -> Vec<LatencyRow> {
          engine = PolicyEngine::select + PolicyEngine::decide"
     );
     print_table_header();
-    let only = std::env::var("POLICY_BENCH_ONLY").unwrap_or_default();
-    let timed = |p: &str| only.is_empty() || only.split(',').any(|o| o.trim() == p);
     let mut rows = Vec::new();
-    for plugin in PLUGINS.into_iter().filter(|p| timed(p)) {
+    for plugin in PLUGINS.into_iter().filter(|p| only.picks(p)) {
         let version = engine.version(plugin).expect("installed");
         let event = event_for(plugin);
         let n_actions = version.call_raw(&event, Clock::Wall).expect("call").len();
@@ -847,6 +867,16 @@ fn main() -> ExitCode {
         plugins_dir().display()
     );
 
+    let only = EnvList::read("POLICY_BENCH_ONLY");
+    if let Some(unknown) = only.names().find(|n| !PLUGINS.contains(n)) {
+        eprintln!(
+            "policy bench: POLICY_BENCH_ONLY names {unknown:?}, which is no reference plugin \
+             (one of: {})",
+            PLUGINS.join(", ")
+        );
+        return ExitCode::FAILURE;
+    }
+
     let engine = PolicyEngine::new(&PoliciesConfig::default(), PolicyMetrics::default())
         .expect("policy engine");
     for plugin in PLUGINS {
@@ -858,14 +888,14 @@ fn main() -> ExitCode {
 
     // `POLICY_BENCH_SECTIONS=1` (or `2,3`, ...) runs only those sections,
     // e.g. under `perf record`.
-    let sections = std::env::var("POLICY_BENCH_SECTIONS").unwrap_or_default();
-    let run = |n: &str| sections.is_empty() || sections.split(',').any(|s| s.trim() == n);
+    let sections = EnvList::read("POLICY_BENCH_SECTIONS");
+    let run = |n: &str| sections.picks(n);
 
     if run("1") {
-        let rows = decision_latency(&engine);
+        let rows = decision_latency(&engine, &only);
         // A plugin picked by POLICY_BENCH_ONLY is timed alone: the
         // breakdown's other plugins would land in the same profile.
-        if std::env::var_os("POLICY_BENCH_ONLY").is_none() {
+        if only.is_all() {
             metadata_reads(&engine);
             breakdown(&engine, &rows);
         }
