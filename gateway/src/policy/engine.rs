@@ -376,9 +376,16 @@ impl PolicyEngine {
     /// Which policy `workload` gets and why ([`super::resolve`] has the
     /// precedence); the same answer [`PolicyEngine::select`] pins.
     pub fn resolve(&self, workload: &Workload) -> Resolution {
+        self.resolve_in(&self.current.load(), workload)
+    }
+
+    /// [`PolicyEngine::resolve`] against one loaded set: every event
+    /// selects, so the set is loaded once for both the names' check and
+    /// the pinned version.
+    fn resolve_in(&self, set: &PolicySet, workload: &Workload) -> Resolution {
         let admin = self.runtime_binding(workload.uid());
         resolve(&workload.spec, admin.as_deref(), &self.cfg, |n| {
-            self.is_known(n)
+            set.versions.contains_key(n) || self.cfg.plugins.contains_key(n)
         })
     }
 
@@ -386,7 +393,8 @@ impl PolicyEngine {
     /// keeps it even if a new version is swapped in. Skipped names (an
     /// annotation naming no policy, …) are logged.
     pub fn select(&self, workload: &Workload) -> Selection {
-        let r = self.resolve(workload);
+        let set = self.current.load();
+        let r = self.resolve_in(&set, workload);
         for s in &r.skipped {
             warn!(
                 workload = %workload.spec.uid,
@@ -396,7 +404,7 @@ impl PolicyEngine {
                 "skipped a policy name: {}", s.reason
             );
         }
-        self.pin(r)
+        Self::pin_in(&set, r)
     }
 
     /// The policy deciding the events of `peer` for the local `client`
@@ -414,10 +422,14 @@ impl PolicyEngine {
 
     /// The selection for a resolution: its current version (none for the fallback).
     pub(super) fn pin(&self, r: Resolution) -> Selection {
+        Self::pin_in(&self.current.load(), r)
+    }
+
+    fn pin_in(set: &PolicySet, r: Resolution) -> Selection {
         Selection {
             version: match r.by {
                 SelectedBy::Fallback => None,
-                _ => self.version(&r.name),
+                _ => set.versions.get(&r.name).cloned(),
             },
             name: r.name,
             by: r.by,
