@@ -370,7 +370,12 @@ impl PolicyEngine {
 
     /// Whether `name` is a policy: configured in `policies.plugins` or uploaded.
     pub fn is_known(&self, name: &str) -> bool {
-        self.cfg.plugins.contains_key(name) || self.current.load().versions.contains_key(name)
+        self.known_in(&self.current.load(), name)
+    }
+
+    /// [`PolicyEngine::is_known`] against one loaded set.
+    fn known_in(&self, set: &PolicySet, name: &str) -> bool {
+        set.versions.contains_key(name) || self.cfg.plugins.contains_key(name)
     }
 
     /// Which policy `workload` gets and why ([`super::resolve`] has the
@@ -385,7 +390,7 @@ impl PolicyEngine {
     fn resolve_in(&self, set: &PolicySet, workload: &Workload) -> Resolution {
         let admin = self.runtime_binding(workload.uid());
         resolve(&workload.spec, admin.as_deref(), &self.cfg, |n| {
-            set.versions.contains_key(n) || self.cfg.plugins.contains_key(n)
+            self.known_in(set, n)
         })
     }
 
@@ -410,14 +415,15 @@ impl PolicyEngine {
     /// The policy deciding the events of `peer` for the local `client`
     /// ([`super::resolve::resolve_for_peer`] has the precedence), pinned.
     pub fn select_for_peer(&self, peer: &Workload, client: &Workload) -> Selection {
+        let set = self.current.load();
         let r = super::resolve::resolve_for_peer(&peer.spec, &client.spec, &self.cfg, |n| {
-            self.is_known(n)
+            self.known_in(&set, n)
         });
         for s in &r.skipped {
             warn!(peer = %peer.spec.uid, client = %client.spec.uid, policy = %s.policy,
                 source = s.source, chosen = %r.name, "skipped a policy name: {}", s.reason);
         }
-        self.pin(r)
+        Self::pin_in(&set, r)
     }
 
     /// The selection for a resolution: its current version (none for the fallback).
