@@ -35,7 +35,9 @@
 //! breakdown (for `valgrind --tool=callgrind` of one plugin's call);
 //! `POLICY_BENCH_PLUGINS=<dir>` reads the plugins from
 //! another directory than `target/plugins` (the same host against plugins
-//! built at another commit).
+//! built at another commit); `POLICY_BENCH_CALLS=N` times N calls per row
+//! instead of 20,000 (two callgrind runs with different N give one call's
+//! instructions by difference).
 //!
 //! Times are per call measured with `Instant::now()` around each call, so
 //! they include one clock read (its cost is printed as the floor). The run
@@ -85,7 +87,18 @@ mod recommended;
 // ---- bounds -------------------------------------------------------------
 
 const WARMUP: usize = 2_000;
-const CALLS: usize = 20_000;
+/// Timed calls per row: 20,000, or `POLICY_BENCH_CALLS` (two runs with
+/// different counts under callgrind give a call's instructions by
+/// difference, whatever the run's fixed costs, such as compiling the
+/// plugins, are).
+static CALLS: std::sync::LazyLock<usize> =
+    std::sync::LazyLock::new(|| match std::env::var("POLICY_BENCH_CALLS") {
+        Err(_) => 20_000,
+        Ok(v) => v.parse().ok().filter(|n| *n > 0).unwrap_or_else(|| {
+            eprintln!("POLICY_BENCH_CALLS={v:?} is not a count of calls (1 or more)");
+            std::process::exit(1)
+        }),
+    });
 /// Trap / re-instantiate alternations (bounded in time too).
 const TRAP_ROUNDS: usize = 1_000;
 const TRAP_MAX_TIME: Duration = Duration::from_secs(8);
@@ -465,8 +478,9 @@ fn print_table_header() {
 
 fn decision_latency(engine: &PolicyEngine, only: &EnvList) -> Vec<LatencyRow> {
     header(&format!(
-        "1. Decision latency, warm instance ({CALLS} timed calls per row after {WARMUP} warm-up; \
-         per-call wall time incl. one clock read)"
+        "1. Decision latency, warm instance ({} timed calls per row after {WARMUP} warm-up; \
+         per-call wall time incl. one clock read)",
+        *CALLS
     ));
     println!(
         "   call_raw = PluginVersion::call_raw(&event, Clock::Wall); \
@@ -478,7 +492,7 @@ fn decision_latency(engine: &PolicyEngine, only: &EnvList) -> Vec<LatencyRow> {
         let version = engine.version(plugin).expect("installed");
         let event = event_for(plugin);
         let n_actions = version.call_raw(&event, Clock::Wall).expect("call").len();
-        let raw = per_call(WARMUP, CALLS, || {
+        let raw = per_call(WARMUP, *CALLS, || {
             std::hint::black_box(version.call_raw(&event, Clock::Wall).unwrap());
         });
         let workload = gateway_workload(plugin);
@@ -486,7 +500,7 @@ fn decision_latency(engine: &PolicyEngine, only: &EnvList) -> Vec<LatencyRow> {
         assert_eq!(sel.name, plugin, "selection by annotation");
         let d = engine.decide(&sel, &event);
         assert!(d.fallback.is_none(), "{plugin}: fallback {:?}", d.fallback);
-        let eng = per_call(WARMUP, CALLS, || {
+        let eng = per_call(WARMUP, *CALLS, || {
             let sel = engine.select(&workload);
             std::hint::black_box(engine.decide(&sel, &event));
         });
@@ -547,7 +561,7 @@ fn metadata_reads(engine: &PolicyEngine) {
             .install(name, &probe, Some(config))
             .expect("reads-probe loads");
         let version = engine.version(name).expect("installed");
-        let raw = per_call(WARMUP, CALLS, || {
+        let raw = per_call(WARMUP, *CALLS, || {
             std::hint::black_box(version.call_raw(&event, Clock::Wall).unwrap());
         });
         print_stats_row(name, event.kind(), "1", "call_raw", &raw, verdict(&raw));
@@ -568,7 +582,7 @@ fn metadata_reads(engine: &PolicyEngine) {
             .install(fixture, &old, None)
             .expect("an older contract loads");
         let version = engine.version(fixture).expect("installed");
-        let raw = per_call(WARMUP, CALLS, || {
+        let raw = per_call(WARMUP, *CALLS, || {
             std::hint::black_box(version.call_raw(&event, Clock::Wall).unwrap());
         });
         print_stats_row(
@@ -589,12 +603,12 @@ fn breakdown(engine: &PolicyEngine, rows: &[LatencyRow]) {
     };
     line(
         "clock floor: Instant::now + elapsed, nothing between",
-        &per_call(WARMUP, CALLS, || {}),
+        &per_call(WARMUP, *CALLS, || {}),
     );
     let m = Mutex::new(0u64);
     line(
         "uncontended std Mutex lock + unlock",
-        &per_call(WARMUP, CALLS, || {
+        &per_call(WARMUP, *CALLS, || {
             *m.lock().unwrap() += 1;
         }),
     );
@@ -622,7 +636,7 @@ fn breakdown(engine: &PolicyEngine, rows: &[LatencyRow]) {
     for (what, event) in &events {
         line(
             &format!("  {what}"),
-            &per_call(WARMUP, CALLS, || {
+            &per_call(WARMUP, *CALLS, || {
                 std::hint::black_box(keepalive.call_raw(event, Clock::Wall).unwrap());
             }),
         );
@@ -634,7 +648,7 @@ fn breakdown(engine: &PolicyEngine, rows: &[LatencyRow]) {
     for plugin in PLUGINS {
         let event = trimmed(&event_for(plugin));
         let version = engine.version(plugin).expect("installed");
-        let s = per_call(WARMUP, CALLS, || {
+        let s = per_call(WARMUP, *CALLS, || {
             std::hint::black_box(version.call_raw(&event, Clock::Wall).unwrap());
         });
         line(
@@ -652,13 +666,13 @@ fn breakdown(engine: &PolicyEngine, rows: &[LatencyRow]) {
     for r in rows {
         let event = event_for(r.plugin);
         let mut native = native_policy(r.plugin);
-        let native_s = per_call(WARMUP, CALLS, || {
+        let native_s = per_call(WARMUP, *CALLS, || {
             std::hint::black_box(native(std::hint::black_box(&event)));
         });
         let actions = native(&event);
         // Validation alone (the clone of its input happens outside the timer).
-        let mut ns = Vec::with_capacity(CALLS);
-        for i in 0..WARMUP + CALLS {
+        let mut ns = Vec::with_capacity(*CALLS);
+        for i in 0..WARMUP + *CALLS {
             let input = actions.clone();
             let t = Instant::now();
             std::hint::black_box(validate(&event, input, &bounds));
@@ -684,7 +698,7 @@ fn breakdown(engine: &PolicyEngine, rows: &[LatencyRow]) {
     let workload = gateway_workload("recommended");
     line(
         "PolicyEngine::select (annotation, clones name + Arc)",
-        &per_call(WARMUP, CALLS, || {
+        &per_call(WARMUP, *CALLS, || {
             std::hint::black_box(engine.select(&workload));
         }),
     );
@@ -698,7 +712,7 @@ fn breakdown(engine: &PolicyEngine, rows: &[LatencyRow]) {
     let teardown = network_teardown();
     line(
         "PolicyEngine::decide without a plugin (fallback: validate+metrics)",
-        &per_call(WARMUP, CALLS, || {
+        &per_call(WARMUP, *CALLS, || {
             std::hint::black_box(engine.decide(&fallback_sel, &teardown));
         }),
     );
