@@ -4,12 +4,9 @@ use clap::Parser;
 use tidegate::cli::{Cli, Command, PolicyCommand};
 use tracing_subscriber::EnvFilter;
 
-/// jemalloc keeps the large buffers a bulk flow cycles through (read
-/// buffers up to 256 KiB, TLS and HTTP/2 buffers) for reuse, where glibc
-/// returned them to the kernel and faulted fresh zeroed pages in for every
-/// one (README, "Benchmarks": page faults per GB and CPU-seconds per GB).
+/// jemalloc: see [`tidegate::Allocator`].
 #[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+static ALLOCATOR: tidegate::Allocator = tidegate::ALLOCATOR;
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();

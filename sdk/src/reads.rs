@@ -88,6 +88,19 @@ impl MetadataReads {
         }
     }
 
+    /// The same reads with each list of keys sorted and without repeats:
+    /// the host's encoder then looks each declared key up in a pod's labels
+    /// and annotations instead of walking them all.
+    pub fn in_key_order(mut self) -> Self {
+        for keys in [&mut self.labels, &mut self.annotations] {
+            if let Keys::Only(keys) = keys {
+                keys.sort_unstable();
+                keys.dedup();
+            }
+        }
+        self
+    }
+
     /// Also reads the label `key`.
     pub fn label(mut self, key: &str) -> Self {
         if let Keys::Only(keys) = &mut self.labels {

@@ -167,15 +167,35 @@ impl Writer<'_> {
         }
     }
 
-    /// The pairs of `map` that `keys` keeps, as `list<tuple<string, string>>`.
+    /// The pairs of `map` that `keys` keeps, as `list<tuple<string, string>>`,
+    /// in key order (the guest's decoder overwrites the previous event's
+    /// values in place when the keys come as they did then).
     fn pairs(&mut self, map: &BTreeMap<String, String>, keys: &Keys) {
         let count_at = self.out.len();
         self.u32(0);
         let mut n = 0u32;
-        for (k, v) in map.iter().filter(|(k, _)| keys.keeps(k)) {
-            self.string(k);
-            self.string(v);
+        let mut pair = |w: &mut Self, k: &str, v: &str| {
+            w.string(k);
+            w.string(v);
             n += 1;
+        };
+        match keys {
+            // Most policies declare a key or two, or none, and a pod
+            // carries a dozen or more: looking the declared keys up is
+            // cheaper than walking the map. Ascending keys (no duplicates)
+            // come out in key order; others take the walk.
+            Keys::Only(only) if only.len() < map.len() && only.is_sorted_by(|a, b| a < b) => {
+                for k in only {
+                    if let Some(v) = map.get(k) {
+                        pair(self, k, v);
+                    }
+                }
+            }
+            _ => {
+                for (k, v) in map.iter().filter(|(k, _)| keys.keeps(k)) {
+                    pair(self, k, v);
+                }
+            }
         }
         self.out[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
     }
@@ -603,6 +623,42 @@ mod tests {
             let text = String::from_utf8_lossy(&bytes);
             assert!(!text.contains("last-applied"), "{event:?}");
             assert!(!text.contains("app"), "{event:?}");
+        }
+    }
+
+    /// However the keys are declared (in order or not, repeated, absent
+    /// from the pod, more of them than the pod has), the buffer is the one
+    /// the declared pairs alone give: each kept pair once, in key order.
+    #[test]
+    fn declared_keys_cross_once_in_key_order() {
+        let mut event = Event::WorkloadAdded(workload("w-1"));
+        if let Event::WorkloadAdded(w) = &mut event {
+            for (k, v) in [("zone", "b"), ("version", "3"), ("team", "shop")] {
+                w.info.labels.insert(k.into(), v.into());
+            }
+        }
+        let declarations: [&[&str]; 6] = [
+            &["tier", "zone"],
+            &["zone", "tier"],
+            &["zone", "tier", "zone"],
+            &["absent", "zone", "tier"],
+            &["app", "team", "tier", "version", "zone", "x", "y"],
+            &[],
+        ];
+        for labels in declarations {
+            let reads = labels.iter().fold(MetadataReads::none(), |r, k| r.label(k));
+            let mut kept = event.clone();
+            reads.filter(&mut kept);
+            let expected = encoded(&kept, &MetadataReads::everything());
+            assert_eq!(encoded(&event, &reads), expected, "{labels:?}");
+            // As the host keeps them: sorted, each once, the same buffer.
+            let ordered = reads.in_key_order();
+            let Keys::Only(keys) = &ordered.labels else {
+                panic!("{labels:?} became every key");
+            };
+            assert!(keys.windows(2).all(|w| w[0] < w[1]), "{keys:?}");
+            assert!(labels.iter().all(|l| keys.iter().any(|k| k == l)));
+            assert_eq!(encoded(&event, &ordered), expected, "{labels:?}");
         }
     }
 

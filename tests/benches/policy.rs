@@ -61,6 +61,12 @@ use tidegate_sdk::{
     WorkloadState,
 };
 
+/// The gateway's allocator: a decision allocates on the host (the lifted
+/// actions, the decision's strings), and glibc's malloc costs more per
+/// call than the jemalloc the gateway runs on.
+#[global_allocator]
+static ALLOCATOR: tidegate::Allocator = tidegate::ALLOCATOR;
+
 // The reference plugins' own sources, compiled natively (the SDK types build
 // natively and `export_policy!` expands to nothing off wasm32): the same
 // decision logic without wasm, as a baseline. `cargo bench` sets cfg(test),

@@ -108,7 +108,8 @@ impl Default for QuarantineRule {
 struct Warm {
     store: Store<HostState>,
     policy: Instance,
-    /// What this instance's `init` declared it reads.
+    /// What this instance's `init` declared it reads, in key order
+    /// (`/policies` shows them as declared).
     reads: sdk::MetadataReads,
     /// A 0.3.0 event's encoding, reused from call to call.
     wire: Vec<u8>,
@@ -308,7 +309,7 @@ impl PluginVersion {
                 Ok(Warm {
                     store,
                     policy,
-                    reads,
+                    reads: reads.in_key_order(),
                     wire: Vec::new(),
                 })
             }

@@ -37,8 +37,12 @@
 //! Every figure is checked to have crossed HBONE: a counting rule in pod
 //! B's mangle INPUT for TCP to 15008 must have seen at least the bytes the
 //! throughput run moved. Rounds are interleaved (raw, then every pair,
-//! each round starting one pair later: raw, 1, 2; raw, 2, 1; ... 3 rounds);
-//! each pair is started afresh every round and killed after it.
+//! each round starting one pair later: raw, 1, 2; raw, 2, 1; ... 3 rounds,
+//! or `DATAPLANE_ROUNDS=N`); each pair is started afresh every round and
+//! killed after it. The ratio column gives the ratio of the medians, then
+//! the median and the range of the per-round ratios: each round's pairs run
+//! minutes apart at most, so a round's ratio is paired and the machine's
+//! drift between rounds cancels out of it.
 //! Besides CPU-seconds per GB, both gateways' CPU time is read (from
 //! /proc) over each latency phase and divided by the requests served: CPU-µs
 //! per warm round trip and per new connection, where a latency gap that is
@@ -69,7 +73,10 @@ use tidegate_e2e::netns::NsThread;
 use tidegate_e2e::zds_double::{expect_ack, PodSpec, ZdsConn, ZdsDouble};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// Rounds unless `DATAPLANE_ROUNDS` says otherwise.
 const ROUNDS: usize = 3;
+/// The most `DATAPLANE_ROUNDS` may ask for (a round is about a minute per pair).
+const MAX_ROUNDS: usize = 50;
 const IDLE_CONNS: usize = 2_000;
 const IDLE_CONCURRENCY: usize = 100;
 const UP_WITHIN: Duration = Duration::from_secs(30);
@@ -138,7 +145,21 @@ struct Env {
     _na: NsThread,
 }
 
+/// `DATAPLANE_ROUNDS`, or [`ROUNDS`]; anything but a count from 1 to
+/// [`MAX_ROUNDS`] is refused, naming the variable.
+fn rounds() -> anyhow::Result<usize> {
+    let Some(v) = std::env::var_os("DATAPLANE_ROUNDS") else {
+        return Ok(ROUNDS);
+    };
+    let text = v.to_string_lossy();
+    match text.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX_ROUNDS).contains(&n) => Ok(n),
+        _ => bail!("DATAPLANE_ROUNDS={text:?}: a count of rounds from 1 to {MAX_ROUNDS}"),
+    }
+}
+
 pub fn run(pairs: Vec<PairSpec>) -> anyhow::Result<()> {
+    let rounds = rounds()?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         println!("SKIPPED: --pair needs root (network namespaces, iptables)");
@@ -149,10 +170,10 @@ pub fn run(pairs: Vec<PairSpec>) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(bench(pairs))
+    rt.block_on(bench(pairs, rounds))
 }
 
-async fn bench(pairs: Vec<PairSpec>) -> anyhow::Result<()> {
+async fn bench(pairs: Vec<PairSpec>, rounds: usize) -> anyhow::Result<()> {
     let topo = InpodTopology::new("dp", 0);
     let _guard = topo.build();
     let dir = tempfile::tempdir()?;
@@ -163,7 +184,7 @@ async fn bench(pairs: Vec<PairSpec>) -> anyhow::Result<()> {
     let env = setup(topo, dir.path(), bin).await?;
     println!(
         "gateway pairs side by side: {} rounds, interleaved; pod A {} → pod B {} (in-pod capture, HBONE across two nodes); load {}",
-        ROUNDS,
+        rounds,
         env.topo.pod_a(),
         env.topo.pod_b(),
         super::loadavg()
@@ -179,7 +200,7 @@ async fn bench(pairs: Vec<PairSpec>) -> anyhow::Result<()> {
     }
     let mut raw = Vec::new();
     let mut results: Vec<Vec<Round>> = pairs.iter().map(|_| Vec::new()).collect();
-    for round in 0..ROUNDS {
+    for round in 0..rounds {
         raw.push(raw_round(&env).await?);
         println!(
             "round {round}: raw loopback TCP {:.0} MB/s",
@@ -789,7 +810,10 @@ fn print_table(pairs: &[PairSpec], raw: &[Round], results: &[Vec<Round>]) {
             "KiB",
         ),
     ];
-    println!("\nmedians of {ROUNDS} interleaved rounds; [range of per-round ratios]:");
+    let rounds = raw.len();
+    println!(
+        "\nmedians of {rounds} interleaved rounds; ratio of the medians [per-round ratios: median, range]:"
+    );
     let mut head = "| figure | raw loopback |".to_string();
     for p in pairs {
         head += &format!(" {} |", p.name);
@@ -812,8 +836,9 @@ fn print_table(pairs: &[PairSpec], raw: &[Round], results: &[Vec<Round>]) {
                 .collect();
             let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
             let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let paired = median(&ratios, |r| *r);
             line += &format!(
-                " {:.2} [{lo:.2}–{hi:.2}] |",
+                " {:.2} [{paired:.2}, {lo:.2}–{hi:.2}] |",
                 med(r, f) / med(&results[0], f)
             );
         }
