@@ -41,8 +41,8 @@
 //! or `DATAPLANE_ROUNDS=N`); each pair is started afresh every round and
 //! killed after it. The ratio column gives the ratio of the medians, then
 //! the median and the range of the per-round ratios: each round's pairs run
-//! minutes apart at most, so a round's ratio is paired and the machine's
-//! drift between rounds cancels out of it.
+//! seconds apart, so a round's ratio is paired and the machine's drift
+//! between rounds cancels out of it.
 //! Besides CPU-seconds per GB, both gateways' CPU time is read (from
 //! /proc) over each latency phase and divided by the requests served: CPU-µs
 //! per warm round trip and per new connection, where a latency gap that is
@@ -75,7 +75,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Rounds unless `DATAPLANE_ROUNDS` says otherwise.
 const ROUNDS: usize = 3;
-/// The most `DATAPLANE_ROUNDS` may ask for (a round is about a minute per pair).
+/// The most `DATAPLANE_ROUNDS` may ask for (a round takes about 10 s per pair here).
 const MAX_ROUNDS: usize = 50;
 const IDLE_CONNS: usize = 2_000;
 const IDLE_CONCURRENCY: usize = 100;
