@@ -97,14 +97,12 @@ const WARMUP: usize = 2_000;
 /// different counts under callgrind give a call's instructions by
 /// difference, whatever the run's fixed costs, such as compiling the
 /// plugins, are).
-static CALLS: std::sync::LazyLock<usize> =
-    std::sync::LazyLock::new(|| match std::env::var("POLICY_BENCH_CALLS") {
-        Err(_) => 20_000,
-        Ok(v) => v.parse().ok().filter(|n| *n > 0).unwrap_or_else(|| {
-            eprintln!("POLICY_BENCH_CALLS={v:?} is not a count of calls (1 or more)");
-            std::process::exit(1)
-        }),
-    });
+static CALLS: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
+    tidegate_e2e::env_count("POLICY_BENCH_CALLS", 20_000, usize::MAX).unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(1)
+    })
+});
 /// Trap / re-instantiate alternations (bounded in time too).
 const TRAP_ROUNDS: usize = 1_000;
 const TRAP_MAX_TIME: Duration = Duration::from_secs(8);

@@ -43,6 +43,21 @@ pub fn raise_fd_limit() {
     }
 }
 
+/// A bench program's count from the environment: `default` when `name` is
+/// unset, else a number from 1 to `max`; anything else is refused with a
+/// message naming the variable.
+pub fn env_count(name: &str, default: usize, max: usize) -> Result<usize, String> {
+    let Some(v) = std::env::var_os(name) else {
+        return Ok(default);
+    };
+    let text = v.to_string_lossy();
+    match text.trim().parse::<usize>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ if max == usize::MAX => Err(format!("{name}={text:?} is not a count (1 or more)")),
+        _ => Err(format!("{name}={text:?}: a count from 1 to {max}")),
+    }
+}
+
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
@@ -454,6 +469,31 @@ pub fn plugin(name: &str) -> std::path::PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn env_counts_are_refused_outside_their_range() {
+        let var = "TIDEGATE_E2E_ENV_COUNT_TEST";
+        assert_eq!(env_count(var, 3, 50), Ok(3));
+        for (v, ok) in [
+            ("7", Some(7)),
+            (" 50 ", Some(50)),
+            ("0", None),
+            ("51", None),
+            ("x", None),
+        ] {
+            std::env::set_var(var, v);
+            let got = env_count(var, 3, 50);
+            match ok {
+                Some(n) => assert_eq!(got, Ok(n), "{v:?}"),
+                None => assert!(got.unwrap_err().contains(var), "{v:?}"),
+            }
+        }
+        std::env::set_var(var, "0");
+        assert!(env_count(var, 3, usize::MAX)
+            .unwrap_err()
+            .contains("1 or more"));
+        std::env::remove_var(var);
+    }
 
     const TEXT: &str = "# TYPE x counter\nx_total 0\ny_total{reason=\"a\"} 2\n";
 

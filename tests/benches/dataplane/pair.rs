@@ -145,21 +145,9 @@ struct Env {
     _na: NsThread,
 }
 
-/// `DATAPLANE_ROUNDS`, or [`ROUNDS`]; anything but a count from 1 to
-/// [`MAX_ROUNDS`] is refused, naming the variable.
-fn rounds() -> anyhow::Result<usize> {
-    let Some(v) = std::env::var_os("DATAPLANE_ROUNDS") else {
-        return Ok(ROUNDS);
-    };
-    let text = v.to_string_lossy();
-    match text.trim().parse::<usize>() {
-        Ok(n) if (1..=MAX_ROUNDS).contains(&n) => Ok(n),
-        _ => bail!("DATAPLANE_ROUNDS={text:?}: a count of rounds from 1 to {MAX_ROUNDS}"),
-    }
-}
-
 pub fn run(pairs: Vec<PairSpec>) -> anyhow::Result<()> {
-    let rounds = rounds()?;
+    let rounds = tidegate_e2e::env_count("DATAPLANE_ROUNDS", ROUNDS, MAX_ROUNDS)
+        .map_err(anyhow::Error::msg)?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         println!("SKIPPED: --pair needs root (network namespaces, iptables)");
