@@ -35,8 +35,7 @@
 //! tidegate_sdk::export_policy!(GoawayOnShutdown);
 //! ```
 
-// Only the generated guest bindings (the canonical ABI glue) and one checked
-// conversion (`wire::text`: ASCII bytes as `&str`) use `unsafe`.
+// Only the generated guest bindings (the canonical ABI glue) use `unsafe`.
 #![deny(unsafe_code)]
 
 mod action;

@@ -398,20 +398,6 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
         && word(&a[last..]) == word(&b[last..])
 }
 
-/// `bytes` as text, if it is UTF-8. The host encodes Rust strings, nearly
-/// always ASCII: checking for ASCII word by word is cheaper than full
-/// validation, which cost ~180 instructions per string on wasm32 (callgrind,
-/// `recommended`: the largest part of the event's decoding).
-#[allow(unsafe_code)]
-fn text(bytes: &[u8]) -> Option<&str> {
-    if bytes.is_ascii() {
-        // SAFETY: ASCII is valid UTF-8.
-        Some(unsafe { std::str::from_utf8_unchecked(bytes) })
-    } else {
-        std::str::from_utf8(bytes).ok()
-    }
-}
-
 fn word(b: &[u8]) -> u64 {
     u64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
 }
@@ -453,7 +439,7 @@ impl Reader<'_> {
         let n = self.u32()? as usize;
         let at = self.at;
         let bytes = self.take(n)?;
-        let s = text(bytes).ok_or(WireError {
+        let s = std::str::from_utf8(bytes).map_err(|_| WireError {
             at,
             what: WireProblem::NotUtf8,
         })?;
@@ -852,21 +838,9 @@ mod tests {
         }
     }
 
-    /// Strings decode whether ASCII (the checked fast path) or not, and a
-    /// non-UTF-8 byte is refused either way.
+    /// Strings that are not ASCII decode as they were encoded.
     #[test]
-    fn text_is_read_ascii_or_not_and_bad_bytes_are_refused() {
-        for s in [
-            "",
-            "web",
-            "spiffe://cluster.local/ns/default/sa/web",
-            "zürich",
-            "名前",
-        ] {
-            assert_eq!(text(s.as_bytes()), Some(s));
-        }
-        assert_eq!(text(b"ok\xff"), None);
-        assert_eq!(text(&[b'a', 0xc3]), None, "a cut two-byte sequence");
+    fn strings_beyond_ascii_round_trip() {
         let mut info = WorkloadInfo::new("uid-ü");
         info.namespace = "ns-名前".into();
         info.labels.insert("app".into(), "wéb".into());
