@@ -47,7 +47,17 @@ pub fn raise_fd_limit() {
 /// unset, else a number from 1 to `max`; anything else is refused with a
 /// message naming the variable.
 pub fn env_count(name: &str, default: usize, max: usize) -> Result<usize, String> {
-    let Some(v) = std::env::var_os(name) else {
+    count_from(name, std::env::var_os(name), default, max)
+}
+
+/// [`env_count`] for a value already read (`None`: unset).
+fn count_from(
+    name: &str,
+    value: Option<std::ffi::OsString>,
+    default: usize,
+    max: usize,
+) -> Result<usize, String> {
+    let Some(v) = value else {
         return Ok(default);
     };
     let text = v.to_string_lossy();
@@ -470,10 +480,13 @@ pub fn plugin(name: &str) -> std::path::PathBuf {
 mod tests {
     use super::*;
 
+    /// Read from the value, not the process environment: setting a
+    /// variable while other test threads read theirs is a data race.
     #[test]
     fn env_counts_are_refused_outside_their_range() {
         let var = "TIDEGATE_E2E_ENV_COUNT_TEST";
-        assert_eq!(env_count(var, 3, 50), Ok(3));
+        let count = |v: Option<&str>, max| count_from(var, v.map(Into::into), 3, max);
+        assert_eq!(count(None, 50), Ok(3));
         for (v, ok) in [
             ("7", Some(7)),
             (" 50 ", Some(50)),
@@ -481,18 +494,15 @@ mod tests {
             ("51", None),
             ("x", None),
         ] {
-            std::env::set_var(var, v);
-            let got = env_count(var, 3, 50);
+            let got = count(Some(v), 50);
             match ok {
                 Some(n) => assert_eq!(got, Ok(n), "{v:?}"),
                 None => assert!(got.unwrap_err().contains(var), "{v:?}"),
             }
         }
-        std::env::set_var(var, "0");
-        assert!(env_count(var, 3, usize::MAX)
+        assert!(count(Some("0"), usize::MAX)
             .unwrap_err()
             .contains("1 or more"));
-        std::env::remove_var(var);
     }
 
     const TEXT: &str = "# TYPE x counter\nx_total 0\ny_total{reason=\"a\"} 2\n";
