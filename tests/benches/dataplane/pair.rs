@@ -53,7 +53,8 @@
 //! `DATAPLANE_PERF_RR=<dir>` records a `perf` profile (call graphs) of both
 //! gateways during each pair's warm round trips, into `<dir>/<pair>-rr.data`
 //! (the last round's); `DATAPLANE_PERF_TP=<dir>` the same during the
-//! transfer, into `<dir>/<pair>-tp.data`.
+//! transfer, into `<dir>/<pair>-tp.data`, and `DATAPLANE_PERF_CONN=<dir>`
+//! during the new connections, into `<dir>/<pair>-conn.data`.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::process::CommandExt;
@@ -617,6 +618,7 @@ async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
         &pids,
         &env.dir.join(format!("{}-conn.perf-stat", pair.name)),
     );
+    let profile = perf_record_to("DATAPLANE_PERF_CONN", &pids, &pair.name, "conn");
     let c0 = cpu_secs(&pids);
     let (conns_s, conns) = env
         .pod_a
@@ -626,6 +628,7 @@ async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
         .await
         .map_err(|e| anyhow::anyhow!(e))?;
     let cpu_us_per_conn = (cpu_secs(&pids) - c0) * 1e6 / conns.len() as f64;
+    super::stop_perf(profile);
     if let Some(stat) = stat {
         stat.report(
             &pair.name,
