@@ -349,7 +349,8 @@ impl Action {
         })
     }
 
-    /// A log line that is part of the decision.
+    /// A log line that is part of the decision. On a hot path, build the
+    /// message with [`text!`](crate::text!) rather than `format!`.
     pub fn log(level: LogLevel, message: impl Into<String>) -> Action {
         Action::Log(LogLine {
             level,

@@ -11,6 +11,8 @@
 //! - [`host`]: the log, clock and counter the gateway provides (a recording
 //!   stand-in natively);
 //! - [`config::Config`]: JSON configuration with errors naming the key;
+//! - [`text!`]: log lines joined from pieces, a fraction of `format!`'s
+//!   cost inside the sandbox;
 //! - with feature `trace`: [`trace`], the `trace.yaml` format, a native
 //!   runner and the action diff.
 //!
@@ -44,6 +46,7 @@ mod convert;
 mod event;
 pub mod host;
 mod reads;
+pub mod text;
 #[cfg(feature = "trace")]
 pub mod trace;
 pub mod wire;

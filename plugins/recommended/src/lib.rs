@@ -30,7 +30,7 @@
 
 use tidegate_sdk::config::Config;
 use tidegate_sdk::{
-    export_policy, Action, AtCapacity, Backoff, Event, GoawayMode, LogLevel, MetadataReads,
+    export_policy, text, Action, AtCapacity, Backoff, Event, GoawayMode, LogLevel, MetadataReads,
     NetworkTeardown, Policy, WorkloadInfo,
 };
 
@@ -142,11 +142,23 @@ impl Recommended {
         let w = &t.workload;
         let bound = self.hold_ms.min(t.max_hold_ms);
         vec![
+            // `text!`, not `format!`: this line is part of every teardown's
+            // decision, and `core::fmt` costs more than the rest of the
+            // guest's work on it.
             Action::log(
                 LogLevel::Info,
-                format!(
-                    "draining {} inbound tunnels ({} streams) of {}/{}, holding teardown up to {bound} ms",
-                    w.inbound_tunnels, w.inbound_streams, w.info.namespace, w.info.name
+                text!(
+                    "draining ",
+                    w.inbound_tunnels,
+                    " inbound tunnels (",
+                    w.inbound_streams,
+                    " streams) of ",
+                    w.info.namespace,
+                    "/",
+                    w.info.name,
+                    ", holding teardown up to ",
+                    bound,
+                    " ms",
                 ),
             ),
             Action::goaway_inbound(w)
