@@ -163,6 +163,8 @@ macro_rules! text {
 #[macro_export]
 macro_rules! __text_pieces {
     ([$($bound:ident)*]) => {{
+        // `text!()` writes nothing into it.
+        #[allow(unused_mut)]
         let mut line = ::std::string::String::with_capacity(
             0 $(+ $crate::text::Piece::len_hint($bound))*
         );
