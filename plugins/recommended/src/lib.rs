@@ -143,7 +143,7 @@ impl Recommended {
         let bound = self.hold_ms.min(t.max_hold_ms);
         vec![
             // `text!`, not `format!`: this line is part of every teardown's
-            // decision, and writing it with `core::fmt` cost ~15 % of the
+            // decision, and writing it with `core::fmt` cost ~14 % of the
             // decision's instructions (sdk/README.md, "Log lines").
             Action::log(
                 LogLevel::Info,
