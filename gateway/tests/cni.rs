@@ -986,3 +986,91 @@ fn add_captures_a_mesh_member_and_nothing_else() {
         "the member is recorded for a restarted gateway"
     );
 }
+
+/// Polls `done` until it holds, for at most `within`.
+fn eventually(what: &str, within: Duration, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + within;
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not within {within:?}: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The first step of removing tidegate from a node: the plugin is unchained
+/// and kept out while the gateway still runs — a previous installer that
+/// re-chains it is undone — and its binary goes only in a round that found
+/// nothing to unchain (the runtime has re-read its configuration by then).
+#[test]
+fn uninstall_with_watch_keeps_the_plugin_out_then_removes_its_binary() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bin, conf) = (dir.path().join("bin"), dir.path().join("net.d"));
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(&conf).unwrap();
+    let list = conf.join("10-flannel.conflist");
+    std::fs::write(&list, FLANNEL).unwrap();
+    let installed = bin.join("tidegate-cni");
+    let chained = || {
+        json_file(&list)["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["type"] == "tidegate-cni")
+    };
+    assert!(admin("install", &bin, &conf, &[]).status.success());
+    assert!(chained() && installed.exists());
+
+    let mut child = Command::new(CNI)
+        .env_remove("CNI_COMMAND")
+        .arg("uninstall")
+        .arg("--cni-bin-dir")
+        .arg(&bin)
+        .arg("--cni-conf-dir")
+        .arg(&conf)
+        .args(["--watch", "1"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines() {
+            let _ = tx.send(line.unwrap());
+        }
+    });
+    // The next line saying `what` (a re-chain racing a round may first
+    // have the binary removed alone, the configuration rewritten after).
+    let next = |what: &str| loop {
+        let line = lines.recv_timeout(Duration::from_secs(20)).unwrap();
+        if line.contains(what) {
+            return line;
+        }
+    };
+    let want: serde_json::Value = serde_json::from_str(FLANNEL).unwrap();
+    for round in ["first", "after a re-chain"] {
+        // Unchained first, the binary still there for that round...
+        next("unchained from");
+        assert_eq!(json_file(&list), want, "{round}");
+        // ...and removed in the next one, the plugin still out.
+        next("removed");
+        eventually("the binary removed", Duration::from_secs(20), || {
+            !installed.exists()
+        });
+        assert!(!chained(), "{round}");
+        if round == "first" {
+            // The previous pod's installer, still running during a rollout.
+            assert!(admin("install", &bin, &conf, &[]).status.success());
+            assert!(chained());
+        }
+    }
+    assert_eq!(
+        child.try_wait().unwrap(),
+        None,
+        "it keeps running (a sidecar)"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
