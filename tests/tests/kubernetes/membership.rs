@@ -9,9 +9,9 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::json;
 use tidegate_e2e::kube_api::{FakeApiServer, Kind};
-use tidegate_e2e::{eventually, metric_or_zero};
+use tidegate_e2e::{eventually, init_tracing, metric_or_zero};
 
-use super::{namespace, start, until_ready, WAIT};
+use super::{namespace, until_ready, WAIT};
 
 /// A pod as the kubelet holds it when it runs CNI ADD: scheduled to
 /// node-a, no address yet.
@@ -68,11 +68,29 @@ async fn the_cni_plugin_captures_only_what_discovery_puts_in_the_mesh() {
     api.apply(Kind::Pod, pending("web", "uid-web", "shop"));
     api.apply(Kind::Pod, pending("batch", "uid-batch", "plain"));
     let socket = dir.path().join("cni.sock");
-    let extra = format!(
-        "capture:\n  mode: inpod\n  membership_wait: 300ms\ndrains:\n  cni_socket: {}\n",
-        socket.display()
+    let yaml = format!(
+        r#"node_name: node-a
+trust_domain: cluster.local
+listeners:
+  outbound: 127.0.0.1:0
+  inbound: 0.0.0.0:0
+  admin: 127.0.0.1:0
+  metrics: 127.0.0.1:0
+  readiness: 127.0.0.1:0
+certificates: {{source: dev-ca, state_dir: {ca}}}
+workloads:
+  source: kubernetes
+  kubernetes: {{api_server: {api}, debounce: 10ms}}
+capture: {{mode: inpod, membership_wait: 300ms}}
+drains: {{cni_socket: {socket}}}
+"#,
+        ca = dir.path().join("ca").display(),
+        api = api.url(),
+        socket = socket.display(),
     );
-    let app = start(&api, dir.path(), &extra).await;
+    let config = tidegate::config::Config::from_yaml(&yaml).unwrap();
+    init_tracing();
+    let app = tidegate::app::build(config).await.unwrap();
     until_ready(&app).await;
     let member = |uid: &str| app.workloads.snapshot().membership(uid).map(|m| m.member);
     // Known before they have an address (their ADD comes first).
