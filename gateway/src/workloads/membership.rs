@@ -149,13 +149,15 @@ mod tests {
             .collect()
     }
 
+    type Labels<'a> = &'a [(&'a str, &'a str)];
+
     #[test]
     fn the_rule_decides_from_pod_labels_namespace_labels_and_namespace_name() {
         let m = MESH_LABEL;
         let i = ISTIO_DATAPLANE_MODE;
         // (namespace, pod labels, namespace labels, host network) → member, reason
         #[rustfmt::skip]
-        let cases: &[(&str, &[(&str, &str)], &[(&str, &str)], bool, bool, Reason)] = &[
+        let cases: &[(&str, Labels<'_>, Labels<'_>, bool, bool, Reason)] = &[
             // Nothing opts in: not a member (a fresh install captures nothing).
             ("shop", &[], &[], false, false, Reason::NotOptedIn),
             ("shop", &[("app", "web")], &[("team", "a")], false, false, Reason::NotOptedIn),

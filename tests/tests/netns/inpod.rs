@@ -171,7 +171,16 @@ fn pc_pod(t: &InpodTopology) -> CniPod<'static> {
 /// Whether the in-pod capture rules are in pod namespace `ns`.
 fn captured(ns: &str) -> bool {
     std::process::Command::new("ip")
-        .args(["netns", "exec", ns, "iptables", "-t", "nat", "-S", "ISTIO_OUTPUT"])
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "iptables",
+            "-t",
+            "nat",
+            "-S",
+            "ISTIO_OUTPUT",
+        ])
         .output()
         .expect("run iptables in the pod's namespace")
         .status
