@@ -520,7 +520,7 @@ pub enum CaptureMode {
 }
 
 /// `capture`: how pod traffic reaches the gateway.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CaptureConfig {
     pub mode: CaptureMode,
@@ -530,6 +530,24 @@ pub struct CaptureConfig {
     /// Where `tidegate-cni` records each pod it handed over (one file per
     /// pod uid naming its namespace path); read at start to re-adopt them.
     pub state_dir: Option<PathBuf>,
+    /// `tidegate-cni` ADD: how long the gateway waits for its workload
+    /// source to learn of the pod (the pod watch can trail the kubelet)
+    /// before answering that its mesh membership is unknown — the ADD then
+    /// fails with "try again later" and the kubelet retries. Keep it below
+    /// the plugin's `timeout_ms`.
+    #[serde(with = "duration")]
+    pub membership_wait: Duration,
+}
+
+impl Default for CaptureConfig {
+    fn default() -> Self {
+        CaptureConfig {
+            mode: CaptureMode::default(),
+            zds_socket: None,
+            state_dir: None,
+            membership_wait: Duration::from_secs(5),
+        }
+    }
 }
 
 /// The most connections `control_plane.max_connections` and

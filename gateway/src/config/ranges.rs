@@ -287,6 +287,13 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
             HOUR,
         ),
         dur("drains.max_hold", d.max_hold, Duration::ZERO, 10 * MIN),
+        dur(
+            "capture.membership_wait",
+            c.capture.membership_wait,
+            Duration::ZERO,
+            MIN,
+        )
+        .because("tidegate-cni's timeout_ms, at most 2m, must outlast it"),
         dur("drains.default_grace", d.default_grace, Duration::ZERO, DAY),
         dur(
             "outbound.goaway_skip",
