@@ -45,8 +45,8 @@ pub mod workloads;
 /// the gateway runs). jemalloc keeps the large buffers a bulk flow cycles
 /// through (read buffers up to 256 KiB, TLS and HTTP/2 buffers) for reuse,
 /// where glibc returned them to the kernel and faulted fresh zeroed pages in
-/// for every one (README, "Benchmarks": page faults per GB and CPU-seconds
-/// per GB).
+/// for every one (docs/performance.md, "What the defaults buy": page
+/// faults and CPU-seconds per GB).
 pub type Allocator = tikv_jemallocator::Jemalloc;
 
 /// The value for a `#[global_allocator]` static of type [`Allocator`].

@@ -1,6 +1,7 @@
 //! The Istio CA protocol (`istio.v1.auth.IstioCertificateService`): what a
 //! node agent sends to get a certificate for each pod on its node, and what
-//! the CA checks before it signs one (facts in `../shared/ISTIO.md` §3).
+//! the CA checks before it signs one, as istiod serves it
+//! (`security/pkg/server/ca/` in Istio's source) and ztunnel calls it.
 //!
 //! - [`messages`]: the request and response, and `google.protobuf.Struct`
 //!   for the `ImpersonatedIdentity` metadata, written with prost's derives.

@@ -20,6 +20,7 @@ mod ranges;
 pub mod size;
 
 pub use oci::{Cidr, OciAuth, OciConfig, OptIn, OCI_BACKEND_LIMIT};
+pub use ranges::{key_ranges, KeyRange};
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -102,6 +102,30 @@ impl Row {
     }
 }
 
+/// One numeric key's value and accepted range, written as the load
+/// errors write them (`10s`, `4MiB`). `docs/configuration.md` shows these
+/// (`cargo xtask config-reference` writes them; a test compares).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyRange {
+    pub key: &'static str,
+    pub value: String,
+    pub min: String,
+    pub max: String,
+}
+
+/// Every numeric key of `c` with its value and range.
+pub fn key_ranges(c: &Config) -> Vec<KeyRange> {
+    rows(c)
+        .iter()
+        .map(|r| KeyRange {
+            key: r.key,
+            value: r.show(r.value),
+            min: r.show(r.min),
+            max: r.show(r.max),
+        })
+        .collect()
+}
+
 /// `90000` → `90s`, `3600000` → `1h`: the largest unit that is exact.
 fn show_duration(ms: u64) -> String {
     for (unit, per) in [("h", 3_600_000), ("m", 60_000), ("s", 1_000)] {
