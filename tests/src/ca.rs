@@ -51,6 +51,11 @@ pub fn ca_config(
         audience: tidegate::ca::DEFAULT_AUDIENCE.into(),
         serving_names: vec!["127.0.0.1".into()],
         max_validity,
+        max_connections: 4096,
+        handshake_timeout: Duration::from_secs(10),
+        preface_timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(300),
+        metrics_listen: "127.0.0.1:0".parse().unwrap(),
         api_server: Some(api.url()),
         kubeconfig: None,
     }
