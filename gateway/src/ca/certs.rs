@@ -409,27 +409,34 @@ fn settle(
     backoff: &mut Backoff,
 ) -> Duration {
     let now = SystemTime::now();
-    let (wait, phase, error) = match result {
+    let (wait, installed, error) = match result {
         Ok(issued) => {
             *backoff = Backoff::default();
             let wait = schedule::renew_in(issued.not_before, issued.not_after, now);
             info!(identity = %id, serial = %issued.serial, not_after = %httpdate::fmt_http_date(issued.not_after), renew_in = ?wait, "certificate issued");
-            status.send_modify(|s| s.current = Some(issued));
-            (wait, Phase::Ready, None)
+            (wait, Some(issued), None)
         }
         Err(e) => {
             let wait = backoff.next();
             let keeping = status.borrow().valid().is_some();
             if let IssueError::Refused(_) = e {
-                warn!(identity = %id, reason = e.reason(), error = %e, retry_in = ?wait, keeping_current = keeping, "certificate refused; the current one stays");
+                warn!(identity = %id, reason = e.reason(), error = %e, retry_in = ?wait, keeping_current = keeping, "CA answer refused; a certificate held stays in use");
             } else {
                 warn!(identity = %id, reason = e.reason(), error = %e, retry_in = ?wait, keeping_current = keeping, "certificate fetch failed");
             }
-            (wait, Phase::Retrying, Some(e.to_string()))
+            (wait, None, Some(e.to_string()))
         }
     };
+    // One update: a waiting handshake sees the certificate and the phase together.
     status.send_modify(|s| {
-        s.phase = phase;
+        s.phase = if installed.is_some() {
+            Phase::Ready
+        } else {
+            Phase::Retrying
+        };
+        if let Some(issued) = installed {
+            s.current = Some(issued);
+        }
         s.last_error = error;
         s.attempts += 1;
         s.next_attempt = Some(now + wait);
