@@ -111,11 +111,19 @@ pub async fn admin(state: Arc<AdminState>, req: Request<Incoming>) -> Response<B
 
 /// Routes of the metrics port.
 pub async fn metrics(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body> {
+    exposition(&state.metrics, &req)
+}
+
+/// `GET /metrics`: the OpenMetrics text of `registry`.
+pub fn exposition(
+    registry: &prometheus_client::registry::Registry,
+    req: &Request<Incoming>,
+) -> Response<Body> {
     if req.uri().path() != "/metrics" {
         return text(StatusCode::NOT_FOUND, "try GET /metrics\n");
     }
     let mut out = String::new();
-    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &state.metrics) {
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, registry) {
         return text(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("encoding metrics: {e}\n"),
@@ -170,14 +178,15 @@ pub struct HttpLimits {
 /// not complete within the header-read timeout (or an idle keep-alive
 /// connection) is closed; accept errors pause the loop. Each refusal is
 /// counted in `tidegate_control_refusals_total`.
-pub async fn serve<F, Fut>(
+pub async fn serve<S, F, Fut>(
     listener: TcpListener,
-    state: Arc<AdminState>,
+    state: Arc<S>,
     route: F,
     limits: HttpLimits,
     mut drain: ShutdownWatch,
 ) where
-    F: Fn(Arc<AdminState>, Request<Incoming>) -> Fut + Copy + Send + Sync + 'static,
+    S: Send + Sync + 'static,
+    F: Fn(Arc<S>, Request<Incoming>) -> Fut + Copy + Send + Sync + 'static,
     Fut: std::future::Future<Output = Response<Body>> + Send + 'static,
 {
     loop {

@@ -318,6 +318,20 @@ impl IstioCaConfig {
     }
 }
 
+/// `tidegate ca`'s numeric flags against their ranges: the first out of
+/// range, as (flag, message).
+pub fn check_ca_server(
+    cfg: &crate::ca::server::CaServerConfig,
+) -> Result<(), (&'static str, String)> {
+    match ranges::ca_server_rows(cfg)
+        .iter()
+        .find_map(|r| r.check().map(|m| (r.key, m)))
+    {
+        Some(bad) => Err(bad),
+        None => Ok(()),
+    }
+}
+
 fn default_cert_validity() -> Duration {
     Duration::from_secs(3600)
 }

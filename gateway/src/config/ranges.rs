@@ -404,6 +404,22 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
     rows
 }
 
+/// `tidegate ca`'s numeric flags, each with its range.
+pub(super) fn ca_server_rows(c: &crate::ca::server::CaServerConfig) -> Vec<Row> {
+    vec![
+        count("--max-connections", c.max_connections.into(), 1, 1_000_000)
+            .because("each connection holds a descriptor"),
+        dur(
+            "--handshake-timeout",
+            c.handshake_timeout,
+            millis(100),
+            5 * MIN,
+        ),
+        dur("--preface-timeout", c.preface_timeout, millis(100), 5 * MIN),
+        dur("--idle-timeout", c.idle_timeout, secs(1), DAY),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -583,5 +599,34 @@ mod tests {
         assert_eq!(show_duration(24 * 3_600_000), "24h");
         assert_eq!(show_size(16 * MIB - 1), "16777215 bytes");
         assert_eq!(show_size(64 * KIB), "64KiB");
+    }
+
+    #[test]
+    fn tidegate_ca_flags_out_of_range_are_refused_naming_the_flag() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Ca {
+            #[command(flatten)]
+            cfg: crate::ca::server::CaServerConfig,
+        }
+        let check = |args: &[&str]| {
+            let ca = Ca::try_parse_from(std::iter::once("ca").chain(args.iter().copied())).unwrap();
+            super::super::check_ca_server(&ca.cfg)
+        };
+        assert_eq!(check(&[]), Ok(()), "the defaults are in range");
+        for (arg, flag, range) in [
+            ("--max-connections=0", "--max-connections", "1 and 1000000"),
+            (
+                "--handshake-timeout=0s",
+                "--handshake-timeout",
+                "100ms and 5m",
+            ),
+            ("--preface-timeout=1h", "--preface-timeout", "100ms and 5m"),
+            ("--idle-timeout=0s", "--idle-timeout", "1s and 24h"),
+        ] {
+            let (got, message) = check(&[arg]).unwrap_err();
+            assert_eq!(got, flag);
+            assert!(message.contains(range), "{arg}: {message}");
+        }
     }
 }
