@@ -371,16 +371,12 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
 
     let demo_echo = match &config.demo {
         Some(demo) => {
-            let l = crate::demo::bind_echo(demo.echo)
-                .await
-                .with_context(|| format!("demo.echo {}", demo.echo))?;
+            let l = crate::demo::bind_echo("demo.echo", demo.echo).await?;
             let addr = l.local_addr()?;
             info!(%addr, "demo echo backend listening");
             tasks.spawn(crate::demo::run_echo(l, drain.clone()));
             for more in &demo.more_echoes {
-                let l = crate::demo::bind_echo(*more)
-                    .await
-                    .with_context(|| format!("demo.more_echoes {more}"))?;
+                let l = crate::demo::bind_echo("demo.more_echoes", *more).await?;
                 info!(addr = %more, "demo echo backend listening");
                 tasks.spawn(crate::demo::run_echo(l, drain.clone()));
             }

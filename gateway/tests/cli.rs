@@ -222,6 +222,60 @@ fn bad_config_names_the_key_and_exits_non_zero() {
     assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
 }
 
+/// A port another process holds: `run` fails naming the port, the key and
+/// the holder (here, this test), for a listener and for the demo echo backend.
+#[test]
+fn a_taken_port_names_its_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path());
+    let holder = format!(
+        "in use by pid {} ({})",
+        std::process::id(),
+        std::fs::read_to_string("/proc/self/comm").unwrap().trim()
+    );
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let out = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&config)
+        .args(["--set", &format!("listeners.admin=127.0.0.1:{port}")])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "cannot listen on 127.0.0.1:{port} for admin: Address already in use"
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "port {port} is {holder}: stop it or change `listeners.admin`"
+        )),
+        "{err}"
+    );
+
+    let echo = std::net::TcpListener::bind("127.51.0.2:0").unwrap();
+    let echo = echo.local_addr().unwrap();
+    let out = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&config)
+        .args(["--set", &format!("demo.echo={echo}")])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("cannot listen on {echo} for demo.echo: "))
+            && err.contains(&format!(
+                "port {} is {holder}: stop it or change `demo.echo`",
+                echo.port()
+            )),
+        "{err}"
+    );
+}
+
 /// The metrics port never holds a half-sent request: it is closed after
 /// `control_plane.header_read_timeout` and counted; a good request is
 /// served afterwards. The open-file limit is raised and logged at start.

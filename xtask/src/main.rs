@@ -35,6 +35,7 @@
 
 mod architecture;
 mod checks;
+mod child;
 mod demo;
 mod fuzz;
 mod lab;
@@ -187,16 +188,7 @@ fn run(args: Vec<String>) -> Result<()> {
                 return checks.result();
             }
             let bin = demo::build_gateway(&root)?;
-            let status = std::process::Command::new(&bin)
-                .current_dir(&root)
-                .arg("run")
-                .args(&extra)
-                .status()
-                .with_context(|| format!("running {}", bin.display()))?;
-            if !status.success() {
-                bail!("tidegate run exited with {status}");
-            }
-            Ok(())
+            demo::run(&root, &bin, &extra)
         }
         Some(other) => bail!("unknown task {other:?}\n{USAGE}"),
         None => bail!("{USAGE}"),

@@ -7,7 +7,8 @@
 //! - [`tunnels`]: the live inbound tunnels per workload (admin dump, drain engine).
 //! - [`plaintext`]: a pod's 15006 (in-pod mode): plaintext inbound, allowed or refused.
 //! - [`origin`]: where a listener's sockets live — the node's namespace or a pod's.
-//! - [`listener`]: binding and original-destination lookup.
+//! - [`listener`]: binding and original-destination lookup; [`port_holder`]:
+//!   who holds a port a listener cannot bind.
 //! - [`copy`]: moving bytes between an HTTP/2 stream and a TCP socket.
 //! - [`congestion`]: the congestion control of app-side and tunnel sockets.
 
@@ -20,4 +21,5 @@ pub mod origin;
 pub mod outbound;
 pub mod plaintext;
 pub mod pool;
+pub mod port_holder;
 pub mod tunnels;
