@@ -8,6 +8,7 @@
 //! - [`plaintext`]: a pod's 15006 (in-pod mode): plaintext inbound, allowed or refused.
 //! - [`origin`]: where a listener's sockets live — the node's namespace or a pod's.
 //! - [`listener`]: binding and original-destination lookup.
+//! - [`log_limit`]: bounded logging of refusals a peer can provoke.
 //! - [`copy`]: moving bytes between an HTTP/2 stream and a TCP socket.
 //! - [`congestion`]: the congestion control of app-side and tunnel sockets.
 
@@ -16,6 +17,7 @@ pub mod copy;
 pub mod endpoints;
 pub mod inbound;
 pub mod listener;
+pub mod log_limit;
 pub mod origin;
 pub mod outbound;
 pub mod plaintext;
