@@ -10,7 +10,9 @@
 //! [`FIXED_DESCRIPTORS`] (listeners, files, the runtime) descriptors, and
 //! start-up refuses a configuration whose budget exceeds half the limit: the
 //! other half at least is the data path's, which no control-plane peer can
-//! take. With the defaults the budget is 416.
+//! take. With the defaults the budget is 416. The inbound connection caps
+//! are derived from the data path's share (`proxy/inbound/limits.rs`), so no
+//! data-path peer can take the control plane's either.
 //!
 //! A leaf module: it imports only the config section.
 
