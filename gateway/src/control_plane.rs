@@ -11,7 +11,9 @@
 //! [`FIXED_DESCRIPTORS`] (listeners, files, the runtime) descriptors, and
 //! start-up refuses a configuration whose budget exceeds half the limit: the
 //! other half at least is the data path's, which no control-plane peer can
-//! take. With the defaults the budget is 416.
+//! take. With the defaults the budget is 416. The inbound connection caps
+//! are derived from the data path's share (`proxy/inbound/limits.rs`), so no
+//! data-path peer can take the control plane's either.
 //!
 //! A leaf module: it imports only the config section.
 
@@ -78,7 +80,8 @@ impl ControlMetrics {
         registry.register(
             "control_refusals",
             "Control-plane connections closed by the gateway, by listener and reason \
-             (over_capacity, header_timeout, read_timeout, line_too_long, bad_request)",
+             (over_capacity, evicted: idle the longest when a new one came to a full listener, \
+             header_timeout, read_timeout, line_too_long, bad_request)",
             m.refusals.clone(),
         );
         registry.register(
@@ -94,6 +97,7 @@ impl ControlMetrics {
 #[derive(Clone, Debug)]
 pub struct ConnLimit {
     listener: &'static str,
+    max: u32,
     permits: Arc<Semaphore>,
     metrics: ControlMetrics,
     accept_errors: Arc<Mutex<AcceptErrors>>,
@@ -133,12 +137,16 @@ impl AcceptErrors {
 #[derive(Debug)]
 pub struct Admitted {
     _permit: OwnedSemaphorePermit,
-    open: Gauge,
+    _open: Open,
 }
 
-impl Drop for Admitted {
+/// Counts a connection in `tidegate_control_connections_open` until dropped.
+#[derive(Debug)]
+pub struct Open(Gauge);
+
+impl Drop for Open {
     fn drop(&mut self) {
-        self.open.dec();
+        self.0.dec();
     }
 }
 
@@ -148,6 +156,7 @@ impl ConnLimit {
         let _ = metrics.open.get_or_create(&ListenerLabels { listener });
         ConnLimit {
             listener,
+            max,
             permits: Arc::new(Semaphore::new(max as usize)),
             metrics: metrics.clone(),
             accept_errors: Arc::default(),
@@ -158,26 +167,35 @@ impl ConnLimit {
         self.listener
     }
 
+    /// The cap.
+    pub fn max(&self) -> usize {
+        self.max as usize
+    }
+
+    /// Counts a connection as open (the HTTP listeners keep their own
+    /// slots: `admin/slots.rs`).
+    pub fn open(&self) -> Open {
+        let open = self
+            .metrics
+            .open
+            .get_or_create(&ListenerLabels {
+                listener: self.listener,
+            })
+            .clone();
+        open.inc();
+        Open(open)
+    }
+
     /// A slot for a connection just accepted, or `None` — counted as
     /// `over_capacity` — when the listener is full: the caller drops the
     /// connection at once.
     pub fn admit(&self) -> Option<Admitted> {
         self.accept_errors.lock().unwrap().in_a_row = 0;
         match self.permits.clone().try_acquire_owned() {
-            Ok(permit) => {
-                let open = self
-                    .metrics
-                    .open
-                    .get_or_create(&ListenerLabels {
-                        listener: self.listener,
-                    })
-                    .clone();
-                open.inc();
-                Some(Admitted {
-                    _permit: permit,
-                    open,
-                })
-            }
+            Ok(permit) => Some(Admitted {
+                _permit: permit,
+                _open: self.open(),
+            }),
             Err(_) => {
                 self.refused("over_capacity");
                 None
@@ -243,13 +261,15 @@ pub struct BudgetError {
 
 /// Raises the open-file soft limit to the hard limit, logs both, and checks
 /// that the control plane's `budget` leaves at least half of it to the data
-/// path. A limit that cannot be read or raised is logged and not fatal.
-pub fn reserve_descriptors(budget: u64) -> Result<(), BudgetError> {
+/// path. Returns the descriptors left to the data path (the limit less the
+/// budget; `None` when the limit cannot be read, which is logged and not
+/// fatal; a limit that cannot be raised is logged and used as it is).
+pub fn reserve_descriptors(budget: u64) -> Result<Option<u64>, BudgetError> {
     let (before, hard) = match rlimit::getrlimit(rlimit::Resource::NOFILE) {
         Ok(l) => l,
         Err(e) => {
             warn!(error = %e, "cannot read the open-file limit");
-            return Ok(());
+            return Ok(None);
         }
     };
     let soft = match rlimit::increase_nofile_limit(hard) {
@@ -273,7 +293,7 @@ pub fn reserve_descriptors(budget: u64) -> Result<(), BudgetError> {
             limit: soft,
         });
     }
-    Ok(())
+    Ok(Some(soft.saturating_sub(budget)))
 }
 
 #[cfg(test)]

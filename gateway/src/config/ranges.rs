@@ -156,6 +156,8 @@ const MIN: Duration = secs(60);
 const HOUR: Duration = secs(3600);
 const DAY: Duration = secs(24 * 3600);
 const KIB: u64 = 1 << 10;
+/// About a billion: more descriptors than a process is given (`fs.nr_open` defaults to 2^20).
+const MAX_INBOUND_CONNECTIONS: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
 
 /// Every number of `c` with its range. The minimums are the smallest values
@@ -207,9 +209,30 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
         count(
             "hbone.max_dials_per_second_per_tunnel",
             h.max_dials_per_second_per_tunnel.into(),
+            0,
+            1_000_000,
+        )
+        .because("0: no cap on dials that carry bytes"),
+        count(
+            "hbone.max_wasted_dials_per_second_per_tunnel",
+            h.max_wasted_dials_per_second_per_tunnel.into(),
             1,
             1_000_000,
         ),
+        count(
+            "hbone.max_connections",
+            h.max_connections.into(),
+            0,
+            MAX_INBOUND_CONNECTIONS,
+        )
+        .because("0: derived from the open-file limit"),
+        count(
+            "hbone.max_connections_per_identity",
+            h.max_connections_per_identity.into(),
+            0,
+            MAX_INBOUND_CONNECTIONS,
+        )
+        .because("0: a quarter of hbone.max_connections"),
         bytes(
             "hbone.max_header_list_size",
             h.max_header_list_size,
