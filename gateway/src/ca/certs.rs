@@ -417,7 +417,7 @@ fn settle(
             (wait, Some(issued), None)
         }
         Err(e) => {
-            let wait = backoff.next();
+            let wait = backoff.step();
             let keeping = status.borrow().valid().is_some();
             if let IssueError::Refused(_) = e {
                 warn!(identity = %id, reason = e.reason(), error = %e, retry_in = ?wait, keeping_current = keeping, "CA answer refused; a certificate held stays in use");

@@ -60,7 +60,8 @@ impl Default for Backoff {
 impl Backoff {
     pub const MAX: Duration = Duration::from_secs(150);
 
-    pub fn next(&mut self) -> Duration {
+    /// The wait before the next attempt; each call doubles the one after it.
+    pub fn step(&mut self) -> Duration {
         let d = self.next;
         self.next = (d * 2).min(Self::MAX);
         d.mul_f64(0.8 + 0.4 * fastrand::f64())
@@ -74,7 +75,7 @@ mod tests {
     #[test]
     fn backoff_doubles_from_half_a_second_to_150_seconds_with_jitter() {
         let mut b = Backoff::default();
-        let steps: Vec<Duration> = (0..12).map(|_| b.next()).collect();
+        let steps: Vec<Duration> = (0..12).map(|_| b.step()).collect();
         let base = [
             0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 150.0, 150.0, 150.0,
         ];
