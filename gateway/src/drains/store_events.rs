@@ -12,7 +12,9 @@ use tracing::{info, warn};
 
 use tidegate_sdk as sdk;
 
-use super::engine::{lock, DrainBook, DrainEngine, DrainState, Lifecycle, Trigger, RETAIN};
+use super::engine::{
+    lock, DrainBook, DrainEngine, DrainError, DrainState, Lifecycle, Record, Trigger, RETAIN,
+};
 use crate::shutdown::ShutdownWatch;
 use crate::workloads::{LifecycleState, Workload, WorkloadSnapshot};
 
@@ -45,7 +47,7 @@ impl DrainEngine {
     }
 
     /// Raises the events between two consecutive snapshots.
-    fn on_snapshot(
+    pub(super) fn on_snapshot(
         self: &Arc<Self>,
         previous: &WorkloadSnapshot,
         current: &WorkloadSnapshot,
@@ -61,6 +63,7 @@ impl DrainEngine {
             .iter()
             .filter(|w| w.local && previous.by_uid(w.uid()).is_none())
         {
+            self.forget_earlier_incarnation(w.uid());
             if !by_agent || lock(&self.book).handed_over.contains(w.uid()) {
                 self.on_added(w);
             }
@@ -103,23 +106,27 @@ impl DrainEngine {
     ) {
         for old in previous.iter().filter(|w| w.local) {
             let uid = old.uid();
-            let what = match current.by_uid(uid) {
+            let (what, record) = match current.by_uid(uid) {
                 None => {
-                    // Keep the last known facts for the deleted event.
-                    lock(&self.book)
+                    // Keep the last known facts for the deleted event, which
+                    // is about this record only: if the workload comes back
+                    // before the event is handled, the event is dropped.
+                    let record = lock(&self.book)
                         .drains
                         .entry(uid.to_owned())
                         .or_insert_with(|| {
                             DrainState::new(old.clone(), self.policies.select(old), trigger)
-                        });
-                    Lifecycle::Deleted
+                        })
+                        .record;
+                    (Lifecycle::Deleted, Record::Only(record))
                 }
-                Some(w) if became_terminating(old, w) => Lifecycle::ShutdownStarted {
-                    grace: self.grace_of(w),
-                },
+                Some(w) if became_terminating(old, w) => {
+                    let grace = self.grace_of(w);
+                    (Lifecycle::ShutdownStarted { grace }, Record::Current)
+                }
                 _ => continue,
             };
-            self.raise(uid, what, trigger);
+            self.raise(uid, what, trigger, record);
         }
         // Newly terminating workloads that were not known before.
         for w in current
@@ -130,18 +137,24 @@ impl DrainEngine {
                 let what = Lifecycle::ShutdownStarted {
                     grace: self.grace_of(w),
                 };
-                self.raise(w.uid(), what, trigger);
+                self.raise(w.uid(), what, trigger, Record::Current);
             }
         }
     }
 
     /// Handles a lifecycle event from the store on one of the engine's tasks.
-    fn raise(self: &Arc<Self>, uid: &str, what: Lifecycle, trigger: Trigger) {
+    fn raise(self: &Arc<Self>, uid: &str, what: Lifecycle, trigger: Trigger, record: Record) {
         let this = self.clone();
         let uid = uid.to_owned();
         self.tasks.spawn("lifecycle", async move {
-            if let Err(e) = this.on_lifecycle(&uid, what, trigger).await {
-                warn!(error = %e, source = trigger.label(), "lifecycle event from the workload store failed");
+            match this.on_lifecycle_of(&uid, what, trigger, record).await {
+                Ok(_) => {}
+                Err(e @ DrainError::CameBack(_)) => {
+                    info!(reason = %e, source = trigger.label(), "lifecycle event dropped")
+                }
+                Err(e) => {
+                    warn!(error = %e, source = trigger.label(), "lifecycle event from the workload store failed")
+                }
             }
         });
     }
