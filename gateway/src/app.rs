@@ -125,6 +125,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     ))?;
     let mut registry = prometheus_client::registry::Registry::with_prefix("tidegate");
     let control = ControlMetrics::register(&mut registry);
+    crate::allocator::AllocatorMetrics::register(&mut registry);
     let (trigger, drain) = shutdown::channel();
     let mut tasks = JoinSet::new();
 
