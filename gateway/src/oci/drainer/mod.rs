@@ -34,6 +34,7 @@ use crate::workloads::{WorkloadSnapshot, WorkloadStore};
 mod targets;
 mod write;
 
+use crate::sync::Locked;
 use targets::{plan, targets_of, Plan, Target};
 #[cfg(test)]
 use write::{retry_reason, write_for, Write};
@@ -145,7 +146,7 @@ impl OciDrainer {
 
     /// The drain of workload `uid`, if one was requested.
     pub fn status(&self, uid: &str) -> Option<OciStatus> {
-        self.status.lock().unwrap().get(uid).cloned()
+        self.status.locked().get(uid).cloned()
     }
 
     /// Hands over a request from the `oci-drain` action; returns at once
@@ -165,7 +166,7 @@ impl OciDrainer {
                 description: format!("oci-drain {uid}: not a known workload"),
             };
         };
-        let mut status = self.status.lock().unwrap();
+        let mut status = self.status.locked();
         status.retain(|uid, s| {
             snapshot.by_uid(uid).is_some() || s.ended_at.is_none_or(|t| t.elapsed() < RETAIN)
         });
@@ -228,7 +229,7 @@ impl OciDrainer {
 
     /// Updates the job's status; false once a newer request superseded it.
     fn update(&self, job: &Job, f: impl FnOnce(&mut OciStatus)) -> bool {
-        match self.status.lock().unwrap().get_mut(&job.uid) {
+        match self.status.locked().get_mut(&job.uid) {
             Some(s) if s.generation == job.generation => {
                 f(s);
                 if s.state != "running" {
@@ -453,8 +454,7 @@ impl OciDrainer {
 
     fn lb_lock(&self, lb: &str) -> Arc<tokio::sync::Mutex<()>> {
         self.lb_locks
-            .lock()
-            .unwrap()
+            .locked()
             .entry(lb.to_owned())
             .or_default()
             .clone()
