@@ -89,7 +89,10 @@ impl WorkloadRef {
             return Err(RefError::TooLong(decoded.len()));
         }
         if decoded.is_empty() {
-            return Err(RefError::Invalid(decoded, "empty: give a uid or namespace/name"));
+            return Err(RefError::Invalid(
+                decoded,
+                "empty: give a uid or namespace/name",
+            ));
         }
         if known_uid(&decoded) {
             return Ok(WorkloadRef::Uid(decoded));
@@ -213,7 +216,10 @@ mod tests {
             assert!(e.to_string().contains(why), "{raw}: {e}");
         }
         let long_ns = format!("{}/echo", "n".repeat(64));
-        assert!(parse(&long_ns).unwrap_err().to_string().contains("63 bytes"));
+        assert!(parse(&long_ns)
+            .unwrap_err()
+            .to_string()
+            .contains("63 bytes"));
         let long_name = format!("demo/{}", "n".repeat(254));
         assert!(parse(&long_name).unwrap_err().to_string().contains("253"));
         let e = parse(&"u".repeat(1025)).unwrap_err();
@@ -246,6 +252,9 @@ mod tests {
         assert!(e.to_string().contains("runs on node node-b"), "{e}");
         let e = resolve(named("demo", "nope")).unwrap_err();
         assert_eq!(e.status(), StatusCode::NOT_FOUND);
-        assert!(e.to_string().starts_with("no workload named demo/nope"), "{e}");
+        assert!(
+            e.to_string().starts_with("no workload named demo/nope"),
+            "{e}"
+        );
     }
 }

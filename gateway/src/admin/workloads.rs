@@ -94,9 +94,9 @@ pub(super) async fn route(
     let parsed = parse(req.method(), rest, req.uri().query(), state.default_grace);
     let target = match &parsed {
         WorkloadRequest::Refused(status, body) => return text(*status, body.clone()),
-        WorkloadRequest::Bind(t) | WorkloadRequest::Unbind(t) | WorkloadRequest::Lifecycle(t, _) => {
-            *t
-        }
+        WorkloadRequest::Bind(t)
+        | WorkloadRequest::Unbind(t)
+        | WorkloadRequest::Lifecycle(t, _) => *t,
     };
     let uid = match resolve(&state, target) {
         Ok(uid) => uid,
@@ -120,7 +120,8 @@ pub(super) async fn route(
 /// The uid `target` (a path's workload) names on this node.
 fn resolve(state: &AdminState, target: &str) -> Result<String, RefError> {
     let snapshot = state.workloads.snapshot();
-    WorkloadRef::parse(target, |uid| snapshot.by_uid(uid).is_some())?.resolve(&snapshot, &state.node)
+    WorkloadRef::parse(target, |uid| snapshot.by_uid(uid).is_some())?
+        .resolve(&snapshot, &state.node)
 }
 
 /// The local workload `uid`, or why there is none (answered with 404).
