@@ -730,6 +730,16 @@ fn plugin_new_builds_checks_passes_its_trace_and_hot_swaps() {
 
     let out = ok(&tidegate_in(&krate, &["plugin", "build"]));
     assert!(out.starts_with("wrote target/my-policy.wasm ("), "{out}");
+    // Release by default: small enough for the tidegate-plugins ConfigMap.
+    assert!(
+        out.lines().next().unwrap().ends_with(" bytes, release)"),
+        "{out}"
+    );
+    assert!(!out.contains("not for a ConfigMap"), "{out}");
+    let size = std::fs::metadata(krate.join("target/my-policy.wasm"))
+        .unwrap()
+        .len();
+    assert!(size < 1 << 20, "{size} bytes");
     assert!(
         out.contains(&format!(
             "exports: tidegate:policy/policy@{}",
