@@ -21,6 +21,7 @@ use std::time::Instant;
 use tokio::sync::Notify;
 
 use crate::control_plane::{ConnLimit, Open};
+use crate::sync::Locked;
 
 /// One listener's slots.
 #[derive(Debug)]
@@ -62,7 +63,7 @@ impl Slots {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 
     /// A slot for a connection just accepted: a free one, or the one of the

@@ -23,6 +23,7 @@ use super::error::{one_line, CallFailure, FailureKind, LoadError};
 use super::metrics::DecisionSeries;
 use super::runtime::{Clock, HostState, PolicyRuntime};
 use super::version::{self, Contract, Version};
+use crate::sync::Locked;
 
 /// At most this many label keys, and as many annotation keys, in a
 /// plugin's `metadata-reads` (more is refused at `init`).
@@ -191,7 +192,7 @@ impl PluginVersion {
         version
             .call_raw(&self_test_event(), Clock::Wall)
             .map_err(|f| LoadError::SelfTest(f.to_string()))?;
-        *version.warm.lock().unwrap() = None;
+        *version.warm.locked() = None;
         // Counters start after validation.
         version.calls.store(0, Ordering::Relaxed);
         version.instantiations.store(0, Ordering::Relaxed);
@@ -262,7 +263,7 @@ impl PluginVersion {
             FailureKind::Init => LoadError::Init(one_line(f.detail)),
             _ => LoadError::Instantiate(f.to_string()),
         })?;
-        *version.warm.lock().unwrap() = Some(warm);
+        *version.warm.locked() = Some(warm);
         Ok(version)
     }
 
@@ -316,7 +317,7 @@ impl PluginVersion {
         match init {
             Ok(Ok(reads)) => {
                 check_reads(&reads).map_err(init_failure)?;
-                *self.reads.lock().unwrap() = Some(reads.clone());
+                *self.reads.locked() = Some(reads.clone());
                 Ok(Warm {
                     store,
                     policy,
@@ -332,7 +333,7 @@ impl PluginVersion {
     /// What the plugin's last successful `init` declared it reads (every
     /// key for a 0.1.0 plugin).
     pub fn reads(&self) -> Option<sdk::MetadataReads> {
-        self.reads.lock().unwrap().clone()
+        self.reads.locked().clone()
     }
 
     /// Calls `decide` on the warm instance (instantiating it if needed).
@@ -343,7 +344,7 @@ impl PluginVersion {
         clock: Clock,
     ) -> Result<Vec<sdk::Action>, CallFailure> {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        let mut guard = self.warm.lock().unwrap();
+        let mut guard = self.warm.locked();
         let _busy = self.runtime.busy();
         let warm = match guard.as_mut() {
             Some(w) => w,
@@ -399,7 +400,7 @@ impl PluginVersion {
         if result.is_err() {
             self.failures.fetch_add(1, Ordering::Relaxed);
             let now = Instant::now();
-            let mut recent = self.recent_failures.lock().unwrap();
+            let mut recent = self.recent_failures.locked();
             recent.push_back(now);
             while recent
                 .front()

@@ -7,6 +7,7 @@ use tracing::info;
 
 use super::engine::{PolicyEngine, Selection};
 use super::resolve::{SelectedBy, Skipped};
+use crate::sync::Locked;
 use crate::workloads::Workload;
 
 /// Why a run-time binding was refused.
@@ -43,7 +44,7 @@ pub struct PolicyReport {
 impl PolicyEngine {
     /// The run-time binding of workload `uid`, if any.
     pub fn runtime_binding(&self, uid: &str) -> Option<String> {
-        self.runtime_bindings.lock().unwrap().get(uid).cloned()
+        self.runtime_bindings.locked().get(uid).cloned()
     }
 
     /// Binds workload `uid` to `policy` at run time, above its annotation and
@@ -57,7 +58,7 @@ impl PolicyEngine {
                 known: known.join(", "),
             });
         }
-        let mut bindings = self.runtime_bindings.lock().unwrap();
+        let mut bindings = self.runtime_bindings.locked();
         let previous = bindings.insert(uid.to_owned(), policy.to_owned());
         self.metrics.runtime_bindings.set(bindings.len() as i64);
         info!(workload = uid, policy, previous = ?previous, "run-time policy binding set");
@@ -66,7 +67,7 @@ impl PolicyEngine {
 
     /// Removes the run-time binding of `uid`; returns it.
     pub fn unbind(&self, uid: &str) -> Option<String> {
-        let mut bindings = self.runtime_bindings.lock().unwrap();
+        let mut bindings = self.runtime_bindings.locked();
         let previous = bindings.remove(uid);
         self.metrics.runtime_bindings.set(bindings.len() as i64);
         if let Some(p) = &previous {

@@ -42,6 +42,7 @@ use tracing::info;
 use crate::config::HboneConfig;
 use crate::identity::SpiffeId;
 use crate::proxy::log_limit::LogLimit;
+use crate::sync::Locked;
 
 /// A cap that refused a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -304,7 +305,7 @@ impl ConnectionLimits {
         if count.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
-        let mut map = self.identities.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.identities.locked();
         let idle = map
             .get(id)
             .is_some_and(|c| Arc::ptr_eq(c, count) && c.load(Ordering::Acquire) == 0);
@@ -326,7 +327,7 @@ impl TunnelSlot {
     pub fn identify(&self, id: &SpiffeId) -> Result<IdentitySlot, OverLimit> {
         let l = &self.limits;
         let max = l.caps.per_identity;
-        let mut map = l.identities.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = l.identities.locked();
         let count = map.entry(id.clone()).or_default().clone();
         if !take(&count, max) {
             return Err(OverLimit::PerIdentity(max));

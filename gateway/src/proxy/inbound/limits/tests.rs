@@ -1,6 +1,7 @@
 //! The caps on their own: derivation, refusals, release.
 
 use super::*;
+use crate::sync::Locked;
 
 fn cfg(max_connections: u32, per_identity: u32) -> HboneConfig {
     HboneConfig {
@@ -89,7 +90,7 @@ fn one_identity_is_refused_past_its_cap_while_another_is_admitted() {
         text.contains(r#"inbound_connections_open{kind="tunnel"} 0"#),
         "{text}"
     );
-    assert!(limits.identities.lock().unwrap().is_empty());
+    assert!(limits.identities.locked().is_empty());
 }
 
 #[test]
