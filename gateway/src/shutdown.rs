@@ -5,7 +5,7 @@
 //! by which the work it guards must be finished. Tasks that serve
 //! connections document what they guarantee when it fires.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,28 +69,66 @@ impl ShutdownWatch {
     }
 }
 
-/// Counts live streams so shutdown can wait until none remain.
+/// Counts live streams so shutdown can wait until none remain, and how the
+/// ones that ended did (so shutdown can say what its deadline did).
 #[derive(Clone, Debug, Default)]
 pub struct ActiveStreams {
-    inner: Arc<(AtomicUsize, Notify)>,
+    inner: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    live: AtomicUsize,
+    /// Streams whose bytes were moved to the end: both sides saw a clean close.
+    clean: AtomicU64,
+    /// Streams cut (a reset on either side).
+    reset: AtomicU64,
+    idle: Notify,
+}
+
+/// How many tracked streams ended cleanly and how many were reset (streams
+/// refused or failed before any byte moved are in neither).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamEnds {
+    pub clean: u64,
+    pub reset: u64,
+}
+
+impl StreamEnds {
+    /// The ends since `earlier`.
+    pub fn since(self, earlier: StreamEnds) -> StreamEnds {
+        StreamEnds {
+            clean: self.clean.saturating_sub(earlier.clean),
+            reset: self.reset.saturating_sub(earlier.reset),
+        }
+    }
 }
 
 impl ActiveStreams {
     pub fn track(&self) -> StreamGuard {
-        self.inner.0.fetch_add(1, Ordering::Relaxed);
+        self.inner.live.fetch_add(1, Ordering::Relaxed);
         StreamGuard {
             inner: self.inner.clone(),
+            ended: None,
         }
     }
 
     pub fn count(&self) -> usize {
-        self.inner.0.load(Ordering::Relaxed)
+        self.inner.live.load(Ordering::Relaxed)
+    }
+
+    /// The ends counted so far.
+    pub fn ends(&self) -> StreamEnds {
+        StreamEnds {
+            clean: self.inner.clean.load(Ordering::Relaxed),
+            reset: self.inner.reset.load(Ordering::Relaxed),
+        }
     }
 
     /// Resolves when no tracked stream is alive.
     pub async fn idle(&self) {
         loop {
-            let notified = self.inner.1.notified();
+            let notified = self.inner.idle.notified();
             if self.count() == 0 {
                 return;
             }
@@ -101,13 +139,28 @@ impl ActiveStreams {
 
 #[derive(Debug)]
 pub struct StreamGuard {
-    inner: Arc<(AtomicUsize, Notify)>,
+    inner: Arc<Shared>,
+    /// Whether the stream ended cleanly, once it carried bytes.
+    ended: Option<bool>,
+}
+
+impl StreamGuard {
+    /// The stream's bytes were moved: to the end (`clean`), or until a
+    /// reset cut it. Counted when the guard drops.
+    pub fn finished(&mut self, clean: bool) {
+        self.ended = Some(clean);
+    }
 }
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
-        if self.inner.0.fetch_sub(1, Ordering::Relaxed) == 1 {
-            self.inner.1.notify_waiters();
+        match self.ended {
+            Some(true) => self.inner.clean.fetch_add(1, Ordering::Relaxed),
+            Some(false) => self.inner.reset.fetch_add(1, Ordering::Relaxed),
+            None => 0,
+        };
+        if self.inner.live.fetch_sub(1, Ordering::Relaxed) == 1 {
+            self.inner.idle.notify_waiters();
         }
     }
 }
@@ -141,6 +194,23 @@ mod tests {
         assert!(!waiter.is_finished());
         drop(g2);
         waiter.await.unwrap();
+        assert_eq!(streams.count(), 0);
+    }
+
+    #[test]
+    fn ends_are_counted_by_how_the_stream_ended() {
+        let streams = ActiveStreams::default();
+        let before = streams.ends();
+        let mut clean = streams.track();
+        let mut cut = streams.track();
+        let refused = streams.track();
+        clean.finished(true);
+        cut.finished(false);
+        drop((clean, cut, refused));
+        assert_eq!(
+            streams.ends().since(before),
+            StreamEnds { clean: 1, reset: 1 }
+        );
         assert_eq!(streams.count(), 0);
     }
 }

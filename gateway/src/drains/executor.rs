@@ -52,6 +52,10 @@ pub(super) struct Handles<'a> {
     pub timers: Arc<dyn TimerSink>,
     /// A GOAWAY's hard deadline when the action names none.
     pub default_goaway_deadline: Duration,
+    /// When the workload's termination grace ends, if its shutdown was
+    /// seen: the default deadline of a GOAWAY about it ends by then too
+    /// (a deadline the policy named was clamped by validation already).
+    pub grace_end: Option<Instant>,
     /// Pooled tunnels an action may touch: those of these source identities
     /// (a peer decision made for some local clients only), or all when `None`.
     pub sources: Option<&'a [SpiffeId]>,
@@ -192,14 +196,22 @@ fn goaway(
     evicted: &mut usize,
 ) -> String {
     let graceful = g.mode == sdk::GoawayMode::Graceful;
-    let hard = g
-        .hard_deadline_ms
-        .map(Duration::from_millis)
-        .unwrap_or(h.default_goaway_deadline);
+    let delay = Duration::from_millis(g.delay_ms);
+    let hard = match g.hard_deadline_ms {
+        Some(ms) => Duration::from_millis(ms),
+        None => match h.grace_end.filter(|_| g.workload == workload.uid()) {
+            Some(end) => {
+                let sent = decided_at.checked_add(delay).unwrap_or(decided_at);
+                h.default_goaway_deadline
+                    .min(end.saturating_duration_since(sent))
+            }
+            None => h.default_goaway_deadline,
+        },
+    };
     let cmd = GoawayCommand {
         graceful,
         deadline: decided_at
-            .checked_add(Duration::from_millis(g.delay_ms))
+            .checked_add(delay)
             .and_then(|t| t.checked_add(hard)),
         issued: decided_at,
         close_notify: g.close_notify,
@@ -214,7 +226,6 @@ fn goaway(
         g.target,
         sdk::GoawayTarget::Inbound | sdk::GoawayTarget::Both
     ) {
-        let delay = Duration::from_millis(g.delay_ms);
         let n = goaway_inbound(h, &g.workload, cmd, hard, &label, delay, decided_at);
         parts.push(format!("{n} inbound tunnels"));
     }

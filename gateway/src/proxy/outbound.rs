@@ -19,7 +19,7 @@ use crate::proxy::copy::{copy_bidirectional, copy_tcp, Transferred};
 use crate::proxy::endpoints::EndpointPicker;
 use crate::proxy::origin::Origin;
 use crate::proxy::pool::{Pool, PoolError, PoolKey};
-use crate::shutdown::{ActiveStreams, ShutdownWatch};
+use crate::shutdown::{ActiveStreams, ShutdownWatch, StreamGuard};
 use crate::workloads::{Protocol, WorkloadStore};
 
 #[derive(Debug, thiserror::Error)]
@@ -214,8 +214,8 @@ impl Outbound {
             self.metrics.connections_opened.inc();
             let started = Instant::now();
             let _ = tcp.set_nodelay(true);
-            let _guard = self.streams.track();
-            match self.proxy_inner(&tcp, src, dst, started).await {
+            let mut guard = self.streams.track();
+            match self.proxy_inner(&tcp, src, dst, started, &mut guard).await {
                 Ok(()) => {}
                 Err(e) => {
                     debug!(error = %e, "outbound connection failed");
@@ -247,6 +247,7 @@ impl Outbound {
         src: SocketAddr,
         dst: SocketAddr,
         started: Instant,
+        guard: &mut StreamGuard,
     ) -> Result<(), OutboundError> {
         if self.is_own_listener(dst) {
             return Err(OutboundError::Loop(dst));
@@ -288,6 +289,7 @@ impl Outbound {
             // take it for a normal end of stream.
             let _ = socket2::SockRef::from(tcp).set_linger(Some(std::time::Duration::ZERO));
         }
+        guard.finished(result.is_ok());
         self.metrics.stream_ended(outcome);
         let ids = (key.src.to_string(), key.dst.to_string());
         access_log((&ids.0, &ids.1), src, dst, moved, started, outcome);

@@ -226,6 +226,63 @@ async fn drain_at_teardown_waits_for_the_last_moment_and_holds_the_ack() {
     assert_eq!(again["teardown"]["result"], "already");
 }
 
+/// Every "N ms" in a decision's action descriptions.
+fn millis_in(actions: &serde_json::Value) -> Vec<u64> {
+    let text = actions.to_string();
+    let words: Vec<&str> = text
+        .split(|c: char| c.is_whitespace() || c == '"')
+        .collect();
+    words
+        .windows(2)
+        .filter(|w| w[1].starts_with("ms"))
+        .filter_map(|w| w[0].parse().ok())
+        .collect()
+}
+
+/// With a 5 s grace the reference policies' teardown decisions (a 10 s hold
+/// and GOAWAY deadline by default) stay within it: the teardown's
+/// `max-hold-ms` is the grace left, and they compute from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_5s_grace_the_reference_policies_hold_and_cut_within_it() {
+    for (octet, policy) in [(73, "recommended"), (74, "drain-at-teardown")] {
+        let nodes = with_policy(octet, policy, "").await;
+        let admin = nodes.server.addrs.admin;
+        let mut held = nodes.app_conn().await;
+        assert_eq!(round_trip(&mut held, b"one").await.unwrap(), b"one");
+        // The stream ends; its tunnel stays pooled (the policy acts on it).
+        held.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        held.read_to_end(&mut rest).await.unwrap();
+        post(
+            admin,
+            "POST",
+            "/workloads/echo-uid/shutdown-starting?grace=5s",
+        )
+        .await;
+        let out = post(admin, "POST", "/workloads/echo-uid/teardown").await;
+        let actions = &out["actions"];
+        let text = actions.to_string();
+        assert!(
+            text.contains("hold teardown up to") && text.contains("hard deadline"),
+            "{policy}: {out}"
+        );
+        let millis = millis_in(actions);
+        assert!(millis.len() >= 3, "{policy}: {millis:?} in {out}");
+        assert!(
+            millis.iter().all(|ms| *ms <= 5_000),
+            "{policy}: {millis:?} in {out}"
+        );
+        // Computed from the event, not clamped by the host.
+        assert_eq!(
+            metric_or_zero(
+                &nodes.server.metrics_text(),
+                r#"tidegate_policy_deadlines_clamped_to_time_left_total{policy="p"}"#
+            ),
+            0.0
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_teardown_hold_is_bounded() {
     let nodes = with_policy(63, "drain-at-teardown", r#"{"hold-ms": 200}"#).await;

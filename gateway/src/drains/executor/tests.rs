@@ -70,6 +70,16 @@ impl Rig {
     }
 
     fn run(&self, actions: &[sdk::Action], decided_at: Instant) -> Executed {
+        self.run_in_grace(actions, decided_at, None)
+    }
+
+    /// [`Rig::run`] for a workload whose termination grace ends at `grace_end`.
+    fn run_in_grace(
+        &self,
+        actions: &[sdk::Action],
+        decided_at: Instant,
+        grace_end: Option<Instant>,
+    ) -> Executed {
         let store = &self.store;
         let lookup = |uid: &str| store.snapshot().by_uid(uid).cloned();
         let handles = Handles {
@@ -81,6 +91,7 @@ impl Rig {
             workload: &lookup,
             timers: self.fired.clone(),
             default_goaway_deadline: Duration::from_secs(30),
+            grace_end,
             sources: None,
         };
         execute(&handles, &self.local(), actions, decided_at)
@@ -260,5 +271,31 @@ async fn a_delayed_goaway_reaches_the_tunnels_later_on_a_tracked_task() {
     assert_eq!(
         commands.borrow().unwrap().deadline,
         Some(t0 + Duration::from_millis(1_020))
+    );
+}
+
+/// A GOAWAY naming no hard deadline gets the default (30 s here), but not
+/// past the end of the workload's grace (a named one was clamped by
+/// validation already).
+#[tokio::test]
+async fn the_default_goaway_deadline_ends_with_the_grace() {
+    let rig = Rig::new();
+    let reg = rig.tunnel();
+    let commands = reg.tunnel.goaway_commands();
+    let t0 = Instant::now();
+    let unnamed = goaway(sdk::GoawayMode::Graceful, None);
+    let done = rig.run_in_grace(std::slice::from_ref(&unnamed), t0, Some(t0 + 5 * S));
+    assert_eq!(commands.borrow().and_then(|c| c.deadline), Some(t0 + 5 * S));
+    assert!(
+        done.descriptions[0].ends_with("hard deadline 5000 ms"),
+        "{:?}",
+        done.descriptions
+    );
+    // Without a grace (no shutdown seen): the default.
+    let done = rig.run(&[unnamed], t0);
+    assert!(
+        done.descriptions[0].ends_with("hard deadline 30000 ms"),
+        "{:?}",
+        done.descriptions
     );
 }

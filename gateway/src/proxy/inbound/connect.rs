@@ -221,7 +221,7 @@ impl Stream {
     async fn serve(self, req: Request<RecvStream>, mut respond: SendResponse<Bytes>) {
         let started = Instant::now();
         let deps = &*self.deps;
-        let _guard = deps.active.track();
+        let mut guard = deps.active.track();
         let (upstream, target) = match self.open_upstream(&req).await {
             Ok(x) => x,
             Err(e) => return refuse(deps, &self.ctx, respond, e, started),
@@ -249,6 +249,7 @@ impl Stream {
             // Reset the workload's side too: a cut stream is not a clean end.
             let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
         }
+        guard.finished(result.is_ok());
         deps.metrics.stream_ended(outcome);
         let drained_by = self.tunnel.drained_by();
         log(&self.ctx, drained_by, target, moved, started, outcome);
