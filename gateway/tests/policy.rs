@@ -664,9 +664,11 @@ fn a_refused_config_does_not_refuse_the_next_loads() {
     let swaps = |kind: &str| {
         let series = format!(r#"tidegate_policy_swaps_total{{policy="p",kind="{kind}"}}"#);
         let text = metrics_text(&reg);
-        text.contains(&series)
-            .then(|| metric(&text, &series))
-            .unwrap_or(0.0)
+        if text.contains(&series) {
+            metric(&text, &series)
+        } else {
+            0.0
+        }
     };
     let teardown_bytes = std::fs::read(plugin("drain-at-teardown")).unwrap();
     let bad = r#"{"hold-ms": "soon"}"#;

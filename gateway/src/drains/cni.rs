@@ -6,9 +6,13 @@
 //!   mode the pod's own listeners then close.
 //! - CNI ADD (in-pod mode): `{"command": "add", "uid": …, "name": …,
 //!   "namespace": …, "netns": <path>}` with the pod's network namespace
-//!   attached as one `SCM_RIGHTS` descriptor, answered `{"result":
-//!   "added"}` (or `"unchanged"` for a repeated ADD) once the pod's
-//!   listeners are up, `{"result": "error", "error": …}` otherwise.
+//!   attached as one `SCM_RIGHTS` descriptor. The pod's mesh membership
+//!   decides ([`crate::workloads::membership`]): a member is answered
+//!   `{"result": "added"}` (or `"unchanged"` for a repeated ADD) once its
+//!   listeners are up; a pod that is not one `{"result": "not-member",
+//!   "reason": …}` (not served; the plugin captures nothing); a pod whose
+//!   membership is unknown, or that could not be served, `{"result":
+//!   "error", "error": …}`.
 //!
 //! Limits: a request line is at most [`MAX_LINE`] bytes and must arrive
 //! within `control_plane.cni_read_timeout`; at most
@@ -60,12 +64,23 @@ pub struct HandedPod {
     pub namespace: String,
 }
 
+/// What became of a pod handed over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handed {
+    /// Served: `added`, `unchanged` or `replaced`.
+    Served(&'static str),
+    /// Not a mesh member, with why: not served, and not to be captured.
+    NotMember(&'static str),
+}
+
 /// Where pods handed over on the socket go (in-pod mode: the per-pod
 /// proxies). Without one, `add` is refused: the gateway is in node mode.
 pub trait PodHandover: Send + Sync + 'static {
-    /// Serve the pod in `netns`; `Ok("added")`, or `Ok("unchanged")` when
-    /// the same pod in the same namespace is served already.
-    fn add(&self, pod: HandedPod, netns: OwnedFd) -> BoxFuture<'_, Result<&'static str, String>>;
+    /// Serve the pod in `netns` if it is a mesh member: `Served("added")`,
+    /// or `Served("unchanged")` when the same pod in the same namespace is
+    /// served already; `NotMember` otherwise. An error when its membership
+    /// is unknown or it could not be served.
+    fn add(&self, pod: HandedPod, netns: OwnedFd) -> BoxFuture<'_, Result<Handed, String>>;
     /// Close the pod's listeners (after its teardown drain).
     fn remove(&self, uid: String) -> BoxFuture<'_, ()>;
 }
@@ -237,9 +252,13 @@ async fn add(
         namespace: req.namespace,
     };
     match pods.add(pod, netns).await {
-        Ok(result) => {
+        Ok(Handed::Served(result)) => {
             engine.pod_handed_over(&req.uid);
             json!({"result": result})
+        }
+        Ok(Handed::NotMember(reason)) => {
+            info!(uid = %req.uid, reason, "CNI ADD: not a mesh member; not captured");
+            json!({"result": "not-member", "reason": reason})
         }
         Err(e) => error(e),
     }

@@ -9,6 +9,7 @@
 //! - [`origin`]: where a listener's sockets live — the node's namespace or a pod's.
 //! - [`listener`]: binding and original-destination lookup; [`port_holder`]:
 //!   who holds a port a listener cannot bind.
+//! - [`log_limit`]: bounded logging of refusals a peer can provoke.
 //! - [`copy`]: moving bytes between an HTTP/2 stream and a TCP socket.
 //! - [`congestion`]: the congestion control of app-side and tunnel sockets.
 
@@ -17,6 +18,7 @@ pub mod copy;
 pub mod endpoints;
 pub mod inbound;
 pub mod listener;
+pub mod log_limit;
 pub mod origin;
 pub mod outbound;
 pub mod plaintext;

@@ -157,6 +157,36 @@ fn pb_pod(t: &InpodTopology) -> CniPod<'static> {
     }
 }
 
+/// Pod C: on node A, in the workload file with `protocol: TCP` — outside
+/// the mesh.
+fn pc_pod(t: &InpodTopology) -> CniPod<'static> {
+    CniPod {
+        namespace: "demo",
+        name: "legacy",
+        uid: "pc-uid",
+        netns: InpodTopology::netns_path(&t.pc).leak(),
+    }
+}
+
+/// Whether the in-pod capture rules are in pod namespace `ns`.
+fn captured(ns: &str) -> bool {
+    std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "iptables",
+            "-t",
+            "nat",
+            "-S",
+            "ISTIO_OUTPUT",
+        ])
+        .output()
+        .expect("run iptables in the pod's namespace")
+        .status
+        .success()
+}
+
 impl Scenario {
     /// Topology, both gateways, the echo server in pod B; no pod enrolled.
     async fn start(k: u8) -> Scenario {
@@ -720,4 +750,53 @@ async fn inpod_app_side_and_tunnel_sockets_use_their_configured_congestion_contr
         [host.as_str()]
     );
     drop(held);
+}
+
+/// Capture and mesh membership agree: `tidegate-cni` ADD of a pod outside
+/// the mesh (here the workload file's `protocol: TCP`, in Kubernetes the
+/// labels: `tidegate::workloads::membership`) succeeds and installs
+/// nothing, so the pod keeps plain TCP of its own; a member is captured.
+#[tokio::test]
+async fn inpod_a_pod_outside_the_mesh_is_not_captured() {
+    if skip() {
+        return;
+    }
+    let s = Scenario::start(6).await;
+    s.enroll_both().await;
+    let out = s.a.cni("ADD", pc_pod(&s.t), s.t.pod_c().into()).await;
+    ok("ADD pod C", &out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is not a mesh member (the workload file's protocol): not captured"),
+        "{err}"
+    );
+    assert_eq!(
+        stdout_json(&out)["ips"][0]["address"],
+        format!("{}/24", s.t.pod_c())
+    );
+    assert!(!captured(&s.t.pc), "pod C has no capture rule");
+    assert!(captured(&s.t.pa), "pod A, a member, has its rules");
+    let records = tidegate::inpod::state::PodRecord::read_all(&s.a.state);
+    assert_eq!(records.len(), 1, "only pod A is recorded");
+    let m = s.gw_a.metrics().await;
+    for (result, n) in [("added", 1.0), ("not_member", 1.0)] {
+        let series = format!(r#"tidegate_inpod_adds_total{{result="{result}"}}"#);
+        assert_eq!(metric_or_zero(&m, &series), n, "{series}");
+    }
+    assert_eq!(tidegate_e2e::metric(&m, "tidegate_inpod_pods"), 1.0);
+    // Pod C reaches pod B by itself (B's plaintext inbound delivers it),
+    // never through gateway A.
+    round_trip(&s.pc, s.server(), 1000, 9)
+        .await
+        .expect("pod C to pod B");
+    assert_eq!(s.last_peer().ip(), IpAddr::from(s.t.pod_c()));
+    let m = s.gw_a.metrics().await;
+    assert_eq!(
+        metric_or_zero(
+            &m,
+            r#"tidegate_connections_opened_total{direction="outbound"}"#
+        ),
+        0.0,
+        "nothing of pod C went through gateway A"
+    );
 }
