@@ -24,6 +24,7 @@ use pace::{DialBudget, PaceLimits};
 use crate::config::HboneConfig;
 use crate::hbone::io::reason_label;
 use crate::hbone::{self, server::TunnelEnd};
+use crate::identity::SpiffeId;
 use crate::metrics::ProxyMetrics;
 use crate::proxy::congestion::Congestion;
 use crate::proxy::log_limit::LogLimit;
@@ -31,7 +32,7 @@ use crate::proxy::origin::Origin;
 use crate::proxy::tunnels::{InboundTunnels, Registration};
 use crate::shutdown::{ActiveStreams, ShutdownWatch};
 use crate::tls::TlsContext;
-use crate::workloads::WorkloadStore;
+use crate::workloads::{Workload, WorkloadStore};
 
 /// Everything an inbound tunnel needs; shared by all of them.
 pub struct Inbound {
@@ -177,25 +178,8 @@ impl Inbound {
             }
             tracing::Span::current().record("dst.workload", workload.uid());
             let _ = tcp.set_nodelay(true);
-            let handshake = tokio::time::timeout(
-                self.cfg().connect_timeout,
-                self.tls.accept(&workload.identity, tcp),
-            )
-            .await;
-            let (tls, peer) = match handshake {
-                Ok(Ok(x)) => x,
-                Ok(Err(e)) => {
-                    self.handshake_refused(e.reason(), &e);
-                    return self.metrics().connection_failed(e.reason());
-                }
-                Err(_) => {
-                    let timeout = self.cfg().connect_timeout;
-                    self.handshake_refused(
-                        "handshake_timeout",
-                        &format!("not done in {timeout:?}"),
-                    );
-                    return self.metrics().connection_failed("handshake_timeout");
-                }
+            let Some((tls, peer)) = self.handshake(&workload, tcp).await else {
+                return;
             };
             tracing::Span::current().record("peer.identity", field::display(&peer));
             let identity = match slot.identify(&peer) {
@@ -226,6 +210,32 @@ impl Inbound {
         }
         .instrument(span)
         .await
+    }
+
+    /// The TLS handshake presenting `workload`'s certificate, bounded by
+    /// `hbone.connect_timeout`: the stream and the verified peer, or `None`
+    /// once the failure is counted and logged.
+    async fn handshake(
+        &self,
+        workload: &Workload,
+        tcp: TcpStream,
+    ) -> Option<(crate::tls::ServerTls, SpiffeId)> {
+        let timeout = self.cfg().connect_timeout;
+        let reason =
+            match tokio::time::timeout(timeout, self.tls.accept(&workload.identity, tcp)).await {
+                Ok(Ok(x)) => return Some(x),
+                Ok(Err(e)) => {
+                    self.handshake_refused(e.reason(), &e);
+                    e.reason()
+                }
+                Err(_) => {
+                    let error = format!("not done in {timeout:?}");
+                    self.handshake_refused("handshake_timeout", &error);
+                    "handshake_timeout"
+                }
+            };
+        self.metrics().connection_failed(reason);
+        None
     }
 
     /// A handshake the gateway refused (or a peer's that failed) is logged
