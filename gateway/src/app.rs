@@ -552,53 +552,14 @@ impl App {
             deadline_ms = self.shutdown_deadline.as_millis() as u64,
             "draining"
         );
-        self.report_drain(deadline).await;
+        // Streams cut at the deadline end within moments (their tunnels
+        // close at once): counted for the last line, not waited on longer.
+        const CUT_SETTLE: Duration = Duration::from_millis(500);
+        self.streams.drain(deadline, CUT_SETTLE).await.log();
         self.stop_admin.start(Duration::ZERO);
         self.drains.shutdown().await;
         self.tasks.abort_all();
         while self.tasks.join_next().await.is_some() {}
-    }
-
-    /// Waits until no stream is left or the drain `deadline` passes, and
-    /// says which: at the deadline, how the streams still open ended (cut by
-    /// their tunnels' deadline: reset, or closed cleanly when their copy saw
-    /// an end of stream first) and how many had closed cleanly before.
-    async fn report_drain(&self, deadline: tokio::time::Instant) {
-        /// How long the streams cut at the deadline get to end and be counted.
-        const CUT_SETTLE: Duration = Duration::from_secs(1);
-        let start = self.streams.ends();
-        let idle = tokio::time::timeout_at(deadline, self.streams.idle()).await;
-        let at_deadline = self.streams.ends();
-        let before = at_deadline.since(start);
-        // Streams cut at the deadline end just as it passes: idle then is
-        // no clean drain.
-        if idle.is_ok() && tokio::time::Instant::now() < deadline {
-            info!(closed_cleanly = before.clean, "drained: no streams left");
-            return;
-        }
-        let open = self.streams.count();
-        let _ = tokio::time::timeout(CUT_SETTLE, self.streams.idle()).await;
-        let cut = self.streams.ends().since(at_deadline);
-        let still_open = self.streams.count();
-        if cut.reset > 0 {
-            info!(
-                open_at_deadline = open,
-                reset = cut.reset,
-                closed_cleanly = cut.clean,
-                closed_cleanly_before = before.clean,
-                still_open,
-                "drain deadline reached: {} streams still open were reset",
-                cut.reset
-            );
-        } else {
-            info!(
-                open_at_deadline = open,
-                closed_cleanly = cut.clean,
-                closed_cleanly_before = before.clean,
-                still_open,
-                "drain deadline reached: no stream was reset"
-            );
-        }
     }
 
     /// Runs until SIGTERM or SIGINT, then [`App::shutdown`].

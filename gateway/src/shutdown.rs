@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
+use tracing::info;
 
 pub fn channel() -> (ShutdownTrigger, ShutdownWatch) {
     let (tx, rx) = watch::channel(None);
@@ -135,6 +136,127 @@ impl ActiveStreams {
             notified.await;
         }
     }
+
+    /// Waits until no stream is left or the drain `deadline` passes, and
+    /// says how the streams ended: at the deadline, waits up to `settle`
+    /// more for the streams it cut to end, to count them.
+    pub async fn drain(&self, deadline: Instant, settle: Duration) -> DrainEnd {
+        let start = self.ends();
+        let idle = tokio::time::timeout_at(deadline, self.idle()).await;
+        // Streams cut at the deadline end just as it passes: idle then is
+        // no clean drain.
+        if idle.is_ok() && Instant::now() < deadline {
+            return DrainEnd::Drained(self.ends().since(start));
+        }
+        let at_deadline = self.at_deadline(start);
+        let _ = tokio::time::timeout(settle, self.idle()).await;
+        at_deadline.settled(self)
+    }
+
+    /// The streams' state as the deadline passes (ends counted since `start`).
+    fn at_deadline(&self, start: StreamEnds) -> AtDeadline {
+        let ends = self.ends();
+        AtDeadline {
+            before: ends.since(start),
+            open: self.count(),
+            ends,
+        }
+    }
+}
+
+/// [`ActiveStreams`] as a drain's deadline passes.
+struct AtDeadline {
+    /// Ends counted before it.
+    before: StreamEnds,
+    open: usize,
+    ends: StreamEnds,
+}
+
+impl AtDeadline {
+    /// How the streams open at the deadline ended since.
+    fn settled(self, streams: &ActiveStreams) -> DrainEnd {
+        DrainEnd::Deadline {
+            before: self.before,
+            open: self.open,
+            cut: streams.ends().since(self.ends),
+            still_open: streams.count(),
+        }
+    }
+}
+
+/// How the gateway's drain ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrainEnd {
+    /// No stream was left before the deadline; how those that were ended.
+    Drained(StreamEnds),
+    /// The deadline passed with `open` streams: how they ended once it cut
+    /// them (`cut`; an end of stream seen before the cut's reset is a clean
+    /// close), how many had not ended at all (`still_open`: they are
+    /// dropped as the gateway stops), and how those before it ended.
+    Deadline {
+        before: StreamEnds,
+        open: usize,
+        cut: StreamEnds,
+        still_open: usize,
+    },
+}
+
+impl DrainEnd {
+    /// The drain's last log line.
+    pub fn log(&self) {
+        match *self {
+            DrainEnd::Drained(ended) => info!(
+                closed_cleanly = ended.clean,
+                reset = ended.reset,
+                "drained: no streams left"
+            ),
+            DrainEnd::Deadline {
+                before,
+                open,
+                cut,
+                still_open,
+            } => info!(
+                open_at_deadline = open,
+                reset = cut.reset,
+                closed_cleanly = cut.clean,
+                still_open,
+                closed_cleanly_before = before.clean,
+                reset_before = before.reset,
+                "drain deadline reached: {}",
+                self.what_happened()
+            ),
+        }
+    }
+
+    /// What the deadline did to the streams still open, in words.
+    pub fn what_happened(&self) -> String {
+        let DrainEnd::Deadline {
+            open,
+            cut,
+            still_open,
+            ..
+        } = *self
+        else {
+            return "no streams left".to_owned();
+        };
+        let (open, still_open) = (open as u64, still_open as u64);
+        let unanswered = open.saturating_sub(cut.reset + cut.clean + still_open);
+        let parts: Vec<String> = [
+            (cut.reset, "reset"),
+            (cut.clean, "closed cleanly"),
+            (unanswered, "ended before any byte moved"),
+            (still_open, "not ended when the gateway stopped"),
+        ]
+        .into_iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect();
+        if parts.is_empty() {
+            "no stream was still open".to_owned()
+        } else {
+            format!("of {open} streams still open, {}", parts.join(", "))
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -212,5 +334,70 @@ mod tests {
             StreamEnds { clean: 1, reset: 1 }
         );
         assert_eq!(streams.count(), 0);
+    }
+
+    /// At the deadline, the drain's last line says how the streams still
+    /// open ended: reset, closed cleanly, unanswered or not at all.
+    #[test]
+    fn a_deadline_says_how_the_streams_it_cut_ended() {
+        let streams = ActiveStreams::default();
+        let start = streams.ends();
+        let mut early = streams.track();
+        early.finished(true);
+        drop(early);
+        let (mut reset, mut clean) = (streams.track(), streams.track());
+        let (unanswered, hung) = (streams.track(), streams.track());
+        let at = streams.at_deadline(start);
+        reset.finished(false);
+        clean.finished(true);
+        drop((reset, clean, unanswered));
+        let end = at.settled(&streams);
+        assert_eq!(
+            end,
+            DrainEnd::Deadline {
+                before: StreamEnds { clean: 1, reset: 0 },
+                open: 4,
+                cut: StreamEnds { clean: 1, reset: 1 },
+                still_open: 1,
+            }
+        );
+        assert_eq!(
+            end.what_happened(),
+            "of 4 streams still open, 1 reset, 1 closed cleanly, \
+             1 ended before any byte moved, 1 not ended when the gateway stopped"
+        );
+        drop(hung);
+    }
+
+    /// Streams the deadline cut whose apps saw a clean close are not said to
+    /// be reset.
+    #[test]
+    fn streams_closed_cleanly_at_the_deadline_are_not_said_reset() {
+        let streams = ActiveStreams::default();
+        let mut open = streams.track();
+        let at = streams.at_deadline(streams.ends());
+        open.finished(true);
+        drop(open);
+        let end = at.settled(&streams);
+        assert_eq!(
+            end.what_happened(),
+            "of 1 streams still open, 1 closed cleanly"
+        );
+        assert_eq!(
+            at_nothing_open(&streams).what_happened(),
+            "no stream was still open"
+        );
+    }
+
+    fn at_nothing_open(streams: &ActiveStreams) -> DrainEnd {
+        streams.at_deadline(streams.ends()).settled(streams)
+    }
+
+    #[tokio::test]
+    async fn a_drain_without_streams_ends_before_its_deadline() {
+        let streams = ActiveStreams::default();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let end = streams.drain(deadline, Duration::from_secs(60)).await;
+        assert_eq!(end, DrainEnd::Drained(StreamEnds::default()));
     }
 }

@@ -142,7 +142,7 @@ pub(super) struct DrainState {
     pub(super) started: SystemTime,
     pub(super) shutdown_at: Option<Instant>,
     /// When the pod's termination grace ends (from `shutdown-started`): no
-    /// deadline about it outlives this ([`crate::policy::time_left`]).
+    /// deadline about it outlives this (the executor cuts any that would).
     pub(super) grace_end: Option<Instant>,
     pub(super) deadline: Option<SystemTime>,
     pub(super) actions: Vec<String>,
@@ -302,10 +302,7 @@ impl DrainEngine {
         sources: Option<&[crate::identity::SpiffeId]>,
     ) -> Executed {
         let lookup = |uid: &str| self.any_workload(uid);
-        let grace_end = lock(&self.book)
-            .drains
-            .get(workload.uid())
-            .and_then(|d| d.grace_end);
+        let grace_end = |uid: &str| lock(&self.book).drains.get(uid).and_then(|d| d.grace_end);
         let handles = Handles {
             pool: &self.pool,
             inbound: &self.registry,
@@ -315,7 +312,7 @@ impl DrainEngine {
             workload: &lookup,
             timers: self.clone(),
             default_goaway_deadline: self.cfg.default_goaway_deadline,
-            grace_end,
+            grace_end: &grace_end,
             sources,
         };
         executor::execute(&handles, workload, actions, decided_at)
@@ -560,8 +557,8 @@ impl DrainEngine {
     /// The event a policy sees for `what`. A teardown's `max-hold-ms` is
     /// `drains.max_hold`, and never more than the pod's remaining grace:
     /// a policy computing its hold and GOAWAY deadline from it (as the
-    /// reference ones do) stays within the grace, and the host clamps any
-    /// that does not ([`crate::policy::time_left`]).
+    /// reference ones do) stays within the grace; the executor cuts any
+    /// deadline that does not.
     fn event_for(&self, w: &Workload, what: Lifecycle, step: &Step) -> sdk::Event {
         let state = self.state_of(w);
         match what {

@@ -101,8 +101,6 @@ pub struct Decision {
     pub fallback: Option<FallbackReason>,
     pub ignored: usize,
     pub clamped: usize,
-    /// Of `clamped`, the deadlines clamped to the time the pod has left.
-    pub clamped_to_time_left: usize,
     #[serde(skip)]
     pub latency: Duration,
 }
@@ -520,9 +518,6 @@ impl PolicyEngine {
                 })
                 .inc_by(validated.clamped as u64);
         }
-        if validated.clamped_to_time_left > 0 {
-            self.on_clamped_to_time_left(&policy, event, validated.clamped_to_time_left);
-        }
         Decision {
             policy,
             version: selection.version.as_ref().map(|v| v.hash.clone()),
@@ -530,29 +525,8 @@ impl PolicyEngine {
             fallback,
             ignored: validated.ignored.len(),
             clamped: validated.clamped,
-            clamped_to_time_left: validated.clamped_to_time_left,
             latency,
         }
-    }
-
-    /// A decision asked for deadlines past the time its pod has left: said
-    /// and counted (the plugin may compute from the event's grace instead).
-    fn on_clamped_to_time_left(&self, policy: &str, event: &sdk::Event, n: usize) {
-        let (workload, left) = super::validate::time_left(event).unwrap_or_default();
-        info!(
-            policy,
-            event = event.kind(),
-            workload,
-            left_ms = left.as_millis() as u64,
-            deadlines = n,
-            "deadlines past the time the pod has left were clamped to it"
-        );
-        self.metrics
-            .clamped_to_time_left
-            .get_or_create(&PolicyLabels {
-                policy: policy.to_owned(),
-            })
-            .inc_by(n as u64);
     }
 
     fn on_failure(&self, v: &PluginVersion, kind: FailureKind, detail: &str) {

@@ -52,8 +52,6 @@ pub struct PolicyMetrics {
     pub(super) quarantines: Family<PolicyLabels, Counter>,
     pub(super) ignored: Family<KindLabels, Counter>,
     pub(super) clamped: Family<PolicyLabels, Counter>,
-    /// Of `clamped`, the deadlines clamped to the time the pod has left.
-    pub(super) clamped_to_time_left: Family<PolicyLabels, Counter>,
     /// Run-time bindings in force (`PUT /workloads/<uid>/policy`).
     pub(super) runtime_bindings: Gauge,
     plugin_counters: Family<PluginCounterLabels, Counter>,
@@ -81,7 +79,6 @@ impl Default for PolicyMetrics {
             quarantines: Family::default(),
             ignored: Family::default(),
             clamped: Family::default(),
-            clamped_to_time_left: Family::default(),
             runtime_bindings: Gauge::default(),
             plugin_counters: Family::default(),
             plugin_names: Arc::default(),
@@ -181,14 +178,8 @@ impl PolicyMetrics {
         );
         r.register(
             "actions_clamped",
-            "Numbers in actions clamped to the configured bounds or to the time the pod has left",
+            "Numbers in actions clamped to the configured bounds",
             m.clamped.clone(),
-        );
-        r.register(
-            "deadlines_clamped_to_time_left",
-            "Deadlines about a terminating pod clamped to the time it has left \
-             (its grace at shutdown-started, max-hold-ms at network-teardown)",
-            m.clamped_to_time_left.clone(),
         );
         r.register(
             "runtime_bindings",
