@@ -239,9 +239,28 @@ fn millis_in(actions: &serde_json::Value) -> Vec<u64> {
         .collect()
 }
 
+/// The actions `GET /drains` shows taken for the echo workload.
+async fn actions_taken(admin: SocketAddr) -> serde_json::Value {
+    let drains = post(admin, "GET", "/drains").await;
+    let d = &drains["drains"][0];
+    assert_eq!(d["uid"], "echo-uid", "{drains}");
+    d["actions_taken"].clone()
+}
+
+const CUT: &str = "(cut to the pod's termination grace)";
+
+/// The server's count of deadlines cut to a pod's grace.
+fn cut_to_grace(nodes: &TwoNodes, deadline: &str) -> f64 {
+    metric_or_zero(
+        &nodes.server.metrics_text(),
+        &format!(r#"tidegate_drain_deadlines_cut_to_grace_total{{deadline="{deadline}"}}"#),
+    )
+}
+
 /// With a 5 s grace the reference policies' teardown decisions (a 10 s hold
 /// and GOAWAY deadline by default) stay within it: the teardown's
-/// `max-hold-ms` is the grace left, and they compute from it.
+/// `max-hold-ms` is the grace left, and they compute from it (nothing had
+/// to be cut).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_5s_grace_the_reference_policies_hold_and_cut_within_it() {
     for (octet, policy) in [(73, "recommended"), (74, "drain-at-teardown")] {
@@ -260,27 +279,50 @@ async fn with_a_5s_grace_the_reference_policies_hold_and_cut_within_it() {
         )
         .await;
         let out = post(admin, "POST", "/workloads/echo-uid/teardown").await;
-        let actions = &out["actions"];
-        let text = actions.to_string();
+        let taken = actions_taken(admin).await;
+        for actions in [&out["actions"], &taken] {
+            let text = actions.to_string();
+            assert!(
+                text.contains("hold teardown up to") && text.contains("hard deadline"),
+                "{policy}: {actions}"
+            );
+            let millis = millis_in(actions);
+            assert!(millis.len() >= 3, "{policy}: {millis:?} in {actions}");
+            assert!(
+                millis.iter().all(|ms| *ms <= 5_000),
+                "{policy}: {millis:?} in {actions}"
+            );
+            assert!(!text.contains(CUT), "{policy}: {actions}");
+        }
+        for deadline in ["goaway_hard_deadline", "teardown_hold"] {
+            assert_eq!(cut_to_grace(&nodes, deadline), 0.0, "{policy}");
+        }
+    }
+}
+
+/// A policy asking for a GOAWAY past the pod's grace (a 10 s delay with a
+/// 5 s grace) gets it cut to the grace: sent as the grace ends with no time
+/// after it, said in the decision and in `GET /drains`, and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_goaway_asked_past_the_grace_is_cut_to_it() {
+    let nodes = with_policy(75, "goaway-on-term-start", r#"{"delay-ms": 10000}"#).await;
+    let admin = nodes.server.addrs.admin;
+    let out = post(
+        admin,
+        "POST",
+        "/workloads/echo-uid/shutdown-starting?grace=5s",
+    )
+    .await;
+    let taken = actions_taken(admin).await;
+    for actions in [&out["actions"], &taken] {
+        let text = actions[0].as_str().unwrap();
         assert!(
-            text.contains("hold teardown up to") && text.contains("hard deadline"),
-            "{policy}: {out}"
-        );
-        let millis = millis_in(actions);
-        assert!(millis.len() >= 3, "{policy}: {millis:?} in {out}");
-        assert!(
-            millis.iter().all(|ms| *ms <= 5_000),
-            "{policy}: {millis:?} in {out}"
-        );
-        // Computed from the event, not clamped by the host.
-        assert_eq!(
-            metric_or_zero(
-                &nodes.server.metrics_text(),
-                r#"tidegate_policy_deadlines_clamped_to_time_left_total{policy="p"}"#
-            ),
-            0.0
+            text.ends_with(&format!("delay 5000 ms, hard deadline 0 ms {CUT}")),
+            "{actions}"
         );
     }
+    assert_eq!(cut_to_grace(&nodes, "goaway_delay"), 1.0);
+    assert_eq!(cut_to_grace(&nodes, "goaway_hard_deadline"), 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
