@@ -138,112 +138,87 @@ impl ActiveStreams {
     }
 
     /// Waits until no stream is left or the drain `deadline` passes, and
-    /// says how the streams ended: at the deadline, waits up to `settle`
-    /// more for the streams it cut to end, to count them.
+    /// says how the streams open at the start ended: at the deadline, after
+    /// waiting up to `settle` more for the streams it cut to end.
     pub async fn drain(&self, deadline: Instant, settle: Duration) -> DrainEnd {
-        let start = self.ends();
+        let start = self.drain_start();
         let idle = tokio::time::timeout_at(deadline, self.idle()).await;
         // Streams cut at the deadline end just as it passes: idle then is
         // no clean drain.
         if idle.is_ok() && Instant::now() < deadline {
-            return DrainEnd::Drained(self.ends().since(start));
+            return start.end(self, false);
         }
-        let at_deadline = self.at_deadline(start);
         let _ = tokio::time::timeout(settle, self.idle()).await;
-        at_deadline.settled(self)
+        start.end(self, true)
     }
 
-    /// The streams' state as the deadline passes (ends counted since `start`).
-    fn at_deadline(&self, start: StreamEnds) -> AtDeadline {
-        let ends = self.ends();
-        AtDeadline {
-            before: ends.since(start),
+    fn drain_start(&self) -> DrainStart {
+        DrainStart {
             open: self.count(),
-            ends,
+            ends: self.ends(),
         }
     }
 }
 
-/// [`ActiveStreams`] as a drain's deadline passes.
-struct AtDeadline {
-    /// Ends counted before it.
-    before: StreamEnds,
+/// [`ActiveStreams`] as a drain starts.
+struct DrainStart {
     open: usize,
     ends: StreamEnds,
 }
 
-impl AtDeadline {
-    /// How the streams open at the deadline ended since.
-    fn settled(self, streams: &ActiveStreams) -> DrainEnd {
-        DrainEnd::Deadline {
-            before: self.before,
+impl DrainStart {
+    /// How the drain ended (at its deadline or not).
+    fn end(self, streams: &ActiveStreams, deadline_reached: bool) -> DrainEnd {
+        DrainEnd {
+            deadline_reached,
             open: self.open,
-            cut: streams.ends().since(self.ends),
+            ended: streams.ends().since(self.ends),
             still_open: streams.count(),
         }
     }
 }
 
-/// How the gateway's drain ended.
+/// How the gateway's drain ended: what happened to the streams open as it
+/// started.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DrainEnd {
-    /// No stream was left before the deadline; how those that were ended.
-    Drained(StreamEnds),
-    /// The deadline passed with `open` streams: how they ended once it cut
-    /// them (`cut`; an end of stream seen before the cut's reset is a clean
-    /// close), how many had not ended at all (`still_open`: they are
-    /// dropped as the gateway stops), and how those before it ended.
-    Deadline {
-        before: StreamEnds,
-        open: usize,
-        cut: StreamEnds,
-        still_open: usize,
-    },
+pub struct DrainEnd {
+    /// The deadline passed with streams open; its tunnels' close cut them
+    /// (a stream whose copy saw an end of stream first closed cleanly).
+    pub deadline_reached: bool,
+    /// Streams open as the drain started.
+    pub open: usize,
+    /// How the streams that carried bytes ended since.
+    pub ended: StreamEnds,
+    /// Streams not ended at all (dropped as the gateway stops).
+    pub still_open: usize,
 }
 
 impl DrainEnd {
     /// The drain's last log line.
     pub fn log(&self) {
-        match *self {
-            DrainEnd::Drained(ended) => info!(
-                closed_cleanly = ended.clean,
-                reset = ended.reset,
-                "drained: no streams left"
-            ),
-            DrainEnd::Deadline {
-                before,
-                open,
-                cut,
-                still_open,
-            } => info!(
-                open_at_deadline = open,
-                reset = cut.reset,
-                closed_cleanly = cut.clean,
-                still_open,
-                closed_cleanly_before = before.clean,
-                reset_before = before.reset,
-                "drain deadline reached: {}",
-                self.what_happened()
-            ),
-        }
+        let head = if self.deadline_reached {
+            "drain deadline reached"
+        } else {
+            "drained: no streams left"
+        };
+        info!(
+            open_at_start = self.open,
+            reset = self.ended.reset,
+            closed_cleanly = self.ended.clean,
+            still_open = self.still_open,
+            "{head}: {}",
+            self.what_happened()
+        );
     }
 
-    /// What the deadline did to the streams still open, in words.
+    /// What happened to the streams, in words.
     pub fn what_happened(&self) -> String {
-        let DrainEnd::Deadline {
-            open,
-            cut,
-            still_open,
-            ..
-        } = *self
-        else {
-            return "no streams left".to_owned();
-        };
-        let (open, still_open) = (open as u64, still_open as u64);
-        let unanswered = open.saturating_sub(cut.reset + cut.clean + still_open);
+        let (open, still_open) = (self.open as u64, self.still_open as u64);
+        let ended = self.ended;
+        let unanswered = open.saturating_sub(ended.reset + ended.clean + still_open);
         let parts: Vec<String> = [
-            (cut.reset, "reset"),
-            (cut.clean, "closed cleanly"),
+            (ended.reset, "reset"),
+            (ended.clean, "closed cleanly"),
             (unanswered, "ended before any byte moved"),
             (still_open, "not ended when the gateway stopped"),
         ]
@@ -252,9 +227,9 @@ impl DrainEnd {
         .map(|(n, what)| format!("{n} {what}"))
         .collect();
         if parts.is_empty() {
-            "no stream was still open".to_owned()
+            "no stream was open".to_owned()
         } else {
-            format!("of {open} streams still open, {}", parts.join(", "))
+            format!("of {open} streams open, {}", parts.join(", "))
         }
     }
 }
@@ -336,34 +311,30 @@ mod tests {
         assert_eq!(streams.count(), 0);
     }
 
-    /// At the deadline, the drain's last line says how the streams still
-    /// open ended: reset, closed cleanly, unanswered or not at all.
+    /// The drain's last line says how the streams open as it started
+    /// ended: reset, closed cleanly, unanswered or not at all.
     #[test]
-    fn a_deadline_says_how_the_streams_it_cut_ended() {
+    fn a_drain_says_how_its_streams_ended() {
         let streams = ActiveStreams::default();
-        let start = streams.ends();
-        let mut early = streams.track();
-        early.finished(true);
-        drop(early);
         let (mut reset, mut clean) = (streams.track(), streams.track());
         let (unanswered, hung) = (streams.track(), streams.track());
-        let at = streams.at_deadline(start);
+        let start = streams.drain_start();
         reset.finished(false);
         clean.finished(true);
         drop((reset, clean, unanswered));
-        let end = at.settled(&streams);
+        let end = start.end(&streams, true);
         assert_eq!(
             end,
-            DrainEnd::Deadline {
-                before: StreamEnds { clean: 1, reset: 0 },
+            DrainEnd {
+                deadline_reached: true,
                 open: 4,
-                cut: StreamEnds { clean: 1, reset: 1 },
+                ended: StreamEnds { clean: 1, reset: 1 },
                 still_open: 1,
             }
         );
         assert_eq!(
             end.what_happened(),
-            "of 4 streams still open, 1 reset, 1 closed cleanly, \
+            "of 4 streams open, 1 reset, 1 closed cleanly, \
              1 ended before any byte moved, 1 not ended when the gateway stopped"
         );
         drop(hung);
@@ -375,22 +346,13 @@ mod tests {
     fn streams_closed_cleanly_at_the_deadline_are_not_said_reset() {
         let streams = ActiveStreams::default();
         let mut open = streams.track();
-        let at = streams.at_deadline(streams.ends());
+        let start = streams.drain_start();
         open.finished(true);
         drop(open);
-        let end = at.settled(&streams);
-        assert_eq!(
-            end.what_happened(),
-            "of 1 streams still open, 1 closed cleanly"
-        );
-        assert_eq!(
-            at_nothing_open(&streams).what_happened(),
-            "no stream was still open"
-        );
-    }
-
-    fn at_nothing_open(streams: &ActiveStreams) -> DrainEnd {
-        streams.at_deadline(streams.ends()).settled(streams)
+        let end = start.end(&streams, true);
+        assert_eq!(end.what_happened(), "of 1 streams open, 1 closed cleanly");
+        let nothing = streams.drain_start().end(&streams, true);
+        assert_eq!(nothing.what_happened(), "no stream was open");
     }
 
     #[tokio::test]
@@ -398,6 +360,7 @@ mod tests {
         let streams = ActiveStreams::default();
         let deadline = Instant::now() + Duration::from_secs(60);
         let end = streams.drain(deadline, Duration::from_secs(60)).await;
-        assert_eq!(end, DrainEnd::Drained(StreamEnds::default()));
+        assert!(!end.deadline_reached);
+        assert_eq!(end.what_happened(), "no stream was open");
     }
 }
