@@ -30,6 +30,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{info, warn};
 
 use crate::config::ControlPlaneConfig;
+use crate::sync::Locked;
 
 /// After a failed accept (EMFILE, ENFILE, ENOBUFS…) the loop waits instead
 /// of spinning on an error that will not clear by itself: this long after
@@ -190,7 +191,7 @@ impl ConnLimit {
     /// `over_capacity` — when the listener is full: the caller drops the
     /// connection at once.
     pub fn admit(&self) -> Option<Admitted> {
-        self.accept_errors.lock().unwrap().in_a_row = 0;
+        self.accept_errors.locked().in_a_row = 0;
         match self.permits.clone().try_acquire_owned() {
             Ok(permit) => Some(Admitted {
                 _permit: permit,
@@ -227,8 +228,7 @@ impl ConnLimit {
             .inc();
         let (pause, log) = self
             .accept_errors
-            .lock()
-            .unwrap()
+            .locked()
             .failed(tokio::time::Instant::now());
         if let Some(unlogged) = log {
             warn!(listener = self.listener, error = %e, pause = ?pause, unlogged_since_last_line = unlogged, "accept failed; pausing");
@@ -348,7 +348,7 @@ mod tests {
     fn a_successful_accept_starts_the_pauses_over() {
         let limit = ConnLimit::new("admin", 1, &ControlMetrics::default());
         let t0 = tokio::time::Instant::now();
-        let failed = || limit.accept_errors.lock().unwrap().failed(t0).0;
+        let failed = || limit.accept_errors.locked().failed(t0).0;
         assert_eq!(failed(), Duration::from_millis(10));
         assert_eq!(failed(), Duration::from_millis(20));
         let _slot = limit.admit().unwrap();

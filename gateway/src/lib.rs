@@ -37,6 +37,7 @@ pub mod oci;
 pub mod policy;
 pub mod proxy;
 pub mod shutdown;
+pub mod sync;
 pub mod tls;
 pub mod workload_table;
 pub mod workloads;

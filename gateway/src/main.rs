@@ -82,6 +82,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Drain(args) => {
+            let admin = args.admin.unwrap_or(config.listeners.admin);
+            println!("{}", tidegate::cli::workload_ops::drain(admin, &args)?);
+            Ok(())
+        }
+        Command::Bind(args) => {
+            let admin = args.admin.unwrap_or(config.listeners.admin);
+            println!("{}", tidegate::cli::workload_ops::bind(admin, &args)?);
+            Ok(())
+        }
+        Command::Unbind(args) => {
+            let admin = args.admin.unwrap_or(config.listeners.admin);
+            println!("{}", tidegate::cli::workload_ops::unbind(admin, &args)?);
+            Ok(())
+        }
         Command::Policy(_) | Command::Plugin(_) | Command::Ca(_) => {
             unreachable!("handled above")
         }

@@ -3,33 +3,17 @@
 //! admin API's `/config_dump` (the report the drain engine's selection
 //! produces, so the table shows what decides).
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::net::SocketAddr;
 
 use serde_json::Value;
+
+use crate::cli::admin_api::{self, AdminError};
 
 /// Why the table could not be produced.
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
-    #[error(
-        "cannot reach the admin API at {addr} (is the gateway running? --admin sets the address)"
-    )]
-    Connect {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
-    #[error("reading the admin API at {addr}")]
-    Io {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
-    #[error("admin API at {addr} answered {status}: {body}")]
-    Status {
-        addr: SocketAddr,
-        status: String,
-        body: String,
-    },
+    #[error(transparent)]
+    Admin(#[from] AdminError),
     #[error("admin API at {addr}: /config_dump is not the expected JSON: {detail}")]
     Json { addr: SocketAddr, detail: String },
     #[error("no workload has the uid, name, namespace/name or IP {0:?}")]
@@ -39,44 +23,11 @@ pub enum TableError {
 /// Fetches `/config_dump` from `admin` (an unspecified IP means loopback)
 /// and renders the table, only the workloads matching `filter` if given.
 pub fn fetch(admin: SocketAddr, filter: Option<&str>) -> Result<String, TableError> {
-    let addr = if admin.ip().is_unspecified() {
-        SocketAddr::from(([127, 0, 0, 1], admin.port()))
-    } else {
-        admin
-    };
-    let dump = get_json(addr, "/config_dump")?;
+    let addr = admin_api::dial_addr(admin);
+    let dump = admin_api::call(addr, "GET", "/config_dump", b"")?;
     render(&dump, filter).map_err(|e| match e {
         RenderError::Shape(detail) => TableError::Json { addr, detail },
         RenderError::NoMatch(f) => TableError::NoMatch(f),
-    })
-}
-
-fn get_json(addr: SocketAddr, path: &str) -> Result<Value, TableError> {
-    let io = |source| TableError::Io { addr, source };
-    let mut tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-        .map_err(|source| TableError::Connect { addr, source })?;
-    tcp.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(io)?;
-    write!(
-        tcp,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .map_err(io)?;
-    let mut raw = Vec::new();
-    tcp.read_to_end(&mut raw).map_err(io)?;
-    let raw = String::from_utf8_lossy(&raw);
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-    let status = head.lines().next().unwrap_or_default();
-    if status.split_whitespace().nth(1) != Some("200") {
-        return Err(TableError::Status {
-            addr,
-            status: status.to_owned(),
-            body: body.trim().to_owned(),
-        });
-    }
-    serde_json::from_str(body).map_err(|e| TableError::Json {
-        addr,
-        detail: e.to_string(),
     })
 }
 

@@ -755,6 +755,16 @@ fn plugin_new_builds_checks_passes_its_trace_and_hot_swaps() {
 
     let out = ok(&tidegate_in(&krate, &["plugin", "build"]));
     assert!(out.starts_with("wrote target/my-policy.wasm ("), "{out}");
+    // Release by default: small enough for the tidegate-plugins ConfigMap.
+    assert!(
+        out.lines().next().unwrap().ends_with(" bytes, release)"),
+        "{out}"
+    );
+    assert!(!out.contains("not for a ConfigMap"), "{out}");
+    let size = std::fs::metadata(krate.join("target/my-policy.wasm"))
+        .unwrap()
+        .len();
+    assert!(size < 1 << 20, "{size} bytes");
     assert!(
         out.contains(&format!(
             "exports: tidegate:policy/policy@{}",
@@ -938,4 +948,202 @@ fn policy_check_runs_under_the_configs_plugin_limits() {
         err.contains("`policies.init_deadline`") && err.contains("8784h"),
         "{err}"
     );
+}
+
+/// `tidegate args` against a running gateway: (success, stdout, stderr).
+fn tidegate_ops(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The status line and body of `method path` on the admin API.
+fn admin_request(addr: &str, method: &str, path: &str, body: &[u8]) -> (String, String) {
+    use std::io::Read;
+    let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        tcp,
+        "{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    tcp.write_all(body).unwrap();
+    let mut out = String::new();
+    tcp.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    (head.lines().next().unwrap().to_owned(), body.to_owned())
+}
+
+/// The admin API's `/workloads/<uid|ns/name>/…`: `ns/name` as `%2F` or two
+/// segments resolves to the one local workload of that name; none is a 404
+/// naming it, two (a re-created pod) a 409 listing the uids, a malformed
+/// one a 400 saying what is wrong.
+#[test]
+fn admin_routes_resolve_namespace_name_to_one_local_workload() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path());
+    std::fs::write(
+        dir.path().join("workloads.yaml"),
+        "workloads:\n\
+         - {uid: echo-uid, name: echo, namespace: demo, service_account: echo, ips: [127.51.0.2], node: node-a}\n\
+         - {uid: web-1, name: web, namespace: shop, ips: [127.51.0.3], node: node-a}\n\
+         - {uid: web-2, name: web, namespace: shop, ips: [127.51.0.4], node: node-a}\n\
+         - {uid: db-1, name: db, namespace: shop, ips: [10.9.0.5], node: node-b}\n",
+    )
+    .unwrap();
+    let gw = start(&config);
+    let admin = field(&gw.wait_for("tidegate ready"), "admin");
+    let wasm = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/plugins/keepalive-only.wasm"
+    ))
+    .unwrap();
+    let (status, body) = admin_request(&admin, "PUT", "/policies/trial", &wasm);
+    assert!(status.contains(" 201 "), "{status} {body}");
+
+    for path in [
+        "/workloads/demo%2Fecho/policy",
+        "/workloads/demo/echo/policy",
+    ] {
+        let (status, body) = admin_request(&admin, "PUT", path, b"trial");
+        assert!(status.contains(" 200 "), "{path}: {status} {body}");
+        let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(report["uid"], "echo-uid", "{body}");
+        assert_eq!(report["policy"]["name"], "trial", "{body}");
+    }
+    let (status, body) = admin_request(&admin, "DELETE", "/workloads/demo%2Fecho/policy", b"");
+    assert!(status.contains(" 200 "), "{status} {body}");
+    assert!(body.contains("\"previous_binding\": \"trial\""), "{body}");
+
+    let cases: [(&str, &str, &str, &[&str]); 6] = [
+        (
+            "POST",
+            "/workloads/demo%2Fnope/shutdown-starting",
+            " 404 ",
+            &["no workload named demo/nope", "node-a"],
+        ),
+        (
+            "PUT",
+            "/workloads/shop%2Fdb/policy",
+            " 404 ",
+            &["shop/db runs on node node-b"],
+        ),
+        (
+            "POST",
+            "/workloads/shop/web/teardown",
+            " 409 ",
+            &["shop/web names 2 workloads", "uids web-1, web-2"],
+        ),
+        (
+            "POST",
+            "/workloads/%2Fecho/shutdown-starting",
+            " 400 ",
+            &["the namespace before '/' is empty"],
+        ),
+        (
+            "DELETE",
+            "/workloads/demo/echo/x%2Fy",
+            " 400 ",
+            &["more than one '/'"],
+        ),
+        (
+            "DELETE",
+            "/workloads/demo%zz",
+            " 400 ",
+            &["invalid percent-encoding"],
+        ),
+    ];
+    for (method, path, want, says) in cases {
+        let (status, body) = admin_request(&admin, method, path, b"trial");
+        assert!(status.contains(want), "{method} {path}: {status} {body}");
+        for s in says {
+            assert!(body.contains(s), "{method} {path}: {body}");
+        }
+    }
+    // The ambiguous name changed nothing: both pods still run.
+    let dump = http_get(&admin, "/config_dump");
+    assert!(
+        !dump.contains("shutting-down") && !dump.contains("torn-down"),
+        "{dump}"
+    );
+    // A uid is looked up as before.
+    let (status, body) = admin_request(&admin, "POST", "/workloads/web-1/shutdown-starting", b"");
+    assert!(status.contains(" 200 "), "{status} {body}");
+}
+
+/// `tidegate drain|bind|unbind <uid|ns/name>`: one line on success, exit 1
+/// with the gateway's status and reason on a refusal.
+#[test]
+fn drain_bind_and_unbind_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path());
+    let gw = start(&config);
+    let admin = field(&gw.wait_for("tidegate ready"), "admin");
+    let wasm = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/plugins/keepalive-only.wasm"
+    ))
+    .unwrap();
+    let (status, body) = admin_request(&admin, "PUT", "/policies/trial", &wasm);
+    assert!(status.contains(" 201 "), "{status} {body}");
+
+    let (ok, out, err) = tidegate_ops(&["bind", "demo/echo", "trial", "--admin", &admin]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.starts_with("demo/echo (uid echo-uid): bound to trial; policy trial (")
+            && out.ends_with("; no run-time binding before\n")
+            && out.lines().count() == 1,
+        "{out}"
+    );
+    let (ok, out, err) = tidegate_ops(&["bind", "demo/echo", "nope", "--admin", &admin]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.starts_with(&format!(
+            "tidegate: admin API at {admin} answered 422 Unprocessable Entity: "
+        )) && err.contains("no policy named \"nope\""),
+        "{err}"
+    );
+    let (ok, out, err) = tidegate_ops(&["unbind", "echo-uid", "--admin", &admin]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.starts_with(
+            "demo/echo (uid echo-uid): run-time binding removed; policy builtin:keepalive-only ("
+        ) && out.ends_with("; run-time binding before: trial\n"),
+        "{out}"
+    );
+
+    let (ok, out, err) = tidegate_ops(&["drain", "demo/nope", "--admin", &admin]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("answered 404 Not Found: no workload named demo/nope"),
+        "{err}"
+    );
+    let (ok, _, err) = tidegate_ops(&["drain", "demo/echo", "--grace", "25h", "--admin", &admin]);
+    assert!(!ok);
+    assert!(
+        err.contains("answered 400 Bad Request: query `grace`"),
+        "{err}"
+    );
+    let (ok, out, err) = tidegate_ops(&["drain", "demo/echo", "--grace", "30s", "--admin", &admin]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.starts_with("demo/echo (uid echo-uid): draining, policy builtin:keepalive-only (")
+            && out.lines().count() == 1,
+        "{out}"
+    );
+    let (ok, out, _) = tidegate_ops(&["drain", "echo-uid", "--admin", &admin]);
+    assert!(ok, "{out}");
+    assert!(out.starts_with("echo-uid: already shutting down;"), "{out}");
+    assert!(http_get(&admin, "/config_dump").contains("shutting-down"));
+
+    for cmd in ["drain", "bind", "unbind"] {
+        let (ok, out, _) = tidegate_ops(&[cmd, "--help"]);
+        assert!(
+            ok && out.contains("uid, or namespace/name") && out.contains("--admin"),
+            "{out}"
+        );
+    }
 }

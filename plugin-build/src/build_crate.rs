@@ -24,6 +24,8 @@ pub struct BuildOptions {
 #[derive(Debug)]
 pub struct Built {
     pub package: String,
+    /// Built with cargo's release profile.
+    pub release: bool,
     pub dir: PathBuf,
     pub out: PathBuf,
     pub component: Component,
@@ -121,6 +123,7 @@ pub fn build(opts: &BuildOptions) -> Result<Built, BuildError> {
     })?;
     Ok(Built {
         package: package.name.clone(),
+        release: opts.release,
         dir,
         out,
         component,
@@ -133,9 +136,28 @@ impl Built {
     pub fn report(&self, cwd: &Path) -> String {
         let out = shown(&self.out, cwd);
         let s = &self.component.summary;
+        let size = self.component.bytes.len();
         let mut text = format!(
-            "wrote {out} ({} bytes)\n  imports: {}\n  exports: {}\nnext:\n",
-            self.component.bytes.len(),
+            "wrote {out} ({size} bytes, {})\n",
+            if self.release { "release" } else { "debug" }
+        );
+        match crate::configmap::fits(size) {
+            Ok(None) => {}
+            Ok(Some(note)) => {
+                let _ = writeln!(text, "  note: {note}");
+            }
+            Err(e) => {
+                let instead = if self.release {
+                    "ship it in the image, or upload it to one gateway with PUT /policies/<name>"
+                } else {
+                    "build it without --debug to ship it"
+                };
+                let _ = writeln!(text, "  not for a ConfigMap: {e}; {instead}");
+            }
+        }
+        let _ = write!(
+            text,
+            "  imports: {}\n  exports: {}\nnext:\n",
             if s.imports.is_empty() {
                 "none".to_owned()
             } else {
@@ -199,6 +221,7 @@ mod tests {
         std::fs::write(dir.join("trace.yaml"), "").unwrap();
         let built = Built {
             package: "p".into(),
+            release: false,
             dir: dir.clone(),
             out: dir.join("target/p.wasm"),
             component: Component {
@@ -211,7 +234,7 @@ mod tests {
         };
         let report = built.report(&dir);
         assert!(
-            report.starts_with("wrote target/p.wasm (10 bytes)\n  imports: none\n"),
+            report.starts_with("wrote target/p.wasm (10 bytes, debug)\n  imports: none\n"),
             "{report}"
         );
         assert!(
@@ -229,6 +252,44 @@ mod tests {
         let report = built.report(tmp.path());
         assert!(
             report.contains("policy test p/target/p.wasm p/trace.yaml"),
+            "{report}"
+        );
+    }
+
+    #[test]
+    fn the_report_says_a_component_over_one_mib_is_not_for_a_configmap() {
+        let tmp = tempfile::tempdir().unwrap();
+        let built = |release, size| Built {
+            package: "p".into(),
+            release,
+            dir: tmp.path().to_owned(),
+            out: tmp.path().join("target/p.wasm"),
+            component: Component {
+                bytes: vec![0; size],
+                summary: crate::component::Summary {
+                    imports: vec![],
+                    exports: vec![],
+                },
+            },
+        };
+        let report = built(false, 2_000_000).report(tmp.path());
+        assert!(
+            report.starts_with(
+                "wrote target/p.wasm (2000000 bytes, debug)\n  not for a ConfigMap: 2000000 bytes \
+                 is too large for the tidegate-plugins ConfigMap, which holds at most 1048576 \
+                 bytes (1 MiB, the API server's limit on a ConfigMap's data); build it without \
+                 --debug to ship it\n"
+            ),
+            "{report}"
+        );
+        let report = built(true, 2_000_000).report(tmp.path());
+        assert!(
+            report.contains("; ship it in the image, or upload it"),
+            "{report}"
+        );
+        let report = built(true, 126_000).report(tmp.path());
+        assert!(
+            report.starts_with("wrote target/p.wasm (126000 bytes, release)\n  imports: none\n"),
             "{report}"
         );
     }

@@ -8,6 +8,7 @@
 //! - [`cargo`]: `cargo metadata` and `cargo build --target wasm32-unknown-unknown`;
 //! - [`wasm_target`]: the wasm32 standard library, installed with rustup if missing;
 //! - [`build_crate`]: all of that for one crate (`tidegate plugin build`);
+//! - [`configmap`]: whether a component fits the `tidegate-plugins` ConfigMap;
 //! - [`new`]: a new standalone policy crate (`tidegate plugin new`).
 //!
 //! No wasmtime here: xtask links this crate without the gateway.
@@ -17,6 +18,7 @@
 pub mod build_crate;
 pub mod cargo;
 pub mod component;
+pub mod configmap;
 pub mod new;
 pub mod wasm_target;
 

@@ -2,7 +2,8 @@
 //! HTTP servers.
 //!
 //! - [`policies`]: `PUT /policies/<name>` (upload, hot swap).
-//! - [`workloads`]: `/workloads/<uid>/…` lifecycle events and run-time policy bindings.
+//! - [`workloads`]: `/workloads/<uid>/…` lifecycle events and run-time policy bindings;
+//!   [`workload_ref`]: a uid or `namespace/name` there.
 //! - [`config_dump`]: `GET /config_dump`, each workload with its phase and policy.
 //! - [`slots`]: each listener's connection cap, which makes room for a new
 //!   connection by closing the one idle the longest.
@@ -10,6 +11,7 @@
 mod config_dump;
 mod policies;
 mod slots;
+pub mod workload_ref;
 pub mod workloads;
 
 pub use policies::POLICY_CONFIG_HEADER;

@@ -1,5 +1,7 @@
-//! `/workloads/<uid>/…`: lifecycle events for operators, scripts and tests,
-//! and run-time policy bindings.
+//! `/workloads/<workload>/…`: lifecycle events for operators, scripts and
+//! tests, and run-time policy bindings. `<workload>` is a uid or
+//! `<namespace>/<name>` ([`super::workload_ref`]); `<uid>` below stands for
+//! either.
 //!
 //! - `POST /workloads/<uid>/shutdown-starting[?grace=30s]`,
 //!   `POST /workloads/<uid>/teardown` (answers once the policy's hold, if
@@ -8,6 +10,10 @@
 //!   workload to it (source `admin`, above its annotation and the configured
 //!   bindings; the next drain uses it); `DELETE /workloads/<uid>/policy`
 //!   removes the binding. Both answer with the workload's policy report.
+//!
+//! A workload named `policy`, `teardown` or `shutdown-starting` in the
+//! two-segment form reads as an action (`DELETE /workloads/ns/policy` is an
+//! unbind of `ns`): `%2F` names it without doubt.
 
 use std::sync::Arc;
 
@@ -16,14 +22,19 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde_json::json;
 
+use super::workload_ref::{RefError, WorkloadRef};
 use super::{json_response, json_status, text, AdminState, Body};
 use crate::drains::{Lifecycle, Trigger};
 use crate::workloads::Workload;
 
-const USAGE: &str = "use POST /workloads/<uid>/shutdown-starting[?grace=30s], POST /workloads/<uid>/teardown, DELETE /workloads/<uid>, PUT or DELETE /workloads/<uid>/policy\n";
+const USAGE: &str = "use POST /workloads/<uid>/shutdown-starting[?grace=30s], POST /workloads/<uid>/teardown, DELETE /workloads/<uid>, PUT or DELETE /workloads/<uid>/policy (<uid>: a uid or namespace%2Fname)\n";
+
+/// The actions a path under `/workloads/<workload>/` may end with.
+const ACTIONS: [&str; 3] = ["policy", "shutdown-starting", "teardown"];
 
 /// What a request under `/workloads/` asks for, read from its method, the
-/// path after `/workloads/` and the query alone (no state; fuzzed).
+/// path after `/workloads/` and the query alone (no state; fuzzed). The
+/// workload is as written in the path (still percent-encoded).
 #[derive(Debug, PartialEq, Eq)]
 pub enum WorkloadRequest<'a> {
     Bind(&'a str),
@@ -42,10 +53,14 @@ pub fn parse<'a>(
     default_grace: std::time::Duration,
 ) -> WorkloadRequest<'a> {
     use WorkloadRequest as R;
-    match (method, rest.split_once('/')) {
-        (&Method::PUT, Some((uid, "policy"))) => R::Bind(uid),
-        (&Method::DELETE, Some((uid, "policy"))) => R::Unbind(uid),
-        (&Method::POST, Some((uid, "shutdown-starting"))) => {
+    let (target, action) = match rest.rsplit_once('/') {
+        Some((target, action)) if ACTIONS.contains(&action) => (target, Some(action)),
+        _ => (rest, None),
+    };
+    match (method, action) {
+        (&Method::PUT, Some("policy")) => R::Bind(target),
+        (&Method::DELETE, Some("policy")) => R::Unbind(target),
+        (&Method::POST, Some("shutdown-starting")) => {
             let grace = query
                 .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("grace=")))
                 .map(crate::config::duration::parse)
@@ -58,15 +73,15 @@ pub fn parse<'a>(
                         grace.as_secs()
                     ),
                 ),
-                Ok(grace) => R::Lifecycle(uid, Lifecycle::ShutdownStarted { grace }),
+                Ok(grace) => R::Lifecycle(target, Lifecycle::ShutdownStarted { grace }),
                 Err(e) => R::Refused(
                     StatusCode::BAD_REQUEST,
                     format!("query `grace`: {e}; accepted: 0s to 24h\n"),
                 ),
             }
         }
-        (&Method::POST, Some((uid, "teardown"))) => R::Lifecycle(uid, Lifecycle::Teardown),
-        (&Method::DELETE, None) => R::Lifecycle(rest, Lifecycle::Deleted),
+        (&Method::POST, Some("teardown")) => R::Lifecycle(target, Lifecycle::Teardown),
+        (&Method::DELETE, None) => R::Lifecycle(target, Lifecycle::Deleted),
         _ => R::Refused(StatusCode::NOT_FOUND, USAGE.to_owned()),
     }
 }
@@ -77,16 +92,36 @@ pub(super) async fn route(
     req: Request<Incoming>,
 ) -> Response<Body> {
     let parsed = parse(req.method(), rest, req.uri().query(), state.default_grace);
-    let (uid, what) = match parsed {
-        WorkloadRequest::Bind(uid) => return bind(&state, uid, req).await,
-        WorkloadRequest::Unbind(uid) => return unbind(&state, uid),
-        WorkloadRequest::Refused(status, body) => return text(status, body),
-        WorkloadRequest::Lifecycle(uid, what) => (uid, what),
+    let target = match &parsed {
+        WorkloadRequest::Refused(status, body) => return text(*status, body.clone()),
+        WorkloadRequest::Bind(t)
+        | WorkloadRequest::Unbind(t)
+        | WorkloadRequest::Lifecycle(t, _) => *t,
     };
-    match state.drains.on_lifecycle(uid, what, Trigger::Admin).await {
-        Ok(outcome) => json_response(serde_json::to_value(outcome).expect("outcome serializes")),
-        Err(e) => text(StatusCode::NOT_FOUND, format!("{e}\n")),
+    let uid = match resolve(&state, target) {
+        Ok(uid) => uid,
+        Err(e) => return text(e.status(), format!("{e}\n")),
+    };
+    match parsed {
+        WorkloadRequest::Bind(_) => bind(&state, &uid, req).await,
+        WorkloadRequest::Unbind(_) => unbind(&state, &uid),
+        WorkloadRequest::Lifecycle(_, what) => {
+            match state.drains.on_lifecycle(&uid, what, Trigger::Admin).await {
+                Ok(outcome) => {
+                    json_response(serde_json::to_value(outcome).expect("outcome serializes"))
+                }
+                Err(e) => text(StatusCode::NOT_FOUND, format!("{e}\n")),
+            }
+        }
+        WorkloadRequest::Refused(status, body) => text(status, body),
     }
+}
+
+/// The uid `target` (a path's workload) names on this node.
+fn resolve(state: &AdminState, target: &str) -> Result<String, RefError> {
+    let snapshot = state.workloads.snapshot();
+    WorkloadRef::parse(target, |uid| snapshot.by_uid(uid).is_some())?
+        .resolve(&snapshot, &state.node)
 }
 
 /// The local workload `uid`, or why there is none (answered with 404).

@@ -40,6 +40,7 @@ use super::metrics::CaMetrics;
 use super::schedule::{self, Backoff};
 use crate::identity::SpiffeId;
 use crate::shutdown::ShutdownWatch;
+use crate::sync::Locked;
 use crate::tls::{provider, CertError, CertFuture, CertSource, Roots};
 use crate::workloads::{Protocol, WorkloadStore};
 
@@ -201,7 +202,7 @@ impl IstioCaCerts {
                 _ = drain.signaled() => break,
             }
         }
-        self.inner.entries.lock().unwrap().clear();
+        self.inner.entries.locked().clear();
     }
 
     fn reconcile(&self, store: &WorkloadStore) {
@@ -211,7 +212,7 @@ impl IstioCaCerts {
             .filter(|w| w.local && w.spec.protocol == Protocol::Hbone)
             .map(|w| w.identity.clone())
             .collect();
-        let mut entries = self.inner.entries.lock().unwrap();
+        let mut entries = self.inner.entries.locked();
         entries.retain(|id, _| {
             let keep = wanted.contains(id);
             if !keep {
@@ -229,21 +230,21 @@ impl IstioCaCerts {
 
     /// The identities held, for tests and `config_dump`.
     pub fn identities(&self) -> Vec<SpiffeId> {
-        let mut ids: Vec<_> = self.inner.entries.lock().unwrap().keys().cloned().collect();
+        let mut ids: Vec<_> = self.inner.entries.locked().keys().cloned().collect();
         ids.sort();
         ids
     }
 
     /// The serial of the current certificate of `id`, if any.
     pub fn serial(&self, id: &SpiffeId) -> Option<String> {
-        let entries = self.inner.entries.lock().unwrap();
+        let entries = self.inner.entries.locked();
         let status = entries.get(id)?.status.borrow();
         status.current.as_ref().map(|i| i.serial.clone())
     }
 
     async fn wait_for(&self, id: &SpiffeId) -> Result<Arc<CertifiedKey>, CertError> {
         let (mut status, kick) = {
-            let mut entries = self.inner.entries.lock().unwrap();
+            let mut entries = self.inner.entries.locked();
             let e = entries
                 .entry(id.clone())
                 .or_insert_with(|| self.inner.spawn(id));
@@ -375,7 +376,7 @@ impl Inner {
         let path = &self.settings.client.roots;
         match read_roots(path) {
             Ok((digest, certs)) => {
-                let mut set = self.root_set.lock().unwrap();
+                let mut set = self.root_set.locked();
                 if set.file_digest != digest {
                     set.file_digest = digest;
                     set.file = certs;
@@ -389,7 +390,7 @@ impl Inner {
     }
 
     fn publish_roots(&self) {
-        let file = self.root_set.lock().unwrap().file.clone();
+        let file = self.root_set.locked().file.clone();
         match Roots::from_certs(file) {
             Ok(r) => self.roots.store(Arc::new(r)),
             Err(e) => {
@@ -450,8 +451,7 @@ impl super::metrics::ExpirySource for Inner {
     fn expiries(&self) -> Vec<(String, f64)> {
         let now = SystemTime::now();
         self.entries
-            .lock()
-            .unwrap()
+            .locked()
             .iter()
             .filter_map(|(id, e)| {
                 let s = e.status.borrow();
@@ -468,7 +468,7 @@ impl super::metrics::ExpirySource for Inner {
 
 impl CertSource for IstioCaCerts {
     fn certified_key(&self, id: &SpiffeId) -> Result<Arc<CertifiedKey>, CertError> {
-        let entries = self.inner.entries.lock().unwrap();
+        let entries = self.inner.entries.locked();
         let e = entries
             .get(id)
             .ok_or_else(|| CertError::NoCertificate(id.clone()))?;
@@ -494,7 +494,7 @@ impl CertSource for IstioCaCerts {
     }
 
     fn dump(&self) -> Value {
-        let entries = self.inner.entries.lock().unwrap();
+        let entries = self.inner.entries.locked();
         let mut rows: Vec<Value> = entries
             .iter()
             .map(|(id, e)| {

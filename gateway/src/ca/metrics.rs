@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use crate::sync::Locked;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -59,7 +60,7 @@ impl std::fmt::Debug for Expiry {
 
 impl prometheus_client::collector::Collector for Expiry {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let Some(inner) = self.0.lock().unwrap().as_ref().and_then(Weak::upgrade) else {
+        let Some(inner) = self.0.locked().as_ref().and_then(Weak::upgrade) else {
             return Ok(());
         };
         let mut family = encoder.encode_descriptor(
@@ -95,7 +96,7 @@ impl CaMetrics {
     }
 
     pub(super) fn observe(&self, source: Weak<dyn ExpirySource>) {
-        *self.source.lock().unwrap() = Some(source);
+        *self.source.locked() = Some(source);
     }
 
     pub(super) fn fetched(&self, result: &'static str, took: Duration) {

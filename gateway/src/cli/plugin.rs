@@ -31,11 +31,16 @@ pub fn run(cmd: PluginCommand) -> anyhow::Result<()> {
             })?;
             println!("{}", new_report(&name, &created, &cwd));
         }
-        PluginCommand::Build { path, out, release } => {
+        PluginCommand::Build {
+            path,
+            out,
+            debug,
+            release: _,
+        } => {
             let built = build_crate::build(&BuildOptions {
                 dir: path,
                 out,
-                release,
+                release: !debug,
             })?;
             println!("{}", built.report(&cwd));
         }

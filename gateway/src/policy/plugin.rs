@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use tidegate_sdk as sdk;
+use tracing::info;
 use wasmtime::component::Component;
 use wasmtime::Store;
 
@@ -211,6 +212,16 @@ impl PluginVersion {
         let component = Component::new(&runtime.engine, bytes)
             .map_err(|e| LoadError::NotAComponent(one_line(format!("{e:#}"))))?;
         let (contract, bindings) = version::check(&runtime.engine, &component)?;
+        if let Some(retiring) = version::retired_by(contract) {
+            info!(
+                policy = name,
+                %contract,
+                retired_by = %retiring,
+                newest = version::HOST_CONTRACT,
+                "plugin built for an older contract: it loads until the gateway implements \
+                 contract {retiring}; rebuild it with the current tidegate-sdk"
+            );
+        }
         let instantiate_err =
             |e: wasmtime::Error| LoadError::Instantiate(one_line(format!("{e:#}")));
         let instance_pre = runtime

@@ -6,6 +6,13 @@
 //! accepted only when its major and minor equal those of one of them (patch
 //! may differ); from 1.0 on, the major must be equal and the plugin's minor
 //! must not be newer than the host's.
+//!
+//! How long an older contract is carried ([`CARRIED`], sdk/README.md "How
+//! long a contract is carried"): the host implements the newest contract
+//! and the two before it, so a plugin keeps loading across two contract
+//! releases without a rebuild; the next release retires the oldest (0.4.0
+//! retires 0.1). A plugin on an older contract loads with a log line naming
+//! the release that retires it ([`retired_by`]).
 
 use wasmtime::component::Component;
 use wasmtime::Engine;
@@ -17,6 +24,33 @@ pub const HOST_CONTRACT: &str = tidegate_sdk::CONTRACT_VERSION;
 
 /// Every WIT package version this gateway implements, newest first.
 pub const HOST_CONTRACTS: &[&str] = &[HOST_CONTRACT, "0.2.0", "0.1.0"];
+
+/// How many contract versions the host carries: the newest and the two
+/// before it. A test holds [`HOST_CONTRACTS`] to it.
+pub const CARRIED: usize = 3;
+
+/// For a plugin built for an older contract, the contract release that
+/// retires it (`0.1.x` → `0.4.0`); `None` for a plugin on the newest.
+pub fn retired_by(plugin: Version) -> Option<Version> {
+    let newest = Version::parse(HOST_CONTRACT).expect("the host's version is valid");
+    if newest.accepts(plugin) {
+        return None;
+    }
+    let retiring = if plugin.major == 0 {
+        Version {
+            major: 0,
+            minor: plugin.minor + CARRIED as u64,
+            patch: 0,
+        }
+    } else {
+        Version {
+            major: plugin.major + 1,
+            minor: 0,
+            patch: 0,
+        }
+    };
+    Some(retiring)
+}
 
 /// The contract versions the host has bindings for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,5 +188,31 @@ mod tests {
         }
         assert_eq!(HOST_CONTRACTS[0], tidegate_sdk::CONTRACT_VERSION);
         assert_eq!(host_list(), "0.3.0, 0.2.0 and 0.1.0");
+    }
+
+    /// The host carries the newest contract and the two before it, no
+    /// more and no fewer: adding a contract without retiring the oldest
+    /// fails here.
+    #[test]
+    fn the_host_carries_the_newest_contract_and_the_two_before_it() {
+        let versions = host_versions();
+        assert_eq!(versions.len(), CARRIED, "{HOST_CONTRACTS:?}");
+        for pair in versions.windows(2) {
+            assert_eq!(pair[0].major, 0, "from 1.0 on, a major carries its minors");
+            assert_eq!(pair[1].minor + 1, pair[0].minor, "{HOST_CONTRACTS:?}");
+        }
+        let oldest = *versions.last().unwrap();
+        let newest = versions[0];
+        assert_eq!(retired_by(newest), None);
+        let retiring = retired_by(oldest).expect("the oldest is retired by a later release");
+        assert_eq!(
+            retiring.minor,
+            newest.minor + 1,
+            "the next release retires the oldest"
+        );
+        assert_eq!(
+            retired_by(Version::parse("0.2.5").unwrap()).map(|v| v.to_string()),
+            Some("0.5.0".to_owned())
+        );
     }
 }

@@ -5,6 +5,7 @@
 //! writing it costs the gateway), yet the first refusals, and a steady
 //! trickle after them, still say who and why.
 
+use crate::sync::Locked;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -49,7 +50,7 @@ impl LogLimit {
     }
 
     fn admit_at(&self, now: Instant) -> Option<u64> {
-        let mut w = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = self.state.locked();
         let expired = w
             .started
             .is_none_or(|s| now.saturating_duration_since(s) >= self.interval);

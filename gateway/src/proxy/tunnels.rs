@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use crate::hbone::GoawayCommand;
 use crate::identity::SpiffeId;
+use crate::sync::Locked;
 
 #[derive(Debug, Default)]
 pub struct InboundTunnels {
@@ -138,11 +139,7 @@ pub struct Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.registry
-            .tunnels
-            .lock()
-            .unwrap()
-            .remove(&self.tunnel.id);
+        self.registry.tunnels.locked().remove(&self.tunnel.id);
     }
 }
 
@@ -182,14 +179,11 @@ impl InboundTunnels {
             drained_by: OnceLock::new(),
             after_first_stream: OnceLock::new(),
         });
-        self.tunnels
-            .lock()
-            .unwrap()
-            .insert(tunnel.id, tunnel.clone());
+        self.tunnels.locked().insert(tunnel.id, tunnel.clone());
         // A graceful drain lets the stream the peer dialed this tunnel for
         // through (a GOAWAY before it would make the peer's pool fail it or
         // dial again); an immediate one (a deleted workload) closes it now.
-        let standing = self.standing.lock().unwrap().get(workload_uid).cloned();
+        let standing = self.standing.locked().get(workload_uid).cloned();
         match standing {
             Some(s) if s.graceful => {
                 let _ = tunnel.after_first_stream.set(s);
@@ -205,8 +199,7 @@ impl InboundTunnels {
 
     pub fn for_workload(&self, uid: &str) -> Vec<Arc<InboundTunnel>> {
         self.tunnels
-            .lock()
-            .unwrap()
+            .locked()
             .values()
             .filter(|t| t.workload_uid == uid)
             .cloned()
@@ -231,8 +224,7 @@ impl InboundTunnels {
             label: label.to_owned(),
         };
         self.standing
-            .lock()
-            .unwrap()
+            .locked()
             .entry(uid.to_owned())
             .and_modify(|prev| {
                 *prev = StandingGoaway {
@@ -284,7 +276,7 @@ impl InboundTunnels {
 
     /// Forgets the drains of `uid` (its record is gone).
     pub fn forget(&self, uid: &str) {
-        self.standing.lock().unwrap().remove(uid);
+        self.standing.locked().remove(uid);
     }
 
     /// Requests a graceful GOAWAY, without deadline, on every tunnel of
@@ -327,7 +319,7 @@ impl InboundTunnels {
     }
 
     pub fn len(&self) -> usize {
-        self.tunnels.lock().unwrap().len()
+        self.tunnels.locked().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -337,8 +329,7 @@ impl InboundTunnels {
     pub fn dump(&self) -> Vec<TunnelDump> {
         let now = SystemTime::now();
         self.tunnels
-            .lock()
-            .unwrap()
+            .locked()
             .values()
             .map(|t| TunnelDump {
                 id: t.id,

@@ -17,6 +17,7 @@ use super::verify::{
 };
 use super::{provider, CertError, CertSource, TlsMetrics, ALPN_H2};
 use crate::identity::SpiffeId;
+use crate::sync::Locked;
 
 pub type ServerTls = tokio_rustls::server::TlsStream<TcpStream>;
 pub type ClientTls = tokio_rustls::client::TlsStream<TcpStream>;
@@ -138,7 +139,7 @@ impl TlsContext {
         id: &SpiffeId,
         key: Arc<CertifiedKey>,
     ) -> Result<Arc<ServerConfig>, CertError> {
-        let mut cache = self.server_cache.lock().unwrap();
+        let mut cache = self.server_cache.locked();
         if let Some((k, cfg)) = cache.get(id) {
             if Arc::ptr_eq(k, &key) {
                 return Ok(cfg.clone());

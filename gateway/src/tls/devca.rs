@@ -18,6 +18,7 @@ use rustls::sign::CertifiedKey;
 
 use super::{provider, CertError, CertSource, Roots};
 use crate::identity::SpiffeId;
+use crate::sync::Locked;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DevCaError {
@@ -166,7 +167,7 @@ impl DevCa {
 impl CertSource for DevCa {
     fn certified_key(&self, id: &SpiffeId) -> Result<Arc<CertifiedKey>, CertError> {
         let now = SystemTime::now();
-        if let Some((k, renew_at)) = self.minted.lock().unwrap().get(id) {
+        if let Some((k, renew_at)) = self.minted.locked().get(id) {
             if now < *renew_at {
                 return Ok(k.clone());
             }
@@ -175,8 +176,7 @@ impl CertSource for DevCa {
         let k = self.mint_certified(id)?;
         let renew_at = now + self.validity / 2;
         self.minted
-            .lock()
-            .unwrap()
+            .locked()
             .insert(id.clone(), (k.clone(), renew_at));
         Ok(k)
     }

@@ -22,6 +22,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::sync::Locked;
 use std::time::Instant;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -114,7 +115,7 @@ pub struct Borrowed {
 impl Borrowed {
     /// The peer sent bytes on the dial's stream: the token goes back.
     pub fn useful(self) {
-        let mut b = self.budget.wasted.lock().unwrap_or_else(|p| p.into_inner());
+        let mut b = self.budget.wasted.locked();
         b.give_back();
     }
 }
@@ -152,19 +153,14 @@ impl DialBudget {
             .try_acquire_owned()
             .map_err(|_| Paced::InFlight(self.limits.in_flight))?;
         // Waste first: a refused dial must not spend a token of the rate cap.
-        if !self
-            .wasted
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take(now)
-        {
+        if !self.wasted.locked().take(now) {
             return Err(Paced::Wasted(self.limits.wasted_per_second));
         }
         let borrowed = Borrowed {
             budget: self.clone(),
         };
         if let Some(rate) = &self.rate {
-            if !rate.lock().unwrap_or_else(|p| p.into_inner()).take(now) {
+            if !rate.locked().take(now) {
                 // Not dialed, so not wasted.
                 borrowed.useful();
                 return Err(Paced::Rate(self.limits.per_second));
@@ -264,7 +260,7 @@ mod tests {
         budget.try_start_at(t1).unwrap().1.useful();
         assert_eq!(budget.try_start_at(t1).unwrap_err(), Paced::Rate(10));
         // Refused by the rate cap: not dialed, so no wasted token was kept.
-        let wasted = budget.wasted.lock().unwrap().tokens;
+        let wasted = budget.wasted.locked().tokens;
         assert!(wasted >= 10_000.0 - 1.0, "{wasted}");
     }
 }

@@ -11,8 +11,9 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
-use super::{checkout, Pool, PoolKey, Tunnel};
+use super::{Pool, PoolKey, Tunnel};
 use crate::config::PoolConfig;
+use crate::sync::Locked;
 use crate::tls::{DevCa, TlsContext, TlsMetrics};
 
 fn pool(max_streams_per_tunnel: usize, idle_timeout: Duration) -> Arc<Pool> {
@@ -58,10 +59,10 @@ fn add(pool: &Pool, key: &PoolKey, idle_since: Option<Instant>) -> Arc<Tunnel> {
         opened: Instant::now(),
         idle_since: Mutex::new(idle_since),
         goaways_received: Counter::default(),
-        goaway_seen: Default::default(),
+        book: pool.book.clone(),
         goaway_read: Default::default(),
     });
-    pool.entry(key).tunnels.lock().unwrap().push(tunnel.clone());
+    pool.entry(key).tunnels.locked().push(tunnel.clone());
     tunnel
 }
 
@@ -80,7 +81,10 @@ fn a_tunnel_serves_only_its_own_source_destination_and_address() {
     let pool = pool(100, Duration::from_secs(300));
     let k = key("client", "echo", "10.0.0.2:15008");
     let t = add(&pool, &k, None);
-    let slot = checkout(&pool.entry(&k), 100).expect("same key: the pooled tunnel");
+    let slot = pool
+        .entry(&k)
+        .checkout(100)
+        .expect("same key: the pooled tunnel");
     assert!(Arc::ptr_eq(slot.tunnel(), &t));
     for other in [
         key("other", "echo", "10.0.0.2:15008"), // another source identity
@@ -88,7 +92,7 @@ fn a_tunnel_serves_only_its_own_source_destination_and_address() {
         key("client", "echo", "10.0.0.9:15008"), // another destination workload
     ] {
         assert!(
-            checkout(&pool.entry(&other), 100).is_none(),
+            pool.entry(&other).checkout(100).is_none(),
             "{other:?} must not ride a tunnel of {k:?}"
         );
     }
@@ -100,19 +104,19 @@ fn a_tunnel_carries_at_most_max_streams_and_takes_more_as_they_end() {
     let k = key("client", "echo", "10.0.0.2:15008");
     let t = add(&pool, &k, None);
     let entry = pool.entry(&k);
-    let a = checkout(&entry, 2).expect("first stream");
-    let b = checkout(&entry, 2).expect("second stream");
+    let a = entry.checkout(2).expect("first stream");
+    let b = entry.checkout(2).expect("second stream");
     assert_eq!(t.streams(), 2);
     assert!(
-        checkout(&entry, 2).is_none(),
+        entry.checkout(2).is_none(),
         "a third stream needs another tunnel"
     );
     // A second tunnel of the same key takes the overflow.
     let t2 = add(&pool, &k, None);
-    let c = checkout(&entry, 2).expect("the second tunnel has room");
+    let c = entry.checkout(2).expect("the second tunnel has room");
     assert!(Arc::ptr_eq(c.tunnel(), &t2));
     drop(a);
-    let d = checkout(&entry, 2).expect("a stream ended: room again");
+    let d = entry.checkout(2).expect("a stream ended: room again");
     assert!(
         Arc::ptr_eq(d.tunnel(), &t),
         "the first tunnel with room is reused"
@@ -131,7 +135,7 @@ fn a_tunnel_that_received_goaway_takes_no_new_stream() {
     let k = key("client", "echo", "10.0.0.2:15008");
     let t = add(&pool, &k, None);
     t.mark_goaway();
-    assert!(checkout(&pool.entry(&k), 100).is_none());
+    assert!(pool.entry(&k).checkout(100).is_none());
     assert!(t.received_goaway());
 }
 
@@ -141,18 +145,15 @@ fn the_last_stream_ending_starts_the_idle_clock() {
     let k = key("client", "echo", "10.0.0.2:15008");
     let t = add(&pool, &k, None);
     let entry = pool.entry(&k);
-    let (a, b) = (
-        checkout(&entry, 100).unwrap(),
-        checkout(&entry, 100).unwrap(),
-    );
+    let (a, b) = (entry.checkout(100).unwrap(), entry.checkout(100).unwrap());
     drop(a);
-    assert_eq!(*t.idle_since.lock().unwrap(), None, "one stream still open");
+    assert_eq!(*t.idle_since.locked(), None, "one stream still open");
     let before = Instant::now();
     drop(b);
-    assert!(t.idle_since.lock().unwrap().is_some_and(|at| at >= before));
+    assert!(t.idle_since.locked().is_some_and(|at| at >= before));
     // A new stream stops it again.
-    let _c = checkout(&entry, 100).unwrap();
-    assert_eq!(*t.idle_since.lock().unwrap(), None);
+    let _c = entry.checkout(100).unwrap();
+    assert_eq!(*t.idle_since.locked(), None);
 }
 
 #[test]
@@ -176,7 +177,7 @@ fn idle_close_takes_only_tunnels_idle_for_the_timeout() {
     assert!(idle.evicted.load(std::sync::atomic::Ordering::Acquire));
     assert!(!recent.evicted.load(std::sync::atomic::Ordering::Acquire));
     // The emptied key is forgotten, the others kept.
-    let keys = pool.keys.lock().unwrap();
+    let keys = pool.keys.locked();
     assert_eq!(keys.len(), 2);
     assert!(!keys.contains_key(&idle.key));
 }
@@ -195,7 +196,7 @@ fn a_sweep_keeps_the_key_a_connect_is_dialing_for() {
     // Once nothing holds it and it has no tunnel, the key is forgotten.
     drop(entry);
     pool.evict_idle_once();
-    assert!(pool.keys.lock().unwrap().is_empty());
+    assert!(pool.keys.locked().is_empty());
 }
 
 #[test]
@@ -204,7 +205,7 @@ fn evict_when_idle_lets_streams_finish_and_evict_now_cuts_them() {
     let echo = key("client", "echo", "10.0.0.2:15008");
     let other = key("client", "other", "10.0.0.4:15008");
     let (t_echo, t_other) = (add(&pool, &echo, None), add(&pool, &other, None));
-    let stream = checkout(&pool.entry(&echo), 100).unwrap();
+    let stream = pool.entry(&echo).checkout(100).unwrap();
 
     let dst = echo.dst.clone();
     assert_eq!(pool.evict_matching(false, |k| k.dst == dst), 1);
@@ -212,7 +213,7 @@ fn evict_when_idle_lets_streams_finish_and_evict_now_cuts_them() {
     // closes it once the open stream ends; the stream is not cut.
     assert_eq!(ids(&pool), [t_other.id]);
     assert!(t_echo.evicted.load(std::sync::atomic::Ordering::Acquire));
-    assert!(t_echo.send.lock().unwrap().is_none());
+    assert!(t_echo.send.locked().is_none());
     assert!(
         !killed(&t_echo),
         "when idle: the driver is not told to close now"

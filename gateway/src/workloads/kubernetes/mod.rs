@@ -61,6 +61,7 @@ use tracing::{info, warn};
 use super::WorkloadStore;
 use crate::config::KubernetesConfig;
 use crate::shutdown::ShutdownWatch;
+use crate::sync::Locked;
 use metrics::ResourceLabels;
 
 /// What discovery reads, as RBAC names it (API group, resource): the
@@ -224,7 +225,7 @@ impl KubernetesSource {
         let mut last_unknown: Vec<String> = Vec::new();
         loop {
             progress.dirty.notified().await;
-            if progress.listed.lock().unwrap().len() < progress.expected {
+            if progress.listed.locked().len() < progress.expected {
                 continue;
             }
             // Coalesce a burst of events (a relist, a rollout) into one snapshot.
@@ -357,7 +358,7 @@ impl Watches<'_> {
                     }
                     Event::InitApply(_) => continue,
                     Event::InitDone => {
-                        progress.listed.lock().unwrap().insert(resource);
+                        progress.listed.locked().insert(resource);
                     }
                     Event::Apply(_) | Event::Delete(_) => {}
                 }

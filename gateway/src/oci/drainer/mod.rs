@@ -25,12 +25,20 @@ use serde::Serialize;
 use tokio::time::Instant;
 use tracing::{info, warn, Instrument as _};
 
-use super::client::{OciClient, OciError};
+use super::client::OciClient;
 use super::metrics::{CapacityLabels, OciMetrics, OutcomeLabels};
-use super::model::{Backend, LoadBalancer, UpdateBackendDetails};
 use super::OciConfig;
 use crate::shutdown::ShutdownWatch;
 use crate::workloads::{WorkloadSnapshot, WorkloadStore};
+
+mod targets;
+mod write;
+
+use crate::sync::Locked;
+use targets::{plan, targets_of, Plan, Target};
+#[cfg(test)]
+use write::{retry_reason, write_for, Write};
+use write::{Applied, Stop};
 
 /// What the policy wants done when a backend set is at capacity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -87,44 +95,6 @@ struct Job {
     event_at: Instant,
 }
 
-/// What one backend change ended in.
-#[derive(Debug, PartialEq, Eq)]
-enum Applied {
-    /// Our work request SUCCEEDED.
-    Changed,
-    /// It already had the wanted value.
-    Already,
-    Removed,
-    /// The backend no longer exists.
-    Gone,
-}
-
-/// Why a change stopped without success.
-#[derive(Debug, thiserror::Error)]
-enum Stop {
-    #[error("{0}")]
-    Fatal(OciError),
-    #[error("gave up after {attempts} attempts: {last}")]
-    Exhausted { attempts: u32, last: String },
-}
-
-/// One backend of the workload, as found on a load balancer.
-struct Target {
-    lb: String,
-    set: String,
-    name: String,
-    drain: bool,
-    /// Backends in its set and on its load balancer.
-    set_len: usize,
-    lb_len: usize,
-}
-
-impl Target {
-    fn key(&self) -> String {
-        format!("{}/{}/{}", self.lb, self.set, self.name)
-    }
-}
-
 pub struct OciDrainer {
     cfg: OciConfig,
     /// Re-assert loops end when the gateway drains (between passes).
@@ -176,7 +146,7 @@ impl OciDrainer {
 
     /// The drain of workload `uid`, if one was requested.
     pub fn status(&self, uid: &str) -> Option<OciStatus> {
-        self.status.lock().unwrap().get(uid).cloned()
+        self.status.locked().get(uid).cloned()
     }
 
     /// Hands over a request from the `oci-drain` action; returns at once
@@ -196,7 +166,7 @@ impl OciDrainer {
                 description: format!("oci-drain {uid}: not a known workload"),
             };
         };
-        let mut status = self.status.lock().unwrap();
+        let mut status = self.status.locked();
         status.retain(|uid, s| {
             snapshot.by_uid(uid).is_some() || s.ended_at.is_none_or(|t| t.elapsed() < RETAIN)
         });
@@ -259,7 +229,7 @@ impl OciDrainer {
 
     /// Updates the job's status; false once a newer request superseded it.
     fn update(&self, job: &Job, f: impl FnOnce(&mut OciStatus)) -> bool {
-        match self.status.lock().unwrap().get_mut(&job.uid) {
+        match self.status.locked().get_mut(&job.uid) {
             Some(s) if s.generation == job.generation => {
                 f(s);
                 if s.state != "running" {
@@ -484,214 +454,10 @@ impl OciDrainer {
 
     fn lb_lock(&self, lb: &str) -> Arc<tokio::sync::Mutex<()>> {
         self.lb_locks
-            .lock()
-            .unwrap()
+            .locked()
             .entry(lb.to_owned())
             .or_default()
             .clone()
-    }
-
-    /// Read-modify-write of one backend under `If-Match`, then its work
-    /// request. The caller holds the load balancer's lock.
-    async fn apply(&self, t: &Target, drain: bool, remove: bool) -> Result<Applied, Stop> {
-        let mut last = String::new();
-        for attempt in 0..self.cfg.max_attempts {
-            let read = self.client.get_backend(&t.lb, &t.set, &t.name).await;
-            let (backend, etag) = match read {
-                Ok(r) => r,
-                Err(e) if e.status() == Some(404) => return Ok(Applied::Gone),
-                Err(e) => {
-                    last = e.to_string();
-                    self.backoff(&e, attempt).await?;
-                    continue;
-                }
-            };
-            let sent = match write_for(&backend, drain, remove) {
-                None => return Ok(Applied::Already),
-                Some(Write::Delete) => {
-                    self.client
-                        .delete_backend(&t.lb, &t.set, &t.name, &etag)
-                        .await
-                }
-                Some(Write::Update(details)) => {
-                    self.client
-                        .update_backend(&t.lb, &t.set, &t.name, &details, &etag)
-                        .await
-                }
-            };
-            let wr = match sent {
-                Ok(wr) => wr,
-                Err(e) if e.status() == Some(404) => return Ok(Applied::Gone),
-                Err(e) if e.status() == Some(412) => {
-                    // Another writer changed the load balancer: re-read.
-                    self.metrics.retry("etag");
-                    last = e.to_string();
-                    continue;
-                }
-                Err(e) => {
-                    last = e.to_string();
-                    self.backoff(&e, attempt).await?;
-                    continue;
-                }
-            };
-            match self.await_work_request(&wr).await? {
-                true => {
-                    return Ok(if remove {
-                        Applied::Removed
-                    } else {
-                        Applied::Changed
-                    })
-                }
-                false => {
-                    last = format!("work request {wr} FAILED");
-                    self.metrics.retry("work_request_failed");
-                    tokio::time::sleep(self.delay(attempt)).await;
-                }
-            }
-        }
-        Err(Stop::Exhausted {
-            attempts: self.cfg.max_attempts,
-            last,
-        })
-    }
-
-    /// Polls a work request; true when SUCCEEDED, false when FAILED.
-    async fn await_work_request(&self, id: &str) -> Result<bool, Stop> {
-        let started = Instant::now();
-        let mut errors = 0;
-        loop {
-            match self.client.get_work_request(id).await {
-                Ok(wr) if wr.lifecycle_state == "SUCCEEDED" || wr.lifecycle_state == "FAILED" => {
-                    self.metrics
-                        .work_request
-                        .observe(started.elapsed().as_secs_f64());
-                    if wr.lifecycle_state == "FAILED" {
-                        warn!(work_request = id, message = %wr.message, "work request FAILED");
-                    }
-                    return Ok(wr.lifecycle_state == "SUCCEEDED");
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    self.backoff(&e, errors).await?;
-                    errors += 1;
-                    if errors >= self.cfg.max_attempts {
-                        return Err(Stop::Exhausted {
-                            attempts: errors,
-                            last: e.to_string(),
-                        });
-                    }
-                    continue;
-                }
-            }
-            if started.elapsed() > self.cfg.work_request_timeout {
-                return Err(Stop::Exhausted {
-                    attempts: 1,
-                    last: format!(
-                        "work request {id} not finished within {:?}",
-                        self.cfg.work_request_timeout
-                    ),
-                });
-            }
-            tokio::time::sleep(self.cfg.work_request_poll).await;
-        }
-    }
-
-    /// Runs a read with the retry rules (no ETag involved).
-    async fn retrying<T, F, Fut>(&self, mut call: F) -> Result<T, Stop>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T, OciError>>,
-    {
-        let mut last = String::new();
-        for attempt in 0..self.cfg.max_attempts {
-            match call().await {
-                Ok(v) => return Ok(v),
-                Err(e) => {
-                    last = e.to_string();
-                    self.backoff(&e, attempt).await?;
-                }
-            }
-        }
-        Err(Stop::Exhausted {
-            attempts: self.cfg.max_attempts,
-            last,
-        })
-    }
-
-    /// Sleeps before a retry of a transient error; a permanent one stops.
-    async fn backoff(&self, e: &OciError, attempt: u32) -> Result<(), Stop> {
-        let Some(reason) = retry_reason(e) else {
-            return Err(Stop::Fatal(e.clone()));
-        };
-        self.metrics.retry(reason);
-        tokio::time::sleep(self.delay(attempt)).await;
-        Ok(())
-    }
-
-    /// Exponential with "equal jitter": half fixed, half random.
-    fn delay(&self, attempt: u32) -> Duration {
-        let exp = self
-            .cfg
-            .backoff_base
-            .saturating_mul(1u32 << attempt.min(16))
-            .min(self.cfg.backoff_max);
-        exp / 2 + exp.mul_f64(fastrand::f64() / 2.0)
-    }
-}
-
-/// Why `e` is worth a retry (a metric label), or `None` when it is
-/// permanent and stops the workload's drain (401, 404, 400, other 409s...).
-fn retry_reason(e: &OciError) -> Option<&'static str> {
-    match e.status() {
-        Some(409) if e.code() == "IncorrectState" || e.code() == "Conflict" => Some("conflict"),
-        Some(429) => Some("throttled"),
-        Some(s) if s >= 500 => Some("server"),
-        None if matches!(e, OciError::Transport { .. }) => Some("transport"),
-        _ => None,
-    }
-}
-
-/// What to do about one of the workload's backends, as the load balancer
-/// view shows it.
-#[derive(Debug, PartialEq, Eq)]
-enum Plan {
-    /// It already has the wanted `drain`.
-    Keep,
-    /// Change it. `full`: its backend set or load balancer is at capacity;
-    /// `remove`: delete it rather than drain it.
-    Change { full: bool, remove: bool },
-}
-
-/// Only a drain can find a set at capacity (an un-drain never removes).
-fn plan(t: &Target, drain: bool, at_capacity: AtCapacity, capacity_limit: usize) -> Plan {
-    if t.drain == drain {
-        return Plan::Keep;
-    }
-    let full = drain && (t.set_len >= capacity_limit || t.lb_len >= capacity_limit);
-    Plan::Change {
-        full,
-        remove: full && at_capacity == AtCapacity::RemoveEarly,
-    }
-}
-
-/// The write a backend just read (under its ETag) needs.
-#[derive(Debug, PartialEq)]
-enum Write {
-    /// Every field as read, `drain` set.
-    Update(UpdateBackendDetails),
-    Delete,
-}
-
-/// `None` when the backend already has the wanted `drain` (and is not to be removed).
-fn write_for(backend: &Backend, drain: bool, remove: bool) -> Option<Write> {
-    if remove {
-        Some(Write::Delete)
-    } else if backend.drain == drain {
-        None
-    } else {
-        Some(Write::Update(UpdateBackendDetails::with_drain(
-            backend, drain,
-        )))
     }
 }
 
@@ -701,43 +467,6 @@ fn state_word(drain: bool) -> &'static str {
     } else {
         "undrained"
     }
-}
-
-/// The workload's backends on `lb`: `ipAddress` is one of the workload's
-/// IPs and the store says that IP belongs to this exact workload uid. A
-/// backend in a node network (a NodePort behind a node IP, a host-network
-/// pod) serves many pods and is never drained.
-fn targets_of(
-    lb: &str,
-    view: &LoadBalancer,
-    uid: &str,
-    ips: &[IpAddr],
-    snapshot: &WorkloadSnapshot,
-    node_networks: &[super::Cidr],
-) -> Vec<Target> {
-    let node = |ip: IpAddr| node_networks.iter().any(|n| n.contains(ip));
-    let lb_len = view.backend_sets.values().map(|s| s.backends.len()).sum();
-    let mut out = Vec::new();
-    for (set_name, set) in &view.backend_sets {
-        for b in &set.backends {
-            let Ok(ip) = b.ip_address.parse::<IpAddr>() else {
-                continue;
-            };
-            let owner = snapshot.by_ip(ip).map(|w| w.uid());
-            if !ips.contains(&ip) || owner != Some(uid) || node(ip) {
-                continue;
-            }
-            out.push(Target {
-                lb: lb.to_owned(),
-                set: set_name.clone(),
-                name: b.name.clone(),
-                drain: b.drain,
-                set_len: set.backends.len(),
-                lb_len,
-            });
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -1,0 +1,66 @@
+//! The pool's metrics (`tidegate_pool_*`).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ReasonLabel {
+    pub(super) reason: &'static str,
+}
+
+#[derive(Clone, Debug, Default)]
+pub(super) struct PoolMetrics {
+    pub(super) tunnels: Gauge,
+    pub(super) opened: Counter,
+    pub(super) dial_failures: Family<ReasonLabel, Counter>,
+    pub(super) goaways_received: Counter,
+    pub(super) closed: Family<ReasonLabel, Counter>,
+    pub(super) backoffs: Counter,
+    pub(super) fast_failed: Counter,
+}
+
+impl PoolMetrics {
+    pub(super) fn register(registry: &mut Registry) -> Self {
+        let m = PoolMetrics::default();
+        let r = registry.sub_registry_with_prefix("pool");
+        r.register(
+            "tunnels",
+            "Pooled outbound tunnels open now",
+            m.tunnels.clone(),
+        );
+        r.register(
+            "tunnels_opened",
+            "Outbound tunnels dialed",
+            m.opened.clone(),
+        );
+        r.register(
+            "dial_failures",
+            "Outbound tunnel dials that failed, by reason",
+            m.dial_failures.clone(),
+        );
+        r.register(
+            "goaways_received",
+            "Pooled tunnels that received GOAWAY from the peer",
+            m.goaways_received.clone(),
+        );
+        r.register(
+            "tunnels_closed",
+            "Pooled tunnels closed, by reason",
+            m.closed.clone(),
+        );
+        r.register(
+            "backoff_activations",
+            "Backoffs a policy set on a destination after connect failures",
+            m.backoffs.clone(),
+        );
+        r.register(
+            "backoff_fast_failures",
+            "Application connections refused at once because their destination backs off",
+            m.fast_failed.clone(),
+        );
+        m
+    }
+}

@@ -1,0 +1,444 @@
+//! The outbound tunnel pool, keyed by (source identity, destination
+//! workload: uid, identity and HBONE address). The uid is part of the key so
+//! a tunnel never outlives its workload: an IP reused by another pod, or a
+//! replacement pod with the same identity, gets tunnels of its own.
+//!
+//! - Single-flight dialing per key: concurrent requests for a key with no
+//!   usable tunnel wait for one dial instead of each dialing.
+//! - At most `max_streams_per_tunnel` streams per tunnel; a full tunnel is
+//!   used again as soon as one of its streams ends.
+//! - A tunnel that received GOAWAY (or whose connection broke) takes no new
+//!   streams; its open streams finish, then it closes.
+//! - Tunnels idle for `idle_timeout` are closed.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use h2::{RecvStream, SendStream};
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+use tokio::time::Instant;
+use tracing::{debug, info_span, warn, Instrument};
+
+use crate::config::{HboneConfig, PoolConfig};
+use crate::hbone::client::{self, DialError, StreamError};
+use crate::hbone::client_io::GoawayFlag;
+use crate::identity::SpiffeId;
+use crate::proxy::congestion::Congestion;
+use crate::proxy::origin::Origin;
+use crate::shutdown::ShutdownWatch;
+use crate::sync::Locked;
+use crate::tls::TlsContext;
+
+mod book;
+mod dump;
+mod metrics;
+mod tunnel;
+
+pub use book::{BackoffParams, ConnectFailure};
+pub use dump::TunnelDump;
+pub use tunnel::{StreamSlot, Tunnel};
+
+use book::Book;
+use metrics::{PoolMetrics, ReasonLabel};
+use tunnel::KeyEntry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, Serialize)]
+pub struct PoolKey {
+    pub src: SpiffeId,
+    /// The destination workload's uid (drains act on one workload's tunnels).
+    pub dst_uid: String,
+    pub dst: SpiffeId,
+    /// The destination workload's HBONE address (`ip:15008`).
+    pub dst_addr: SocketAddr,
+    /// In-pod mode: the source pod's namespace (its tunnels leave with its
+    /// own address and are never shared with another pod).
+    pub src_netns: Option<crate::netns::NetnsId>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("{addr} is backing off after repeated connect failures ({remaining_ms} ms left)")]
+    BackingOff { addr: SocketAddr, remaining_ms: u64 },
+    #[error("dial {addr}: {source}")]
+    Dial { addr: SocketAddr, source: DialError },
+    #[error("stream to {addr}: {source}")]
+    Stream {
+        addr: SocketAddr,
+        source: StreamError,
+    },
+}
+
+impl PoolError {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            PoolError::BackingOff { .. } => "backing_off",
+            PoolError::Dial { source, .. } => source.reason(),
+            PoolError::Stream { source, .. } => source.reason(),
+        }
+    }
+}
+
+pub struct Pool {
+    tls: Arc<TlsContext>,
+    hbone: HboneConfig,
+    cfg: PoolConfig,
+    /// Congestion control of the tunnels dialed (`tcp.tunnel_congestion_control`).
+    tunnel_cc: Congestion,
+    /// Outer lock: a key's `tunnels` are taken under it, never the other
+    /// way round (then the book).
+    keys: Mutex<HashMap<PoolKey, Arc<KeyEntry>>>,
+    next_id: AtomicU64,
+    metrics: PoolMetrics,
+    /// Everything else the pool knows, under one lock (`book.rs`).
+    book: Arc<Mutex<Book>>,
+}
+
+/// An established CONNECT stream on a pooled tunnel.
+pub struct PooledStream {
+    pub send: SendStream<Bytes>,
+    pub recv: RecvStream,
+    pub slot: StreamSlot,
+}
+
+impl Pool {
+    pub fn new(
+        tls: Arc<TlsContext>,
+        hbone: HboneConfig,
+        cfg: PoolConfig,
+        tunnel_cc: Congestion,
+        registry: &mut Registry,
+    ) -> Arc<Self> {
+        Arc::new(Pool {
+            tls,
+            hbone,
+            cfg,
+            tunnel_cc,
+            keys: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+            metrics: PoolMetrics::register(registry),
+            book: Default::default(),
+        })
+    }
+
+    /// When a tunnel to workload `uid` received GOAWAY, if that was within
+    /// `window` and no tunnel to it opened since.
+    pub fn goaway_within(&self, uid: &str, window: Duration) -> Option<Instant> {
+        self.book.locked().goaway_within(uid, window)
+    }
+
+    /// Whether new tunnels to `addr` fail fast (a policy's connect-failing backoff).
+    pub fn is_backing_off(&self, addr: SocketAddr) -> bool {
+        self.book.locked().backing_off(addr).is_some()
+    }
+
+    /// Streams open now on tunnels (pooled or draining) to workload `uid`.
+    pub fn open_streams_to(&self, uid: &str) -> usize {
+        self.book.locked().open_streams_to(uid)
+    }
+
+    /// Opens a CONNECT stream to `authority` through a tunnel for `key`,
+    /// reusing a pooled tunnel when one has room.
+    pub async fn connect(
+        self: &Arc<Self>,
+        key: &PoolKey,
+        authority: SocketAddr,
+    ) -> Result<PooledStream, PoolError> {
+        self.connect_from(key, authority, &Origin::Node).await
+    }
+
+    /// [`Pool::connect`], dialing a new tunnel from `origin`'s namespace
+    /// (`key.src_netns` must name the same one).
+    pub async fn connect_from(
+        self: &Arc<Self>,
+        key: &PoolKey,
+        authority: SocketAddr,
+        origin: &Origin,
+    ) -> Result<PooledStream, PoolError> {
+        let backing_off = self.book.locked().backing_off(key.dst_addr);
+        if let Some(remaining) = backing_off {
+            self.metrics.fast_failed.inc();
+            return Err(PoolError::BackingOff {
+                addr: key.dst_addr,
+                remaining_ms: remaining.as_millis() as u64,
+            });
+        }
+        let entry = self.entry(key);
+        // A tunnel may turn out to have received GOAWAY between checkout and
+        // use; such a stream never reached the peer, so retry a few times.
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let slot = match entry.checkout(self.cfg.max_streams_per_tunnel) {
+                Some(slot) => slot,
+                // Boxed: an async fn's state is as large as its largest await
+                // point, and the dial (TLS handshake) would otherwise make every
+                // idle connection's task ~4 KiB bigger though ~1 in 100 dials.
+                None => Box::pin(self.dial_single_flight(key, &entry, origin)).await?,
+            };
+            let send = slot.tunnel.send.locked().clone();
+            let Some(send) = send else { continue };
+            match client::connect_stream(send, authority, self.hbone.connect_timeout).await {
+                Ok((send, recv)) => return Ok(PooledStream { send, recv, slot }),
+                Err(e) if e.retryable() && attempts < 3 => {
+                    debug!(error = %e, tunnel = slot.tunnel.id, "tunnel refused the stream; retrying on another");
+                    slot.tunnel.mark_goaway();
+                }
+                Err(source) => {
+                    return Err(PoolError::Stream {
+                        addr: key.dst_addr,
+                        source,
+                    })
+                }
+            }
+        }
+    }
+
+    fn entry(&self, key: &PoolKey) -> Arc<KeyEntry> {
+        self.keys.locked().entry(key.clone()).or_default().clone()
+    }
+
+    async fn dial_single_flight(
+        self: &Arc<Self>,
+        key: &PoolKey,
+        entry: &Arc<KeyEntry>,
+        origin: &Origin,
+    ) -> Result<StreamSlot, PoolError> {
+        let _dialing = entry.dialing.lock().await;
+        // Someone else may have dialed while we waited.
+        if let Some(slot) = entry.checkout(self.cfg.max_streams_per_tunnel) {
+            return Ok(slot);
+        }
+        let tcp = origin.connect(key.dst_addr, None, &self.tunnel_cc);
+        let goaway_read = GoawayFlag::default();
+        let (send, conn) = client::dial_over(
+            &self.tls,
+            &self.hbone,
+            &key.src,
+            &key.dst,
+            key.dst_addr,
+            tcp,
+            goaway_read.clone(),
+        )
+        .await
+        .map_err(|source| {
+            self.metrics
+                .dial_failures
+                .get_or_create(&ReasonLabel {
+                    reason: source.reason(),
+                })
+                .inc();
+            self.book.locked().dial_failed(key, &source.to_string());
+            PoolError::Dial {
+                addr: key.dst_addr,
+                source,
+            }
+        })?;
+        // Success ends any backoff for the destination and what its
+        // workload's GOAWAY said.
+        let to_workload = self.book.locked().opened(key);
+        let tunnel = Arc::new(Tunnel {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            key: key.clone(),
+            send: Mutex::new(Some(send)),
+            streams: AtomicUsize::new(1),
+            to_workload,
+            streams_total: AtomicU64::new(1),
+            goaway: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            evicted: AtomicBool::new(false),
+            kill: tokio::sync::Notify::new(),
+            opened: Instant::now(),
+            idle_since: Mutex::new(None),
+            goaways_received: self.metrics.goaways_received.clone(),
+            book: self.book.clone(),
+            goaway_read,
+        });
+        self.metrics.opened.inc();
+        self.metrics.tunnels.inc();
+        entry.tunnels.locked().push(tunnel.clone());
+        self.spawn_driver(tunnel.clone(), entry.clone(), conn);
+        Ok(StreamSlot { tunnel })
+    }
+
+    /// Drives the tunnel's connection and keepalive; removes it when it ends.
+    fn spawn_driver(
+        self: &Arc<Self>,
+        tunnel: Arc<Tunnel>,
+        entry: Arc<KeyEntry>,
+        mut conn: client::ClientConnection,
+    ) {
+        let pool = self.clone();
+        let span = info_span!("tunnel", id = tunnel.id, dst = %tunnel.key.dst_addr);
+        tokio::spawn(
+            async move {
+                let ping = conn.ping_pong().expect("ping_pong is taken once");
+                let keepalive = crate::hbone::keepalive::run(
+                    ping,
+                    pool.hbone.keepalive_interval,
+                    pool.hbone.keepalive_timeout,
+                );
+                // Poll the connection, and after each poll check whether a
+                // GOAWAY was read so the tunnel stops taking streams at once
+                // (also on the poll that ends the connection: the GOAWAY and
+                // the close may arrive together). One atomic load per poll.
+                let watched = std::future::poll_fn(|cx| {
+                    let r = std::pin::Pin::new(&mut conn).poll(cx);
+                    tunnel.refresh_goaway();
+                    r
+                });
+                let reason = tokio::select! {
+                    r = watched => tunnel.close_reason(r),
+                    e = keepalive => {
+                        warn!(error = %e, "closing dead tunnel");
+                        "keepalive_timeout"
+                    }
+                    _ = tunnel.kill.notified() => "evicted_now",
+                };
+                if reason == "goaway" {
+                    tunnel.mark_goaway();
+                }
+                tunnel.closed.store(true, Ordering::Release);
+                tunnel.send.locked().take();
+                entry.tunnels.locked().retain(|t| !Arc::ptr_eq(t, &tunnel));
+                pool.book
+                    .locked()
+                    .draining
+                    .retain(|t| !Arc::ptr_eq(t, &tunnel));
+                pool.metrics.tunnels.dec();
+                pool.metrics
+                    .closed
+                    .get_or_create(&ReasonLabel { reason })
+                    .inc();
+                debug!(reason, "tunnel closed");
+            }
+            .instrument(span),
+        );
+    }
+
+    /// Closes tunnels idle for longer than the idle timeout. Runs until drained.
+    pub async fn evict_idle(self: Arc<Self>, mut drain: ShutdownWatch) {
+        let period =
+            (self.cfg.idle_timeout / 4).clamp(Duration::from_millis(5), Duration::from_secs(30));
+        let mut tick = tokio::time::interval(period);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.evict_idle_once(),
+                _ = drain.signaled() => return,
+            }
+        }
+    }
+
+    fn evict_idle_once(&self) {
+        let now = Instant::now();
+        for entry in self.entries() {
+            let mut tunnels = entry.tunnels.locked();
+            tunnels.retain(|t| {
+                let idle = t.streams() == 0
+                    && t.idle_since
+                        .locked()
+                        .is_some_and(|since| now.duration_since(since) >= self.cfg.idle_timeout);
+                if idle {
+                    debug!(tunnel = t.id, "evicting idle tunnel");
+                    t.evict();
+                }
+                !idle
+            });
+        }
+        self.book.locked().forget_idle();
+        // Forget a key only when it has no tunnel and nothing holds its
+        // entry: a connect holds it from looking the key up until its new
+        // tunnel is pooled, and removing the entry in between would orphan
+        // that tunnel (the next connection would dial again).
+        self.keys
+            .locked()
+            .retain(|_, e| Arc::strong_count(e) > 1 || !e.tunnels.locked().is_empty());
+    }
+
+    /// Evicts every pooled tunnel: idle ones close at once, busy ones when
+    /// their streams end. Used at shutdown.
+    pub fn evict_all(&self) {
+        self.evict_matching(false, |_| true);
+    }
+
+    /// Where consecutive connect failures are reported (the drain engine).
+    pub fn report_failures_to(&self, tx: tokio::sync::mpsc::UnboundedSender<ConnectFailure>) {
+        self.book.locked().failures = Some(tx);
+    }
+
+    /// Starts (or replaces) a backoff for `addr`: new application connections
+    /// to it fail at once until the wait is over; a successful connect ends it.
+    pub fn set_backoff(&self, addr: SocketAddr, params: BackoffParams) {
+        self.book.locked().set_backoff(addr, params);
+        self.metrics.backoffs.inc();
+    }
+
+    /// Evicts the tunnels whose key matches: they take no new streams and
+    /// close (client-side GOAWAY) when their streams end — or at once when
+    /// `now`, resetting open streams. Returns how many.
+    pub fn evict_matching(&self, now: bool, matches: impl Fn(&PoolKey) -> bool) -> usize {
+        let mut evicted = Vec::new();
+        for entry in self.entries() {
+            entry.tunnels.locked().retain(|t| {
+                if !matches(&t.key) {
+                    return true;
+                }
+                t.evict();
+                evicted.push(t.clone());
+                false
+            });
+        }
+        if now {
+            // Draining tunnels evicted earlier "when idle" are cut too.
+            self.book.locked().draining.retain(|t| {
+                if !matches(&t.key) {
+                    return true;
+                }
+                t.kill.notify_one();
+                false
+            });
+        }
+        for t in &evicted {
+            if now {
+                t.kill.notify_one();
+            } else if t.streams() > 0 {
+                self.keep_draining(t);
+            }
+        }
+        evicted.len()
+    }
+
+    /// Lists an evicted tunnel with open streams until its driver ends it.
+    fn keep_draining(&self, t: &Arc<Tunnel>) {
+        self.book.locked().draining.push(t.clone());
+        // The driver sets `closed` before it removes the tunnel from
+        // `draining` (under the same lock): if it ended meanwhile, undo.
+        if t.closed.load(Ordering::Acquire) {
+            self.book.locked().draining.retain(|d| !Arc::ptr_eq(d, t));
+        }
+    }
+
+    fn entries(&self) -> Vec<Arc<KeyEntry>> {
+        self.keys.locked().values().cloned().collect()
+    }
+
+    pub fn tunnels(&self) -> Vec<Arc<Tunnel>> {
+        self.entries()
+            .iter()
+            .flat_map(|e| e.tunnels.locked().clone())
+            .collect()
+    }
+
+    /// Evicted tunnels whose streams still run.
+    pub fn draining(&self) -> Vec<Arc<Tunnel>> {
+        self.book.locked().draining.clone()
+    }
+}
+
+#[cfg(test)]
+mod key_and_limit_tests;
