@@ -182,6 +182,15 @@ fn connect_exits_when_the_gateway_ends_the_stream() {
     );
     assert!(err.contains("ended") || err.contains("closed"), "{err}");
     drop(stdin);
+    // The gateway says what happened to the one stream open: reset, or
+    // closed cleanly, as it ended.
+    let line = gw.wait_for("drain deadline reached");
+    assert_eq!(field(&line, "open_at_start"), "1", "{line}");
+    let count = |key: &str| field(&line, key).parse::<u64>().unwrap();
+    let (reset, clean) = (count("reset"), count("closed_cleanly"));
+    assert_eq!(reset + clean + count("still_open"), 1, "{line}");
+    assert_eq!(line.contains("1 reset"), reset == 1, "{line}");
+    assert_eq!(line.contains("1 closed cleanly"), clean == 1, "{line}");
 }
 
 #[test]

@@ -141,6 +141,9 @@ pub(super) struct DrainState {
     pub(super) trigger: Trigger,
     pub(super) started: SystemTime,
     pub(super) shutdown_at: Option<Instant>,
+    /// When the pod's termination grace ends (from `shutdown-started`): no
+    /// deadline about it outlives this (the executor cuts any that would).
+    pub(super) grace_end: Option<Instant>,
     pub(super) deadline: Option<SystemTime>,
     pub(super) actions: Vec<String>,
     pub(super) ended: Option<&'static str>,
@@ -159,6 +162,7 @@ impl DrainState {
             trigger,
             started: SystemTime::now(),
             shutdown_at: None,
+            grace_end: None,
             deadline: None,
             actions: Vec::new(),
             ended: None,
@@ -172,6 +176,8 @@ struct Step {
     /// The policy selection the drain pinned.
     selection: Selection,
     since_shutdown: Option<Duration>,
+    /// The pod's remaining grace, once its shutdown was seen.
+    grace_left: Option<Duration>,
     duplicate: bool,
 }
 
@@ -296,6 +302,7 @@ impl DrainEngine {
         sources: Option<&[crate::identity::SpiffeId]>,
     ) -> Executed {
         let lookup = |uid: &str| self.any_workload(uid);
+        let grace_end = |uid: &str| lock(&self.book).drains.get(uid).and_then(|d| d.grace_end);
         let handles = Handles {
             pool: &self.pool,
             inbound: &self.registry,
@@ -305,6 +312,7 @@ impl DrainEngine {
             workload: &lookup,
             timers: self.clone(),
             default_goaway_deadline: self.cfg.default_goaway_deadline,
+            grace_end: &grace_end,
             sources,
         };
         executor::execute(&handles, workload, actions, decided_at)
@@ -385,7 +393,7 @@ impl DrainEngine {
         if step.duplicate {
             return Ok(self.duplicate(uid, what, step.selection));
         }
-        let event = self.event_for(&workload, what, step.since_shutdown);
+        let event = self.event_for(&workload, what, &step);
         let decision = self.policies.decide(&step.selection, &event);
         info!(
             workload = uid,
@@ -458,12 +466,16 @@ impl DrainEngine {
             d.phase = what.phase();
             if let Lifecycle::ShutdownStarted { grace } = what {
                 d.shutdown_at = Some(decided_at);
+                d.grace_end = decided_at.checked_add(grace);
                 d.deadline = SystemTime::now().checked_add(grace);
             }
         }
         Some(Step {
             selection: d.selection.clone(),
             since_shutdown: d.shutdown_at.map(|t| t.elapsed()),
+            grace_left: d
+                .grace_end
+                .map(|end| end.saturating_duration_since(decided_at)),
             duplicate: step == Transition::Duplicate,
         })
     }
@@ -542,12 +554,12 @@ impl DrainEngine {
         }
     }
 
-    fn event_for(
-        &self,
-        w: &Workload,
-        what: Lifecycle,
-        since_shutdown: Option<Duration>,
-    ) -> sdk::Event {
+    /// The event a policy sees for `what`. A teardown's `max-hold-ms` is
+    /// `drains.max_hold`, and never more than the pod's remaining grace:
+    /// a policy computing its hold and GOAWAY deadline from it (as the
+    /// reference ones do) stays within the grace; the executor cuts any
+    /// deadline that does not.
+    fn event_for(&self, w: &Workload, what: Lifecycle, step: &Step) -> sdk::Event {
         let state = self.state_of(w);
         match what {
             Lifecycle::ShutdownStarted { grace } => {
@@ -559,8 +571,11 @@ impl DrainEngine {
             }
             Lifecycle::Teardown => sdk::Event::NetworkTeardown(sdk::NetworkTeardown {
                 workload: state,
-                since_shutdown_ms: since_shutdown.map(|d| d.as_millis() as u64),
-                max_hold_ms: self.cfg.max_hold.as_millis() as u64,
+                since_shutdown_ms: step.since_shutdown.map(|d| d.as_millis() as u64),
+                max_hold_ms: step
+                    .grace_left
+                    .map_or(self.cfg.max_hold, |left| left.min(self.cfg.max_hold))
+                    .as_millis() as u64,
             }),
             Lifecycle::Deleted => sdk::Event::WorkloadDeleted(state),
         }

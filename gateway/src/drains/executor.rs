@@ -52,6 +52,9 @@ pub(super) struct Handles<'a> {
     pub timers: Arc<dyn TimerSink>,
     /// A GOAWAY's hard deadline when the action names none.
     pub default_goaway_deadline: Duration,
+    /// When a workload's termination grace ends, if its shutdown was seen:
+    /// no deadline about it outlives that ([`Grace`]).
+    pub grace_end: &'a dyn Fn(&str) -> Option<Instant>,
     /// Pooled tunnels an action may touch: those of these source identities
     /// (a peer decision made for some local clients only), or all when `None`.
     pub sources: Option<&'a [SpiffeId]>,
@@ -78,11 +81,16 @@ pub(super) fn execute(
             sdk::Action::Backoff(b) => backoff(h, b),
             sdk::Action::OciDrain(o) => oci_drain(h, o, decided_at),
             sdk::Action::HoldTeardown(t) => {
+                let mut grace = Grace::of(h, &t.workload, decided_at);
+                let bound = grace.bound("teardown_hold", Duration::from_millis(t.bound_ms));
                 // Two holds in one decision: the longer one.
-                let bound = Duration::from_millis(t.bound_ms);
                 out.hold = Some(out.hold.map_or(bound, |b| b.max(bound)));
                 h.metrics.action("hold_teardown", "executed");
-                format!("hold teardown up to {} ms", t.bound_ms)
+                format!(
+                    "hold teardown up to {} ms{}",
+                    bound.as_millis(),
+                    grace.note()
+                )
             }
             sdk::Action::SetTimer(t) => set_timer(h, workload, t, decided_at),
             sdk::Action::Log(l) => {
@@ -192,14 +200,18 @@ fn goaway(
     evicted: &mut usize,
 ) -> String {
     let graceful = g.mode == sdk::GoawayMode::Graceful;
+    let mut grace = Grace::of(h, &g.workload, decided_at);
+    let delay = grace.bound("goaway_delay", Duration::from_millis(g.delay_ms));
     let hard = g
         .hard_deadline_ms
-        .map(Duration::from_millis)
-        .unwrap_or(h.default_goaway_deadline);
+        .map_or(h.default_goaway_deadline, Duration::from_millis);
+    // The hard deadline runs from when the GOAWAY is sent.
+    grace.elapse(delay);
+    let hard = grace.bound("goaway_hard_deadline", hard);
     let cmd = GoawayCommand {
         graceful,
         deadline: decided_at
-            .checked_add(Duration::from_millis(g.delay_ms))
+            .checked_add(delay)
             .and_then(|t| t.checked_add(hard)),
         issued: decided_at,
         close_notify: g.close_notify,
@@ -214,7 +226,6 @@ fn goaway(
         g.target,
         sdk::GoawayTarget::Inbound | sdk::GoawayTarget::Both
     ) {
-        let delay = Duration::from_millis(g.delay_ms);
         let n = goaway_inbound(h, &g.workload, cmd, hard, &label, delay, decided_at);
         parts.push(format!("{n} inbound tunnels"));
     }
@@ -237,11 +248,69 @@ fn goaway(
     }
     h.metrics.action("goaway", "executed");
     format!(
-        "{label}: {}, delay {} ms, hard deadline {} ms",
+        "{label}: {}, delay {} ms, hard deadline {} ms{}",
         parts.join(" + "),
-        g.delay_ms,
-        hard.as_millis()
+        delay.as_millis(),
+        hard.as_millis(),
+        grace.note()
     )
+}
+
+/// What a workload has left of its termination grace when an action about
+/// it is decided: no deadline the action sets (a GOAWAY's delay and hard
+/// deadline, a teardown hold) outlives it, whatever the policy asked. A
+/// deadline cut to it is logged, counted and noted in the action's
+/// description (`GET /drains`).
+struct Grace<'a> {
+    metrics: &'a DrainMetrics,
+    uid: &'a str,
+    /// `None`: the workload's shutdown was not seen, nothing is cut.
+    left: Option<Duration>,
+    cut: bool,
+}
+
+impl<'a> Grace<'a> {
+    fn of(h: &'a Handles<'_>, uid: &'a str, decided_at: Instant) -> Self {
+        Grace {
+            metrics: h.metrics,
+            uid,
+            left: (h.grace_end)(uid).map(|end| end.saturating_duration_since(decided_at)),
+            cut: false,
+        }
+    }
+
+    /// `elapsed` of the grace passes (a delay before the next deadline).
+    fn elapse(&mut self, elapsed: Duration) {
+        self.left = self.left.map(|l| l.saturating_sub(elapsed));
+    }
+
+    /// `asked`, or the grace left if that is less.
+    fn bound(&mut self, deadline: &'static str, asked: Duration) -> Duration {
+        match self.left {
+            Some(left) if asked > left => {
+                info!(
+                    workload = self.uid,
+                    deadline,
+                    asked_ms = asked.as_millis() as u64,
+                    left_ms = left.as_millis() as u64,
+                    "a deadline past the pod's termination grace was cut to it"
+                );
+                self.metrics.cut_to_grace(deadline);
+                self.cut = true;
+                left
+            }
+            _ => asked,
+        }
+    }
+
+    /// Said after the description of an action a deadline of which was cut.
+    fn note(&self) -> &'static str {
+        if self.cut {
+            " (cut to the pod's termination grace)"
+        } else {
+            ""
+        }
+    }
 }
 
 /// Asks the inbound tunnels of `uid` to go away, now or after `delay` (then

@@ -31,12 +31,19 @@ pub struct ActionLabels {
     pub result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeadlineLabels {
+    /// `goaway_delay`, `goaway_hard_deadline` or `teardown_hold`.
+    pub deadline: &'static str,
+}
+
 #[derive(Clone, Debug)]
 pub struct DrainMetrics {
     pub(super) started: Family<DrainLabels, Counter>,
     pub(super) ended: Family<EndLabels, Counter>,
     pub(super) duplicates: Family<EventLabels, Counter>,
     pub(super) actions: Family<ActionLabels, Counter>,
+    pub(super) cut_to_grace: Family<DeadlineLabels, Counter>,
     pub(super) streams_at_start: Histogram,
     pub(super) streams_at_end: Histogram,
     pub(super) teardown_ack: Histogram,
@@ -50,6 +57,7 @@ impl DrainMetrics {
             ended: Family::default(),
             duplicates: Family::default(),
             actions: Family::default(),
+            cut_to_grace: Family::default(),
             streams_at_start: Histogram::new(exponential_buckets(1.0, 4.0, 10)),
             streams_at_end: Histogram::new(exponential_buckets(1.0, 4.0, 10)),
             teardown_ack: Histogram::new(exponential_buckets(1e-3, 2.0, 16)),
@@ -77,6 +85,12 @@ impl DrainMetrics {
             m.actions.clone(),
         );
         r.register(
+            "deadlines_cut_to_grace",
+            "Deadlines about a terminating pod (GOAWAY delay and hard deadline, \
+             teardown hold) cut to what was left of its termination grace",
+            m.cut_to_grace.clone(),
+        );
+        r.register(
             "streams_at_start",
             "Inbound streams open when a drain started",
             m.streams_at_start.clone(),
@@ -97,6 +111,12 @@ impl DrainMetrics {
             m.teardown_timeouts.clone(),
         );
         m
+    }
+
+    pub(super) fn cut_to_grace(&self, deadline: &'static str) {
+        self.cut_to_grace
+            .get_or_create(&DeadlineLabels { deadline })
+            .inc();
     }
 
     pub(super) fn action(&self, action: &'static str, result: &'static str) {

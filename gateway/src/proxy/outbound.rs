@@ -19,7 +19,7 @@ use crate::proxy::copy::{copy_bidirectional, copy_tcp, Transferred};
 use crate::proxy::endpoints::EndpointPicker;
 use crate::proxy::origin::Origin;
 use crate::proxy::pool::{Pool, PoolError, PoolKey};
-use crate::shutdown::{ActiveStreams, ShutdownWatch};
+use crate::shutdown::{ActiveStreams, ShutdownWatch, StreamGuard};
 use crate::workloads::{Protocol, WorkloadStore};
 
 #[derive(Debug, thiserror::Error)]
@@ -214,9 +214,12 @@ impl Outbound {
             self.metrics.connections_opened.inc();
             let started = Instant::now();
             let _ = tcp.set_nodelay(true);
-            let _guard = self.streams.track();
+            let mut guard = self.streams.track();
             let mut ids = Identities::default();
-            match self.proxy_inner(&tcp, src, dst, started, &mut ids).await {
+            match self
+                .proxy_inner(&tcp, src, dst, started, &mut ids, &mut guard)
+                .await
+            {
                 Ok(()) => {}
                 Err(e) => {
                     debug!(error = %e, "outbound connection failed");
@@ -251,6 +254,7 @@ impl Outbound {
         dst: SocketAddr,
         started: Instant,
         ids: &mut Identities,
+        guard: &mut StreamGuard,
     ) -> Result<(), OutboundError> {
         if self.is_own_listener(dst) {
             return Err(OutboundError::Loop(dst));
@@ -296,6 +300,7 @@ impl Outbound {
             // take it for a normal end of stream.
             let _ = socket2::SockRef::from(tcp).set_linger(Some(std::time::Duration::ZERO));
         }
+        guard.finished(result.is_ok());
         self.metrics.stream_ended(outcome);
         access_log((&ids.src(), &ids.dst()), src, dst, moved, started, outcome);
         drop(stream.slot);

@@ -226,6 +226,105 @@ async fn drain_at_teardown_waits_for_the_last_moment_and_holds_the_ack() {
     assert_eq!(again["teardown"]["result"], "already");
 }
 
+/// Every "N ms" in a decision's action descriptions.
+fn millis_in(actions: &serde_json::Value) -> Vec<u64> {
+    let text = actions.to_string();
+    let words: Vec<&str> = text
+        .split(|c: char| c.is_whitespace() || c == '"')
+        .collect();
+    words
+        .windows(2)
+        .filter(|w| w[1].starts_with("ms"))
+        .filter_map(|w| w[0].parse().ok())
+        .collect()
+}
+
+/// The actions `GET /drains` shows taken for the echo workload.
+async fn actions_taken(admin: SocketAddr) -> serde_json::Value {
+    let drains = post(admin, "GET", "/drains").await;
+    let d = &drains["drains"][0];
+    assert_eq!(d["uid"], "echo-uid", "{drains}");
+    d["actions_taken"].clone()
+}
+
+const CUT: &str = "(cut to the pod's termination grace)";
+
+/// The server's count of deadlines cut to a pod's grace.
+fn cut_to_grace(nodes: &TwoNodes, deadline: &str) -> f64 {
+    metric_or_zero(
+        &nodes.server.metrics_text(),
+        &format!(r#"tidegate_drain_deadlines_cut_to_grace_total{{deadline="{deadline}"}}"#),
+    )
+}
+
+/// With a 5 s grace the reference policies' teardown decisions (a 10 s hold
+/// and GOAWAY deadline by default) stay within it: the teardown's
+/// `max-hold-ms` is the grace left, and they compute from it (nothing had
+/// to be cut).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_5s_grace_the_reference_policies_hold_and_cut_within_it() {
+    for (octet, policy) in [(73, "recommended"), (74, "drain-at-teardown")] {
+        let nodes = with_policy(octet, policy, "").await;
+        let admin = nodes.server.addrs.admin;
+        let mut held = nodes.app_conn().await;
+        assert_eq!(round_trip(&mut held, b"one").await.unwrap(), b"one");
+        // The stream ends; its tunnel stays pooled (the policy acts on it).
+        held.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        held.read_to_end(&mut rest).await.unwrap();
+        post(
+            admin,
+            "POST",
+            "/workloads/echo-uid/shutdown-starting?grace=5s",
+        )
+        .await;
+        let out = post(admin, "POST", "/workloads/echo-uid/teardown").await;
+        let taken = actions_taken(admin).await;
+        for actions in [&out["actions"], &taken] {
+            let text = actions.to_string();
+            assert!(
+                text.contains("hold teardown up to") && text.contains("hard deadline"),
+                "{policy}: {actions}"
+            );
+            let millis = millis_in(actions);
+            assert!(millis.len() >= 3, "{policy}: {millis:?} in {actions}");
+            assert!(
+                millis.iter().all(|ms| *ms <= 5_000),
+                "{policy}: {millis:?} in {actions}"
+            );
+            assert!(!text.contains(CUT), "{policy}: {actions}");
+        }
+        for deadline in ["goaway_hard_deadline", "teardown_hold"] {
+            assert_eq!(cut_to_grace(&nodes, deadline), 0.0, "{policy}");
+        }
+    }
+}
+
+/// A policy asking for a GOAWAY past the pod's grace (a 10 s delay with a
+/// 5 s grace) gets it cut to the grace: sent as the grace ends with no time
+/// after it, said in the decision and in `GET /drains`, and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_goaway_asked_past_the_grace_is_cut_to_it() {
+    let nodes = with_policy(75, "goaway-on-term-start", r#"{"delay-ms": 10000}"#).await;
+    let admin = nodes.server.addrs.admin;
+    let out = post(
+        admin,
+        "POST",
+        "/workloads/echo-uid/shutdown-starting?grace=5s",
+    )
+    .await;
+    let taken = actions_taken(admin).await;
+    for actions in [&out["actions"], &taken] {
+        let text = actions[0].as_str().unwrap();
+        assert!(
+            text.ends_with(&format!("delay 5000 ms, hard deadline 0 ms {CUT}")),
+            "{actions}"
+        );
+    }
+    assert_eq!(cut_to_grace(&nodes, "goaway_delay"), 1.0);
+    assert_eq!(cut_to_grace(&nodes, "goaway_hard_deadline"), 1.0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_teardown_hold_is_bounded() {
     let nodes = with_policy(63, "drain-at-teardown", r#"{"hold-ms": 200}"#).await;

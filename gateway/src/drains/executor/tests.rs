@@ -32,6 +32,7 @@ impl TimerSink for Fired {
 }
 
 struct Rig {
+    registry: Registry,
     store: Arc<WorkloadStore>,
     pool: Arc<Pool>,
     inbound: Arc<InboundTunnels>,
@@ -48,11 +49,13 @@ impl Rig {
             spec("local-uid", "n1", [10, 0, 0, 1]),
             spec("peer-uid", "n2", [10, 0, 0, 2]),
         ]);
+        let (pool, metrics) = (pool(&mut reg), DrainMetrics::register(&mut reg));
         Rig {
+            registry: reg,
             store,
-            pool: pool(&mut reg),
+            pool,
             inbound: Arc::new(InboundTunnels::default()),
-            metrics: DrainMetrics::register(&mut reg),
+            metrics,
             tasks: DrainTasks::default(),
             fired: Arc::default(),
         }
@@ -70,8 +73,20 @@ impl Rig {
     }
 
     fn run(&self, actions: &[sdk::Action], decided_at: Instant) -> Executed {
+        self.run_in_grace(actions, decided_at, None)
+    }
+
+    /// [`Rig::run`] for a local workload whose termination grace ends at
+    /// `grace_end`.
+    fn run_in_grace(
+        &self,
+        actions: &[sdk::Action],
+        decided_at: Instant,
+        grace_end: Option<Instant>,
+    ) -> Executed {
         let store = &self.store;
         let lookup = |uid: &str| store.snapshot().by_uid(uid).cloned();
+        let grace = |uid: &str| grace_end.filter(|_| uid == "local-uid");
         let handles = Handles {
             pool: &self.pool,
             inbound: &self.inbound,
@@ -81,9 +96,16 @@ impl Rig {
             workload: &lookup,
             timers: self.fired.clone(),
             default_goaway_deadline: Duration::from_secs(30),
+            grace_end: &grace,
             sources: None,
         };
         execute(&handles, &self.local(), actions, decided_at)
+    }
+
+    fn metrics(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
+        text
     }
 }
 
@@ -260,5 +282,103 @@ async fn a_delayed_goaway_reaches_the_tunnels_later_on_a_tracked_task() {
     assert_eq!(
         commands.borrow().unwrap().deadline,
         Some(t0 + Duration::from_millis(1_020))
+    );
+}
+
+fn hold(bound_ms: u64) -> sdk::Action {
+    sdk::Action::HoldTeardown(sdk::HoldTeardown {
+        workload: "local-uid".into(),
+        bound_ms,
+    })
+}
+
+/// With 5 s of its termination grace left, a policy asking for a 10 s GOAWAY
+/// deadline and teardown hold gets 5 s: on the tunnel's GOAWAY, in the hold
+/// the engine waits for, in the descriptions `GET /drains` shows, and
+/// counted. A delay past the grace is cut too, leaving no time after it.
+#[tokio::test]
+async fn with_5s_of_grace_left_a_10s_goaway_deadline_and_hold_get_5s() {
+    let rig = Rig::new();
+    let reg = rig.tunnel();
+    let commands = reg.tunnel.goaway_commands();
+    let t0 = Instant::now();
+    let grace_end = Some(t0 + 5 * S);
+    let asked = [
+        goaway(sdk::GoawayMode::Graceful, Some(10_000)),
+        hold(10_000),
+    ];
+    let done = rig.run_in_grace(&asked, t0, grace_end);
+    assert_eq!(commands.borrow().and_then(|c| c.deadline), Some(t0 + 5 * S));
+    assert_eq!(done.hold, Some(5 * S));
+    let cut = "(cut to the pod's termination grace)";
+    assert!(
+        done.descriptions[0].ends_with(&format!("delay 0 ms, hard deadline 5000 ms {cut}")),
+        "{:?}",
+        done.descriptions
+    );
+    assert_eq!(
+        done.descriptions[1],
+        format!("hold teardown up to 5000 ms {cut}")
+    );
+    let late = sdk::Action::Goaway(sdk::Goaway {
+        delay_ms: 8_000,
+        ..match goaway(sdk::GoawayMode::Graceful, Some(1_000)) {
+            sdk::Action::Goaway(g) => g,
+            _ => unreachable!(),
+        }
+    });
+    let done = rig.run_in_grace(&[late], t0, grace_end);
+    assert!(
+        done.descriptions[0].ends_with(&format!("delay 5000 ms, hard deadline 0 ms {cut}")),
+        "{:?}",
+        done.descriptions
+    );
+    let text = rig.metrics();
+    for (deadline, n) in [
+        ("goaway_delay", 1),
+        ("goaway_hard_deadline", 2),
+        ("teardown_hold", 1),
+    ] {
+        let line = format!("drain_deadlines_cut_to_grace_total{{deadline=\"{deadline}\"}} {n}");
+        assert!(text.contains(&line), "{line} in\n{text}");
+    }
+    // Within the grace, or with no shutdown seen: as asked, nothing cut.
+    let within = [goaway(sdk::GoawayMode::Graceful, Some(4_000)), hold(4_000)];
+    let done = rig.run_in_grace(&within, t0, grace_end);
+    assert!(
+        done.descriptions.iter().all(|d| !d.contains(cut)),
+        "{done:?}"
+    );
+    assert_eq!(done.hold, Some(4 * S));
+    let done = rig.run(&asked, t0);
+    assert_eq!(done.hold, Some(10 * S));
+    assert!(
+        done.descriptions.iter().all(|d| !d.contains(cut)),
+        "{done:?}"
+    );
+}
+
+/// A GOAWAY naming no hard deadline gets the default (30 s here), but not
+/// past the end of the workload's grace.
+#[tokio::test]
+async fn the_default_goaway_deadline_ends_with_the_grace() {
+    let rig = Rig::new();
+    let reg = rig.tunnel();
+    let commands = reg.tunnel.goaway_commands();
+    let t0 = Instant::now();
+    let unnamed = goaway(sdk::GoawayMode::Graceful, None);
+    let done = rig.run_in_grace(std::slice::from_ref(&unnamed), t0, Some(t0 + 5 * S));
+    assert_eq!(commands.borrow().and_then(|c| c.deadline), Some(t0 + 5 * S));
+    assert!(
+        done.descriptions[0].contains("hard deadline 5000 ms"),
+        "{:?}",
+        done.descriptions
+    );
+    // Without a grace (no shutdown seen): the default.
+    let done = rig.run(&[unnamed], t0);
+    assert!(
+        done.descriptions[0].ends_with("hard deadline 30000 ms"),
+        "{:?}",
+        done.descriptions
     );
 }

@@ -271,7 +271,7 @@ impl Stream {
     async fn serve(self, req: Request<RecvStream>, mut respond: SendResponse<Bytes>) {
         let started = Instant::now();
         let deps = &*self.deps;
-        let _guard = deps.active.track();
+        let mut guard = deps.active.track();
         // The access line names the app port asked for, refused or not.
         let asked = asked_for(&req, &self.ctx);
         let up = match self.open_upstream(&req, &mut respond).await {
@@ -316,6 +316,7 @@ impl Stream {
             // Reset the workload's side too: a cut stream is not a clean end.
             let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
         }
+        guard.finished(result.is_ok());
         deps.metrics.stream_ended(outcome);
         let drained_by = self.tunnel.drained_by();
         log(&self.ctx, drained_by, target, moved, started, outcome);
