@@ -326,6 +326,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
                 tcp: tcp.clone(),
             },
             capture_ports,
+            config.capture.max_pods as usize,
             drain.clone(),
             &mut registry,
         );

@@ -519,7 +519,7 @@ pub enum CaptureMode {
 }
 
 /// `capture`: how pod traffic reaches the gateway.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CaptureConfig {
     pub mode: CaptureMode,
@@ -529,7 +529,25 @@ pub struct CaptureConfig {
     /// Where `tidegate-cni` records each pod it handed over (one file per
     /// pod uid naming its namespace path); read at start to re-adopt them.
     pub state_dir: Option<PathBuf>,
+    /// In-pod mode: the most pods served at once; beyond it a pod handed
+    /// over is refused (ZDS NACK, CNI ADD error) naming the limit. Each
+    /// pod holds four descriptors (its namespace, three listeners).
+    pub max_pods: u32,
 }
+
+impl Default for CaptureConfig {
+    fn default() -> Self {
+        CaptureConfig {
+            mode: CaptureMode::default(),
+            zds_socket: None,
+            state_dir: None,
+            max_pods: crate::inpod::admission::DEFAULT_MAX_PODS,
+        }
+    }
+}
+
+/// The largest `capture.max_pods`.
+pub const MAX_PODS_LIMIT: u64 = 100_000;
 
 /// The most connections `control_plane.max_connections` and
 /// `control_plane.cni_max_connections` may allow each.

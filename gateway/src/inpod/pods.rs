@@ -11,10 +11,13 @@
 //! - The same uid in the same namespace (same inode) again: nothing changes.
 //! - The same uid in a new namespace (the sandbox was re-created): the old
 //!   listeners close (their connections finish), new ones open.
+//! - A new pod is admitted first ([`super::admission`]): never the gateway's
+//!   own namespace nor one another pod has, at most `capture.max_pods`, and
+//!   only with descriptors to spare.
 //! - Removal (after the teardown drain): the listeners close; connections
 //!   already accepted finish or end with the gateway's drain.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -30,13 +33,14 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 use tracing::{info, warn};
 
+use super::admission::{Admission, Candidate, Owner, Refusal};
 use super::capture::CapturePorts;
 use super::state::PodRecord;
 use super::zds;
 use crate::drains::cni::{HandedPod, PodHandover};
 use crate::drains::{DrainEngine, Lifecycle, Trigger};
 use crate::metrics::ProxyMetrics;
-use crate::netns::{ListenOpts, NetnsError, NetnsSockets, PodNetns, MESH_MARK};
+use crate::netns::{ListenOpts, NetnsError, NetnsId, NetnsSockets, PodNetns, MESH_MARK};
 use crate::proxy::congestion::TcpTuning;
 use crate::proxy::inbound::{Inbound, OwnPorts};
 use crate::proxy::origin::{Origin, Pod};
@@ -57,6 +61,19 @@ pub enum PodError {
         port: u16,
         source: NetnsError,
     },
+    #[error("pod {uid} refused: {refusal}")]
+    Refused { uid: String, refusal: Refusal },
+}
+
+impl PodError {
+    /// A bounded metric label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            PodError::Netns { .. } => "netns",
+            PodError::Listen { .. } => "listen",
+            PodError::Refused { refusal, .. } => refusal.reason(),
+        }
+    }
 }
 
 /// What a pod's node agent says about it.
@@ -75,10 +92,17 @@ struct ResultLabel {
     result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
 #[derive(Clone, Debug)]
 struct PodMetrics {
     pods: Gauge,
+    max_pods: Gauge,
     adds: Family<ResultLabel, Counter>,
+    refusals: Family<ReasonLabel, Counter>,
     removes: Counter,
 }
 
@@ -86,7 +110,9 @@ impl PodMetrics {
     fn register(registry: &mut Registry) -> Self {
         let m = PodMetrics {
             pods: Gauge::default(),
+            max_pods: Gauge::default(),
             adds: Family::default(),
+            refusals: Family::default(),
             removes: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("inpod");
@@ -94,6 +120,16 @@ impl PodMetrics {
             "pods",
             "Pods served in their own network namespace",
             m.pods.clone(),
+        );
+        r.register(
+            "max_pods",
+            "The most pods served at once (capture.max_pods)",
+            m.max_pods.clone(),
+        );
+        r.register(
+            "refusals",
+            "Pods not served, by reason (gateway_netns, netns_taken, pod_limit, descriptors, netns, listen)",
+            m.refusals.clone(),
         );
         r.register(
             "adds",
@@ -119,6 +155,44 @@ struct Served {
     /// Closes the pod's listeners.
     stop: ShutdownTrigger,
     since: std::time::SystemTime,
+}
+
+/// The served pods by uid, and which uid each namespace belongs to.
+#[derive(Default)]
+struct ServedPods {
+    by_uid: BTreeMap<String, Served>,
+    by_netns: HashMap<NetnsId, String>,
+}
+
+impl ServedPods {
+    /// Serves `s`; the same uid's old entry (another namespace) is returned.
+    fn insert(&mut self, s: Served) -> Option<Served> {
+        let old = self.remove(&s.pod.uid);
+        self.by_netns.insert(s.pod.netns.id(), s.pod.uid.clone());
+        self.by_uid.insert(s.pod.uid.clone(), s);
+        old
+    }
+
+    fn remove(&mut self, uid: &str) -> Option<Served> {
+        let s = self.by_uid.remove(uid)?;
+        self.by_netns.remove(&s.pod.netns.id());
+        Some(s)
+    }
+
+    /// The pod other than `uid` served in namespace `id`.
+    fn owner_of(&self, id: NetnsId, uid: &str) -> Option<Owner> {
+        let owner = self.by_netns.get(&id).filter(|o| *o != uid)?;
+        let s = self.by_uid.get(owner)?;
+        Some(Owner {
+            uid: owner.clone(),
+            namespace: s.pod.namespace.clone(),
+            name: s.pod.name.clone(),
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.by_uid.len()
+    }
 }
 
 /// A served pod as `/config_dump` shows it.
@@ -148,7 +222,8 @@ pub struct PodProxies {
     ports: CapturePorts,
     /// The gateway's drain: inbound tunnels on pod listeners drain with it.
     drain: ShutdownWatch,
-    served: tokio::sync::Mutex<BTreeMap<String, Served>>,
+    served: tokio::sync::Mutex<ServedPods>,
+    admission: Admission,
     metrics: PodMetrics,
 }
 
@@ -168,12 +243,20 @@ pub struct DataPath {
 }
 
 impl PodProxies {
+    /// Serves at most `max_pods` pods. Call it from one of the gateway's
+    /// threads: their namespace is the gateway's own, never a pod's.
     pub fn new(
         data: DataPath,
         ports: CapturePorts,
+        max_pods: usize,
         drain: ShutdownWatch,
         registry: &mut Registry,
     ) -> Arc<Self> {
+        let own_netns = crate::netns::current_id()
+            .inspect_err(|e| warn!(error = %e, "cannot read the gateway's own network namespace; a pod handed it would not be refused"))
+            .ok();
+        let metrics = PodMetrics::register(registry);
+        metrics.max_pods.set(max_pods as i64);
         Arc::new(PodProxies {
             sockets: NetnsSockets::new(),
             outbound: data.outbound,
@@ -189,7 +272,11 @@ impl PodProxies {
             ports,
             drain,
             served: Default::default(),
-            metrics: PodMetrics::register(registry),
+            admission: Admission {
+                own_netns,
+                max_pods,
+            },
+            metrics,
         })
     }
 
@@ -201,6 +288,14 @@ impl PodProxies {
             Ok(result) => result,
             Err(_) => "failed",
         });
+        if let Err(e) = &r {
+            // The caller logs the error with its source's context.
+            let reason = e.reason();
+            self.metrics
+                .refusals
+                .get_or_create(&ReasonLabel { reason })
+                .inc();
+        }
         r
     }
 
@@ -213,11 +308,24 @@ impl PodProxies {
         // One add at a time: a repeated ADD racing the first must not open
         // the listeners twice.
         let mut served = self.served.lock().await;
-        let replaced = match served.get(&uid) {
+        let replaced = match served.by_uid.get(&uid) {
             Some(s) if s.pod.netns.id() == netns.id() => return Ok("unchanged"),
             Some(_) => true,
             None => false,
         };
+        let owner = served.owner_of(netns.id(), &uid);
+        let candidate = Candidate {
+            netns: netns.id(),
+            owner: owner.as_ref(),
+            served: served.len(),
+            replacing: replaced,
+        };
+        self.admission
+            .check(&candidate)
+            .map_err(|refusal| PodError::Refused {
+                uid: uid.clone(),
+                refusal,
+            })?;
         let pod = Arc::new(Pod {
             uid: uid.clone(),
             name: meta.name.clone(),
@@ -227,15 +335,12 @@ impl PodProxies {
             sockets: self.sockets,
         });
         let stop = self.listen(&pod).await?;
-        if let Some(old) = served.insert(
-            uid.clone(),
-            Served {
-                pod: pod.clone(),
-                source: meta.source,
-                stop,
-                since: std::time::SystemTime::now(),
-            },
-        ) {
+        if let Some(old) = served.insert(Served {
+            pod: pod.clone(),
+            source: meta.source,
+            stop,
+            since: std::time::SystemTime::now(),
+        }) {
             old.stop.start(Duration::ZERO);
         }
         self.metrics.pods.set(served.len() as i64);
@@ -337,7 +442,7 @@ impl PodProxies {
 
     /// The gateway is stopping: every pod's listeners close.
     pub async fn stop_accepting(&self) {
-        for s in self.served.lock().await.values() {
+        for s in self.served.lock().await.by_uid.values() {
             s.stop.start(Duration::ZERO);
         }
     }
@@ -345,6 +450,7 @@ impl PodProxies {
     pub async fn dump(&self) -> Vec<PodDump> {
         let served = self.served.lock().await;
         served
+            .by_uid
             .values()
             .map(|s| PodDump {
                 uid: s.pod.uid.clone(),
@@ -373,8 +479,8 @@ impl PodProxies {
                     continue;
                 }
             };
-            let fd = match std::fs::File::open(&record.netns) {
-                Ok(f) => OwnedFd::from(f),
+            let fd = match crate::netns::open_nonblocking(Path::new(&record.netns)) {
+                Ok(fd) => fd,
                 Err(e) => {
                     info!(uid = %record.uid, netns = %record.netns, error = %e,
                         "recorded pod's namespace is gone; record removed");
@@ -445,7 +551,7 @@ impl zds::PodSink for PodProxies {
         // Served already (a gateway restart re-adopts nothing from ZDS: the
         // agent re-sends an add for each pod it can re-open), or not: either
         // way there is nothing to open.
-        if !self.served.lock().await.contains_key(uid) {
+        if !self.served.lock().await.by_uid.contains_key(uid) {
             info!(uid, "ZDS keeps a pod this gateway does not serve");
         }
         Ok(())
@@ -462,6 +568,7 @@ impl zds::PodSink for PodProxies {
             .served
             .lock()
             .await
+            .by_uid
             .iter()
             .filter(|(_, s)| s.source == "zds")
             .map(|(uid, _)| uid.clone())

@@ -47,6 +47,8 @@ struct Node {
     state: PathBuf,
     /// Pods come from istio-cni over ZDS (this socket) instead of tidegate-cni.
     zds: Option<PathBuf>,
+    /// `capture.max_pods`, when set.
+    max_pods: Option<u32>,
     /// More configuration, appended as is.
     extra: String,
     /// Commands (tidegate-cni, probes) run from here, in the node's namespace.
@@ -61,17 +63,25 @@ impl Node {
             socket: dir.join(format!("{name}.sock")),
             state: dir.join(format!("{name}-pods")),
             zds: None,
+            max_pods: None,
             extra: String::new(),
             shell: NsThread::idle(ns),
         }
     }
 
     fn config_extra(&self) -> String {
+        let max_pods = self
+            .max_pods
+            .map(|n| format!("  max_pods: {n}\n"))
+            .unwrap_or_default();
         let capture = if let Some(zds) = &self.zds {
-            format!("capture:\n  mode: inpod\n  zds_socket: {}\n", zds.display())
+            format!(
+                "capture:\n  mode: inpod\n  zds_socket: {}\n{max_pods}",
+                zds.display()
+            )
         } else {
             format!(
-                "capture:\n  mode: inpod\n  state_dir: {}\ndrains:\n  cni_socket: {}\n",
+                "capture:\n  mode: inpod\n  state_dir: {}\n{max_pods}drains:\n  cni_socket: {}\n",
                 self.state.display(),
                 self.socket.display()
             )
@@ -720,4 +730,177 @@ async fn inpod_app_side_and_tunnel_sockets_use_their_configured_congestion_contr
         [host.as_str()]
     );
     drop(held);
+}
+
+/// Listening sockets on `port` in namespace `ns` (`ss -ltnH`).
+fn listeners(ns: &str, port: u16) -> usize {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "ss", "-ltnH"])
+        .arg(format!("sport = :{port}"))
+        .output()
+        .expect("run ss");
+    assert!(out.status.success(), "ss in {ns}");
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+/// Ten round trips from pod A to pod B, each through a new connection;
+/// pod B's app sees pod A every time.
+async fn ten_round_trips(s: &Scenario, seed: u64) {
+    for i in 0..10 {
+        round_trip(&s.pa, s.server(), 100, seed + i)
+            .await
+            .unwrap_or_else(|e| panic!("round trip {i}: {e}"));
+        assert_eq!(s.last_peer().ip(), IpAddr::from(s.t.pod_a()));
+    }
+}
+
+fn refusals(m: &str, reason: &str) -> f64 {
+    metric_or_zero(
+        m,
+        &format!(r#"tidegate_inpod_refusals_total{{reason="{reason}"}}"#),
+    )
+}
+
+/// Over ZDS: a second uid handed pod B's namespace is NACKed naming pod B,
+/// the node's own namespace is NACKed, and past `capture.max_pods` (1 here)
+/// a new pod is NACKed naming the limit; pod B keeps being served by one
+/// set of listeners.
+#[tokio::test]
+async fn inpod_zds_refuses_a_taken_namespace_the_gateways_own_and_pods_past_the_limit() {
+    use tidegate_e2e::zds_double::{PodSpec, ZdsDouble};
+    if skip() {
+        return;
+    }
+    let zds_dir = tempfile::tempdir().unwrap();
+    let socket = zds_dir.path().join("ztunnel.sock");
+    let double = ZdsDouble::bind(&socket).unwrap();
+    let s = Scenario::start_with(6, |b| {
+        b.zds = Some(socket.clone());
+        b.max_pods = Some(1);
+    })
+    .await;
+    ok(
+        "ADD pod A",
+        &s.a.cni("ADD", pa_pod(&s.t), s.t.pod_a().into()).await,
+    );
+    let open = |ns: &str| {
+        std::os::fd::OwnedFd::from(std::fs::File::open(InpodTopology::netns_path(ns)).unwrap())
+    };
+    let pod = |uid: &str| PodSpec {
+        uid: uid.into(),
+        name: "echo".into(),
+        namespace: "demo".into(),
+        service_account: "echo".into(),
+    };
+    let conn = tokio::time::timeout(STEP, double.accept())
+        .await
+        .expect("the gateway connects to the node agent")
+        .expect("hello V1");
+    conn.snapshot(vec![(pod(SERVER_UID), open(&s.t.pb))], &[])
+        .await
+        .expect("snapshot acked");
+    let pb_path = InpodTopology::netns_path(&s.t.pb);
+    s.b.shell
+        .run("istio-cni's rules in pod B", STEP, async move {
+            tidegate::inpod::capture::install(
+                Path::new(&pb_path),
+                tidegate::inpod::capture::CapturePorts::default(),
+            )
+        })
+        .await
+        .expect("rules installed");
+    ten_round_trips(&s, 20).await;
+    // Pod B's namespace under another uid.
+    let nack = conn.add(pod("intruder"), open(&s.t.pb)).await.unwrap();
+    assert_eq!(
+        nack,
+        format!(
+            "pod intruder refused: its network namespace (inode {}) is already pod {SERVER_UID}'s (demo/echo): one network namespace is one pod",
+            std::fs::metadata(InpodTopology::netns_path(&s.t.pb)).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap()
+        )
+    );
+    // Node B's own namespace, where the gateway runs.
+    let nack = conn.add(pod("node"), open(&s.t.nb)).await.unwrap();
+    assert!(
+        nack.starts_with("pod node refused: ")
+            && nack.ends_with("the gateway's own network namespace is never a pod"),
+        "{nack}"
+    );
+    // A second pod in a namespace of its own: past capture.max_pods.
+    let nack = conn.add(pod("second"), open(&s.t.pc)).await.unwrap();
+    assert_eq!(
+        nack,
+        "pod second refused: pod limit reached (1 pods on this node; capture.max_pods is 1)"
+    );
+    // Pod B: one set of listeners, every connection served.
+    assert_eq!(listeners(&s.t.pb, 15008), 1);
+    assert_eq!(listeners(&s.t.pb, 15001), 1);
+    assert_eq!(listeners(&s.t.pc, 15008), 0);
+    ten_round_trips(&s, 40).await;
+    let m = s.gw_b.metrics().await;
+    assert_eq!(tidegate_e2e::metric(&m, "tidegate_inpod_pods"), 1.0, "{m}");
+    assert_eq!(tidegate_e2e::metric(&m, "tidegate_inpod_max_pods"), 1.0);
+    for reason in ["netns_taken", "gateway_netns", "pod_limit"] {
+        assert_eq!(refusals(&m, reason), 1.0, "{reason}: {m}");
+    }
+    // The NACKed pods' uids are not served: deleting them changes nothing.
+    tidegate_e2e::zds_double::expect_ack("del intruder", conn.del("intruder").await.unwrap())
+        .unwrap();
+    ten_round_trips(&s, 60).await;
+}
+
+/// Over the CNI socket: `tidegate-cni` ADD of another uid with pod B's
+/// namespace, or with the node's own, fails naming why; pod B keeps being
+/// served by one set of listeners and keeps its record.
+#[tokio::test]
+async fn inpod_cni_add_of_a_taken_namespace_or_the_nodes_own_fails_naming_why() {
+    if skip() {
+        return;
+    }
+    let s = Scenario::start(7).await;
+    s.enroll_both().await;
+    ten_round_trips(&s, 80).await;
+    let intruder = CniPod {
+        uid: "intruder-uid",
+        name: "intruder",
+        ..pb_pod(&s.t)
+    };
+    let out = s.b.cni("ADD", intruder, s.t.pod_b().into()).await;
+    assert!(!out.status.success());
+    let err = stdout_json(&out);
+    assert_eq!(err["code"], 11, "{err}");
+    let details = err["details"].as_str().unwrap();
+    assert!(
+        details.contains(&format!(
+            "pod intruder-uid refused: its network namespace (inode {}) is already pod {SERVER_UID}'s (demo/echo): one network namespace is one pod",
+            std::fs::metadata(InpodTopology::netns_path(&s.t.pb)).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap()
+        )),
+        "{err}"
+    );
+    let node = CniPod {
+        uid: "node-uid",
+        netns: InpodTopology::netns_path(&s.t.nb).leak(),
+        ..pb_pod(&s.t)
+    };
+    let out = s.b.cni("ADD", node, s.t.pod_b().into()).await;
+    let err = stdout_json(&out);
+    assert_eq!(err["code"], 11, "{err}");
+    assert!(
+        err["details"]
+            .as_str()
+            .unwrap()
+            .contains("the gateway's own network namespace is never a pod"),
+        "{err}"
+    );
+    // Only pod B's record is left; one set of listeners serves it.
+    let records = tidegate::inpod::state::PodRecord::read_all(&s.b.state);
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].1.as_ref().unwrap().uid, SERVER_UID);
+    assert_eq!(listeners(&s.t.pb, 15008), 1);
+    assert_eq!(listeners(&s.t.pb, 15006), 1);
+    ten_round_trips(&s, 100).await;
+    let m = s.gw_b.metrics().await;
+    assert_eq!(tidegate_e2e::metric(&m, "tidegate_inpod_pods"), 1.0, "{m}");
+    assert_eq!(refusals(&m, "netns_taken"), 1.0, "{m}");
+    assert_eq!(refusals(&m, "gateway_netns"), 1.0, "{m}");
 }
