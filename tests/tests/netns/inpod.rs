@@ -904,3 +904,106 @@ async fn inpod_cni_add_of_a_taken_namespace_or_the_nodes_own_fails_naming_why() 
     assert_eq!(refusals(&m, "netns_taken"), 1.0, "{m}");
     assert_eq!(refusals(&m, "gateway_netns"), 1.0, "{m}");
 }
+
+const FDS_CHILD: &str = "TIDEGATE_TEST_INPOD_FDS_SHORT";
+
+/// With too few descriptors left, a new pod is NACKed naming the
+/// exhaustion before any of its listeners open, and the pod already served
+/// keeps being served; once descriptors are back, the same pod is taken.
+/// The open-file limit is the whole process's, so this runs in a child
+/// process (this test binary again, running only this test).
+#[tokio::test]
+async fn inpod_zds_a_pod_is_refused_when_descriptors_run_short_and_served_pods_go_on() {
+    if skip() {
+        return;
+    }
+    if std::env::var_os(FDS_CHILD).is_some() {
+        return descriptors_short().await;
+    }
+    let name = "inpod::inpod_zds_a_pod_is_refused_when_descriptors_run_short_and_served_pods_go_on";
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(FDS_CHILD, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("child: refused for descriptors"),
+        "child: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn descriptors_short() {
+    use tidegate_e2e::zds_double::{expect_ack, PodSpec, ZdsDouble};
+    let zds_dir = tempfile::tempdir().unwrap();
+    let socket = zds_dir.path().join("ztunnel.sock");
+    let double = ZdsDouble::bind(&socket).unwrap();
+    let s = Scenario::start_with(8, |b| b.zds = Some(socket.clone())).await;
+    ok(
+        "ADD pod A",
+        &s.a.cni("ADD", pa_pod(&s.t), s.t.pod_a().into()).await,
+    );
+    let open = |ns: &str| {
+        std::os::fd::OwnedFd::from(std::fs::File::open(InpodTopology::netns_path(ns)).unwrap())
+    };
+    let pod = |uid: &str| PodSpec {
+        uid: uid.into(),
+        name: uid.into(),
+        namespace: "demo".into(),
+        service_account: "echo".into(),
+    };
+    let conn = tokio::time::timeout(STEP, double.accept())
+        .await
+        .expect("the gateway connects to the node agent")
+        .expect("hello V1");
+    conn.snapshot(vec![(pod(SERVER_UID), open(&s.t.pb))], &[])
+        .await
+        .expect("snapshot acked");
+    let pb_path = InpodTopology::netns_path(&s.t.pb);
+    s.b.shell
+        .run("istio-cni's rules in pod B", STEP, async move {
+            tidegate::inpod::capture::install(
+                Path::new(&pb_path),
+                tidegate::inpod::capture::CapturePorts::default(),
+            )
+        })
+        .await
+        .expect("rules installed");
+    ten_round_trips(&s, 120).await;
+    // A quarter of what is open left free: less than the quarter of the
+    // limit a pod must leave (the margin is open/16 + 3 descriptors).
+    let in_use = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64;
+    let (soft, hard) = rlimit::getrlimit(rlimit::Resource::NOFILE).unwrap();
+    rlimit::setrlimit(rlimit::Resource::NOFILE, in_use + in_use / 4, hard).unwrap();
+    let nack = conn.add(pod("second"), open(&s.t.pc)).await.unwrap();
+    // The pod already served goes on with the descriptors left.
+    let served = std::panic::AssertUnwindSafe(ten_round_trips(&s, 140));
+    let served = futures::FutureExt::catch_unwind(served).await;
+    rlimit::setrlimit(rlimit::Resource::NOFILE, soft, hard).unwrap();
+    assert!(
+        nack.starts_with("pod second refused: out of file descriptors (")
+            && nack.contains("stay free for connections"),
+        "{nack}"
+    );
+    assert!(
+        served.is_ok(),
+        "pod B was not served while short of descriptors"
+    );
+    assert_eq!(
+        listeners(&s.t.pc, 15008),
+        0,
+        "no listener opened for the refused pod"
+    );
+    let m = s.gw_b.metrics().await;
+    assert_eq!(refusals(&m, "descriptors"), 1.0, "{m}");
+    // Descriptors back: the same pod is taken.
+    expect_ack(
+        "add second",
+        conn.add(pod("second"), open(&s.t.pc)).await.unwrap(),
+    )
+    .unwrap();
+    assert_eq!(listeners(&s.t.pc, 15008), 1);
+    println!("child: refused for descriptors ({nack})");
+}
