@@ -20,6 +20,7 @@ use crate::inpod::pods::{DataPath, PodProxies};
 use crate::metrics::ProxyFamilies;
 use crate::policy::{PolicyEngine, PolicyMetrics};
 use crate::proxy::congestion::TcpTuning;
+use crate::proxy::inbound::limits::{Caps, ConnectionLimits};
 use crate::proxy::inbound::Inbound;
 use crate::proxy::listener::bind;
 use crate::proxy::outbound::Outbound;
@@ -118,12 +119,13 @@ pub fn load_workloads(config: &Config, store: &Arc<WorkloadStore>) -> anyhow::Re
 /// ready only after the first full sync (the listeners serve meanwhile).
 pub async fn build(config: Config) -> anyhow::Result<App> {
     let cp = &config.control_plane;
-    control_plane::reserve_descriptors(control_plane::budget(
+    let data_path_descriptors = control_plane::reserve_descriptors(control_plane::budget(
         cp,
         config.drains.cni_socket.is_some(),
     ))?;
     let mut registry = prometheus_client::registry::Registry::with_prefix("tidegate");
     let control = ControlMetrics::register(&mut registry);
+    crate::allocator::AllocatorMetrics::register(&mut registry);
     let (trigger, drain) = shutdown::channel();
     let mut tasks = JoinSet::new();
 
@@ -279,6 +281,13 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             .chain([config.hbone.port])
             .chain(pod_ports.into_iter().filter(|_| inpod)),
     );
+    let caps = Caps::derive(&config.hbone, data_path_descriptors);
+    info!(
+        tunnels = caps.tunnels,
+        connections = caps.connections,
+        per_identity = caps.per_identity,
+        "inbound connection caps"
+    );
     let inbound = Inbound::new(
         workloads.clone(),
         tls.clone(),
@@ -289,6 +298,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         streams.clone(),
         crate::proxy::inbound::InboundMetrics::register(&mut registry),
         tcp.app.clone(),
+        ConnectionLimits::new(caps, &mut registry),
     );
     let picker = crate::proxy::endpoints::EndpointPicker::new(
         pool.clone(),
@@ -327,6 +337,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             },
             capture_ports,
             config.capture.max_pods as usize,
+            config.capture.membership_wait,
             drain.clone(),
             &mut registry,
         );
@@ -371,16 +382,12 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
 
     let demo_echo = match &config.demo {
         Some(demo) => {
-            let l = crate::demo::bind_echo(demo.echo)
-                .await
-                .with_context(|| format!("demo.echo {}", demo.echo))?;
+            let l = crate::demo::bind_echo("demo.echo", demo.echo).await?;
             let addr = l.local_addr()?;
             info!(%addr, "demo echo backend listening");
             tasks.spawn(crate::demo::run_echo(l, drain.clone()));
             for more in &demo.more_echoes {
-                let l = crate::demo::bind_echo(*more)
-                    .await
-                    .with_context(|| format!("demo.more_echoes {more}"))?;
+                let l = crate::demo::bind_echo("demo.more_echoes", *more).await?;
                 info!(addr = %more, "demo echo backend listening");
                 tasks.spawn(crate::demo::run_echo(l, drain.clone()));
             }

@@ -1,7 +1,8 @@
 //! What every control-plane listener shares — the admin (127.0.0.1:15000),
-//! metrics (15020) and readiness (15021) HTTP servers and the CNI socket:
-//! a connection cap per listener, a pause after accept errors, their
-//! metrics, and the descriptor budget that keeps the data path's reserve.
+//! metrics (15020) and readiness (15021) HTTP servers, the CNI socket and
+//! `tidegate ca`'s listeners: a connection cap per listener, a pause after
+//! accept errors (10 ms doubling to 100 ms, logged at most once a second),
+//! their metrics, and the descriptor budget that keeps the data path's reserve.
 //!
 //! **Descriptor budget.** At start the open-file soft limit is raised to the
 //! hard limit (both logged). The control plane may hold at most
@@ -10,12 +11,14 @@
 //! [`FIXED_DESCRIPTORS`] (listeners, files, the runtime) descriptors, and
 //! start-up refuses a configuration whose budget exceeds half the limit: the
 //! other half at least is the data path's, which no control-plane peer can
-//! take. With the defaults the budget is 416.
+//! take. With the defaults the budget is 416. The inbound connection caps
+//! are derived from the data path's share (`proxy/inbound/limits.rs`), so no
+//! data-path peer can take the control plane's either.
 //!
 //! A leaf module: it imports only the config section.
 
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -28,9 +31,18 @@ use tracing::{info, warn};
 
 use crate::config::ControlPlaneConfig;
 
-/// After a failed accept (EMFILE, ENFILE, ENOBUFS…) the loop waits this
-/// long instead of spinning on an error that will not clear by itself.
+/// After a failed accept (EMFILE, ENFILE, ENOBUFS…) the loop waits instead
+/// of spinning on an error that will not clear by itself: this long after
+/// the first failure, doubling with each further one in a row up to
+/// [`ACCEPT_ERROR_PAUSE`].
+pub const ACCEPT_ERROR_FIRST_PAUSE: Duration = Duration::from_millis(10);
+
+/// The longest pause after failed accepts.
 pub const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+/// Failed accepts of one listener are logged at most this often (the
+/// first at once; the next with the number left unlogged meanwhile).
+pub const ACCEPT_ERROR_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Descriptors the control plane holds besides its connections: its
 /// listeners, the workload, certificate and plugin files being read, the
@@ -68,7 +80,8 @@ impl ControlMetrics {
         registry.register(
             "control_refusals",
             "Control-plane connections closed by the gateway, by listener and reason \
-             (over_capacity, header_timeout, read_timeout, line_too_long, bad_request)",
+             (over_capacity, evicted: idle the longest when a new one came to a full listener, \
+             header_timeout, read_timeout, line_too_long, bad_request)",
             m.refusals.clone(),
         );
         registry.register(
@@ -84,20 +97,56 @@ impl ControlMetrics {
 #[derive(Clone, Debug)]
 pub struct ConnLimit {
     listener: &'static str,
+    max: u32,
     permits: Arc<Semaphore>,
     metrics: ControlMetrics,
+    accept_errors: Arc<Mutex<AcceptErrors>>,
+}
+
+/// Failed accepts in a row: the next pause and the log's rate limit.
+#[derive(Debug, Default)]
+struct AcceptErrors {
+    /// Failures since the last successful accept.
+    in_a_row: u32,
+    last_logged: Option<tokio::time::Instant>,
+    /// Failures not logged since `last_logged`.
+    unlogged: u64,
+}
+
+impl AcceptErrors {
+    /// Counts a failure; returns the pause, and whether to log it with
+    /// the number of failures left unlogged before it.
+    fn failed(&mut self, now: tokio::time::Instant) -> (Duration, Option<u64>) {
+        let pause = ACCEPT_ERROR_FIRST_PAUSE
+            .saturating_mul(1 << self.in_a_row.min(16))
+            .min(ACCEPT_ERROR_PAUSE);
+        self.in_a_row = self.in_a_row.saturating_add(1);
+        let due = self
+            .last_logged
+            .is_none_or(|at| now.duration_since(at) >= ACCEPT_ERROR_LOG_INTERVAL);
+        if !due {
+            self.unlogged += 1;
+            return (pause, None);
+        }
+        self.last_logged = Some(now);
+        (pause, Some(std::mem::take(&mut self.unlogged)))
+    }
 }
 
 /// An admitted connection: holds its slot until dropped.
 #[derive(Debug)]
 pub struct Admitted {
     _permit: OwnedSemaphorePermit,
-    open: Gauge,
+    _open: Open,
 }
 
-impl Drop for Admitted {
+/// Counts a connection in `tidegate_control_connections_open` until dropped.
+#[derive(Debug)]
+pub struct Open(Gauge);
+
+impl Drop for Open {
     fn drop(&mut self) {
-        self.open.dec();
+        self.0.dec();
     }
 }
 
@@ -107,8 +156,10 @@ impl ConnLimit {
         let _ = metrics.open.get_or_create(&ListenerLabels { listener });
         ConnLimit {
             listener,
+            max,
             permits: Arc::new(Semaphore::new(max as usize)),
             metrics: metrics.clone(),
+            accept_errors: Arc::default(),
         }
     }
 
@@ -116,25 +167,35 @@ impl ConnLimit {
         self.listener
     }
 
+    /// The cap.
+    pub fn max(&self) -> usize {
+        self.max as usize
+    }
+
+    /// Counts a connection as open (the HTTP listeners keep their own
+    /// slots: `admin/slots.rs`).
+    pub fn open(&self) -> Open {
+        let open = self
+            .metrics
+            .open
+            .get_or_create(&ListenerLabels {
+                listener: self.listener,
+            })
+            .clone();
+        open.inc();
+        Open(open)
+    }
+
     /// A slot for a connection just accepted, or `None` — counted as
     /// `over_capacity` — when the listener is full: the caller drops the
     /// connection at once.
     pub fn admit(&self) -> Option<Admitted> {
+        self.accept_errors.lock().unwrap().in_a_row = 0;
         match self.permits.clone().try_acquire_owned() {
-            Ok(permit) => {
-                let open = self
-                    .metrics
-                    .open
-                    .get_or_create(&ListenerLabels {
-                        listener: self.listener,
-                    })
-                    .clone();
-                open.inc();
-                Some(Admitted {
-                    _permit: permit,
-                    open,
-                })
-            }
+            Ok(permit) => Some(Admitted {
+                _permit: permit,
+                _open: self.open(),
+            }),
             Err(_) => {
                 self.refused("over_capacity");
                 None
@@ -153,8 +214,10 @@ impl ConnLimit {
             .inc();
     }
 
-    /// Counts and logs a failed accept, then pauses: EMFILE does not clear by
-    /// retrying at once, and spinning on it took most of a core.
+    /// Counts a failed accept, logs it (at most once a second), then
+    /// pauses (10 ms doubling to 100 ms while failures go on): EMFILE does
+    /// not clear by retrying at once, and spinning on it took a whole core
+    /// and wrote hundreds of thousands of log lines a second.
     pub async fn accept_failed(&self, e: &io::Error) {
         self.metrics
             .accept_errors
@@ -162,8 +225,15 @@ impl ConnLimit {
                 listener: self.listener,
             })
             .inc();
-        warn!(listener = self.listener, error = %e, "control-plane accept failed; pausing");
-        tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+        let (pause, log) = self
+            .accept_errors
+            .lock()
+            .unwrap()
+            .failed(tokio::time::Instant::now());
+        if let Some(unlogged) = log {
+            warn!(listener = self.listener, error = %e, pause = ?pause, unlogged_since_last_line = unlogged, "accept failed; pausing");
+        }
+        tokio::time::sleep(pause).await;
     }
 }
 
@@ -191,13 +261,15 @@ pub struct BudgetError {
 
 /// Raises the open-file soft limit to the hard limit, logs both, and checks
 /// that the control plane's `budget` leaves at least half of it to the data
-/// path. A limit that cannot be read or raised is logged and not fatal.
-pub fn reserve_descriptors(budget: u64) -> Result<(), BudgetError> {
+/// path. Returns the descriptors left to the data path (the limit less the
+/// budget; `None` when the limit cannot be read, which is logged and not
+/// fatal; a limit that cannot be raised is logged and used as it is).
+pub fn reserve_descriptors(budget: u64) -> Result<Option<u64>, BudgetError> {
     let (before, hard) = match rlimit::getrlimit(rlimit::Resource::NOFILE) {
         Ok(l) => l,
         Err(e) => {
             warn!(error = %e, "cannot read the open-file limit");
-            return Ok(());
+            return Ok(None);
         }
     };
     let soft = match rlimit::increase_nofile_limit(hard) {
@@ -221,7 +293,7 @@ pub fn reserve_descriptors(budget: u64) -> Result<(), BudgetError> {
             limit: soft,
         });
     }
-    Ok(())
+    Ok(Some(soft.saturating_sub(budget)))
 }
 
 #[cfg(test)]
@@ -248,6 +320,39 @@ mod tests {
             text.contains(r#"control_connections_open{listener="metrics"} 1"#),
             "{text}"
         );
+    }
+
+    #[test]
+    fn failed_accepts_pause_longer_in_a_row_and_are_logged_at_most_once_a_second() {
+        let mut errors = AcceptErrors::default();
+        let t0 = tokio::time::Instant::now();
+        let ms = Duration::from_millis;
+        // A burst of 1,000 failures within the first second: pauses grow
+        // to the cap, one line logged.
+        let mut pauses = Vec::new();
+        let mut logged = Vec::new();
+        for i in 0..1000 {
+            let (pause, log) = errors.failed(t0 + ms(i / 2));
+            pauses.push(pause);
+            logged.extend(log);
+        }
+        assert_eq!(&pauses[..5], [ms(10), ms(20), ms(40), ms(80), ms(100)]);
+        assert!(pauses[5..].iter().all(|p| *p == ACCEPT_ERROR_PAUSE));
+        assert_eq!(logged, [0], "the first failure only");
+        // A second on: one line, with the count left out meanwhile.
+        let (_, log) = errors.failed(t0 + ms(1000));
+        assert_eq!(log, Some(999));
+    }
+
+    #[test]
+    fn a_successful_accept_starts_the_pauses_over() {
+        let limit = ConnLimit::new("admin", 1, &ControlMetrics::default());
+        let t0 = tokio::time::Instant::now();
+        let failed = || limit.accept_errors.lock().unwrap().failed(t0).0;
+        assert_eq!(failed(), Duration::from_millis(10));
+        assert_eq!(failed(), Duration::from_millis(20));
+        let _slot = limit.admit().unwrap();
+        assert_eq!(failed(), Duration::from_millis(10));
     }
 
     #[tokio::test]

@@ -8,8 +8,18 @@ use tokio::net::TcpListener;
 
 use crate::shutdown::ShutdownWatch;
 
-pub async fn bind_echo(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
+/// Binds an echo backend's listener; `key` (`demo.echo`, …) names it in the
+/// error, with the port's holder when the port is in use.
+pub async fn bind_echo(key: &str, addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::AddrInUse => {
+                crate::proxy::listener::in_use_hint(addr, &format!("`{key}`"))
+            }
+            _ => String::new(),
+        };
+        anyhow::anyhow!("cannot listen on {addr} for {key}: {e}{hint}")
+    })
 }
 
 pub async fn run_echo(listener: TcpListener, mut drain: ShutdownWatch) {

@@ -19,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod allocator;
 pub mod app;
 pub mod ca;
 pub mod cli;
@@ -41,14 +42,10 @@ pub mod tls;
 pub mod workload_table;
 pub mod workloads;
 
-/// The gateway's global allocator, set by the `tidegate` binary and by the
-/// bench programs that run its code in process (so what they time is what
-/// the gateway runs). jemalloc keeps the large buffers a bulk flow cycles
-/// through (read buffers up to 256 KiB, TLS and HTTP/2 buffers) for reuse,
-/// where glibc returned them to the kernel and faulted fresh zeroed pages in
-/// for every one (README, "Benchmarks": page faults per GB and CPU-seconds
-/// per GB).
-pub type Allocator = tikv_jemallocator::Jemalloc;
+pub use allocator::{Allocator, ALLOCATOR};
 
-/// The value for a `#[global_allocator]` static of type [`Allocator`].
-pub const ALLOCATOR: Allocator = tikv_jemallocator::Jemalloc;
+/// The unit tests run on the gateway's allocator too (its metrics are
+/// tested on it).
+#[cfg(test)]
+#[global_allocator]
+static TEST_ALLOCATOR: Allocator = ALLOCATOR;

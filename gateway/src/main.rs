@@ -4,7 +4,7 @@ use clap::Parser;
 use tidegate::cli::{Cli, Command, PolicyCommand};
 use tracing_subscriber::EnvFilter;
 
-/// jemalloc: see [`tidegate::Allocator`].
+/// jemalloc: see [`tidegate::allocator`].
 #[global_allocator]
 static ALLOCATOR: tidegate::Allocator = tidegate::ALLOCATOR;
 

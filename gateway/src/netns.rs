@@ -8,10 +8,9 @@
 //! other task runs on the thread meanwhile); the socket is then served
 //! from tokio as usual. A thread that cannot get back stops the gateway:
 //! its next sockets would be made in the wrong namespace. (ztunnel makes
-//! its pod sockets the same way. Until 2026-12-03 one reserved thread made
-//! them, and every inbound delivery paid two cross-thread wake-ups for it:
-//! measured, one context switch and 1.5 futex calls more per new
-//! connection, README "Benchmarks".)
+//! its pod sockets the same way. A reserved thread making them would cost
+//! every inbound delivery two cross-thread wake-ups: one context switch and
+//! 1.5 futex calls more per new connection, docs/performance.md.)
 //!
 //! Every socket made here carries `SO_MARK` (the mesh's packet mark, 0x539
 //! by default) so the pod's capture rules let the gateway's own traffic

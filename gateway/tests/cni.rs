@@ -924,3 +924,246 @@ fn install_refuses_clearly_without_a_primary_configuration_or_arguments() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--watch"));
 }
+
+/// Stand-ins for the tools capture runs (`iptables`, `iptables-restore`,
+/// `ip`, `sysctl`), in a directory that is the plugin's whole `PATH`: each
+/// appends its command line (`iptables-restore` also its input) to the
+/// returned file, and a query (`-S`, `-C`) finds nothing. Nothing of the
+/// host's is touched, whatever the plugin does.
+fn capture_tools(dir: &Path) -> (PathBuf, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let tools = dir.join("tools");
+    let calls = dir.join("calls");
+    std::fs::create_dir_all(&tools).unwrap();
+    for tool in ["iptables", "iptables-restore", "ip", "sysctl"] {
+        let input = if tool == "iptables-restore" {
+            // Shell built-ins only: PATH holds nothing else.
+            format!(
+                "while IFS= read -r line; do echo \"$line\" >> {}; done\n",
+                calls.display()
+            )
+        } else {
+            String::new()
+        };
+        let script = format!(
+            "#!/bin/sh\necho \"{tool} $*\" >> {calls}\n{input}\
+             case \" $* \" in *\" -S \"*|*\" -C \"*) exit 1;; esac\nexit 0\n",
+            calls = calls.display()
+        );
+        let path = tools.join(tool);
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    (tools, calls)
+}
+
+/// In-pod ADD of pod `namespace/web-0` (`uid`) in the plugin's own network
+/// namespace, with `tools` as its whole `PATH`.
+fn inpod_add(socket: &Path, state: &Path, namespace: &str, uid: &str, tools: &Path) -> Output {
+    let conf = format!(
+        r#"{{"cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "tidegate-cni",
+            "socket": "{}", "timeout_ms": 5000, "capture": "inpod", "state_dir": "{}",
+            "prevResult": {{"cniVersion": "1.0.0", "interfaces": [{{"name": "eth0"}}],
+                            "ips": [{{"address": "10.1.2.3/24", "interface": 0}}]}}}}"#,
+        socket.display(),
+        state.display()
+    );
+    let mut child = Command::new(CNI)
+        .env_clear()
+        .env("PATH", tools)
+        .env("CNI_COMMAND", "ADD")
+        .env("CNI_CONTAINERID", "c0ffee")
+        .env("CNI_NETNS", "/proc/self/ns/net")
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", "/opt/cni/bin")
+        .env(
+            "CNI_ARGS",
+            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME=web-0;K8S_POD_UID={uid}"),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(conf.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn calls_of(calls: &Path) -> String {
+    std::fs::read_to_string(calls).unwrap_or_default()
+}
+
+/// A gateway that answers one `add` with `answer`.
+fn answering_add(dir: &Path, uid: &'static str, answer: &'static str) -> FakeGateway {
+    FakeGateway::start(dir, move |mut s, _| {
+        let req = read_request(&mut s);
+        assert!(
+            req.contains("\"command\":\"add\"") && req.contains(&format!("\"uid\":\"{uid}\"")),
+            "{req}"
+        );
+        s.write_all(format!("{answer}\n").as_bytes()).unwrap();
+    })
+}
+
+#[test]
+fn add_captures_a_mesh_member_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tools, calls) = capture_tools(dir.path());
+    let state = dir.path().join("pods");
+    let records = || tidegate::inpod::state::PodRecord::read_all(&state);
+    let stderr = |o: &Output| String::from_utf8_lossy(&o.stderr).into_owned();
+
+    // The gateway says the pod is not a member: ADD succeeds with the
+    // previous result, no capture tool runs, no record stays.
+    let reason = "neither the pod nor its namespace opts in";
+    let peer = answering_add(
+        dir.path(),
+        "u-out",
+        r#"{"result":"not-member","reason":"neither the pod nor its namespace opts in"}"#,
+    );
+    let out = inpod_add(&peer.path, &state, "demo", "u-out", &tools);
+    peer.stop();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(printed["ips"][0]["address"], "10.1.2.3/24");
+    assert!(
+        stderr(&out).contains(&format!("is not a mesh member ({reason}): not captured")),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(calls_of(&calls), "", "nothing captured");
+    assert!(records().is_empty());
+
+    // kube-system is never meshed: no gateway needed, nothing captured.
+    let nobody = dir.path().join("nobody.sock");
+    let out = inpod_add(&nobody, &state, "kube-system", "u-sys", &tools);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("never meshed"), "{}", stderr(&out));
+    // Any other pod without a gateway to ask: try again later (it might be
+    // a member), and nothing captured meanwhile.
+    let out = inpod_add(&nobody, &state, "demo", "u-wait", &tools);
+    assert!(!out.status.success());
+    let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(e["code"], 11, "{e}");
+    assert_eq!(calls_of(&calls), "");
+    assert!(records().is_empty());
+
+    // A member is captured: its rules go in (entering a namespace — here
+    // the test's own, through the stand-ins — takes root).
+    let root = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap()) == 0;
+    if !root {
+        eprintln!("SKIPPED the member half: entering a network namespace needs root");
+        return;
+    }
+    let peer = answering_add(dir.path(), "u-in", r#"{"result":"added"}"#);
+    let out = inpod_add(&peer.path, &state, "demo", "u-in", &tools);
+    peer.stop();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let ran = calls_of(&calls);
+    for line in [
+        "iptables-restore --noflush",
+        "-A ISTIO_OUTPUT ! -d 127.0.0.1/32 -p tcp -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15001",
+        "ip -4 rule add fwmark 0x111/0xfff pref 32764 lookup 100",
+        "iptables -w -t nat -A TIDEGATE_PROBES -d 10.1.2.3/32",
+    ] {
+        assert!(ran.contains(line), "{line:?} not in:\n{ran}");
+    }
+    assert_eq!(
+        records().len(),
+        1,
+        "the member is recorded for a restarted gateway"
+    );
+}
+
+/// Polls `done` until it holds, for at most `within`.
+fn eventually(what: &str, within: Duration, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + within;
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not within {within:?}: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The first step of removing tidegate from a node: the plugin is unchained
+/// and kept out while the gateway still runs — a previous installer that
+/// re-chains it is undone — and its binary goes only in a round that found
+/// nothing to unchain (the runtime has re-read its configuration by then).
+#[test]
+fn uninstall_with_watch_keeps_the_plugin_out_then_removes_its_binary() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bin, conf) = (dir.path().join("bin"), dir.path().join("net.d"));
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(&conf).unwrap();
+    let list = conf.join("10-flannel.conflist");
+    std::fs::write(&list, FLANNEL).unwrap();
+    let installed = bin.join("tidegate-cni");
+    let chained = || {
+        json_file(&list)["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["type"] == "tidegate-cni")
+    };
+    assert!(admin("install", &bin, &conf, &[]).status.success());
+    assert!(chained() && installed.exists());
+
+    let mut child = Command::new(CNI)
+        .env_remove("CNI_COMMAND")
+        .arg("uninstall")
+        .arg("--cni-bin-dir")
+        .arg(&bin)
+        .arg("--cni-conf-dir")
+        .arg(&conf)
+        .args(["--watch", "1"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines() {
+            let _ = tx.send(line.unwrap());
+        }
+    });
+    // The next line saying `what` (a re-chain racing a round may first
+    // have the binary removed alone, the configuration rewritten after).
+    let next = |what: &str| loop {
+        let line = lines.recv_timeout(Duration::from_secs(20)).unwrap();
+        if line.contains(what) {
+            return line;
+        }
+    };
+    let want: serde_json::Value = serde_json::from_str(FLANNEL).unwrap();
+    for round in ["first", "after a re-chain"] {
+        // Unchained first, the binary still there for that round...
+        next("unchained from");
+        assert_eq!(json_file(&list), want, "{round}");
+        // ...and removed in the next one, the plugin still out.
+        next("removed");
+        eventually("the binary removed", Duration::from_secs(20), || {
+            !installed.exists()
+        });
+        assert!(!chained(), "{round}");
+        if round == "first" {
+            // The previous pod's installer, still running during a rollout.
+            assert!(admin("install", &bin, &conf, &[]).status.success());
+            assert!(chained());
+        }
+    }
+    assert_eq!(
+        child.try_wait().unwrap(),
+        None,
+        "it keeps running (a sidecar)"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

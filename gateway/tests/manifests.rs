@@ -38,6 +38,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tidegate::config::{CaptureMode, CertificatesConfig, Config, WorkloadSourceKind};
 use tidegate::oci::OciAuth;
+use tidegate::workloads::membership;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -342,6 +343,25 @@ fn arg_after<'a>(c: &'a Container, flag: &str) -> &'a str {
     &cmd[i + 1]
 }
 
+/// What the install-cni sidecar does: `install` (chains tidegate-cni and
+/// keeps it chained) or `uninstall` (unchains it and keeps it out).
+fn installer_mode(c: &Container) -> &str {
+    let cmd = c.command.as_deref().unwrap_or_default();
+    assert_eq!(
+        cmd.first().map(String::as_str),
+        Some("/usr/local/bin/tidegate-cni"),
+        "{}: runs tidegate-cni",
+        c.name
+    );
+    let mode = cmd.get(1).map(String::as_str).unwrap_or_default();
+    assert!(
+        mode == "install" || mode == "uninstall",
+        "{}: tidegate-cni {mode}",
+        c.name
+    );
+    mode
+}
+
 fn port(p: &Option<k8s_openapi::api::core::v1::Probe>) -> (u16, String) {
     let get = p
         .as_ref()
@@ -599,14 +619,30 @@ fn check_invariants(r: &Rendered) -> Config {
         config.shutdown.deadline
     );
 
-    // The CNI plugin talks to the socket the gateway listens on, on a host path.
+    // The CNI plugin talks to the socket the gateway listens on, on a host
+    // path; it is chained (install) or kept out (uninstall) for as long as
+    // the pod runs: a native sidecar that re-checks (`--watch`).
     let socket = config
         .drains
         .cni_socket
         .clone()
         .expect("drains.cni_socket is set");
     let cni = container(&pod, "install-cni");
-    assert_eq!(Path::new(arg_after(cni, "--socket")), socket);
+    let chains = installer_mode(cni) == "install";
+    assert_eq!(cni.restart_policy.as_deref(), Some("Always"));
+    assert!(arg_after(cni, "--watch").parse::<u64>().unwrap() > 0);
+    if chains {
+        assert_eq!(Path::new(arg_after(cni, "--socket")), socket);
+        // The gateway answers a pod's ADD (waiting for discovery to know
+        // the pod) before the plugin gives up on it.
+        let timeout = Duration::from_millis(arg_after(cni, "--timeout-ms").parse().unwrap());
+        assert!(
+            config.capture.membership_wait < timeout,
+            "{}: capture.membership_wait {:?} must be below the plugin's --timeout-ms {timeout:?}",
+            r.dir,
+            config.capture.membership_wait
+        );
+    }
     let (run, _) = volume_of(&pod, gw, &socket);
     assert!(run.host_path.is_some(), "the socket dir is a hostPath");
     let volumes: BTreeMap<_, _> = pod
@@ -633,13 +669,17 @@ fn check_invariants(r: &Rendered) -> Config {
     // does and tidegate-cni passes them through); the records it writes are
     // where the gateway reads them; pods' namespaces are visible to it.
     if config.capture.mode == CaptureMode::Inpod {
-        let enrolls = arg_after(cni, "--capture") == "inpod";
-        assert_eq!(
-            enrolls,
-            config.capture.zds_socket.is_none(),
-            "{}: exactly one of tidegate-cni ADD and istio-cni (ZDS) enrolls pods",
-            r.dir
-        );
+        // Unchained (uninstall), tidegate-cni enrolls nothing; the gateway
+        // keeps serving the pods it enrolled before (their records).
+        let enrolls = chains && arg_after(cni, "--capture") == "inpod";
+        if chains {
+            assert_eq!(
+                enrolls,
+                config.capture.zds_socket.is_none(),
+                "{}: exactly one of tidegate-cni ADD and istio-cni (ZDS) enrolls pods",
+                r.dir
+            );
+        }
         if enrolls {
             let state = config
                 .capture
@@ -800,6 +840,7 @@ fn check_invariants(r: &Rendered) -> Config {
             r.dir, o["kind"], o["metadata"]["name"]
         );
     }
+    check_outside_the_mesh(r, &config, &namespace);
     let sa: ServiceAccount = r
         .all::<ServiceAccount>("ServiceAccount")
         .into_iter()
@@ -821,6 +862,40 @@ fn check_invariants(r: &Rendered) -> Config {
         ca::check_istio_ca(r, &pod, gw, ca_config, &ns, &sa, &config.trust_domain);
     }
     config
+}
+
+/// The label the gateway reads is the one the docs name, and the mesh's own
+/// pods (the gateway on the host network, `tidegate ca` in its namespace)
+/// are not members by the rule that decides capture and HBONE alike.
+fn check_outside_the_mesh(r: &Rendered, config: &Config, namespace: &Namespace) {
+    let mesh_label = &config.workloads.kubernetes.mesh_label;
+    assert_eq!(mesh_label, membership::MESH_LABEL, "{}", r.dir);
+    let ns = namespace.metadata.name.as_deref().unwrap();
+    let (ds, _) = r.pod();
+    let templates = std::iter::once(("DaemonSet", ds.spec.unwrap().template)).chain(
+        r.all::<Deployment>("Deployment")
+            .into_iter()
+            .map(|d| ("Deployment", d.spec.unwrap().template)),
+    );
+    for (kind, template) in templates {
+        let spec = template.spec.unwrap();
+        let labels = template.metadata.and_then(|m| m.labels);
+        let m = membership::decide(
+            mesh_label,
+            membership::PodFacts {
+                namespace: ns,
+                pod_labels: labels.as_ref(),
+                namespace_labels: namespace.metadata.labels.as_ref(),
+                host_network: spec.host_network == Some(true),
+            },
+        );
+        assert!(
+            !m.member,
+            "{}: the {kind}'s pods would be mesh members ({})",
+            r.dir,
+            m.reason.describe()
+        );
+    }
 }
 
 #[test]
@@ -908,6 +983,7 @@ fn every_kustomization_renders_and_keeps_its_invariants() {
     for expected in [
         "base",
         "overlays/example",
+        "overlays/uninstall",
         "examples/oci-draining",
         "examples/istio-ambient",
     ] {
@@ -1034,6 +1110,129 @@ fn the_istio_ambient_example_takes_certificates_from_istiod() {
         arg_after(container(&pod, "install-cni"), "--capture"),
         "node"
     );
+}
+
+/// Uninstalling never strands a pod: the uninstall overlay is the base
+/// with only the installer changed — it unchains tidegate-cni on each node
+/// and keeps it out — while the gateway keeps serving (same config, same
+/// everything). It rolls out like an upgrade, the new pod started before
+/// the old one stops, so on no node is the plugin (which fails closed)
+/// chained while no gateway answers it; `kubectl delete -k` comes after.
+#[test]
+fn uninstalling_unchains_the_plugin_while_the_gateway_still_serves() {
+    let (Some(base), Some(un)) = (kustomize("base"), kustomize("overlays/uninstall")) else {
+        return;
+    };
+    let (_, base_pod) = base.pod();
+    let (ds, un_pod) = un.pod();
+    let install = container(&base_pod, "install-cni");
+    let uninstall = container(&un_pod, "install-cni");
+    assert_eq!(installer_mode(install), "install");
+    assert_eq!(installer_mode(uninstall), "uninstall");
+    for flag in ["--cni-bin-dir", "--cni-conf-dir"] {
+        assert_eq!(
+            arg_after(install, flag),
+            arg_after(uninstall, flag),
+            "{flag}"
+        );
+    }
+    assert_eq!(install.volume_mounts, uninstall.volume_mounts);
+    // Nothing but the installer's command differs: the gateway, its config,
+    // the CA and RBAC stay exactly as installed until they are deleted.
+    let without_installer_command = |objects: &[Value]| -> Vec<Value> {
+        let mut objects = objects.to_vec();
+        for o in objects.iter_mut().filter(|o| o["kind"] == "DaemonSet") {
+            let init = &mut o["spec"]["template"]["spec"]["initContainers"];
+            for c in init.as_array_mut().unwrap() {
+                if c["name"] == "install-cni" {
+                    c["command"] = Value::Null;
+                }
+            }
+        }
+        objects
+    };
+    assert_eq!(
+        without_installer_command(&base.objects),
+        without_installer_command(&un.objects),
+        "deploy/overlays/uninstall changes only the installer's command"
+    );
+    let update = ds.spec.unwrap().update_strategy.unwrap();
+    assert_eq!(update.type_.as_deref(), Some("RollingUpdate"));
+    let rolling = update.rolling_update.unwrap();
+    assert_eq!(
+        rolling.max_unavailable,
+        Some(IntOrString::Int(0)),
+        "a node keeps a gateway while its pod is replaced"
+    );
+    assert!(
+        matches!(rolling.max_surge, Some(IntOrString::Int(n)) if n >= 1),
+        "the new pod starts before the old one stops"
+    );
+}
+
+/// The mesh labels the docs and the manifests show (`kubectl label ...
+/// tidegate.io/mesh=enabled`, `istio.io/dataplane-mode: ambient`) are
+/// values the membership rule reads: an example that says `true` would
+/// leave its pods out of the mesh without a word.
+#[test]
+fn mesh_labels_in_the_docs_and_manifests_are_ones_the_rule_reads() {
+    let mut files = vec![repo().join("README.md"), deploy().join("README.md")];
+    let mut stack = vec![deploy()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "yaml") {
+                files.push(p);
+            }
+        }
+    }
+    let rules = [
+        (
+            membership::MESH_LABEL,
+            [membership::ENABLED, membership::DISABLED],
+        ),
+        (
+            membership::ISTIO_DATAPLANE_MODE,
+            [membership::AMBIENT, membership::NONE],
+        ),
+    ];
+    let mut seen = BTreeSet::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        for (key, values) in rules {
+            for (at, _) in text.match_indices(key) {
+                let rest = &text[at + key.len()..];
+                // `key=value`, `key: value`, `"key": "value"`; `key-` (a
+                // label's removal) and the bare key name no value.
+                let Some(rest) = ["=", ": ", "\": \""]
+                    .iter()
+                    .find_map(|sep| rest.strip_prefix(sep))
+                else {
+                    continue;
+                };
+                let value: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                    .collect();
+                assert!(
+                    values.contains(&value.as_str()),
+                    "{}: {key}={value} is not a value the membership rule reads ({values:?})",
+                    f.display()
+                );
+                seen.insert(format!("{key}={value}"));
+            }
+        }
+    }
+    // Both labels are shown somewhere (the base's config comment, the Istio
+    // ambient section): the check above is not vacuous.
+    for shown in [
+        "tidegate.io/mesh=enabled",
+        "istio.io/dataplane-mode=ambient",
+    ] {
+        assert!(seen.contains(shown), "{shown} appears nowhere: {seen:?}");
+    }
 }
 
 #[test]

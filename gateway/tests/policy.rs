@@ -643,3 +643,74 @@ fn reference_plugins_declare_only_what_they_read() {
         "the opt-in annotation still reaches it: {d:?}"
     );
 }
+
+/// A refused configuration is not kept: an upload with a bad
+/// `tidegate-policy-config` is refused, and the next load without a
+/// configuration of its own (the file watcher's reload, an upload without the
+/// header) gets the last accepted one and is accepted.
+#[test]
+fn a_refused_config_does_not_refuse_the_next_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.wasm");
+    std::fs::copy(plugin("recommended"), &file).unwrap();
+    let (e, reg) = engine(&format!(
+        "  plugins:\n    p: {{file: {}, config: {{hold-ms: 5000}}}}\n",
+        file.display()
+    ));
+    for (_, r) in e.load_configured() {
+        r.unwrap();
+    }
+    let status = |e: &PolicyEngine| e.list().into_iter().find(|p| p.name == "p").unwrap();
+    let swaps = |kind: &str| {
+        let series = format!(r#"tidegate_policy_swaps_total{{policy="p",kind="{kind}"}}"#);
+        let text = metrics_text(&reg);
+        if text.contains(&series) {
+            metric(&text, &series)
+        } else {
+            0.0
+        }
+    };
+    let teardown_bytes = std::fs::read(plugin("drain-at-teardown")).unwrap();
+    let bad = r#"{"hold-ms": "soon"}"#;
+    let err = e
+        .upload("p", &teardown_bytes, Some(bad))
+        .err()
+        .expect("a bad config is refused")
+        .to_string();
+    assert!(err.contains("hold-ms"), "{err}");
+    assert_eq!((swaps("ok"), swaps("init")), (1.0, 1.0));
+
+    // The file changes: reloaded with the configured config, not the refused one.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (trigger, watch) = tidegate::shutdown::channel();
+        let task = tokio::spawn(e.clone().watch_files(Duration::from_millis(20), watch));
+        let tmp = dir.path().join("p.wasm.tmp");
+        std::fs::write(&tmp, &teardown_bytes).unwrap();
+        std::fs::rename(&tmp, &file).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while swaps("ok") + swaps("init") < 3.0 {
+            assert!(
+                Instant::now() < deadline,
+                "the new file was never looked at"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        trigger.start(Duration::ZERO);
+        task.await.unwrap();
+    });
+    let s = status(&e);
+    assert_eq!(s.last_error, None, "the reload was refused");
+    assert_eq!(s.source, Some(tidegate::policy::LoadedFrom::File));
+    assert_eq!((swaps("ok"), swaps("init")), (2.0, 1.0));
+
+    // An upload without the header after a refused one: accepted too.
+    assert!(e.upload("p", &teardown_bytes, Some(bad)).is_err());
+    let bytes = std::fs::read(plugin("recommended")).unwrap();
+    let up = e.upload("p", &bytes, None).unwrap();
+    assert_eq!(up.result, tidegate::policy::UploadResult::Swapped);
+    assert_eq!(status(&e).last_error, None);
+}

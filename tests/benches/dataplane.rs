@@ -5,7 +5,7 @@
 //! ```
 //!
 //! Every figure is printed next to a raw loopback TCP baseline measured in the
-//! same run (ratios, never absolute times alone; see the README, "Benchmarks"). Every loop is
+//! same run (ratios, never absolute times alone; see docs/performance.md). Every loop is
 //! bounded in count and in time; the whole run takes about two minutes.
 //!
 //! Two modes, named next to each figure:

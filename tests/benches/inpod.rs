@@ -291,16 +291,12 @@ async fn bench() -> anyhow::Result<()> {
             "capture:\n  mode: inpod\n  state_dir: {d}/{name}-pods\ndrains:\n  cni_socket: {d}/{name}.sock\n",
             d = dir.path().display()
         );
-        let mut cfg = gateway_config(
+        gateway_config(
             name,
             &dir.path().join("ca"),
             &dir.path().join("workloads.yaml"),
             &extra,
-        );
-        // New connections per second from one client pod exceed the default
-        // per-tunnel dial rate (1,000/s) here: raised for both paths alike.
-        cfg.hbone.max_dials_per_second_per_tunnel = 100_000;
-        cfg
+        )
     };
     let gw_a = Gateway::start("node-a", &net.ns("na"), node("node-a")).await;
     let gw_b = Gateway::start("node-b", &net.ns("nb"), node("node-b")).await;

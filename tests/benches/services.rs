@@ -158,7 +158,6 @@ async fn balance(octet: u8, choice: &str) -> (f64, f64, f64, f64) {
         Options {
             workloads: Some(yaml),
             client_yaml: format!("outbound:\n  endpoint_choice: {choice}\n"),
-            server_yaml: "  max_dials_per_second_per_tunnel: 100000\n".into(),
             ..Default::default()
         },
     )
@@ -248,9 +247,6 @@ fn main() -> anyhow::Result<()> {
                 octet,
                 Options {
                     workloads: Some(yaml),
-                    // 8 clients exceed the default per-tunnel dial rate here.
-                    // (Indented: it continues the harness's `hbone:` block.)
-                    server_yaml: "  max_dials_per_second_per_tunnel: 100000\n".into(),
                     ..Default::default()
                 },
             )

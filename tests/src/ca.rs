@@ -51,6 +51,11 @@ pub fn ca_config(
         audience: tidegate::ca::DEFAULT_AUDIENCE.into(),
         serving_names: vec!["127.0.0.1".into()],
         max_validity,
+        max_connections: 4096,
+        handshake_timeout: Duration::from_secs(10),
+        preface_timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(300),
+        metrics_listen: "127.0.0.1:0".parse().unwrap(),
         api_server: Some(api.url()),
         kubeconfig: None,
     }
@@ -66,4 +71,68 @@ pub async fn until_known(app: &App, ip: IpAddr) {
             .await
             .expect("the store outlives the wait");
     }
+}
+
+/// A CA client for `tidegate ca` at `addr`, trusting `root_pem`, presenting
+/// `token` (files written under `dir`).
+pub fn agent(
+    dir: &std::path::Path,
+    addr: SocketAddr,
+    root_pem: &str,
+    token: &str,
+) -> tidegate::ca::client::CaClient {
+    let roots = dir.join("agent-root.pem");
+    std::fs::write(&roots, root_pem).unwrap();
+    let token_file = dir.join(format!("agent-{token}"));
+    std::fs::write(&token_file, token).unwrap();
+    tidegate::ca::client::CaClient::new(tidegate::ca::client::CaClientConfig {
+        address: format!("https://{addr}"),
+        roots,
+        token: token_file,
+        cluster_id: "Kubernetes".into(),
+        server_name: None,
+        timeout: Duration::from_secs(5),
+    })
+    .unwrap()
+}
+
+/// Asks for the caller's own identity (no impersonation); returns the
+/// leaf's identity.
+pub async fn own_identity(
+    client: &tidegate::ca::client::CaClient,
+) -> Result<tidegate::identity::SpiffeId, tidegate::ca::client::CaClientError> {
+    use rustls_pki_types::pem::PemObject;
+    let id = tidegate::identity::SpiffeId::new("cluster.local", NS, "tidegate");
+    let csr = tidegate::ca::csr::generate(&id).unwrap().csr_pem;
+    let chain = client
+        .create_certificate(tidegate::ca::messages::IstioCertificateRequest {
+            csr,
+            validity_duration: 3600,
+            metadata: None,
+        })
+        .await?;
+    let leaf = rustls_pki_types::CertificateDer::from_pem_slice(chain[0].as_bytes()).unwrap();
+    Ok(tidegate::tls::identity_of(&leaf).unwrap())
+}
+
+/// Waits until the server closes `conn` (EOF or reset), within `within`;
+/// panics naming `what` otherwise. Any bytes read before are ignored.
+pub async fn closed_by_server<S: tokio::io::AsyncRead + Unpin>(
+    what: &str,
+    mut conn: S,
+    within: Duration,
+) {
+    use tokio::io::AsyncReadExt;
+    let closed = async {
+        let mut buf = [0u8; 1024];
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(within, closed)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: still open after {within:?}"));
 }

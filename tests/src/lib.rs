@@ -3,6 +3,7 @@
 //! iptables REDIRECT, metric readers and a bounded `eventually`.
 
 pub mod ca;
+pub mod ca_double;
 pub mod cni;
 pub mod inpod;
 pub mod kube_api;
@@ -41,6 +42,29 @@ pub fn raise_fd_limit() {
             libc::setrlimit(libc::RLIMIT_NOFILE, &r);
         }
     }
+}
+
+/// Sets the open-file soft limit to `soft` (at most the hard limit);
+/// returns the previous soft limit. Process-wide: only for a test binary
+/// that runs one test.
+pub fn set_fd_soft_limit(soft: u64) -> u64 {
+    // SAFETY: getrlimit/setrlimit only read/write the local `rlimit` passed by pointer.
+    unsafe {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut r), 0);
+        let before = r.rlim_cur;
+        r.rlim_cur = soft.min(r.rlim_max);
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &r), 0);
+        before
+    }
+}
+
+/// Descriptors this process has open.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
 /// A bench program's count from the environment: `default` when `name` is

@@ -916,7 +916,7 @@ async fn the_double_follows_the_published_api() {
     assert_eq!(code(&r), (400, "LimitExceeded".into()));
 }
 
-/// The README runs the double with `--ca-out` and points the gateway at that
+/// docs/oci.md runs the double with `--ca-out` and points the gateway at that
 /// file: the banner must name it, not the double's temporary copy.
 #[test]
 fn the_double_program_names_the_ca_out_file() {

@@ -14,9 +14,10 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 use crate::checks::Checks;
+use crate::child::{self, Supervised};
 
 /// The line the gateway prints before its "try next" commands.
 const NEXT_STEPS_START: &str = "Try, in another terminal:";
@@ -24,8 +25,6 @@ const NEXT_STEPS_START: &str = "Try, in another terminal:";
 const NEXT_STEPS_END: &str = "Ctrl-C drains and stops.";
 /// How long the gateway may take from spawn to printing its next steps.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
-/// How long the gateway may take to exit after SIGTERM.
-const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Builds `tidegate` (dev profile, progress visible) and returns its path.
 ///
@@ -42,25 +41,37 @@ pub fn build_gateway(root: &Path) -> Result<PathBuf> {
 
 /// A running demo gateway and the commands it told the user to try.
 pub struct Demo {
-    pid: u32,
-    /// The gateway's exit status, sent by the thread that owns the child.
-    exited: mpsc::Receiver<std::io::Result<std::process::ExitStatus>>,
-    stopped: bool,
+    gateway: Supervised,
     pub next_steps: Vec<String>,
+}
+
+/// `tidegate run ARGS` in `root`, supervised ([`crate::child`]): it ends
+/// when xtask does.
+fn command(root: &Path, bin: &Path, args: &[String]) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.current_dir(root)
+        .arg("run")
+        .args(args)
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// `cargo xtask demo`: runs the gateway until it exits; a Ctrl-C or
+/// SIGTERM to xtask drains it first ([`crate::child`]).
+pub fn run(root: &Path, bin: &Path, args: &[String]) -> Result<()> {
+    let (gateway, _) = child::spawn(&mut command(root, bin, args))?;
+    let status = gateway.wait()?;
+    if !status.success() {
+        bail!("tidegate run exited with {status}");
+    }
+    Ok(())
 }
 
 /// Starts `tidegate run ARGS` in `root` and waits for its "try next" lines.
 /// The gateway's log goes to our stderr as it comes.
 pub fn start(root: &Path, bin: &Path, args: &[String]) -> Result<Demo> {
-    let mut child = Command::new(bin)
-        .current_dir(root)
-        .arg("run")
-        .args(args)
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    let stderr = child.stderr.take().expect("piped");
+    let (gateway, stderr) = child::spawn(command(root, bin, args).stderr(Stdio::piped()))?;
+    let stderr = stderr.expect("piped");
     let (lines_tx, lines_rx) = mpsc::channel::<String>();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines() {
@@ -70,19 +81,11 @@ pub fn start(root: &Path, bin: &Path, args: &[String]) -> Result<Demo> {
             let _ = lines_tx.send(line);
         }
     });
-    let pid = child.id();
-    let (exit_tx, exited) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = exit_tx.send(child.wait());
-    });
-    let mut demo = Demo {
-        pid,
-        exited,
-        stopped: false,
-        next_steps: Vec::new(),
-    };
-    demo.next_steps = read_next_steps(&lines_rx)?;
-    Ok(demo)
+    let next_steps = read_next_steps(&lines_rx)?;
+    Ok(Demo {
+        gateway,
+        next_steps,
+    })
 }
 
 /// Collects the commands between [`NEXT_STEPS_START`] and [`NEXT_STEPS_END`].
@@ -117,44 +120,9 @@ fn read_next_steps(lines: &mpsc::Receiver<String>) -> Result<Vec<String>> {
 
 impl Demo {
     /// SIGTERM, then waits (bounded) for a clean exit.
-    pub fn stop(mut self) -> Result<()> {
-        self.stopped = true;
-        signal(self.pid, "TERM")?;
-        let status = match self.exited.recv_timeout(STOP_TIMEOUT) {
-            Ok(status) => status.context("waiting for the gateway")?,
-            Err(_) => {
-                let _ = signal(self.pid, "KILL");
-                bail!("the gateway did not exit within {STOP_TIMEOUT:?} of SIGTERM");
-            }
-        };
-        if !status.success() {
-            bail!("the gateway exited with {status} after SIGTERM");
-        }
-        Ok(())
+    pub fn stop(self) -> Result<()> {
+        self.gateway.stop()
     }
-}
-
-impl Drop for Demo {
-    fn drop(&mut self) {
-        // An error path: never leave a gateway holding the demo's ports.
-        if !self.stopped {
-            let _ = signal(self.pid, "KILL");
-            let _ = self.exited.recv_timeout(STOP_TIMEOUT);
-        }
-    }
-}
-
-/// `kill -<sig> <pid>` (xtask has no libc dependency).
-fn signal(pid: u32, sig: &str) -> Result<()> {
-    let status = Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(pid.to_string())
-        .status()
-        .context("running kill")?;
-    if !status.success() {
-        bail!("kill -{sig} {pid} failed ({status})");
-    }
-    Ok(())
 }
 
 /// `cargo xtask demo --check`: start, run every "try next" line, run

@@ -11,12 +11,18 @@
 //!   test of the workspace, the plugins' native tests,
 //!   every fuzz target for a bounded time, the drain lab's smoke run
 //!   (`lab.rs`), then start the demo as `demo --check` does and run the
-//!   READMEs' shell blocks against it (`readme.rs`).
+//!   READMEs' shell blocks against it (`readme.rs`). Before any build it
+//!   checks ARCHITECTURE.md against the code (`architecture.rs`).
 //! - `fuzz [--secs N] [TARGET…]`: build the fuzz targets of `fuzz/` and run
 //!   each for N seconds (default 60); `test` runs them all for
 //!   [`fuzz::TEST_SECS`] each (`fuzz.rs`).
-//! - `readme`: only the last stage of `test` (the demo and the READMEs'
-//!   shell blocks), for whoever edits a README.
+//! - `readme`: what `test` checks of the documents, for whoever edits one:
+//!   ARCHITECTURE.md against the code (`architecture.rs`), then the demo and
+//!   the READMEs' shell blocks.
+//! - `config-reference`: rewrite the generated table of
+//!   `docs/configuration.md` (every key, its default and range) from the
+//!   config types, keeping the meanings written; the test
+//!   `gateway/tests/readme_config.rs` then checks it, and `test` runs that.
 //! - `lab [ARGS…]`: build as `test` does, then run the drain lab
 //!   (`target/debug/drain-lab ARGS`; needs root). `test` runs a bounded
 //!   smoke run of it (`lab.rs`).
@@ -27,7 +33,9 @@
 
 #![forbid(unsafe_code)]
 
+mod architecture;
 mod checks;
+mod child;
 mod demo;
 mod fuzz;
 mod lab;
@@ -42,7 +50,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 
 const USAGE: &str =
-    "usage: cargo xtask plugins [--out DIR] | test | fuzz [--secs N] [TARGET…] | readme | lab [ARGS…] | demo [--check] [ARGS…]";
+    "usage: cargo xtask plugins [--out DIR] | test | fuzz [--secs N] [TARGET…] | readme | config-reference | lab [ARGS…] | demo [--check] [ARGS…]";
 
 fn main() -> ExitCode {
     // The fuzz build runs xtask as its rustc wrapper (`fuzz.rs`).
@@ -79,8 +87,9 @@ fn run(args: Vec<String>) -> Result<()> {
         Some("test") => {
             let root = repo_root();
             let lint = lint::env(true)?;
-            plugins::build_all(&root, &root.join("target").join("plugins"))?;
             let mut tally = Tally::default();
+            let architecture = run_architecture(&root, &mut tally);
+            plugins::build_all(&root, &root.join("target").join("plugins"))?;
             // Every target (benches too) built and linted first; the run
             // then builds nothing.
             let workspace = run_cargo_env(
@@ -111,7 +120,12 @@ fn run(args: Vec<String>) -> Result<()> {
                 "\ntests: {} passed, {} failed, {} skipped",
                 tally.passed, tally.failed, tally.ignored
             );
-            workspace.and(plugins).and(fuzz).and(smoke).and(docs)
+            architecture
+                .and(workspace)
+                .and(plugins)
+                .and(fuzz)
+                .and(smoke)
+                .and(docs)
         }
         Some("fuzz") => {
             let mut secs = 60;
@@ -131,9 +145,29 @@ fn run(args: Vec<String>) -> Result<()> {
         }
         Some("readme") => {
             let root = repo_root();
-            plugins::build_all(&root, &root.join("target").join("plugins"))?;
             let mut tally = Tally::default();
-            run_docs(&root, &mut tally)
+            let architecture = run_architecture(&root, &mut tally);
+            plugins::build_all(&root, &root.join("target").join("plugins"))?;
+            architecture.and(run_docs(&root, &mut tally))
+        }
+        Some("config-reference") => {
+            let root = repo_root();
+            let write = [("TIDEGATE_WRITE_CONFIG_REFERENCE", OsString::from("1"))];
+            run_cargo_env(
+                &root,
+                &[
+                    // The workspace's feature resolution, as every other
+                    // build here: `-p tidegate` alone rebuilds most of it.
+                    "test",
+                    "--workspace",
+                    "--test",
+                    "readme_config",
+                    "--",
+                    "docs_configuration",
+                ],
+                &write,
+            )
+            .context("docs/configuration.md is written; write the meaning of each key it names without one")
         }
         Some("lab") => {
             let root = repo_root();
@@ -154,16 +188,7 @@ fn run(args: Vec<String>) -> Result<()> {
                 return checks.result();
             }
             let bin = demo::build_gateway(&root)?;
-            let status = std::process::Command::new(&bin)
-                .current_dir(&root)
-                .arg("run")
-                .args(&extra)
-                .status()
-                .with_context(|| format!("running {}", bin.display()))?;
-            if !status.success() {
-                bail!("tidegate run exited with {status}");
-            }
-            Ok(())
+            demo::run(&root, &bin, &extra)
         }
         Some(other) => bail!("unknown task {other:?}\n{USAGE}"),
         None => bail!("{USAGE}"),
@@ -210,6 +235,27 @@ fn run_docs(root: &std::path::Path, tally: &mut Tally) -> Result<()> {
     let mut checks = checks::Checks::default();
     demo::check(root, &[], &mut checks, |c| readme::run_all(root, c))?;
     count(tally, &checks, "README checks")
+}
+
+/// ARCHITECTURE.md against the code (`architecture.rs`), one check.
+fn run_architecture(root: &std::path::Path, tally: &mut Tally) -> Result<()> {
+    println!("\nchecking {} against gateway/src", architecture::DOCUMENT);
+    let mut checks = checks::Checks::default();
+    let result = architecture::check(root).and_then(|problems| {
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            bail!("{}", problems.join("\n    "))
+        }
+    });
+    checks.record(
+        &format!(
+            "{} names every module and only existing paths",
+            architecture::DOCUMENT
+        ),
+        result,
+    );
+    count(tally, &checks, "architecture")
 }
 
 /// The drain lab's smoke run (`lab.rs`), counted in the tally.

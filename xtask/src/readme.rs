@@ -19,7 +19,13 @@ use anyhow::{Context, Result};
 use crate::checks::Checks;
 
 /// The documents whose shell blocks are run, in this order.
-pub const DOCUMENTS: &[&str] = &["README.md", "sdk/README.md"];
+pub const DOCUMENTS: &[&str] = &[
+    "README.md",
+    "sdk/README.md",
+    "docs/performance.md",
+    "docs/drain-lab.md",
+    "docs/oci.md",
+];
 
 /// Lines (by prefix) the test does not run, and why: they are what is
 /// running the test, or what it already did.

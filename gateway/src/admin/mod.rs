@@ -4,9 +4,12 @@
 //! - [`policies`]: `PUT /policies/<name>` (upload, hot swap).
 //! - [`workloads`]: `/workloads/<uid>/…` lifecycle events and run-time policy bindings.
 //! - [`config_dump`]: `GET /config_dump`, each workload with its phase and policy.
+//! - [`slots`]: each listener's connection cap, which makes room for a new
+//!   connection by closing the one idle the longest.
 
 mod config_dump;
 mod policies;
+mod slots;
 pub mod workloads;
 
 pub use policies::POLICY_CONFIG_HEADER;
@@ -111,11 +114,19 @@ pub async fn admin(state: Arc<AdminState>, req: Request<Incoming>) -> Response<B
 
 /// Routes of the metrics port.
 pub async fn metrics(state: Arc<AdminState>, req: Request<Incoming>) -> Response<Body> {
+    exposition(&state.metrics, &req)
+}
+
+/// `GET /metrics`: the OpenMetrics text of `registry`.
+pub fn exposition(
+    registry: &prometheus_client::registry::Registry,
+    req: &Request<Incoming>,
+) -> Response<Body> {
     if req.uri().path() != "/metrics" {
         return text(StatusCode::NOT_FOUND, "try GET /metrics\n");
     }
     let mut out = String::new();
-    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &state.metrics) {
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, registry) {
         return text(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("encoding metrics: {e}\n"),
@@ -166,20 +177,25 @@ pub struct HttpLimits {
 /// Serves HTTP/1.1 with `route` until drained; in-flight requests are short and
 /// simply dropped with the process.
 ///
-/// A connection beyond the listener's cap is closed at once; a request head
+/// A connection beyond the listener's cap takes the slot of the connection
+/// idle the longest (no request in progress: a half-sent head, or a
+/// keep-alive between requests), which is closed; when all are inside a
+/// request, the new one is closed at once (see [`slots`]). A request head
 /// not complete within the header-read timeout (or an idle keep-alive
 /// connection) is closed; accept errors pause the loop. Each refusal is
 /// counted in `tidegate_control_refusals_total`.
-pub async fn serve<F, Fut>(
+pub async fn serve<S, F, Fut>(
     listener: TcpListener,
-    state: Arc<AdminState>,
+    state: Arc<S>,
     route: F,
     limits: HttpLimits,
     mut drain: ShutdownWatch,
 ) where
-    F: Fn(Arc<AdminState>, Request<Incoming>) -> Fut + Copy + Send + Sync + 'static,
+    S: Send + Sync + 'static,
+    F: Fn(Arc<S>, Request<Incoming>) -> Fut + Copy + Send + Sync + 'static,
     Fut: std::future::Future<Output = Response<Body>> + Send + 'static,
 {
+    let slots = slots::Slots::new(limits.connections.clone());
     loop {
         let (tcp, _) = tokio::select! {
             a = listener.accept() => match a {
@@ -191,29 +207,40 @@ pub async fn serve<F, Fut>(
             },
             _ = drain.signaled() => return,
         };
-        let Some(slot) = limits.connections.admit() else {
+        let Some(slot) = slots.admit() else {
             debug!(
                 listener = limits.connections.listener(),
-                "over capacity: connection closed"
+                "over capacity, every connection in a request: connection closed"
             );
             continue;
         };
         let state = state.clone();
         let limits = limits.clone();
         tokio::spawn(async move {
-            let _slot = slot;
+            let slot = Arc::new(slot);
             let served = Arc::new(AtomicUsize::new(0));
             let requests = served.clone();
+            let marks = slot.clone();
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let state = state.clone();
+                let marks = marks.clone();
+                marks.busy();
                 requests.fetch_add(1, Ordering::Relaxed);
-                async move { Ok::<_, Infallible>(route(state, req).await) }
+                async move {
+                    let resp = route(state, req).await;
+                    marks.idle();
+                    Ok::<_, Infallible>(resp)
+                }
             });
-            let result = hyper::server::conn::http1::Builder::new()
+            let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read_timeout)
-                .serve_connection(TokioIo::new(tcp), svc)
-                .await;
+                .serve_connection(TokioIo::new(tcp), svc);
+            let result = tokio::select! {
+                r = conn => r,
+                // A newer connection took the slot: this one closes.
+                _ = slot.evicted() => return,
+            };
             match result {
                 // An idle keep-alive connection closed after a request is not a refusal.
                 Err(e) if e.is_timeout() && served.load(Ordering::Relaxed) == 0 => {

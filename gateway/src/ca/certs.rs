@@ -4,13 +4,20 @@
 //! - Fetched when a local HBONE workload with the identity appears, and on
 //!   first use by a handshake, which waits a bounded time
 //!   (`first_use_wait`) for the outcome of an attempt.
-//! - Renewed at half-life (ztunnel's `refresh_at`) with ±5 % jitter.
+//! - Checked before it is installed ([`super::issued`]): the CSR's key,
+//!   the identity, a chain to the configured roots, valid now. A refused
+//!   answer is a failure like any other.
+//! - Renewed at half-life (ztunnel's `refresh_at`) with ±5 % jitter, timed
+//!   from an accepted certificate only ([`super::schedule`]).
 //! - A failure is retried with backoff (500 ms doubling to 150 s, ±20 %
-//!   jitter) while the current certificate stays in use until it expires.
+//!   jitter) while the current certificate stays in use until it expires;
+//!   a handshake without a valid certificate may hurry the next attempt to
+//!   one second after the previous one, never sooner.
 //! - Dropped when the last local workload with the identity leaves.
 //!
-//! The mesh's trust anchors are the roots file (re-read every
-//! `reload_interval`) plus the root that ends each returned chain.
+//! The mesh's trust anchors are the roots file alone (re-read every
+//! `reload_interval`): a CA's answer never adds one. Rotating the root is
+//! adding the new one to that file first.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -27,11 +34,13 @@ use tracing::{info, info_span, warn, Instrument};
 
 use super::client::{CaClient, CaClientConfig, CaClientError};
 use super::csr::{self, CsrError};
+use super::issued::{self, Refused};
 use super::messages::IstioCertificateRequest;
 use super::metrics::CaMetrics;
+use super::schedule::{self, Backoff};
 use crate::identity::SpiffeId;
 use crate::shutdown::ShutdownWatch;
-use crate::tls::{identity_of, provider, CertError, CertFuture, CertSource, Roots};
+use crate::tls::{provider, CertError, CertFuture, CertSource, Roots};
 use crate::workloads::{Protocol, WorkloadStore};
 
 /// What `certificates.source: istio-ca` configures.
@@ -53,10 +62,8 @@ pub enum IssueError {
     Csr(#[from] CsrError),
     #[error(transparent)]
     Ca(#[from] CaClientError),
-    #[error("the CA returned {0}")]
-    BadChain(String),
-    #[error("the CA returned a certificate for {got}, not the requested identity")]
-    SanMismatch { got: String },
+    #[error(transparent)]
+    Refused(#[from] Refused),
     #[error("cannot load the generated key: {0}")]
     Key(#[from] rustls::Error),
 }
@@ -67,8 +74,7 @@ impl IssueError {
         match self {
             IssueError::Csr(_) | IssueError::Key(_) => "local",
             IssueError::Ca(e) => e.reason(),
-            IssueError::BadChain(_) => "bad_chain",
-            IssueError::SanMismatch { .. } => "san_mismatch",
+            IssueError::Refused(r) => r.reason(),
         }
     }
 }
@@ -84,21 +90,6 @@ struct Issued {
 impl Issued {
     fn valid_now(&self) -> bool {
         SystemTime::now() < self.not_after
-    }
-
-    /// Half-life (ztunnel's `refresh_at`), moved by up to ±5 % of the lifetime.
-    fn refresh_at(&self) -> SystemTime {
-        let life = self
-            .not_after
-            .duration_since(self.not_before)
-            .unwrap_or_default();
-        let jitter = life.mul_f64(0.05 * (fastrand::f64() * 2.0 - 1.0).abs());
-        let half = self.not_before + life / 2;
-        if fastrand::bool() {
-            half + jitter
-        } else {
-            half - jitter
-        }
     }
 }
 
@@ -121,6 +112,8 @@ struct Status {
     /// Attempts finished (successful or not).
     attempts: u64,
     next_attempt: Option<SystemTime>,
+    /// The wait before the next attempt, as scheduled when the last one ended.
+    next_attempt_in: Option<Duration>,
 }
 
 impl Status {
@@ -141,12 +134,11 @@ impl Drop for Entry {
     }
 }
 
+/// The roots file as last read: the mesh's only trust anchors.
 struct RootSet {
     /// Digest of the roots file's bytes.
     file_digest: u64,
     file: Vec<CertificateDer<'static>>,
-    /// Roots that ended returned chains.
-    chains: Vec<CertificateDer<'static>>,
 }
 
 /// The certificate source. Cheap to clone.
@@ -183,7 +175,6 @@ impl IstioCaCerts {
             root_set: Mutex::new(RootSet {
                 file_digest: digest,
                 file,
-                chains: Vec::new(),
             }),
             roots: ArcSwap::from_pointee(Roots::default()),
             entries: Mutex::new(HashMap::new()),
@@ -303,6 +294,7 @@ impl Inner {
             last_error: None,
             attempts: 0,
             next_attempt: None,
+            next_attempt_in: None,
         });
         let kick = Arc::new(Notify::new());
         let span = info_span!("ca_certificate", identity = %id);
@@ -333,41 +325,17 @@ impl Inner {
                 result.as_ref().err().map_or("ok", IssueError::reason),
                 started.elapsed(),
             );
-            let next = match result {
-                Ok(issued) => {
-                    backoff = Backoff::default();
-                    let at = issued.refresh_at();
-                    info!(serial = %issued.serial, not_after = %httpdate::fmt_http_date(issued.not_after), "certificate issued");
-                    status.send_modify(|s| {
-                        s.current = Some(issued);
-                        s.phase = Phase::Ready;
-                        s.last_error = None;
-                        s.attempts += 1;
-                        s.next_attempt = Some(at);
-                    });
-                    at.duration_since(SystemTime::now()).unwrap_or_default()
-                }
-                Err(e) => {
-                    let delay = backoff.next();
-                    let keeping = status.borrow().valid().is_some();
-                    warn!(error = %e, retry_in = ?delay, keeping_current = keeping, "certificate fetch failed");
-                    status.send_modify(|s| {
-                        s.phase = Phase::Retrying;
-                        s.last_error = Some(e.to_string());
-                        s.attempts += 1;
-                        s.next_attempt = Some(SystemTime::now() + delay);
-                    });
-                    delay
-                }
-            };
-            let deadline = tokio::time::Instant::now() + next;
+            let wait = settle(&id, result, &status, &mut backoff);
+            let ended = tokio::time::Instant::now();
+            let mut deadline = ended + wait;
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep_until(deadline) => break,
                     _ = kick.notified() => {
-                        // Only a handshake without a valid certificate hurries us.
+                        // Only a handshake without a valid certificate
+                        // hurries us, and never into a tight loop.
                         if status.borrow().valid().is_none() {
-                            break;
+                            deadline = schedule::hurried(deadline, ended);
                         }
                     }
                 }
@@ -375,6 +343,8 @@ impl Inner {
         }
     }
 
+    /// One attempt: a fresh key and CSR, the CA's answer, checked
+    /// against the configured roots before anything is installed.
     async fn issue(&self, id: &SpiffeId) -> Result<Issued, IssueError> {
         let generated = csr::generate(id)?;
         let request = IstioCertificateRequest::impersonating(
@@ -383,51 +353,21 @@ impl Inner {
             &id.to_string(),
         );
         let pems = self.client.create_certificate(request).await?;
-        let mut chain = Vec::new();
-        for pem in &pems {
-            for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-                chain
-                    .push(cert.map_err(|e| IssueError::BadChain(format!("a malformed PEM: {e}")))?);
-            }
-        }
-        let leaf = chain
-            .first()
-            .ok_or_else(|| IssueError::BadChain("an empty chain".into()))?;
-        let got = identity_of(leaf)
-            .map_err(|e| IssueError::BadChain(format!("a leaf without a SPIFFE id: {e}")))?;
-        if got != *id {
-            return Err(IssueError::SanMismatch {
-                got: got.to_string(),
-            });
-        }
-        let (serial, not_before, not_after) = {
-            let (_, cert) = x509_parser::parse_x509_certificate(leaf)
-                .map_err(|e| IssueError::BadChain(format!("an unparsable leaf: {e}")))?;
-            let v = cert.validity();
-            let t = |x: x509_parser::time::ASN1Time| {
-                SystemTime::UNIX_EPOCH + Duration::from_secs(x.timestamp().max(0) as u64)
-            };
-            (cert.raw_serial_as_string(), t(v.not_before), t(v.not_after))
-        };
+        let accepted = issued::check(
+            id,
+            &generated.public_key,
+            &pems,
+            &self.roots.load(),
+            SystemTime::now(),
+        )?;
         let key = PrivateKeyDer::from_pem_slice(generated.key_pem.as_bytes())
             .map_err(|e| IssueError::Key(rustls::Error::General(e.to_string())))?;
         let signer = provider().key_provider.load_private_key(key)?;
-        // Present the leaf and intermediates; the root (last) is the peers'
-        // trust anchor, not part of what we send.
-        if chain.len() > 1 {
-            let root = chain.pop().expect("len > 1");
-            let mut set = self.root_set.lock().unwrap();
-            if !set.chains.contains(&root) {
-                set.chains.push(root);
-                drop(set);
-                self.publish_roots();
-            }
-        }
         Ok(Issued {
-            key: Arc::new(CertifiedKey::new(chain, signer)),
-            serial,
-            not_before,
-            not_after,
+            key: Arc::new(CertifiedKey::new(accepted.chain, signer)),
+            serial: accepted.serial,
+            not_before: accepted.not_before,
+            not_after: accepted.not_after,
         })
     }
 
@@ -449,16 +389,60 @@ impl Inner {
     }
 
     fn publish_roots(&self) {
-        let set = self.root_set.lock().unwrap();
-        let mut all: Vec<_> = set.file.clone();
-        all.extend(set.chains.iter().filter(|c| !set.file.contains(c)).cloned());
-        match Roots::from_certs(all) {
+        let file = self.root_set.lock().unwrap().file.clone();
+        match Roots::from_certs(file) {
             Ok(r) => self.roots.store(Arc::new(r)),
             Err(e) => {
                 warn!(error = %e, "a CA root is not a usable trust anchor; keeping the previous roots")
             }
         }
     }
+}
+
+/// Records the outcome of one attempt in `status` and returns the wait
+/// before the next: the renewal of an accepted certificate, else the next
+/// backoff step — the current certificate is kept either way.
+fn settle(
+    id: &SpiffeId,
+    result: Result<Issued, IssueError>,
+    status: &watch::Sender<Status>,
+    backoff: &mut Backoff,
+) -> Duration {
+    let now = SystemTime::now();
+    let (wait, installed, error) = match result {
+        Ok(issued) => {
+            *backoff = Backoff::default();
+            let wait = schedule::renew_in(issued.not_before, issued.not_after, now);
+            info!(identity = %id, serial = %issued.serial, not_after = %httpdate::fmt_http_date(issued.not_after), renew_in = ?wait, "certificate issued");
+            (wait, Some(issued), None)
+        }
+        Err(e) => {
+            let wait = backoff.step();
+            let keeping = status.borrow().valid().is_some();
+            if let IssueError::Refused(_) = e {
+                warn!(identity = %id, reason = e.reason(), error = %e, retry_in = ?wait, keeping_current = keeping, "CA answer refused; a certificate held stays in use");
+            } else {
+                warn!(identity = %id, reason = e.reason(), error = %e, retry_in = ?wait, keeping_current = keeping, "certificate fetch failed");
+            }
+            (wait, None, Some(e.to_string()))
+        }
+    };
+    // One update: a waiting handshake sees the certificate and the phase together.
+    status.send_modify(|s| {
+        s.phase = if installed.is_some() {
+            Phase::Ready
+        } else {
+            Phase::Retrying
+        };
+        if let Some(issued) = installed {
+            s.current = Some(issued);
+        }
+        s.last_error = error;
+        s.attempts += 1;
+        s.next_attempt = Some(now + wait);
+        s.next_attempt_in = Some(wait);
+    });
+    wait
 }
 
 impl super::metrics::ExpirySource for Inner {
@@ -524,6 +508,7 @@ impl CertSource for IstioCaCerts {
                     "not_after": s.current.as_ref().map(|i| httpdate::fmt_http_date(i.not_after)),
                     "not_after_unix": s.current.as_ref().map(|i| unix(i.not_after)),
                     "next_attempt_unix": s.next_attempt.map(unix),
+                    "next_attempt_in_ms": s.next_attempt_in.map(|d| d.as_millis() as u64),
                     "attempts": s.attempts,
                     "last_error": s.last_error,
                 })
@@ -536,29 +521,6 @@ impl CertSource for IstioCaCerts {
             "roots": self.inner.roots.load().certs.len(),
             "identities": rows,
         })
-    }
-}
-
-/// 500 ms doubling to 150 s, ±20 % jitter (ztunnel's CA backoff).
-struct Backoff {
-    next: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            next: Duration::from_millis(500),
-        }
-    }
-}
-
-impl Backoff {
-    const MAX: Duration = Duration::from_secs(150);
-
-    fn next(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (d * 2).min(Self::MAX);
-        d.mul_f64(0.8 + 0.4 * fastrand::f64())
     }
 }
 
@@ -578,55 +540,4 @@ fn read_roots(path: &PathBuf) -> Result<(u64, Vec<CertificateDer<'static>>), Ist
     let mut h = std::collections::hash_map::DefaultHasher::new();
     pem.hash(&mut h);
     Ok((h.finish(), certs))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_from_half_a_second_to_150_seconds_with_jitter() {
-        let mut b = Backoff::default();
-        let steps: Vec<Duration> = (0..12).map(|_| b.next()).collect();
-        let base = [
-            0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 150.0, 150.0, 150.0,
-        ];
-        for (d, want) in steps.iter().zip(base) {
-            let s = d.as_secs_f64();
-            assert!(
-                s >= want * 0.8 - 1e-9 && s <= want * 1.2 + 1e-9,
-                "{s} vs {want}"
-            );
-        }
-    }
-
-    #[test]
-    fn renewal_falls_at_half_life_within_the_jitter() {
-        let nb = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        let key = Arc::new(CertifiedKey::new(
-            vec![],
-            provider()
-                .key_provider
-                .load_private_key(
-                    PrivateKeyDer::from_pem_slice(
-                        csr::generate(&"spiffe://td/ns/a/sa/b".parse().unwrap())
-                            .unwrap()
-                            .key_pem
-                            .as_bytes(),
-                    )
-                    .unwrap(),
-                )
-                .unwrap(),
-        ));
-        let i = Issued {
-            key,
-            serial: "01".into(),
-            not_before: nb,
-            not_after: nb + Duration::from_secs(1000),
-        };
-        for _ in 0..200 {
-            let at = i.refresh_at().duration_since(nb).unwrap().as_secs_f64();
-            assert!((450.0..=550.0).contains(&at), "{at}");
-        }
-    }
 }

@@ -2,7 +2,8 @@
 //! verifies the CA against roots read from a file (re-read for every new
 //! connection, so a rotated root applies without a restart), with the
 //! headers istiod expects (`authorization: Bearer <token>`, the token file
-//! re-read for every request; `clusterid`).
+//! re-read for every request; `clusterid`). A call — connecting included —
+//! not answered within `timeout` is a [`CaClientError::Timeout`].
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -48,6 +49,8 @@ pub enum CaClientError {
     /// (`Unauthenticated`), or anything else the CA answered.
     #[error("CA answered {code:?}: {message}")]
     Status { code: tonic::Code, message: String },
+    #[error("the CA did not answer within certificates.timeout ({after:?}); check that it is reachable and not overloaded")]
+    Timeout { after: Duration },
 }
 
 impl CaClientError {
@@ -63,6 +66,7 @@ impl CaClientError {
                 tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => "refused",
                 _ => "error",
             },
+            CaClientError::Timeout { .. } => "timeout",
         }
     }
 }
@@ -104,14 +108,14 @@ impl CaClient {
         let name = cfg.server_name.clone().unwrap_or_else(|| host.clone());
         let server_name = ServerName::try_from(name.clone())
             .map_err(|e| bad(format!("server name {name:?}: {e}")))?;
-        let endpoint = Endpoint::from_shared(cfg.address.clone())
-            .map_err(|e| bad(e.to_string()))?
-            .connect_timeout(cfg.timeout)
-            .timeout(cfg.timeout);
-        let roots = cfg.roots.clone();
+        // The whole call is bounded in `create_certificate`; the connection
+        // attempt, which runs on the channel's own task, is bounded here.
+        let endpoint =
+            Endpoint::from_shared(cfg.address.clone()).map_err(|e| bad(e.to_string()))?;
+        let (roots, timeout) = (cfg.roots.clone(), cfg.timeout);
         let connector = tower::service_fn(move |_: Uri| {
             let (host, roots, server_name) = (host.clone(), roots.clone(), server_name.clone());
-            async move {
+            let connect = async move {
                 let tls = tls_config(&roots)?;
                 let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
                 tcp.set_nodelay(true)?;
@@ -119,6 +123,11 @@ impl CaClient {
                     .connect(server_name, tcp)
                     .await?;
                 Ok::<_, std::io::Error>(TokioIo::new(stream))
+            };
+            async move {
+                tokio::time::timeout(timeout, connect)
+                    .await
+                    .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
             }
         });
         Ok(CaClient {
@@ -132,6 +141,13 @@ impl CaClient {
         &self,
         request: IstioCertificateRequest,
     ) -> Result<Vec<String>, CaClientError> {
+        let after = self.cfg.timeout;
+        tokio::time::timeout(after, self.call(request))
+            .await
+            .map_err(|_| CaClientError::Timeout { after })?
+    }
+
+    async fn call(&self, request: IstioCertificateRequest) -> Result<Vec<String>, CaClientError> {
         let token =
             std::fs::read_to_string(&self.cfg.token).map_err(|source| CaClientError::Token {
                 path: self.cfg.token.clone(),
@@ -156,6 +172,11 @@ impl CaClient {
         }
         let mut grpc = tonic::client::Grpc::new(self.channel.clone());
         grpc.ready().await.map_err(|e| {
+            if timed_out(&e) {
+                return CaClientError::Timeout {
+                    after: self.cfg.timeout,
+                };
+            }
             CaClientError::from(tonic::Status::unavailable(format!("CA not reachable: {e}")))
         })?;
         let codec =
@@ -169,6 +190,20 @@ impl CaClient {
             .await?;
         Ok(resp.into_inner().cert_chain)
     }
+}
+
+/// Whether `e` (or an error it wraps) is the connection attempt's timeout.
+fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }
 
 /// A client config trusting the PEM roots at `path`.

@@ -32,6 +32,9 @@ pub struct KeyAndCsr {
     /// PKCS#8 PEM.
     pub key_pem: String,
     pub csr_pem: String,
+    /// The public key the CSR carries (the uncompressed P-256 point), which
+    /// the issued leaf must carry too.
+    pub public_key: Vec<u8>,
 }
 
 pub fn generate(identity: &SpiffeId) -> Result<KeyAndCsr, CsrError> {
@@ -47,6 +50,7 @@ pub fn generate(identity: &SpiffeId) -> Result<KeyAndCsr, CsrError> {
     Ok(KeyAndCsr {
         key_pem: key.serialize_pem(),
         csr_pem: csr.pem().map_err(CsrError::Generate)?,
+        public_key: key.public_key_raw().to_vec(),
     })
 }
 
@@ -166,6 +170,7 @@ mod tests {
             cert.public_key().subject_public_key.data.as_ref(),
             key.public_key_raw()
         );
+        assert_eq!(k.public_key, key.public_key_raw());
     }
 
     #[test]

@@ -82,7 +82,7 @@ impl CaMetrics {
         let sub = registry.sub_registry_with_prefix("ca");
         sub.register(
             "fetches",
-            "Certificate requests to the CA by result (ok, unavailable, timeout, refused, bad_chain, san_mismatch, roots, token, local, error)",
+            "Certificate requests to the CA by result: ok; the CA not reached or failing (unavailable, timeout, error), refusing us (refused); its answer refused (bad_chain, san_mismatch, key_mismatch, untrusted_chain, expired, not_yet_valid); ours (roots, token, local, config)",
             m.fetches.clone(),
         );
         sub.register(

@@ -1,6 +1,7 @@
 //! The Istio CA protocol (`istio.v1.auth.IstioCertificateService`): what a
 //! node agent sends to get a certificate for each pod on its node, and what
-//! the CA checks before it signs one (facts in `../shared/ISTIO.md` §3).
+//! the CA checks before it signs one, as istiod serves it
+//! (`security/pkg/server/ca/` in Istio's source) and ztunnel calls it.
 //!
 //! - [`messages`]: the request and response, and `google.protobuf.Struct`
 //!   for the `ImpersonatedIdentity` metadata, written with prost's derives.
@@ -8,7 +9,9 @@
 //!   subject (the client); a CSR read and its signature checked (the CA).
 //! - [`client`]: the gRPC call over TLS, with the token and cluster id.
 //! - [`certs`]: `certificates.source: istio-ca`, a certificate per local
-//!   identity, renewed at half-life, retried with backoff.
+//!   identity, renewed at half-life, retried with backoff ([`schedule`]).
+//! - [`issued`]: what the CA answered, checked before it is installed
+//!   (the CSR's key, the identity, a chain to the configured roots, valid now).
 //! - [`impersonation`]: istiod's node authorizer — who may ask for whose
 //!   identity — as a pure decision over the caller and the pods it sees.
 
@@ -16,8 +19,10 @@ pub mod certs;
 pub mod client;
 pub mod csr;
 pub mod impersonation;
+pub mod issued;
 pub mod messages;
 pub mod metrics;
+pub mod schedule;
 pub mod server;
 
 /// The gRPC method path.

@@ -20,6 +20,7 @@ mod ranges;
 pub mod size;
 
 pub use oci::{Cidr, OciAuth, OciConfig, OptIn, OCI_BACKEND_LIMIT};
+pub use ranges::{key_ranges, KeyRange};
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -158,8 +159,23 @@ pub struct HboneConfig {
     pub connect_timeout: Duration,
     /// Upstream dials one inbound tunnel may have in flight (rapid-reset bound).
     pub max_dials_in_flight_per_tunnel: usize,
-    /// Upstream dials one inbound tunnel may start per second (rapid-reset bound).
+    /// Upstream dials one inbound tunnel may start per second, whatever they
+    /// carry; 0 (the default): no such cap. Healthy short connections are
+    /// many; the rapid-reset bound is the next key.
     pub max_dials_per_second_per_tunnel: u32,
+    /// Wasted upstream dials one inbound tunnel may make per second, on
+    /// average (ten seconds' worth at once): dials whose stream the peer reset
+    /// before the dial completed, or that carried no byte from the peer (the
+    /// rapid-reset bound; see `proxy/inbound/pace.rs`).
+    pub max_wasted_dials_per_second_per_tunnel: u32,
+    /// Inbound connections held at once — tunnels, and the connections
+    /// their streams opened to workloads; tunnels alone at most half of it.
+    /// 0 (the default): three quarters of the descriptors the control plane
+    /// leaves (see `proxy/inbound/limits.rs`).
+    pub max_connections: u32,
+    /// The same for one peer identity; 0 (the default): a quarter of
+    /// `max_connections`.
+    pub max_connections_per_identity: u32,
 }
 
 impl Default for HboneConfig {
@@ -177,9 +193,15 @@ impl Default for HboneConfig {
             // A well-behaved peer keeps at most 100 streams on one tunnel
             // (our pool and ztunnel's), so it never has more dials in flight.
             max_dials_in_flight_per_tunnel: 100,
-            // Those 100 streams turning over every 100 ms; a reset loop gets
-            // no more connections to the workload than that.
-            max_dials_per_second_per_tunnel: 1000,
+            // No cap on healthy dials: ztunnel serves thousands a second
+            // over one tunnel, and so must we.
+            max_dials_per_second_per_tunnel: 0,
+            // A reset loop gets at most this many connections to the
+            // workload a second; a client whose streams carry bytes never
+            // spends any.
+            max_wasted_dials_per_second_per_tunnel: 100,
+            max_connections: 0,
+            max_connections_per_identity: 0,
         }
     }
 }
@@ -314,6 +336,20 @@ impl IstioCaConfig {
             first_use_wait: self.first_use_wait,
             reload_interval: self.reload_interval,
         }
+    }
+}
+
+/// `tidegate ca`'s numeric flags against their ranges: the first out of
+/// range, as (flag, message).
+pub fn check_ca_server(
+    cfg: &crate::ca::server::CaServerConfig,
+) -> Result<(), (&'static str, String)> {
+    match ranges::ca_server_rows(cfg)
+        .iter()
+        .find_map(|r| r.check().map(|m| (r.key, m)))
+    {
+        Some(bad) => Err(bad),
+        None => Ok(()),
     }
 }
 
@@ -533,6 +569,13 @@ pub struct CaptureConfig {
     /// over is refused (ZDS NACK, CNI ADD error) naming the limit. Each
     /// pod holds four descriptors (its namespace, three listeners).
     pub max_pods: u32,
+    /// `tidegate-cni` ADD: how long the gateway waits for its workload
+    /// source to learn of the pod (the pod watch can trail the kubelet)
+    /// before answering that its mesh membership is unknown — the ADD then
+    /// fails with "try again later" and the kubelet retries. Keep it below
+    /// the plugin's `timeout_ms`.
+    #[serde(with = "duration")]
+    pub membership_wait: Duration,
 }
 
 impl Default for CaptureConfig {
@@ -542,6 +585,7 @@ impl Default for CaptureConfig {
             zds_socket: None,
             state_dir: None,
             max_pods: crate::inpod::admission::DEFAULT_MAX_PODS,
+            membership_wait: Duration::from_secs(5),
         }
     }
 }

@@ -102,6 +102,30 @@ impl Row {
     }
 }
 
+/// One numeric key's value and accepted range, written as the load
+/// errors write them (`10s`, `4MiB`). `docs/configuration.md` shows these
+/// (`cargo xtask config-reference` writes them; a test compares).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyRange {
+    pub key: &'static str,
+    pub value: String,
+    pub min: String,
+    pub max: String,
+}
+
+/// Every numeric key of `c` with its value and range.
+pub fn key_ranges(c: &Config) -> Vec<KeyRange> {
+    rows(c)
+        .iter()
+        .map(|r| KeyRange {
+            key: r.key,
+            value: r.show(r.value),
+            min: r.show(r.min),
+            max: r.show(r.max),
+        })
+        .collect()
+}
+
 /// `90000` → `90s`, `3600000` → `1h`: the largest unit that is exact.
 fn show_duration(ms: u64) -> String {
     for (unit, per) in [("h", 3_600_000), ("m", 60_000), ("s", 1_000)] {
@@ -132,6 +156,8 @@ const MIN: Duration = secs(60);
 const HOUR: Duration = secs(3600);
 const DAY: Duration = secs(24 * 3600);
 const KIB: u64 = 1 << 10;
+/// About a billion: more descriptors than a process is given (`fs.nr_open` defaults to 2^20).
+const MAX_INBOUND_CONNECTIONS: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
 
 /// Every number of `c` with its range. The minimums are the smallest values
@@ -183,9 +209,30 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
         count(
             "hbone.max_dials_per_second_per_tunnel",
             h.max_dials_per_second_per_tunnel.into(),
+            0,
+            1_000_000,
+        )
+        .because("0: no cap on dials that carry bytes"),
+        count(
+            "hbone.max_wasted_dials_per_second_per_tunnel",
+            h.max_wasted_dials_per_second_per_tunnel.into(),
             1,
             1_000_000,
         ),
+        count(
+            "hbone.max_connections",
+            h.max_connections.into(),
+            0,
+            MAX_INBOUND_CONNECTIONS,
+        )
+        .because("0: derived from the open-file limit"),
+        count(
+            "hbone.max_connections_per_identity",
+            h.max_connections_per_identity.into(),
+            0,
+            MAX_INBOUND_CONNECTIONS,
+        )
+        .because("0: a quarter of hbone.max_connections"),
         bytes(
             "hbone.max_header_list_size",
             h.max_header_list_size,
@@ -263,6 +310,13 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
             HOUR,
         ),
         dur("drains.max_hold", d.max_hold, Duration::ZERO, 10 * MIN),
+        dur(
+            "capture.membership_wait",
+            c.capture.membership_wait,
+            Duration::ZERO,
+            MIN,
+        )
+        .because("tidegate-cni's timeout_ms, at most 2m, must outlast it"),
         dur("drains.default_grace", d.default_grace, Duration::ZERO, DAY),
         dur(
             "outbound.goaway_skip",
@@ -378,6 +432,22 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
         ]),
     }
     rows
+}
+
+/// `tidegate ca`'s numeric flags, each with its range.
+pub(super) fn ca_server_rows(c: &crate::ca::server::CaServerConfig) -> Vec<Row> {
+    vec![
+        count("--max-connections", c.max_connections.into(), 1, 1_000_000)
+            .because("each connection holds a descriptor"),
+        dur(
+            "--handshake-timeout",
+            c.handshake_timeout,
+            millis(100),
+            5 * MIN,
+        ),
+        dur("--preface-timeout", c.preface_timeout, millis(100), 5 * MIN),
+        dur("--idle-timeout", c.idle_timeout, secs(1), DAY),
+    ]
 }
 
 #[cfg(test)]
@@ -565,5 +635,34 @@ mod tests {
         assert_eq!(show_duration(24 * 3_600_000), "24h");
         assert_eq!(show_size(16 * MIB - 1), "16777215 bytes");
         assert_eq!(show_size(64 * KIB), "64KiB");
+    }
+
+    #[test]
+    fn tidegate_ca_flags_out_of_range_are_refused_naming_the_flag() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Ca {
+            #[command(flatten)]
+            cfg: crate::ca::server::CaServerConfig,
+        }
+        let check = |args: &[&str]| {
+            let ca = Ca::try_parse_from(std::iter::once("ca").chain(args.iter().copied())).unwrap();
+            super::super::check_ca_server(&ca.cfg)
+        };
+        assert_eq!(check(&[]), Ok(()), "the defaults are in range");
+        for (arg, flag, range) in [
+            ("--max-connections=0", "--max-connections", "1 and 1000000"),
+            (
+                "--handshake-timeout=0s",
+                "--handshake-timeout",
+                "100ms and 5m",
+            ),
+            ("--preface-timeout=1h", "--preface-timeout", "100ms and 5m"),
+            ("--idle-timeout=0s", "--idle-timeout", "1s and 24h"),
+        ] {
+            let (got, message) = check(&[arg]).unwrap_err();
+            assert_eq!(got, flag);
+            assert!(message.contains(range), "{arg}: {message}");
+        }
     }
 }

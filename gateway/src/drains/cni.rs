@@ -6,9 +6,13 @@
 //!   mode the pod's own listeners then close.
 //! - CNI ADD (in-pod mode): `{"command": "add", "uid": …, "name": …,
 //!   "namespace": …, "netns": <path>}` with the pod's network namespace
-//!   attached as one `SCM_RIGHTS` descriptor, answered `{"result":
-//!   "added"}` (or `"unchanged"` for a repeated ADD) once the pod's
-//!   listeners are up, `{"result": "error", "error": …}` otherwise.
+//!   attached as one `SCM_RIGHTS` descriptor. The pod's mesh membership
+//!   decides ([`crate::workloads::membership`]): a member is answered
+//!   `{"result": "added"}` (or `"unchanged"` for a repeated ADD) once its
+//!   listeners are up; a pod that is not one `{"result": "not-member",
+//!   "reason": …}` (not served; the plugin captures nothing); a pod whose
+//!   membership is unknown, or that could not be served, `{"result":
+//!   "error", "error": …}`.
 //!
 //! Limits: a request line is at most [`MAX_LINE`] bytes and must arrive
 //! within `control_plane.cni_read_timeout`; at most
@@ -60,12 +64,23 @@ pub struct HandedPod {
     pub namespace: String,
 }
 
+/// What became of a pod handed over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handed {
+    /// Served: `added`, `unchanged` or `replaced`.
+    Served(&'static str),
+    /// Not a mesh member, with why: not served, and not to be captured.
+    NotMember(&'static str),
+}
+
 /// Where pods handed over on the socket go (in-pod mode: the per-pod
 /// proxies). Without one, `add` is refused: the gateway is in node mode.
 pub trait PodHandover: Send + Sync + 'static {
-    /// Serve the pod in `netns`; `Ok("added")`, or `Ok("unchanged")` when
-    /// the same pod in the same namespace is served already.
-    fn add(&self, pod: HandedPod, netns: OwnedFd) -> BoxFuture<'_, Result<&'static str, String>>;
+    /// Serve the pod in `netns` if it is a mesh member: `Served("added")`,
+    /// or `Served("unchanged")` when the same pod in the same namespace is
+    /// served already; `NotMember` otherwise. An error when its membership
+    /// is unknown or it could not be served.
+    fn add(&self, pod: HandedPod, netns: OwnedFd) -> BoxFuture<'_, Result<Handed, String>>;
     /// Close the pod's listeners (after its teardown drain).
     fn remove(&self, uid: String) -> BoxFuture<'_, ()>;
 }
@@ -181,7 +196,7 @@ async fn handle(
         Ok(Ok(x)) => x,
         Ok(Err(e)) => return debug!(error = %e, "cni socket: reading the request failed"),
         // Silent: the line reader below times out and answers why.
-        Err(_) => (Vec::new(), Handed::default()),
+        Err(_) => (Vec::new(), Attached::default()),
     };
     let (r, mut w) = stream.into_split();
     let req = match read_command(std::io::Cursor::new(head).chain(r), limits.read_timeout).await {
@@ -204,7 +219,7 @@ async fn handle(
 
 async fn add(
     req: Request,
-    fds: Handed,
+    fds: Attached,
     engine: &Arc<DrainEngine>,
     pods: Option<&dyn PodHandover>,
 ) -> serde_json::Value {
@@ -228,9 +243,13 @@ async fn add(
         namespace: req.namespace,
     };
     match pods.add(pod, netns).await {
-        Ok(result) => {
+        Ok(Handed::Served(result)) => {
             engine.pod_handed_over(&req.uid);
             json!({"result": result})
+        }
+        Ok(Handed::NotMember(reason)) => {
+            info!(uid = %req.uid, reason, "CNI ADD: not a mesh member; not captured");
+            json!({"result": "not-member", "reason": reason})
         }
         Err(e) => error(e),
     }
@@ -265,13 +284,13 @@ async fn teardown(
 
 /// The descriptors that came with a request.
 #[derive(Debug, Default)]
-struct Handed {
+struct Attached {
     fds: Vec<OwnedFd>,
     /// Some could not be received: the descriptor table was full.
     lost: bool,
 }
 
-impl Handed {
+impl Attached {
     /// An add's namespace: exactly one descriptor, received.
     fn netns(mut self) -> Result<OwnedFd, String> {
         if self.lost {
@@ -290,14 +309,14 @@ impl Handed {
 }
 
 /// The first bytes on the connection and the descriptors sent with them.
-async fn recv_with_fds(stream: &UnixStream) -> std::io::Result<(Vec<u8>, Handed)> {
+async fn recv_with_fds(stream: &UnixStream) -> std::io::Result<(Vec<u8>, Attached)> {
     stream
         .async_io(tokio::io::Interest::READABLE, || {
             let mut buf = vec![0u8; 4096];
             let got = crate::fd_passing::recv_with_fds(stream, &mut buf)?;
             buf.truncate(got.bytes);
             let lost = got.fds_lost;
-            Ok((buf, Handed { fds: got.fds, lost }))
+            Ok((buf, Attached { fds: got.fds, lost }))
         })
         .await
 }
@@ -309,19 +328,19 @@ mod tests {
     #[test]
     fn an_add_needs_one_received_descriptor_and_a_lost_one_is_named() {
         let null = || OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
-        let one = Handed {
+        let one = Attached {
             fds: vec![null()],
             lost: false,
         };
         assert!(one.netns().is_ok());
         for fds in [vec![], vec![null(), null()]] {
-            let e = Handed { fds, lost: false }.netns().unwrap_err();
+            let e = Attached { fds, lost: false }.netns().unwrap_err();
             assert!(
                 e.contains("exactly one network namespace descriptor"),
                 "{e}"
             );
         }
-        let e = Handed {
+        let e = Attached {
             fds: vec![],
             lost: true,
         }

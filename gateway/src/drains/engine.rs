@@ -59,6 +59,10 @@ impl Trigger {
 pub enum DrainError {
     #[error("no workload with uid {0:?} on this node")]
     UnknownWorkload(String),
+    /// A deletion seen in a workload-store snapshot, handled after the
+    /// workload came back with the same uid: it is about the earlier one.
+    #[error("workload {0:?} came back with the same uid before its deletion was handled; the deletion is dropped")]
+    CameBack(String),
 }
 
 /// The network-teardown acknowledgement.
@@ -128,6 +132,9 @@ pub struct DrainView {
 }
 
 pub(super) struct DrainState {
+    /// Tells this record from a later one of the same uid (a workload
+    /// deleted and added again): see [`DrainEngine::forget_earlier_incarnation`].
+    pub(super) record: u64,
     pub(super) workload: Arc<Workload>,
     pub(super) phase: Phase,
     pub(super) selection: Selection,
@@ -143,7 +150,9 @@ pub(super) struct DrainState {
 impl DrainState {
     /// A workload's drain record before its first lifecycle event.
     pub(super) fn new(workload: Arc<Workload>, selection: Selection, trigger: Trigger) -> Self {
+        static RECORDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         DrainState {
+            record: RECORDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             workload,
             phase: Phase::Running,
             selection,
@@ -164,6 +173,16 @@ struct Step {
     selection: Selection,
     since_shutdown: Option<Duration>,
     duplicate: bool,
+}
+
+/// Which drain record an event is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Record {
+    /// The workload's record, created by the event if it has none.
+    Current,
+    /// This record only (a deletion the store showed, raised for the record
+    /// it was seen with): gone means the workload came back meanwhile.
+    Only(u64),
 }
 
 /// How long ended drains and removed workloads are remembered (for
@@ -344,11 +363,25 @@ impl DrainEngine {
         what: Lifecycle,
         trigger: Trigger,
     ) -> Result<Outcome, DrainError> {
+        self.on_lifecycle_of(uid, what, trigger, Record::Current)
+            .await
+    }
+
+    /// [`DrainEngine::on_lifecycle`] for the drain record `record`.
+    pub(super) async fn on_lifecycle_of(
+        self: &Arc<Self>,
+        uid: &str,
+        what: Lifecycle,
+        trigger: Trigger,
+        record: Record,
+    ) -> Result<Outcome, DrainError> {
         let workload = self
             .lookup(uid)
             .ok_or_else(|| DrainError::UnknownWorkload(uid.to_owned()))?;
         let decided_at = Instant::now();
-        let step = self.advance(&workload, what, trigger, decided_at);
+        let step = self
+            .advance(&workload, what, trigger, decided_at, record)
+            .ok_or_else(|| DrainError::CameBack(uid.to_owned()))?;
         if step.duplicate {
             return Ok(self.duplicate(uid, what, step.selection));
         }
@@ -386,6 +419,7 @@ impl DrainEngine {
         };
         if matches!(what, Lifecycle::Deleted) {
             self.end(uid, &step.selection, "completed");
+            self.deletion_completed(uid);
         }
         Ok(Outcome {
             teardown,
@@ -394,16 +428,23 @@ impl DrainEngine {
     }
 
     /// Moves the workload's drain record forward by `what` (creating it, and
-    /// pinning its policy selection, on the first event).
+    /// pinning its policy selection, on the first event); `None` when the
+    /// event was for a record that is gone.
     fn advance(
         &self,
         workload: &Arc<Workload>,
         what: Lifecycle,
         trigger: Trigger,
         decided_at: Instant,
-    ) -> Step {
+        record: Record,
+    ) -> Option<Step> {
         let uid = workload.uid();
         let mut book = lock(&self.book);
+        if let Record::Only(id) = record {
+            if book.drains.get(uid).map(|d| d.record) != Some(id) {
+                return None;
+            }
+        }
         let d = book.drains.entry(uid.to_owned()).or_insert_with(|| {
             DrainState::new(workload.clone(), self.policies.select(workload), trigger)
         });
@@ -420,10 +461,49 @@ impl DrainEngine {
                 d.deadline = SystemTime::now().checked_add(grace);
             }
         }
-        Step {
+        Some(Step {
             selection: d.selection.clone(),
             since_shutdown: d.shutdown_at.map(|t| t.elapsed()),
             duplicate: step == Transition::Duplicate,
+        })
+    }
+
+    /// A deletion was handled: once the workload is gone from the store its
+    /// tunnels' standing GOAWAY is dropped (no tunnel is accepted for a
+    /// workload the store does not list), so a workload added again with the
+    /// same uid is not turned away. The record stays for `GET /drains`.
+    fn deletion_completed(&self, uid: &str) {
+        let listed = self
+            .workloads
+            .snapshot()
+            .by_uid(uid)
+            .is_some_and(|w| w.local);
+        if !listed {
+            self.registry.forget(uid);
+        }
+    }
+
+    /// A local workload appeared in the store: if its uid had a drain (the
+    /// workload was deleted and is back, or vanished from a snapshot and
+    /// returned), that drain was about an earlier incarnation. Its record,
+    /// standing GOAWAY and age are forgotten; the workload starts afresh.
+    pub(super) fn forget_earlier_incarnation(&self, uid: &str) {
+        let earlier = {
+            let mut book = lock(&self.book);
+            let earlier = book.drains.remove(uid);
+            if earlier.is_some() {
+                book.removed.remove(uid);
+                book.first_seen.remove(uid);
+            }
+            earlier
+        };
+        if let Some(d) = earlier {
+            self.registry.forget(uid);
+            info!(
+                workload = uid,
+                phase = d.phase.label(),
+                "workload added again with the same uid: its earlier drain is forgotten"
+            );
         }
     }
 

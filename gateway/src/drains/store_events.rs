@@ -3,6 +3,7 @@
 //! republished identical set raises nothing and a transition missed while a
 //! source was down is seen once in the next snapshot.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -12,7 +13,9 @@ use tracing::{info, warn};
 
 use tidegate_sdk as sdk;
 
-use super::engine::{lock, DrainBook, DrainEngine, DrainState, Lifecycle, Trigger, RETAIN};
+use super::engine::{
+    lock, DrainBook, DrainEngine, DrainError, DrainState, Lifecycle, Record, Trigger, RETAIN,
+};
 use crate::shutdown::ShutdownWatch;
 use crate::workloads::{LifecycleState, Workload, WorkloadSnapshot};
 
@@ -45,7 +48,7 @@ impl DrainEngine {
     }
 
     /// Raises the events between two consecutive snapshots.
-    fn on_snapshot(
+    pub(super) fn on_snapshot(
         self: &Arc<Self>,
         previous: &WorkloadSnapshot,
         current: &WorkloadSnapshot,
@@ -61,6 +64,7 @@ impl DrainEngine {
             .iter()
             .filter(|w| w.local && previous.by_uid(w.uid()).is_none())
         {
+            self.forget_earlier_incarnation(w.uid());
             if !by_agent || lock(&self.book).handed_over.contains(w.uid()) {
                 self.on_added(w);
             }
@@ -69,13 +73,26 @@ impl DrainEngine {
         self.forget_old(current);
     }
 
-    /// Workloads gone from the store stay nameable by actions for a while.
+    /// Workloads gone from the store stay nameable by actions for a while:
+    /// local ones, and peers this gateway still has tunnels to (pooled or
+    /// draining). Other peers are not kept: no tunnel to a uid gone from
+    /// the store can be opened any more, so an action about one has nothing
+    /// to act on, and keeping them held every workload of a set that shrank
+    /// (200,000 of them: ~250 MB) for [`RETAIN`].
     fn remember_removed(&self, previous: &WorkloadSnapshot, current: &WorkloadSnapshot) {
+        let tunneled: HashSet<String> = self
+            .pool
+            .tunnels()
+            .into_iter()
+            .chain(self.pool.draining())
+            .map(|t| t.key.dst_uid.clone())
+            .collect();
+        let now = Instant::now();
+        let mut book = lock(&self.book);
         for old in previous.iter() {
-            if current.by_uid(old.uid()).is_none() {
-                lock(&self.book)
-                    .removed
-                    .insert(old.uid().to_owned(), (old.clone(), Instant::now()));
+            if current.by_uid(old.uid()).is_none() && (old.local || tunneled.contains(old.uid())) {
+                book.removed
+                    .insert(old.uid().to_owned(), (old.clone(), now));
             }
         }
     }
@@ -103,23 +120,27 @@ impl DrainEngine {
     ) {
         for old in previous.iter().filter(|w| w.local) {
             let uid = old.uid();
-            let what = match current.by_uid(uid) {
+            let (what, record) = match current.by_uid(uid) {
                 None => {
-                    // Keep the last known facts for the deleted event.
-                    lock(&self.book)
+                    // Keep the last known facts for the deleted event, which
+                    // is about this record only: if the workload comes back
+                    // before the event is handled, the event is dropped.
+                    let record = lock(&self.book)
                         .drains
                         .entry(uid.to_owned())
                         .or_insert_with(|| {
                             DrainState::new(old.clone(), self.policies.select(old), trigger)
-                        });
-                    Lifecycle::Deleted
+                        })
+                        .record;
+                    (Lifecycle::Deleted, Record::Only(record))
                 }
-                Some(w) if became_terminating(old, w) => Lifecycle::ShutdownStarted {
-                    grace: self.grace_of(w),
-                },
+                Some(w) if became_terminating(old, w) => {
+                    let grace = self.grace_of(w);
+                    (Lifecycle::ShutdownStarted { grace }, Record::Current)
+                }
                 _ => continue,
             };
-            self.raise(uid, what, trigger);
+            self.raise(uid, what, trigger, record);
         }
         // Newly terminating workloads that were not known before.
         for w in current
@@ -130,18 +151,24 @@ impl DrainEngine {
                 let what = Lifecycle::ShutdownStarted {
                     grace: self.grace_of(w),
                 };
-                self.raise(w.uid(), what, trigger);
+                self.raise(w.uid(), what, trigger, Record::Current);
             }
         }
     }
 
     /// Handles a lifecycle event from the store on one of the engine's tasks.
-    fn raise(self: &Arc<Self>, uid: &str, what: Lifecycle, trigger: Trigger) {
+    fn raise(self: &Arc<Self>, uid: &str, what: Lifecycle, trigger: Trigger, record: Record) {
         let this = self.clone();
         let uid = uid.to_owned();
         self.tasks.spawn("lifecycle", async move {
-            if let Err(e) = this.on_lifecycle(&uid, what, trigger).await {
-                warn!(error = %e, source = trigger.label(), "lifecycle event from the workload store failed");
+            match this.on_lifecycle_of(&uid, what, trigger, record).await {
+                Ok(_) => {}
+                Err(e @ DrainError::CameBack(_)) => {
+                    info!(reason = %e, source = trigger.label(), "lifecycle event dropped")
+                }
+                Err(e) => {
+                    warn!(error = %e, source = trigger.label(), "lifecycle event from the workload store failed")
+                }
             }
         });
     }
@@ -200,9 +227,15 @@ impl DrainEngine {
             let Some(owner) = current.by_ip(*ip) else {
                 continue;
             };
-            match owners.insert(*ip, owner.uid().to_owned()) {
-                Some(old) if old != owner.uid() => retired.push((*ip, old, owner.uid())),
-                _ => {}
+            match owners.get_mut(ip) {
+                Some(known) if known == owner.uid() => {}
+                Some(known) => {
+                    let old = std::mem::replace(known, owner.uid().to_owned());
+                    retired.push((*ip, old, owner.uid()));
+                }
+                None => {
+                    owners.insert(*ip, owner.uid().to_owned());
+                }
             }
         }
         for (ip, old, new) in retired {
@@ -215,13 +248,14 @@ impl DrainEngine {
                     "IP now belongs to another workload: its pooled tunnels are retired");
             }
         }
-        let pooled: std::collections::HashSet<std::net::IpAddr> = self
+        let pooled: HashSet<std::net::IpAddr> = self
             .pool
             .tunnels()
             .iter()
             .map(|t| t.key.dst_addr.ip())
             .collect();
         owners.retain(|ip, _| current.by_ip(*ip).is_some() || pooled.contains(ip));
+        shrink_if_sparse(owners);
     }
 
     /// Time left until a terminating workload's deadline (Kubernetes:
@@ -255,10 +289,91 @@ impl DrainEngine {
         });
         removed.retain(|_, (_, at)| !old(*at));
         first_seen.retain(|uid, _| current.by_uid(uid).is_some() || drains.contains_key(uid));
+        shrink_if_sparse(removed);
+        shrink_if_sparse(first_seen);
+    }
+}
+
+/// Gives a map's table back once it holds under a quarter of what it has
+/// room for: `retain` keeps the capacity, so a map that once indexed a
+/// large workload set would otherwise keep its table for good.
+fn shrink_if_sparse<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > 64 && map.len() < map.capacity() / 4 {
+        map.shrink_to_fit();
     }
 }
 
 /// `old` was not terminating and `now` is.
 fn became_terminating(old: &Workload, now: &Workload) -> bool {
     now.spec.state == LifecycleState::Terminating && old.spec.state != LifecycleState::Terminating
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::super::engine::{lock, Trigger};
+    use super::super::tests::{engine, spec};
+    use crate::workloads::{WorkloadSnapshot, WorkloadStore};
+
+    /// A local workload `local-uid` on `n1` and `peers` peers on `n2`,
+    /// published and seen by the engine as its first snapshot.
+    fn large_set(
+        engine: &Arc<super::DrainEngine>,
+        store: &WorkloadStore,
+        peers: u16,
+    ) -> Arc<WorkloadSnapshot> {
+        let mut specs = vec![spec("local-uid", "n1", [10, 0, 0, 1])];
+        specs.extend((0..peers).map(|i| {
+            let [hi, lo] = i.to_be_bytes();
+            spec(&format!("peer-{i}"), "n2", [10, 1, hi, lo])
+        }));
+        store.publish(specs);
+        let snapshot = store.snapshot();
+        engine.on_snapshot(
+            &WorkloadSnapshot::default(),
+            &snapshot,
+            Trigger::WorkloadFile,
+        );
+        snapshot
+    }
+
+    /// Of the workloads gone from a set that shrank, the engine keeps the
+    /// local one (actions may still name it), not the peers it has no
+    /// tunnel to: those are dropped with the old snapshot.
+    #[tokio::test]
+    async fn a_shrunk_set_does_not_keep_the_peers_it_dropped() {
+        let (engine, store) = engine();
+        let big = large_set(&engine, &store, 1000);
+        let peer = Arc::downgrade(big.by_uid("peer-7").unwrap());
+        store.publish(vec![]);
+        engine.on_snapshot(&big, &store.snapshot(), Trigger::WorkloadFile);
+        drop(big);
+        assert!(
+            peer.upgrade().is_none(),
+            "a removed peer without tunnels is still held"
+        );
+        assert!(engine.any_workload("peer-7").is_none());
+        assert!(
+            engine.any_workload("local-uid").is_some(),
+            "a removed local workload stays nameable by actions"
+        );
+    }
+
+    /// The IP index of a set that shrank gives its table back.
+    #[tokio::test]
+    async fn a_shrunk_set_gives_the_ip_index_back() {
+        let (engine, store) = engine();
+        let big = large_set(&engine, &store, 1000);
+        assert!(lock(&engine.book).ip_owners.capacity() >= 1001);
+        store.publish(vec![spec("local-uid", "n1", [10, 0, 0, 1])]);
+        engine.on_snapshot(&big, &store.snapshot(), Trigger::WorkloadFile);
+        let book = lock(&engine.book);
+        assert_eq!(book.ip_owners.len(), 1);
+        assert!(
+            book.ip_owners.capacity() < 64,
+            "capacity {} kept for 1 IP",
+            book.ip_owners.capacity()
+        );
+    }
 }

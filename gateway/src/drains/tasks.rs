@@ -46,6 +46,13 @@ impl DrainTasks {
         lock(&self.0).len()
     }
 
+    /// Awaits every task spawned so far (tests: what a lifecycle event did).
+    #[cfg(test)]
+    pub(super) async fn settle(&self) {
+        let mut tasks = std::mem::take(&mut *lock(&self.0));
+        while tasks.join_next().await.is_some() {}
+    }
+
     /// Cancels the pending tasks and awaits them.
     pub(super) async fn shutdown(&self) {
         let mut tasks = std::mem::take(&mut *lock(&self.0));

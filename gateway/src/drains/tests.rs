@@ -166,3 +166,65 @@ async fn shutdown_cancels_pending_timers() {
     assert_eq!(engine.pending_tasks(), 0);
     assert_eq!(Arc::strong_count(&engine), 1);
 }
+
+/// Whether a tunnel accepted for `uid` now is told to go away at once.
+fn a_new_tunnel_is_turned_away(engine: &DrainEngine, uid: &str) -> bool {
+    let peer = crate::identity::SpiffeId::new("td", "default", "client");
+    let r = engine
+        .registry
+        .register(uid, peer, "10.0.0.9:40000".parse().unwrap());
+    let turned_away = r.tunnel.goaway_commands().borrow().is_some();
+    turned_away
+}
+
+/// A workload deleted (gone from the store) and added again with the same
+/// uid starts afresh: no GOAWAY for its new tunnels, no drain in `/drains`.
+#[tokio::test]
+async fn a_workload_added_again_with_the_same_uid_is_not_turned_away() {
+    let (engine, store) = engine();
+    let full = store.snapshot();
+    engine.on_snapshot(&Default::default(), &full, super::Trigger::WorkloadFile);
+    store.publish(vec![spec("peer-uid", "n2", [10, 0, 0, 2])]);
+    let without = store.snapshot();
+    engine.on_snapshot(&full, &without, super::Trigger::WorkloadFile);
+    engine.tasks.settle().await;
+    let drains = engine.list();
+    assert_eq!(
+        (drains[0].phase, drains[0].ended),
+        (super::Phase::Deleted, Some("completed"))
+    );
+    assert!(!a_new_tunnel_is_turned_away(&engine, "other-uid"));
+
+    store.publish(vec![
+        spec("local-uid", "n1", [10, 0, 0, 1]),
+        spec("peer-uid", "n2", [10, 0, 0, 2]),
+    ]);
+    engine.on_snapshot(&without, &store.snapshot(), super::Trigger::WorkloadFile);
+    engine.tasks.settle().await;
+    assert!(engine.list().is_empty(), "{:?}", engine.list());
+    assert_eq!(engine.phase_of("local-uid").0, super::Phase::Running);
+    assert!(!a_new_tunnel_is_turned_away(&engine, "local-uid"));
+}
+
+/// The store shows a workload gone and back before the deletion's task ran:
+/// the deletion was about the earlier workload and is dropped, not applied
+/// to the one now listed.
+#[tokio::test]
+async fn a_deletion_handled_after_the_workload_came_back_is_dropped() {
+    let (engine, store) = engine();
+    let full = store.snapshot();
+    engine.on_snapshot(&Default::default(), &full, super::Trigger::WorkloadFile);
+    store.publish(vec![spec("peer-uid", "n2", [10, 0, 0, 2])]);
+    let without = store.snapshot();
+    store.publish(vec![
+        spec("local-uid", "n1", [10, 0, 0, 1]),
+        spec("peer-uid", "n2", [10, 0, 0, 2]),
+    ]);
+    // Both snapshots before the deletion's task runs (a current-thread
+    // runtime runs it only when this test awaits).
+    engine.on_snapshot(&full, &without, super::Trigger::WorkloadFile);
+    engine.on_snapshot(&without, &store.snapshot(), super::Trigger::WorkloadFile);
+    engine.tasks.settle().await;
+    assert!(engine.list().is_empty(), "{:?}", engine.list());
+    assert!(!a_new_tunnel_is_turned_away(&engine, "local-uid"));
+}

@@ -154,6 +154,24 @@ pub async fn serve<H: StreamHandler>(
     }
 }
 
+/// Refuses a tunnel whose TLS handshake succeeded (its peer is over a
+/// cap): completes the HTTP/2 handshake, bounded like the TLS one, sends
+/// GOAWAY with `reason` before any stream, and closes once the peer has
+/// read it (or after `connect_timeout`). The peer learns why from the
+/// error code instead of a bare close.
+pub async fn refuse(tls: ServerTls, cfg: &HboneConfig, reason: h2::Reason) {
+    // Our own refusal: not one h2 made by itself (`h2_refusals_total`).
+    let io = ServerIo::new(tls, Arc::new(|_| {}));
+    let Ok(mut conn) = handshake(io, cfg).await else {
+        return;
+    };
+    conn.abrupt_shutdown(reason);
+    let _ = tokio::time::timeout(cfg.connect_timeout, async {
+        while let Some(Ok(_)) = conn.accept().await {}
+    })
+    .await;
+}
+
 /// The HTTP/2 handshake, bounded like the TLS one: a peer that completes TLS
 /// but never sends the preface must not hold a task forever.
 async fn handshake(io: ServerIo, cfg: &HboneConfig) -> Result<Conn, ServeError> {

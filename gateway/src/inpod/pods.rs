@@ -37,7 +37,7 @@ use super::admission::{Admission, Candidate, Owner, Refusal};
 use super::capture::CapturePorts;
 use super::state::PodRecord;
 use super::zds;
-use crate::drains::cni::{HandedPod, PodHandover};
+use crate::drains::cni::{Handed, HandedPod, PodHandover};
 use crate::drains::{DrainEngine, Lifecycle, Trigger};
 use crate::metrics::ProxyMetrics;
 use crate::netns::{ListenOpts, NetnsError, NetnsId, NetnsSockets, PodNetns, MESH_MARK};
@@ -133,7 +133,8 @@ impl PodMetrics {
         );
         r.register(
             "adds",
-            "Pods handed over, by result (added, unchanged, replaced, failed)",
+            "Pods handed over, by result (added, unchanged, replaced, failed; tidegate-cni only: \
+             not_member, membership_unknown)",
             m.adds.clone(),
         );
         r.register(
@@ -222,6 +223,9 @@ pub struct PodProxies {
     ports: CapturePorts,
     /// The gateway's drain: inbound tunnels on pod listeners drain with it.
     drain: ShutdownWatch,
+    /// `capture.membership_wait`: how long a `tidegate-cni` ADD waits for
+    /// the workload source to learn of its pod.
+    membership_wait: Duration,
     served: tokio::sync::Mutex<ServedPods>,
     admission: Admission,
     metrics: PodMetrics,
@@ -249,6 +253,7 @@ impl PodProxies {
         data: DataPath,
         ports: CapturePorts,
         max_pods: usize,
+        membership_wait: Duration,
         drain: ShutdownWatch,
         registry: &mut Registry,
     ) -> Arc<Self> {
@@ -271,6 +276,7 @@ impl PodProxies {
             tcp: data.tcp,
             ports,
             drain,
+            membership_wait,
             served: Default::default(),
             admission: Admission {
                 own_netns,
@@ -507,9 +513,47 @@ impl PodProxies {
     }
 }
 
+impl PodProxies {
+    /// `tidegate-cni` ADD: whether the pod is a mesh member, from the
+    /// workload source ([`crate::workloads::membership`]). A pod served
+    /// already (a repeated ADD, a re-created sandbox) is served again
+    /// whatever its labels say now: its capture rules are in.
+    async fn member(&self, pod: &HandedPod) -> Result<Option<&'static str>, String> {
+        if self.served.lock().await.by_uid.contains_key(&pod.uid) {
+            return Ok(None);
+        }
+        match self
+            .workloads
+            .membership(&pod.uid, self.membership_wait)
+            .await
+        {
+            Some(m) if m.member => Ok(None),
+            Some(m) => {
+                self.metrics.add("not_member");
+                Ok(Some(m.reason.describe()))
+            }
+            None => {
+                self.metrics.add("membership_unknown");
+                Err(format!(
+                    "pod {}/{} (uid {}) is unknown to the gateway's workload source after \
+                     capture.membership_wait ({} ms): its mesh membership cannot be decided yet \
+                     (is discovery synced? /healthz/ready)",
+                    pod.namespace,
+                    pod.name,
+                    pod.uid,
+                    self.membership_wait.as_millis()
+                ))
+            }
+        }
+    }
+}
+
 impl PodHandover for PodProxies {
-    fn add(&self, pod: HandedPod, netns: OwnedFd) -> BoxFuture<'_, Result<&'static str, String>> {
+    fn add(&self, pod: HandedPod, netns: OwnedFd) -> BoxFuture<'_, Result<Handed, String>> {
         Box::pin(async move {
+            if let Some(reason) = self.member(&pod).await? {
+                return Ok(Handed::NotMember(reason));
+            }
             let meta = PodMeta {
                 uid: pod.uid,
                 name: pod.name,
@@ -519,6 +563,7 @@ impl PodHandover for PodProxies {
             };
             PodProxies::add(self, meta, netns)
                 .await
+                .map(Handed::Served)
                 .map_err(|e| e.to_string())
         })
     }

@@ -328,12 +328,14 @@ impl PolicyEngine {
             }
             Err(e) => {
                 warn!(policy = name, error = %e, "policy refused; previous version stays");
-                self.record(name, Some(&config), Err(&e));
+                self.record(name, None, Err(&e));
                 Err(e)
             }
         }
     }
 
+    /// Counts a load and records its outcome for `GET /policies`; `config`
+    /// becomes the policy's configuration only when the load succeeded.
     fn record(&self, name: &str, config: Option<&str>, result: Result<LoadedFrom, &LoadError>) {
         let kind = match result {
             Ok(_) => "ok",
@@ -348,11 +350,15 @@ impl PolicyEngine {
             .inc();
         let mut sources = self.sources.lock().unwrap();
         let s = sources.entry(name.to_owned()).or_default();
-        if let Some(c) = config {
-            s.config = c.to_owned();
-        }
         match result {
             Ok(from) => {
+                // Only a configuration the plugin accepted is kept: a
+                // refused one would refuse every later load without one
+                // of its own (the file watcher's, an upload without the
+                // header).
+                if let Some(c) = config {
+                    s.config = c.to_owned();
+                }
                 s.last_error = None;
                 s.loaded_from = Some(from);
             }

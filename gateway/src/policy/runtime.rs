@@ -160,7 +160,7 @@ impl PolicyRuntime {
         let mut cfg = WasmConfig::new();
         cfg.wasm_component_model(true)
             // Concurrent (async) component execution is not used; with it on,
-            // every call pays 2-3x for bookkeeping (measured; ARCHITECTURE.md, "Policy plugins").
+            // every call pays 2-3x for bookkeeping (measured; ARCHITECTURE.md, "Policy host").
             .concurrency_support(false)
             // A trap is logged with its message; capturing the wasm backtrace
             // made a failing call cost more than re-instantiating (measured).

@@ -8,16 +8,43 @@ use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use tokio::net::{TcpListener, TcpStream};
 
 #[derive(Debug, thiserror::Error)]
-#[error("cannot listen on {addr} for {what}: {source} (is another process using the port? set `listeners.{what}`)")]
+#[error("cannot listen on {addr} for {what}: {source}{hint}")]
 pub struct BindError {
     pub what: &'static str,
     pub addr: SocketAddr,
     pub source: io::Error,
+    /// What to check: the port's holder when it is in use (see [`in_use_hint`]).
+    hint: String,
+}
+
+impl BindError {
+    fn new(what: &'static str, addr: SocketAddr, source: io::Error) -> Self {
+        let hint = match source.kind() {
+            io::ErrorKind::AddrInUse => in_use_hint(addr, &format!("`listeners.{what}`")),
+            _ => format!(" (set `listeners.{what}`)"),
+        };
+        BindError {
+            what,
+            addr,
+            source,
+            hint,
+        }
+    }
+}
+
+/// "; port P is in use by pid N (name): stop it or change `key`", the
+/// holder found in `/proc` ([`super::port_holder`]).
+pub fn in_use_hint(addr: SocketAddr, key: &str) -> String {
+    format!(
+        "; port {} is {}: stop it or change {key}",
+        addr.port(),
+        super::port_holder::find(addr)
+    )
 }
 
 /// Binds a TCP listener with SO_REUSEADDR and SO_REUSEPORT.
 pub fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, BindError> {
-    let err = |source| BindError { what, addr, source };
+    let err = |source| BindError::new(what, addr, source);
     let socket =
         Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(err)?;
     socket.set_reuse_address(true).map_err(err)?;

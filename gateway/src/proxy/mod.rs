@@ -7,7 +7,9 @@
 //! - [`tunnels`]: the live inbound tunnels per workload (admin dump, drain engine).
 //! - [`plaintext`]: a pod's 15006 (in-pod mode): plaintext inbound, allowed or refused.
 //! - [`origin`]: where a listener's sockets live — the node's namespace or a pod's.
-//! - [`listener`]: binding and original-destination lookup.
+//! - [`listener`]: binding and original-destination lookup; [`port_holder`]:
+//!   who holds a port a listener cannot bind.
+//! - [`log_limit`]: bounded logging of refusals a peer can provoke.
 //! - [`copy`]: moving bytes between an HTTP/2 stream and a TCP socket.
 //! - [`congestion`]: the congestion control of app-side and tunnel sockets.
 
@@ -16,8 +18,10 @@ pub mod copy;
 pub mod endpoints;
 pub mod inbound;
 pub mod listener;
+pub mod log_limit;
 pub mod origin;
 pub mod outbound;
 pub mod plaintext;
 pub mod pool;
+pub mod port_holder;
 pub mod tunnels;

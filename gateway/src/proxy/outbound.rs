@@ -215,14 +215,15 @@ impl Outbound {
             let started = Instant::now();
             let _ = tcp.set_nodelay(true);
             let _guard = self.streams.track();
-            match self.proxy_inner(&tcp, src, dst, started).await {
+            let mut ids = Identities::default();
+            match self.proxy_inner(&tcp, src, dst, started, &mut ids).await {
                 Ok(()) => {}
                 Err(e) => {
                     debug!(error = %e, "outbound connection failed");
                     self.metrics.connection_failed(e.reason());
                     self.metrics.stream_ended(e.reason());
                     access_log(
-                        ("", ""),
+                        (&ids.src(), &ids.dst()),
                         src,
                         dst,
                         Transferred::default(),
@@ -241,29 +242,36 @@ impl Outbound {
         .await
     }
 
+    /// Proxies one connection; `ids` gets each identity as it is learned,
+    /// so the access line of a failure names those it knew.
     async fn proxy_inner(
         &self,
         tcp: &TcpStream,
         src: SocketAddr,
         dst: SocketAddr,
         started: Instant,
+        ids: &mut Identities,
     ) -> Result<(), OutboundError> {
         if self.is_own_listener(dst) {
             return Err(OutboundError::Loop(dst));
         }
         let snapshot = self.workloads.snapshot();
         let source = self.source_identity(&snapshot, src)?;
+        ids.src = Some(source.clone());
         let route = self.route(&snapshot, dst)?;
         drop(snapshot);
         let (target, hbone_ip, authority) = match route {
-            Route::Passthrough => return self.passthrough(tcp, src, dst, dst, started).await,
-            Route::Tcp(addr) => return self.passthrough(tcp, src, dst, addr, started).await,
+            Route::Passthrough => {
+                return self.passthrough(tcp, (src, dst), dst, started, ids).await
+            }
+            Route::Tcp(addr) => return self.passthrough(tcp, (src, dst), addr, started, ids).await,
             Route::Hbone {
                 target,
                 hbone_ip,
                 authority,
             } => (target, hbone_ip, authority),
         };
+        ids.dst = Some(target.identity.clone());
         let key = PoolKey {
             src: source,
             dst_uid: target.uid().to_owned(),
@@ -289,8 +297,7 @@ impl Outbound {
             let _ = socket2::SockRef::from(tcp).set_linger(Some(std::time::Duration::ZERO));
         }
         self.metrics.stream_ended(outcome);
-        let ids = (key.src.to_string(), key.dst.to_string());
-        access_log((&ids.0, &ids.1), src, dst, moved, started, outcome);
+        access_log((&ids.src(), &ids.dst()), src, dst, moved, started, outcome);
         drop(stream.slot);
         Ok(())
     }
@@ -389,14 +396,14 @@ impl Outbound {
     }
 
     /// Plain TCP to `to`: the original destination `dst` (passthrough), or
-    /// a non-mesh Service endpoint.
+    /// a non-mesh Service endpoint (no identity on that side).
     async fn passthrough(
         &self,
         tcp: &TcpStream,
-        src: SocketAddr,
-        dst: SocketAddr,
+        (src, dst): (SocketAddr, SocketAddr),
         to: SocketAddr,
         started: Instant,
+        ids: &Identities,
     ) -> Result<(), OutboundError> {
         let upstream = self
             .origin
@@ -426,13 +433,39 @@ impl Outbound {
             tcp_to_h2: up,
             h2_to_tcp: down,
         };
-        access_log(("", ""), src, dst, moved, started, outcome);
+        access_log((&ids.src(), ""), src, dst, moved, started, outcome);
         Ok(())
     }
 }
 
-/// The access-log line of one outbound connection (identities empty when
-/// none was established: refused early, or plain TCP).
+/// The identities of one outbound connection, as far as they are known.
+#[derive(Debug, Default)]
+struct Identities {
+    /// The source workload's, once it was found.
+    src: Option<SpiffeId>,
+    /// The destination's, once the connection was routed over HBONE.
+    dst: Option<SpiffeId>,
+}
+
+impl Identities {
+    fn src(&self) -> String {
+        self.src
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default()
+    }
+
+    fn dst(&self) -> String {
+        self.dst
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default()
+    }
+}
+
+/// The access-log line of one outbound connection (an identity is empty
+/// when it was not known: refused before the source was found, or the
+/// destination of plain TCP).
 fn access_log(
     (src_identity, dst_identity): (&str, &str),
     src: SocketAddr,

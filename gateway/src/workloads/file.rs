@@ -27,11 +27,35 @@ use crate::shutdown::ShutdownWatch;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkloadFile {
-    /// Required; `workloads: []` (or an empty value) is the empty set.
-    pub workloads: Option<Vec<WorkloadSpec>>,
+    /// Required (`None`: the key is missing); `workloads: []` or an empty
+    /// value (`Some(None)`) is the empty set.
+    #[serde(default, deserialize_with = "present")]
+    pub workloads: Option<Option<Vec<WorkloadSpec>>>,
     /// Optional: Services (VIPs and ports); workloads join them by name.
     #[serde(default)]
     pub services: Vec<ServiceSpec>,
+}
+
+/// A key that is present, even with an empty value (then `Some(None)`).
+fn present<'de, D, T>(de: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(de).map(Some)
+}
+
+/// Why a text that is not a valid workload file is an empty one: only
+/// comments, or no `workloads:` key (what a file rewritten in place looks
+/// like half-way). `None`: it is something else (then invalid).
+fn empty_reason(text: &str) -> Option<WorkloadFileError> {
+    match serde_yaml::from_str::<serde_yaml::Value>(text) {
+        Ok(serde_yaml::Value::Null) => Some(WorkloadFileError::Empty("holds only comments")),
+        Ok(serde_yaml::Value::Mapping(m)) if !m.contains_key("workloads") => {
+            Some(WorkloadFileError::Empty("has no `workloads:` key"))
+        }
+        _ => None,
+    }
 }
 
 /// A workload file's content, validated.
@@ -71,24 +95,34 @@ pub fn parse_workload_file(text: &str) -> Result<Vec<WorkloadSpec>, WorkloadFile
 }
 
 /// Parses and validates a workload file's text: workloads and Services.
+///
+/// The text is parsed once, into the typed file; only a text that fails
+/// that, or lacks `workloads:`, is parsed again (untyped) to tell an empty
+/// file from an invalid one. A YAML value tree of a large file costs several
+/// times the file's workloads, and parsing it first for every file doubled
+/// the work and raised the peak of a reload.
 pub fn parse_file(text: &str) -> Result<Parsed, WorkloadFileError> {
     if text.trim().is_empty() {
         return Err(WorkloadFileError::Empty("is empty"));
     }
-    match serde_yaml::from_str::<serde_yaml::Value>(text) {
-        Ok(serde_yaml::Value::Null) => return Err(WorkloadFileError::Empty("holds only comments")),
-        Ok(serde_yaml::Value::Mapping(m)) if !m.contains_key("workloads") => {
-            return Err(WorkloadFileError::Empty("has no `workloads:` key"))
-        }
-        _ => {} // errors are reported with their path below
-    }
     let de = serde_yaml::Deserializer::from_str(text);
-    let file: WorkloadFile =
-        serde_path_to_error::deserialize(de).map_err(|e| WorkloadFileError::Invalid {
-            key: e.path().to_string(),
-            message: e.into_inner().to_string(),
-        })?;
-    let workloads = file.workloads.unwrap_or_default();
+    let file: WorkloadFile = match serde_path_to_error::deserialize(de) {
+        Ok(file) => file,
+        Err(e) => {
+            return Err(
+                empty_reason(text).unwrap_or_else(|| WorkloadFileError::Invalid {
+                    key: e.path().to_string(),
+                    message: e.into_inner().to_string(),
+                }),
+            )
+        }
+    };
+    let Some(workloads) = file.workloads else {
+        return Err(
+            empty_reason(text).unwrap_or(WorkloadFileError::Empty("has no `workloads:` key"))
+        );
+    };
+    let workloads = workloads.unwrap_or_default();
     let mut uids = HashSet::new();
     let mut ips = HashSet::new();
     for (i, w) in workloads.iter().enumerate() {
@@ -495,7 +529,13 @@ mod tests {
 
     #[test]
     fn an_empty_file_is_refused_unless_it_says_so() {
-        for text in ["", "  \n\t\n", "# nothing yet\n", "other: 1\n"] {
+        for text in [
+            "",
+            "  \n\t\n",
+            "# nothing yet\n",
+            "other: 1\n",
+            "services: []\n",
+        ] {
             let e = parse_workload_file(text).unwrap_err();
             assert_eq!(e.reason(), "empty", "{text:?}: {e}");
             assert!(e.to_string().contains("workloads: []"), "{e}");

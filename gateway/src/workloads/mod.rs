@@ -8,6 +8,7 @@
 
 mod file;
 pub mod kubernetes;
+pub mod membership;
 pub mod services;
 
 pub use file::{
@@ -23,6 +24,7 @@ use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 
 use crate::identity::SpiffeId;
+use membership::Membership;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "UPPERCASE")]
@@ -134,6 +136,10 @@ pub struct WorkloadSnapshot {
     by_ip: HashMap<IpAddr, Arc<Workload>>,
     services: Vec<Arc<services::Service>>,
     by_vip: services::VipIndex,
+    /// The mesh membership of each pod on this node, by uid — pods without
+    /// an address yet included (a pod's CNI ADD comes before its IP). What
+    /// the gateway answers `tidegate-cni` ADD with.
+    members: BTreeMap<String, Membership>,
     /// Bumped on every publish.
     pub generation: u64,
 }
@@ -162,6 +168,11 @@ impl WorkloadSnapshot {
 
     pub fn len(&self) -> usize {
         self.by_uid.len()
+    }
+
+    /// The mesh membership of the local pod `uid`, when its source knows it.
+    pub fn membership(&self, uid: &str) -> Option<Membership> {
+        self.members.get(uid).copied()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -216,11 +227,36 @@ impl WorkloadStore {
         self.publish_all(specs, services);
     }
 
-    /// Replaces the workloads and the Services together.
+    /// Replaces the workloads and the Services together. The membership of
+    /// each local workload is its `protocol` (the workload file's rule:
+    /// HBONE is a member).
     pub fn publish_all(&self, specs: Vec<WorkloadSpec>, services: Vec<services::ServiceSpec>) {
+        let members = specs
+            .iter()
+            .filter(|s| s.node == self.node)
+            .map(|s| {
+                let m = Membership {
+                    member: s.protocol == Protocol::Hbone,
+                    reason: membership::Reason::WorkloadFile,
+                };
+                (s.uid.clone(), m)
+            })
+            .collect();
+        self.publish_with_members(specs, services, members);
+    }
+
+    /// Replaces the workloads, the Services and the local pods' mesh
+    /// membership together (Kubernetes discovery: [`membership::decide`]).
+    pub fn publish_with_members(
+        &self,
+        specs: Vec<WorkloadSpec>,
+        services: Vec<services::ServiceSpec>,
+        members: BTreeMap<String, Membership>,
+    ) {
         let generation = self.current.load().generation + 1;
         let mut snap = WorkloadSnapshot {
             generation,
+            members,
             ..Default::default()
         };
         for spec in specs {
@@ -239,5 +275,80 @@ impl WorkloadStore {
         (snap.services, snap.by_vip) = services::resolve(services, &snap.by_uid);
         self.current.store(Arc::new(snap));
         self.changed.send_replace(generation);
+    }
+
+    /// The mesh membership of the local pod `uid`, waiting up to `wait` for
+    /// its source to learn of it (a pod's CNI ADD can come before the pod
+    /// watch delivers it). `None`: still unknown.
+    pub async fn membership(&self, uid: &str, wait: std::time::Duration) -> Option<Membership> {
+        // Subscribed before the first look: a publish in between is seen.
+        let mut changed = self.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if let Some(m) = self.snapshot().membership(uid) {
+                return Some(m);
+            }
+            match tokio::time::timeout_at(deadline, changed.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return None,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn spec(uid: &str, node: &str, protocol: Protocol) -> WorkloadSpec {
+        WorkloadSpec {
+            uid: uid.into(),
+            name: uid.into(),
+            namespace: "ns".into(),
+            service_account: "sa".into(),
+            ips: vec![],
+            node: node.into(),
+            protocol,
+            state: LifecycleState::Running,
+            labels: Default::default(),
+            annotations: Default::default(),
+            allow: vec![],
+            oci_backend_draining: false,
+            namespace_policy: None,
+            deletion_deadline_unix_ms: None,
+            services: vec![],
+            ports: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_workload_files_local_members_are_its_hbone_workloads() {
+        let store = WorkloadStore::new("td", "n1");
+        store.publish(vec![
+            spec("a", "n1", Protocol::Hbone),
+            spec("b", "n1", Protocol::Tcp),
+            spec("c", "n2", Protocol::Hbone),
+        ]);
+        let snap = store.snapshot();
+        assert_eq!(snap.membership("a").map(|m| m.member), Some(true));
+        assert_eq!(snap.membership("b").map(|m| m.member), Some(false));
+        assert_eq!(snap.membership("c"), None, "another node's pod");
+    }
+
+    #[tokio::test]
+    async fn membership_waits_for_the_pod_to_be_published_and_no_longer() {
+        let store = WorkloadStore::new("td", "n1");
+        assert_eq!(store.membership("a", Duration::ZERO).await, None);
+        let waiting = {
+            let store = store.clone();
+            tokio::spawn(async move { store.membership("a", Duration::from_secs(60)).await })
+        };
+        // Published once the waiter is subscribed or not: either way it sees it.
+        store.publish(vec![spec("other", "n1", Protocol::Hbone)]);
+        store.publish(vec![spec("a", "n1", Protocol::Hbone)]);
+        let got = waiting.await.unwrap().expect("published while waiting");
+        assert!(got.member);
+        assert_eq!(got.reason, membership::Reason::WorkloadFile);
     }
 }

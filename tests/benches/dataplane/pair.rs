@@ -333,7 +333,6 @@ trust_domain: cluster.local
 capture: {{mode: inpod, zds_socket: {d}/{node}.sock, state_dir: {d}/{node}-pods}}
 certificates: {{source: istio-ca, address: 'https://{ca}', roots: {d}/ca-root.pem, token: {d}/{node}.token, validity: 24h}}
 workloads: {{file: {d}/workloads.yaml, reload_interval: 1s}}
-hbone: {{max_dials_per_second_per_tunnel: 100000}}
 shutdown: {{deadline: 1s}}
 "
     )

@@ -79,9 +79,9 @@ fn run_lab(p: &Params) -> Result<(), LabError> {
     let rows = rows?;
     let section = lab::section(p, &rows);
     println!("{section}");
-    if p.write_readme {
-        lab::report::write_readme(lab::readme_path(), &section)?;
-        println!("(README.md drain-lab section updated)");
+    if p.write_doc {
+        lab::report::write_doc(lab::doc_path(), &section)?;
+        println!("(docs/drain-lab.md updated)");
     }
     if p.check {
         lab::check(&rows)?;

@@ -13,7 +13,7 @@
 //!   pool, counter and drain watchers;
 //! - `scenario.rs`: one policy's run (setup, load, the row), its timelines
 //!   in `termination.rs` and `restart.rs`; `report.rs`: the table and the
-//!   README section.
+//!   section of `docs/drain-lab.md`.
 
 pub mod app_server;
 pub mod cni;
@@ -54,8 +54,8 @@ pub enum LabError {
     Probe(String),
     #[error("timed out waiting for {0}")]
     Timeout(String),
-    #[error("README: {0}")]
-    Readme(String),
+    #[error("docs/drain-lab.md: {0}")]
+    Doc(String),
     #[error("interrupted")]
     Interrupted,
     #[error("check failed: {0}")]
@@ -107,7 +107,7 @@ pub async fn run(p: &Params) -> Result<Vec<Row>, LabError> {
     Ok(rows)
 }
 
-/// The command line that reproduces a run (for the README).
+/// The command line that reproduces a run (for `docs/drain-lab.md`).
 pub fn command_line(p: &Params) -> String {
     let mut s = format!(
         "cargo xtask lab --scenario {} --rate {} --long-streams {} --app-drain {} --grace {}",
@@ -152,15 +152,19 @@ fn cli_duration(d: std::time::Duration) -> String {
     }
 }
 
-/// The README section: when, how, the table and the notes.
+/// The section of `docs/drain-lab.md`: when, how, the table and the notes.
 pub fn section(p: &Params, rows: &[Row]) -> String {
-    let date = std::process::Command::new("date")
-        .args(["-u", "+%Y-%m-%d"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default();
+    let output = |cmd: &str, args: &[&str]| {
+        std::process::Command::new(cmd)
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    let date = output("date", &["-u", "+%Y-%m-%d"]);
+    let commit = output("git", &["rev-parse", "--short", "HEAD"]);
     format!(
-        "Measured by `{}` on {date} (written by `--write-readme`; \
+        "Measured by `{}` on {date} at commit {commit} (written by `--write-doc`; \
          a 2-core machine, debug build):\n\n{}\n{}",
         command_line(p),
         report::table(rows),
@@ -195,7 +199,7 @@ pub fn check(rows: &[Row]) -> Result<(), LabError> {
     }
 }
 
-/// `README.md` of the repository (the lab is run from anywhere).
-pub fn readme_path() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+/// `docs/drain-lab.md` of the repository (the lab is run from anywhere).
+pub fn doc_path() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/drain-lab.md"))
 }

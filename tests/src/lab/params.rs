@@ -95,9 +95,9 @@ pub struct Params {
     /// Longest wait, after deletion, for the client's tunnels to the old pod to go.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub settle: Duration,
-    /// Replace the README's drain-lab section with the table of this run.
+    /// Replace the table of `docs/drain-lab.md` with this run's.
     #[arg(long)]
-    pub write_readme: bool,
+    pub write_doc: bool,
     /// Exit non-zero unless every run has 0 failed requests, no client
     /// tunnel to the old pod at the end and a CNI DEL that returned (the
     /// smoke stage of `cargo xtask test`; counts only, never timings).

@@ -1,5 +1,5 @@
-//! One row per policy, the markdown table, and the README section the
-//! table is written into (`--write-readme`).
+//! One row per policy, the markdown table, and the section of
+//! `docs/drain-lab.md` the table is written into (`--write-doc`).
 
 use std::path::Path;
 use std::time::Duration;
@@ -75,18 +75,17 @@ pub fn notes(rows: &[Row]) -> String {
     s
 }
 
-/// Replaces the text between the markers of `readme` with `section`.
-pub fn write_readme(readme: &Path, section: &str) -> Result<(), LabError> {
-    let text = std::fs::read_to_string(readme)
-        .map_err(|e| LabError::Readme(format!("read {}: {e}", readme.display())))?;
+/// Replaces the text between the markers of `doc` with `section`.
+pub fn write_doc(doc: &Path, section: &str) -> Result<(), LabError> {
+    let text = std::fs::read_to_string(doc)
+        .map_err(|e| LabError::Doc(format!("read {}: {e}", doc.display())))?;
     let new = replace_section(&text, section).ok_or_else(|| {
-        LabError::Readme(format!(
+        LabError::Doc(format!(
             "{} has no `{BEGIN}` … `{END}` section",
-            readme.display()
+            doc.display()
         ))
     })?;
-    std::fs::write(readme, new)
-        .map_err(|e| LabError::Readme(format!("write {}: {e}", readme.display())))
+    std::fs::write(doc, new).map_err(|e| LabError::Doc(format!("write {}: {e}", doc.display())))
 }
 
 fn replace_section(text: &str, section: &str) -> Option<String> {

@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use tidegate_e2e::{
-    eventually, metric, metric_or_zero, plugin, round_trip, write_atomically, Options, TwoNodes,
+    eventually, http_get, metric, metric_or_zero, plugin, round_trip, write_atomically, Options,
+    TwoNodes,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -289,6 +290,55 @@ async fn the_workload_file_raises_shutdown_and_delete() {
     let drain = &nodes.server.drains.list()[0];
     assert_eq!(drain.phase, tidegate::drains::Phase::Deleted);
     assert_eq!(drain.ended, Some("completed"));
+}
+
+/// A workload removed from the workload file and put back with the same uid
+/// is served again: the deletion's GOAWAY does not outlive the deletion,
+/// and `/drains` shows no drain for the workload put back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workload_put_back_with_the_same_uid_is_served() {
+    let nodes = with_policy(68, "recommended", "").await;
+    let mut held = nodes.app_conn().await;
+    assert_eq!(round_trip(&mut held, b"one").await.unwrap(), b"one");
+    let file = nodes.dir.path().join("server-workloads.yaml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let without: String = text
+        .lines()
+        .filter(|l| !l.contains("uid: echo-uid"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    write_atomically(&file, &without);
+    eventually(
+        "the drain ended by the deletion",
+        Duration::from_secs(10),
+        || {
+            nodes
+                .server
+                .drains
+                .list()
+                .first()
+                .is_some_and(|d| d.ended.is_some())
+        },
+    )
+    .await;
+    assert_eq!(
+        nodes.server.drains.list()[0].phase,
+        tidegate::drains::Phase::Deleted
+    );
+
+    write_atomically(&file, &text);
+    eventually(
+        "the earlier drain forgotten once the workload is back",
+        Duration::from_secs(10),
+        || nodes.server.drains.list().is_empty(),
+    )
+    .await;
+    let mut fresh = nodes.app_conn().await;
+    assert_eq!(round_trip(&mut fresh, b"two").await.unwrap(), b"two");
+    let (status, body) = http_get(nodes.server.addrs.admin, "/drains").await;
+    assert_eq!(status, 200, "{body}");
+    let drains: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(drains["drains"], serde_json::json!([]), "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,9 +3,12 @@
 
 mod admin;
 mod bad_input;
+mod connection_limits;
+mod dial_pacing;
 mod drains;
 mod integrity;
 mod lifecycle;
+mod log_lines;
 mod policies;
 mod pool;
 mod raw_h2;

@@ -104,7 +104,7 @@ pub(crate) async fn refused_by_server(
 }
 
 #[derive(Debug)]
-struct AcceptAnyServer;
+pub(crate) struct AcceptAnyServer;
 
 impl ServerCertVerifier for AcceptAnyServer {
     fn verify_server_cert(

@@ -14,6 +14,9 @@ use tidegate_e2e::kube_api::{FakeApiServer, Kind};
 use tidegate_e2e::{eventually, http_get, init_tracing, ip, metric, metric_or_zero, plugin};
 
 mod ca;
+mod ca_client;
+mod ca_server;
+mod membership;
 
 const WAIT: Duration = Duration::from_secs(10);
 

@@ -32,10 +32,14 @@ fn workloads_yaml(t: &InpodTopology, server_annotations: &str) -> String {
 - {{uid: {CLIENT_UID}, name: client, namespace: demo, service_account: client, ips: [{a}], node: node-a}}
 - {{uid: {SERVER_UID}, name: echo, namespace: demo, service_account: echo, ips: [{b}], node: node-b, annotations: {{{server_annotations}}}}}
 - {{uid: pc-uid, name: legacy, namespace: demo, service_account: legacy, ips: [{c}], node: node-a, protocol: TCP}}
+- {{uid: intruder-uid, name: intruder, namespace: demo, service_account: echo, ips: [{i}], node: node-b}}
+- {{uid: node-uid, name: echo, namespace: demo, service_account: echo, ips: [{n}], node: node-b}}
 "#,
         a = t.pod_a(),
         b = t.pod_b(),
         c = t.pod_c(),
+        i = t.addr(2, 3),
+        n = t.addr(2, 4),
     )
 }
 
@@ -165,6 +169,36 @@ fn pb_pod(t: &InpodTopology) -> CniPod<'static> {
         uid: SERVER_UID,
         netns: InpodTopology::netns_path(&t.pb).leak(),
     }
+}
+
+/// Pod C: on node A, in the workload file with `protocol: TCP` — outside
+/// the mesh.
+fn pc_pod(t: &InpodTopology) -> CniPod<'static> {
+    CniPod {
+        namespace: "demo",
+        name: "legacy",
+        uid: "pc-uid",
+        netns: InpodTopology::netns_path(&t.pc).leak(),
+    }
+}
+
+/// Whether the in-pod capture rules are in pod namespace `ns`.
+fn captured(ns: &str) -> bool {
+    std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "iptables",
+            "-t",
+            "nat",
+            "-S",
+            "ISTIO_OUTPUT",
+        ])
+        .output()
+        .expect("run iptables in the pod's namespace")
+        .status
+        .success()
 }
 
 impl Scenario {
@@ -732,6 +766,55 @@ async fn inpod_app_side_and_tunnel_sockets_use_their_configured_congestion_contr
     drop(held);
 }
 
+/// Capture and mesh membership agree: `tidegate-cni` ADD of a pod outside
+/// the mesh (here the workload file's `protocol: TCP`, in Kubernetes the
+/// labels: `tidegate::workloads::membership`) succeeds and installs
+/// nothing, so the pod keeps plain TCP of its own; a member is captured.
+#[tokio::test]
+async fn inpod_a_pod_outside_the_mesh_is_not_captured() {
+    if skip() {
+        return;
+    }
+    let s = Scenario::start(6).await;
+    s.enroll_both().await;
+    let out = s.a.cni("ADD", pc_pod(&s.t), s.t.pod_c().into()).await;
+    ok("ADD pod C", &out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is not a mesh member (the workload file's protocol): not captured"),
+        "{err}"
+    );
+    assert_eq!(
+        stdout_json(&out)["ips"][0]["address"],
+        format!("{}/24", s.t.pod_c())
+    );
+    assert!(!captured(&s.t.pc), "pod C has no capture rule");
+    assert!(captured(&s.t.pa), "pod A, a member, has its rules");
+    let records = tidegate::inpod::state::PodRecord::read_all(&s.a.state);
+    assert_eq!(records.len(), 1, "only pod A is recorded");
+    let m = s.gw_a.metrics().await;
+    for (result, n) in [("added", 1.0), ("not_member", 1.0)] {
+        let series = format!(r#"tidegate_inpod_adds_total{{result="{result}"}}"#);
+        assert_eq!(metric_or_zero(&m, &series), n, "{series}");
+    }
+    assert_eq!(tidegate_e2e::metric(&m, "tidegate_inpod_pods"), 1.0);
+    // Pod C reaches pod B by itself (B's plaintext inbound delivers it),
+    // never through gateway A.
+    round_trip(&s.pc, s.server(), 1000, 9)
+        .await
+        .expect("pod C to pod B");
+    assert_eq!(s.last_peer().ip(), IpAddr::from(s.t.pod_c()));
+    let m = s.gw_a.metrics().await;
+    assert_eq!(
+        metric_or_zero(
+            &m,
+            r#"tidegate_connections_opened_total{direction="outbound"}"#
+        ),
+        0.0,
+        "nothing of pod C went through gateway A"
+    );
+}
+
 /// Listening sockets on `port` in namespace `ns` (`ss -ltnH`).
 fn listeners(ns: &str, port: u16) -> usize {
     let out = std::process::Command::new("ip")
@@ -774,7 +857,7 @@ async fn inpod_zds_refuses_a_taken_namespace_the_gateways_own_and_pods_past_the_
     let zds_dir = tempfile::tempdir().unwrap();
     let socket = zds_dir.path().join("ztunnel.sock");
     let double = ZdsDouble::bind(&socket).unwrap();
-    let s = Scenario::start_with(6, |b| {
+    let s = Scenario::start_with(7, |b| {
         b.zds = Some(socket.clone());
         b.max_pods = Some(1);
     })
@@ -857,7 +940,7 @@ async fn inpod_cni_add_of_a_taken_namespace_or_the_nodes_own_fails_naming_why() 
     if skip() {
         return;
     }
-    let s = Scenario::start(7).await;
+    let s = Scenario::start(8).await;
     s.enroll_both().await;
     ten_round_trips(&s, 80).await;
     let intruder = CniPod {
@@ -940,7 +1023,7 @@ async fn descriptors_short() {
     let zds_dir = tempfile::tempdir().unwrap();
     let socket = zds_dir.path().join("ztunnel.sock");
     let double = ZdsDouble::bind(&socket).unwrap();
-    let s = Scenario::start_with(8, |b| b.zds = Some(socket.clone())).await;
+    let s = Scenario::start_with(9, |b| b.zds = Some(socket.clone())).await;
     ok(
         "ADD pod A",
         &s.a.cni("ADD", pa_pod(&s.t), s.t.pod_a().into()).await,

@@ -118,8 +118,6 @@ pub struct OurKeys {
     pub inpod: bool,
     /// `state_dir`: where each enrolled pod is recorded for the gateway.
     pub state_dir: String,
-    /// `exclude_namespaces`: pods of these namespaces are never enrolled.
-    pub exclude_namespaces: Vec<String>,
 }
 
 /// What ADD needs to enroll a pod.
@@ -180,26 +178,11 @@ fn our_keys(conf: &Value) -> Result<OurKeys, CniError> {
         Some(Value::String(s)) if s.starts_with('/') => s.clone(),
         Some(v) => return Err(invalid_key("state_dir", v, "an absolute directory path")),
     };
-    let exclude_namespaces = match conf.get("exclude_namespaces") {
-        None => vec!["kube-system".to_owned()],
-        Some(Value::Array(a)) if a.iter().all(Value::is_string) => a
-            .iter()
-            .filter_map(|v| v.as_str().map(str::to_owned))
-            .collect(),
-        Some(v) => {
-            return Err(invalid_key(
-                "exclude_namespaces",
-                v,
-                "a list of namespace names",
-            ))
-        }
-    };
     Ok(OurKeys {
         socket,
         timeout: Duration::from_millis(timeout_ms),
         inpod,
         state_dir,
-        exclude_namespaces,
     })
 }
 

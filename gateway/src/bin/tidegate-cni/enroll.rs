@@ -1,19 +1,31 @@
 //! ADD and DEL in in-pod mode (`capture: inpod`): enrolling a pod in the
 //! mesh on this node.
 //!
+//! Only mesh members are captured. The gateway decides, by the one rule of
+//! `tidegate::workloads::membership` applied to what its discovery knows
+//! of the pod and its namespace (labels the plugin does not have); the
+//! plugin itself only lets pods of the namespaces the rule never meshes
+//! (`kube-system`) through without asking, so the cluster's system pods
+//! start whether the gateway is up or not.
+//!
 //! ADD, in this order (so no captured packet ever finds nobody listening):
 //! 1. record the pod in the state directory (a gateway restarted during the
 //!    ADD re-adopts it);
 //! 2. hand its network namespace to the gateway (the descriptor over the
-//!    CNI socket) and wait for the gateway's "added": its listeners are up
-//!    inside the pod;
-//! 3. install istio-cni's capture rules inside the pod, and the node-side
-//!    probe exemption.
+//!    CNI socket) and wait for its answer: "added" once its listeners are
+//!    up inside the pod, or "not-member" — then the record goes and the
+//!    pod starts uncaptured, with no rule of ours;
+//! 3. a member: install istio-cni's capture rules inside the pod, and the
+//!    node-side probe exemption.
 //!
-//! When the gateway cannot take the pod (down, slow, refusing) ADD fails
-//! with code 11 ("try again later") and the record is removed: the kubelet
-//! retries the sandbox, and the pod never runs outside the mesh. Pods of
-//! `exclude_namespaces` are passed through unenrolled.
+//! When the gateway cannot answer (down, slow, refusing, or the pod still
+//! unknown to its discovery) ADD fails with code 11 ("try again later")
+//! and the record is removed: the kubelet retries the sandbox. Fail closed:
+//! the plugin cannot tell a member from a non-member without the gateway,
+//! and a member must never start outside the mesh. A node's plugin is
+//! therefore chained only while its gateway runs (deploy/: installed by
+//! the gateway's own DaemonSet, and unchained by it before the gateway is
+//! removed).
 //!
 //! The whole ADD is bounded by `timeout_ms` ([`add_within`]): past it, ADD
 //! fails with code 11 naming the step it was at. `CNI_NETNS` is opened
@@ -31,6 +43,7 @@ use std::sync::{mpsc, Arc};
 use serde_json::{json, Value};
 use tidegate::inpod::capture::{self, CapturePorts};
 use tidegate::inpod::state::PodRecord;
+use tidegate::workloads::membership::never_meshed_namespace;
 
 use crate::conf::{err, CniError, Enroll, OurKeys};
 use crate::{ask_within, cni_arg};
@@ -82,8 +95,8 @@ fn add(e: &Enroll, step: &AtomicU8) -> Result<(), CniError> {
         )
     })?;
     let namespace = cni_arg("K8S_POD_NAMESPACE").unwrap_or_default();
-    if ours.exclude_namespaces.contains(&namespace) {
-        eprintln!("tidegate-cni: pod {uid} of excluded namespace {namespace:?} not enrolled");
+    if never_meshed_namespace(&namespace) {
+        eprintln!("tidegate-cni: pod {uid} of namespace {namespace:?}, never meshed: not captured");
         return Ok(());
     }
     let name = cni_arg("K8S_POD_NAME").unwrap_or_default();
@@ -121,7 +134,13 @@ fn add(e: &Enroll, step: &AtomicU8) -> Result<(), CniError> {
         "container_id": std::env::var("CNI_CONTAINERID").unwrap_or_default(),
     });
     step.store(2, Ordering::Relaxed);
-    hand_over(ours, &request, fd).map_err(undo)?;
+    if let Answer::NotMember(reason) = hand_over(ours, &request, fd).map_err(undo)? {
+        let _ = PodRecord::remove(dir, &uid);
+        eprintln!(
+            "tidegate-cni: pod {uid} ({namespace}/{name}) is not a mesh member ({reason}): not captured"
+        );
+        return Ok(());
+    }
     step.store(3, Ordering::Relaxed);
     capture::install(Path::new(&netns), CapturePorts::default()).map_err(|e| {
         undo(err(
@@ -162,8 +181,17 @@ fn open_netns(path: &str) -> Result<OwnedFd, CniError> {
     }
 }
 
-/// The handover: the gateway answers once the pod's listeners are up.
-fn hand_over(ours: &OurKeys, request: &Value, fd: OwnedFd) -> Result<(), CniError> {
+/// The gateway's answer to a handover.
+enum Answer {
+    /// A member: its listeners are up; capture it.
+    Served,
+    /// Not a member (why): leave it uncaptured.
+    NotMember(String),
+}
+
+/// The handover: the gateway answers once the pod's listeners are up, or
+/// that the pod is not a mesh member.
+fn hand_over(ours: &OurKeys, request: &Value, fd: OwnedFd) -> Result<Answer, CniError> {
     let refused = |detail: String| {
         err(
             11,
@@ -175,7 +203,13 @@ fn hand_over(ours: &OurKeys, request: &Value, fd: OwnedFd) -> Result<(), CniErro
         .map_err(|e| refused(format!("{e} (socket {})", ours.socket)))?;
     let v: Value = serde_json::from_str(&ack).unwrap_or_default();
     match v.get("result").and_then(Value::as_str) {
-        Some("added" | "unchanged" | "replaced") => Ok(()),
+        Some("added" | "unchanged" | "replaced") => Ok(Answer::Served),
+        Some("not-member") => Ok(Answer::NotMember(
+            v.get("reason")
+                .and_then(Value::as_str)
+                .unwrap_or("no reason given")
+                .to_owned(),
+        )),
         _ => Err(refused(format!(
             "the gateway answered: {}",
             v.get("error").and_then(Value::as_str).unwrap_or(&ack)

@@ -15,7 +15,13 @@
 //!   install again — or every few seconds with `--watch`, to re-chain after the
 //!   primary plugin rewrites its file — is harmless.
 //! - Uninstall removes our entry from every configuration, restores a
-//!   converted `.conf`, then deletes the binary.
+//!   converted `.conf`, then deletes the binary. With `--watch` it keeps
+//!   running and keeps the plugin out (an installer of the previous pod
+//!   may still re-chain it during a rollout); the binary is deleted in a
+//!   round that found nothing to unchain, so the container runtime has
+//!   re-read its configuration before the binary it named goes. That is
+//!   the first step of removing tidegate from a node (deploy/uninstall):
+//!   no pod is enrolled any more while the gateway still serves.
 
 use std::fmt;
 use std::fs;
@@ -41,7 +47,7 @@ pub struct Options {
     /// `capture` and `state_dir` keys (in-pod mode), written when set.
     pub capture: Option<String>,
     pub state_dir: Option<String>,
-    /// Keep re-checking at this interval (install only).
+    /// Keep re-checking at this interval.
     pub watch: Option<Duration>,
 }
 
@@ -61,7 +67,7 @@ impl fmt::Display for InstallError {
                 "{m}\nusage: tidegate-cni install --cni-bin-dir DIR --cni-conf-dir DIR \
                  [--socket PATH] [--timeout-ms N] [--capture node|inpod] [--state-dir DIR] \
                  [--watch SECONDS]\n       \
-                 tidegate-cni uninstall --cni-bin-dir DIR --cni-conf-dir DIR"
+                 tidegate-cni uninstall --cni-bin-dir DIR --cni-conf-dir DIR [--watch SECONDS]"
             ),
             InstallError::NoConfig(dir) => write!(
                 f,
@@ -94,7 +100,18 @@ pub fn main(command: &str, args: &[String]) -> ExitCode {
                 std::thread::sleep(every);
             },
         },
-        _ => uninstall(&o).map(report),
+        _ => match o.watch {
+            None => uninstall(&o).map(report),
+            Some(every) => loop {
+                let unchained = unchain(&o)?;
+                let nothing_chained = unchained.is_empty();
+                report(unchained);
+                if nothing_chained {
+                    report(remove_binary(&o)?);
+                }
+                std::thread::sleep(every);
+            },
+        },
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -105,7 +122,7 @@ pub fn main(command: &str, args: &[String]) -> ExitCode {
     }
 }
 
-fn report(changes: Vec<String>) {
+fn report(changes: impl IntoIterator<Item = String>) {
     for c in changes {
         println!("tidegate-cni: {c}");
     }
@@ -164,7 +181,7 @@ pub fn parse(command: &str, args: &[String]) -> Result<Options, InstallError> {
                 }
                 o.state_dir = Some(v);
             }
-            "--watch" if command == "install" => {
+            "--watch" => {
                 let v = value()?;
                 let secs: u64 = v.parse().ok().filter(|s| *s > 0).ok_or_else(|| {
                     InstallError::Usage(format!(
@@ -323,6 +340,14 @@ pub fn install(o: &Options) -> Result<Vec<String>, InstallError> {
 
 /// Removes our entry from every configuration, then the binary.
 pub fn uninstall(o: &Options) -> Result<Vec<String>, InstallError> {
+    let mut changes = unchain(o)?;
+    changes.extend(remove_binary(o)?);
+    Ok(changes)
+}
+
+/// Removes our entry from every configuration (restoring a converted
+/// `.conf`). Returns what changed, empty when nothing was chained.
+pub fn unchain(o: &Options) -> Result<Vec<String>, InstallError> {
     let mut changes = Vec::new();
     let entries: Vec<PathBuf> = fs::read_dir(&o.conf_dir)
         .map_err(io(&o.conf_dir))?
@@ -365,11 +390,15 @@ pub fn uninstall(o: &Options) -> Result<Vec<String>, InstallError> {
             }
         }
     }
+    Ok(changes)
+}
+
+/// Deletes the plugin's binary, if it is there.
+pub fn remove_binary(o: &Options) -> Result<Option<String>, InstallError> {
     let target = o.bin_dir.join(PLUGIN_TYPE);
     match fs::remove_file(&target) {
-        Ok(()) => changes.push(format!("removed {}", target.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(InstallError::Io(target, e)),
+        Ok(()) => Ok(Some(format!("removed {}", target.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(InstallError::Io(target, e)),
     }
-    Ok(changes)
 }

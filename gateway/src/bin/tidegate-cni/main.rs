@@ -1,10 +1,11 @@
 //! `tidegate-cni`: a chained CNI plugin (CNI spec 1.x).
 //!
 //! - ADD passes the previous result through; with `capture: inpod` it first
-//!   enrolls the pod (see [`enroll`]): its namespace handed to the gateway,
-//!   istio-cni's capture rules installed inside it, a record in the state
-//!   directory. ADD fails when the gateway cannot take the pod: a pod never
-//!   starts outside a mesh it belongs to.
+//!   enrolls the pod if the gateway says it is a mesh member (see
+//!   [`enroll`]): its namespace handed to the gateway, istio-cni's capture
+//!   rules installed inside it, a record in the state directory; a pod
+//!   that is not a member is left as it is. ADD fails when the gateway
+//!   cannot answer: a pod never starts outside a mesh it belongs to.
 //! - CHECK passes.
 //! - DEL asks the node's tidegate over its Unix socket to tear down the pod
 //!   (`K8S_POD_UID` from `CNI_ARGS`) and waits for the acknowledgement — the

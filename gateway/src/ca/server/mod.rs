@@ -2,30 +2,35 @@
 //! without istiod. The root lives in a Secret ([`root`]); callers are
 //! authenticated by TokenReview ([`authn`]) and may impersonate only as
 //! istiod's node authorizer allows ([`crate::ca::impersonation`], over the
-//! pods [`pods`] watches); [`service`] is the gRPC method.
+//! pods [`pods`] watches); [`service`] is the gRPC method, served by
+//! [`listener`] with a connection cap and timeouts. Metrics are served on
+//! `--metrics-listen`.
 
 pub mod authn;
+pub mod listener;
 pub mod pods;
 pub mod root;
 pub mod service;
 
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
+use prometheus_client::registry::Registry;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 use tracing::{info, warn};
 
+use crate::admin::HttpLimits;
 use crate::ca::impersonation::Authorizer;
 use crate::config::KubernetesConfig;
+use crate::control_plane::{ConnLimit, ControlMetrics, FIXED_DESCRIPTORS};
 use crate::shutdown::ShutdownWatch;
+
+/// Connections the metrics listener serves at once.
+const METRICS_MAX_CONNECTIONS: u32 = 32;
 
 /// `tidegate ca`'s settings (flags and environment, see `tidegate ca --help`).
 #[derive(Clone, Debug, clap::Args)]
@@ -71,6 +76,28 @@ pub struct CaServerConfig {
     /// Longest validity issued (a request asking for more gets this).
     #[arg(long, env = "TIDEGATE_CA_MAX_VALIDITY", default_value = "24h", value_parser = crate::config::duration::parse)]
     pub max_validity: Duration,
+    /// Most gRPC connections open at once (1 to 1000000); one more is
+    /// closed at once. Lowered to what the open-file limit allows.
+    #[arg(long, env = "TIDEGATE_CA_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: u32,
+    /// A TLS handshake not done within this is closed (100ms to 5m).
+    #[arg(long, env = "TIDEGATE_CA_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = crate::config::duration::parse)]
+    pub handshake_timeout: Duration,
+    /// A connection without a request this long after its handshake is
+    /// closed (100ms to 5m).
+    #[arg(long, env = "TIDEGATE_CA_PREFACE_TIMEOUT", default_value = "10s", value_parser = crate::config::duration::parse)]
+    pub preface_timeout: Duration,
+    /// A connection without a request in flight this long is closed with a
+    /// GOAWAY (1s to 24h).
+    #[arg(long, env = "TIDEGATE_CA_IDLE_TIMEOUT", default_value = "5m", value_parser = crate::config::duration::parse)]
+    pub idle_timeout: Duration,
+    /// Address to serve `GET /metrics` on.
+    #[arg(
+        long,
+        env = "TIDEGATE_CA_METRICS_LISTEN",
+        default_value = "0.0.0.0:15014"
+    )]
+    pub metrics_listen: SocketAddr,
     /// API server URL without credentials (`kubectl proxy`, tests); unset:
     /// in-cluster credentials or the kubeconfig.
     #[arg(long, env = "TIDEGATE_CA_API_SERVER")]
@@ -94,15 +121,29 @@ pub enum CaServerError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("{flag}: {message}")]
+    Flag { flag: &'static str, message: String },
 }
 
 /// A started CA.
 pub struct RunningCa {
     pub addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
     /// The root certificate (PEM) leaves chain to; the published bundle
     /// may hold further trusted roots (`root::TRUSTED_ROOTS_KEY`).
     pub root_pem: String,
     pub task: tokio::task::JoinHandle<()>,
+    registry: Arc<Registry>,
+}
+
+impl RunningCa {
+    /// What `GET /metrics` answers.
+    pub fn metrics_text(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("metrics encode");
+        out
+    }
 }
 
 /// Loads (or creates) the root, publishes it, waits for the first list of
@@ -115,6 +156,9 @@ pub async fn start(cfg: CaServerConfig, drain: ShutdownWatch) -> Result<RunningC
     {
         return Err(CaServerError::Trusted(bad.clone()));
     }
+    crate::config::check_ca_server(&cfg)
+        .map_err(|(flag, message)| CaServerError::Flag { flag, message })?;
+    let max_connections = connection_cap(cfg.max_connections);
     let client = crate::workloads::kubernetes::client_for(&KubernetesConfig {
         api_server: cfg.api_server.clone(),
         kubeconfig: cfg.kubeconfig.clone(),
@@ -136,18 +180,8 @@ pub async fn start(cfg: CaServerConfig, drain: ShutdownWatch) -> Result<RunningC
     info!("waiting for the first list of pods");
     let _ = synced.wait_for(|s| *s).await;
 
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
-        .map_err(|source| CaServerError::Listen {
-            addr: cfg.listen,
-            source,
-        })?;
-    let addr = listener
-        .local_addr()
-        .map_err(|source| CaServerError::Listen {
-            addr: cfg.listen,
-            source,
-        })?;
+    let (listener, addr) = bind(cfg.listen).await?;
+    let (metrics_listener, metrics_addr) = bind(cfg.metrics_listen).await?;
     let root_pem = root.cert_pem.clone();
     let ca = Arc::new(service::Ca {
         root,
@@ -159,13 +193,72 @@ pub async fn start(cfg: CaServerConfig, drain: ShutdownWatch) -> Result<RunningC
         pods,
         max_validity: cfg.max_validity,
     });
-    info!(%addr, trusted = ?cfg.trusted, audience = %cfg.audience, "tidegate ca serving");
-    let task = tokio::spawn(serve(listener, tls, service::CaService(ca), drain));
+    let mut registry = Registry::with_prefix("tidegate");
+    let control = ControlMetrics::register(&mut registry);
+    let limits = listener::Limits {
+        connections: ConnLimit::new("ca", max_connections, &control),
+        handshake_timeout: cfg.handshake_timeout,
+        preface_timeout: cfg.preface_timeout,
+        idle_timeout: cfg.idle_timeout,
+    };
+    let registry = Arc::new(registry);
+    tokio::spawn(crate::admin::serve(
+        metrics_listener,
+        registry.clone(),
+        |r: Arc<Registry>, req| async move { crate::admin::exposition(&r, &req) },
+        HttpLimits {
+            connections: ConnLimit::new("metrics", METRICS_MAX_CONNECTIONS, &control),
+            header_read_timeout: Duration::from_secs(10),
+        },
+        drain.clone(),
+    ));
+    info!(%addr, %metrics_addr, max_connections, trusted = ?cfg.trusted, audience = %cfg.audience, "tidegate ca serving");
+    let task = tokio::spawn(listener::serve(
+        listener,
+        tls,
+        service::CaService(ca),
+        limits,
+        drain,
+    ));
     Ok(RunningCa {
         addr,
+        metrics_addr,
         root_pem,
         task,
+        registry,
     })
+}
+
+async fn bind(addr: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr), CaServerError> {
+    let err = |source| CaServerError::Listen { addr, source };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(err)?;
+    let bound = listener.local_addr().map_err(err)?;
+    Ok((listener, bound))
+}
+
+/// Raises the open-file soft limit to the hard limit and returns `wanted`,
+/// or what that limit allows beside the metrics listener's connections
+/// and the process's own descriptors (logged), if less.
+fn connection_cap(wanted: u32) -> u32 {
+    let limit = match rlimit::getrlimit(rlimit::Resource::NOFILE) {
+        Ok((_, hard)) => rlimit::increase_nofile_limit(hard).unwrap_or(hard),
+        Err(e) => {
+            warn!(error = %e, "cannot read the open-file limit");
+            return wanted;
+        }
+    };
+    let reserve = FIXED_DESCRIPTORS + u64::from(METRICS_MAX_CONNECTIONS);
+    let allowed = limit.saturating_sub(reserve).clamp(1, u64::from(u32::MAX)) as u32;
+    if allowed < wanted {
+        warn!(
+            max_connections = wanted,
+            open_file_limit = limit,
+            lowered_to = allowed,
+            "--max-connections exceeds what the open-file limit allows; lowered"
+        );
+        return allowed;
+    }
+    wanted
 }
 
 fn serving_tls(
@@ -187,87 +280,4 @@ fn serving_tls(
         .map_err(|e| bad(e.to_string()))?;
     cfg.alpn_protocols = vec![crate::tls::ALPN_H2.to_vec()];
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(cfg)))
-}
-
-/// Accepts TCP, handshakes TLS off the accept loop, hands streams to tonic.
-async fn serve(
-    listener: tokio::net::TcpListener,
-    tls: tokio_rustls::TlsAcceptor,
-    svc: service::CaService,
-    mut drain: ShutdownWatch,
-) {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<TlsConn, std::io::Error>>(64);
-    let mut stop = drain.clone();
-    tokio::spawn(async move {
-        loop {
-            let (tcp, peer) = tokio::select! {
-                r = listener.accept() => match r {
-                    Ok(c) => c,
-                    Err(e) => { warn!(error = %e, "accept failed"); continue; }
-                },
-                _ = stop.signaled() => return,
-            };
-            let (tls, tx) = (tls.clone(), tx.clone());
-            tokio::spawn(async move {
-                match tokio::time::timeout(Duration::from_secs(10), tls.accept(tcp)).await {
-                    Ok(Ok(s)) => {
-                        let _ = tx.send(Ok(TlsConn(s))).await;
-                    }
-                    Ok(Err(e)) => info!(%peer, error = %e, "TLS handshake with a CA client failed"),
-                    Err(_) => info!(%peer, "TLS handshake with a CA client timed out"),
-                }
-            });
-        }
-    });
-    let incoming = futures::stream::unfold(rx, |mut rx| async move {
-        let c = rx.recv().await?;
-        Some((c, rx))
-    });
-    let result = tonic::transport::Server::builder()
-        .serve_with_incoming_shutdown(svc, incoming, async move {
-            drain.signaled().await;
-        })
-        .await;
-    if let Err(e) = result {
-        warn!(error = %e, "CA server ended");
-    }
-}
-
-/// A TLS connection tonic can serve.
-struct TlsConn(tokio_rustls::server::TlsStream<TcpStream>);
-
-impl tonic::transport::server::Connected for TlsConn {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.0.get_ref().0.connect_info()
-    }
-}
-
-impl AsyncRead for TlsConn {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for TlsConn {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
-    }
 }

@@ -1,8 +1,13 @@
 //! One CONNECT on an inbound tunnel: route and authorize it, pace and dial
 //! the workload, copy the bytes, log the stream. The [`StreamHandler`] the
 //! HBONE server calls for each stream.
+//!
+//! A dial takes a slot under the connection caps (`limits.rs`) and a place
+//! in the tunnel's dial budget (`pace.rs`). It is abandoned as soon as the
+//! peer resets the stream, and its budget token is given back only if the
+//! peer sent bytes on the stream: what a reset loop cannot fake.
 
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,8 +19,9 @@ use http::{Method, Request, Response, StatusCode};
 use tokio::net::TcpStream;
 use tracing::{debug, info_span, Instrument};
 
+use super::limits::{DialSlot, IdentitySlot, OverLimit, Refused};
 use super::metrics::InboundMetrics;
-use super::pace::{DialBudget, Paced};
+use super::pace::{Borrowed, DialBudget, Paced};
 use crate::config::HboneConfig;
 use crate::hbone::io::{reason_label, Refusal};
 use crate::hbone::server::StreamHandler;
@@ -90,6 +96,8 @@ pub enum InboundError {
     Denied { peer: SpiffeId, workload: String },
     #[error("upstream dial not started: {0}")]
     Paced(#[from] Paced),
+    #[error("upstream dial not started: {0}")]
+    OverLimit(#[from] OverLimit),
     #[error("upstream {addr} unreachable: {source}")]
     Upstream {
         addr: SocketAddr,
@@ -101,7 +109,7 @@ impl InboundError {
     pub fn status(&self) -> StatusCode {
         match self {
             InboundError::Denied { .. } => StatusCode::UNAUTHORIZED,
-            InboundError::Upstream { .. } | InboundError::Paced(_) => {
+            InboundError::Upstream { .. } | InboundError::Paced(_) | InboundError::OverLimit(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             _ => StatusCode::BAD_REQUEST,
@@ -118,6 +126,8 @@ impl InboundError {
             InboundError::Denied { .. } => "denied",
             InboundError::Paced(Paced::InFlight(_)) => "dials_in_flight_limit",
             InboundError::Paced(Paced::Rate(_)) => "dial_rate_limit",
+            InboundError::Paced(Paced::Wasted(_)) => "wasted_dials_limit",
+            InboundError::OverLimit(o) => o.stream_reason(),
             InboundError::Upstream { .. } => "upstream_unreachable",
         }
     }
@@ -171,6 +181,8 @@ pub struct ConnectHandler {
     pub ctx: Arc<TunnelCtx>,
     pub tunnel: Arc<InboundTunnel>,
     pub dials: Arc<DialBudget>,
+    /// The tunnel's place under its peer identity's cap; its dials take theirs from it.
+    pub identity: Arc<IdentitySlot>,
 }
 
 impl StreamHandler for ConnectHandler {
@@ -186,6 +198,7 @@ impl StreamHandler for ConnectHandler {
             ctx: self.ctx.clone(),
             tunnel: self.tunnel.clone(),
             dials: self.dials.clone(),
+            identity: self.identity.clone(),
         };
         let span = info_span!("stream", authority = %req.uri());
         async move {
@@ -215,6 +228,43 @@ struct Stream {
     ctx: Arc<TunnelCtx>,
     tunnel: Arc<InboundTunnel>,
     dials: Arc<DialBudget>,
+    identity: Arc<IdentitySlot>,
+}
+
+/// A dialed workload connection and what it holds.
+struct Upstream {
+    tcp: TcpStream,
+    target: SocketAddr,
+    /// The dial's budget token: given back once the peer sent bytes.
+    borrowed: Borrowed,
+    /// Its place under the connection caps, as long as the socket.
+    _slot: DialSlot,
+}
+
+/// Why a stream got no upstream.
+enum Failed {
+    /// Refused, with a status for the peer.
+    Refused(InboundError),
+    /// The peer reset the stream while it was being dialed.
+    Reset,
+}
+
+impl From<InboundError> for Failed {
+    fn from(e: InboundError) -> Self {
+        Failed::Refused(e)
+    }
+}
+
+impl From<Paced> for Failed {
+    fn from(e: Paced) -> Self {
+        Failed::Refused(e.into())
+    }
+}
+
+impl From<OverLimit> for Failed {
+    fn from(e: OverLimit) -> Self {
+        Failed::Refused(e.into())
+    }
 }
 
 impl Stream {
@@ -222,9 +272,15 @@ impl Stream {
         let started = Instant::now();
         let deps = &*self.deps;
         let _guard = deps.active.track();
-        let (upstream, target) = match self.open_upstream(&req).await {
-            Ok(x) => x,
-            Err(e) => return refuse(deps, &self.ctx, respond, e, started),
+        // The access line names the app port asked for, refused or not.
+        let asked = asked_for(&req, &self.ctx);
+        let up = match self.open_upstream(&req, &mut respond).await {
+            Ok(up) => up,
+            Err(Failed::Refused(e)) => return refuse(deps, &self.ctx, respond, e, asked, started),
+            Err(Failed::Reset) => {
+                debug!("peer reset the stream during its dial; dial abandoned");
+                return self.ended_unanswered("reset_during_dial", asked, started);
+            }
         };
         let resp = Response::builder()
             .status(StatusCode::OK)
@@ -234,13 +290,24 @@ impl Stream {
             Ok(s) => s,
             Err(e) => {
                 debug!(error = %e, "peer went away before 200");
-                return deps.metrics.stream_ended("tunnel_error");
+                return self.ended_unanswered("tunnel_error", up.target, started);
             }
         };
         deps.metrics.streams_open.inc();
         let (moved, result) =
-            copy_bidirectional(&upstream, send, req.into_body(), &deps.metrics.bytes).await;
+            copy_bidirectional(&up.tcp, send, req.into_body(), &deps.metrics.bytes).await;
         deps.metrics.streams_open.dec();
+        let Upstream {
+            tcp: upstream,
+            target,
+            borrowed,
+            _slot,
+        } = up;
+        if moved.h2_to_tcp > 0 {
+            borrowed.useful();
+        } else {
+            deps.inbound_metrics.dial_wasted("no_bytes");
+        }
         let outcome = match &result {
             Ok(()) => "ok",
             Err(e) => e.reason(),
@@ -254,24 +321,75 @@ impl Stream {
         log(&self.ctx, drained_by, target, moved, started, outcome);
     }
 
-    /// Routes the CONNECT, then dials within the tunnel's dial budget.
+    /// A stream that ends without an answer (the peer reset it or went
+    /// away): its dial, if any, was wasted.
+    fn ended_unanswered(&self, result: &'static str, dst: SocketAddr, started: Instant) {
+        let why = if result == "reset_during_dial" {
+            result
+        } else {
+            "no_bytes"
+        };
+        self.deps.inbound_metrics.dial_wasted(why);
+        self.deps.metrics.stream_ended(result);
+        let moved = Transferred::default();
+        log(&self.ctx, None, dst, moved, started, result);
+    }
+
+    /// Routes the CONNECT, then dials under the connection caps and within
+    /// the tunnel's dial budget; gives the dial up if the peer resets the
+    /// stream meanwhile.
     async fn open_upstream(
         &self,
         req: &Request<RecvStream>,
-    ) -> Result<(TcpStream, SocketAddr), InboundError> {
+        respond: &mut SendResponse<Bytes>,
+    ) -> Result<Upstream, Failed> {
         let target = {
             let snapshot = self.deps.workloads.snapshot();
             route(req, &self.ctx, &snapshot, &self.deps.own_ports)?
         };
-        let permit = self.dials.try_start()?;
+        let slot = self.identity.admit_dial().inspect_err(|&over| {
+            let (peer, id) = (self.ctx.peer_addr, Some(&self.ctx.peer));
+            self.identity
+                .limits()
+                .refused(over, Refused::Dial, peer, id);
+        })?;
+        let (permit, borrowed) = self.dials.try_start()?;
         let connect =
             self.deps
                 .origin
                 .connect(target, Some(self.ctx.peer_addr.ip()), &self.deps.app_cc);
-        let dialed = dial(target, connect, self.deps.cfg.connect_timeout).await;
+        let dialing = dial(target, connect, self.deps.cfg.connect_timeout);
+        let reset = poll_fn(|cx| respond.poll_reset(cx));
+        let dialed = tokio::select! {
+            biased;
+            _ = reset => return Err(Failed::Reset),
+            d = dialing => d,
+        };
         drop(permit);
-        dialed
+        match dialed {
+            Ok(tcp) => Ok(Upstream {
+                tcp,
+                target,
+                borrowed,
+                _slot: slot,
+            }),
+            Err(e) => {
+                // Not the peer's waste: the workload did not answer.
+                borrowed.useful();
+                Err(e.into())
+            }
+        }
     }
+}
+
+/// The address the CONNECT asked for — the app's port — for the access
+/// line; the dialed workload's address with port 0 when the authority is
+/// no `ip:port` (the tunnel's own port is never logged as the target).
+fn asked_for<B>(req: &Request<B>, ctx: &TunnelCtx) -> SocketAddr {
+    req.uri()
+        .authority()
+        .and_then(|a| a.as_str().parse().ok())
+        .unwrap_or(SocketAddr::new(ctx.dialed.ip(), 0))
 }
 
 /// Answers a refused CONNECT with its status and reason, counts and logs it.
@@ -280,6 +398,7 @@ fn refuse(
     ctx: &TunnelCtx,
     mut respond: SendResponse<Bytes>,
     e: InboundError,
+    dst: SocketAddr,
     started: Instant,
 ) {
     debug!(error = %e, status = %e.status(), "CONNECT refused");
@@ -292,7 +411,7 @@ fn refuse(
     deps.metrics.stream_ended(e.reason());
     let _ = respond.send_response(resp, true);
     let moved = Transferred::default();
-    log(ctx, None, ctx.dialed, moved, started, e.reason());
+    log(ctx, None, dst, moved, started, e.reason());
 }
 
 /// The upstream dial (`connect`: in the gateway's namespace, or in the
@@ -301,7 +420,7 @@ async fn dial(
     target: SocketAddr,
     connect: impl Future<Output = std::io::Result<TcpStream>>,
     timeout: Duration,
-) -> Result<(TcpStream, SocketAddr), InboundError> {
+) -> Result<TcpStream, InboundError> {
     let connect = tokio::time::timeout(timeout, connect).await;
     let tcp = match connect {
         Ok(Ok(t)) => t,
@@ -319,7 +438,7 @@ async fn dial(
         }
     };
     let _ = tcp.set_nodelay(true);
-    Ok((tcp, target))
+    Ok(tcp)
 }
 
 fn log(

@@ -1,5 +1,6 @@
-//! Inbound-only metrics: GOAWAYs a drain asked for, and the refusals h2
-//! made on its own (seen in the frames it wrote, see [`crate::hbone::io`]).
+//! Inbound-only metrics: GOAWAYs a drain asked for, the refusals h2 made on
+//! its own (seen in the frames it wrote, see [`crate::hbone::io`]), and the
+//! upstream dials a peer wasted (see `pace.rs`).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -19,12 +20,19 @@ struct RefusalLabels {
     reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WastedLabels {
+    /// `reset_during_dial` or `no_bytes`.
+    reason: &'static str,
+}
+
 /// What the inbound side counts beyond [`crate::metrics::ProxyMetrics`].
 #[derive(Clone, Debug)]
 pub struct InboundMetrics {
     goaways_sent: Counter,
     goaway_latency: Histogram,
     h2_refusals: Family<RefusalLabels, Counter>,
+    wasted_dials: Family<WastedLabels, Counter>,
 }
 
 impl InboundMetrics {
@@ -34,6 +42,7 @@ impl InboundMetrics {
             // 5 µs .. ~5 s
             goaway_latency: Histogram::new(exponential_buckets(5e-6, 2.0, 20)),
             h2_refusals: Default::default(),
+            wasted_dials: Default::default(),
         };
         registry.register(
             "drain_goaways_sent",
@@ -51,7 +60,20 @@ impl InboundMetrics {
              (malformed requests, streams beyond the concurrency limit, floods), by frame and error code",
             m.h2_refusals.clone(),
         );
+        registry.register(
+            "inbound_wasted_dials",
+            "Upstream dials an inbound peer wasted: its stream reset while the dial was under way \
+             (reset_during_dial), or ended without a byte from the peer (no_bytes); a tunnel that \
+             wastes more than hbone.max_wasted_dials_per_second_per_tunnel is refused dials",
+            m.wasted_dials.clone(),
+        );
         m
+    }
+
+    pub fn dial_wasted(&self, reason: &'static str) {
+        self.wasted_dials
+            .get_or_create(&WastedLabels { reason })
+            .inc();
     }
 
     /// Records the first GOAWAY a command made a tunnel send.

@@ -1,9 +1,11 @@
-//! Inbound: the HBONE listener (port 15008). Accept → pick the destination
-//! workload from the connection's original destination → TLS presenting that
-//! workload's certificate → HTTP/2 server ([`crate::hbone::server`]) with a
+//! Inbound: the HBONE listener (port 15008). Accept under the connection
+//! caps ([`limits`]) → pick the destination workload from the connection's
+//! original destination → TLS presenting that workload's certificate → the
+//! peer identity's cap → HTTP/2 server ([`crate::hbone::server`]) with a
 //! [`connect::ConnectHandler`] for its streams.
 
 pub mod connect;
+pub mod limits;
 mod metrics;
 mod pace;
 
@@ -11,18 +13,20 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::net::{TcpListener, TcpStream};
-use tracing::{debug, field, info_span, warn, Instrument};
+use tracing::{debug, field, info, info_span, warn, Instrument};
 
 pub use connect::OwnPorts;
 use connect::{ConnectDeps, ConnectHandler, TunnelCtx};
+use limits::{ConnectionLimits, Refused, TunnelSlot};
 pub use metrics::InboundMetrics;
-use pace::DialBudget;
+use pace::{DialBudget, PaceLimits};
 
 use crate::config::HboneConfig;
 use crate::hbone::io::reason_label;
 use crate::hbone::{self, server::TunnelEnd};
 use crate::metrics::ProxyMetrics;
 use crate::proxy::congestion::Congestion;
+use crate::proxy::log_limit::LogLimit;
 use crate::proxy::origin::Origin;
 use crate::proxy::tunnels::{InboundTunnels, Registration};
 use crate::shutdown::{ActiveStreams, ShutdownWatch};
@@ -34,6 +38,9 @@ pub struct Inbound {
     tls: Arc<TlsContext>,
     tunnels: Arc<InboundTunnels>,
     connects: Arc<ConnectDeps>,
+    limits: Arc<ConnectionLimits>,
+    /// Refused handshakes are logged at `info`, this many at most.
+    handshake_log: Arc<LogLimit>,
 }
 
 impl Inbound {
@@ -48,10 +55,13 @@ impl Inbound {
         streams: ActiveStreams,
         inbound_metrics: InboundMetrics,
         app_cc: Congestion,
+        limits: Arc<ConnectionLimits>,
     ) -> Arc<Self> {
         Arc::new(Inbound {
             tls,
             tunnels,
+            limits,
+            handshake_log: Arc::new(LogLimit::per_second()),
             connects: Arc::new(ConnectDeps {
                 workloads,
                 cfg,
@@ -72,6 +82,8 @@ impl Inbound {
         Arc::new(Inbound {
             tls: self.tls.clone(),
             tunnels: self.tunnels.clone(),
+            limits: self.limits.clone(),
+            handshake_log: self.handshake_log.clone(),
             connects: Arc::new(ConnectDeps {
                 workloads: d.workloads.clone(),
                 cfg: d.cfg.clone(),
@@ -109,9 +121,18 @@ impl Inbound {
             };
             match accepted {
                 Ok((tcp, peer)) => {
+                    // Before the handshake: a refused tunnel costs no TLS.
+                    let slot = match self.limits.admit_tunnel() {
+                        Ok(slot) => slot,
+                        Err(over) => {
+                            self.limits.refused(over, Refused::Tunnel, peer, None);
+                            self.metrics().connection_failed(over.tunnel_reason());
+                            continue;
+                        }
+                    };
                     let this = self.clone();
                     let drain = drain.clone();
-                    tokio::spawn(async move { this.serve(tcp, peer, drain).await });
+                    tokio::spawn(async move { this.serve(tcp, peer, slot, drain).await });
                 }
                 Err(e) => {
                     // EMFILE and friends: back off briefly instead of spinning.
@@ -123,7 +144,13 @@ impl Inbound {
         }
     }
 
-    async fn serve(self: Arc<Self>, tcp: TcpStream, peer_addr: SocketAddr, drain: ShutdownWatch) {
+    async fn serve(
+        self: Arc<Self>,
+        tcp: TcpStream,
+        peer_addr: SocketAddr,
+        slot: TunnelSlot,
+        drain: ShutdownWatch,
+    ) {
         let dialed = match crate::proxy::listener::destination(&tcp) {
             Ok(a) => a,
             Err(_) => return self.metrics().connection_failed("no_destination"),
@@ -158,12 +185,29 @@ impl Inbound {
             let (tls, peer) = match handshake {
                 Ok(Ok(x)) => x,
                 Ok(Err(e)) => {
-                    debug!(error = %e, "tls handshake failed");
+                    self.handshake_refused(e.reason(), &e);
                     return self.metrics().connection_failed(e.reason());
                 }
-                Err(_) => return self.metrics().connection_failed("handshake_timeout"),
+                Err(_) => {
+                    let timeout = self.cfg().connect_timeout;
+                    self.handshake_refused(
+                        "handshake_timeout",
+                        &format!("not done in {timeout:?}"),
+                    );
+                    return self.metrics().connection_failed("handshake_timeout");
+                }
             };
             tracing::Span::current().record("peer.identity", field::display(&peer));
+            let identity = match slot.identify(&peer) {
+                Ok(i) => Arc::new(i),
+                Err(over) => {
+                    self.limits
+                        .refused(over, Refused::Tunnel, peer_addr, Some(&peer));
+                    self.metrics().connection_failed(over.tunnel_reason());
+                    let calm = h2::Reason::ENHANCE_YOUR_CALM;
+                    return hbone::server::refuse(tls, self.cfg(), calm).await;
+                }
+            };
             self.metrics().connections_opened.inc();
             let registration = self
                 .tunnels
@@ -174,12 +218,27 @@ impl Inbound {
                 dialed,
                 workload,
             };
-            self.serve_tunnel(tls, ctx, &registration, drain).await;
+            self.serve_tunnel(tls, ctx, identity, &registration, drain)
+                .await;
             drop(registration);
+            drop(slot);
             self.metrics().connections_closed.inc();
         }
         .instrument(span)
         .await
+    }
+
+    /// A handshake the gateway refused (or a peer's that failed) is logged
+    /// at `info`, bounded; the span names the peer's address and the
+    /// workload it dialed. A peer that went away mid-handshake (a TCP
+    /// probe of the port) is no refusal: `debug` only.
+    fn handshake_refused(&self, reason: &'static str, error: &dyn std::fmt::Display) {
+        if matches!(reason, "eof" | "io") {
+            return debug!(reason, %error, "tls handshake failed");
+        }
+        if let Some(left_out) = self.handshake_log.admit() {
+            info!(reason, %error, left_out, "inbound tls handshake refused");
+        }
     }
 
     /// Serves the HTTP/2 side of one accepted tunnel with a
@@ -188,6 +247,7 @@ impl Inbound {
         self: &Arc<Self>,
         tls: crate::tls::ServerTls,
         ctx: TunnelCtx,
+        identity: Arc<limits::IdentitySlot>,
         registration: &Registration,
         shutdown: ShutdownWatch,
     ) {
@@ -198,10 +258,13 @@ impl Inbound {
             deps: self.connects.clone(),
             ctx: Arc::new(ctx),
             tunnel,
-            dials: Arc::new(DialBudget::new(
-                cfg.max_dials_in_flight_per_tunnel,
-                cfg.max_dials_per_second_per_tunnel,
-            )),
+            dials: DialBudget::new(PaceLimits {
+                in_flight: cfg.max_dials_in_flight_per_tunnel,
+                per_second: cfg.max_dials_per_second_per_tunnel,
+                wasted_per_second: cfg.max_wasted_dials_per_second_per_tunnel,
+                streams: cfg.max_concurrent_streams,
+            }),
+            identity,
         });
         match hbone::server::serve(tls, cfg, handler, commands, shutdown).await {
             Err(e) => self.metrics().connection_failed(e.reason()),

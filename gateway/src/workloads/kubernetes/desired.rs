@@ -11,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::core::PartialObjectMeta;
 
 use crate::config::KubernetesConfig;
+use crate::workloads::membership::{self, Membership, PodFacts};
 use crate::workloads::services::{Conditions, ServicePort, ServiceSpec, TargetPort};
 use crate::workloads::{LifecycleState, Protocol, WorkloadSpec};
 
@@ -57,12 +58,61 @@ struct SliceFacts<'a> {
     unknown: Vec<String>,
 }
 
-pub fn build(stores: &Stores, cfg: &KubernetesConfig) -> Desired {
-    let ns_labels: HashMap<&str, &BTreeMap<String, String>> = stores
-        .namespaces
+/// Each namespace's labels, by name (a namespace without labels maps to none).
+fn namespace_labels(
+    namespaces: &[Arc<PartialObjectMeta<Namespace>>],
+) -> HashMap<&str, Option<&BTreeMap<String, String>>> {
+    namespaces
         .iter()
-        .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.labels.as_ref()?)))
-        .collect();
+        .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.labels.as_ref())))
+        .collect()
+}
+
+/// The pod's mesh membership by the one rule ([`membership::decide`]).
+fn membership_of(
+    pod: &Pod,
+    ns_labels: Option<&BTreeMap<String, String>>,
+    cfg: &KubernetesConfig,
+) -> Membership {
+    membership::decide(
+        &cfg.mesh_label,
+        PodFacts {
+            namespace: pod.metadata.namespace.as_deref().unwrap_or("default"),
+            pod_labels: pod.metadata.labels.as_ref(),
+            namespace_labels: ns_labels,
+            host_network: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.host_network)
+                .unwrap_or(false),
+        },
+    )
+}
+
+/// The mesh membership of each of `local_pods` (this node's), by uid —
+/// what the gateway answers `tidegate-cni` ADD with. Pods without an IP
+/// yet are included: a pod's ADD comes before its address. A pod whose
+/// namespace the namespace watch does not hold yet is left out (unknown:
+/// its namespace's labels may opt it in), as is one without a uid.
+pub fn members(
+    local_pods: &[Arc<Pod>],
+    namespaces: &[Arc<PartialObjectMeta<Namespace>>],
+    cfg: &KubernetesConfig,
+) -> BTreeMap<String, Membership> {
+    let ns_labels = namespace_labels(namespaces);
+    local_pods
+        .iter()
+        .filter_map(|p| {
+            let uid = p.metadata.uid.clone()?;
+            let ns = p.metadata.namespace.as_deref().unwrap_or("default");
+            let labels = *ns_labels.get(ns)?;
+            Some((uid, membership_of(p, labels, cfg)))
+        })
+        .collect()
+}
+
+pub fn build(stores: &Stores, cfg: &KubernetesConfig) -> Desired {
+    let ns_labels = namespace_labels(&stores.namespaces);
     let pod_uids: HashSet<&str> = stores
         .pods
         .iter()
@@ -80,7 +130,7 @@ pub fn build(stores: &Stores, cfg: &KubernetesConfig) -> Desired {
         .filter_map(|p| {
             let uid = p.metadata.uid.as_deref()?;
             let ns = p.metadata.namespace.as_deref().unwrap_or("default");
-            let spec = pod_spec(p, facts.get(uid), ns_labels.get(ns).copied(), cfg)?;
+            let spec = pod_spec(p, facts.get(uid), ns_labels.get(ns).copied().flatten(), cfg)?;
             let created = p
                 .metadata
                 .creation_timestamp
@@ -256,14 +306,8 @@ fn pod_spec(
     if ips.is_empty() {
         return None;
     }
+    let in_mesh = membership_of(pod, ns_labels, cfg).member;
     let labels = meta.labels.clone().unwrap_or_default();
-    let in_mesh = match labels.get(&cfg.mesh_label).map(String::as_str) {
-        Some("enabled") => true,
-        Some("disabled") => false,
-        _ => ns_labels
-            .and_then(|l| l.get(&cfg.mesh_label))
-            .is_some_and(|v| v == "enabled"),
-    };
     let deadline = meta
         .deletion_timestamp
         .as_ref()

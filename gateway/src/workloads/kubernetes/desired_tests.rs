@@ -249,3 +249,121 @@ fn services_get_vips_tcp_ports_and_their_slices_endpoints() {
     let a = d.specs.iter().find(|s| s.uid == "u1").unwrap();
     assert_eq!(a.ports, [("http".to_owned(), 8080)].into());
 }
+
+fn in_ns(name: &str, uid: &str, ns: &str, labels: serde_json::Value) -> Arc<Pod> {
+    pod(serde_json::json!({
+        "metadata": {"name": name, "namespace": ns, "uid": uid, "labels": labels},
+        "spec": {"nodeName": "n1", "containers": []},
+        "status": {"phase": "Running", "podIP": format!("10.0.1.{}", uid.len())},
+    }))
+}
+
+#[test]
+fn the_mesh_rule_decides_the_protocol_and_the_local_members_alike() {
+    let pods = vec![
+        // Namespace "shop" opts in with tidegate's label, "amb" with Istio's.
+        in_ns("a", "u1", "shop", serde_json::json!({})),
+        in_ns("b", "u22", "amb", serde_json::json!({})),
+        in_ns(
+            "c",
+            "u333",
+            "amb",
+            serde_json::json!({"istio.io/dataplane-mode": "none"}),
+        ),
+        // kube-system never, even labelled.
+        in_ns(
+            "d",
+            "u4444",
+            "kube-system",
+            serde_json::json!({"tidegate.io/mesh": "enabled"}),
+        ),
+        // An unlabelled namespace: only a pod label opts in.
+        in_ns("e", "u55555", "plain", serde_json::json!({})),
+        in_ns(
+            "f",
+            "u666666",
+            "plain",
+            serde_json::json!({"istio.io/dataplane-mode": "ambient"}),
+        ),
+    ];
+    let namespaces = vec![
+        ns("shop", serde_json::json!({"tidegate.io/mesh": "enabled"})),
+        ns(
+            "amb",
+            serde_json::json!({"istio.io/dataplane-mode": "ambient"}),
+        ),
+        ns(
+            "kube-system",
+            serde_json::json!({"tidegate.io/mesh": "enabled"}),
+        ),
+        ns("plain", serde_json::json!({})),
+    ];
+    let want = [
+        ("u1", true),
+        ("u22", true),
+        ("u333", false),
+        ("u4444", false),
+        ("u55555", false),
+        ("u666666", true),
+    ];
+    let d = build(
+        &Stores {
+            pods: pods.clone(),
+            namespaces: namespaces.clone(),
+            ..Default::default()
+        },
+        &cfg(),
+    );
+    let members = members(&pods, &namespaces, &cfg());
+    for (uid, member) in want {
+        let spec = d.specs.iter().find(|s| s.uid == uid).unwrap();
+        let protocol = if member {
+            Protocol::Hbone
+        } else {
+            Protocol::Tcp
+        };
+        assert_eq!(spec.protocol, protocol, "{uid}: protocol");
+        assert_eq!(members[uid].member, member, "{uid}: membership");
+    }
+}
+
+#[test]
+fn members_include_pods_without_an_ip_and_leave_out_unknown_namespaces() {
+    // A pod's CNI ADD comes before its IP: it is no workload yet, but its
+    // membership is known.
+    let pending = pod(serde_json::json!({
+        "metadata": {"name": "p", "namespace": "shop", "uid": "u-pending"},
+        "spec": {"nodeName": "n1", "containers": []},
+        "status": {"phase": "Pending"},
+    }));
+    // Its namespace not (yet) in the namespace store: unknown, not "not a
+    // member" (the namespace's labels may opt it in).
+    let orphan = in_ns("o", "u-orphan", "new-ns", serde_json::json!({}));
+    let namespaces = vec![ns(
+        "shop",
+        serde_json::json!({"tidegate.io/mesh": "enabled"}),
+    )];
+    let pods = vec![pending, orphan];
+    let d = build(
+        &Stores {
+            pods: pods.clone(),
+            namespaces: namespaces.clone(),
+            ..Default::default()
+        },
+        &cfg(),
+    );
+    assert!(d.specs.iter().all(|s| s.uid != "u-pending"));
+    let members = members(&pods, &namespaces, &cfg());
+    assert!(members["u-pending"].member);
+    assert!(!members.contains_key("u-orphan"), "{members:?}");
+    // A namespace without labels is known: its pods are decided.
+    let namespaces = vec![Arc::new(
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+            "metadata": {"name": "new-ns"},
+        }))
+        .unwrap(),
+    )];
+    let members = super::members(&pods, &namespaces, &cfg());
+    assert!(!members["u-orphan"].member);
+}

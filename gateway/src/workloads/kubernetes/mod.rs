@@ -7,7 +7,7 @@
 //!   workload needs (uid, name, namespace, service account, node, IPs,
 //!   phase, labels, annotations, deletionTimestamp, named container ports)
 //!   so memory stays bounded;
-//! - namespaces, metadata only (mesh opt-in label, policy label);
+//! - namespaces, metadata only (mesh opt-in labels, policy label);
 //! - `discovery.k8s.io/v1` EndpointSlices (`terminating` conditions: a peer
 //!   terminating before its pod object says so);
 //! - Services, when `workloads.kubernetes.services` is on (the default),
@@ -19,7 +19,9 @@
 //!
 //! Level-triggered: every change marks the set dirty; after
 //! `workloads.kubernetes.debounce` the whole desired set is rebuilt from the
-//! watch stores ([`desired::build`]) and published if it differs. The drain
+//! watch stores ([`desired::build`]), with the mesh membership of every pod
+//! on this node ([`desired::members`], the rule of
+//! [`super::membership`]), and published if it differs. The drain
 //! engine derives lifecycle events by comparing snapshots, so a watch restart
 //! or a relist after `410 Gone` (the watcher swaps a store only once the
 //! relist is complete) republishes the same set and raises nothing, and a
@@ -218,7 +220,7 @@ impl KubernetesSource {
     }
 
     async fn publish_loop(&self, readers: &Readers, progress: &Progress) {
-        let mut last: Option<(Vec<super::WorkloadSpec>, Vec<super::services::ServiceSpec>)> = None;
+        let mut last: Option<Published> = None;
         let mut last_unknown: Vec<String> = Vec::new();
         loop {
             progress.dirty.notified().await;
@@ -227,14 +229,15 @@ impl KubernetesSource {
             }
             // Coalesce a burst of events (a relist, a rollout) into one snapshot.
             tokio::time::sleep(self.cfg.debounce).await;
+            let local_pods = readers.local_pods.state();
+            let namespaces = readers.namespaces.state();
+            let members = desired::members(&local_pods, &namespaces, &self.cfg);
             let stores = desired::Stores {
-                pods: readers
-                    .local_pods
-                    .state()
+                pods: local_pods
                     .into_iter()
                     .chain(readers.remote_pods.state())
                     .collect(),
-                namespaces: readers.namespaces.state(),
+                namespaces,
                 slices: readers.slices.state(),
                 services: readers
                     .services
@@ -259,12 +262,13 @@ impl KubernetesSource {
                     .set(desired.unknown_endpoints.len() as i64);
                 last_unknown = desired.unknown_endpoints;
             }
-            let set = (desired.specs, desired.services);
+            let set = (desired.specs, desired.services, members);
             if last.as_ref() != Some(&set) {
                 self.metrics.workloads.set(set.0.len() as i64);
                 self.metrics.services.set(set.1.len() as i64);
                 self.metrics.publishes.inc();
-                self.store.publish_all(set.0.clone(), set.1.clone());
+                self.store
+                    .publish_with_members(set.0.clone(), set.1.clone(), set.2.clone());
                 if last.is_none() {
                     info!(
                         workloads = set.0.len(),
@@ -282,6 +286,14 @@ impl KubernetesSource {
         }
     }
 }
+
+/// What the publisher last published: workloads, Services, local pods'
+/// mesh membership.
+type Published = (
+    Vec<super::WorkloadSpec>,
+    Vec<super::services::ServiceSpec>,
+    std::collections::BTreeMap<String, super::membership::Membership>,
+);
 
 /// Starts watch tasks; each returns the reader of its store.
 struct Watches<'a> {

@@ -1,0 +1,130 @@
+//! `tidegate ca`'s listener under connections that do not behave: raw TCP
+//! that never handshakes, TLS that never speaks HTTP/2, more connections
+//! than the cap — each closed and counted, while a well-behaved node agent
+//! keeps getting certificates.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tidegate::ca::server::{start as start_ca, CaServerConfig, RunningCa};
+use tidegate::shutdown::ShutdownTrigger;
+use tidegate_e2e::ca::{agent, ca_config, closed_by_server, gateway_pod, own_identity, NS};
+use tidegate_e2e::kube_api::FakeApiServer;
+use tidegate_e2e::{eventually, init_tracing, metric, metric_or_zero};
+use tokio::net::TcpStream;
+
+use super::WAIT;
+
+async fn ca(
+    api: &FakeApiServer,
+    tune: impl FnOnce(&mut CaServerConfig),
+) -> (RunningCa, ShutdownTrigger) {
+    init_tracing();
+    gateway_pod(api, "tidegate-a", "node-a", "tok-a");
+    let mut cfg = ca_config(
+        api,
+        "127.0.0.1:0".parse().unwrap(),
+        Duration::from_secs(3600),
+    );
+    tune(&mut cfg);
+    let (trigger, drain) = tidegate::shutdown::channel();
+    (start_ca(cfg, drain).await.unwrap(), trigger)
+}
+
+/// A TLS connection to the CA that completes its handshake (ALPN h2) and
+/// then sends nothing.
+async fn tls_silent(ca: &RunningCa) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.root_pem.as_bytes()).unwrap())
+        .unwrap();
+    let mut cfg = rustls::ClientConfig::builder_with_provider(tidegate::tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = TcpStream::connect(ca.addr).await.unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .expect("the handshake completes")
+}
+
+fn refusals(ca: &RunningCa, reason: &str) -> f64 {
+    metric_or_zero(
+        &ca.metrics_text(),
+        &format!(r#"tidegate_control_refusals_total{{listener="ca",reason="{reason}"}}"#),
+    )
+}
+
+/// Raw TCP that never starts TLS is closed at the handshake timeout; TLS
+/// that never sends a request, at the preface timeout — both counted. The
+/// connections used to stay open for good (the handshake timeout was the
+/// only one, and HTTP/2 had none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_handshake_or_never_speak_http2_are_closed_and_counted() {
+    let api = FakeApiServer::start().await;
+    let (ca, _stop) = ca(&api, |c| {
+        c.handshake_timeout = Duration::from_millis(300);
+        c.preface_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let raw = TcpStream::connect(ca.addr).await.unwrap();
+    let tls = tls_silent(&ca).await;
+    closed_by_server("raw TCP without a handshake", raw, WAIT).await;
+    closed_by_server("TLS without a request", tls, WAIT).await;
+    eventually("both closures counted", WAIT, || {
+        refusals(&ca, "handshake_timeout") >= 1.0 && refusals(&ca, "preface_timeout") >= 1.0
+    })
+    .await;
+    // A well-behaved agent is served, and its connection is not counted.
+    let dir = tempfile::tempdir().unwrap();
+    let good = agent(dir.path(), ca.addr, &ca.root_pem, "tok-a");
+    let id = own_identity(&good).await.expect("a certificate");
+    assert_eq!(
+        id.to_string(),
+        format!("spiffe://cluster.local/ns/{NS}/sa/tidegate")
+    );
+    let text = ca.metrics_text();
+    assert_eq!(
+        metric(
+            &text,
+            r#"tidegate_control_refusals_total{listener="ca",reason="preface_timeout"}"#
+        ),
+        1.0,
+        "{text}"
+    );
+}
+
+/// At `--max-connections` a further connection is closed at once and
+/// counted, while the agent already connected keeps being served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_cap_a_connection_is_refused_and_counted_while_a_connected_agent_is_served() {
+    let api = FakeApiServer::start().await;
+    let (ca, _stop) = ca(&api, |c| c.max_connections = 3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let good = agent(dir.path(), ca.addr, &ca.root_pem, "tok-a");
+    own_identity(&good).await.expect("a certificate");
+    // Two silent connections fill the cap with the agent's.
+    let _a = TcpStream::connect(ca.addr).await.unwrap();
+    let _b = TcpStream::connect(ca.addr).await.unwrap();
+    let open = r#"tidegate_control_connections_open{listener="ca"}"#;
+    eventually("three connections open", WAIT, || {
+        metric(&ca.metrics_text(), open) == 3.0
+    })
+    .await;
+    let over = TcpStream::connect(ca.addr).await.unwrap();
+    closed_by_server("a connection over the cap", over, WAIT).await;
+    eventually("the refusal counted", WAIT, || {
+        refusals(&ca, "over_capacity") == 1.0
+    })
+    .await;
+    // The agent's open connection still carries requests.
+    own_identity(&good)
+        .await
+        .expect("served while the cap is full");
+    assert_eq!(metric(&ca.metrics_text(), open), 3.0);
+}
