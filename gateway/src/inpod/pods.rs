@@ -24,7 +24,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -33,11 +32,9 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 use tracing::{info, warn};
 
-use super::admission::{Admission, Candidate, Owner, Refusal};
+use super::admission::{Admission, Candidate, InboundClaim, Owner, Refusal};
 use super::capture::CapturePorts;
 use super::state::PodRecord;
-use super::zds;
-use crate::drains::cni::{Handed, HandedPod, PodHandover};
 use crate::drains::{DrainEngine, Lifecycle, Trigger};
 use crate::metrics::ProxyMetrics;
 use crate::netns::{ListenOpts, NetnsError, NetnsId, NetnsSockets, PodNetns, MESH_MARK};
@@ -50,6 +47,8 @@ use crate::proxy::pool::Pool;
 use crate::proxy::tunnels::InboundTunnels;
 use crate::shutdown::{self, ActiveStreams, ShutdownTrigger, ShutdownWatch};
 use crate::workloads::WorkloadStore;
+
+mod handover;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PodError {
@@ -123,12 +122,12 @@ impl PodMetrics {
         );
         r.register(
             "max_pods",
-            "The most pods served at once (capture.max_pods)",
+            "The most pods served at once: capture.max_pods, or fewer when the pods' descriptor share (an eighth of the data path's descriptors, four a pod) holds fewer",
             m.max_pods.clone(),
         );
         r.register(
             "refusals",
-            "Pods not served, by reason (gateway_netns, netns_taken, pod_limit, descriptors, netns, listen)",
+            "Pods not served, by reason (gateway_netns, netns_taken, pod_limit, descriptor_share, descriptors, netns, listen)",
             m.refusals.clone(),
         );
         r.register(
@@ -246,22 +245,48 @@ pub struct DataPath {
     pub tcp: TcpTuning,
 }
 
+/// How many pods, and how long an ADD waits for its pod's membership.
+#[derive(Clone, Copy, Debug)]
+pub struct PodLimits {
+    /// `capture.max_pods`.
+    pub max_pods: usize,
+    /// `capture.membership_wait`.
+    pub membership_wait: Duration,
+    /// The descriptors the control plane leaves to the data path (`None`:
+    /// the open-file limit is unknown); the pods get an eighth.
+    pub data_path_descriptors: Option<u64>,
+}
+
 impl PodProxies {
-    /// Serves at most `max_pods` pods. Call it from one of the gateway's
-    /// threads: their namespace is the gateway's own, never a pod's.
+    /// Call it from one of the gateway's threads: their namespace is the
+    /// gateway's own, never a pod's.
     pub fn new(
         data: DataPath,
         ports: CapturePorts,
-        max_pods: usize,
-        membership_wait: Duration,
+        limits: PodLimits,
         drain: ShutdownWatch,
         registry: &mut Registry,
     ) -> Arc<Self> {
         let own_netns = crate::netns::current_id()
             .inspect_err(|e| warn!(error = %e, "cannot read the gateway's own network namespace; a pod handed it would not be refused"))
             .ok();
+        let data_path = limits.data_path_descriptors;
+        let admission = Admission {
+            own_netns,
+            max_pods: limits.max_pods,
+            data_path,
+            inbound: Some(InboundClaim::new(data.inbound.limits().clone(), data_path)),
+        };
+        let max = admission.effective_max();
+        if max < limits.max_pods {
+            warn!(max_pods = limits.max_pods, served_at_most = max, data_path_descriptors = data_path,
+                "capture.max_pods is above what the pods' descriptor share holds (an eighth of the \
+                 data path's descriptors, four a pod); raise the open-file limit (LimitNOFILE) to serve more");
+        } else {
+            info!(max_pods = max, data_path_descriptors = data_path, "in-pod pod limit");
+        }
         let metrics = PodMetrics::register(registry);
-        metrics.max_pods.set(max_pods as i64);
+        metrics.max_pods.set(i64::try_from(max).unwrap_or(i64::MAX));
         Arc::new(PodProxies {
             sockets: NetnsSockets::new(),
             outbound: data.outbound,
@@ -276,12 +301,9 @@ impl PodProxies {
             tcp: data.tcp,
             ports,
             drain,
-            membership_wait,
+            membership_wait: limits.membership_wait,
             served: Default::default(),
-            admission: Admission {
-                own_netns,
-                max_pods,
-            },
+            admission,
             metrics,
         })
     }
@@ -510,120 +532,5 @@ impl PodProxies {
             }
         }
         adopted
-    }
-}
-
-impl PodProxies {
-    /// `tidegate-cni` ADD: whether the pod is a mesh member, from the
-    /// workload source ([`crate::workloads::membership`]). A pod served
-    /// already (a repeated ADD, a re-created sandbox) is served again
-    /// whatever its labels say now: its capture rules are in.
-    async fn member(&self, pod: &HandedPod) -> Result<Option<&'static str>, String> {
-        if self.served.lock().await.by_uid.contains_key(&pod.uid) {
-            return Ok(None);
-        }
-        match self
-            .workloads
-            .membership(&pod.uid, self.membership_wait)
-            .await
-        {
-            Some(m) if m.member => Ok(None),
-            Some(m) => {
-                self.metrics.add("not_member");
-                Ok(Some(m.reason.describe()))
-            }
-            None => {
-                self.metrics.add("membership_unknown");
-                Err(format!(
-                    "pod {}/{} (uid {}) is unknown to the gateway's workload source after \
-                     capture.membership_wait ({} ms): its mesh membership cannot be decided yet \
-                     (is discovery synced? /healthz/ready)",
-                    pod.namespace,
-                    pod.name,
-                    pod.uid,
-                    self.membership_wait.as_millis()
-                ))
-            }
-        }
-    }
-}
-
-impl PodHandover for PodProxies {
-    fn add(&self, pod: HandedPod, netns: OwnedFd) -> BoxFuture<'_, Result<Handed, String>> {
-        Box::pin(async move {
-            if let Some(reason) = self.member(&pod).await? {
-                return Ok(Handed::NotMember(reason));
-            }
-            let meta = PodMeta {
-                uid: pod.uid,
-                name: pod.name,
-                namespace: pod.namespace,
-                service_account: None,
-                source: "cni",
-            };
-            PodProxies::add(self, meta, netns)
-                .await
-                .map(Handed::Served)
-                .map_err(|e| e.to_string())
-        })
-    }
-
-    fn remove(&self, uid: String) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            PodProxies::remove(self, &uid).await;
-        })
-    }
-}
-
-impl zds::PodSink for PodProxies {
-    type Error = PodError;
-
-    async fn add(&self, pod: zds::Pod, netns: OwnedFd) -> Result<(), PodError> {
-        let uid = pod.uid.clone();
-        let meta = PodMeta {
-            uid: pod.uid,
-            name: pod.name,
-            namespace: pod.namespace,
-            service_account: Some(pod.service_account).filter(|s| !s.is_empty()),
-            source: "zds",
-        };
-        PodProxies::add(self, meta, netns).await?;
-        self.drains.pod_handed_over(&uid);
-        Ok(())
-    }
-
-    async fn keep(&self, uid: &str) -> Result<(), PodError> {
-        // Served already (a gateway restart re-adopts nothing from ZDS: the
-        // agent re-sends an add for each pod it can re-open), or not: either
-        // way there is nothing to open.
-        if !self.served.lock().await.by_uid.contains_key(uid) {
-            info!(uid, "ZDS keeps a pod this gateway does not serve");
-        }
-        Ok(())
-    }
-
-    async fn del(&self, uid: &str) -> Result<(), PodError> {
-        self.teardown(uid, Trigger::Zds).await;
-        Ok(())
-    }
-
-    async fn snapshot_done(&self, snapshot: &zds::Snapshot) -> Result<(), PodError> {
-        // Pods handed over by ZDS only: tidegate-cni's are not the agent's.
-        let from_zds: Vec<String> = self
-            .served
-            .lock()
-            .await
-            .by_uid
-            .iter()
-            .filter(|(_, s)| s.source == "zds")
-            .map(|(uid, _)| uid.clone())
-            .collect();
-        for uid in from_zds {
-            if !snapshot.named.contains(&uid) {
-                info!(uid = %uid, "pod not in the node agent's snapshot; removing");
-                self.teardown(&uid, Trigger::Zds).await;
-            }
-        }
-        Ok(())
     }
 }
