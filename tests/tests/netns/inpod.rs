@@ -930,6 +930,27 @@ async fn inpod_zds_refuses_a_taken_namespace_the_gateways_own_and_pods_past_the_
     tidegate_e2e::zds_double::expect_ack("del intruder", conn.del("intruder").await.unwrap())
         .unwrap();
     ten_round_trips(&s, 60).await;
+    // Pod B again in its own namespace (a re-add, as after a reconnect):
+    // acknowledged, nothing opened twice.
+    tidegate_e2e::zds_double::expect_ack(
+        "re-add pod B",
+        conn.add(pod(SERVER_UID), open(&s.t.pb)).await.unwrap(),
+    )
+    .unwrap();
+    assert_eq!(listeners(&s.t.pb, 15008), 1);
+    // Pod B removed: its namespace is free for the next pod's uid.
+    tidegate_e2e::zds_double::expect_ack("del pod B", conn.del(SERVER_UID).await.unwrap())
+        .unwrap();
+    assert_eq!(listeners(&s.t.pb, 15008), 0);
+    tidegate_e2e::zds_double::expect_ack(
+        "add the next pod in pod B's namespace",
+        conn.add(pod("successor"), open(&s.t.pb)).await.unwrap(),
+    )
+    .unwrap();
+    assert_eq!(listeners(&s.t.pb, 15008), 1);
+    let m = s.gw_b.metrics().await;
+    assert_eq!(tidegate_e2e::metric(&m, "tidegate_inpod_pods"), 1.0, "{m}");
+    assert_eq!(refusals(&m, "netns_taken"), 1.0, "{m}");
 }
 
 /// Over the CNI socket: `tidegate-cni` ADD of another uid with pod B's
