@@ -283,7 +283,11 @@ impl PodProxies {
                 "capture.max_pods is above what the pods' descriptor share holds (an eighth of the \
                  data path's descriptors, four a pod); raise the open-file limit (LimitNOFILE) to serve more");
         } else {
-            info!(max_pods = max, data_path_descriptors = data_path, "in-pod pod limit");
+            info!(
+                max_pods = max,
+                data_path_descriptors = data_path,
+                "in-pod pod limit"
+            );
         }
         let metrics = PodMetrics::register(registry);
         metrics.max_pods.set(i64::try_from(max).unwrap_or(i64::MAX));

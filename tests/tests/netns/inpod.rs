@@ -939,8 +939,7 @@ async fn inpod_zds_refuses_a_taken_namespace_the_gateways_own_and_pods_past_the_
     .unwrap();
     assert_eq!(listeners(&s.t.pb, 15008), 1);
     // Pod B removed: its namespace is free for the next pod's uid.
-    tidegate_e2e::zds_double::expect_ack("del pod B", conn.del(SERVER_UID).await.unwrap())
-        .unwrap();
+    tidegate_e2e::zds_double::expect_ack("del pod B", conn.del(SERVER_UID).await.unwrap()).unwrap();
     assert_eq!(listeners(&s.t.pb, 15008), 0);
     tidegate_e2e::zds_double::expect_ack(
         "add the next pod in pod B's namespace",
