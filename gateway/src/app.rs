@@ -336,7 +336,11 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
                 tcp: tcp.clone(),
             },
             capture_ports,
-            config.capture.membership_wait,
+            crate::inpod::pods::PodLimits {
+                max_pods: config.capture.max_pods as usize,
+                membership_wait: config.capture.membership_wait,
+                data_path_descriptors,
+            },
             drain.clone(),
             &mut registry,
         );

@@ -26,6 +26,7 @@ pub mod cli;
 pub mod config;
 pub mod control_plane;
 pub mod demo;
+pub mod descriptors;
 pub mod drains;
 pub mod fd_passing;
 pub mod hbone;

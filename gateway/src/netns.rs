@@ -63,25 +63,70 @@ impl PodNetns {
         // a bad descriptor is refused where it is handed over.
         let fs = nix::sys::statfs::fstatfs(&fd).map_err(|e| NetnsError::Open(e.into()))?;
         if fs.filesystem_type() != NSFS_MAGIC {
-            return Err(NetnsError::NotANamespace);
+            return Err(NetnsError::NotANamespace(kind_of(&meta.file_type())));
         }
         Ok(PodNetns { fd, id })
     }
 
     /// Opens a namespace by path (`/var/run/netns/<name>`, `/proc/<pid>/ns/net`).
     pub fn open(path: &Path) -> Result<PodNetns, NetnsError> {
-        let file = File::open(path).map_err(NetnsError::Open)?;
-        PodNetns::from_fd(file.into())
+        PodNetns::from_fd(open_nonblocking(path).map_err(NetnsError::Open)?)
     }
 
     pub fn id(&self) -> NetnsId {
         self.id
     }
 
+    /// The descriptor (to hand the namespace over).
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
+
     /// Moves the calling thread into this namespace (for a thread that
     /// stays there or ends afterwards).
     pub fn enter(&self) -> io::Result<()> {
         setns(&self.fd)
+    }
+}
+
+/// Opens `path` read-only without ever blocking: a FIFO or a device where
+/// a namespace should be (a bad `CNI_NETNS`, a stale pod record) would
+/// block a plain open until some writer came; with `O_NONBLOCK` it opens at
+/// once and fails the namespace check.
+pub fn open_nonblocking(path: &Path) -> io::Result<OwnedFd> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    Ok(file.into())
+}
+
+/// The identity of the network namespace of the calling thread (the
+/// gateway's own, called from one of its threads).
+pub fn current_id() -> io::Result<NetnsId> {
+    let meta = std::fs::metadata("/proc/thread-self/ns/net")?;
+    Ok(NetnsId {
+        dev: meta.dev(),
+        ino: meta.ino(),
+    })
+}
+
+/// What a file that is not a namespace is, for the error.
+fn kind_of(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_file() {
+        "a regular file"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else {
+        "some other kind of file"
     }
 }
 
@@ -92,8 +137,8 @@ const NSFS_MAGIC: nix::sys::statfs::FsType = nix::sys::statfs::FsType(0x6e73_667
 pub enum NetnsError {
     #[error("cannot open the network namespace: {0}")]
     Open(io::Error),
-    #[error("the descriptor is not a network namespace")]
-    NotANamespace,
+    #[error("it is {0}, not a network namespace")]
+    NotANamespace(&'static str),
     #[error(
         "cannot enter the pod's network namespace: {0} (the gateway needs CAP_SYS_ADMIN for setns)"
     )]

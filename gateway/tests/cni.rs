@@ -10,10 +10,15 @@ use std::time::Duration;
 const CNI: &str = env!("CARGO_BIN_EXE_tidegate-cni");
 
 fn cni(command: &str, conf: &str, uid: &str) -> std::process::Child {
+    cni_in("/var/run/netns/test", command, conf, uid)
+}
+
+/// [`cni`] with `netns` as `CNI_NETNS`.
+fn cni_in(netns: &str, command: &str, conf: &str, uid: &str) -> std::process::Child {
     let mut child = Command::new(CNI)
         .env("CNI_COMMAND", command)
         .env("CNI_CONTAINERID", "c0ffee")
-        .env("CNI_NETNS", "/var/run/netns/test")
+        .env("CNI_NETNS", netns)
         .env("CNI_IFNAME", "eth0")
         .env("CNI_PATH", "/opt/cni/bin")
         .env(
@@ -368,6 +373,94 @@ fn invalid_plugin_keys_are_errors_naming_the_key() {
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// The plugin's output once it exits; it is killed and the test fails if
+/// it has not exited within `within`.
+fn exited_within(child: std::process::Child, within: Duration, what: &str) -> Output {
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(within) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            panic!("{what}: tidegate-cni had not exited after {within:?}");
+        }
+    }
+}
+
+fn inpod_conf(socket: &Path, state_dir: &Path, timeout_ms: u64) -> String {
+    conf(socket, timeout_ms).replacen(
+        "\"timeout_ms\"",
+        &format!(
+            "\"capture\": \"inpod\", \"state_dir\": \"{}\", \"timeout_ms\"",
+            state_dir.display()
+        ),
+        1,
+    )
+}
+
+fn cni_error(out: &Output) -> serde_json::Value {
+    assert!(
+        !out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// A FIFO where the pod's namespace should be: a plain open would wait for
+/// a writer forever. ADD fails at once, saying what the file is.
+#[test]
+fn inpod_add_with_a_fifo_for_its_namespace_fails_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("netns-fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let state = dir.path().join("pods");
+    // A minute: only the open's own failure can end ADD within the wait.
+    let c = inpod_conf(&dir.path().join("none.sock"), &state, 60_000);
+    let child = cni_in(fifo.to_str().unwrap(), "ADD", &c, "u1");
+    let out = exited_within(child, Duration::from_secs(30), "ADD on a FIFO");
+    let e = cni_error(&out);
+    assert_eq!(e["code"], 4, "{e}");
+    let details = e["details"].as_str().unwrap();
+    assert_eq!(
+        details,
+        format!(
+            "CNI_NETNS {}: it is a FIFO, not a network namespace",
+            fifo.display()
+        )
+    );
+    assert!(tidegate::inpod::state::PodRecord::read_all(&state).is_empty());
+}
+
+/// Whatever step of ADD blocks — here writing the pod's record, whose
+/// temporary file is a FIFO nobody reads — `timeout_ms` ends it, naming
+/// the step.
+#[test]
+fn inpod_add_is_bounded_by_timeout_ms_whatever_step_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("pods");
+    std::fs::create_dir_all(&state).unwrap();
+    nix::unistd::mkfifo(&state.join(".u2.tmp"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let c = inpod_conf(&dir.path().join("none.sock"), &state, 300);
+    // The plugin's own namespace: a real one, openable without privileges.
+    let child = cni_in("/proc/self/ns/net", "ADD", &c, "u2");
+    let out = exited_within(child, Duration::from_secs(30), "ADD blocked on its record");
+    let e = cni_error(&out);
+    assert_eq!(e["code"], 11, "{e}");
+    assert!(
+        e["msg"].as_str().unwrap().contains("within timeout_ms"),
+        "{e}"
+    );
+    assert_eq!(
+        e["details"],
+        "still recording the pod in the state directory after 300 ms (timeout_ms)"
     );
 }
 

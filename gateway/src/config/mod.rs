@@ -565,6 +565,10 @@ pub struct CaptureConfig {
     /// Where `tidegate-cni` records each pod it handed over (one file per
     /// pod uid naming its namespace path); read at start to re-adopt them.
     pub state_dir: Option<PathBuf>,
+    /// In-pod mode: the most pods served at once; beyond it a pod handed
+    /// over is refused (ZDS NACK, CNI ADD error) naming the limit. Each
+    /// pod holds four descriptors (its namespace, three listeners).
+    pub max_pods: u32,
     /// `tidegate-cni` ADD: how long the gateway waits for its workload
     /// source to learn of the pod (the pod watch can trail the kubelet)
     /// before answering that its mesh membership is unknown — the ADD then
@@ -580,10 +584,14 @@ impl Default for CaptureConfig {
             mode: CaptureMode::default(),
             zds_socket: None,
             state_dir: None,
+            max_pods: crate::inpod::admission::DEFAULT_MAX_PODS,
             membership_wait: Duration::from_secs(5),
         }
     }
 }
+
+/// The largest `capture.max_pods`.
+pub const MAX_PODS_LIMIT: u64 = 100_000;
 
 /// The most connections `control_plane.max_connections` and
 /// `control_plane.cni_max_connections` may allow each.

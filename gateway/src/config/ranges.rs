@@ -385,6 +385,13 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
             MIN,
         ),
         count(
+            "capture.max_pods",
+            c.capture.max_pods.into(),
+            1,
+            super::MAX_PODS_LIMIT,
+        )
+        .because("each pod holds four descriptors for as long as it is served"),
+        count(
             "control_plane.cni_max_connections",
             cp.cni_max_connections.into(),
             1,
@@ -486,6 +493,7 @@ mod tests {
                 "control_plane.max_connections",
                 "1 and ",
             ),
+            ("capture.max_pods=0", "capture.max_pods", "1 and 100000"),
         ] {
             let e = err(&[set]);
             assert!(
@@ -522,6 +530,11 @@ mod tests {
                 "control_plane.cni_max_connections=1000000",
                 "control_plane.cni_max_connections",
                 "1 and ",
+            ),
+            (
+                "capture.max_pods=1000000",
+                "capture.max_pods",
+                "1 and 100000",
             ),
         ] {
             let e = err(&[set]);

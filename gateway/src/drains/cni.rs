@@ -192,11 +192,11 @@ async fn handle(
 ) {
     // An `add` carries the pod's namespace with its first bytes.
     let first = tokio::time::timeout(limits.read_timeout, recv_with_fds(&stream)).await;
-    let (head, mut fds) = match first {
+    let (head, fds) = match first {
         Ok(Ok(x)) => x,
         Ok(Err(e)) => return debug!(error = %e, "cni socket: reading the request failed"),
         // Silent: the line reader below times out and answers why.
-        Err(_) => (Vec::new(), Vec::new()),
+        Err(_) => (Vec::new(), Attached::default()),
     };
     let (r, mut w) = stream.into_split();
     let req = match read_command(std::io::Cursor::new(head).chain(r), limits.read_timeout).await {
@@ -211,15 +211,7 @@ async fn handle(
         }
     };
     let answer = match req.command.as_str() {
-        "add" => {
-            add(
-                req,
-                fds.pop().filter(|_| fds.is_empty()),
-                &engine,
-                pods.as_deref(),
-            )
-            .await
-        }
+        "add" => add(req, fds, &engine, pods.as_deref()).await,
         _ => teardown(req, &engine, pods.as_deref()).await,
     };
     let _ = w.write_all(format!("{answer}\n").as_bytes()).await;
@@ -227,7 +219,7 @@ async fn handle(
 
 async fn add(
     req: Request,
-    netns: Option<OwnedFd>,
+    fds: Attached,
     engine: &Arc<DrainEngine>,
     pods: Option<&dyn PodHandover>,
 ) -> serde_json::Value {
@@ -240,10 +232,9 @@ async fn add(
             "this gateway is in node capture mode (`capture.mode: node`); it takes no pods".into(),
         );
     };
-    let Some(netns) = netns else {
-        return error(
-            "an add must carry exactly one network namespace descriptor (SCM_RIGHTS)".into(),
-        );
+    let netns = match fds.netns() {
+        Ok(fd) => fd,
+        Err(e) => return error(e),
     };
     info!(uid = %req.uid, namespace = %req.namespace, name = %req.name, netns = %req.netns, "CNI ADD");
     let pod = HandedPod {
@@ -291,14 +282,41 @@ async fn teardown(
     answer
 }
 
+/// The descriptors that came with a request.
+#[derive(Debug, Default)]
+struct Attached {
+    fds: Vec<OwnedFd>,
+    /// Some could not be received: the descriptor table was full.
+    lost: bool,
+}
+
+impl Attached {
+    /// An add's namespace: exactly one descriptor, received.
+    fn netns(mut self) -> Result<OwnedFd, String> {
+        if self.lost {
+            return Err(format!(
+                "the pod's network namespace descriptor could not be received: {}",
+                crate::descriptors::why_lost()
+            ));
+        }
+        match (self.fds.pop(), self.fds.is_empty()) {
+            (Some(fd), true) => Ok(fd),
+            _ => Err(
+                "an add must carry exactly one network namespace descriptor (SCM_RIGHTS)".into(),
+            ),
+        }
+    }
+}
+
 /// The first bytes on the connection and the descriptors sent with them.
-async fn recv_with_fds(stream: &UnixStream) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+async fn recv_with_fds(stream: &UnixStream) -> std::io::Result<(Vec<u8>, Attached)> {
     stream
         .async_io(tokio::io::Interest::READABLE, || {
             let mut buf = vec![0u8; 4096];
             let got = crate::fd_passing::recv_with_fds(stream, &mut buf)?;
             buf.truncate(got.bytes);
-            Ok((buf, got.fds))
+            let lost = got.fds_lost;
+            Ok((buf, Attached { fds: got.fds, lost }))
         })
         .await
 }
@@ -306,6 +324,34 @@ async fn recv_with_fds(stream: &UnixStream) -> std::io::Result<(Vec<u8>, Vec<Own
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_add_needs_one_received_descriptor_and_a_lost_one_is_named() {
+        let null = || OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let one = Attached {
+            fds: vec![null()],
+            lost: false,
+        };
+        assert!(one.netns().is_ok());
+        for fds in [vec![], vec![null(), null()]] {
+            let e = Attached { fds, lost: false }.netns().unwrap_err();
+            assert!(
+                e.contains("exactly one network namespace descriptor"),
+                "{e}"
+            );
+        }
+        let e = Attached {
+            fds: vec![],
+            lost: true,
+        }
+        .netns()
+        .unwrap_err();
+        assert!(
+            e.starts_with("the pod's network namespace descriptor could not be received: "),
+            "{e}"
+        );
+        assert!(!e.contains("exactly one"), "{e}");
+    }
 
     #[tokio::test]
     async fn request_lines_are_bounded_timed_and_utf8() {

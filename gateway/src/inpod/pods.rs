@@ -11,17 +11,19 @@
 //! - The same uid in the same namespace (same inode) again: nothing changes.
 //! - The same uid in a new namespace (the sandbox was re-created): the old
 //!   listeners close (their connections finish), new ones open.
+//! - A new pod is admitted first ([`super::admission`]): never the gateway's
+//!   own namespace nor one another pod has, at most `capture.max_pods`, and
+//!   only with descriptors to spare.
 //! - Removal (after the teardown drain): the listeners close; connections
 //!   already accepted finish or end with the gateway's drain.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -30,13 +32,12 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 use tracing::{info, warn};
 
+use super::admission::{Admission, Candidate, InboundClaim, Owner, Refusal};
 use super::capture::CapturePorts;
 use super::state::PodRecord;
-use super::zds;
-use crate::drains::cni::{Handed, HandedPod, PodHandover};
 use crate::drains::{DrainEngine, Lifecycle, Trigger};
 use crate::metrics::ProxyMetrics;
-use crate::netns::{ListenOpts, NetnsError, NetnsSockets, PodNetns, MESH_MARK};
+use crate::netns::{ListenOpts, NetnsError, NetnsId, NetnsSockets, PodNetns, MESH_MARK};
 use crate::proxy::congestion::TcpTuning;
 use crate::proxy::inbound::{Inbound, OwnPorts};
 use crate::proxy::origin::{Origin, Pod};
@@ -46,6 +47,8 @@ use crate::proxy::pool::Pool;
 use crate::proxy::tunnels::InboundTunnels;
 use crate::shutdown::{self, ActiveStreams, ShutdownTrigger, ShutdownWatch};
 use crate::workloads::WorkloadStore;
+
+mod handover;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PodError {
@@ -57,6 +60,19 @@ pub enum PodError {
         port: u16,
         source: NetnsError,
     },
+    #[error("pod {uid} refused: {refusal}")]
+    Refused { uid: String, refusal: Refusal },
+}
+
+impl PodError {
+    /// A bounded metric label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            PodError::Netns { .. } => "netns",
+            PodError::Listen { .. } => "listen",
+            PodError::Refused { refusal, .. } => refusal.reason(),
+        }
+    }
 }
 
 /// What a pod's node agent says about it.
@@ -75,10 +91,17 @@ struct ResultLabel {
     result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
 #[derive(Clone, Debug)]
 struct PodMetrics {
     pods: Gauge,
+    max_pods: Gauge,
     adds: Family<ResultLabel, Counter>,
+    refusals: Family<ReasonLabel, Counter>,
     removes: Counter,
 }
 
@@ -86,7 +109,9 @@ impl PodMetrics {
     fn register(registry: &mut Registry) -> Self {
         let m = PodMetrics {
             pods: Gauge::default(),
+            max_pods: Gauge::default(),
             adds: Family::default(),
+            refusals: Family::default(),
             removes: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("inpod");
@@ -94,6 +119,16 @@ impl PodMetrics {
             "pods",
             "Pods served in their own network namespace",
             m.pods.clone(),
+        );
+        r.register(
+            "max_pods",
+            "The most pods served at once: capture.max_pods, or fewer when the pods' descriptor share (an eighth of the data path's descriptors, four a pod) holds fewer",
+            m.max_pods.clone(),
+        );
+        r.register(
+            "refusals",
+            "Pods not served, by reason (gateway_netns, netns_taken, pod_limit, descriptor_share, descriptors, netns, listen)",
+            m.refusals.clone(),
         );
         r.register(
             "adds",
@@ -120,6 +155,44 @@ struct Served {
     /// Closes the pod's listeners.
     stop: ShutdownTrigger,
     since: std::time::SystemTime,
+}
+
+/// The served pods by uid, and which uid each namespace belongs to.
+#[derive(Default)]
+struct ServedPods {
+    by_uid: BTreeMap<String, Served>,
+    by_netns: HashMap<NetnsId, String>,
+}
+
+impl ServedPods {
+    /// Serves `s`; the same uid's old entry (another namespace) is returned.
+    fn insert(&mut self, s: Served) -> Option<Served> {
+        let old = self.remove(&s.pod.uid);
+        self.by_netns.insert(s.pod.netns.id(), s.pod.uid.clone());
+        self.by_uid.insert(s.pod.uid.clone(), s);
+        old
+    }
+
+    fn remove(&mut self, uid: &str) -> Option<Served> {
+        let s = self.by_uid.remove(uid)?;
+        self.by_netns.remove(&s.pod.netns.id());
+        Some(s)
+    }
+
+    /// The pod other than `uid` served in namespace `id`.
+    fn owner_of(&self, id: NetnsId, uid: &str) -> Option<Owner> {
+        let owner = self.by_netns.get(&id).filter(|o| *o != uid)?;
+        let s = self.by_uid.get(owner)?;
+        Some(Owner {
+            uid: owner.clone(),
+            namespace: s.pod.namespace.clone(),
+            name: s.pod.name.clone(),
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.by_uid.len()
+    }
 }
 
 /// A served pod as `/config_dump` shows it.
@@ -152,7 +225,8 @@ pub struct PodProxies {
     /// `capture.membership_wait`: how long a `tidegate-cni` ADD waits for
     /// the workload source to learn of its pod.
     membership_wait: Duration,
-    served: tokio::sync::Mutex<BTreeMap<String, Served>>,
+    served: tokio::sync::Mutex<ServedPods>,
+    admission: Admission,
     metrics: PodMetrics,
 }
 
@@ -171,14 +245,52 @@ pub struct DataPath {
     pub tcp: TcpTuning,
 }
 
+/// How many pods, and how long an ADD waits for its pod's membership.
+#[derive(Clone, Copy, Debug)]
+pub struct PodLimits {
+    /// `capture.max_pods`.
+    pub max_pods: usize,
+    /// `capture.membership_wait`.
+    pub membership_wait: Duration,
+    /// The descriptors the control plane leaves to the data path (`None`:
+    /// the open-file limit is unknown); the pods get an eighth.
+    pub data_path_descriptors: Option<u64>,
+}
+
 impl PodProxies {
+    /// Call it from one of the gateway's threads: their namespace is the
+    /// gateway's own, never a pod's.
     pub fn new(
         data: DataPath,
         ports: CapturePorts,
-        membership_wait: Duration,
+        limits: PodLimits,
         drain: ShutdownWatch,
         registry: &mut Registry,
     ) -> Arc<Self> {
+        let own_netns = crate::netns::current_id()
+            .inspect_err(|e| warn!(error = %e, "cannot read the gateway's own network namespace; a pod handed it would not be refused"))
+            .ok();
+        let data_path = limits.data_path_descriptors;
+        let admission = Admission {
+            own_netns,
+            max_pods: limits.max_pods,
+            data_path,
+            inbound: Some(InboundClaim::new(data.inbound.limits().clone(), data_path)),
+        };
+        let max = admission.effective_max();
+        if max < limits.max_pods {
+            warn!(max_pods = limits.max_pods, served_at_most = max, data_path_descriptors = data_path,
+                "capture.max_pods is above what the pods' descriptor share holds (an eighth of the \
+                 data path's descriptors, four a pod); raise the open-file limit (LimitNOFILE) to serve more");
+        } else {
+            info!(
+                max_pods = max,
+                data_path_descriptors = data_path,
+                "in-pod pod limit"
+            );
+        }
+        let metrics = PodMetrics::register(registry);
+        metrics.max_pods.set(i64::try_from(max).unwrap_or(i64::MAX));
         Arc::new(PodProxies {
             sockets: NetnsSockets::new(),
             outbound: data.outbound,
@@ -193,9 +305,10 @@ impl PodProxies {
             tcp: data.tcp,
             ports,
             drain,
-            membership_wait,
+            membership_wait: limits.membership_wait,
             served: Default::default(),
-            metrics: PodMetrics::register(registry),
+            admission,
+            metrics,
         })
     }
 
@@ -207,6 +320,14 @@ impl PodProxies {
             Ok(result) => result,
             Err(_) => "failed",
         });
+        if let Err(e) = &r {
+            // The caller logs the error with its source's context.
+            let reason = e.reason();
+            self.metrics
+                .refusals
+                .get_or_create(&ReasonLabel { reason })
+                .inc();
+        }
         r
     }
 
@@ -219,11 +340,24 @@ impl PodProxies {
         // One add at a time: a repeated ADD racing the first must not open
         // the listeners twice.
         let mut served = self.served.lock().await;
-        let replaced = match served.get(&uid) {
+        let replaced = match served.by_uid.get(&uid) {
             Some(s) if s.pod.netns.id() == netns.id() => return Ok("unchanged"),
             Some(_) => true,
             None => false,
         };
+        let owner = served.owner_of(netns.id(), &uid);
+        let candidate = Candidate {
+            netns: netns.id(),
+            owner: owner.as_ref(),
+            served: served.len(),
+            replacing: replaced,
+        };
+        self.admission
+            .check(&candidate)
+            .map_err(|refusal| PodError::Refused {
+                uid: uid.clone(),
+                refusal,
+            })?;
         let pod = Arc::new(Pod {
             uid: uid.clone(),
             name: meta.name.clone(),
@@ -233,15 +367,12 @@ impl PodProxies {
             sockets: self.sockets,
         });
         let stop = self.listen(&pod).await?;
-        if let Some(old) = served.insert(
-            uid.clone(),
-            Served {
-                pod: pod.clone(),
-                source: meta.source,
-                stop,
-                since: std::time::SystemTime::now(),
-            },
-        ) {
+        if let Some(old) = served.insert(Served {
+            pod: pod.clone(),
+            source: meta.source,
+            stop,
+            since: std::time::SystemTime::now(),
+        }) {
             old.stop.start(Duration::ZERO);
         }
         self.metrics.pods.set(served.len() as i64);
@@ -343,7 +474,7 @@ impl PodProxies {
 
     /// The gateway is stopping: every pod's listeners close.
     pub async fn stop_accepting(&self) {
-        for s in self.served.lock().await.values() {
+        for s in self.served.lock().await.by_uid.values() {
             s.stop.start(Duration::ZERO);
         }
     }
@@ -351,6 +482,7 @@ impl PodProxies {
     pub async fn dump(&self) -> Vec<PodDump> {
         let served = self.served.lock().await;
         served
+            .by_uid
             .values()
             .map(|s| PodDump {
                 uid: s.pod.uid.clone(),
@@ -379,8 +511,8 @@ impl PodProxies {
                     continue;
                 }
             };
-            let fd = match std::fs::File::open(&record.netns) {
-                Ok(f) => OwnedFd::from(f),
+            let fd = match crate::netns::open_nonblocking(Path::new(&record.netns)) {
+                Ok(fd) => fd,
                 Err(e) => {
                     info!(uid = %record.uid, netns = %record.netns, error = %e,
                         "recorded pod's namespace is gone; record removed");
@@ -404,119 +536,5 @@ impl PodProxies {
             }
         }
         adopted
-    }
-}
-
-impl PodProxies {
-    /// `tidegate-cni` ADD: whether the pod is a mesh member, from the
-    /// workload source ([`crate::workloads::membership`]). A pod served
-    /// already (a repeated ADD, a re-created sandbox) is served again
-    /// whatever its labels say now: its capture rules are in.
-    async fn member(&self, pod: &HandedPod) -> Result<Option<&'static str>, String> {
-        if self.served.lock().await.contains_key(&pod.uid) {
-            return Ok(None);
-        }
-        match self
-            .workloads
-            .membership(&pod.uid, self.membership_wait)
-            .await
-        {
-            Some(m) if m.member => Ok(None),
-            Some(m) => {
-                self.metrics.add("not_member");
-                Ok(Some(m.reason.describe()))
-            }
-            None => {
-                self.metrics.add("membership_unknown");
-                Err(format!(
-                    "pod {}/{} (uid {}) is unknown to the gateway's workload source after \
-                     capture.membership_wait ({} ms): its mesh membership cannot be decided yet \
-                     (is discovery synced? /healthz/ready)",
-                    pod.namespace,
-                    pod.name,
-                    pod.uid,
-                    self.membership_wait.as_millis()
-                ))
-            }
-        }
-    }
-}
-
-impl PodHandover for PodProxies {
-    fn add(&self, pod: HandedPod, netns: OwnedFd) -> BoxFuture<'_, Result<Handed, String>> {
-        Box::pin(async move {
-            if let Some(reason) = self.member(&pod).await? {
-                return Ok(Handed::NotMember(reason));
-            }
-            let meta = PodMeta {
-                uid: pod.uid,
-                name: pod.name,
-                namespace: pod.namespace,
-                service_account: None,
-                source: "cni",
-            };
-            PodProxies::add(self, meta, netns)
-                .await
-                .map(Handed::Served)
-                .map_err(|e| e.to_string())
-        })
-    }
-
-    fn remove(&self, uid: String) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            PodProxies::remove(self, &uid).await;
-        })
-    }
-}
-
-impl zds::PodSink for PodProxies {
-    type Error = PodError;
-
-    async fn add(&self, pod: zds::Pod, netns: OwnedFd) -> Result<(), PodError> {
-        let uid = pod.uid.clone();
-        let meta = PodMeta {
-            uid: pod.uid,
-            name: pod.name,
-            namespace: pod.namespace,
-            service_account: Some(pod.service_account).filter(|s| !s.is_empty()),
-            source: "zds",
-        };
-        PodProxies::add(self, meta, netns).await?;
-        self.drains.pod_handed_over(&uid);
-        Ok(())
-    }
-
-    async fn keep(&self, uid: &str) -> Result<(), PodError> {
-        // Served already (a gateway restart re-adopts nothing from ZDS: the
-        // agent re-sends an add for each pod it can re-open), or not: either
-        // way there is nothing to open.
-        if !self.served.lock().await.contains_key(uid) {
-            info!(uid, "ZDS keeps a pod this gateway does not serve");
-        }
-        Ok(())
-    }
-
-    async fn del(&self, uid: &str) -> Result<(), PodError> {
-        self.teardown(uid, Trigger::Zds).await;
-        Ok(())
-    }
-
-    async fn snapshot_done(&self, snapshot: &zds::Snapshot) -> Result<(), PodError> {
-        // Pods handed over by ZDS only: tidegate-cni's are not the agent's.
-        let from_zds: Vec<String> = self
-            .served
-            .lock()
-            .await
-            .iter()
-            .filter(|(_, s)| s.source == "zds")
-            .map(|(uid, _)| uid.clone())
-            .collect();
-        for uid in from_zds {
-            if !snapshot.named.contains(&uid) {
-                info!(uid = %uid, "pod not in the node agent's snapshot; removing");
-                self.teardown(&uid, Trigger::Zds).await;
-            }
-        }
-        Ok(())
     }
 }

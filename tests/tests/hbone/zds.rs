@@ -439,3 +439,106 @@ async fn zds_the_keepalive_probe_finds_a_quiet_live_client_and_sees_it_leave() {
         ConnState::ClosedByClient
     );
 }
+
+fn series(h: &Harness, name: &str) -> f64 {
+    metric(&h.metrics(), name)
+}
+
+/// An agent that accepts and closes at once (before any snapshot) is
+/// retried with a wait that doubles each time, to the maximum; a connection
+/// that delivered its snapshot brings the wait back to the first one.
+/// The waits are read from the client's own gauge when the next connection
+/// arrives; each connection is awaited, none is timed.
+#[tokio::test]
+async fn zds_an_agent_that_closes_at_once_is_retried_with_a_doubling_wait() {
+    // 10 ms doubling, at most 200 ms.
+    let h = Harness::start(QUIET);
+    h.accept().await.drop_connection().await;
+    let mut waits = Vec::new();
+    for _ in 0..6 {
+        let conn = h.accept().await;
+        waits.push(series(&h, "zds_reconnect_delay_seconds"));
+        conn.drop_connection().await;
+    }
+    assert_eq!(waits, [0.01, 0.02, 0.04, 0.08, 0.16, 0.2]);
+    // Every connection was one attempt.
+    let conn = h.accept().await;
+    assert_eq!(series(&h, "zds_reconnects_total"), 7.0);
+    // This one delivers its snapshot: the next wait is the first again.
+    conn.snapshot(vec![], &[]).await.unwrap();
+    conn.drop_connection().await;
+    let conn = h.accept().await;
+    assert_eq!(series(&h, "zds_reconnect_delay_seconds"), 0.01);
+    conn.drop_connection().await;
+    let _conn = h.accept().await;
+    assert_eq!(series(&h, "zds_reconnect_delay_seconds"), 0.02);
+}
+
+const FDS_CHILD: &str = "TIDEGATE_TEST_ZDS_FDS_EXHAUSTED";
+
+/// The namespace descriptor of an add arrives when the gateway has no
+/// descriptor left: the NACK names the exhaustion (not "too many file
+/// descriptors attached to one message"), and once descriptors are free
+/// again the next add is served on the same connection. The open-file
+/// limit is the whole process's, so this runs in a child process (this
+/// test binary again, running only this test).
+#[tokio::test]
+async fn zds_an_add_arriving_without_a_free_descriptor_is_nacked_naming_the_exhaustion() {
+    if std::env::var_os(FDS_CHILD).is_some() {
+        return at_the_descriptor_limit().await;
+    }
+    let name = "zds::zds_an_add_arriving_without_a_free_descriptor_is_nacked_naming_the_exhaustion";
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(FDS_CHILD, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("child: NACK named the exhaustion"),
+        "child: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn at_the_descriptor_limit() {
+    let h = Harness::start(QUIET);
+    let conn = h.ready_conn().await;
+    let netns_fd = netns();
+    // Lower the limit to just above the highest descriptor open, then fill
+    // every free slot below it.
+    let highest = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
+        .max()
+        .unwrap();
+    let (soft, hard) = rlimit::getrlimit(rlimit::Resource::NOFILE).unwrap();
+    rlimit::setrlimit(rlimit::Resource::NOFILE, highest + 1, hard).unwrap();
+    let mut fillers = Vec::new();
+    while let Ok(f) = File::open("/dev/null") {
+        fillers.push(f);
+    }
+    let ack = conn.add(PodSpec::new("p"), netns_fd).await.unwrap();
+    drop(fillers);
+    rlimit::setrlimit(rlimit::Resource::NOFILE, soft, hard).unwrap();
+    assert!(
+        ack.starts_with("the file descriptor sent with the request could not be received: the gateway is out of file descriptors ("),
+        "{ack}"
+    );
+    assert!(!ack.contains("too many"), "{ack}");
+    assert_eq!(
+        series(
+            &h,
+            r#"zds_messages_total{kind="invalid",result="descriptors"}"#
+        ),
+        1.0
+    );
+    expect_ack(
+        "add after",
+        conn.add(PodSpec::new("p"), netns()).await.unwrap(),
+    )
+    .unwrap();
+    assert_eq!(h.sink.events().last(), Some(&added("p")));
+    println!("child: NACK named the exhaustion ({ack})");
+}

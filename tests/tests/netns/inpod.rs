@@ -32,10 +32,14 @@ fn workloads_yaml(t: &InpodTopology, server_annotations: &str) -> String {
 - {{uid: {CLIENT_UID}, name: client, namespace: demo, service_account: client, ips: [{a}], node: node-a}}
 - {{uid: {SERVER_UID}, name: echo, namespace: demo, service_account: echo, ips: [{b}], node: node-b, annotations: {{{server_annotations}}}}}
 - {{uid: pc-uid, name: legacy, namespace: demo, service_account: legacy, ips: [{c}], node: node-a, protocol: TCP}}
+- {{uid: intruder-uid, name: intruder, namespace: demo, service_account: echo, ips: [{i}], node: node-b}}
+- {{uid: node-uid, name: echo, namespace: demo, service_account: echo, ips: [{n}], node: node-b}}
 "#,
         a = t.pod_a(),
         b = t.pod_b(),
         c = t.pod_c(),
+        i = t.addr(2, 3),
+        n = t.addr(2, 4),
     )
 }
 
@@ -47,6 +51,8 @@ struct Node {
     state: PathBuf,
     /// Pods come from istio-cni over ZDS (this socket) instead of tidegate-cni.
     zds: Option<PathBuf>,
+    /// `capture.max_pods`, when set.
+    max_pods: Option<u32>,
     /// More configuration, appended as is.
     extra: String,
     /// Commands (tidegate-cni, probes) run from here, in the node's namespace.
@@ -61,17 +67,25 @@ impl Node {
             socket: dir.join(format!("{name}.sock")),
             state: dir.join(format!("{name}-pods")),
             zds: None,
+            max_pods: None,
             extra: String::new(),
             shell: NsThread::idle(ns),
         }
     }
 
     fn config_extra(&self) -> String {
+        let max_pods = self
+            .max_pods
+            .map(|n| format!("  max_pods: {n}\n"))
+            .unwrap_or_default();
         let capture = if let Some(zds) = &self.zds {
-            format!("capture:\n  mode: inpod\n  zds_socket: {}\n", zds.display())
+            format!(
+                "capture:\n  mode: inpod\n  zds_socket: {}\n{max_pods}",
+                zds.display()
+            )
         } else {
             format!(
-                "capture:\n  mode: inpod\n  state_dir: {}\ndrains:\n  cni_socket: {}\n",
+                "capture:\n  mode: inpod\n  state_dir: {}\n{max_pods}drains:\n  cni_socket: {}\n",
                 self.state.display(),
                 self.socket.display()
             )
@@ -799,4 +813,300 @@ async fn inpod_a_pod_outside_the_mesh_is_not_captured() {
         0.0,
         "nothing of pod C went through gateway A"
     );
+}
+
+/// Listening sockets on `port` in namespace `ns` (`ss -ltnH`).
+fn listeners(ns: &str, port: u16) -> usize {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "ss", "-ltnH"])
+        .arg(format!("sport = :{port}"))
+        .output()
+        .expect("run ss");
+    assert!(out.status.success(), "ss in {ns}");
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+/// Ten round trips from pod A to pod B, each through a new connection;
+/// pod B's app sees pod A every time.
+async fn ten_round_trips(s: &Scenario, seed: u64) {
+    for i in 0..10 {
+        round_trip(&s.pa, s.server(), 100, seed + i)
+            .await
+            .unwrap_or_else(|e| panic!("round trip {i}: {e}"));
+        assert_eq!(s.last_peer().ip(), IpAddr::from(s.t.pod_a()));
+    }
+}
+
+fn refusals(m: &str, reason: &str) -> f64 {
+    metric_or_zero(
+        m,
+        &format!(r#"tidegate_inpod_refusals_total{{reason="{reason}"}}"#),
+    )
+}
+
+/// Over ZDS: a second uid handed pod B's namespace is NACKed naming pod B,
+/// the node's own namespace is NACKed, and past `capture.max_pods` (1 here)
+/// a new pod is NACKed naming the limit; pod B keeps being served by one
+/// set of listeners.
+#[tokio::test]
+async fn inpod_zds_refuses_a_taken_namespace_the_gateways_own_and_pods_past_the_limit() {
+    use tidegate_e2e::zds_double::{PodSpec, ZdsDouble};
+    if skip() {
+        return;
+    }
+    let zds_dir = tempfile::tempdir().unwrap();
+    let socket = zds_dir.path().join("ztunnel.sock");
+    let double = ZdsDouble::bind(&socket).unwrap();
+    let s = Scenario::start_with(7, |b| {
+        b.zds = Some(socket.clone());
+        b.max_pods = Some(1);
+    })
+    .await;
+    ok(
+        "ADD pod A",
+        &s.a.cni("ADD", pa_pod(&s.t), s.t.pod_a().into()).await,
+    );
+    let open = |ns: &str| {
+        std::os::fd::OwnedFd::from(std::fs::File::open(InpodTopology::netns_path(ns)).unwrap())
+    };
+    let pod = |uid: &str| PodSpec {
+        uid: uid.into(),
+        name: "echo".into(),
+        namespace: "demo".into(),
+        service_account: "echo".into(),
+    };
+    let conn = tokio::time::timeout(STEP, double.accept())
+        .await
+        .expect("the gateway connects to the node agent")
+        .expect("hello V1");
+    conn.snapshot(vec![(pod(SERVER_UID), open(&s.t.pb))], &[])
+        .await
+        .expect("snapshot acked");
+    let pb_path = InpodTopology::netns_path(&s.t.pb);
+    s.b.shell
+        .run("istio-cni's rules in pod B", STEP, async move {
+            tidegate::inpod::capture::install(
+                Path::new(&pb_path),
+                tidegate::inpod::capture::CapturePorts::default(),
+            )
+        })
+        .await
+        .expect("rules installed");
+    ten_round_trips(&s, 20).await;
+    // Pod B's namespace under another uid.
+    let nack = conn.add(pod("intruder"), open(&s.t.pb)).await.unwrap();
+    assert_eq!(
+        nack,
+        format!(
+            "pod intruder refused: its network namespace (inode {}) is already pod {SERVER_UID}'s (demo/echo): one network namespace is one pod",
+            std::fs::metadata(InpodTopology::netns_path(&s.t.pb)).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap()
+        )
+    );
+    // Node B's own namespace, where the gateway runs.
+    let nack = conn.add(pod("node"), open(&s.t.nb)).await.unwrap();
+    assert!(
+        nack.starts_with("pod node refused: ")
+            && nack.ends_with("the gateway's own network namespace is never a pod"),
+        "{nack}"
+    );
+    // A second pod in a namespace of its own: past capture.max_pods.
+    let nack = conn.add(pod("second"), open(&s.t.pc)).await.unwrap();
+    assert_eq!(
+        nack,
+        "pod second refused: pod limit reached (1 pods on this node; capture.max_pods is 1)"
+    );
+    // Pod B: one set of listeners, every connection served.
+    assert_eq!(listeners(&s.t.pb, 15008), 1);
+    assert_eq!(listeners(&s.t.pb, 15001), 1);
+    assert_eq!(listeners(&s.t.pc, 15008), 0);
+    ten_round_trips(&s, 40).await;
+    let m = s.gw_b.metrics().await;
+    assert_eq!(tidegate_e2e::metric(&m, "tidegate_inpod_pods"), 1.0, "{m}");
+    assert_eq!(tidegate_e2e::metric(&m, "tidegate_inpod_max_pods"), 1.0);
+    for reason in ["netns_taken", "gateway_netns", "pod_limit"] {
+        assert_eq!(refusals(&m, reason), 1.0, "{reason}: {m}");
+    }
+    // The NACKed pods' uids are not served: deleting them changes nothing.
+    tidegate_e2e::zds_double::expect_ack("del intruder", conn.del("intruder").await.unwrap())
+        .unwrap();
+    ten_round_trips(&s, 60).await;
+    // Pod B again in its own namespace (a re-add, as after a reconnect):
+    // acknowledged, nothing opened twice.
+    tidegate_e2e::zds_double::expect_ack(
+        "re-add pod B",
+        conn.add(pod(SERVER_UID), open(&s.t.pb)).await.unwrap(),
+    )
+    .unwrap();
+    assert_eq!(listeners(&s.t.pb, 15008), 1);
+    // Pod B removed: its namespace is free for the next pod's uid.
+    tidegate_e2e::zds_double::expect_ack("del pod B", conn.del(SERVER_UID).await.unwrap()).unwrap();
+    assert_eq!(listeners(&s.t.pb, 15008), 0);
+    tidegate_e2e::zds_double::expect_ack(
+        "add the next pod in pod B's namespace",
+        conn.add(pod("successor"), open(&s.t.pb)).await.unwrap(),
+    )
+    .unwrap();
+    assert_eq!(listeners(&s.t.pb, 15008), 1);
+    let m = s.gw_b.metrics().await;
+    assert_eq!(tidegate_e2e::metric(&m, "tidegate_inpod_pods"), 1.0, "{m}");
+    assert_eq!(refusals(&m, "netns_taken"), 1.0, "{m}");
+}
+
+/// Over the CNI socket: `tidegate-cni` ADD of another uid with pod B's
+/// namespace, or with the node's own, fails naming why; pod B keeps being
+/// served by one set of listeners and keeps its record.
+#[tokio::test]
+async fn inpod_cni_add_of_a_taken_namespace_or_the_nodes_own_fails_naming_why() {
+    if skip() {
+        return;
+    }
+    let s = Scenario::start(8).await;
+    s.enroll_both().await;
+    ten_round_trips(&s, 80).await;
+    let intruder = CniPod {
+        uid: "intruder-uid",
+        name: "intruder",
+        ..pb_pod(&s.t)
+    };
+    let out = s.b.cni("ADD", intruder, s.t.pod_b().into()).await;
+    assert!(!out.status.success());
+    let err = stdout_json(&out);
+    assert_eq!(err["code"], 11, "{err}");
+    let details = err["details"].as_str().unwrap();
+    assert!(
+        details.contains(&format!(
+            "pod intruder-uid refused: its network namespace (inode {}) is already pod {SERVER_UID}'s (demo/echo): one network namespace is one pod",
+            std::fs::metadata(InpodTopology::netns_path(&s.t.pb)).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap()
+        )),
+        "{err}"
+    );
+    let node = CniPod {
+        uid: "node-uid",
+        netns: InpodTopology::netns_path(&s.t.nb).leak(),
+        ..pb_pod(&s.t)
+    };
+    let out = s.b.cni("ADD", node, s.t.pod_b().into()).await;
+    let err = stdout_json(&out);
+    assert_eq!(err["code"], 11, "{err}");
+    assert!(
+        err["details"]
+            .as_str()
+            .unwrap()
+            .contains("the gateway's own network namespace is never a pod"),
+        "{err}"
+    );
+    // Only pod B's record is left; one set of listeners serves it.
+    let records = tidegate::inpod::state::PodRecord::read_all(&s.b.state);
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].1.as_ref().unwrap().uid, SERVER_UID);
+    assert_eq!(listeners(&s.t.pb, 15008), 1);
+    assert_eq!(listeners(&s.t.pb, 15006), 1);
+    ten_round_trips(&s, 100).await;
+    let m = s.gw_b.metrics().await;
+    assert_eq!(tidegate_e2e::metric(&m, "tidegate_inpod_pods"), 1.0, "{m}");
+    assert_eq!(refusals(&m, "netns_taken"), 1.0, "{m}");
+    assert_eq!(refusals(&m, "gateway_netns"), 1.0, "{m}");
+}
+
+const FDS_CHILD: &str = "TIDEGATE_TEST_INPOD_FDS_SHORT";
+
+/// With too few descriptors left, a new pod is NACKed naming the
+/// exhaustion before any of its listeners open, and the pod already served
+/// keeps being served; once descriptors are back, the same pod is taken.
+/// The open-file limit is the whole process's, so this runs in a child
+/// process (this test binary again, running only this test).
+#[tokio::test]
+async fn inpod_zds_a_pod_is_refused_when_descriptors_run_short_and_served_pods_go_on() {
+    if skip() {
+        return;
+    }
+    if std::env::var_os(FDS_CHILD).is_some() {
+        return descriptors_short().await;
+    }
+    let name = "inpod::inpod_zds_a_pod_is_refused_when_descriptors_run_short_and_served_pods_go_on";
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(FDS_CHILD, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("child: refused for descriptors"),
+        "child: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn descriptors_short() {
+    use tidegate_e2e::zds_double::{expect_ack, PodSpec, ZdsDouble};
+    let zds_dir = tempfile::tempdir().unwrap();
+    let socket = zds_dir.path().join("ztunnel.sock");
+    let double = ZdsDouble::bind(&socket).unwrap();
+    let s = Scenario::start_with(9, |b| b.zds = Some(socket.clone())).await;
+    ok(
+        "ADD pod A",
+        &s.a.cni("ADD", pa_pod(&s.t), s.t.pod_a().into()).await,
+    );
+    let open = |ns: &str| {
+        std::os::fd::OwnedFd::from(std::fs::File::open(InpodTopology::netns_path(ns)).unwrap())
+    };
+    let pod = |uid: &str| PodSpec {
+        uid: uid.into(),
+        name: uid.into(),
+        namespace: "demo".into(),
+        service_account: "echo".into(),
+    };
+    let conn = tokio::time::timeout(STEP, double.accept())
+        .await
+        .expect("the gateway connects to the node agent")
+        .expect("hello V1");
+    conn.snapshot(vec![(pod(SERVER_UID), open(&s.t.pb))], &[])
+        .await
+        .expect("snapshot acked");
+    let pb_path = InpodTopology::netns_path(&s.t.pb);
+    s.b.shell
+        .run("istio-cni's rules in pod B", STEP, async move {
+            tidegate::inpod::capture::install(
+                Path::new(&pb_path),
+                tidegate::inpod::capture::CapturePorts::default(),
+            )
+        })
+        .await
+        .expect("rules installed");
+    ten_round_trips(&s, 120).await;
+    // A quarter of what is open left free: far less than the inbound caps
+    // (derived from the limit at start) may still claim.
+    let in_use = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64;
+    let (soft, hard) = rlimit::getrlimit(rlimit::Resource::NOFILE).unwrap();
+    rlimit::setrlimit(rlimit::Resource::NOFILE, in_use + in_use / 4, hard).unwrap();
+    let nack = conn.add(pod("second"), open(&s.t.pc)).await.unwrap();
+    // The pod already served goes on with the descriptors left.
+    let served = std::panic::AssertUnwindSafe(ten_round_trips(&s, 140));
+    let served = futures::FutureExt::catch_unwind(served).await;
+    rlimit::setrlimit(rlimit::Resource::NOFILE, soft, hard).unwrap();
+    assert!(
+        nack.starts_with("pod second refused: out of file descriptors (")
+            && nack.contains("the inbound connection caps may still claim"),
+        "{nack}"
+    );
+    assert!(
+        served.is_ok(),
+        "pod B was not served while short of descriptors"
+    );
+    assert_eq!(
+        listeners(&s.t.pc, 15008),
+        0,
+        "no listener opened for the refused pod"
+    );
+    let m = s.gw_b.metrics().await;
+    assert_eq!(refusals(&m, "descriptors"), 1.0, "{m}");
+    // Descriptors back: the same pod is taken.
+    expect_ack(
+        "add second",
+        conn.add(pod("second"), open(&s.t.pc)).await.unwrap(),
+    )
+    .unwrap();
+    assert_eq!(listeners(&s.t.pc, 15008), 1);
+    println!("child: refused for descriptors ({nack})");
 }

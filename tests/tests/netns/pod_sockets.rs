@@ -134,7 +134,7 @@ fn a_namespace_has_one_identity_and_anything_else_is_refused() {
     let not_ns = std::fs::File::open("/dev/null").unwrap();
     assert!(matches!(
         PodNetns::from_fd(not_ns.into()),
-        Err(NetnsError::NotANamespace)
+        Err(NetnsError::NotANamespace("a device"))
     ));
 }
 

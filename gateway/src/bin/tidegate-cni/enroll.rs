@@ -27,11 +27,18 @@
 //! the gateway's own DaemonSet, and unchained by it before the gateway is
 //! removed).
 //!
+//! The whole ADD is bounded by `timeout_ms` ([`add_within`]): past it, ADD
+//! fails with code 11 naming the step it was at. `CNI_NETNS` is opened
+//! without blocking, so a FIFO or a device there fails the namespace check
+//! at once (code 4, naming what the file is) instead of hanging the open.
+//!
 //! DEL (after the gateway's teardown drain): the node-side probe rules and
 //! the record go. The pod's own rules go with its namespace.
 
 use std::os::fd::OwnedFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{mpsc, Arc};
 
 use serde_json::{json, Value};
 use tidegate::inpod::capture::{self, CapturePorts};
@@ -41,7 +48,44 @@ use tidegate::workloads::membership::never_meshed_namespace;
 use crate::conf::{err, CniError, Enroll, OurKeys};
 use crate::{ask_within, cni_arg};
 
-pub fn add(e: &Enroll) -> Result<(), CniError> {
+/// The steps of an ADD, for the message when `timeout_ms` passes.
+const STEPS: [&str; 5] = [
+    "opening the pod's network namespace",
+    "recording the pod in the state directory",
+    "handing the pod to the gateway",
+    "installing the capture rules inside the pod",
+    "installing the node's probe exemption",
+];
+
+/// [`add`] on a thread of its own, bounded by `timeout_ms`: past it, ADD
+/// fails (code 11, naming the step) and the pod's record is removed; the
+/// thread is abandoned (the process exits right after).
+pub fn add_within(e: Enroll) -> Result<(), CniError> {
+    let timeout = e.ours.timeout;
+    let state_dir = e.ours.state_dir.clone();
+    let step = Arc::new(AtomicU8::new(0));
+    let (tx, rx) = mpsc::channel();
+    let at = step.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(add(&e, &at));
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(r) => r,
+        Err(_) => {
+            if let Some(uid) = cni_arg("K8S_POD_UID") {
+                let _ = PodRecord::remove(Path::new(&state_dir), &uid);
+            }
+            let at = STEPS[usize::from(step.load(Ordering::Relaxed)).min(STEPS.len() - 1)];
+            Err(err(
+                11,
+                "ADD did not complete within timeout_ms; the pod is not started outside the mesh (the kubelet retries)",
+                format!("still {at} after {} ms (timeout_ms)", timeout.as_millis()),
+            ))
+        }
+    }
+}
+
+fn add(e: &Enroll, step: &AtomicU8) -> Result<(), CniError> {
     let ours = &e.ours;
     let uid = cni_arg("K8S_POD_UID").ok_or_else(|| {
         err(
@@ -61,6 +105,7 @@ pub fn add(e: &Enroll) -> Result<(), CniError> {
         .filter(|p| !p.is_empty())
         .ok_or_else(|| err(4, "invalid environment variables", "CNI_NETNS is not set"))?;
     let fd = open_netns(&netns)?;
+    step.store(1, Ordering::Relaxed);
     let dir = Path::new(&ours.state_dir);
     let record = PodRecord {
         uid: uid.clone(),
@@ -88,6 +133,7 @@ pub fn add(e: &Enroll) -> Result<(), CniError> {
         "netns": netns,
         "container_id": std::env::var("CNI_CONTAINERID").unwrap_or_default(),
     });
+    step.store(2, Ordering::Relaxed);
     if let Answer::NotMember(reason) = hand_over(ours, &request, fd).map_err(undo)? {
         let _ = PodRecord::remove(dir, &uid);
         eprintln!(
@@ -95,6 +141,7 @@ pub fn add(e: &Enroll) -> Result<(), CniError> {
         );
         return Ok(());
     }
+    step.store(3, Ordering::Relaxed);
     capture::install(Path::new(&netns), CapturePorts::default()).map_err(|e| {
         undo(err(
             5,
@@ -102,6 +149,7 @@ pub fn add(e: &Enroll) -> Result<(), CniError> {
             e.to_string(),
         ))
     })?;
+    step.store(4, Ordering::Relaxed);
     capture::probe_snat(true, &e.pod_ips).map_err(|e| {
         undo(err(
             5,
@@ -113,24 +161,24 @@ pub fn add(e: &Enroll) -> Result<(), CniError> {
     Ok(())
 }
 
-/// The namespace at `path`, checked to be one (a pod whose sandbox is
-/// already gone fails here, clearly).
+/// The namespace at `path`, checked to be one: a pod whose sandbox is
+/// already gone fails here, clearly, and so does a path that is no
+/// namespace (opened without blocking: a FIFO never hangs the ADD).
 fn open_netns(path: &str) -> Result<OwnedFd, CniError> {
-    let gone = |detail: String| {
-        err(
+    use tidegate::netns::{NetnsError, PodNetns};
+    match PodNetns::open(Path::new(path)) {
+        Ok(ns) => Ok(ns.into_fd()),
+        Err(e @ NetnsError::NotANamespace(_)) => Err(err(
+            4,
+            "invalid environment variables",
+            format!("CNI_NETNS {path}: {e}"),
+        )),
+        Err(e) => Err(err(
             3,
             "the pod's network namespace is gone (the sandbox was removed during ADD)",
-            detail,
-        )
-    };
-    let file = std::fs::File::open(path).map_err(|e| gone(format!("CNI_NETNS {path}: {e}")))?;
-    let fd = OwnedFd::from(file);
-    let check = fd
-        .try_clone()
-        .map_err(|e| gone(format!("CNI_NETNS {path}: {e}")))?;
-    tidegate::netns::PodNetns::from_fd(check)
-        .map_err(|e| gone(format!("CNI_NETNS {path}: {e}")))?;
-    Ok(fd)
+            format!("CNI_NETNS {path}: {e}"),
+        )),
+    }
 }
 
 /// The gateway's answer to a handover.

@@ -24,7 +24,8 @@
 //! error code 7 naming the key), never a silent default.
 //!
 //! `timeout_ms` bounds the whole exchange with the gateway — connect (a full
-//! backlog blocks it), request, acknowledgement. Only a well-formed
+//! backlog blocks it), request, acknowledgement — and, in in-pod mode, the
+//! whole ADD. Only a well-formed
 //! acknowledgement counts: one line of at most 64 KiB holding a JSON object
 //! with a string `result`; anything else (garbage, a peer dribbling bytes,
 //! `bad-request`) is reported as not drained.
@@ -94,7 +95,7 @@ fn run(command: &str, stdin: &str) -> Result<Option<String>, CniError> {
         Parsed::Version(out) => Some(out),
         Parsed::Add(out, e) => {
             if e.ours.inpod {
-                enroll::add(&e)?;
+                enroll::add_within(e)?;
             }
             Some(out)
         }

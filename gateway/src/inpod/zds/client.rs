@@ -1,6 +1,11 @@
 //! The reconnecting ZDS client: connects to istio-cni's node agent socket,
 //! serves one [`Session`] per connection and reconnects with backoff when it
 //! ends.
+//!
+//! The backoff is ztunnel's: 10 ms, doubled after each connection that
+//! failed or ended before the agent's snapshot, at most 15 s; back to 10 ms
+//! after a connection that delivered its snapshot. An agent that accepts and
+//! closes at once is retried less and less often, never every 10 ms.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,8 +29,9 @@ pub const DEFAULT_SOCKET: &str = "/var/run/ztunnel/ztunnel.sock";
 #[derive(Clone, Debug)]
 pub struct ZdsConfig {
     pub socket: PathBuf,
-    /// Wait before the first retry; doubled after each failed connect, back
-    /// to this after a connection that was established.
+    /// Wait before the first retry; doubled after each connection that
+    /// failed or ended before a snapshot, back to this after one that
+    /// delivered its snapshot.
     pub initial_backoff: Duration,
     pub max_backoff: Duration,
 }
@@ -34,9 +40,39 @@ impl Default for ZdsConfig {
     fn default() -> Self {
         ZdsConfig {
             socket: PathBuf::from(DEFAULT_SOCKET),
-            initial_backoff: Duration::from_millis(100),
+            initial_backoff: Duration::from_millis(10),
             max_backoff: Duration::from_secs(15),
         }
+    }
+}
+
+/// The waits between connection attempts: `initial`, doubling to `max`.
+#[derive(Clone, Debug)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    pub fn new(initial: Duration, max: Duration) -> Backoff {
+        Backoff {
+            initial,
+            max,
+            next: initial.min(max),
+        }
+    }
+
+    /// The wait before the next attempt; the one after is twice as long.
+    pub fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        d
+    }
+
+    /// A connection worked: the next wait is the initial one again.
+    pub fn reset(&mut self) {
+        self.next = self.initial.min(self.max);
     }
 }
 
@@ -75,44 +111,75 @@ impl<S: PodSink> ZdsClient<S> {
     /// the connection end. The pods already handed to the sink stay there:
     /// draining them is the gateway's shutdown's job, not this client's.
     pub async fn run(mut self, mut shutdown: ShutdownWatch) {
-        let mut backoff = self.config.initial_backoff;
+        let mut backoff = Backoff::new(self.config.initial_backoff, self.config.max_backoff);
         for attempt in 0u64.. {
             if attempt > 0 {
                 self.shared.metrics.reconnects.inc();
             }
             let span = tracing::info_span!("zds", socket = %self.config.socket.display(), attempt);
-            let result = self.connect_and_serve(&mut shutdown).instrument(span).await;
+            let (result, snapshot) = self.connect_and_serve(&mut shutdown).instrument(span).await;
+            if snapshot {
+                backoff.reset();
+            }
+            let delay = backoff.next_delay();
+            self.shared.metrics.reconnect_delay.set(delay.as_secs_f64());
             match result {
                 Ok(End::Shutdown) => return,
+                Ok(End::Closed) if snapshot => {
+                    tracing::info!(retry_in = ?delay, "the node agent closed the ZDS connection; reconnecting");
+                }
                 Ok(End::Closed) => {
-                    tracing::info!("the node agent closed the ZDS connection; reconnecting");
-                    backoff = self.config.initial_backoff;
+                    tracing::warn!(retry_in = ?delay, "the node agent closed the ZDS connection before its snapshot");
                 }
-                Err(e @ ZdsError::Connect { .. }) => {
-                    tracing::warn!(error = %e, retry_in = ?backoff, "ZDS connect failed");
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "ZDS connection ended");
-                    backoff = self.config.initial_backoff;
-                }
+                Err(e) => tracing::warn!(error = %e, retry_in = ?delay, "ZDS connection failed"),
             }
             tokio::select! {
-                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep(delay) => {}
                 _ = shutdown.signaled() => return,
             }
-            backoff = (backoff * 2).min(self.config.max_backoff);
         }
     }
 
-    async fn connect_and_serve(&mut self, shutdown: &mut ShutdownWatch) -> Result<End, ZdsError> {
-        let sock = SeqPacket::connect(&self.config.socket).map_err(|source| ZdsError::Connect {
-            path: self.config.socket.clone(),
-            source,
-        })?;
+    /// One connection: how it ended, and whether it delivered a snapshot.
+    async fn connect_and_serve(
+        &mut self,
+        shutdown: &mut ShutdownWatch,
+    ) -> (Result<End, ZdsError>, bool) {
+        let sock = match SeqPacket::connect(&self.config.socket) {
+            Ok(sock) => sock,
+            Err(source) => {
+                let path = self.config.socket.clone();
+                return (Err(ZdsError::Connect { path, source }), false);
+            }
+        };
         tracing::info!("connected to the node agent");
         self.shared.metrics.connected.set(1);
-        let end = Session::new(sock, &mut self.shared).run(shutdown).await;
+        let mut session = Session::new(sock, &mut self.shared);
+        let end = session.run(shutdown).await;
+        let snapshot = session.got_snapshot();
         self.shared.metrics.connected.set(0);
-        end
+        (end, snapshot)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_to_its_maximum_and_resets() {
+        let ms = Duration::from_millis;
+        let mut b = Backoff::new(ms(10), ms(15_000));
+        let waits: Vec<u64> = (0..13).map(|_| b.next_delay().as_millis() as u64).collect();
+        assert_eq!(
+            waits,
+            [10, 20, 40, 80, 160, 320, 640, 1280, 2560, 5120, 10240, 15000, 15000]
+        );
+        b.reset();
+        assert_eq!(b.next_delay(), ms(10));
+        assert_eq!(b.next_delay(), ms(20));
+        // The defaults are ztunnel's.
+        let d = ZdsConfig::default();
+        assert_eq!((d.initial_backoff, d.max_backoff), (ms(10), ms(15_000)));
     }
 }

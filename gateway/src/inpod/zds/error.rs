@@ -26,6 +26,8 @@ pub enum RequestError {
     TooLong,
     #[error("too many file descriptors attached to one message: all closed, message refused")]
     TooManyFds,
+    #[error("the file descriptor sent with the request could not be received: {why}")]
+    FdsLost { why: String },
     #[error("cannot decode the WorkloadRequest: {0}")]
     Decode(#[from] prost::DecodeError),
     #[error("WorkloadRequest without payload (unknown request type?)")]
@@ -51,6 +53,7 @@ impl RequestError {
         match self {
             RequestError::TooLong => "too_long",
             RequestError::TooManyFds | RequestError::FdCount { .. } => "fd_count",
+            RequestError::FdsLost { .. } => "descriptors",
             RequestError::Decode(_) | RequestError::NoPayload => "decode",
             RequestError::NoUid { .. } | RequestError::NoWorkloadInfo { .. } => "incomplete",
             RequestError::KeepAfterSnapshot { .. } | RequestError::SnapshotTwice => "out_of_order",

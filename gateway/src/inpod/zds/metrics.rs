@@ -5,6 +5,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct MessageLabels {
@@ -18,6 +19,7 @@ pub(super) struct MessageLabels {
 pub(super) struct ZdsMetrics {
     pub messages: Family<MessageLabels, Counter>,
     pub reconnects: Counter,
+    pub reconnect_delay: Gauge<f64, AtomicU64>,
     pub connected: Gauge,
     pub ready: Gauge,
 }
@@ -35,6 +37,11 @@ impl ZdsMetrics {
             "reconnects",
             "Connection attempts to the node agent after the first (after a failed connect or an ended connection)",
             m.reconnects.clone(),
+        );
+        r.register(
+            "reconnect_delay_seconds",
+            "The wait before the next connection attempt: 10 ms, doubled after each connection that failed or ended before a snapshot, at most 15 s",
+            m.reconnect_delay.clone(),
         );
         r.register(
             "connected",

@@ -56,7 +56,7 @@ impl<'a, S: PodSink> Session<'a, S> {
     /// Says hello, then serves requests until the agent closes the
     /// connection or `shutdown` fires (checked between requests only: a
     /// sink call in progress is never cancelled).
-    pub async fn run(mut self, shutdown: &mut ShutdownWatch) -> Result<End, ZdsError> {
+    pub async fn run(&mut self, shutdown: &mut ShutdownWatch) -> Result<End, ZdsError> {
         let hello = ZdsHello {
             version: Version::V1 as i32,
         };
@@ -83,13 +83,22 @@ impl<'a, S: PodSink> Session<'a, S> {
         }
     }
 
+    /// Whether the agent's snapshot came (`SnapshotSent`) on this connection.
+    pub fn got_snapshot(&self) -> bool {
+        self.snapshot_sent
+    }
+
     /// Checks and decodes one datagram and hands it to the sink: the
     /// request's type (a metric label) and the ack's result.
     async fn handle(&mut self, packet: Packet) -> (&'static str, Result<(), RequestError>) {
         if packet.truncated {
             return ("invalid", Err(RequestError::TooLong));
         }
-        if packet.control_truncated {
+        if packet.fds_lost {
+            let why = crate::descriptors::why_lost();
+            return ("invalid", Err(RequestError::FdsLost { why }));
+        }
+        if packet.too_many_fds {
             return ("invalid", Err(RequestError::TooManyFds));
         }
         let request = match WorkloadRequest::decode(&packet.bytes[..]) {

@@ -24,7 +24,10 @@ pub struct Packet {
     /// The datagram was longer than [`MAX_MESSAGE`] (its tail is lost).
     pub truncated: bool,
     /// More descriptors came than there was room for (the rest were closed).
-    pub control_truncated: bool,
+    pub too_many_fds: bool,
+    /// Descriptors came that could not be received (the gateway's
+    /// descriptor table is full): they were closed.
+    pub fds_lost: bool,
 }
 
 /// A connected seqpacket socket.
@@ -89,6 +92,7 @@ fn recv_now(fd: &OwnedFd) -> io::Result<Option<Packet>> {
         bytes: buf[..got.bytes.min(MAX_MESSAGE)].to_vec(),
         fds: got.fds,
         truncated: got.truncated,
-        control_truncated: got.truncated_fds,
+        too_many_fds: got.too_many_fds,
+        fds_lost: got.fds_lost,
     }))
 }

@@ -145,12 +145,19 @@ pub struct Caps {
 /// was configured.
 const UNBOUNDED: usize = usize::MAX / 2;
 
+/// What the derived connections cap takes of the descriptors the control
+/// plane leaves to the data path: three quarters (the last quarter is the
+/// in-pod listeners' and the outbound side's: `inpod/admission.rs`).
+pub fn inbound_share(data_path: u64) -> u64 {
+    data_path / 4 * 3 + data_path % 4 * 3 / 4
+}
+
 impl Caps {
     /// `data_path`: the descriptors the control plane leaves (`None`:
     /// unknown). A configured value (not 0) wins over the derived one.
     pub fn derive(cfg: &HboneConfig, data_path: Option<u64>) -> Caps {
         let derived = data_path.map_or(UNBOUNDED, |d| {
-            usize::try_from(d / 4 * 3 + d % 4 * 3 / 4).unwrap_or(UNBOUNDED)
+            usize::try_from(inbound_share(d)).unwrap_or(UNBOUNDED)
         });
         let connections = match cfg.max_connections {
             0 => derived,
@@ -243,6 +250,11 @@ impl ConnectionLimits {
 
     pub fn caps(&self) -> Caps {
         self.caps
+    }
+
+    /// Inbound connections held now (tunnels and upstream connections).
+    pub fn open_connections(&self) -> usize {
+        self.connections.load(Ordering::Acquire)
     }
 
     /// A slot for a tunnel just accepted, before its handshake.

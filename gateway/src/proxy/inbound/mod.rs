@@ -76,6 +76,11 @@ impl Inbound {
         })
     }
 
+    /// The inbound connection caps and their counts.
+    pub fn limits(&self) -> &Arc<ConnectionLimits> {
+        &self.limits
+    }
+
     /// The same inbound side for one pod's own HBONE listener: it serves
     /// only that pod, and delivers to it from inside its namespace.
     pub fn for_pod(&self, origin: Origin) -> Arc<Self> {
