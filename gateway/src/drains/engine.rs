@@ -19,7 +19,6 @@ use super::executor::{self, Executed, Handles, TimerSink};
 use super::metrics::{DrainLabels, DrainMetrics, EndLabels, EventLabels};
 use super::phase::{transition, Transition};
 pub use super::phase::{Lifecycle, Phase};
-pub(super) use super::tasks::lock;
 use super::tasks::DrainTasks;
 use crate::config::DrainsConfig;
 use crate::oci::{OciDrainer, OciStatus};
@@ -27,6 +26,7 @@ use crate::policy::{PolicyEngine, Selection};
 use crate::proxy::pool::Pool;
 use crate::proxy::tunnels::InboundTunnels;
 use crate::shutdown::ShutdownWatch;
+use crate::sync::Locked;
 use crate::workloads::{Workload, WorkloadStore};
 
 /// Where a lifecycle event came from.
@@ -302,7 +302,7 @@ impl DrainEngine {
         sources: Option<&[crate::identity::SpiffeId]>,
     ) -> Executed {
         let lookup = |uid: &str| self.any_workload(uid);
-        let grace_end = |uid: &str| lock(&self.book).drains.get(uid).and_then(|d| d.grace_end);
+        let grace_end = |uid: &str| self.book.locked().drains.get(uid).and_then(|d| d.grace_end);
         let handles = Handles {
             pool: &self.pool,
             inbound: &self.registry,
@@ -326,7 +326,9 @@ impl DrainEngine {
     /// What a policy is told about a local workload right now.
     pub(super) fn state_of(&self, w: &Workload) -> sdk::WorkloadState {
         let uid = w.uid();
-        let age = lock(&self.book)
+        let age = self
+            .book
+            .locked()
             .first_seen
             .entry(uid.to_owned())
             .or_insert_with(Instant::now)
@@ -359,7 +361,11 @@ impl DrainEngine {
             return Some(w.clone());
         }
         // Deleted from the store already: the drain remembers it.
-        lock(&self.book).drains.get(uid).map(|d| d.workload.clone())
+        self.book
+            .locked()
+            .drains
+            .get(uid)
+            .map(|d| d.workload.clone())
     }
 
     /// Handles one lifecycle transition: decides with the workload's policy,
@@ -447,7 +453,7 @@ impl DrainEngine {
         record: Record,
     ) -> Option<Step> {
         let uid = workload.uid();
-        let mut book = lock(&self.book);
+        let mut book = self.book.locked();
         if let Record::Only(id) = record {
             if book.drains.get(uid).map(|d| d.record) != Some(id) {
                 return None;
@@ -501,7 +507,7 @@ impl DrainEngine {
     /// standing GOAWAY and age are forgotten; the workload starts afresh.
     pub(super) fn forget_earlier_incarnation(&self, uid: &str) {
         let earlier = {
-            let mut book = lock(&self.book);
+            let mut book = self.book.locked();
             let earlier = book.drains.remove(uid);
             if earlier.is_some() {
                 book.removed.remove(uid);
@@ -582,13 +588,13 @@ impl DrainEngine {
     }
 
     pub(super) fn record(&self, uid: &str, executed: &Executed) {
-        if let Some(d) = lock(&self.book).drains.get_mut(uid) {
+        if let Some(d) = self.book.locked().drains.get_mut(uid) {
             d.actions.extend(executed.descriptions.iter().cloned());
         }
     }
 
     fn end(&self, uid: &str, selection: &Selection, result: &'static str) {
-        let mut book = lock(&self.book);
+        let mut book = self.book.locked();
         if let Some(d) = book.drains.get_mut(uid) {
             if d.ended.is_none() {
                 d.ended = Some(result);
@@ -666,7 +672,7 @@ impl DrainEngine {
             .snapshot()
             .by_uid(uid)
             .cloned()
-            .or_else(|| lock(&self.book).removed.get(uid).map(|(w, _)| w.clone()))
+            .or_else(|| self.book.locked().removed.get(uid).map(|(w, _)| w.clone()))
     }
 
     /// Turns the pool's connect-failure reports into `connect-failing`
@@ -712,7 +718,7 @@ impl DrainEngine {
                     "connect-failing decision"
                 );
                 let key = known.map_or_else(|| f.key.dst_addr.to_string(), |p| p.uid().to_owned());
-                lock(&self.book).peers.record(
+                self.book.locked().peers.record(
                     &key,
                     known.map(|p| &**p),
                     super::peer_book::PeerDecision {
@@ -779,7 +785,9 @@ impl DrainEngine {
         source: Arc<Workload>,
     ) {
         // The drains lock is released before `lookup`, which takes it again.
-        let pinned = lock(&self.book)
+        let pinned = self
+            .book
+            .locked()
             .drains
             .get(&subject)
             .map(|d| (d.selection.clone(), d.workload.clone()));
@@ -805,7 +813,7 @@ impl DrainEngine {
     /// The phase of local workload `uid` and, once a drain started, the
     /// policy selection it pinned (`/config_dump`).
     pub fn phase_of(&self, uid: &str) -> (Phase, Option<Selection>) {
-        match lock(&self.book).drains.get(uid) {
+        match self.book.locked().drains.get(uid) {
             Some(d) if d.phase > Phase::Running => (d.phase, Some(d.selection.clone())),
             _ => (Phase::Running, None),
         }
@@ -813,7 +821,7 @@ impl DrainEngine {
 
     /// `GET /drains`.
     pub fn list(&self) -> Vec<DrainView> {
-        let book = lock(&self.book);
+        let book = self.book.locked();
         book.drains
             .iter()
             .filter(|(_, d)| d.phase > Phase::Running)

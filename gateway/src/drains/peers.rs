@@ -10,12 +10,13 @@ use tidegate_sdk as sdk;
 use tokio::time::Instant;
 use tracing::info;
 
-use super::engine::{lock, DrainEngine, Outcome, RETAIN};
+use super::engine::{DrainEngine, Outcome, RETAIN};
 use super::peer_book::PeerDrainView;
 use super::peer_book::{now_unix_ms, peer_info, PeerDecision};
 use crate::identity::SpiffeId;
 use crate::policy::{Selection, PEER_POLICY_ANNOTATION};
 use crate::proxy::pool::Tunnel;
+use crate::sync::Locked;
 use crate::workloads::{Workload, WorkloadSnapshot};
 
 /// The policy deciding a peer's event for some local clients.
@@ -83,7 +84,7 @@ impl DrainEngine {
                 actions = ?executed.descriptions,
                 "peer decision"
             );
-            lock(&self.book).peers.record(
+            self.book.locked().peers.record(
                 peer.uid(),
                 Some(peer),
                 PeerDecision {
@@ -147,6 +148,6 @@ impl DrainEngine {
 
     /// `GET /drains` `peer_drains`: the peers this gateway decided about.
     pub fn peer_drains(&self) -> Vec<PeerDrainView> {
-        lock(&self.book).peers.views()
+        self.book.locked().peers.views()
     }
 }

@@ -14,9 +14,10 @@ use tracing::{info, warn};
 use tidegate_sdk as sdk;
 
 use super::engine::{
-    lock, DrainBook, DrainEngine, DrainError, DrainState, Lifecycle, Record, Trigger, RETAIN,
+    DrainBook, DrainEngine, DrainError, DrainState, Lifecycle, Record, Trigger, RETAIN,
 };
 use crate::shutdown::ShutdownWatch;
+use crate::sync::Locked;
 use crate::workloads::{LifecycleState, Workload, WorkloadSnapshot};
 
 impl DrainEngine {
@@ -65,7 +66,7 @@ impl DrainEngine {
             .filter(|w| w.local && previous.by_uid(w.uid()).is_none())
         {
             self.forget_earlier_incarnation(w.uid());
-            if !by_agent || lock(&self.book).handed_over.contains(w.uid()) {
+            if !by_agent || self.book.locked().handed_over.contains(w.uid()) {
                 self.on_added(w);
             }
         }
@@ -88,7 +89,7 @@ impl DrainEngine {
             .map(|t| t.key.dst_uid.clone())
             .collect();
         let now = Instant::now();
-        let mut book = lock(&self.book);
+        let mut book = self.book.locked();
         for old in previous.iter() {
             if current.by_uid(old.uid()).is_none() && (old.local || tunneled.contains(old.uid())) {
                 book.removed
@@ -125,7 +126,9 @@ impl DrainEngine {
                     // Keep the last known facts for the deleted event, which
                     // is about this record only: if the workload comes back
                     // before the event is handled, the event is dropped.
-                    let record = lock(&self.book)
+                    let record = self
+                        .book
+                        .locked()
                         .drains
                         .entry(uid.to_owned())
                         .or_insert_with(|| {
@@ -183,7 +186,7 @@ impl DrainEngine {
     /// policy sees `workload-added` now if discovery knows the workload,
     /// else when discovery first lists it.
     pub fn pod_handed_over(self: &Arc<Self>, uid: &str) {
-        let newly = lock(&self.book).handed_over.insert(uid.to_owned());
+        let newly = self.book.locked().handed_over.insert(uid.to_owned());
         let known = self
             .workloads
             .snapshot()
@@ -197,7 +200,7 @@ impl DrainEngine {
 
     /// The node agent took `uid` back (CNI DEL, ZDS `DelWorkload`).
     pub fn pod_taken_back(&self, uid: &str) {
-        lock(&self.book).handed_over.remove(uid);
+        self.book.locked().handed_over.remove(uid);
     }
 
     /// A local workload appeared: its policy sees `workload-added` (to set
@@ -220,7 +223,7 @@ impl DrainEngine {
     /// and close once idle — whatever the policy — so the new workload never
     /// rides a tunnel opened for the old one. Streams already open finish.
     fn retire_reused_ips(&self, current: &WorkloadSnapshot) {
-        let mut book = lock(&self.book);
+        let mut book = self.book.locked();
         let owners = &mut book.ip_owners;
         let mut retired = Vec::new();
         for ip in current.iter().flat_map(|w| w.spec.ips.iter()) {
@@ -273,7 +276,7 @@ impl DrainEngine {
     /// workloads, removed workloads and ages are dropped after [`RETAIN`].
     fn forget_old(&self, current: &WorkloadSnapshot) {
         let old = |t: Instant| t.elapsed() > RETAIN;
-        let mut book = lock(&self.book);
+        let mut book = self.book.locked();
         let DrainBook {
             drains,
             removed,
@@ -312,8 +315,9 @@ fn became_terminating(old: &Workload, now: &Workload) -> bool {
 mod tests {
     use std::sync::Arc;
 
-    use super::super::engine::{lock, Trigger};
+    use super::super::engine::Trigger;
     use super::super::tests::{engine, spec};
+    use crate::sync::Locked;
     use crate::workloads::{WorkloadSnapshot, WorkloadStore};
 
     /// A local workload `local-uid` on `n1` and `peers` peers on `n2`,
@@ -365,10 +369,10 @@ mod tests {
     async fn a_shrunk_set_gives_the_ip_index_back() {
         let (engine, store) = engine();
         let big = large_set(&engine, &store, 1000);
-        assert!(lock(&engine.book).ip_owners.capacity() >= 1001);
+        assert!(engine.book.locked().ip_owners.capacity() >= 1001);
         store.publish(vec![spec("local-uid", "n1", [10, 0, 0, 1])]);
         engine.on_snapshot(&big, &store.snapshot(), Trigger::WorkloadFile);
-        let book = lock(&engine.book);
+        let book = engine.book.locked();
         assert_eq!(book.ip_owners.len(), 1);
         assert!(
             book.ip_owners.capacity() < 64,

@@ -2,16 +2,10 @@
 //! raised off the caller's task): tracked so that shutdown reaches them.
 
 use std::future::Future;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 
+use crate::sync::Locked;
 use tokio::task::JoinSet;
-
-/// Locks `m`; a panic elsewhere while it was held does not make every later
-/// drain panic (the drain engine's maps stay consistent: no code panics
-/// under its locks).
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// Tasks the drain engine and its executor run off the caller's task.
 ///
@@ -27,7 +21,7 @@ impl DrainTasks {
         what: &'static str,
         task: impl Future<Output = ()> + Send + 'static,
     ) {
-        let mut tasks = lock(&self.0);
+        let mut tasks = self.0.locked();
         while let Some(done) = tasks.try_join_next() {
             if let Err(e) = done {
                 if e.is_panic() {
@@ -43,19 +37,19 @@ impl DrainTasks {
 
     /// Tasks pending now.
     pub(super) fn len(&self) -> usize {
-        lock(&self.0).len()
+        self.0.locked().len()
     }
 
     /// Awaits every task spawned so far (tests: what a lifecycle event did).
     #[cfg(test)]
     pub(super) async fn settle(&self) {
-        let mut tasks = std::mem::take(&mut *lock(&self.0));
+        let mut tasks = std::mem::take(&mut *self.0.locked());
         while tasks.join_next().await.is_some() {}
     }
 
     /// Cancels the pending tasks and awaits them.
     pub(super) async fn shutdown(&self) {
-        let mut tasks = std::mem::take(&mut *lock(&self.0));
+        let mut tasks = std::mem::take(&mut *self.0.locked());
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
     }

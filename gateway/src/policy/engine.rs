@@ -21,6 +21,7 @@ use super::runtime::{Clock, PolicyRuntime, RuntimeLimits};
 use super::validate::{validate, Bounds, Ignored};
 use crate::config::PoliciesConfig;
 use crate::shutdown::ShutdownWatch;
+use crate::sync::Locked;
 use crate::workloads::Workload;
 
 /// Loaded versions by policy name.
@@ -214,8 +215,7 @@ impl PolicyEngine {
     pub fn load_configured(&self) -> Vec<(String, Result<(), LoadError>)> {
         let names: Vec<(String, PathBuf)> = self
             .sources
-            .lock()
-            .unwrap()
+            .locked()
             .iter()
             .filter_map(|(n, s)| s.file.clone().map(|f| (n.clone(), f)))
             .collect();
@@ -243,12 +243,12 @@ impl PolicyEngine {
         self.swap_in(name, &bytes, None, LoadedFrom::File)
             .map(|u| u.version)
             .inspect(|_| {
-                if let Some(s) = self.sources.lock().unwrap().get_mut(name) {
+                if let Some(s) = self.sources.locked().get_mut(name) {
                     s.file_digest = Some(file_digest(&bytes));
                 }
             })
             .inspect_err(|_| {
-                if let Some(s) = self.sources.lock().unwrap().get_mut(name) {
+                if let Some(s) = self.sources.locked().get_mut(name) {
                     s.file_digest = Some(file_digest(&bytes));
                 }
             })
@@ -285,14 +285,13 @@ impl PolicyEngine {
         config: Option<&str>,
         from: LoadedFrom,
     ) -> Result<Uploaded, LoadError> {
-        let _writer = self.writer.lock().unwrap();
+        let _writer = self.writer.locked();
         let configured = self.cfg.plugins.contains_key(name);
         let config = match config {
             Some(c) => c.to_owned(),
             None => self
                 .sources
-                .lock()
-                .unwrap()
+                .locked()
                 .get(name)
                 .map(|s| s.config.clone())
                 .unwrap_or_default(),
@@ -348,7 +347,7 @@ impl PolicyEngine {
                 kind,
             })
             .inc();
-        let mut sources = self.sources.lock().unwrap();
+        let mut sources = self.sources.locked();
         let s = sources.entry(name.to_owned()).or_default();
         match result {
             Ok(from) => {
@@ -553,7 +552,7 @@ impl PolicyEngine {
     /// `GET /policies`.
     pub fn list(&self) -> Vec<PolicyStatus> {
         let set = self.current.load();
-        let sources = self.sources.lock().unwrap();
+        let sources = self.sources.locked();
         let mut names: Vec<&String> = sources.keys().chain(set.versions.keys()).collect();
         names.sort();
         names.dedup();
@@ -601,7 +600,7 @@ impl PolicyEngine {
                 _ = drain.signaled() => return,
             }
             let changed: Vec<(String, PathBuf)> = {
-                let sources = self.sources.lock().unwrap();
+                let sources = self.sources.locked();
                 sources
                     .iter()
                     .filter_map(|(n, s)| {

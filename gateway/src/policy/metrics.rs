@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use tidegate_sdk::EVENT_KINDS;
 
+use crate::sync::Locked;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -205,7 +206,7 @@ impl PolicyMetrics {
             return;
         }
         {
-            let mut names = self.plugin_names.lock().unwrap();
+            let mut names = self.plugin_names.locked();
             let set = names.entry(policy.to_owned()).or_default();
             if !set.contains(name) {
                 if set.len() >= PLUGIN_COUNTERS_PER_POLICY {

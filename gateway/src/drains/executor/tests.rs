@@ -14,6 +14,7 @@ use crate::drains::DrainMetrics;
 use crate::hbone::GoawayCommand;
 use crate::proxy::pool::Pool;
 use crate::proxy::tunnels::{InboundTunnels, Registration};
+use crate::sync::Locked;
 use crate::workloads::{Workload, WorkloadStore};
 
 /// The timers that fired: (subject, tag, source uid).
@@ -26,7 +27,7 @@ struct Fired {
 impl TimerSink for Fired {
     fn timer_fired(self: Arc<Self>, subject: String, tag: String, source: Arc<Workload>) {
         let source = source.uid().to_owned();
-        self.seen.lock().unwrap().push((subject, tag, source));
+        self.seen.locked().push((subject, tag, source));
         self.notify.notify_one();
     }
 }
@@ -229,7 +230,7 @@ async fn a_fired_timer_reaches_the_sink_with_its_subject_tag_and_source() {
         .await
         .expect("the timer fires");
     assert_eq!(
-        *rig.fired.seen.lock().unwrap(),
+        *rig.fired.seen.locked(),
         [("peer-uid".into(), "recheck".into(), "local-uid".into())]
     );
 }
