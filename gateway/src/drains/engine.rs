@@ -6,11 +6,9 @@
 //! version that started it; later events of the same workload are decided by
 //! that version even if a new one was swapped in meanwhile.
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use serde::Serialize;
 use tidegate_sdk as sdk;
 use tokio::time::Instant;
 use tracing::info;
@@ -19,157 +17,17 @@ use super::executor::{self, Executed, Handles, TimerSink};
 use super::metrics::{DrainLabels, DrainMetrics, EndLabels, EventLabels};
 use super::phase::{transition, Transition};
 pub use super::phase::{Lifecycle, Phase};
+use super::state::{unix_ms, unix_ms_after};
+pub(super) use super::state::{DrainBook, DrainState, Record, RETAIN};
+pub use super::state::{DrainError, DrainView, Outcome, TeardownAck, Trigger};
 use super::tasks::DrainTasks;
 use crate::config::DrainsConfig;
-use crate::oci::{OciDrainer, OciStatus};
+use crate::oci::OciDrainer;
 use crate::policy::{PolicyEngine, Selection};
 use crate::proxy::pool::Pool;
 use crate::proxy::tunnels::InboundTunnels;
-use crate::shutdown::ShutdownWatch;
 use crate::sync::Locked;
 use crate::workloads::{Workload, WorkloadStore};
-
-/// Where a lifecycle event came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Trigger {
-    Admin,
-    WorkloadFile,
-    Kubernetes,
-    Cni,
-    /// istio-cni's node agent over ZDS (`DelWorkload`).
-    Zds,
-    Timer,
-}
-
-impl Trigger {
-    pub fn label(self) -> &'static str {
-        match self {
-            Trigger::Admin => "admin",
-            Trigger::WorkloadFile => "workload-file",
-            Trigger::Kubernetes => "kubernetes",
-            Trigger::Cni => "cni",
-            Trigger::Zds => "zds",
-            Trigger::Timer => "timer",
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum DrainError {
-    #[error("no workload with uid {0:?} on this node")]
-    UnknownWorkload(String),
-    /// A deletion seen in a workload-store snapshot, handled after the
-    /// workload came back with the same uid: it is about the earlier one.
-    #[error("workload {0:?} came back with the same uid before its deletion was handled; the deletion is dropped")]
-    CameBack(String),
-}
-
-/// The network-teardown acknowledgement.
-#[derive(Clone, Debug, Serialize)]
-pub struct TeardownAck {
-    /// `idle` (no stream left), `bound` (the hold expired), `no-hold` (the
-    /// policy asked for none) or `already` (this teardown was acknowledged before).
-    pub result: &'static str,
-    pub held_ms: u64,
-    pub streams_left: usize,
-}
-
-/// What handling one lifecycle event did.
-#[derive(Clone, Debug, Serialize)]
-pub struct Outcome {
-    pub uid: String,
-    pub event: &'static str,
-    pub duplicate: bool,
-    pub policy: Option<String>,
-    pub version: Option<String>,
-    pub fallback: Option<String>,
-    pub actions: Vec<String>,
-    pub teardown: Option<TeardownAck>,
-}
-
-impl Outcome {
-    /// What a decision about `uid` did (no teardown acknowledgement).
-    pub(super) fn decided(
-        uid: &str,
-        event: &'static str,
-        decision: crate::policy::Decision,
-        actions: Vec<String>,
-    ) -> Outcome {
-        Outcome {
-            uid: uid.to_owned(),
-            event,
-            duplicate: false,
-            policy: Some(decision.policy),
-            version: decision.version,
-            fallback: decision
-                .fallback
-                .map(|f| format!("{}: {}", f.kind, f.detail)),
-            actions,
-            teardown: None,
-        }
-    }
-}
-
-/// A drain in progress (or finished), as `GET /drains` shows it.
-#[derive(Clone, Debug, Serialize)]
-pub struct DrainView {
-    pub uid: String,
-    pub workload: String,
-    pub policy: String,
-    pub version: Option<String>,
-    pub trigger: Trigger,
-    pub phase: Phase,
-    pub started_unix_ms: u128,
-    pub deadline_unix_ms: Option<u128>,
-    pub actions_taken: Vec<String>,
-    pub tunnels_remaining: usize,
-    pub streams_remaining: usize,
-    pub ended: Option<&'static str>,
-    /// The workload's OCI backend drain, if an `oci-drain` action asked for one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub oci: Option<OciStatus>,
-}
-
-pub(super) struct DrainState {
-    /// Tells this record from a later one of the same uid (a workload
-    /// deleted and added again): see [`DrainEngine::forget_earlier_incarnation`].
-    pub(super) record: u64,
-    pub(super) workload: Arc<Workload>,
-    pub(super) phase: Phase,
-    pub(super) selection: Selection,
-    pub(super) trigger: Trigger,
-    pub(super) started: SystemTime,
-    pub(super) shutdown_at: Option<Instant>,
-    /// When the pod's termination grace ends (from `shutdown-started`): no
-    /// deadline about it outlives this (the executor cuts any that would).
-    pub(super) grace_end: Option<Instant>,
-    pub(super) deadline: Option<SystemTime>,
-    pub(super) actions: Vec<String>,
-    pub(super) ended: Option<&'static str>,
-    pub(super) ended_at: Option<Instant>,
-}
-
-impl DrainState {
-    /// A workload's drain record before its first lifecycle event.
-    pub(super) fn new(workload: Arc<Workload>, selection: Selection, trigger: Trigger) -> Self {
-        static RECORDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        DrainState {
-            record: RECORDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            workload,
-            phase: Phase::Running,
-            selection,
-            trigger,
-            started: SystemTime::now(),
-            shutdown_at: None,
-            grace_end: None,
-            deadline: None,
-            actions: Vec::new(),
-            ended: None,
-            ended_at: None,
-        }
-    }
-}
 
 /// Where one lifecycle event left its drain.
 struct Step {
@@ -179,39 +37,6 @@ struct Step {
     /// The pod's remaining grace, once its shutdown was seen.
     grace_left: Option<Duration>,
     duplicate: bool,
-}
-
-/// Which drain record an event is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Record {
-    /// The workload's record, created by the event if it has none.
-    Current,
-    /// This record only (a deletion the store showed, raised for the record
-    /// it was seen with): gone means the workload came back meanwhile.
-    Only(u64),
-}
-
-/// How long ended drains and removed workloads are remembered (for
-/// `GET /drains` and late actions naming them) before they are forgotten.
-pub(super) const RETAIN: Duration = Duration::from_secs(600);
-
-/// What the engine remembers about workloads and their drains.
-#[derive(Default)]
-pub(super) struct DrainBook {
-    pub(super) drains: BTreeMap<String, DrainState>,
-    pub(super) first_seen: HashMap<String, Instant>,
-    /// Workloads removed from the store recently, so actions can still name them.
-    pub(super) removed: HashMap<String, (Arc<Workload>, Instant)>,
-    /// Peers' drains as this gateway (their client) handled them, by peer
-    /// uid (or destination address for a connect-failing one).
-    pub(super) peers: super::peer_book::PeerBook,
-    /// The workload uid each IP was last seen with (kept for a vanished IP
-    /// while the pool still holds tunnels to it): a new uid at the IP means
-    /// a new workload, and tunnels pooled for the old one must not carry it.
-    pub(super) ip_owners: HashMap<std::net::IpAddr, String>,
-    /// In-pod mode: the pods the node agent handed over (`workload-added`
-    /// waits for both the handover and discovery).
-    pub(super) handed_over: std::collections::HashSet<String>,
 }
 
 pub struct DrainEngine {
@@ -232,19 +57,6 @@ pub struct DrainEngine {
     /// In-pod mode: a local workload is "added" once its node agent
     /// handed it over, not when discovery first lists it.
     pub(super) added_by_node_agent: std::sync::atomic::AtomicBool,
-}
-
-/// `now + d` in unix milliseconds, saturating instead of overflowing.
-fn unix_ms_after(d: Duration) -> u64 {
-    SystemTime::now()
-        .checked_add(d)
-        .map_or(u64::MAX, |t| u64::try_from(unix_ms(t)).unwrap_or(u64::MAX))
-}
-
-fn unix_ms(t: SystemTime) -> u128 {
-    t.duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0)
 }
 
 impl DrainEngine {
@@ -356,7 +168,7 @@ impl DrainEngine {
         }
     }
 
-    fn lookup(&self, uid: &str) -> Option<Arc<Workload>> {
+    pub(super) fn lookup(&self, uid: &str) -> Option<Arc<Workload>> {
         if let Some(w) = self.workloads.snapshot().by_uid(uid).filter(|w| w.local) {
             return Some(w.clone());
         }
@@ -673,141 +485,6 @@ impl DrainEngine {
             .by_uid(uid)
             .cloned()
             .or_else(|| self.book.locked().removed.get(uid).map(|(w, _)| w.clone()))
-    }
-
-    /// Turns the pool's connect-failure reports into `connect-failing`
-    /// events, decided by the source workload's policy (e.g. a backoff).
-    pub async fn watch_connect_failures(
-        self: Arc<Self>,
-        mut failures: tokio::sync::mpsc::UnboundedReceiver<crate::proxy::pool::ConnectFailure>,
-        mut drain: ShutdownWatch,
-    ) {
-        loop {
-            let f = tokio::select! {
-                f = failures.recv() => match f { Some(f) => f, None => return },
-                _ = drain.signaled() => return,
-            };
-            let snapshot = self.workloads.snapshot();
-            let Some(source) = snapshot
-                .iter()
-                .find(|w| w.local && w.identity == f.key.src)
-                .cloned()
-            else {
-                continue;
-            };
-            let known = snapshot
-                .by_uid(&f.key.dst_uid)
-                .or_else(|| snapshot.by_ip(f.key.dst_addr.ip()));
-            let peer = known.map(|p| super::peer_book::peer_info(p, &f.key.dst_addr.to_string()));
-            let event = sdk::Event::ConnectFailing(sdk::ConnectFailing {
-                destination: f.key.dst_addr.to_string(),
-                peer,
-                consecutive_failures: f.consecutive,
-                last_error: f.last_error.clone(),
-                failing_for_ms: f.failing_for.as_millis() as u64,
-            });
-            let selection = self.policies.select(&source);
-            let decision = self.policies.decide(&selection, &event);
-            let executed = self.execute(&source, &decision.actions, Instant::now());
-            if !executed.descriptions.is_empty() {
-                info!(
-                    destination = %f.key.dst_addr,
-                    consecutive = f.consecutive,
-                    policy = %decision.policy,
-                    actions = ?executed.descriptions,
-                    "connect-failing decision"
-                );
-                let key = known.map_or_else(|| f.key.dst_addr.to_string(), |p| p.uid().to_owned());
-                self.book.locked().peers.record(
-                    &key,
-                    known.map(|p| &**p),
-                    super::peer_book::PeerDecision {
-                        event: "connect-failing",
-                        policy: decision.policy,
-                        version: decision.version,
-                        selected_by: selection.by.label(),
-                        clients: vec![f.key.src.to_string()],
-                        actions: executed.descriptions,
-                        tunnels_evicted: executed.tunnels_evicted,
-                        at_unix_ms: super::peer_book::now_unix_ms(),
-                    },
-                    RETAIN,
-                );
-            }
-        }
-    }
-
-    /// The gateway itself is stopping: each policy is asked for a plan for
-    /// the local workloads it governs (a `gateway-shutdown` event with the
-    /// deadline), and its actions are executed before the default drain.
-    pub fn on_gateway_shutdown(self: &Arc<Self>, deadline: Duration) -> Vec<String> {
-        let snapshot = self.workloads.snapshot();
-        let mut by_policy: BTreeMap<String, (Selection, Vec<Arc<Workload>>)> = BTreeMap::new();
-        for w in snapshot.iter().filter(|w| w.local) {
-            let sel = self.policies.select(w);
-            by_policy
-                .entry(sel.name.clone())
-                .or_insert_with(|| (sel, Vec::new()))
-                .1
-                .push(w.clone());
-        }
-        let mut done = Vec::new();
-        let now = Instant::now();
-        for (_, (selection, workloads)) in by_policy {
-            let event = sdk::Event::GatewayShutdown(sdk::GatewayShutdown {
-                deadline_ms: unix_ms_after(deadline),
-                remaining_ms: u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX),
-                workloads: workloads.iter().map(|w| self.state_of(w)).collect(),
-            });
-            let decision = self.policies.decide(&selection, &event);
-            for w in &workloads {
-                let mine: Vec<sdk::Action> = decision
-                    .actions
-                    .iter()
-                    .filter(|a| a.subject().is_none_or(|s| s == w.uid()))
-                    .cloned()
-                    .collect();
-                let executed = self.execute(w, &mine, now);
-                done.extend(executed.descriptions);
-            }
-        }
-        done
-    }
-
-    /// A timer the policy asked for fired. Decided by the subject's drain
-    /// (its pinned version) when it has one, else by the policy of the local
-    /// workload whose decision set the timer (`source`): a peer uid or a
-    /// connect-failing destination are valid subjects too.
-    pub(super) fn timer_fired(
-        self: &Arc<Self>,
-        subject: String,
-        tag: String,
-        source: Arc<Workload>,
-    ) {
-        // The drains lock is released before `lookup`, which takes it again.
-        let pinned = self
-            .book
-            .locked()
-            .drains
-            .get(&subject)
-            .map(|d| (d.selection.clone(), d.workload.clone()));
-        let (selection, workload) = match pinned {
-            Some((selection, w)) => (selection, Some(w)),
-            None => match self.lookup(&subject) {
-                Some(w) => (self.policies.select(&w), Some(w)),
-                None => (self.policies.select(&source), None),
-            },
-        };
-        let event = sdk::Event::TimerFired(sdk::TimerFired {
-            subject: subject.clone(),
-            tag: tag.clone(),
-            workload: workload.as_deref().map(|w| self.state_of(w)),
-        });
-        let decision = self.policies.decide(&selection, &event);
-        let on = workload.unwrap_or(source);
-        let executed = self.execute(&on, &decision.actions, Instant::now());
-        info!(subject, tag, policy = %decision.policy, actions = ?executed.descriptions, "timer decision");
-        self.record(&subject, &executed);
     }
 
     /// The phase of local workload `uid` and, once a drain started, the

@@ -20,10 +20,12 @@
 pub mod cni;
 pub mod engine;
 mod executor;
+mod gateway_events;
 mod metrics;
 mod peer_book;
 mod peers;
 mod phase;
+mod state;
 mod store_events;
 mod tasks;
 

@@ -1,0 +1,203 @@
+//! What the drain engine knows and answers with: where an event came from,
+//! the record of each workload's drain, the engine's book, and the views
+//! `GET /drains` and the admin API return.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::phase::Phase;
+use crate::oci::OciStatus;
+use crate::policy::Selection;
+use crate::workloads::Workload;
+
+/// Where a lifecycle event came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Trigger {
+    Admin,
+    WorkloadFile,
+    Kubernetes,
+    Cni,
+    /// istio-cni's node agent over ZDS (`DelWorkload`).
+    Zds,
+    Timer,
+}
+
+impl Trigger {
+    pub fn label(self) -> &'static str {
+        match self {
+            Trigger::Admin => "admin",
+            Trigger::WorkloadFile => "workload-file",
+            Trigger::Kubernetes => "kubernetes",
+            Trigger::Cni => "cni",
+            Trigger::Zds => "zds",
+            Trigger::Timer => "timer",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DrainError {
+    #[error("no workload with uid {0:?} on this node")]
+    UnknownWorkload(String),
+    /// A deletion seen in a workload-store snapshot, handled after the
+    /// workload came back with the same uid: it is about the earlier one.
+    #[error("workload {0:?} came back with the same uid before its deletion was handled; the deletion is dropped")]
+    CameBack(String),
+}
+
+/// The network-teardown acknowledgement.
+#[derive(Clone, Debug, Serialize)]
+pub struct TeardownAck {
+    /// `idle` (no stream left), `bound` (the hold expired), `no-hold` (the
+    /// policy asked for none) or `already` (this teardown was acknowledged before).
+    pub result: &'static str,
+    pub held_ms: u64,
+    pub streams_left: usize,
+}
+
+/// What handling one lifecycle event did.
+#[derive(Clone, Debug, Serialize)]
+pub struct Outcome {
+    pub uid: String,
+    pub event: &'static str,
+    pub duplicate: bool,
+    pub policy: Option<String>,
+    pub version: Option<String>,
+    pub fallback: Option<String>,
+    pub actions: Vec<String>,
+    pub teardown: Option<TeardownAck>,
+}
+
+impl Outcome {
+    /// What a decision about `uid` did (no teardown acknowledgement).
+    pub(super) fn decided(
+        uid: &str,
+        event: &'static str,
+        decision: crate::policy::Decision,
+        actions: Vec<String>,
+    ) -> Outcome {
+        Outcome {
+            uid: uid.to_owned(),
+            event,
+            duplicate: false,
+            policy: Some(decision.policy),
+            version: decision.version,
+            fallback: decision
+                .fallback
+                .map(|f| format!("{}: {}", f.kind, f.detail)),
+            actions,
+            teardown: None,
+        }
+    }
+}
+
+/// A drain in progress (or finished), as `GET /drains` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct DrainView {
+    pub uid: String,
+    pub workload: String,
+    pub policy: String,
+    pub version: Option<String>,
+    pub trigger: Trigger,
+    pub phase: Phase,
+    pub started_unix_ms: u128,
+    pub deadline_unix_ms: Option<u128>,
+    pub actions_taken: Vec<String>,
+    pub tunnels_remaining: usize,
+    pub streams_remaining: usize,
+    pub ended: Option<&'static str>,
+    /// The workload's OCI backend drain, if an `oci-drain` action asked for one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oci: Option<OciStatus>,
+}
+
+pub(super) struct DrainState {
+    /// Tells this record from a later one of the same uid (a workload
+    /// deleted and added again): see [`DrainEngine::forget_earlier_incarnation`].
+    pub(super) record: u64,
+    pub(super) workload: Arc<Workload>,
+    pub(super) phase: Phase,
+    pub(super) selection: Selection,
+    pub(super) trigger: Trigger,
+    pub(super) started: SystemTime,
+    pub(super) shutdown_at: Option<Instant>,
+    /// When the pod's termination grace ends (from `shutdown-started`): no
+    /// deadline about it outlives this (the executor cuts any that would).
+    pub(super) grace_end: Option<Instant>,
+    pub(super) deadline: Option<SystemTime>,
+    pub(super) actions: Vec<String>,
+    pub(super) ended: Option<&'static str>,
+    pub(super) ended_at: Option<Instant>,
+}
+
+impl DrainState {
+    /// A workload's drain record before its first lifecycle event.
+    pub(super) fn new(workload: Arc<Workload>, selection: Selection, trigger: Trigger) -> Self {
+        static RECORDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        DrainState {
+            record: RECORDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            workload,
+            phase: Phase::Running,
+            selection,
+            trigger,
+            started: SystemTime::now(),
+            shutdown_at: None,
+            grace_end: None,
+            deadline: None,
+            actions: Vec::new(),
+            ended: None,
+            ended_at: None,
+        }
+    }
+}
+
+/// Which drain record an event is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Record {
+    /// The workload's record, created by the event if it has none.
+    Current,
+    /// This record only (a deletion the store showed, raised for the record
+    /// it was seen with): gone means the workload came back meanwhile.
+    Only(u64),
+}
+
+/// How long ended drains and removed workloads are remembered (for
+/// `GET /drains` and late actions naming them) before they are forgotten.
+pub(super) const RETAIN: Duration = Duration::from_secs(600);
+
+/// What the engine remembers about workloads and their drains.
+#[derive(Default)]
+pub(super) struct DrainBook {
+    pub(super) drains: BTreeMap<String, DrainState>,
+    pub(super) first_seen: HashMap<String, Instant>,
+    /// Workloads removed from the store recently, so actions can still name them.
+    pub(super) removed: HashMap<String, (Arc<Workload>, Instant)>,
+    /// Peers' drains as this gateway (their client) handled them, by peer
+    /// uid (or destination address for a connect-failing one).
+    pub(super) peers: super::peer_book::PeerBook,
+    /// The workload uid each IP was last seen with (kept for a vanished IP
+    /// while the pool still holds tunnels to it): a new uid at the IP means
+    /// a new workload, and tunnels pooled for the old one must not carry it.
+    pub(super) ip_owners: HashMap<std::net::IpAddr, String>,
+    /// In-pod mode: the pods the node agent handed over (`workload-added`
+    /// waits for both the handover and discovery).
+    pub(super) handed_over: std::collections::HashSet<String>,
+}
+
+/// `now + d` in unix milliseconds, saturating instead of overflowing.
+pub(super) fn unix_ms_after(d: Duration) -> u64 {
+    SystemTime::now()
+        .checked_add(d)
+        .map_or(u64::MAX, |t| u64::try_from(unix_ms(t)).unwrap_or(u64::MAX))
+}
+
+pub(super) fn unix_ms(t: SystemTime) -> u128 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
+}
