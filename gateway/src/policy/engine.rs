@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -20,7 +20,6 @@ use super::resolve::{resolve, Resolution, SelectedBy, Skipped};
 use super::runtime::{Clock, PolicyRuntime, RuntimeLimits};
 use super::validate::{validate, Bounds, Ignored};
 use crate::config::PoliciesConfig;
-use crate::shutdown::ShutdownWatch;
 use crate::sync::Locked;
 use crate::workloads::Workload;
 
@@ -32,11 +31,11 @@ struct PolicySet {
 
 /// Where a policy comes from and what happened when it was last loaded.
 #[derive(Clone, Debug, Default)]
-struct Source {
-    file: Option<PathBuf>,
+pub(super) struct Source {
+    pub(super) file: Option<PathBuf>,
     config: String,
     /// Digest of the file's bytes last looked at (loaded or refused).
-    file_digest: Option<u64>,
+    pub(super) file_digest: Option<u64>,
     last_error: Option<String>,
     last_error_at: Option<SystemTime>,
     /// Where the loaded version came from.
@@ -140,7 +139,7 @@ pub struct PolicyStatus {
 pub struct PolicyEngine {
     runtime: Arc<PolicyRuntime>,
     current: ArcSwap<PolicySet>,
-    sources: Mutex<BTreeMap<String, Source>>,
+    pub(super) sources: Mutex<BTreeMap<String, Source>>,
     /// One writer: loads and swaps are serialised.
     writer: Mutex<()>,
     /// Run-time bindings, workload uid → policy (`PUT /workloads/<uid>/policy`).
@@ -155,13 +154,6 @@ fn unix_ms(t: SystemTime) -> u128 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_millis())
         .unwrap_or(0)
-}
-
-fn file_digest(bytes: &[u8]) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    bytes.hash(&mut h);
-    h.finish()
 }
 
 impl PolicyEngine {
@@ -209,51 +201,6 @@ impl PolicyEngine {
         &self.runtime
     }
 
-    /// Loads every configured plugin file. A plugin that fails is reported
-    /// (log, metric, `GET /policies`) and its workloads use the fallback; the
-    /// gateway serves traffic either way.
-    pub fn load_configured(&self) -> Vec<(String, Result<(), LoadError>)> {
-        let names: Vec<(String, PathBuf)> = self
-            .sources
-            .locked()
-            .iter()
-            .filter_map(|(n, s)| s.file.clone().map(|f| (n.clone(), f)))
-            .collect();
-        names
-            .into_iter()
-            .map(|(name, file)| {
-                let r = self.load_file(&name, &file).map(|_| ());
-                (name, r)
-            })
-            .collect()
-    }
-
-    fn load_file(&self, name: &str, file: &Path) -> Result<Arc<PluginVersion>, LoadError> {
-        let bytes = std::fs::read(file).map_err(|source| LoadError::Read {
-            path: file.to_owned(),
-            source,
-        });
-        let bytes = match bytes {
-            Ok(b) => b,
-            Err(e) => {
-                self.record(name, None, Err(&e));
-                return Err(e);
-            }
-        };
-        self.swap_in(name, &bytes, None, LoadedFrom::File)
-            .map(|u| u.version)
-            .inspect(|_| {
-                if let Some(s) = self.sources.locked().get_mut(name) {
-                    s.file_digest = Some(file_digest(&bytes));
-                }
-            })
-            .inspect_err(|_| {
-                if let Some(s) = self.sources.locked().get_mut(name) {
-                    s.file_digest = Some(file_digest(&bytes));
-                }
-            })
-    }
-
     /// Compiles and validates `bytes` (version, imports, `init`, a self-test
     /// event), then swaps it in for `name` atomically, as an upload. On any
     /// failure the previous version stays and the reason is returned and
@@ -278,7 +225,7 @@ impl PolicyEngine {
         self.swap_in(name, bytes, config, LoadedFrom::AdminUpload)
     }
 
-    fn swap_in(
+    pub(super) fn swap_in(
         &self,
         name: &str,
         bytes: &[u8],
@@ -335,7 +282,12 @@ impl PolicyEngine {
 
     /// Counts a load and records its outcome for `GET /policies`; `config`
     /// becomes the policy's configuration only when the load succeeded.
-    fn record(&self, name: &str, config: Option<&str>, result: Result<LoadedFrom, &LoadError>) {
+    pub(super) fn record(
+        &self,
+        name: &str,
+        config: Option<&str>,
+        result: Result<LoadedFrom, &LoadError>,
+    ) {
         let kind = match result {
             Ok(_) => "ok",
             Err(e) => e.reason(),
@@ -587,34 +539,6 @@ impl PolicyEngine {
                 }
             })
             .collect()
-    }
-
-    /// Watches plugin files and swaps in changed ones until drained. Loading
-    /// runs on a blocking thread, off the data path.
-    pub async fn watch_files(self: Arc<Self>, interval: Duration, mut drain: ShutdownWatch) {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = drain.signaled() => return,
-            }
-            let changed: Vec<(String, PathBuf)> = {
-                let sources = self.sources.locked();
-                sources
-                    .iter()
-                    .filter_map(|(n, s)| {
-                        let f = s.file.as_ref()?;
-                        let bytes = std::fs::read(f).ok()?;
-                        (Some(file_digest(&bytes)) != s.file_digest).then(|| (n.clone(), f.clone()))
-                    })
-                    .collect()
-            };
-            for (name, file) in changed {
-                let this = self.clone();
-                let _ = tokio::task::spawn_blocking(move || this.load_file(&name, &file)).await;
-            }
-        }
     }
 }
 

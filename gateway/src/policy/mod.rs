@@ -16,6 +16,7 @@ mod convert;
 pub mod engine;
 mod error;
 mod fallback;
+mod files;
 pub mod metrics;
 pub mod plugin;
 pub mod resolve;
