@@ -1,7 +1,8 @@
-//! What the pool knows besides its tunnels, under one lock: tunnels still
-//! draining after an eviction, connect failures and backoffs per
-//! destination, when each destination workload last sent GOAWAY, and the
-//! open streams per destination workload.
+//! What the pool knows about its destinations, under one lock: connect
+//! failures and backoffs per destination address, when each destination
+//! workload last sent GOAWAY, and the open streams per destination
+//! workload. It knows nothing of tunnels (they hold it, to record a
+//! GOAWAY).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -12,7 +13,6 @@ use std::time::Duration;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
 
-use super::tunnel::Tunnel;
 use super::PoolKey;
 
 /// How long a GOAWAY is remembered for a workload no tunnel reached since.
@@ -58,13 +58,10 @@ impl DestState {
     }
 }
 
-/// The pool's side maps (the pool's `book`; taken after a key's `tunnels`
-/// when both are held, never before).
+/// The pool's knowledge of its destinations (the pool's `book`; taken
+/// after a key's `tunnels` when both are held, never before).
 #[derive(Default)]
 pub(super) struct Book {
-    /// Tunnels evicted "when idle" that still carry streams: no longer
-    /// pooled (they take no new stream), listed until they close.
-    pub(super) draining: Vec<Arc<Tunnel>>,
     dests: HashMap<SocketAddr, DestState>,
     /// Where consecutive connect failures are reported (the drain engine).
     pub(super) failures: Option<UnboundedSender<ConnectFailure>>,

@@ -95,7 +95,10 @@ pub struct Pool {
     keys: Mutex<HashMap<PoolKey, Arc<KeyEntry>>>,
     next_id: AtomicU64,
     metrics: PoolMetrics,
-    /// Everything else the pool knows, under one lock (`book.rs`).
+    /// Tunnels evicted "when idle" that still carry streams: no longer
+    /// pooled (they take no new stream), listed until they close.
+    draining: Mutex<Vec<Arc<Tunnel>>>,
+    /// What the pool knows about destinations, under one lock (`book.rs`).
     book: Arc<Mutex<Book>>,
 }
 
@@ -122,6 +125,7 @@ impl Pool {
             keys: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
             metrics: PoolMetrics::register(registry),
+            draining: Mutex::new(Vec::new()),
             book: Default::default(),
         })
     }
@@ -306,10 +310,7 @@ impl Pool {
                 tunnel.closed.store(true, Ordering::Release);
                 tunnel.send.locked().take();
                 entry.tunnels.locked().retain(|t| !Arc::ptr_eq(t, &tunnel));
-                pool.book
-                    .locked()
-                    .draining
-                    .retain(|t| !Arc::ptr_eq(t, &tunnel));
+                pool.draining.locked().retain(|t| !Arc::ptr_eq(t, &tunnel));
                 pool.metrics.tunnels.dec();
                 pool.metrics
                     .closed
@@ -395,7 +396,7 @@ impl Pool {
         }
         if now {
             // Draining tunnels evicted earlier "when idle" are cut too.
-            self.book.locked().draining.retain(|t| {
+            self.draining.locked().retain(|t| {
                 if !matches(&t.key) {
                     return true;
                 }
@@ -415,11 +416,11 @@ impl Pool {
 
     /// Lists an evicted tunnel with open streams until its driver ends it.
     fn keep_draining(&self, t: &Arc<Tunnel>) {
-        self.book.locked().draining.push(t.clone());
+        self.draining.locked().push(t.clone());
         // The driver sets `closed` before it removes the tunnel from
         // `draining` (under the same lock): if it ended meanwhile, undo.
         if t.closed.load(Ordering::Acquire) {
-            self.book.locked().draining.retain(|d| !Arc::ptr_eq(d, t));
+            self.draining.locked().retain(|d| !Arc::ptr_eq(d, t));
         }
     }
 
@@ -436,7 +437,7 @@ impl Pool {
 
     /// Evicted tunnels whose streams still run.
     pub fn draining(&self) -> Vec<Arc<Tunnel>> {
-        self.book.locked().draining.clone()
+        self.draining.locked().clone()
     }
 }
 
