@@ -139,6 +139,18 @@ impl Walk<'_> {
     }
 }
 
+/// Reads one `event` from `buf` by the WIT's types.
+fn walk<'a>(resolve: &'a Resolve, event: TypeId, buf: &'a [u8]) -> Walk<'a> {
+    let mut walk = Walk {
+        resolve,
+        buf,
+        at: 0,
+        leaves: Vec::new(),
+    };
+    walk.def(event, "");
+    walk
+}
+
 /// FNV-1a of the path: a number that says which field it was written for.
 fn n64(path: &str) -> u64 {
     path.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -241,13 +253,7 @@ fn the_codec_writes_every_field_where_the_wit_puts_it() {
     for e in every_case() {
         let mut buf = Vec::new();
         encode_event(&e, &MetadataReads::everything(), &mut buf);
-        let mut walk = Walk {
-            resolve: &resolve,
-            buf: &buf,
-            at: 0,
-            leaves: Vec::new(),
-        };
-        walk.def(event, "");
+        let walk = walk(&resolve, event, &buf);
         assert_eq!(walk.at, buf.len(), "{}: bytes after the event", e.kind());
         let (first, rest) = walk.leaves.split_first().expect("a case");
         assert_eq!(first, &(String::new(), Leaf::Case(e.kind().into())));
@@ -292,13 +298,7 @@ fn a_swapped_field_is_caught() {
         .expect("the two counts, in WIT order");
     buf[at..at + 4].copy_from_slice(&streams);
     buf[at + 4..at + 8].copy_from_slice(&tunnels);
-    let mut walk = Walk {
-        resolve: &resolve,
-        buf: &buf,
-        at: 0,
-        leaves: Vec::new(),
-    };
-    walk.def(event, "");
+    let walk = walk(&resolve, event, &buf);
     let wrong: Vec<&str> = walk
         .leaves
         .iter()
