@@ -26,7 +26,6 @@ pub mod cli;
 pub mod config;
 pub mod control_plane;
 pub mod demo;
-pub mod descriptors;
 pub mod drains;
 pub mod fd_passing;
 pub mod hbone;
@@ -37,13 +36,12 @@ pub mod netns;
 pub mod oci;
 pub mod policy;
 pub mod proxy;
-pub mod shutdown;
-pub mod sync;
 pub mod tls;
 pub mod workload_table;
 pub mod workloads;
 
 pub use allocator::{Allocator, ALLOCATOR};
+pub use tidegate_base::{descriptors, shutdown, sync};
 
 /// The unit tests run on the gateway's allocator too (its metrics are
 /// tested on it).

@@ -14,13 +14,12 @@
 //! that `impl` block lives in the other module. [`duration`] and [`size`]
 //! are leaf modules anyone may use.
 
-pub mod duration;
 mod oci;
 mod ranges;
-pub mod size;
 
 pub use oci::{Cidr, OciAuth, OciConfig, OptIn, OCI_BACKEND_LIMIT};
 pub use ranges::{key_ranges, KeyRange};
+pub use tidegate_base::{duration, size};
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
