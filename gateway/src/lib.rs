@@ -34,7 +34,6 @@ pub mod inpod;
 pub mod metrics;
 pub mod netns;
 pub mod oci;
-pub mod policy;
 pub mod proxy;
 pub mod tls;
 pub mod workload_table;
@@ -42,6 +41,8 @@ pub mod workloads;
 
 pub use allocator::{Allocator, ALLOCATOR};
 pub use tidegate_base::{descriptors, shutdown, sync};
+/// The policy host is its own crate (the only one that links wasmtime).
+pub use tidegate_policy_host as policy;
 
 /// The unit tests run on the gateway's allocator too (its metrics are
 /// tested on it).

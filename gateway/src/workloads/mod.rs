@@ -24,6 +24,7 @@ use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 
 use crate::identity::SpiffeId;
+use crate::policy::{AsSubject, Subject};
 use membership::Membership;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, Default)]
@@ -126,6 +127,21 @@ impl Workload {
             Some(prefix) => peer.starts_with(prefix),
             None => *p == peer,
         })
+    }
+}
+
+/// What the policy host resolves a workload's policy from.
+impl AsSubject for Workload {
+    fn subject(&self) -> Subject<'_> {
+        let s = &self.spec;
+        Subject {
+            uid: &s.uid,
+            name: &s.name,
+            namespace: &s.namespace,
+            labels: &s.labels,
+            annotations: &s.annotations,
+            namespace_policy: s.namespace_policy.as_deref(),
+        }
     }
 }
 

@@ -5,11 +5,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tidegate_base::shutdown::ShutdownWatch;
+use tidegate_base::sync::Locked;
+
 use super::engine::{LoadedFrom, PolicyEngine};
 use super::error::LoadError;
 use super::plugin::PluginVersion;
-use crate::shutdown::ShutdownWatch;
-use crate::sync::Locked;
 
 impl PolicyEngine {
     /// Loads every configured plugin file. A plugin that fails is reported

@@ -7,8 +7,8 @@
 
 use std::collections::BTreeMap;
 
-const WIT: &str = include_str!("../../../sdk/wit/policy.wit");
-const SDK_CONVERT: &str = include_str!("../../../sdk/src/convert.rs");
+const WIT: &str = include_str!("../../sdk/wit/policy.wit");
+const SDK_CONVERT: &str = include_str!("../../sdk/src/convert.rs");
 const HOST_CONVERT: &str = include_str!("convert.rs");
 
 /// `record x { a: t, b: t }`, `variant v { c(t), d }`, `enum e { f, g }` of

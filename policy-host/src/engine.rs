@@ -10,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use arc_swap::ArcSwap;
 use serde::Serialize;
+use tidegate_base::sync::Locked;
 use tidegate_sdk as sdk;
 use tracing::{info, warn};
 
@@ -20,8 +21,7 @@ use super::resolve::{resolve, Resolution, SelectedBy, Skipped};
 use super::runtime::{Clock, PolicyRuntime, RuntimeLimits};
 use super::validate::{validate, Bounds, Ignored};
 use crate::config::PoliciesConfig;
-use crate::sync::Locked;
-use crate::workloads::Workload;
+use crate::subject::{AsSubject, Subject};
 
 /// Loaded versions by policy name.
 #[derive(Default)]
@@ -337,16 +337,16 @@ impl PolicyEngine {
 
     /// Which policy `workload` gets and why ([`super::resolve`] has the
     /// precedence); the same answer [`PolicyEngine::select`] pins.
-    pub fn resolve(&self, workload: &Workload) -> Resolution {
-        self.resolve_in(&self.current.load(), workload)
+    pub fn resolve(&self, workload: &(impl AsSubject + ?Sized)) -> Resolution {
+        self.resolve_in(&self.current.load(), workload.subject())
     }
 
     /// [`PolicyEngine::resolve`] against one loaded set: every event
     /// selects, so the set is loaded once for both the names' check and
     /// the pinned version.
-    fn resolve_in(&self, set: &PolicySet, workload: &Workload) -> Resolution {
-        let admin = self.runtime_binding(workload.uid());
-        resolve(&workload.spec, admin.as_deref(), &self.cfg, |n| {
+    fn resolve_in(&self, set: &PolicySet, workload: Subject<'_>) -> Resolution {
+        let admin = self.runtime_binding(workload.uid);
+        resolve(&workload, admin.as_deref(), &self.cfg, |n| {
             self.known_in(set, n)
         })
     }
@@ -354,12 +354,13 @@ impl PolicyEngine {
     /// The policy for a workload with its current version, pinned: a drain
     /// keeps it even if a new version is swapped in. Skipped names (an
     /// annotation naming no policy, …) are logged.
-    pub fn select(&self, workload: &Workload) -> Selection {
+    pub fn select(&self, workload: &(impl AsSubject + ?Sized)) -> Selection {
+        let workload = workload.subject();
         let set = self.current.load();
         let r = self.resolve_in(&set, workload);
         for s in &r.skipped {
             warn!(
-                workload = %workload.spec.uid,
+                workload = %workload.uid,
                 policy = %s.policy,
                 source = s.source,
                 chosen = %r.name,
@@ -371,13 +372,18 @@ impl PolicyEngine {
 
     /// The policy deciding the events of `peer` for the local `client`
     /// ([`super::resolve::resolve_for_peer`] has the precedence), pinned.
-    pub fn select_for_peer(&self, peer: &Workload, client: &Workload) -> Selection {
+    pub fn select_for_peer(
+        &self,
+        peer: &(impl AsSubject + ?Sized),
+        client: &(impl AsSubject + ?Sized),
+    ) -> Selection {
+        let (peer, client) = (peer.subject(), client.subject());
         let set = self.current.load();
-        let r = super::resolve::resolve_for_peer(&peer.spec, &client.spec, &self.cfg, |n| {
+        let r = super::resolve::resolve_for_peer(&peer, &client, &self.cfg, |n| {
             self.known_in(&set, n)
         });
         for s in &r.skipped {
-            warn!(peer = %peer.spec.uid, client = %client.spec.uid, policy = %s.policy,
+            warn!(peer = %peer.uid, client = %client.uid, policy = %s.policy,
                 source = s.source, chosen = %r.name, "skipped a policy name: {}", s.reason);
         }
         Self::pin_in(&set, r)

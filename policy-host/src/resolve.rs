@@ -23,7 +23,7 @@ use std::borrow::Cow;
 use serde::Serialize;
 
 use crate::config::PoliciesConfig;
-use crate::workloads::WorkloadSpec;
+use crate::subject::Subject;
 
 /// The annotation that picks a workload's policy by name.
 pub const POLICY_ANNOTATION: &str = "tidegate.io/drain-policy";
@@ -91,7 +91,7 @@ pub struct Resolution {
 /// Resolves the policy of `spec`. `admin` is its run-time binding (if any);
 /// `known` says whether a name is a policy (configured or uploaded).
 pub fn resolve(
-    spec: &WorkloadSpec,
+    spec: &Subject<'_>,
     admin: Option<&str>,
     cfg: &PoliciesConfig,
     known: impl Fn(&str) -> bool,
@@ -100,7 +100,7 @@ pub fn resolve(
     // Every event resolves its workload's policy: the texts saying why are
     // written only for the source that wins (formatting all three first
     // cost more than the rest of the resolution).
-    type Why = fn(&WorkloadSpec) -> Cow<'static, str>;
+    type Why = fn(&Subject<'_>) -> Cow<'static, str>;
     let named: [(Option<&str>, SelectedBy, Why); 3] = [
         (admin, SelectedBy::Admin, |s| {
             format!("run-time binding (PUT /workloads/{}/policy)", s.uid).into()
@@ -111,7 +111,7 @@ pub fn resolve(
             |_| Cow::Borrowed(ANNOTATION_WHY),
         ),
         (
-            spec.namespace_policy.as_deref(),
+            spec.namespace_policy,
             SelectedBy::Namespace,
             |s| format!("namespace {}'s policy label", s.namespace).into(),
         ),
@@ -134,7 +134,7 @@ pub fn resolve(
         });
     }
     for (i, b) in cfg.bindings.iter().enumerate() {
-        let ns_ok = b.namespace.as_ref().is_none_or(|ns| *ns == spec.namespace);
+        let ns_ok = b.namespace.as_ref().is_none_or(|ns| ns == spec.namespace);
         let labels_ok = b
             .selector
             .iter()
@@ -177,8 +177,8 @@ pub fn resolve(
 /// client's `tidegate.io/peer-drain-policy` when it names a policy, else the
 /// peer's own (its run-time binding lives on its own node, not here).
 pub fn resolve_for_peer(
-    peer: &WorkloadSpec,
-    client: &WorkloadSpec,
+    peer: &Subject<'_>,
+    client: &Subject<'_>,
     cfg: &PoliciesConfig,
     known: impl Fn(&str) -> bool,
 ) -> Resolution {
@@ -211,9 +211,44 @@ pub fn resolve_for_peer(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
-    fn spec(yaml: &str) -> WorkloadSpec {
+    /// The fields of a workload the gateway lends as a [`Subject`].
+    #[derive(Clone, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Spec {
+        uid: String,
+        name: String,
+        #[serde(default = "default_namespace")]
+        namespace: String,
+        #[serde(default)]
+        labels: BTreeMap<String, String>,
+        #[serde(default)]
+        annotations: BTreeMap<String, String>,
+        #[serde(default)]
+        namespace_policy: Option<String>,
+    }
+
+    fn default_namespace() -> String {
+        "default".into()
+    }
+
+    impl Spec {
+        fn subject(&self) -> Subject<'_> {
+            Subject {
+                uid: &self.uid,
+                name: &self.name,
+                namespace: &self.namespace,
+                labels: &self.labels,
+                annotations: &self.annotations,
+                namespace_policy: self.namespace_policy.as_deref(),
+            }
+        }
+    }
+
+    fn spec(yaml: &str) -> Spec {
         serde_yaml::from_str(yaml).unwrap()
     }
 
@@ -230,26 +265,26 @@ mod tests {
         let c = cfg(CFG);
         let known = |n: &str| ["a", "b", "d"].contains(&n);
         let w = spec(
-            "{uid: u, name: w, namespace: pay, labels: {app: web}, ips: [10.0.0.1], node: n, \
+            "{uid: u, name: w, namespace: pay, labels: {app: web}, \
              annotations: {tidegate.io/drain-policy: a}, namespace_policy: d}",
         );
-        let r = resolve(&w, Some("b"), &c, known);
+        let r = resolve(&w.subject(), Some("b"), &c, known);
         assert_eq!((r.name.as_str(), r.by), ("b", SelectedBy::Admin));
-        let r = resolve(&w, None, &c, known);
+        let r = resolve(&w.subject(), None, &c, known);
         assert_eq!((r.name.as_str(), r.by), ("a", SelectedBy::Annotation));
         assert_eq!(r.why, format!("pod annotation {POLICY_ANNOTATION}"));
         let mut w2 = w.clone();
         w2.annotations.clear();
-        let r = resolve(&w2, None, &c, known);
+        let r = resolve(&w2.subject(), None, &c, known);
         assert_eq!((r.name.as_str(), r.by), ("d", SelectedBy::Namespace));
         w2.namespace_policy = None;
-        let r = resolve(&w2, None, &c, known);
+        let r = resolve(&w2.subject(), None, &c, known);
         assert_eq!((r.name.as_str(), r.by), ("b", SelectedBy::Binding(0)));
         assert_eq!(r.why, "policies.bindings[0] (namespace pay, app=web)");
         w2.labels.clear();
-        let r = resolve(&w2, None, &c, known);
+        let r = resolve(&w2.subject(), None, &c, known);
         assert_eq!((r.name.as_str(), r.by), ("d", SelectedBy::Default));
-        let r = resolve(&w2, None, &cfg("{}"), known);
+        let r = resolve(&w2.subject(), None, &cfg("{}"), known);
         assert_eq!(r.by, SelectedBy::Fallback);
         assert_eq!(r.name, "builtin:keepalive-only");
     }
@@ -259,11 +294,11 @@ mod tests {
         let c = cfg(CFG);
         let known = |n: &str| ["a", "b", "d"].contains(&n);
         let peer = spec(
-            "{uid: p, name: server, namespace: web, ips: [10.0.0.2], node: other, \
+            "{uid: p, name: server, namespace: web, \
              annotations: {tidegate.io/drain-policy: a}}",
         );
-        let client = spec("{uid: c, name: client, namespace: web, ips: [10.0.0.1], node: n}");
-        let r = resolve_for_peer(&peer, &client, &c, known);
+        let client = spec("{uid: c, name: client, namespace: web}");
+        let r = resolve_for_peer(&peer.subject(), &client.subject(), &c, known);
         assert_eq!((r.name.as_str(), r.by), ("a", SelectedBy::Annotation));
         assert_eq!(r.why, "the peer's: pod annotation tidegate.io/drain-policy");
         // The client's own drain policy does not decide its peers' events.
@@ -271,13 +306,13 @@ mod tests {
         client2
             .annotations
             .insert(POLICY_ANNOTATION.into(), "b".into());
-        let r = resolve_for_peer(&peer, &client2, &c, known);
+        let r = resolve_for_peer(&peer.subject(), &client2.subject(), &c, known);
         assert_eq!(r.name, "a");
         // Its peer-drain-policy does, when it names a policy.
         client2
             .annotations
             .insert(PEER_POLICY_ANNOTATION.into(), "b".into());
-        let r = resolve_for_peer(&peer, &client2, &c, known);
+        let r = resolve_for_peer(&peer.subject(), &client2.subject(), &c, known);
         assert_eq!((r.name.as_str(), r.by), ("b", SelectedBy::ClientOverride));
         assert_eq!(
             r.why,
@@ -286,7 +321,7 @@ mod tests {
         client2
             .annotations
             .insert(PEER_POLICY_ANNOTATION.into(), "typo".into());
-        let r = resolve_for_peer(&peer, &client2, &c, known);
+        let r = resolve_for_peer(&peer.subject(), &client2.subject(), &c, known);
         assert_eq!(r.name, "a");
         assert_eq!(r.skipped[0].policy, "typo");
         assert_eq!(r.skipped[0].source, "client-override");
@@ -296,10 +331,10 @@ mod tests {
     fn unknown_names_are_skipped_and_reported() {
         let c = cfg(CFG);
         let w = spec(
-            "{uid: u, name: w, ips: [10.0.0.1], node: n, \
+            "{uid: u, name: w, \
              annotations: {tidegate.io/drain-policy: typo}, namespace_policy: nope}",
         );
-        let r = resolve(&w, Some("gone"), &c, |n| n == "d");
+        let r = resolve(&w.subject(), Some("gone"), &c, |n| n == "d");
         assert_eq!((r.name.as_str(), r.by), ("d", SelectedBy::Default));
         let skipped: Vec<_> = r
             .skipped

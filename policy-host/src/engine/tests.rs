@@ -9,7 +9,7 @@ use tidegate_sdk as sdk;
 
 use super::{PolicyEngine, SelectedBy, Selection};
 use crate::config::{Fallback, PoliciesConfig};
-use crate::policy::{Clock, PolicyMetrics};
+use crate::{Clock, PolicyMetrics};
 
 fn engine(fallback: Fallback) -> (Arc<PolicyEngine>, Registry) {
     let mut reg = Registry::default();

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use tidegate_base::sync::Locked;
 use tidegate_sdk as sdk;
 use tracing::info;
 use wasmtime::component::Component;
@@ -23,7 +24,6 @@ use super::error::{one_line, CallFailure, FailureKind, LoadError};
 use super::metrics::DecisionSeries;
 use super::runtime::{Clock, HostState, PolicyRuntime};
 use super::version::{self, Contract, Version};
-use crate::sync::Locked;
 
 /// At most this many label keys, and as many annotation keys, in a
 /// plugin's `metadata-reads` (more is refused at `init`).

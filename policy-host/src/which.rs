@@ -3,12 +3,12 @@
 //! per-workload report of `/config_dump` and `tidegate workloads`.
 
 use serde::Serialize;
+use tidegate_base::sync::Locked;
 use tracing::info;
 
 use super::engine::{PolicyEngine, Selection};
 use super::resolve::{SelectedBy, Skipped};
-use crate::sync::Locked;
-use crate::workloads::Workload;
+use crate::subject::AsSubject;
 
 /// Why a run-time binding was refused.
 #[derive(Debug, thiserror::Error)]
@@ -78,7 +78,11 @@ impl PolicyEngine {
 
     /// What governs `workload`: the selection a drain in progress pinned,
     /// else what [`PolicyEngine::select`] would pick now.
-    pub fn report(&self, workload: &Workload, pinned: Option<&Selection>) -> PolicyReport {
+    pub fn report(
+        &self,
+        workload: &(impl AsSubject + ?Sized),
+        pinned: Option<&Selection>,
+    ) -> PolicyReport {
         let fresh;
         let sel = match pinned {
             Some(s) => s,
