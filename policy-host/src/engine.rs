@@ -379,9 +379,8 @@ impl PolicyEngine {
     ) -> Selection {
         let (peer, client) = (peer.subject(), client.subject());
         let set = self.current.load();
-        let r = super::resolve::resolve_for_peer(&peer, &client, &self.cfg, |n| {
-            self.known_in(&set, n)
-        });
+        let r =
+            super::resolve::resolve_for_peer(&peer, &client, &self.cfg, |n| self.known_in(&set, n));
         for s in &r.skipped {
             warn!(peer = %peer.uid, client = %client.uid, policy = %s.policy,
                 source = s.source, chosen = %r.name, "skipped a policy name: {}", s.reason);

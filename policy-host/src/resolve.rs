@@ -110,11 +110,9 @@ pub fn resolve(
             SelectedBy::Annotation,
             |_| Cow::Borrowed(ANNOTATION_WHY),
         ),
-        (
-            spec.namespace_policy,
-            SelectedBy::Namespace,
-            |s| format!("namespace {}'s policy label", s.namespace).into(),
-        ),
+        (spec.namespace_policy, SelectedBy::Namespace, |s| {
+            format!("namespace {}'s policy label", s.namespace).into()
+        }),
     ];
     for (name, by, why) in named {
         let Some(name) = name else { continue };
