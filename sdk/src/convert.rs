@@ -7,7 +7,7 @@
 //! generated record without `..` and matches every case (a WIT field or case
 //! without an SDK mirror fails to compile). Keep it that way: never use `..`
 //! or field access on a generated record here. The host's converter
-//! (`gateway/src/policy/convert.rs`) follows the same rule.
+//! (`policy-host/src/convert.rs`) follows the same rule.
 
 use std::collections::BTreeMap;
 
