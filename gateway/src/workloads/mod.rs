@@ -339,6 +339,27 @@ mod tests {
     }
 
     #[test]
+    fn a_workload_lends_the_policy_host_what_resolves_its_policy() {
+        let mut s = spec("u", "n1", Protocol::Hbone);
+        s.name = "w".into();
+        s.labels.insert("app".into(), "web".into());
+        s.annotations
+            .insert(crate::policy::POLICY_ANNOTATION.into(), "a".into());
+        s.namespace_policy = Some("d".into());
+        let store = WorkloadStore::new("td", "n1");
+        store.publish(vec![s.clone()]);
+        let snap = store.snapshot();
+        let w = snap.by_uid("u").unwrap();
+        let got = w.subject();
+        assert_eq!(
+            (got.uid, got.name, got.namespace, got.namespace_policy),
+            ("u", "w", "ns", Some("d"))
+        );
+        assert_eq!(got.labels, &s.labels);
+        assert_eq!(got.annotations, &s.annotations);
+    }
+
+    #[test]
     fn a_workload_files_local_members_are_its_hbone_workloads() {
         let store = WorkloadStore::new("td", "n1");
         store.publish(vec![
