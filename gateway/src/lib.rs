@@ -28,20 +28,18 @@ pub mod control_plane;
 pub mod demo;
 pub mod drains;
 pub mod fd_passing;
-pub mod hbone;
-pub mod identity;
 pub mod inpod;
 pub mod metrics;
 pub mod netns;
 pub mod oci;
 pub mod policy;
 pub mod proxy;
-pub mod tls;
 pub mod workload_table;
 pub mod workloads;
 
 pub use allocator::{Allocator, ALLOCATOR};
 pub use tidegate_base::{descriptors, shutdown, sync};
+pub use tidegate_protocol::{hbone, identity, tls};
 
 /// The unit tests run on the gateway's allocator too (its metrics are
 /// tested on it).

@@ -23,7 +23,7 @@ pub const DOCUMENT: &str = "ARCHITECTURE.md";
 const SRC: &str = "gateway/src";
 /// Every source tree whose modules the document names: the node gateway's
 /// and those of the crates along its walls.
-const SOURCES: &[&str] = &[SRC, "base/src"];
+const SOURCES: &[&str] = &[SRC, "base/src", "protocol/src"];
 const EXTENSIONS: &[&str] = &[".rs", ".md", ".toml", ".yaml", ".yml", ".wit", ".json"];
 
 /// Every problem of the repository's ARCHITECTURE.md, one line each.
