@@ -9,7 +9,7 @@
 //! - The control plane: [`workloads`] (what runs on the node), [`policy`]
 //!   (the WebAssembly plugins), [`drains`] (the drain engine acting on
 //!   tunnels), [`oci`] (draining before an OCI runtime stops a container).
-//! - [`cli`]: the command line (`tidegate connect`, `tidegate plugin`, …).
+//! - [`cli`]: the command line (`tidegate connect`, `tidegate drain`, …).
 //! - [`shutdown`]: the gateway's own shutdown signal (not the drain engine).
 //!
 //! [`app`] wires everything; [`config`] is the one typed configuration;
