@@ -1,12 +1,13 @@
 //! ARCHITECTURE.md against the code: it names every module of the gateway
-//! and no path that is not there.
+//! and of the crates beside it, and no path that is not there.
 //!
-//! - A module is each `.rs` file under `gateway/src` (a directory's
-//!   `mod.rs` is its directory) and each directory there, except test-only
-//!   ones: a file whose name ends in `tests.rs`, and a directory holding
-//!   only such files. It is named when the document has it in backticks,
-//!   relative to `gateway/src` (`proxy/pool.rs`, `proxy/inbound/`) or from
-//!   the repository root (`gateway/src/proxy/pool.rs`).
+//! - A module is each `.rs` file under a source tree of [`SOURCES`] (a
+//!   directory's `mod.rs` is its directory) and each directory there,
+//!   except test-only ones: a file whose name ends in `tests.rs`, and a
+//!   directory holding only such files. It is named when the document has
+//!   it in backticks from the repository root (`base/src/sync.rs`,
+//!   `gateway/src/proxy/pool.rs`) or, for the node gateway's, relative to
+//!   `gateway/src` (`proxy/pool.rs`, `proxy/inbound/`).
 //! - A path is a backticked word without spaces that ends in a file
 //!   extension or has a `/` after a first segment without dots (so
 //!   `tidegate.io/mesh` and `discovery.k8s.io/v1` are not paths); a route
@@ -20,16 +21,27 @@ use anyhow::{Context, Result};
 
 pub const DOCUMENT: &str = "ARCHITECTURE.md";
 const SRC: &str = "gateway/src";
+/// Every source tree whose modules the document names: the node gateway's
+/// and those of the crates along its walls.
+const SOURCES: &[&str] = &[SRC, "base/src", "protocol/src", "netns/src", "cni/src"];
 const EXTENSIONS: &[&str] = &[".rs", ".md", ".toml", ".yaml", ".yml", ".wit", ".json"];
 
 /// Every problem of the repository's ARCHITECTURE.md, one line each.
 pub fn check(root: &Path) -> Result<Vec<String>> {
     let doc = std::fs::read_to_string(root.join(DOCUMENT))
         .with_context(|| format!("reading {DOCUMENT}"))?;
-    let mut files = Vec::new();
-    walk(&root.join(SRC), "", &mut files)?;
+    let mut all = Vec::new();
+    for src in SOURCES {
+        let mut files = Vec::new();
+        walk(&root.join(src), "", &mut files)?;
+        let rooted = |m: String| match *src {
+            SRC => m,
+            other => format!("{other}/{m}"),
+        };
+        all.extend(modules(&files).into_iter().map(rooted));
+    }
     let exists = |p: &str| root.join(p).exists() || root.join(SRC).join(p).exists();
-    Ok(problems(&doc, &modules(&files), exists))
+    Ok(problems(&doc, &all, exists))
 }
 
 /// The files under `dir`, relative to the walk's start.

@@ -1,6 +1,6 @@
 //! Byte sizes in the config: a number, or `64KiB`, `4MiB`.
 //!
-//! A leaf module like [`super::duration`].
+//! Written like [`crate::duration`].
 
 use serde::{Deserialize, Deserializer};
 use serde_yaml::Value;

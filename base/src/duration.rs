@@ -1,8 +1,5 @@
 //! Durations in the config, the admin API and `--set`: `250ms`, `10s`,
 //! `5m`, `1h` (a bare number means seconds).
-//!
-//! A leaf module: it imports nothing from the crate, so every module may use
-//! it without a cycle.
 
 use std::time::Duration;
 

@@ -1,0 +1,17 @@
+//! The leaves every tidegate crate shares, each importing nothing of the
+//! others:
+//! - [`sync`]: the one lock convention (a poisoned lock is taken as it is);
+//! - [`shutdown`]: the process's shutdown signal and its deadline;
+//! - [`descriptors`]: open descriptors against the open-file limit, and
+//!   errors that come from a full descriptor table;
+//! - [`duration`] and [`size`]: durations (`250ms`, `5m`) and byte sizes
+//!   (`64KiB`) as the configuration, the admin API and the command lines
+//!   write them.
+
+#![forbid(unsafe_code)]
+
+pub mod descriptors;
+pub mod duration;
+pub mod shutdown;
+pub mod size;
+pub mod sync;
