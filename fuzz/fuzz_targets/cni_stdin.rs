@@ -8,7 +8,7 @@
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 
-#[path = "../../gateway/src/bin/tidegate-cni/conf.rs"]
+#[path = "../../cni/src/conf.rs"]
 #[allow(dead_code)]
 mod conf;
 

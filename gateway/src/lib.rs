@@ -9,7 +9,7 @@
 //! - The control plane: [`workloads`] (what runs on the node), [`policy`]
 //!   (the WebAssembly plugins), [`drains`] (the drain engine acting on
 //!   tunnels), [`oci`] (draining before an OCI runtime stops a container).
-//! - [`cli`]: the command line (`tidegate connect`, `tidegate plugin`, …).
+//! - [`cli`]: the command line (`tidegate connect`, `tidegate drain`, …).
 //! - [`shutdown`]: the gateway's own shutdown signal (not the drain engine).
 //!
 //! [`app`] wires everything; [`config`] is the one typed configuration;
@@ -28,14 +28,11 @@ pub mod control_plane;
 pub mod demo;
 pub mod drains;
 pub mod fd_passing;
-pub mod hbone;
-pub mod identity;
 pub mod inpod;
 pub mod metrics;
 pub mod netns;
 pub mod oci;
 pub mod proxy;
-pub mod tls;
 pub mod workload_table;
 pub mod workloads;
 
@@ -43,6 +40,7 @@ pub use allocator::{Allocator, ALLOCATOR};
 pub use tidegate_base::{descriptors, shutdown, sync};
 /// The policy host is its own crate (the only one that links wasmtime).
 pub use tidegate_policy_host as policy;
+pub use tidegate_protocol::{hbone, identity, tls};
 
 /// The unit tests run on the gateway's allocator too (its metrics are
 /// tested on it).

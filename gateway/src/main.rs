@@ -57,9 +57,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         let config = cli.config.load()?;
         return policy(cmd, &config.policies);
     }
-    if let Some(Command::Plugin(cmd)) = cli.command {
-        return tidegate::cli::plugin::run(cmd);
-    }
     if let Some(Command::Ca(cfg)) = cli.command {
         return ca(*cfg).await;
     }
@@ -97,7 +94,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", tidegate::cli::workload_ops::unbind(admin, &args)?);
             Ok(())
         }
-        Command::Policy(_) | Command::Plugin(_) | Command::Ca(_) => {
+        Command::Policy(_) | Command::Ca(_) => {
             unreachable!("handled above")
         }
     }

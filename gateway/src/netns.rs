@@ -18,137 +18,22 @@
 //! the old one); a dial can take a source address that is not the pod's own
 //! (`IP_TRANSPARENT` + `IP_FREEBIND`: inbound delivery with the original
 //! client's IP, so the app sees its real peer).
+//!
+//! The namespace itself ([`PodNetns`], its [`NetnsId`], [`MESH_MARK`]) is
+//! `tidegate_netns::namespace`, shared with `tidegate-cni` and re-exported
+//! here.
 
 use std::fs::File;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::os::fd::OwnedFd;
 
 use socket2::{Domain, Protocol, Socket, Type};
+use tidegate_netns::namespace::setns;
+pub use tidegate_netns::namespace::{
+    current_id, open_nonblocking, NetnsError, NetnsId, PodNetns, MESH_MARK,
+};
 use tracing::error;
-
-/// The packet mark istio-cni's rules exempt from capture (1337).
-pub const MESH_MARK: u32 = 0x539;
-
-/// A network namespace's identity: the (device, inode) of its nsfs file.
-/// The same pod sandbox keeps it; a re-created sandbox gets a new one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-pub struct NetnsId {
-    pub dev: u64,
-    pub ino: u64,
-}
-
-/// A pod's network namespace, held open by its file descriptor (so it stays
-/// valid even after its bind mount is gone).
-#[derive(Debug)]
-pub struct PodNetns {
-    fd: OwnedFd,
-    id: NetnsId,
-}
-
-impl PodNetns {
-    /// Takes a namespace descriptor (from CNI's `CNI_NETNS` path, or
-    /// received over a Unix socket); refuses one that is no network namespace.
-    pub fn from_fd(fd: OwnedFd) -> Result<PodNetns, NetnsError> {
-        let meta = File::from(fd.try_clone().map_err(NetnsError::Open)?)
-            .metadata()
-            .map_err(NetnsError::Open)?;
-        let id = NetnsId {
-            dev: meta.dev(),
-            ino: meta.ino(),
-        };
-        // setns with CLONE_NEWNET refuses anything else; check up front so
-        // a bad descriptor is refused where it is handed over.
-        let fs = nix::sys::statfs::fstatfs(&fd).map_err(|e| NetnsError::Open(e.into()))?;
-        if fs.filesystem_type() != NSFS_MAGIC {
-            return Err(NetnsError::NotANamespace(kind_of(&meta.file_type())));
-        }
-        Ok(PodNetns { fd, id })
-    }
-
-    /// Opens a namespace by path (`/var/run/netns/<name>`, `/proc/<pid>/ns/net`).
-    pub fn open(path: &Path) -> Result<PodNetns, NetnsError> {
-        PodNetns::from_fd(open_nonblocking(path).map_err(NetnsError::Open)?)
-    }
-
-    pub fn id(&self) -> NetnsId {
-        self.id
-    }
-
-    /// The descriptor (to hand the namespace over).
-    pub fn into_fd(self) -> OwnedFd {
-        self.fd
-    }
-
-    /// Moves the calling thread into this namespace (for a thread that
-    /// stays there or ends afterwards).
-    pub fn enter(&self) -> io::Result<()> {
-        setns(&self.fd)
-    }
-}
-
-/// Opens `path` read-only without ever blocking: a FIFO or a device where
-/// a namespace should be (a bad `CNI_NETNS`, a stale pod record) would
-/// block a plain open until some writer came; with `O_NONBLOCK` it opens at
-/// once and fails the namespace check.
-pub fn open_nonblocking(path: &Path) -> io::Result<OwnedFd> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)?;
-    Ok(file.into())
-}
-
-/// The identity of the network namespace of the calling thread (the
-/// gateway's own, called from one of its threads).
-pub fn current_id() -> io::Result<NetnsId> {
-    let meta = std::fs::metadata("/proc/thread-self/ns/net")?;
-    Ok(NetnsId {
-        dev: meta.dev(),
-        ino: meta.ino(),
-    })
-}
-
-/// What a file that is not a namespace is, for the error.
-fn kind_of(t: &std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if t.is_fifo() {
-        "a FIFO"
-    } else if t.is_dir() {
-        "a directory"
-    } else if t.is_file() {
-        "a regular file"
-    } else if t.is_socket() {
-        "a socket"
-    } else if t.is_char_device() || t.is_block_device() {
-        "a device"
-    } else {
-        "some other kind of file"
-    }
-}
-
-/// `NSFS_MAGIC` (linux/magic.h): the file system of namespace files.
-const NSFS_MAGIC: nix::sys::statfs::FsType = nix::sys::statfs::FsType(0x6e73_6673);
-
-#[derive(Debug, thiserror::Error)]
-pub enum NetnsError {
-    #[error("cannot open the network namespace: {0}")]
-    Open(io::Error),
-    #[error("it is {0}, not a network namespace")]
-    NotANamespace(&'static str),
-    #[error(
-        "cannot enter the pod's network namespace: {0} (the gateway needs CAP_SYS_ADMIN for setns)"
-    )]
-    Enter(io::Error),
-    #[error("{what} inside the pod's network namespace: {source}")]
-    Socket {
-        what: &'static str,
-        source: io::Error,
-    },
-}
 
 /// What a listener in a pod namespace gets.
 #[derive(Clone, Copy, Debug)]
@@ -202,7 +87,7 @@ impl NetnsSockets {
                     home.get_or_init(|| fd)
                 }
             };
-            setns(&ns.fd).map_err(NetnsError::Enter)?;
+            ns.enter().map_err(NetnsError::Enter)?;
             let r = f();
             if let Err(e) = setns(home) {
                 error!(error = %e, "cannot return to the gateway's network namespace after making a pod socket; stopping");
@@ -261,10 +146,6 @@ impl NetnsSockets {
         })?;
         Ok(tokio::net::TcpSocket::from_std_stream(socket.into()))
     }
-}
-
-fn setns(ns: &impl AsFd) -> io::Result<()> {
-    nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).map_err(Into::into)
 }
 
 /// A nonblocking TCP socket of `ip`'s family with `SO_MARK`.

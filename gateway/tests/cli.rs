@@ -1,6 +1,6 @@
 //! The real `tidegate` binary: `run` with a config file, `connect` through
-//! it, SIGTERM, bad configuration, and a plugin from `plugin new` through
-//! `plugin build`, `policy check|test` and a hot swap.
+//! it, SIGTERM, bad configuration, and a plugin from `tidegate-plugin new`
+//! through `tidegate-plugin build`, `tidegate policy check|test` and a hot swap.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Output, Stdio};
@@ -713,6 +713,19 @@ fn tidegate_in(dir: &std::path::Path, args: &[&str]) -> Output {
     run_bounded(BIN, args, dir, Duration::from_secs(600))
 }
 
+/// `tidegate-plugin args` in `dir`: the plugin toolchain's own binary,
+/// beside the gateway's in the target directory (the test command builds
+/// every binary of the workspace before it runs a test).
+fn plugin_in(dir: &std::path::Path, args: &[&str]) -> Output {
+    let bin = std::path::Path::new(BIN).with_file_name("tidegate-plugin");
+    assert!(
+        bin.is_file(),
+        "{} is not built: cargo build -p tidegate-plugin-build (cargo xtask test builds it)",
+        bin.display()
+    );
+    run_bounded(bin.to_str().unwrap(), args, dir, Duration::from_secs(600))
+}
+
 fn ok(out: &Output) -> String {
     assert!(
         out.status.success(),
@@ -733,13 +746,13 @@ fn refused(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// The sdk/README.md path: `plugin new`, native `cargo test`, `plugin
-/// build`, `policy check`, `policy test`, and the printed `curl -X PUT`
-/// hot swap on a running gateway.
+/// The sdk/README.md path: `tidegate-plugin new`, native `cargo test`,
+/// `tidegate-plugin build`, `tidegate policy check|test`, and the printed
+/// `curl -X PUT` hot swap on a running gateway.
 #[test]
 fn plugin_new_builds_checks_passes_its_trace_and_hot_swaps() {
     let tmp = tempfile::tempdir().unwrap();
-    let out = ok(&tidegate_in(tmp.path(), &["plugin", "new", "my-policy"]));
+    let out = ok(&plugin_in(tmp.path(), &["new", "my-policy"]));
     assert!(out.starts_with("created policy crate my-policy"), "{out}");
     let krate = tmp.path().join("my-policy");
 
@@ -753,7 +766,7 @@ fn plugin_new_builds_checks_passes_its_trace_and_hot_swaps() {
     assert!(tests.contains("test tests::trace_passes ... ok"), "{tests}");
     assert!(tests.contains("test result: ok. 3 passed"), "{tests}");
 
-    let out = ok(&tidegate_in(&krate, &["plugin", "build"]));
+    let out = ok(&plugin_in(&krate, &["build"]));
     assert!(out.starts_with("wrote target/my-policy.wasm ("), "{out}");
     // Release by default: small enough for the tidegate-plugins ConfigMap.
     assert!(
@@ -792,16 +805,9 @@ fn plugin_new_builds_checks_passes_its_trace_and_hot_swaps() {
 
     // --out and --path from elsewhere.
     let elsewhere = tmp.path().join("out/p.wasm");
-    let out = ok(&tidegate_in(
+    let out = ok(&plugin_in(
         tmp.path(),
-        &[
-            "plugin",
-            "build",
-            "--path",
-            "my-policy",
-            "--out",
-            "out/p.wasm",
-        ],
+        &["build", "--path", "my-policy", "--out", "out/p.wasm"],
     ));
     assert!(out.starts_with("wrote out/p.wasm ("), "{out}");
     assert_eq!(
@@ -827,20 +833,17 @@ fn plugin_new_builds_checks_passes_its_trace_and_hot_swaps() {
 #[test]
 fn plugin_new_refuses_bad_names_non_empty_directories_and_non_sdks() {
     let tmp = tempfile::tempdir().unwrap();
-    let err = refused(&tidegate_in(tmp.path(), &["plugin", "new", "My Policy"]));
+    let err = refused(&plugin_in(tmp.path(), &["new", "My Policy"]));
     assert!(
         err.contains("invalid plugin name \"My Policy\": start with a lowercase letter"),
         "{err}"
     );
-    let err = refused(&tidegate_in(tmp.path(), &["plugin", "new", "self"]));
+    let err = refused(&plugin_in(tmp.path(), &["new", "self"]));
     assert!(err.contains("a Rust keyword"), "{err}");
 
     std::fs::create_dir(tmp.path().join("taken")).unwrap();
     std::fs::write(tmp.path().join("taken/notes.txt"), "mine").unwrap();
-    let err = refused(&tidegate_in(
-        tmp.path(),
-        &["plugin", "new", "p", "--path", "taken"],
-    ));
+    let err = refused(&plugin_in(tmp.path(), &["new", "p", "--path", "taken"]));
     assert!(
         err.contains("taken exists and is not empty; choose another name or --path"),
         "{err}"
@@ -851,17 +854,14 @@ fn plugin_new_refuses_bad_names_non_empty_directories_and_non_sdks() {
         "nothing written"
     );
 
-    let err = refused(&tidegate_in(
-        tmp.path(),
-        &["plugin", "new", "p", "--sdk", "taken"],
-    ));
+    let err = refused(&plugin_in(tmp.path(), &["new", "p", "--sdk", "taken"]));
     assert!(
         err.contains("--sdk ") && err.contains("not the tidegate SDK"),
         "{err}"
     );
     assert!(!tmp.path().join("p").exists());
 
-    let err = refused(&tidegate_in(tmp.path(), &["plugin", "build"]));
+    let err = refused(&plugin_in(tmp.path(), &["build"]));
     assert!(err.contains("no Cargo.toml in ."), "{err}");
 }
 
@@ -870,7 +870,7 @@ fn plugin_new_refuses_bad_names_non_empty_directories_and_non_sdks() {
 #[test]
 fn plugin_build_refuses_a_crate_importing_wasi() {
     let tmp = tempfile::tempdir().unwrap();
-    ok(&tidegate_in(tmp.path(), &["plugin", "new", "wasi-user"]));
+    ok(&plugin_in(tmp.path(), &["new", "wasi-user"]));
     let lib = tmp.path().join("wasi-user/src/lib.rs");
     let code = std::fs::read_to_string(&lib).unwrap();
     let decide = "fn decide(&mut self, event: &Event) -> Vec<Action> {\n";
@@ -882,10 +882,7 @@ fn plugin_build_refuses_a_crate_importing_wasi() {
          extern \"C\" {\n    fn sched_yield() -> i32;\n}\n";
     std::fs::write(&lib, code).unwrap();
 
-    let err = refused(&tidegate_in(
-        &tmp.path().join("wasi-user"),
-        &["plugin", "build"],
-    ));
+    let err = refused(&plugin_in(&tmp.path().join("wasi-user"), &["build"]));
     assert!(
         err.contains(
             "plugin wasi-user is not a drain policy: imports outside tidegate:policy/: \

@@ -1,4 +1,4 @@
-//! `tidegate plugin build`: one policy crate → `cargo build` for wasm32 →
+//! `tidegate-plugin build`: one policy crate → `cargo build` for wasm32 →
 //! component (imports checked) → `target/<name>.wasm`.
 
 use std::ffi::OsStr;
@@ -34,7 +34,7 @@ pub struct Built {
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     #[error(
-        "no Cargo.toml in {}; run this in a plugin crate (`tidegate plugin new NAME` creates one) \
+        "no Cargo.toml in {}; run this in a plugin crate (`tidegate-plugin new NAME` creates one) \
          or pass --path DIR",
         .0.display()
     )]
@@ -208,7 +208,7 @@ mod tests {
         .unwrap_err();
         assert!(matches!(err, BuildError::NoManifest(_)), "{err:?}");
         assert!(
-            err.to_string().contains("tidegate plugin new NAME"),
+            err.to_string().contains("tidegate-plugin new NAME"),
             "{err}"
         );
     }

@@ -1,5 +1,5 @@
 //! Drain-policy plugins from source to component, shared by the gateway's
-//! `tidegate plugin new|build` and `cargo xtask plugins`, so there is one
+//! `tidegate-plugin new|build` and `cargo xtask plugins`, so there is one
 //! componentization and one import check:
 //!
 //! - [`component`]: core module → component (`wit-component`), refusing
@@ -7,9 +7,9 @@
 //!   the policy;
 //! - [`cargo`]: `cargo metadata` and `cargo build --target wasm32-unknown-unknown`;
 //! - [`wasm_target`]: the wasm32 standard library, installed with rustup if missing;
-//! - [`build_crate`]: all of that for one crate (`tidegate plugin build`);
+//! - [`build_crate`]: all of that for one crate (`tidegate-plugin build`);
 //! - [`configmap`]: whether a component fits the `tidegate-plugins` ConfigMap;
-//! - [`new`]: a new standalone policy crate (`tidegate plugin new`).
+//! - [`new`]: a new standalone policy crate (`tidegate-plugin new`).
 //!
 //! No wasmtime here: xtask links this crate without the gateway.
 

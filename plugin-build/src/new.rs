@@ -1,4 +1,4 @@
-//! `tidegate plugin new`: a standalone policy crate (SDK dependency, a
+//! `tidegate-plugin new`: a standalone policy crate (SDK dependency, a
 //! policy skeleton, a trace and native tests) that builds and passes its
 //! trace as written.
 

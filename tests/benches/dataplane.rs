@@ -43,8 +43,8 @@ mod pair;
 
 use anyhow::{anyhow, bail, Context as _};
 use bytes::Bytes;
-use tidegate::config::HboneConfig;
 use tidegate::hbone::client::{connect_stream, dial};
+use tidegate::hbone::Settings;
 use tidegate::identity::SpiffeId;
 use tidegate::tls::TlsContext;
 use tidegate_e2e::{ip, metric, workloads_yaml, Options, TwoNodes, TRUST_DOMAIN};
@@ -294,7 +294,7 @@ enum Target {
 
 struct Dialer {
     tls: Arc<TlsContext>,
-    cfg: HboneConfig,
+    cfg: Settings,
     src: SpiffeId,
     dst: SpiffeId,
     hbone: SocketAddr,
@@ -583,7 +583,7 @@ async fn in_process() -> anyhow::Result<InProcess> {
 
     let dialer = Dialer {
         tls: nodes.client.tls.clone(),
-        cfg: HboneConfig::default(),
+        cfg: Settings::default(),
         src: SpiffeId::new(TRUST_DOMAIN, "demo", "client"),
         dst: SpiffeId::new(TRUST_DOMAIN, "demo", "echo"),
         hbone: SocketAddr::new(echo_ip, nodes.server.addrs.inbound.port()),

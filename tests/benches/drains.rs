@@ -50,9 +50,9 @@ use std::process::ExitCode;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use tidegate::config::HboneConfig;
 use tidegate::drains::{Lifecycle, Trigger};
 use tidegate::hbone::client::{connect_stream, dial};
+use tidegate::hbone::Settings;
 use tidegate::identity::SpiffeId;
 use tidegate_e2e::{echo_server, metric, round_trip, Capture, Options, TwoNodes, TRUST_DOMAIN};
 use tokio::sync::oneshot;
@@ -293,7 +293,7 @@ async fn goaway_raw_once(
     nodes: &TwoNodes,
     t: &Target,
 ) -> anyhow::Result<Option<(Duration, Duration)>> {
-    let cfg = HboneConfig::default();
+    let cfg = Settings::default();
     let src = SpiffeId::new(TRUST_DOMAIN, "demo", "client");
     let dst = SpiffeId::new(TRUST_DOMAIN, "demo", DRAINED_SA);
     let hbone = SocketAddr::new(t.ip, nodes.server.addrs.inbound.port());

@@ -154,7 +154,7 @@ impl Client {
     async fn tunnel(&self) -> anyhow::Result<h2::client::SendRequest<Bytes>> {
         let (send, conn) = tidegate::hbone::client::dial(
             &self.tls,
-            &self.config.hbone,
+            &self.config.hbone.settings(),
             &self.me,
             &self.echo,
             HBONE.parse()?,

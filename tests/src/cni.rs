@@ -19,13 +19,13 @@ pub fn binary() -> PathBuf {
     let _once = BUILT.lock().unwrap_or_else(|e| e.into_inner());
     if !bin.exists() {
         let out = Command::new(env!("CARGO"))
-            .args(["build", "-p", "tidegate", "--bin", "tidegate-cni"])
+            .args(["build", "-p", "tidegate-cni"])
             .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
             .output()
             .expect("run cargo build for tidegate-cni");
         assert!(
             out.status.success(),
-            "cargo build -p tidegate --bin tidegate-cni failed: {}",
+            "cargo build -p tidegate-cni failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }

@@ -23,7 +23,14 @@ pub const DOCUMENT: &str = "ARCHITECTURE.md";
 const SRC: &str = "gateway/src";
 /// Every source tree whose modules the document names: the node gateway's
 /// and those of the crates along its walls.
-const SOURCES: &[&str] = &[SRC, "base/src", "policy-host/src"];
+const SOURCES: &[&str] = &[
+    SRC,
+    "base/src",
+    "protocol/src",
+    "policy-host/src",
+    "netns/src",
+    "cni/src",
+];
 const EXTENSIONS: &[&str] = &[".rs", ".md", ".toml", ".yaml", ".yml", ".wit", ".json"];
 
 /// Every problem of the repository's ARCHITECTURE.md, one line each.

@@ -1,6 +1,6 @@
 //! `cargo xtask plugins`: every crate of `plugins/` built for wasm32 and
 //! turned into a checked component by `tidegate-plugin-build` (the same
-//! code as `tidegate plugin build`).
+//! code as `tidegate-plugin build`).
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};

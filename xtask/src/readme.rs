@@ -133,7 +133,7 @@ fn substituted(script: &str) -> String {
 
 /// Runs every block of every document, one check per block.
 pub fn run_all(root: &Path, checks: &mut Checks) -> Result<()> {
-    // New crates made by the blocks (`tidegate plugin new`) build here, so
+    // New crates made by the blocks (`tidegate-plugin new`) build here, so
     // a second run (and the CLI test's, which uses the same directory) is
     // incremental; dependencies come from cargo's cache, never the network.
     let cargo_target = root.join("target").join("plugin-new-test");

@@ -73,9 +73,10 @@ pub async fn run(config: Config, args: ConnectArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| std::net::SocketAddr::new(args.to.ip(), config.hbone.port));
     let source = crate::app::cert_source(&config)?;
     let tls = TlsContext::new(source, &config.trust_domain, TlsMetrics::default());
-    let (send, conn) = crate::hbone::client::dial(&tls, &config.hbone, &me, &server_identity, via)
-        .await
-        .with_context(|| format!("dialing {via} as {me}"))?;
+    let (send, conn) =
+        crate::hbone::client::dial(&tls, &config.hbone.settings(), &me, &server_identity, via)
+            .await
+            .with_context(|| format!("dialing {via} as {me}"))?;
     let driver = tokio::spawn(conn);
     let (tx, rx) =
         crate::hbone::client::connect_stream(send, args.to, config.hbone.connect_timeout)

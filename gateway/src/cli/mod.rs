@@ -1,10 +1,9 @@
 //! Command-line interface. `main` parses this and calls one function:
-//! [`connect`] (`tidegate connect`), [`plugin`] (`tidegate plugin`),
+//! [`connect`] (`tidegate connect`),
 //! [`workload_ops`] (`tidegate drain|bind|unbind`, over [`admin_api`]).
 
 pub mod admin_api;
 pub mod connect;
-pub mod plugin;
 pub mod workload_ops;
 
 use std::net::SocketAddr;
@@ -56,9 +55,6 @@ pub enum Command {
     /// Work with drain-policy plugins without starting the gateway.
     #[command(subcommand)]
     Policy(PolicyCommand),
-    /// Create and build drain-policy plugins (standalone crates, outside this repository).
-    #[command(subcommand)]
-    Plugin(PluginCommand),
     /// Serve the Istio CA protocol (certificates for every node's pods) for clusters without istiod.
     Ca(Box<crate::ca::server::CaServerConfig>),
 }
@@ -79,38 +75,6 @@ pub enum PolicyCommand {
         /// Configuration passed to the plugin's init (e.g. JSON).
         #[arg(long, default_value = "")]
         policy_config: String,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-pub enum PluginCommand {
-    /// Create a policy crate: the SDK dependency, a policy skeleton, a trace and native tests.
-    New {
-        /// Package name (lowercase letters, digits, '-', '_'); also the component's file name.
-        name: String,
-        /// Directory to create the crate in (default: ./<name>); must not exist or be empty.
-        #[arg(long, value_name = "DIR")]
-        path: Option<PathBuf>,
-        /// The SDK to depend on (default: the sdk/ this tidegate was built from).
-        #[arg(long, value_name = "PATH")]
-        sdk: Option<PathBuf>,
-    },
-    /// Build a policy crate for wasm32 (release profile), turn it into a component and check its
-    /// imports; prints its size and whether it fits a ConfigMap.
-    Build {
-        /// The crate's directory.
-        #[arg(long, value_name = "DIR", default_value = ".")]
-        path: PathBuf,
-        /// Where to write the component (default: <DIR>/target/<name>.wasm).
-        #[arg(long, value_name = "FILE")]
-        out: Option<PathBuf>,
-        /// Build with cargo's dev profile: quicker to build, but slower and far larger (the
-        /// skeleton: 5.8 MB against 126 KB), too large for the tidegate-plugins ConfigMap.
-        #[arg(long, conflicts_with = "release")]
-        debug: bool,
-        /// Build with cargo's release profile: the default (kept for scripts).
-        #[arg(long, hide = true)]
-        release: bool,
     },
 }
 

@@ -181,16 +181,17 @@ pub struct HboneConfig {
 
 impl Default for HboneConfig {
     fn default() -> Self {
+        let tunnel = crate::hbone::Settings::default();
         HboneConfig {
             port: 15008,
-            stream_window: 4 << 20,
-            connection_window: 16 << 20,
-            max_frame_size: 1 << 20,
-            max_concurrent_streams: 200,
-            max_header_list_size: 16 << 10,
-            keepalive_interval: Duration::from_secs(10),
-            keepalive_timeout: Duration::from_secs(20),
-            connect_timeout: Duration::from_secs(5),
+            stream_window: tunnel.stream_window,
+            connection_window: tunnel.connection_window,
+            max_frame_size: tunnel.max_frame_size,
+            max_concurrent_streams: tunnel.max_concurrent_streams,
+            max_header_list_size: tunnel.max_header_list_size,
+            keepalive_interval: tunnel.keepalive_interval,
+            keepalive_timeout: tunnel.keepalive_timeout,
+            connect_timeout: tunnel.connect_timeout,
             // A well-behaved peer keeps at most 100 streams on one tunnel
             // (our pool and ztunnel's), so it never has more dials in flight.
             max_dials_in_flight_per_tunnel: 100,
@@ -203,6 +204,23 @@ impl Default for HboneConfig {
             max_wasted_dials_per_second_per_tunnel: 100,
             max_connections: 0,
             max_connections_per_identity: 0,
+        }
+    }
+}
+
+impl HboneConfig {
+    /// What each tunnel is built with (the protocol layer's share of this
+    /// section).
+    pub fn settings(&self) -> crate::hbone::Settings {
+        crate::hbone::Settings {
+            stream_window: self.stream_window,
+            connection_window: self.connection_window,
+            max_frame_size: self.max_frame_size,
+            max_concurrent_streams: self.max_concurrent_streams,
+            max_header_list_size: self.max_header_list_size,
+            keepalive_interval: self.keepalive_interval,
+            keepalive_timeout: self.keepalive_timeout,
+            connect_timeout: self.connect_timeout,
         }
     }
 }

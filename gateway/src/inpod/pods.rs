@@ -30,11 +30,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
+use tidegate_netns::pod_records::PodRecord;
 use tracing::{info, warn};
 
 use super::admission::{Admission, Candidate, InboundClaim, Owner, Refusal};
 use super::capture::CapturePorts;
-use super::state::PodRecord;
 use crate::drains::{DrainEngine, Lifecycle, Trigger};
 use crate::metrics::ProxyMetrics;
 use crate::netns::{ListenOpts, NetnsError, NetnsId, NetnsSockets, PodNetns, MESH_MARK};

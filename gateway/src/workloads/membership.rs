@@ -28,24 +28,19 @@
 
 use std::collections::BTreeMap;
 
+/// Namespaces whose pods are never members (shared with `tidegate-cni`).
+pub use tidegate_netns::never_meshed::{never_meshed_namespace, NEVER_MESHED_NAMESPACES};
+
 /// The mesh label's default name (`workloads.kubernetes.mesh_label`).
 pub const MESH_LABEL: &str = "tidegate.io/mesh";
 /// Istio ambient's label, on a pod or its namespace.
 pub const ISTIO_DATAPLANE_MODE: &str = "istio.io/dataplane-mode";
-/// Namespaces whose pods are never members: the cluster's own system pods
-/// must start whether or not the node's gateway is up.
-pub const NEVER_MESHED_NAMESPACES: [&str; 1] = ["kube-system"];
 
 /// Values of the labels the rule reads.
 pub const ENABLED: &str = "enabled";
 pub const DISABLED: &str = "disabled";
 pub const AMBIENT: &str = "ambient";
 pub const NONE: &str = "none";
-
-/// Whether pods of `namespace` are never members, whatever their labels.
-pub fn never_meshed_namespace(namespace: &str) -> bool {
-    NEVER_MESHED_NAMESPACES.contains(&namespace)
-}
 
 /// What the rule reads of a pod.
 #[derive(Clone, Copy, Debug, Default)]

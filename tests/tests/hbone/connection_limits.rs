@@ -7,8 +7,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use h2::client::SendRequest;
 use http::StatusCode;
-use tidegate::config::HboneConfig;
 use tidegate::hbone::client::{connect_stream, dial, DialError, StreamError};
+use tidegate::hbone::Settings;
 use tidegate::tls::{TlsContext, TlsMetrics};
 use tidegate_e2e::{eventually, metric_or_zero, Options, TwoNodes};
 
@@ -29,7 +29,7 @@ async fn tunnel_as(
     let (client, echo) = (id("cluster.local", sa), id("cluster.local", "echo"));
     let (send, conn) = dial(
         &tls,
-        &HboneConfig::default(),
+        &Settings::default(),
         &client,
         &echo,
         hbone_addr(nodes, 2),

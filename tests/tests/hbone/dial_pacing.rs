@@ -12,6 +12,7 @@ use bytes::Bytes;
 use h2::client::SendRequest;
 use tidegate::config::HboneConfig;
 use tidegate::hbone::client::{connect_stream, dial};
+use tidegate::hbone::Settings;
 use tidegate::tls::{TlsContext, TlsMetrics};
 use tidegate_e2e::{eventually, ip, metric, metric_or_zero, wait_for, Options, TwoNodes};
 
@@ -23,7 +24,7 @@ async fn tunnel(nodes: &TwoNodes) -> SendRequest<Bytes> {
     let (client, echo) = (id("cluster.local", "client"), id("cluster.local", "echo"));
     let (send, conn) = dial(
         &tls,
-        &HboneConfig::default(),
+        &Settings::default(),
         &client,
         &echo,
         hbone_addr(nodes, 2),

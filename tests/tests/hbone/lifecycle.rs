@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tidegate::config::HboneConfig;
 use tidegate::hbone::client::{connect_stream, dial};
+use tidegate::hbone::Settings;
 use tidegate::identity::SpiffeId;
 use tidegate::tls::{CertDir, DevCa, TlsContext, TlsMetrics};
 use tidegate_e2e::{eventually, http_get, ip, metric, round_trip, Options, TwoNodes};
@@ -117,15 +117,9 @@ async fn keepalive_closes_a_peer_that_stops_answering() {
     let ca = Arc::new(DevCa::open(&nodes.ca_dir(), Duration::from_secs(600)).unwrap());
     let tls = TlsContext::new(ca, "cluster.local", TlsMetrics::default());
     let addr = SocketAddr::new(ip(42, 2), nodes.server.addrs.inbound.port());
-    let (send, mut conn) = dial(
-        &tls,
-        &HboneConfig::default(),
-        &sa("client"),
-        &sa("echo"),
-        addr,
-    )
-    .await
-    .unwrap();
+    let (send, mut conn) = dial(&tls, &Settings::default(), &sa("client"), &sa("echo"), addr)
+        .await
+        .unwrap();
     // Drive the connection only until one stream is up, then go silent:
     // the server's PINGs are never answered.
     let stream = tokio::select! {

@@ -3,6 +3,7 @@
 
 mod admin;
 mod bad_input;
+mod cni_del;
 mod connection_limits;
 mod dial_pacing;
 mod drains;

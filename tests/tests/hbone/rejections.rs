@@ -13,6 +13,7 @@ use rustls::sign::CertifiedKey;
 use rustls::{DigitallySignedStruct, SignatureScheme};
 use tidegate::config::HboneConfig;
 use tidegate::hbone::client::{connect_stream, dial};
+use tidegate::hbone::Settings;
 use tidegate::hbone::REASON_HEADER;
 use tidegate::identity::SpiffeId;
 use tidegate::tls::{CertError, CertSource, DevCa, Roots, TlsContext, TlsMetrics};
@@ -83,7 +84,7 @@ pub(crate) async fn refused_by_server(
     let echo = id("cluster.local", "echo");
     let r = dial(
         &tls,
-        &HboneConfig::default(),
+        &Settings::default(),
         client,
         &echo,
         hbone_addr(nodes, 2),
@@ -195,7 +196,7 @@ async fn tls_refusals_are_specific() {
     let tls = TlsContext::new(real_ca(&nodes), "cluster.local", TlsMetrics::default());
     let refused = dial(
         &tls,
-        &hbone,
+        &hbone.settings(),
         &id("cluster.local", "client"),
         &id("cluster.local", "impostor"),
         addr,
@@ -267,7 +268,7 @@ pub(crate) async fn request(
     let tls = TlsContext::new(real_ca(nodes), "cluster.local", TlsMetrics::default());
     let (send, conn) = dial(
         &tls,
-        &HboneConfig::default(),
+        &Settings::default(),
         &id("cluster.local", "client"),
         &id("cluster.local", server_sa),
         hbone_addr(nodes, host),
@@ -350,7 +351,7 @@ async fn stream_refusals_have_specific_statuses() {
     let tls = TlsContext::new(real_ca(&nodes), "cluster.local", TlsMetrics::default());
     let (send, conn) = dial(
         &tls,
-        &HboneConfig::default(),
+        &Settings::default(),
         &id("cluster.local", "client"),
         &id("cluster.local", "echo"),
         hbone_addr(&nodes, 2),

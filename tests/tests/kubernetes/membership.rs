@@ -106,7 +106,7 @@ drains: {{cni_socket: {socket}}}
         "{}",
         stderr(&out)
     );
-    assert!(tidegate::inpod::state::PodRecord::read_all(&dir.path().join("pods")).is_empty());
+    assert!(tidegate_netns::pod_records::PodRecord::read_all(&dir.path().join("pods")).is_empty());
     // A pod discovery does not know (yet): try again later, never a guess.
     let out = add(dir.path(), &socket, "shop", "ghost", "uid-ghost");
     assert!(!out.status.success());

@@ -474,7 +474,7 @@ async fn inpod_cni_add_fails_clearly_and_del_is_idempotent() {
             .contains("not started outside the mesh"),
         "{err}"
     );
-    assert!(tidegate::inpod::state::PodRecord::read_all(&wrong.state).is_empty());
+    assert!(tidegate_netns::pod_records::PodRecord::read_all(&wrong.state).is_empty());
     // A real ADD, twice: the second changes nothing.
     for _ in 0..2 {
         ok(
@@ -493,7 +493,7 @@ async fn inpod_cni_add_fails_clearly_and_del_is_idempotent() {
     );
     assert_eq!(tidegate_e2e::metric(&m, "tidegate_inpod_pods"), 1.0);
     assert_eq!(
-        tidegate::inpod::state::PodRecord::read_all(&s.b.state).len(),
+        tidegate_netns::pod_records::PodRecord::read_all(&s.b.state).len(),
         1
     );
     // DEL twice: both succeed; the listeners close and the record goes.
@@ -505,7 +505,7 @@ async fn inpod_cni_add_fails_clearly_and_del_is_idempotent() {
     }
     let m = s.gw_b.metrics().await;
     assert_eq!(tidegate_e2e::metric(&m, "tidegate_inpod_pods"), 0.0);
-    assert!(tidegate::inpod::state::PodRecord::read_all(&s.b.state).is_empty());
+    assert!(tidegate_netns::pod_records::PodRecord::read_all(&s.b.state).is_empty());
     // DEL of a pod never added succeeds too.
     let unknown = CniPod {
         uid: "never-added",
@@ -790,7 +790,7 @@ async fn inpod_a_pod_outside_the_mesh_is_not_captured() {
     );
     assert!(!captured(&s.t.pc), "pod C has no capture rule");
     assert!(captured(&s.t.pa), "pod A, a member, has its rules");
-    let records = tidegate::inpod::state::PodRecord::read_all(&s.a.state);
+    let records = tidegate_netns::pod_records::PodRecord::read_all(&s.a.state);
     assert_eq!(records.len(), 1, "only pod A is recorded");
     let m = s.gw_a.metrics().await;
     for (result, n) in [("added", 1.0), ("not_member", 1.0)] {
@@ -996,7 +996,7 @@ async fn inpod_cni_add_of_a_taken_namespace_or_the_nodes_own_fails_naming_why() 
         "{err}"
     );
     // Only pod B's record is left; one set of listeners serves it.
-    let records = tidegate::inpod::state::PodRecord::read_all(&s.b.state);
+    let records = tidegate_netns::pod_records::PodRecord::read_all(&s.b.state);
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].1.as_ref().unwrap().uid, SERVER_UID);
     assert_eq!(listeners(&s.t.pb, 15008), 1);

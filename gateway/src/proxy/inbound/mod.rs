@@ -194,7 +194,7 @@ impl Inbound {
                         .refused(over, Refused::Tunnel, peer_addr, Some(&peer));
                     self.metrics().connection_failed(over.tunnel_reason());
                     let calm = h2::Reason::ENHANCE_YOUR_CALM;
-                    return hbone::server::refuse(tls, self.cfg(), calm).await;
+                    return hbone::server::refuse(tls, &self.cfg().settings(), calm).await;
                 }
             };
             self.metrics().connections_opened.inc();
@@ -281,7 +281,7 @@ impl Inbound {
             }),
             identity,
         });
-        match hbone::server::serve(tls, cfg, handler, commands, shutdown).await {
+        match hbone::server::serve(tls, &cfg.settings(), handler, commands, shutdown).await {
             Err(e) => self.metrics().connection_failed(e.reason()),
             Ok(TunnelEnd::Keepalive(_)) => self.metrics().connection_failed("keepalive_timeout"),
             Ok(TunnelEnd::Deadline) => {

@@ -86,7 +86,7 @@ impl PoolError {
 
 pub struct Pool {
     tls: Arc<TlsContext>,
-    hbone: HboneConfig,
+    hbone: crate::hbone::Settings,
     cfg: PoolConfig,
     /// Congestion control of the tunnels dialed (`tcp.tunnel_congestion_control`).
     tunnel_cc: Congestion,
@@ -119,7 +119,7 @@ impl Pool {
     ) -> Arc<Self> {
         Arc::new(Pool {
             tls,
-            hbone,
+            hbone: hbone.settings(),
             cfg,
             tunnel_cc,
             keys: Mutex::new(HashMap::new()),

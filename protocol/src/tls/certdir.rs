@@ -18,7 +18,7 @@ use tracing::{info, warn};
 
 use super::{identity_of, provider, CertError, CertSource, Roots};
 use crate::identity::SpiffeId;
-use crate::shutdown::ShutdownWatch;
+use tidegate_base::shutdown::ShutdownWatch;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CertDirError {

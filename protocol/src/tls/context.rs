@@ -17,7 +17,7 @@ use super::verify::{
 };
 use super::{provider, CertError, CertSource, TlsMetrics, ALPN_H2};
 use crate::identity::SpiffeId;
-use crate::sync::Locked;
+use tidegate_base::sync::Locked;
 
 pub type ServerTls = tokio_rustls::server::TlsStream<TcpStream>;
 pub type ClientTls = tokio_rustls::client::TlsStream<TcpStream>;

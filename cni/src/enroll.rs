@@ -5,8 +5,9 @@
 //! `tidegate::workloads::membership` applied to what its discovery knows
 //! of the pod and its namespace (labels the plugin does not have); the
 //! plugin itself only lets pods of the namespaces the rule never meshes
-//! (`kube-system`) through without asking, so the cluster's system pods
-//! start whether the gateway is up or not.
+//! (`kube-system`, [`tidegate_netns::never_meshed`]) through without
+//! asking, so the cluster's system pods start whether the gateway is up or
+//! not.
 //!
 //! ADD, in this order (so no captured packet ever finds nobody listening):
 //! 1. record the pod in the state directory (a gateway restarted during the
@@ -41,9 +42,9 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{mpsc, Arc};
 
 use serde_json::{json, Value};
-use tidegate::inpod::capture::{self, CapturePorts};
-use tidegate::inpod::state::PodRecord;
-use tidegate::workloads::membership::never_meshed_namespace;
+use tidegate_netns::capture::{self, CapturePorts};
+use tidegate_netns::never_meshed::never_meshed_namespace;
+use tidegate_netns::pod_records::PodRecord;
 
 use crate::conf::{err, CniError, Enroll, OurKeys};
 use crate::{ask_within, cni_arg};
@@ -165,7 +166,7 @@ fn add(e: &Enroll, step: &AtomicU8) -> Result<(), CniError> {
 /// already gone fails here, clearly, and so does a path that is no
 /// namespace (opened without blocking: a FIFO never hangs the ADD).
 fn open_netns(path: &str) -> Result<OwnedFd, CniError> {
-    use tidegate::netns::{NetnsError, PodNetns};
+    use tidegate_netns::namespace::{NetnsError, PodNetns};
     match PodNetns::open(Path::new(path)) {
         Ok(ns) => Ok(ns.into_fd()),
         Err(e @ NetnsError::NotANamespace(_)) => Err(err(

@@ -22,9 +22,9 @@ use tracing::{debug, warn};
 use super::io::{CloseNotify, Refusal, RefusalSink, ServerIo};
 use super::keepalive::KeepaliveError;
 use super::GoawayCommand;
-use crate::config::HboneConfig;
-use crate::shutdown::ShutdownWatch;
+use super::Settings;
 use crate::tls::ServerTls;
+use tidegate_base::shutdown::ShutdownWatch;
 
 /// What to do with each accepted HTTP/2 stream.
 pub trait StreamHandler: Send + Sync + 'static {
@@ -98,7 +98,7 @@ type Conn = Connection<ServerIo, Bytes>;
 /// remaining streams are cut and the tunnel closed the same way.
 pub async fn serve<H: StreamHandler>(
     tls: ServerTls,
-    cfg: &HboneConfig,
+    cfg: &Settings,
     handler: Arc<H>,
     mut commands: watch::Receiver<Option<GoawayCommand>>,
     mut shutdown: ShutdownWatch,
@@ -159,7 +159,7 @@ pub async fn serve<H: StreamHandler>(
 /// GOAWAY with `reason` before any stream, and closes once the peer has
 /// read it (or after `connect_timeout`). The peer learns why from the
 /// error code instead of a bare close.
-pub async fn refuse(tls: ServerTls, cfg: &HboneConfig, reason: h2::Reason) {
+pub async fn refuse(tls: ServerTls, cfg: &Settings, reason: h2::Reason) {
     // Our own refusal: not one h2 made by itself (`h2_refusals_total`).
     let io = ServerIo::new(tls, Arc::new(|_| {}));
     let Ok(mut conn) = handshake(io, cfg).await else {
@@ -174,7 +174,7 @@ pub async fn refuse(tls: ServerTls, cfg: &HboneConfig, reason: h2::Reason) {
 
 /// The HTTP/2 handshake, bounded like the TLS one: a peer that completes TLS
 /// but never sends the preface must not hold a task forever.
-async fn handshake(io: ServerIo, cfg: &HboneConfig) -> Result<Conn, ServeError> {
+async fn handshake(io: ServerIo, cfg: &Settings) -> Result<Conn, ServeError> {
     let handshake = super::server_builder(cfg).handshake::<_, Bytes>(io);
     match tokio::time::timeout(cfg.connect_timeout, handshake).await {
         Ok(Ok(c)) => Ok(c),

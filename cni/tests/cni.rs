@@ -1,8 +1,10 @@
 //! `tidegate-cni`, the real binary, with real CNI environment variables and
-//! stdin configuration, against a gateway started in-process.
+//! stdin configuration, against fake gateways (a Unix socket answering as
+//! the gateway would). DEL against a real gateway is in the workspace's
+//! end-to-end tests (`tests/tests/hbone/drains.rs`, and as root
+//! `tests/tests/netns_drains.rs`, `tests/tests/netns/inpod.rs`).
 
 use std::io::Write;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -436,7 +438,7 @@ fn inpod_add_with_a_fifo_for_its_namespace_fails_naming_it() {
             fifo.display()
         )
     );
-    assert!(tidegate::inpod::state::PodRecord::read_all(&state).is_empty());
+    assert!(tidegate_netns::pod_records::PodRecord::read_all(&state).is_empty());
 }
 
 /// Whatever step of ADD blocks — here writing the pod's record, whose
@@ -462,266 +464,6 @@ fn inpod_add_is_bounded_by_timeout_ms_whatever_step_blocks() {
         e["details"],
         "still recording the pod in the state directory after 300 ms (timeout_ms)"
     );
-}
-
-fn plugin(name: &str) -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/plugins")
-        .join(format!("{name}.wasm"));
-    assert!(
-        p.exists(),
-        "{} missing: run `cargo xtask plugins`",
-        p.display()
-    );
-    p
-}
-
-#[test]
-fn del_waits_for_the_gateway_to_drain_the_pod() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let dir = tempfile::tempdir().unwrap();
-        let echo = tokio::net::TcpListener::bind("127.52.0.2:0").await.unwrap();
-        let echo_addr = echo.local_addr().unwrap();
-        tokio::spawn(async move {
-            while let Ok((s, _)) = echo.accept().await {
-                tokio::spawn(async move {
-                    let (mut r, mut w) = s.into_split();
-                    let _ = tokio::io::copy(&mut r, &mut w).await;
-                });
-            }
-        });
-        let wl = dir.path().join("w.yaml");
-        std::fs::write(&wl, "workloads:\n- {uid: pod-uid, name: web-0, namespace: demo, service_account: web, ips: [127.52.0.2], node: n}\n").unwrap();
-        let socket = dir.path().join("cni.sock");
-        let cfg = tidegate::config::Config::from_yaml(&format!(
-            "node_name: n\nlisteners: {{outbound: 127.0.0.1:0, inbound: 0.0.0.0:0, admin: 127.0.0.1:0, metrics: 127.0.0.1:0, readiness: 127.0.0.1:0}}\n\
-             certificates: {{source: dev-ca, state_dir: {ca}}}\nworkloads: {{file: {wl}}}\n\
-             drains: {{cni_socket: {sock}}}\n\
-             policies:\n  default: p\n  plugins:\n    p: {{file: {p}, config: '{{\"hold-ms\": 20000}}'}}\n",
-            ca = dir.path().join("ca").display(),
-            wl = wl.display(),
-            sock = socket.display(),
-            p = plugin("drain-at-teardown").display(),
-        ))
-        .unwrap();
-        let app = tidegate::app::build(cfg).await.unwrap();
-
-        // A client holds one stream to the pod over HBONE.
-        let ca = std::sync::Arc::new(
-            tidegate::tls::DevCa::open(&dir.path().join("ca"), Duration::from_secs(600)).unwrap(),
-        );
-        let tls = tidegate::tls::TlsContext::new(ca, "cluster.local", Default::default());
-        let via = SocketAddr::new(echo_addr.ip(), app.addrs.inbound.port());
-        let id = |sa: &str| tidegate::identity::SpiffeId::new("cluster.local", "demo", sa);
-        let (send, conn) = tidegate::hbone::client::dial(&tls, &Default::default(), &id("client"), &id("web"), via)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        let (mut tx, mut rx) = tidegate::hbone::client::connect_stream(send, echo_addr, Duration::from_secs(5))
-            .await
-            .unwrap();
-        tx.send_data(bytes::Bytes::from_static(b"ping"), false).unwrap();
-        assert_eq!(&rx.data().await.unwrap().unwrap()[..], b"ping");
-
-        // DEL: the plugin must wait while the stream is open.
-        let c = conf(&socket, 15_000);
-        let child = tokio::task::spawn_blocking(move || run("DEL", &c, "pod-uid"));
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while !app.tunnels.dump().iter().any(|t| t.draining.is_some()) {
-            assert!(tokio::time::Instant::now() < deadline, "the DEL never reached the gateway");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        assert!(!child.is_finished(), "DEL must wait for the drain");
-        // The stream ends: the teardown is acknowledged and DEL returns.
-        tx.send_data(bytes::Bytes::new(), true).unwrap();
-        while let Some(chunk) = rx.data().await {
-            let _ = chunk;
-        }
-        let out = tokio::time::timeout(Duration::from_secs(10), child).await.unwrap().unwrap();
-        assert!(out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("drained") && err.contains("\"result\":\"idle\""), "{err}");
-        let m = app.metrics_text();
-        assert!(m.contains(r#"tidegate_drain_started_total{policy="p",trigger="cni"} 1"#), "{m}");
-    });
-}
-
-// ---- the gateway's side of the CNI socket, with a raw UnixStream ----
-
-/// A gateway with a CNI socket and `control_plane` settings `extra`, no workloads of note.
-async fn gateway_with_cni_socket(dir: &Path, control_plane: &str) -> (tidegate::app::App, PathBuf) {
-    let wl = dir.join("w.yaml");
-    std::fs::write(&wl, "workloads: []\n").unwrap();
-    let socket = dir.join("cni.sock");
-    let cfg = tidegate::config::Config::from_yaml(&format!(
-        "node_name: n\nlisteners: {{outbound: 127.0.0.1:0, inbound: 127.0.0.1:0, admin: 127.0.0.1:0, metrics: 127.0.0.1:0, readiness: 127.0.0.1:0}}\n\
-         certificates: {{source: dev-ca, state_dir: {ca}}}\nworkloads: {{file: {wl}}}\n\
-         drains: {{cni_socket: {sock}}}\ncontrol_plane: {control_plane}\n",
-        ca = dir.join("ca").display(),
-        wl = wl.display(),
-        sock = socket.display(),
-    ))
-    .unwrap();
-    (tidegate::app::build(cfg).await.unwrap(), socket)
-}
-
-/// Sends `request` (as is) and returns the answer line, then whether the
-/// gateway closed the connection after it.
-async fn exchange(socket: &Path, request: &[u8]) -> (serde_json::Value, bool) {
-    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::UnixStream::connect(socket).await.unwrap();
-    s.write_all(request).await.unwrap();
-    let mut r = tokio::io::BufReader::new(s);
-    let mut line = String::new();
-    r.read_line(&mut line).await.unwrap();
-    let answer = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
-    let mut rest = [0u8; 1];
-    // EOF, or a reset when the gateway closed with our bytes unread.
-    let closed = !matches!(r.read(&mut rest).await, Ok(n) if n > 0);
-    (answer, closed)
-}
-
-fn bounded<F: std::future::Future>(f: F) -> F::Output {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(60), f)
-            .await
-            .expect("test took over 60 s")
-    })
-}
-
-fn series(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no series {series}:\n{text}"))
-        .parse()
-        .unwrap()
-}
-
-/// A line too long, not UTF-8 or not a request gets an error line and the
-/// connection closed; a silent peer is closed after the read timeout; a
-/// good request is answered afterwards.
-#[test]
-fn the_cni_socket_bounds_lines_and_answers_bad_ones() {
-    bounded(async {
-        let dir = tempfile::tempdir().unwrap();
-        let (app, socket) = gateway_with_cni_socket(dir.path(), "{cni_read_timeout: 300ms}").await;
-
-        let mut long = vec![b'x'; 64 * 1024 + 1];
-        long.push(b'\n');
-        for (request, error) in [
-            (long, "longer than 65536 bytes"),
-            (b"\xff\xfe{}\n".to_vec(), "not UTF-8"),
-            (b"{\"command\": \"teardown\"\n".to_vec(), "EOF"),
-            (
-                b"{\"command\": \"reboot\", \"uid\": \"u\"}\n".to_vec(),
-                "unknown command",
-            ),
-        ] {
-            let (answer, closed) = exchange(&socket, &request).await;
-            assert_eq!(answer["result"], "bad-request", "{answer}");
-            assert!(
-                answer["error"].as_str().unwrap().contains(error),
-                "{answer}"
-            );
-            assert!(closed);
-        }
-        // Silent: answered with the reason once the read timeout passes, then closed.
-        let (answer, closed) = exchange(&socket, b"").await;
-        assert!(
-            answer["error"].as_str().unwrap().contains("within 300 ms"),
-            "{answer}"
-        );
-        assert!(closed);
-
-        let m = app.metrics_text();
-        let refusals = |reason: &str| {
-            series(
-                &m,
-                &format!(r#"tidegate_control_refusals_total{{listener="cni",reason="{reason}"}}"#),
-            )
-        };
-        assert_eq!(refusals("line_too_long"), 1.0);
-        assert_eq!(refusals("bad_request"), 3.0);
-        assert_eq!(refusals("read_timeout"), 1.0);
-
-        let (answer, _) = exchange(
-            &socket,
-            b"{\"command\": \"teardown\", \"uid\": \"nobody\"}\n",
-        )
-        .await;
-        assert_eq!(answer["result"], "unknown-workload", "{answer}");
-        // A pod handed to a gateway in node capture mode is refused, saying why.
-        let (answer, _) = exchange(
-            &socket,
-            b"{\"command\": \"add\", \"uid\": \"u\", \"netns\": \"/var/run/netns/x\"}\n",
-        )
-        .await;
-        assert_eq!(answer["result"], "error", "{answer}");
-        assert!(
-            answer["error"]
-                .as_str()
-                .unwrap()
-                .contains("capture.mode: node"),
-            "{answer}"
-        );
-        app.shutdown().await;
-    });
-}
-
-/// Beyond `control_plane.cni_max_connections` a connection is closed at
-/// once, unanswered, and counted; a slot freed serves a good request.
-#[test]
-fn the_cni_socket_caps_connections() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    bounded(async {
-        let dir = tempfile::tempdir().unwrap();
-        let (app, socket) = gateway_with_cni_socket(
-            dir.path(),
-            "{cni_read_timeout: 60s, cni_max_connections: 2}",
-        )
-        .await;
-        let c1 = tokio::net::UnixStream::connect(&socket).await.unwrap();
-        let _c2 = tokio::net::UnixStream::connect(&socket).await.unwrap();
-        let mut c3 = tokio::net::UnixStream::connect(&socket).await.unwrap();
-        let good = b"{\"command\": \"teardown\", \"uid\": \"nobody\"}\n";
-        let _ = c3.write_all(good).await;
-        let mut answer = Vec::new();
-        let _ = c3.read_to_end(&mut answer).await;
-        assert!(
-            answer.is_empty(),
-            "over the cap: {}",
-            String::from_utf8_lossy(&answer)
-        );
-        assert!(
-            series(
-                &app.metrics_text(),
-                r#"tidegate_control_refusals_total{listener="cni",reason="over_capacity"}"#
-            ) >= 1.0
-        );
-
-        drop(c1);
-        // The slot comes back once the gateway sees c1 close.
-        loop {
-            let mut s = tokio::net::UnixStream::connect(&socket).await.unwrap();
-            let _ = s.write_all(good).await;
-            let mut answer = String::new();
-            let _ = s.read_to_string(&mut answer).await;
-            if answer.contains("unknown-workload") {
-                break;
-            }
-            assert!(answer.is_empty(), "{answer}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        app.shutdown().await;
-    });
 }
 
 // ---- `tidegate-cni install` / `uninstall` against real directories ----
@@ -1015,7 +757,7 @@ fn add_captures_a_mesh_member_and_nothing_else() {
     let dir = tempfile::tempdir().unwrap();
     let (tools, calls) = capture_tools(dir.path());
     let state = dir.path().join("pods");
-    let records = || tidegate::inpod::state::PodRecord::read_all(&state);
+    let records = || tidegate_netns::pod_records::PodRecord::read_all(&state);
     let stderr = |o: &Output| String::from_utf8_lossy(&o.stderr).into_owned();
 
     // The gateway says the pod is not a member: ADD succeeds with the

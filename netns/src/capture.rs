@@ -19,7 +19,7 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use crate::netns::MESH_MARK;
+use crate::namespace::MESH_MARK;
 
 /// The connmark of connections the gateway made (istio-cni's `InpodTProxyMark`).
 pub const TPROXY_MARK: u32 = 0x111;
@@ -82,7 +82,7 @@ pub enum CaptureError {
     #[error("cannot open the pod's network namespace {path}: {source}")]
     Netns {
         path: String,
-        source: crate::netns::NetnsError,
+        source: crate::namespace::NetnsError,
     },
     #[error("cannot enter the pod's network namespace: {0} (needs CAP_SYS_ADMIN)")]
     Enter(std::io::Error),
@@ -95,7 +95,7 @@ pub enum CaptureError {
 /// entered the namespace (a child is born in its parent thread's
 /// namespace); that thread ends afterwards, never serving anything else.
 pub fn install(netns: &Path, p: CapturePorts) -> Result<(), CaptureError> {
-    let ns = crate::netns::PodNetns::open(netns).map_err(|source| CaptureError::Netns {
+    let ns = crate::namespace::PodNetns::open(netns).map_err(|source| CaptureError::Netns {
         path: netns.display().to_string(),
         source,
     })?;

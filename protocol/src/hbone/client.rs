@@ -11,8 +11,8 @@ use http::{Method, Request, StatusCode};
 use tokio::net::TcpStream;
 
 use super::client_io::{ClientIo, GoawayFlag};
+use super::Settings;
 use super::REASON_HEADER;
-use crate::config::HboneConfig;
 use crate::identity::SpiffeId;
 use crate::tls::{HandshakeError, TlsContext};
 
@@ -95,7 +95,7 @@ impl StreamError {
 /// tunnel to make progress.
 pub async fn dial(
     tls: &TlsContext,
-    cfg: &HboneConfig,
+    cfg: &Settings,
     src: &SpiffeId,
     dst: &SpiffeId,
     addr: SocketAddr,
@@ -109,7 +109,7 @@ pub async fn dial(
 /// GOAWAY is read ([`ClientIo`]).
 pub async fn dial_over(
     tls: &TlsContext,
-    cfg: &HboneConfig,
+    cfg: &Settings,
     src: &SpiffeId,
     dst: &SpiffeId,
     addr: SocketAddr,

@@ -18,7 +18,7 @@ use rustls::sign::CertifiedKey;
 
 use super::{provider, CertError, CertSource, Roots};
 use crate::identity::SpiffeId;
-use crate::sync::Locked;
+use tidegate_base::sync::Locked;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DevCaError {

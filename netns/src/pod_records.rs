@@ -1,7 +1,8 @@
-//! The node state directory: one record per pod `tidegate-cni` handed
-//! over (`<uid>.json`: uid, name, namespace and the namespace's path), so
-//! a restarted gateway re-adopts every pod without a new ADD. Written by
-//! the plugin before the handover, removed on DEL.
+//! The pod records of the node state directory: one per pod `tidegate-cni`
+//! handed over (`<uid>.json`: uid, name, namespace and the namespace's
+//! path), so a restarted gateway re-adopts every pod without a new ADD.
+//! Written by the plugin before the handover, removed on DEL; read by the
+//! gateway at start.
 
 use std::io;
 use std::path::{Path, PathBuf};

@@ -31,9 +31,12 @@
 //! `bad-request`) is reported as not drained.
 //!
 //! It runs on the host for every pod creation and deletion and must stay
-//! quick: DEL and the exchange with the gateway are std + serde_json; ADD
-//! in in-pod mode shares the gateway's capture rules and pod records
-//! (`tidegate::inpod`).
+//! quick, so it links little: std, serde_json, rustix (to pass the pod's
+//! namespace over the socket, `SCM_RIGHTS`) and `tidegate-netns`, the pod
+//! namespace check, capture rules, pod records and never-meshed namespaces
+//! it shares with the gateway — not the gateway itself (no async runtime,
+//! no TLS, no WebAssembly). DEL and the exchange with the gateway are std +
+//! serde_json; ADD in in-pod mode adds `tidegate-netns` ([`enroll`]).
 
 #![forbid(unsafe_code)]
 

@@ -7,6 +7,7 @@
 //! - [`io`]: the server's byte stream: close_notify on close, refusals h2 writes.
 //! - [`client_io`]: the client's byte stream: the peer's GOAWAY as it is read.
 //! - `frames`: following frame boundaries from outside h2 (both of the above).
+//! - [`Settings`]: the HTTP/2 settings, keepalive and handshake bound of a tunnel.
 
 pub mod client;
 pub mod client_io;
@@ -14,10 +15,11 @@ mod frames;
 pub mod io;
 pub mod keepalive;
 pub mod server;
+mod settings;
+
+pub use settings::Settings;
 
 use tokio::time::Instant;
-
-use crate::config::HboneConfig;
 
 /// Response header carrying the reason for a refused CONNECT (HTTP/2 has no reason phrase).
 pub const REASON_HEADER: &str = "tidegate-reason";
@@ -41,11 +43,11 @@ pub struct GoawayCommand {
 /// anyway; a smaller buffer (it was one frame, 1 MiB) only made h2 wake
 /// the copy task once per frame written, to top the buffer up, instead of
 /// once per WINDOW_UPDATE.
-fn send_buffer(cfg: &HboneConfig) -> usize {
+fn send_buffer(cfg: &Settings) -> usize {
     cfg.stream_window as usize
 }
 
-pub(crate) fn server_builder(cfg: &HboneConfig) -> h2::server::Builder {
+pub(crate) fn server_builder(cfg: &Settings) -> h2::server::Builder {
     let mut b = h2::server::Builder::new();
     b.initial_window_size(cfg.stream_window)
         .initial_connection_window_size(cfg.connection_window)
@@ -56,7 +58,7 @@ pub(crate) fn server_builder(cfg: &HboneConfig) -> h2::server::Builder {
     b
 }
 
-pub(crate) fn client_builder(cfg: &HboneConfig) -> h2::client::Builder {
+pub(crate) fn client_builder(cfg: &Settings) -> h2::client::Builder {
     let mut b = h2::client::Builder::new();
     b.initial_window_size(cfg.stream_window)
         .initial_connection_window_size(cfg.connection_window)

@@ -1,0 +1,103 @@
+//! The certificate source a config asks for, and what keeps it current.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use prometheus_client::registry::Registry;
+
+use super::Wiring;
+use crate::ca::certs::IstioCaCerts;
+use crate::ca::metrics::CaMetrics;
+use crate::config::{CertificatesConfig, Config};
+use crate::tls::{CertDir, CertSource, DevCa};
+use crate::workloads::WorkloadStore;
+
+/// A certificate source and the task that keeps it current, if any.
+pub(super) struct Certificates {
+    pub source: Arc<dyn CertSource>,
+    keeper: Keeper,
+}
+
+enum Keeper {
+    /// The development CA mints on demand: nothing to keep.
+    Nothing,
+    /// The directory is re-read every interval.
+    Dir(Arc<CertDir>, Duration),
+    /// One certificate per local identity, renewed from the Istio CA.
+    IstioCa(IstioCaCerts),
+}
+
+/// The certificate source a config asks for (also used by `tidegate connect`).
+pub fn cert_source(config: &Config) -> anyhow::Result<Arc<dyn CertSource>> {
+    Ok(certificates(config, None)?.source)
+}
+
+/// The source, with the Istio CA client's metrics in `registry` when one
+/// is given.
+pub(super) fn certificates(
+    config: &Config,
+    registry: Option<&mut Registry>,
+) -> anyhow::Result<Certificates> {
+    Ok(match &config.certificates {
+        CertificatesConfig::DevCa {
+            state_dir,
+            root_out,
+            validity,
+        } => {
+            let ca = match state_dir {
+                Some(dir) => DevCa::open(dir, *validity)
+                    .with_context(|| format!("certificates.state_dir {}", dir.display()))?,
+                None => DevCa::new(*validity)?,
+            };
+            if let Some(path) = root_out {
+                ca.write_root(path).context("certificates.root_out")?;
+            }
+            Certificates {
+                source: Arc::new(ca),
+                keeper: Keeper::Nothing,
+            }
+        }
+        CertificatesConfig::Dir {
+            dir,
+            trust_bundle,
+            reload_interval,
+        } => {
+            let d = CertDir::load(dir, trust_bundle).context("certificates.dir")?;
+            Certificates {
+                source: d.clone(),
+                keeper: Keeper::Dir(d, *reload_interval),
+            }
+        }
+        CertificatesConfig::IstioCa(ca) => {
+            let metrics = registry.map_or_else(CaMetrics::default, CaMetrics::register);
+            let certs =
+                IstioCaCerts::new(ca.settings(), metrics).context("certificates (istio-ca)")?;
+            Certificates {
+                source: Arc::new(certs.clone()),
+                keeper: Keeper::IstioCa(certs),
+            }
+        }
+    })
+}
+
+impl Certificates {
+    /// Starts what keeps the source current (the Istio CA client follows
+    /// the local workloads' identities).
+    pub(super) fn keep(
+        self,
+        workloads: &Arc<WorkloadStore>,
+        w: &mut Wiring,
+    ) -> Arc<dyn CertSource> {
+        match self.keeper {
+            Keeper::Nothing => {}
+            Keeper::Dir(dir, every) => {
+                w.tasks.spawn(dir.watch(every, w.drain.clone()));
+            }
+            Keeper::IstioCa(certs) => {
+                w.tasks.spawn(certs.run(workloads.clone(), w.drain.clone()));
+            }
+        }
+        self.source
+    }
+}

@@ -1,0 +1,129 @@
+//! The parts every later step is built over: the workload set, mTLS, the
+//! outbound pool, the policies and the drain engine.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use super::{certificates, workload_source, Wiring};
+use crate::config::Config;
+use crate::drains::{DrainEngine, DrainMetrics};
+use crate::metrics::ProxyFamilies;
+use crate::policy::{PolicyEngine, PolicyMetrics};
+use crate::proxy::congestion::TcpTuning;
+use crate::proxy::pool::Pool;
+use crate::proxy::tunnels::InboundTunnels;
+use crate::shutdown::ActiveStreams;
+use crate::tls::{TlsContext, TlsMetrics};
+use crate::workloads::WorkloadStore;
+
+pub(super) struct Core {
+    pub workloads: Arc<WorkloadStore>,
+    pub tls: Arc<TlsContext>,
+    pub families: ProxyFamilies,
+    pub streams: ActiveStreams,
+    pub tunnels: Arc<InboundTunnels>,
+    pub tcp: TcpTuning,
+    pub pool: Arc<Pool>,
+    pub policies: Arc<PolicyEngine>,
+    pub drains: Arc<DrainEngine>,
+}
+
+/// Builds and starts them; with Kubernetes discovery, also the flag its
+/// first full sync raises.
+pub(super) async fn start(
+    config: &Config,
+    w: &mut Wiring,
+) -> anyhow::Result<(Core, Option<watch::Receiver<bool>>)> {
+    let workloads = WorkloadStore::new(&config.trust_domain, &config.node_name);
+    let synced = workload_source::start(config, &workloads, w).await?;
+    let certs = certificates::certificates(config, Some(&mut w.registry))?;
+    let certs = certs.keep(&workloads, w);
+    let tls_metrics = TlsMetrics::register(&mut w.registry);
+    let tls = Arc::new(TlsContext::new(certs, &config.trust_domain, tls_metrics));
+    let families = ProxyFamilies::register(&mut w.registry);
+    let (streams, tunnels) = (ActiveStreams::default(), Arc::default());
+    let tcp = TcpTuning::from_config(&config.tcp)?;
+    let pool = pool(config, &tls, &tcp, w);
+    let policies = policies(config, w).await?;
+    let drains = drains(config, &workloads, &tunnels, &pool, &policies, w)?;
+    let core = Core {
+        workloads,
+        tls,
+        families,
+        streams,
+        tunnels,
+        tcp,
+        pool,
+        policies,
+        drains,
+    };
+    Ok((core, synced))
+}
+
+/// The outbound tunnel pool, with its idle eviction.
+fn pool(config: &Config, tls: &Arc<TlsContext>, tcp: &TcpTuning, w: &mut Wiring) -> Arc<Pool> {
+    let pool = Pool::new(
+        tls.clone(),
+        config.hbone.clone(),
+        config.pool.clone(),
+        tcp.tunnel.clone(),
+        &mut w.registry,
+    );
+    w.tasks.spawn(pool.clone().evict_idle(w.drain.clone()));
+    pool
+}
+
+/// The policy engine with every configured plugin loaded, and its file
+/// watch. Policies load before readiness; a plugin that fails to load is
+/// reported and its workloads use the fallback — traffic is served anyway.
+async fn policies(config: &Config, w: &mut Wiring) -> anyhow::Result<Arc<PolicyEngine>> {
+    let policies = PolicyEngine::new(&config.policies, PolicyMetrics::register(&mut w.registry))?;
+    let loading = policies.clone();
+    for (name, result) in tokio::task::spawn_blocking(move || loading.load_configured()).await? {
+        if let Err(e) = result {
+            tracing::error!(policy = %name, error = %e, "policy not loaded; its workloads use the fallback");
+        }
+    }
+    let every = config.policies.reload_interval;
+    w.tasks
+        .spawn(policies.clone().watch_files(every, w.drain.clone()));
+    Ok(policies)
+}
+
+/// The drain engine, following workload events and the pool's connect
+/// failures, with the OCI drainer when configured.
+fn drains(
+    config: &Config,
+    workloads: &Arc<WorkloadStore>,
+    tunnels: &Arc<InboundTunnels>,
+    pool: &Arc<Pool>,
+    policies: &Arc<PolicyEngine>,
+    w: &mut Wiring,
+) -> anyhow::Result<Arc<DrainEngine>> {
+    let drains = DrainEngine::new(
+        workloads.clone(),
+        tunnels.clone(),
+        pool.clone(),
+        policies.clone(),
+        config.drains.clone(),
+        DrainMetrics::register(&mut w.registry),
+    );
+    let drain = w.drain.clone();
+    if let Some(oci) =
+        crate::oci::from_config(&config.oci, workloads.clone(), &mut w.registry, drain)?
+    {
+        drains.set_oci(oci);
+    }
+    let trigger = workload_source::trigger(config);
+    w.tasks
+        .spawn(drains.clone().watch_workloads(trigger, w.drain.clone()));
+    let (failures_tx, failures_rx) = tokio::sync::mpsc::unbounded_channel();
+    pool.report_failures_to(failures_tx);
+    w.tasks.spawn(
+        drains
+            .clone()
+            .watch_connect_failures(failures_rx, w.drain.clone()),
+    );
+    Ok(drains)
+}

@@ -1,0 +1,91 @@
+//! The data path: inbound (HBONE on 15008), outbound (capture on 15001)
+//! and the routing between them, over the pool and the workload set.
+
+use std::sync::Arc;
+
+use tracing::info;
+
+use super::core::Core;
+use super::Wiring;
+use crate::config::Config;
+use crate::inpod::pods::DataPath as PodDataPath;
+use crate::proxy::endpoints::{EndpointMetrics, EndpointPicker};
+use crate::proxy::inbound::limits::{Caps, ConnectionLimits};
+use crate::proxy::inbound::{Inbound, InboundMetrics, OwnPorts};
+use crate::proxy::outbound::{Outbound, Routing};
+
+pub(super) struct DataPath {
+    pub inbound: Arc<Inbound>,
+    pub outbound: Arc<Outbound>,
+    pub routing: Arc<Routing>,
+}
+
+/// The node's data path over `core`; `descriptors`: what the control
+/// plane leaves the data path (the inbound caps derive from them).
+pub(super) fn build(
+    config: &Config,
+    p: &Core,
+    own_ports: &OwnPorts,
+    descriptors: Option<u64>,
+    w: &mut Wiring,
+) -> DataPath {
+    let caps = Caps::derive(&config.hbone, descriptors);
+    info!(
+        tunnels = caps.tunnels,
+        connections = caps.connections,
+        per_identity = caps.per_identity,
+        "inbound connection caps"
+    );
+    let inbound = Inbound::new(
+        p.workloads.clone(),
+        p.tls.clone(),
+        config.hbone.clone(),
+        own_ports.clone(),
+        p.tunnels.clone(),
+        p.families.direction("inbound"),
+        p.streams.clone(),
+        InboundMetrics::register(&mut w.registry),
+        p.tcp.app.clone(),
+        ConnectionLimits::new(caps, &mut w.registry),
+    );
+    let picker = EndpointPicker::new(
+        p.pool.clone(),
+        config.hbone.port,
+        config.outbound.endpoint_choice,
+        config.outbound.goaway_skip,
+        EndpointMetrics::register(&mut w.registry),
+    );
+    let routing = Routing::new(picker, &config.outbound, &mut w.registry);
+    let outbound = Outbound::new(
+        p.workloads.clone(),
+        p.pool.clone(),
+        config.hbone.port,
+        p.families.direction("outbound"),
+        p.streams.clone(),
+        routing.clone(),
+    );
+    DataPath {
+        inbound,
+        outbound,
+        routing,
+    }
+}
+
+impl DataPath {
+    /// What each in-pod pod's listeners serve with: this data path, bound
+    /// per pod.
+    pub(super) fn for_pods(&self, core: &Core, own_ports: OwnPorts) -> PodDataPath {
+        PodDataPath {
+            outbound: self.outbound.clone(),
+            inbound: self.inbound.clone(),
+            workloads: core.workloads.clone(),
+            own_ports,
+            plaintext_metrics: core.families.direction("inbound_plaintext"),
+            streams: core.streams.clone(),
+            drains: core.drains.clone(),
+            tunnels: core.tunnels.clone(),
+            pool: core.pool.clone(),
+            tcp: core.tcp.clone(),
+        }
+    }
+}

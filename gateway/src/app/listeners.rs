@@ -1,0 +1,92 @@
+//! The node's own listeners, and the ports a CONNECT must never tunnel to.
+
+use std::net::SocketAddr;
+
+use tokio::net::TcpListener;
+
+use super::BoundAddrs;
+
+use crate::config::{CaptureMode, Config};
+use crate::inpod::capture::CapturePorts;
+use crate::proxy::congestion::TcpTuning;
+use crate::proxy::inbound::OwnPorts;
+use crate::proxy::listener::bind;
+
+/// The ports each in-pod pod's listeners take (HBONE's as configured).
+pub(super) fn capture_ports(config: &Config) -> CapturePorts {
+    CapturePorts {
+        hbone: config.hbone.port,
+        ..CapturePorts::default()
+    }
+}
+
+/// HBONE (15008), capture (15001), and the HTTP ones.
+pub(super) struct Listeners {
+    pub inbound: TcpListener,
+    pub outbound: TcpListener,
+    pub http: HttpListeners,
+}
+
+/// Admin, metrics and readiness.
+pub(super) struct HttpListeners {
+    pub admin: TcpListener,
+    pub metrics: TcpListener,
+    pub readiness: TcpListener,
+}
+
+impl Listeners {
+    /// Binds them all; the data path's two inherit the TCP tuning.
+    pub(super) fn bind(config: &Config, tcp: &TcpTuning) -> anyhow::Result<Listeners> {
+        let l = &config.listeners;
+        let listeners = Listeners {
+            inbound: bind("inbound", l.inbound)?,
+            outbound: bind("outbound", l.outbound)?,
+            http: HttpListeners {
+                admin: bind("admin", l.admin)?,
+                metrics: bind("metrics", l.metrics)?,
+                readiness: bind("readiness", l.readiness)?,
+            },
+        };
+        // Inherited by every connection each accepts.
+        tcp.tunnel.apply_or_log(&listeners.inbound);
+        tcp.app.apply_or_log(&listeners.outbound);
+        Ok(listeners)
+    }
+
+    /// The addresses actually bound.
+    pub(super) fn addrs(&self, demo_echo: Option<SocketAddr>) -> std::io::Result<BoundAddrs> {
+        Ok(BoundAddrs {
+            outbound: self.outbound.local_addr()?,
+            inbound: self.inbound.local_addr()?,
+            admin: self.http.admin.local_addr()?,
+            metrics: self.http.metrics.local_addr()?,
+            readiness: self.http.readiness.local_addr()?,
+            demo_echo,
+        })
+    }
+
+    /// A CONNECT to one of these on a local workload would tunnel into the
+    /// gateway itself: the configured ports, the bound ones (port 0 binds
+    /// another), HBONE's, and in in-pod mode the pods' capture ports.
+    pub(super) fn own_ports(&self, config: &Config, capture: &CapturePorts) -> OwnPorts {
+        let l = &config.listeners;
+        let bound = [
+            &self.inbound,
+            &self.outbound,
+            &self.http.admin,
+            &self.http.metrics,
+            &self.http.readiness,
+        ]
+        .map(|l| l.local_addr().map_or(0, |a| a.port()));
+        let configured = [l.inbound, l.outbound, l.admin, l.metrics, l.readiness].map(|a| a.port());
+        let inpod = config.capture.mode == CaptureMode::Inpod;
+        let pod_ports = [capture.outbound, capture.inbound_plaintext];
+        OwnPorts::new(
+            bound
+                .into_iter()
+                .chain(configured)
+                .chain([config.hbone.port])
+                .chain(pod_ports.into_iter().filter(|_| inpod)),
+        )
+    }
+}

@@ -1,0 +1,286 @@
+//! The composition root: everything the gateway runs is wired here, so the
+//! whole system reads in one place and tests start it in-process.
+//! [`build`] is the sequence; each step is a function named after what it
+//! starts, here or in a file of its own: [`workload_source`],
+//! [`certificates`], the pool, the policies, the drains, [`listeners`],
+//! [`data_path`], [`node_agents`] (in-pod pods, the CNI socket) and
+//! [`control`] (admin, metrics, readiness).
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use tokio::task::JoinSet;
+use tracing::info;
+
+use crate::admin::AdminState;
+use crate::config::Config;
+use crate::control_plane::{self, ControlMetrics};
+
+use crate::inpod::pods::PodProxies;
+use crate::policy::PolicyEngine;
+use crate::proxy::outbound::Outbound;
+use crate::proxy::pool::Pool;
+use crate::proxy::tunnels::InboundTunnels;
+use crate::shutdown::{self, ActiveStreams, ShutdownTrigger, ShutdownWatch};
+use crate::tls::TlsContext;
+use crate::workloads::WorkloadStore;
+
+mod certificates;
+mod control;
+mod core;
+mod data_path;
+mod listeners;
+mod node_agents;
+mod workload_source;
+
+pub use certificates::cert_source;
+use listeners::Listeners;
+pub use workload_source::load_workloads;
+
+/// The embedded default configuration (`tidegate run` without `--config`).
+pub const DEFAULT_CONFIG: &str = include_str!("../../defaults/tidegate.yaml");
+/// The embedded default workload set.
+pub const DEFAULT_WORKLOADS: &str = include_str!("../../defaults/workloads.yaml");
+
+/// Addresses actually bound (tests configure port 0).
+#[derive(Clone, Copy, Debug)]
+pub struct BoundAddrs {
+    pub outbound: SocketAddr,
+    pub inbound: SocketAddr,
+    pub admin: SocketAddr,
+    pub metrics: SocketAddr,
+    pub readiness: SocketAddr,
+    pub demo_echo: Option<SocketAddr>,
+}
+
+impl BoundAddrs {
+    /// The line scripts and operators wait for, with every address bound.
+    fn log_ready(&self, node: &str) {
+        info!(
+            node = %node,
+            inbound = %self.inbound,
+            outbound = %self.outbound,
+            admin = %self.admin,
+            metrics = %self.metrics,
+            readiness = %self.readiness,
+            "tidegate ready"
+        );
+    }
+}
+
+/// A running gateway.
+pub struct App {
+    pub addrs: BoundAddrs,
+    pub workloads: Arc<WorkloadStore>,
+    pub tunnels: Arc<InboundTunnels>,
+    pub pool: Arc<Pool>,
+    pub tls: Arc<TlsContext>,
+    pub outbound: Arc<Outbound>,
+    pub policies: Arc<PolicyEngine>,
+    pub drains: Arc<crate::drains::DrainEngine>,
+    /// In-pod mode: the pods served in their own namespaces.
+    pub pods: Option<Arc<PodProxies>>,
+    admin: Arc<AdminState>,
+    streams: ActiveStreams,
+    trigger: ShutdownTrigger,
+    serving: Serving,
+    tasks: JoinSet<()>,
+    shutdown_deadline: Duration,
+}
+
+/// What every step of [`build`] adds to: the metrics registry, the
+/// background tasks, and the shutdown watch those tasks stop on.
+struct Wiring {
+    registry: Registry,
+    tasks: JoinSet<()>,
+    drain: ShutdownWatch,
+}
+
+impl Wiring {
+    fn new(drain: ShutdownWatch) -> Wiring {
+        Wiring {
+            registry: Registry::with_prefix("tidegate"),
+            tasks: JoinSet::new(),
+            drain,
+        }
+    }
+}
+
+/// Binds every listener and starts every task. Returns once the gateway is
+/// ready — except with Kubernetes discovery or ZDS, where `/healthz/ready`
+/// turns ready only after their first full answer (the listeners serve
+/// meanwhile).
+pub async fn build(config: Config) -> anyhow::Result<App> {
+    let descriptors = control_plane::reserve_descriptors(control_plane::budget(
+        &config.control_plane,
+        config.drains.cni_socket.is_some(),
+    ))?;
+    let (trigger, drain) = shutdown::channel();
+    let mut w = Wiring::new(drain);
+    let control = ControlMetrics::register(&mut w.registry);
+    crate::allocator::AllocatorMetrics::register(&mut w.registry);
+    let (core, k8s_synced) = core::start(&config, &mut w).await?;
+
+    let listeners = Listeners::bind(&config, &core.tcp)?;
+    let capture = listeners::capture_ports(&config);
+    let own_ports = listeners.own_ports(&config, &capture);
+    let paths = data_path::build(&config, &core, &own_ports, descriptors, &mut w);
+    let mut ready_when =
+        Vec::from_iter(k8s_synced.map(|s| ("Kubernetes discovery's first full sync", s)));
+    let pod_path = paths.for_pods(&core, own_ports);
+    let pods = node_agents::pods(
+        &config,
+        pod_path,
+        capture,
+        descriptors,
+        &mut ready_when,
+        &mut w,
+    )
+    .await;
+    node_agents::cni_socket(&config, &core.drains, pods.as_ref(), &control, &mut w)?;
+    let addrs = listeners.addrs(demo_echo(&config, &mut w).await?)?;
+    let metrics = std::mem::take(&mut w.registry);
+    let admin = control::state(&config, &core, pods.clone(), &paths, metrics);
+    let serving = Serving::start(&config, listeners, &paths, &admin, &control, &mut w);
+    control::ready_when(ready_when, &admin, &mut w);
+    addrs.log_ready(&config.node_name);
+    Ok(App {
+        addrs,
+        workloads: core.workloads,
+        tunnels: core.tunnels,
+        pool: core.pool,
+        tls: core.tls,
+        outbound: paths.outbound,
+        policies: core.policies,
+        drains: core.drains,
+        pods,
+        admin,
+        streams: core.streams,
+        trigger,
+        serving,
+        tasks: w.tasks,
+        shutdown_deadline: config.shutdown.deadline,
+    })
+}
+
+/// The listeners served: stopped in two steps by [`App::shutdown`].
+struct Serving {
+    /// Closes the HBONE and capture listeners.
+    stop_accepting: ShutdownTrigger,
+    /// The HBONE and capture accept loops: awaited before tunnels drain.
+    accept_loops: Vec<tokio::task::JoinHandle<()>>,
+    /// Stops the admin, metrics and readiness servers at the very end.
+    stop_admin: ShutdownTrigger,
+}
+
+impl Serving {
+    fn start(
+        config: &Config,
+        listeners: Listeners,
+        paths: &data_path::DataPath,
+        admin: &Arc<AdminState>,
+        control: &ControlMetrics,
+        w: &mut Wiring,
+    ) -> Serving {
+        let (stop_accepting, accepting) = shutdown::channel();
+        let (inbound, outbound) = (paths.inbound.clone(), paths.outbound.clone());
+        let drain = w.drain.clone();
+        let accept_loops = vec![
+            tokio::spawn(inbound.run(listeners.inbound, accepting.clone(), drain)),
+            tokio::spawn(outbound.run(listeners.outbound, accepting)),
+        ];
+        let (stop_admin, admin_watch) = shutdown::channel();
+        control::serve(config, listeners.http, admin, control, admin_watch, w);
+        Serving {
+            stop_accepting,
+            accept_loops,
+            stop_admin,
+        }
+    }
+}
+
+/// The demo's echo backends (`demo:`), if configured; the first one's address.
+async fn demo_echo(config: &Config, w: &mut Wiring) -> anyhow::Result<Option<SocketAddr>> {
+    let Some(demo) = &config.demo else {
+        return Ok(None);
+    };
+    let l = crate::demo::bind_echo("demo.echo", demo.echo).await?;
+    let addr = l.local_addr()?;
+    info!(%addr, "demo echo backend listening");
+    w.tasks.spawn(crate::demo::run_echo(l, w.drain.clone()));
+    for more in &demo.more_echoes {
+        let l = crate::demo::bind_echo("demo.more_echoes", *more).await?;
+        info!(addr = %more, "demo echo backend listening");
+        w.tasks.spawn(crate::demo::run_echo(l, w.drain.clone()));
+    }
+    Ok(Some(addr))
+}
+
+impl App {
+    /// The Prometheus text of this gateway's metrics (what `/metrics` serves).
+    pub fn metrics_text(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.admin.metrics)
+            .expect("encoding to a String cannot fail");
+        out
+    }
+
+    /// Streams open in either direction.
+    pub fn open_streams(&self) -> usize {
+        self.streams.count()
+    }
+
+    /// Drains and stops: listeners close at once, inbound tunnels get a
+    /// graceful GOAWAY, pooled tunnels are evicted (GOAWAY once their streams
+    /// end); returns when no stream is left or at the deadline, whichever first.
+    pub async fn shutdown(mut self) {
+        // Listeners close first: once they are gone, a peer told to go away
+        // can only reach a gateway that takes new connections (a new one
+        // bound with SO_REUSEPORT during an upgrade), never this one.
+        self.serving.stop_accepting.start(self.shutdown_deadline);
+        if let Some(pods) = &self.pods {
+            pods.stop_accepting().await;
+        }
+        for l in self.serving.accept_loops.drain(..) {
+            let _ = l.await;
+        }
+        let deadline = self.trigger.start(self.shutdown_deadline);
+        self.admin.ready.store(false, Ordering::Release);
+        // Listeners are closing; the policies plan first, then the default
+        // drain (graceful GOAWAY inbound, client-side GOAWAY on the pool).
+        let plan = self.drains.on_gateway_shutdown(self.shutdown_deadline);
+        if !plan.is_empty() {
+            info!(actions = ?plan, "gateway shutdown plan from the policies");
+        }
+        self.pool.evict_all();
+        info!(
+            streams = self.streams.count(),
+            deadline_ms = self.shutdown_deadline.as_millis() as u64,
+            "draining"
+        );
+        // Streams cut at the deadline end within moments (their tunnels
+        // close at once): counted for the last line, not waited on longer.
+        const CUT_SETTLE: Duration = Duration::from_millis(500);
+        self.streams.drain(deadline, CUT_SETTLE).await.log();
+        self.serving.stop_admin.start(Duration::ZERO);
+        self.drains.shutdown().await;
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+    }
+
+    /// Runs until SIGTERM or SIGINT, then [`App::shutdown`].
+    pub async fn run_until_signal(self) -> anyhow::Result<()> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        tokio::select! {
+            _ = term.recv() => info!("SIGTERM"),
+            _ = int.recv() => info!("SIGINT"),
+        }
+        self.shutdown().await;
+        Ok(())
+    }
+}

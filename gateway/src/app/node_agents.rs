@@ -1,0 +1,91 @@
+//! Pods handed over by a node agent (in-pod mode) and the CNI socket:
+//! `tidegate-cni`, istio-cni's ZDS, or the state directory a restarted
+//! gateway re-adopts from.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use tokio::sync::watch;
+use tracing::info;
+
+use super::Wiring;
+use crate::config::{CaptureMode, Config};
+use crate::control_plane::{ConnLimit, ControlMetrics};
+use crate::drains::cni::{CniLimits, PodHandover};
+use crate::drains::DrainEngine;
+use crate::inpod::capture::CapturePorts;
+use crate::inpod::pods::{DataPath, PodLimits, PodProxies};
+use crate::inpod::zds::{ZdsClient, ZdsConfig};
+
+/// A readiness condition: what it waits for, and the flag that says so.
+pub(super) type ReadyWhen = (&'static str, watch::Receiver<bool>);
+
+/// In-pod mode: the pods served in their own namespaces, re-adopted from
+/// the state directory and followed over ZDS (whose first snapshot joins
+/// `ready_when`). `None` in node mode.
+pub(super) async fn pods(
+    config: &Config,
+    data_path: DataPath,
+    capture: CapturePorts,
+    descriptors: Option<u64>,
+    ready_when: &mut Vec<ReadyWhen>,
+    w: &mut Wiring,
+) -> Option<Arc<PodProxies>> {
+    if config.capture.mode != CaptureMode::Inpod {
+        return None;
+    }
+    data_path.drains.added_by_node_agent();
+    let limits = PodLimits {
+        max_pods: config.capture.max_pods as usize,
+        membership_wait: config.capture.membership_wait,
+        data_path_descriptors: descriptors,
+    };
+    let pods = PodProxies::new(data_path, capture, limits, w.drain.clone(), &mut w.registry);
+    if let Some(dir) = &config.capture.state_dir {
+        let adopted = pods.adopt(dir).await;
+        info!(adopted, dir = %dir.display(), "pods re-adopted from the state directory");
+    }
+    if let Some(socket) = &config.capture.zds_socket {
+        let zds = ZdsClient::new(
+            ZdsConfig {
+                socket: socket.clone(),
+                ..Default::default()
+            },
+            pods.clone(),
+            &mut w.registry,
+        );
+        ready_when.push(("istio-cni's ZDS snapshot", zds.ready()));
+        w.tasks.spawn(zds.run(w.drain.clone()));
+    }
+    Some(pods)
+}
+
+/// The CNI socket `tidegate-cni` asks on (DEL, and ADD in in-pod mode),
+/// when configured.
+pub(super) fn cni_socket(
+    config: &Config,
+    drains: &Arc<DrainEngine>,
+    pods: Option<&Arc<PodProxies>>,
+    control: &ControlMetrics,
+    w: &mut Wiring,
+) -> anyhow::Result<()> {
+    let Some(path) = &config.drains.cni_socket else {
+        return Ok(());
+    };
+    let cp = &config.control_plane;
+    let l = crate::drains::cni::bind(path)
+        .with_context(|| format!("drains.cni_socket {}", path.display()))?;
+    let limits = CniLimits {
+        connections: ConnLimit::new("cni", cp.cni_max_connections, control),
+        read_timeout: cp.cni_read_timeout,
+    };
+    let handover = pods.cloned().map(|p| p as Arc<dyn PodHandover>);
+    w.tasks.spawn(crate::drains::cni::serve(
+        l,
+        drains.clone(),
+        handover,
+        limits,
+        w.drain.clone(),
+    ));
+    Ok(())
+}
