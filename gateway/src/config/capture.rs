@@ -1,0 +1,60 @@
+//! The `capture:` section: node mode or in-pod mode, and its limits.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::duration;
+
+/// Where the gateway's capture listeners live.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CaptureMode {
+    /// `listeners.outbound` / `listeners.inbound` in the gateway's own
+    /// namespace, fed by iptables REDIRECT on the node (the lab and the demo).
+    #[default]
+    Node,
+    /// 15001, 15006 and 15008 inside each meshed pod's namespace, handed
+    /// over by `tidegate-cni` (`drains.cni_socket`) or istio-cni (`capture.zds_socket`).
+    Inpod,
+}
+
+/// `capture`: how pod traffic reaches the gateway.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CaptureConfig {
+    pub mode: CaptureMode,
+    /// Istio ambient: istio-cni's node agent socket
+    /// (`/var/run/ztunnel/ztunnel.sock`); unset: no ZDS client.
+    pub zds_socket: Option<PathBuf>,
+    /// Where `tidegate-cni` records each pod it handed over (one file per
+    /// pod uid naming its namespace path); read at start to re-adopt them.
+    pub state_dir: Option<PathBuf>,
+    /// In-pod mode: the most pods served at once; beyond it a pod handed
+    /// over is refused (ZDS NACK, CNI ADD error) naming the limit. Each
+    /// pod holds four descriptors (its namespace, three listeners).
+    pub max_pods: u32,
+    /// `tidegate-cni` ADD: how long the gateway waits for its workload
+    /// source to learn of the pod (the pod watch can trail the kubelet)
+    /// before answering that its mesh membership is unknown — the ADD then
+    /// fails with "try again later" and the kubelet retries. Keep it below
+    /// the plugin's `timeout_ms`.
+    #[serde(with = "duration")]
+    pub membership_wait: Duration,
+}
+
+impl Default for CaptureConfig {
+    fn default() -> Self {
+        CaptureConfig {
+            mode: CaptureMode::default(),
+            zds_socket: None,
+            state_dir: None,
+            max_pods: crate::inpod::admission::DEFAULT_MAX_PODS,
+            membership_wait: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The largest `capture.max_pods`.
+pub const MAX_PODS_LIMIT: u64 = 100_000;

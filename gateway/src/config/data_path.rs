@@ -1,0 +1,214 @@
+//! The data path's sections: `listeners:`, `hbone:`, `tcp:`, `pool:` and `outbound:`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{duration, size, Cidr};
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Listeners {
+    /// Transparent outbound capture (iptables REDIRECT target).
+    pub outbound: SocketAddr,
+    /// HBONE inbound (mTLS + HTTP/2 CONNECT).
+    pub inbound: SocketAddr,
+    /// Admin API; keep it on localhost.
+    pub admin: SocketAddr,
+    /// Prometheus `/metrics`.
+    pub metrics: SocketAddr,
+    /// `/healthz/ready`.
+    pub readiness: SocketAddr,
+}
+
+impl Default for Listeners {
+    fn default() -> Self {
+        Listeners {
+            outbound: ([0, 0, 0, 0], 15001).into(),
+            inbound: ([0, 0, 0, 0], 15008).into(),
+            admin: ([127, 0, 0, 1], 15000).into(),
+            metrics: ([0, 0, 0, 0], 15020).into(),
+            readiness: ([0, 0, 0, 0], 15021).into(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HboneConfig {
+    /// Port dialed on peer workloads for HBONE.
+    pub port: u16,
+    #[serde(deserialize_with = "size::deserialize_u32")]
+    pub stream_window: u32,
+    #[serde(deserialize_with = "size::deserialize_u32")]
+    pub connection_window: u32,
+    #[serde(deserialize_with = "size::deserialize_u32")]
+    pub max_frame_size: u32,
+    /// Streams a peer may open concurrently on one inbound tunnel.
+    pub max_concurrent_streams: u32,
+    #[serde(deserialize_with = "size::deserialize_u32")]
+    pub max_header_list_size: u32,
+    #[serde(with = "duration")]
+    pub keepalive_interval: Duration,
+    #[serde(with = "duration")]
+    pub keepalive_timeout: Duration,
+    /// Bound on TCP connect + TLS + HTTP/2 handshakes, and on dialing upstreams.
+    #[serde(with = "duration")]
+    pub connect_timeout: Duration,
+    /// Upstream dials one inbound tunnel may have in flight (rapid-reset bound).
+    pub max_dials_in_flight_per_tunnel: usize,
+    /// Upstream dials one inbound tunnel may start per second, whatever they
+    /// carry; 0 (the default): no such cap. Healthy short connections are
+    /// many; the rapid-reset bound is the next key.
+    pub max_dials_per_second_per_tunnel: u32,
+    /// Wasted upstream dials one inbound tunnel may make per second, on
+    /// average (ten seconds' worth at once): dials whose stream the peer reset
+    /// before the dial completed, or that carried no byte from the peer (the
+    /// rapid-reset bound; see `proxy/inbound/pace.rs`).
+    pub max_wasted_dials_per_second_per_tunnel: u32,
+    /// Inbound connections held at once — tunnels, and the connections
+    /// their streams opened to workloads; tunnels alone at most half of it.
+    /// 0 (the default): three quarters of the descriptors the control plane
+    /// leaves (see `proxy/inbound/limits.rs`).
+    pub max_connections: u32,
+    /// The same for one peer identity; 0 (the default): a quarter of
+    /// `max_connections`.
+    pub max_connections_per_identity: u32,
+}
+
+impl Default for HboneConfig {
+    fn default() -> Self {
+        let tunnel = crate::hbone::Settings::default();
+        HboneConfig {
+            port: 15008,
+            stream_window: tunnel.stream_window,
+            connection_window: tunnel.connection_window,
+            max_frame_size: tunnel.max_frame_size,
+            max_concurrent_streams: tunnel.max_concurrent_streams,
+            max_header_list_size: tunnel.max_header_list_size,
+            keepalive_interval: tunnel.keepalive_interval,
+            keepalive_timeout: tunnel.keepalive_timeout,
+            connect_timeout: tunnel.connect_timeout,
+            // A well-behaved peer keeps at most 100 streams on one tunnel
+            // (our pool and ztunnel's), so it never has more dials in flight.
+            max_dials_in_flight_per_tunnel: 100,
+            // No cap on healthy dials: ztunnel serves thousands a second
+            // over one tunnel, and so must we.
+            max_dials_per_second_per_tunnel: 0,
+            // A reset loop gets at most this many connections to the
+            // workload a second; a client whose streams carry bytes never
+            // spends any.
+            max_wasted_dials_per_second_per_tunnel: 100,
+            max_connections: 0,
+            max_connections_per_identity: 0,
+        }
+    }
+}
+
+impl HboneConfig {
+    /// What each tunnel is built with (the protocol layer's share of this
+    /// section).
+    pub fn settings(&self) -> crate::hbone::Settings {
+        crate::hbone::Settings {
+            stream_window: self.stream_window,
+            connection_window: self.connection_window,
+            max_frame_size: self.max_frame_size,
+            max_concurrent_streams: self.max_concurrent_streams,
+            max_header_list_size: self.max_header_list_size,
+            keepalive_interval: self.keepalive_interval,
+            keepalive_timeout: self.keepalive_timeout,
+            connect_timeout: self.connect_timeout,
+        }
+    }
+}
+
+/// `tcp`: congestion control of the data path's sockets (see
+/// `proxy/congestion.rs`); an empty name keeps the host's default.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TcpConfig {
+    /// Connections to and from this node's workloads: they never leave the
+    /// node, so pacing them (BBR without `fq`) costs CPU and buys nothing.
+    pub app_congestion_control: String,
+    /// HBONE tunnels between nodes: the host's default unless named.
+    pub tunnel_congestion_control: String,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        TcpConfig {
+            app_congestion_control: "cubic".into(),
+            tunnel_congestion_control: String::new(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolConfig {
+    /// A pooled tunnel carries at most this many streams; ztunnel uses 100.
+    pub max_streams_per_tunnel: usize,
+    /// A tunnel without streams for this long is closed.
+    #[serde(with = "duration")]
+    pub idle_timeout: Duration,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            max_streams_per_tunnel: 100,
+            idle_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// How a Service's endpoint is chosen among the usable ones.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EndpointChoice {
+    /// Two endpoints at random, the one with fewer open streams from here.
+    #[default]
+    P2c,
+    /// One endpoint at random.
+    Random,
+}
+
+/// What becomes of a connection to an address inside the cluster's ranges
+/// that is no known workload or Service.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UnknownInCluster {
+    /// Reset, counted (`reason="unknown_in_cluster"`): never plaintext.
+    #[default]
+    Refuse,
+    /// Plain TCP, as for any address outside the cluster.
+    Passthrough,
+}
+
+/// `outbound`: routing of captured connections.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OutboundConfig {
+    /// The cluster's pod and Service ranges (`10.0.0.0/8`): a destination
+    /// inside them that is no known workload or Service is handled by
+    /// `unknown_in_cluster`. Empty: every unknown address is passed through.
+    pub cluster_cidrs: Vec<Cidr>,
+    pub unknown_in_cluster: UnknownInCluster,
+    pub endpoint_choice: EndpointChoice,
+    /// How long a GOAWAY received from a tunnel to an endpoint keeps it out
+    /// of the choice (a new tunnel to it ends it sooner).
+    #[serde(with = "duration")]
+    pub goaway_skip: Duration,
+}
+
+impl Default for OutboundConfig {
+    fn default() -> Self {
+        OutboundConfig {
+            cluster_cidrs: Vec::new(),
+            unknown_in_cluster: UnknownInCluster::Refuse,
+            endpoint_choice: EndpointChoice::P2c,
+            goaway_skip: Duration::from_secs(10),
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! The `workloads:` section: a watched file or Kubernetes discovery.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::certificates::default_reload_interval;
+use super::duration;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkloadsConfig {
+    /// Where workloads come from: `file` (the workload file below, or the
+    /// embedded demo set) or `kubernetes` (the API server, see `kubernetes`).
+    pub source: WorkloadSourceKind,
+    /// YAML workload file, watched and reloaded. Unset: the embedded demo set.
+    pub file: Option<PathBuf>,
+    #[serde(with = "duration")]
+    pub reload_interval: Duration,
+    /// Discovery from the Kubernetes API (used when `source: kubernetes`).
+    pub kubernetes: KubernetesConfig,
+}
+
+impl Default for WorkloadsConfig {
+    fn default() -> Self {
+        WorkloadsConfig {
+            source: WorkloadSourceKind::File,
+            file: None,
+            reload_interval: default_reload_interval(),
+            kubernetes: KubernetesConfig::default(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkloadSourceKind {
+    #[default]
+    File,
+    Kubernetes,
+}
+
+/// `workloads.kubernetes`: node-scoped discovery through the API server.
+/// The node is the top-level `node_name` (set it from the downward API:
+/// `TIDEGATE_NODE_NAME` from `spec.nodeName`).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KubernetesConfig {
+    /// API server URL without credentials (`kubectl proxy`, tests). Unset:
+    /// kube's inference — `KUBECONFIG`/`~/.kube/config`, else in-cluster
+    /// service-account credentials.
+    pub api_server: Option<String>,
+    /// A kubeconfig file to use (its current context) instead of inference.
+    pub kubeconfig: Option<PathBuf>,
+    /// Label (on the namespace, or on the pod to override it) whose value
+    /// `enabled` puts a workload in the mesh (HBONE); others are plain TCP.
+    pub mesh_label: String,
+    /// Namespace label naming the drain policy of every pod in it (below the
+    /// pod annotation `tidegate.io/drain-policy`, above `policies.bindings`).
+    pub policy_label: String,
+    /// Watch Services: routing by ClusterIP to the endpoints their
+    /// EndpointSlices list, and the annotation
+    /// `tidegate.io/oci-backend-draining: "true"` that sets
+    /// `oci_backend_draining` on those pods. Needs services get/list/watch.
+    /// Off: a ClusterIP is no known destination (passthrough, or refused
+    /// inside `outbound.cluster_cidrs`).
+    pub services: bool,
+    /// Changes arriving within this window are published as one snapshot.
+    #[serde(with = "duration")]
+    pub debounce: Duration,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        KubernetesConfig {
+            api_server: None,
+            kubeconfig: None,
+            mesh_label: "tidegate.io/mesh".into(),
+            policy_label: "tidegate.io/drain-policy".into(),
+            services: true,
+            debounce: Duration::from_millis(50),
+        }
+    }
+}
