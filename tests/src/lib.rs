@@ -11,6 +11,7 @@ pub mod lab;
 pub mod measure;
 pub mod netns;
 pub mod oci_double;
+pub mod rerun;
 pub mod zds_double;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

@@ -484,21 +484,13 @@ const FDS_CHILD: &str = "TIDEGATE_TEST_ZDS_FDS_EXHAUSTED";
 /// test binary again, running only this test).
 #[tokio::test]
 async fn zds_an_add_arriving_without_a_free_descriptor_is_nacked_naming_the_exhaustion() {
-    if std::env::var_os(FDS_CHILD).is_some() {
+    if tidegate_e2e::rerun::is_child(FDS_CHILD) {
         return at_the_descriptor_limit().await;
     }
-    let name = "zds::zds_an_add_arriving_without_a_free_descriptor_is_nacked_naming_the_exhaustion";
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", name, "--nocapture", "--test-threads=1"])
-        .env(FDS_CHILD, "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("child: NACK named the exhaustion"),
-        "child: {}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+    tidegate_e2e::rerun::alone(
+        "zds::zds_an_add_arriving_without_a_free_descriptor_is_nacked_naming_the_exhaustion",
+        FDS_CHILD,
+        "child: NACK named the exhaustion",
     );
 }
 

@@ -1020,21 +1020,13 @@ async fn inpod_zds_a_pod_is_refused_when_descriptors_run_short_and_served_pods_g
     if skip() {
         return;
     }
-    if std::env::var_os(FDS_CHILD).is_some() {
+    if tidegate_e2e::rerun::is_child(FDS_CHILD) {
         return descriptors_short().await;
     }
-    let name = "inpod::inpod_zds_a_pod_is_refused_when_descriptors_run_short_and_served_pods_go_on";
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", name, "--nocapture", "--test-threads=1"])
-        .env(FDS_CHILD, "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("child: refused for descriptors"),
-        "child: {}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+    tidegate_e2e::rerun::alone(
+        "inpod::inpod_zds_a_pod_is_refused_when_descriptors_run_short_and_served_pods_go_on",
+        FDS_CHILD,
+        "child: refused for descriptors",
     );
 }
 
