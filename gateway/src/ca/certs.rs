@@ -541,3 +541,22 @@ fn read_roots(path: &PathBuf) -> Result<(u64, Vec<CertificateDer<'static>>), Ist
     pem.hash(&mut h);
     Ok((h.finish(), certs))
 }
+
+/// The Istio CA client's settings from the `certificates:` section.
+impl crate::config::IstioCaConfig {
+    pub fn settings(&self) -> IstioCaSettings {
+        IstioCaSettings {
+            client: CaClientConfig {
+                address: self.address.clone(),
+                roots: self.roots.clone(),
+                token: self.token.clone(),
+                cluster_id: self.cluster_id.clone(),
+                server_name: self.server_name.clone(),
+                timeout: self.timeout,
+            },
+            validity: self.validity,
+            first_use_wait: self.first_use_wait,
+            reload_interval: self.reload_interval,
+        }
+    }
+}

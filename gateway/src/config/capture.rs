@@ -50,11 +50,15 @@ impl Default for CaptureConfig {
             mode: CaptureMode::default(),
             zds_socket: None,
             state_dir: None,
-            max_pods: crate::inpod::admission::DEFAULT_MAX_PODS,
+            max_pods: DEFAULT_MAX_PODS,
             membership_wait: Duration::from_secs(5),
         }
     }
 }
+
+/// The default of `capture.max_pods`: well above the pods a Kubernetes
+/// node runs (110 by default, a few hundred when raised).
+pub const DEFAULT_MAX_PODS: u32 = 1_000;
 
 /// The largest `capture.max_pods`.
 pub const MAX_PODS_LIMIT: u64 = 100_000;

@@ -82,24 +82,6 @@ impl Default for IstioCaConfig {
     }
 }
 
-impl IstioCaConfig {
-    pub fn settings(&self) -> crate::ca::certs::IstioCaSettings {
-        crate::ca::certs::IstioCaSettings {
-            client: crate::ca::client::CaClientConfig {
-                address: self.address.clone(),
-                roots: self.roots.clone(),
-                token: self.token.clone(),
-                cluster_id: self.cluster_id.clone(),
-                server_name: self.server_name.clone(),
-                timeout: self.timeout,
-            },
-            validity: self.validity,
-            first_use_wait: self.first_use_wait,
-            reload_interval: self.reload_interval,
-        }
-    }
-}
-
 /// `tidegate ca`'s numeric flags against their ranges: the first out of
 /// range, as (flag, message).
 pub fn check_ca_server(

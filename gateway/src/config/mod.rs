@@ -27,7 +27,7 @@ mod oci;
 mod ranges;
 mod workloads;
 
-pub use capture::{CaptureConfig, CaptureMode, MAX_PODS_LIMIT};
+pub use capture::{CaptureConfig, CaptureMode, DEFAULT_MAX_PODS, MAX_PODS_LIMIT};
 pub use certificates::{check_ca_server, CertificatesConfig, IstioCaConfig};
 pub use control_plane::{ControlPlaneConfig, CONTROL_PLANE_MAX_CONNECTIONS};
 pub use data_path::{

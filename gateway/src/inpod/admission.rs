@@ -41,10 +41,6 @@ use crate::descriptors::Usage;
 use crate::netns::NetnsId;
 use crate::proxy::inbound::limits::{inbound_share, ConnectionLimits};
 
-/// The default of `capture.max_pods`: well above the pods a Kubernetes
-/// node runs (110 by default, a few hundred when raised).
-pub const DEFAULT_MAX_PODS: u32 = 1_000;
-
 /// Descriptors a pod's listeners take (15001, 15006, 15008); its namespace
 /// descriptor is open already when it is checked.
 pub const LISTENERS_PER_POD: u64 = 3;
