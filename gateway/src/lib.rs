@@ -24,7 +24,6 @@ pub mod app;
 pub mod ca;
 pub mod cli;
 pub mod config;
-pub mod control_plane;
 pub mod demo;
 pub mod drains;
 pub mod fd_passing;

@@ -30,6 +30,7 @@ const SOURCES: &[&str] = &[
     "policy-host/src",
     "netns/src",
     "cni/src",
+    "control/src",
 ];
 const EXTENSIONS: &[&str] = &[".rs", ".md", ".toml", ".yaml", ".yml", ".wit", ".json"];
 

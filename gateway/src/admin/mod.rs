@@ -5,39 +5,33 @@
 //! - [`workloads`]: `/workloads/<uid>/…` lifecycle events and run-time policy bindings;
 //!   [`workload_ref`]: a uid or `namespace/name` there.
 //! - [`config_dump`]: `GET /config_dump`, each workload with its phase and policy.
-//! - [`slots`]: each listener's connection cap, which makes room for a new
-//!   connection by closing the one idle the longest.
+//!
+//! The server itself (connection cap, slots, timeouts) is
+//! `tidegate-control`'s, shared with `tidegate ca`.
 
 mod config_dump;
 mod policies;
-mod slots;
 pub mod workload_ref;
 pub mod workloads;
 
 pub use policies::POLICY_CONFIG_HEADER;
 
-use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::json;
-use tokio::net::TcpListener;
-use tracing::debug;
+use tidegate_control::http::{text, Body};
 
-use crate::control_plane::ConnLimit;
 use crate::policy::PolicyEngine;
 use crate::proxy::pool::Pool;
 use crate::proxy::tunnels::InboundTunnels;
-use crate::shutdown::ShutdownWatch;
 use crate::workloads::WorkloadStore;
 
-type Body = Full<Bytes>;
+pub use tidegate_control::http::{exposition, serve, HttpLimits};
 
 /// What the admin endpoints can see.
 pub struct AdminState {
@@ -57,14 +51,6 @@ pub struct AdminState {
     pub default_grace: std::time::Duration,
     pub metrics: prometheus_client::registry::Registry,
     pub ready: AtomicBool,
-}
-
-fn text(status: StatusCode, body: impl Into<String>) -> Response<Body> {
-    Response::builder()
-        .status(status)
-        .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
-        .body(Full::new(Bytes::from(body.into())))
-        .expect("static response")
 }
 
 fn json_response(v: serde_json::Value) -> Response<Body> {
@@ -119,30 +105,6 @@ pub async fn metrics(state: Arc<AdminState>, req: Request<Incoming>) -> Response
     exposition(&state.metrics, &req)
 }
 
-/// `GET /metrics`: the OpenMetrics text of `registry`.
-pub fn exposition(
-    registry: &prometheus_client::registry::Registry,
-    req: &Request<Incoming>,
-) -> Response<Body> {
-    if req.uri().path() != "/metrics" {
-        return text(StatusCode::NOT_FOUND, "try GET /metrics\n");
-    }
-    let mut out = String::new();
-    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, registry) {
-        return text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("encoding metrics: {e}\n"),
-        );
-    }
-    Response::builder()
-        .header(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )
-        .body(Full::new(Bytes::from(out)))
-        .expect("static response")
-}
-
 /// Routes of the readiness port: `/healthz/ready` (traffic may be sent) and
 /// `/healthz/live` (the process serves; a liveness probe must not depend on
 /// readiness, or a slow first sync would get the gateway killed).
@@ -164,95 +126,5 @@ pub async fn readiness(state: Arc<AdminState>, req: Request<Incoming>) -> Respon
             StatusCode::SERVICE_UNAVAILABLE,
             "not ready: starting or draining\n",
         )
-    }
-}
-
-/// The limits of one HTTP listener.
-#[derive(Clone, Debug)]
-pub struct HttpLimits {
-    /// The listener's connection cap (and its name in metrics).
-    pub connections: ConnLimit,
-    /// `control_plane.header_read_timeout`.
-    pub header_read_timeout: Duration,
-}
-
-/// Serves HTTP/1.1 with `route` until drained; in-flight requests are short and
-/// simply dropped with the process.
-///
-/// A connection beyond the listener's cap takes the slot of the connection
-/// idle the longest (no request in progress: a half-sent head, or a
-/// keep-alive between requests), which is closed; when all are inside a
-/// request, the new one is closed at once (see [`slots`]). A request head
-/// not complete within the header-read timeout (or an idle keep-alive
-/// connection) is closed; accept errors pause the loop. Each refusal is
-/// counted in `tidegate_control_refusals_total`.
-pub async fn serve<S, F, Fut>(
-    listener: TcpListener,
-    state: Arc<S>,
-    route: F,
-    limits: HttpLimits,
-    mut drain: ShutdownWatch,
-) where
-    S: Send + Sync + 'static,
-    F: Fn(Arc<S>, Request<Incoming>) -> Fut + Copy + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Response<Body>> + Send + 'static,
-{
-    let slots = slots::Slots::new(limits.connections.clone());
-    loop {
-        let (tcp, _) = tokio::select! {
-            a = listener.accept() => match a {
-                Ok(a) => a,
-                Err(e) => {
-                    limits.connections.accept_failed(&e).await;
-                    continue;
-                }
-            },
-            _ = drain.signaled() => return,
-        };
-        let Some(slot) = slots.admit() else {
-            debug!(
-                listener = limits.connections.listener(),
-                "over capacity, every connection in a request: connection closed"
-            );
-            continue;
-        };
-        let state = state.clone();
-        let limits = limits.clone();
-        tokio::spawn(async move {
-            let slot = Arc::new(slot);
-            let served = Arc::new(AtomicUsize::new(0));
-            let requests = served.clone();
-            let marks = slot.clone();
-            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let state = state.clone();
-                let marks = marks.clone();
-                marks.busy();
-                requests.fetch_add(1, Ordering::Relaxed);
-                async move {
-                    let resp = route(state, req).await;
-                    marks.idle();
-                    Ok::<_, Infallible>(resp)
-                }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout)
-                .serve_connection(TokioIo::new(tcp), svc);
-            let result = tokio::select! {
-                r = conn => r,
-                // A newer connection took the slot: this one closes.
-                _ = slot.evicted() => return,
-            };
-            match result {
-                // An idle keep-alive connection closed after a request is not a refusal.
-                Err(e) if e.is_timeout() && served.load(Ordering::Relaxed) == 0 => {
-                    limits.connections.refused("header_timeout")
-                }
-                Err(e) if e.is_parse() || e.is_parse_too_large() => {
-                    limits.connections.refused("bad_request")
-                }
-                _ => {}
-            }
-        });
     }
 }

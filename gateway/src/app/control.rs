@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tracing::info;
 
 use prometheus_client::registry::Registry;
+use tidegate_control::limits::{ConnLimit, ControlMetrics};
 
 use super::core::Core;
 use super::data_path::DataPath;
@@ -15,7 +16,6 @@ use super::node_agents::ReadyWhen;
 use super::Wiring;
 use crate::admin::{self, AdminState};
 use crate::config::Config;
-use crate::control_plane::{ConnLimit, ControlMetrics};
 use crate::inpod::pods::PodProxies;
 use crate::shutdown::ShutdownWatch;
 

@@ -12,13 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
+use tidegate_control::limits::{self as control_plane, ControlMetrics};
 use tokio::task::JoinSet;
 use tracing::info;
 
 use crate::admin::AdminState;
 use crate::config::Config;
-use crate::control_plane::{self, ControlMetrics};
-
 use crate::inpod::pods::PodProxies;
 use crate::policy::PolicyEngine;
 use crate::proxy::outbound::Outbound;

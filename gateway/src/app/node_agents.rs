@@ -5,12 +5,12 @@
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use tidegate_control::limits::{ConnLimit, ControlMetrics};
 use tokio::sync::watch;
 use tracing::info;
 
 use super::Wiring;
 use crate::config::{CaptureMode, Config};
-use crate::control_plane::{ConnLimit, ControlMetrics};
 use crate::drains::cni::{CniLimits, PodHandover};
 use crate::drains::DrainEngine;
 use crate::inpod::capture::CapturePorts;

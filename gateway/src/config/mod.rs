@@ -9,7 +9,7 @@
 //! This module owns the whole and its layering; each section's type and
 //! default is a file of its own ([`data_path`]: `listeners:`, `hbone:`,
 //! `tcp:`, `pool:`, `outbound:`; [`certificates`]; [`workloads`];
-//! [`drains`]: `shutdown:` and `drains:`; [`capture`]; [`control_plane`];
+//! [`drains`]: `shutdown:` and `drains:`; [`capture`]; `control_plane:` ([`tidegate_control::config`]);
 //! [`oci`]), except `policies:`, the policy host's
 //! ([`tidegate_policy_host::config`], re-exported here); other modules take their section from here and import
 //! nothing back into it (validation parses a [`crate::identity::SpiffeId`],
@@ -20,7 +20,6 @@
 
 mod capture;
 mod certificates;
-mod control_plane;
 mod data_path;
 mod drains;
 mod oci;
@@ -29,7 +28,6 @@ mod workloads;
 
 pub use capture::{CaptureConfig, CaptureMode, DEFAULT_MAX_PODS, MAX_PODS_LIMIT};
 pub use certificates::{check_ca_server, CertificatesConfig, IstioCaConfig};
-pub use control_plane::{ControlPlaneConfig, CONTROL_PLANE_MAX_CONNECTIONS};
 pub use data_path::{
     EndpointChoice, HboneConfig, Listeners, OutboundConfig, PoolConfig, TcpConfig, UnknownInCluster,
 };
@@ -37,6 +35,7 @@ pub use drains::{DrainsConfig, ShutdownConfig};
 pub use oci::{Cidr, OciAuth, OciConfig, OptIn, OCI_BACKEND_LIMIT};
 pub use ranges::{key_ranges, KeyRange};
 pub use tidegate_base::{duration, size};
+pub use tidegate_control::config::{ControlPlaneConfig, CONTROL_PLANE_MAX_CONNECTIONS};
 pub use tidegate_policy_host::config::{BindingSpec, Fallback, PluginSpec, PoliciesConfig};
 pub use workloads::{KubernetesConfig, WorkloadSourceKind, WorkloadsConfig};
 

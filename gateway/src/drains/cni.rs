@@ -30,12 +30,12 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::json;
+use tidegate_control::limits::ConnLimit;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::{debug, info, warn};
 
 use super::{DrainEngine, Lifecycle, Trigger};
-use crate::control_plane::ConnLimit;
 use crate::shutdown::ShutdownWatch;
 
 /// The longest request line accepted (a real one is a few hundred bytes).

@@ -18,7 +18,7 @@
 //! 4. **The pods' descriptor share.** A served pod holds
 //!    [`DESCRIPTORS_PER_POD`] descriptors (its namespace, three listeners).
 //!    Of the descriptors the control plane leaves to the data path (`D`,
-//!    see `control_plane.rs`), the derived inbound caps take three quarters
+//!    see `control/src/limits.rs`), the derived inbound caps take three quarters
 //!    (`proxy/inbound/limits.rs`); of the last quarter, half is the pods'
 //!    (`D / 8`, so at most `D / 32` pods) and half stays with the outbound
 //!    side and the files. Each bounded by its own share, the pods cannot

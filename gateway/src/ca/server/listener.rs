@@ -22,13 +22,13 @@ use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tidegate_control::limits::ConnLimit;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::debug;
 
 use super::service::CaService;
-use crate::control_plane::ConnLimit;
 use crate::shutdown::ShutdownWatch;
 
 /// How long a connection told to close (GOAWAY) may take to finish its

@@ -21,12 +21,12 @@ use kube::Api;
 use prometheus_client::registry::Registry;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tidegate_control::limits::{ConnLimit, ControlMetrics, FIXED_DESCRIPTORS};
 use tracing::{info, warn};
 
 use crate::admin::HttpLimits;
 use crate::ca::impersonation::Authorizer;
 use crate::config::KubernetesConfig;
-use crate::control_plane::{ConnLimit, ControlMetrics, FIXED_DESCRIPTORS};
 use crate::shutdown::ShutdownWatch;
 
 /// Connections the metrics listener serves at once.

@@ -8,7 +8,7 @@
 //!
 //! - **connections** (`hbone.max_connections`; 0, the default: three
 //!   quarters of the descriptors the control plane leaves — the open-file
-//!   limit less its budget, see `control_plane.rs`): tunnels and upstream
+//!   limit less its budget, see `control/src/limits.rs`): tunnels and upstream
 //!   connections of all peers together. The last quarter stays with the
 //!   outbound side (captured connections, pooled tunnels), the files and
 //!   the in-pod listeners.

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::duration;
+use tidegate_base::duration;
 
 /// The most connections `control_plane.max_connections` and
 /// `control_plane.cni_max_connections` may allow each.
@@ -13,7 +13,7 @@ pub const CONTROL_PLANE_MAX_CONNECTIONS: u64 = 1_024;
 /// `control_plane`: the admin (127.0.0.1:15000), metrics (15020), readiness
 /// (15021) and CNI socket listeners. Their connection caps are small and
 /// fixed so that together they can never take the descriptors the data path
-/// needs (the budget is checked at start, see `control_plane.rs`).
+/// needs (the budget is checked at start, see `control/src/limits.rs`).
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ControlPlaneConfig {

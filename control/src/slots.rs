@@ -20,8 +20,8 @@ use std::time::Instant;
 
 use tokio::sync::Notify;
 
-use crate::control_plane::{ConnLimit, Open};
-use crate::sync::Locked;
+use crate::limits::{ConnLimit, Open};
+use tidegate_base::sync::Locked;
 
 /// One listener's slots.
 #[derive(Debug)]
@@ -142,7 +142,7 @@ mod tests {
     use prometheus_client::registry::Registry;
 
     use super::*;
-    use crate::control_plane::ControlMetrics;
+    use crate::limits::ControlMetrics;
 
     fn slots(max: u32) -> (Arc<Slots>, Registry) {
         let mut registry = Registry::default();

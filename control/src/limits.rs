@@ -15,7 +15,7 @@
 //! are derived from the data path's share (`proxy/inbound/limits.rs`), so no
 //! data-path peer can take the control plane's either.
 //!
-//! A leaf module: it imports only the config section.
+//! It imports only the config section ([`crate::config`]).
 
 use std::io;
 use std::sync::{Arc, Mutex};
@@ -30,7 +30,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{info, warn};
 
 use crate::config::ControlPlaneConfig;
-use crate::sync::Locked;
+use tidegate_base::sync::Locked;
 
 /// After a failed accept (EMFILE, ENFILE, ENOBUFS…) the loop waits instead
 /// of spinning on an error that will not clear by itself: this long after
@@ -174,7 +174,7 @@ impl ConnLimit {
     }
 
     /// Counts a connection as open (the HTTP listeners keep their own
-    /// slots: `admin/slots.rs`).
+    /// slots: `crate::slots`).
     pub fn open(&self) -> Open {
         let open = self
             .metrics
