@@ -63,7 +63,7 @@ pub fn parse<'a>(
         (&Method::POST, Some("shutdown-starting")) => {
             let grace = query
                 .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("grace=")))
-                .map(crate::config::duration::parse)
+                .map(tidegate_base::duration::parse)
                 .unwrap_or(Ok(default_grace));
             match grace {
                 Ok(grace) if grace > crate::drains::MAX_GRACE => R::Refused(

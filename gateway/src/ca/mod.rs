@@ -30,4 +30,4 @@ pub const CREATE_CERTIFICATE: &str = "/istio.v1.auth.IstioCertificateService/Cre
 /// The metadata key naming the identity a node agent asks for on a pod's behalf.
 pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
 /// The token audience the CA expects by default (istiod's `TOKEN_AUDIENCES`).
-pub const DEFAULT_AUDIENCE: &str = "istio-ca";
+pub use crate::config::DEFAULT_AUDIENCE;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{duration, ranges};
+use super::duration;
 
 /// Where workload certificates come from.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -79,20 +79,6 @@ impl Default for IstioCaConfig {
             timeout: Duration::from_secs(10),
             reload_interval: default_reload_interval(),
         }
-    }
-}
-
-/// `tidegate ca`'s numeric flags against their ranges: the first out of
-/// range, as (flag, message).
-pub fn check_ca_server(
-    cfg: &crate::ca::server::CaServerConfig,
-) -> Result<(), (&'static str, String)> {
-    match ranges::ca_server_rows(cfg)
-        .iter()
-        .find_map(|r| r.check().map(|m| (r.key, m)))
-    {
-        Some(bad) => Err(bad),
-        None => Ok(()),
     }
 }
 

@@ -18,6 +18,7 @@
 //! bounds), that `impl` block lives in the other module. [`duration`] and
 //! [`size`] are leaf modules anyone may use.
 
+mod ca_server;
 mod capture;
 mod certificates;
 mod data_path;
@@ -26,8 +27,9 @@ mod oci;
 mod ranges;
 mod workloads;
 
+pub use ca_server::{check_ca_server, CaServerConfig, DEFAULT_AUDIENCE};
 pub use capture::{CaptureConfig, CaptureMode, DEFAULT_MAX_PODS, MAX_PODS_LIMIT};
-pub use certificates::{check_ca_server, CertificatesConfig, IstioCaConfig};
+pub use certificates::{CertificatesConfig, IstioCaConfig};
 pub use data_path::{
     EndpointChoice, HboneConfig, Listeners, OutboundConfig, PoolConfig, TcpConfig, UnknownInCluster,
 };

@@ -435,7 +435,7 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
 }
 
 /// `tidegate ca`'s numeric flags, each with its range.
-pub(super) fn ca_server_rows(c: &crate::ca::server::CaServerConfig) -> Vec<Row> {
+pub(super) fn ca_server_rows(c: &super::CaServerConfig) -> Vec<Row> {
     vec![
         count("--max-connections", c.max_connections.into(), 1, 1_000_000)
             .because("each connection holds a descriptor"),
@@ -643,7 +643,7 @@ mod tests {
         #[derive(Parser)]
         struct Ca {
             #[command(flatten)]
-            cfg: crate::ca::server::CaServerConfig,
+            cfg: crate::config::CaServerConfig,
         }
         let check = |args: &[&str]| {
             let ca = Ca::try_parse_from(std::iter::once("ca").chain(args.iter().copied())).unwrap();
