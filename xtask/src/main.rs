@@ -93,11 +93,15 @@ fn run(args: Vec<String>) -> Result<()> {
             plugins::build_all(&root, &root.join("target").join("plugins"))?;
             // Every target (benches too) built and linted first; the run
             // then builds nothing.
+            // Every binary too, as a user runs it: tests start the
+            // workspace's binaries (`tidegate-plugin`, a package without
+            // integration tests of its own, is built by nothing else).
             let workspace = run_cargo_env(
                 &root,
                 &["test", "--workspace", "--all-targets", "--no-run"],
                 &lint,
             )
+            .and_then(|()| run_cargo_env(&root, &["build", "--workspace", "--bins"], &lint))
             .and_then(|()| run_tests(&root, &["test", "--workspace"], &lint, &mut tally));
             let plugins = run_tests(
                 &root.join("plugins"),
