@@ -89,15 +89,9 @@ pub async fn serve<S, F, Fut>(
 {
     let slots = slots::Slots::new(limits.connections.clone());
     loop {
-        let (tcp, _) = tokio::select! {
-            a = listener.accept() => match a {
-                Ok(a) => a,
-                Err(e) => {
-                    limits.connections.accept_failed(&e).await;
-                    continue;
-                }
-            },
-            _ = drain.signaled() => return,
+        let accepted = limits.connections.accept(|| listener.accept(), &mut drain);
+        let Some((tcp, _)) = accepted.await else {
+            return;
         };
         let Some(slot) = slots.admit() else {
             debug!(

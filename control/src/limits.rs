@@ -29,8 +29,10 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{info, warn};
 
-use crate::config::ControlPlaneConfig;
+use tidegate_base::shutdown::ShutdownWatch;
 use tidegate_base::sync::Locked;
+
+use crate::config::ControlPlaneConfig;
 
 /// After a failed accept (EMFILE, ENFILE, ENOBUFS…) the loop waits instead
 /// of spinning on an error that will not clear by itself: this long after
@@ -234,6 +236,28 @@ impl ConnLimit {
             warn!(listener = self.listener, error = %e, pause = ?pause, unlogged_since_last_line = unlogged, "accept failed; pausing");
         }
         tokio::time::sleep(pause).await;
+    }
+
+    /// The listener's next connection (`accept` is its accept call), with
+    /// a failed accept counted and paused on ([`ConnLimit::accept_failed`]);
+    /// `None` once `drain` fires.
+    pub async fn accept<T, Fut>(
+        &self,
+        mut accept: impl FnMut() -> Fut,
+        drain: &mut ShutdownWatch,
+    ) -> Option<T>
+    where
+        Fut: std::future::Future<Output = io::Result<T>>,
+    {
+        loop {
+            tokio::select! {
+                a = accept() => match a {
+                    Ok(a) => return Some(a),
+                    Err(e) => self.accept_failed(&e).await,
+                },
+                _ = drain.signaled() => return None,
+            }
+        }
     }
 }
 

@@ -110,15 +110,9 @@ pub async fn serve(
     mut drain: ShutdownWatch,
 ) {
     loop {
-        let stream = tokio::select! {
-            a = listener.accept() => match a {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    limits.connections.accept_failed(&e).await;
-                    continue;
-                }
-            },
-            _ = drain.signaled() => return,
+        let accepted = limits.connections.accept(|| listener.accept(), &mut drain);
+        let Some((stream, _)) = accepted.await else {
+            return;
         };
         let Some(slot) = limits.connections.admit() else {
             debug!("cni socket over capacity: connection closed");

@@ -53,15 +53,9 @@ pub async fn serve(
     mut drain: ShutdownWatch,
 ) {
     loop {
-        let (tcp, peer) = tokio::select! {
-            a = listener.accept() => match a {
-                Ok(a) => a,
-                Err(e) => {
-                    limits.connections.accept_failed(&e).await;
-                    continue;
-                }
-            },
-            _ = drain.signaled() => return,
+        let accepted = limits.connections.accept(|| listener.accept(), &mut drain);
+        let Some((tcp, peer)) = accepted.await else {
+            return;
         };
         let Some(slot) = limits.connections.admit() else {
             debug!(%peer, "over capacity: CA connection closed");
