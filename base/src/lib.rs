@@ -4,6 +4,7 @@
 //! - [`shutdown`]: the process's shutdown signal and its deadline;
 //! - [`descriptors`]: open descriptors against the open-file limit, and
 //!   errors that come from a full descriptor table;
+//! - [`range`]: a number's accepted range and the error naming its key;
 //! - [`duration`] and [`size`]: durations (`250ms`, `5m`) and byte sizes
 //!   (`64KiB`) as the configuration, the admin API and the command lines
 //!   write them.
@@ -12,6 +13,7 @@
 
 pub mod descriptors;
 pub mod duration;
+pub mod range;
 pub mod shutdown;
 pub mod size;
 pub mod sync;

@@ -1,5 +1,5 @@
 //! A small HTTP/1.1 server for the control plane's listeners (the gateway's
-//! admin, metrics and readiness; `tidegate ca`'s metrics): one handler per
+//! admin, metrics and readiness; `tidegate-ca`'s metrics): one handler per
 //! listener, a connection cap that makes room by closing the connection
 //! idle the longest ([`crate::slots`]), a header-read timeout, a pause
 //! after accept errors.

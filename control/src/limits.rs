@@ -1,6 +1,6 @@
 //! What every control-plane listener shares — the admin (127.0.0.1:15000),
 //! metrics (15020) and readiness (15021) HTTP servers, the CNI socket and
-//! `tidegate ca`'s listeners: a connection cap per listener, a pause after
+//! `tidegate-ca`'s listeners: a connection cap per listener, a pause after
 //! accept errors (10 ms doubling to 100 ms, logged at most once a second),
 //! their metrics, and the descriptor budget that keeps the data path's reserve.
 //!

@@ -21,7 +21,6 @@
 pub mod admin;
 pub mod allocator;
 pub mod app;
-pub mod ca;
 pub mod cli;
 pub mod config;
 pub mod demo;
@@ -37,6 +36,8 @@ pub mod workloads;
 
 pub use allocator::{Allocator, ALLOCATOR};
 pub use tidegate_base::{descriptors, shutdown, sync};
+/// The Istio CA client (and `tidegate-ca`, the CA, in the same crate).
+pub use tidegate_ca as ca;
 /// The policy host is its own crate (the only one that links wasmtime).
 pub use tidegate_policy_host as policy;
 pub use tidegate_protocol::{hbone, identity, tls};

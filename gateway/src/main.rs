@@ -57,9 +57,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         let config = cli.config.load()?;
         return policy(cmd, &config.policies);
     }
-    if let Some(Command::Ca(cfg)) = cli.command {
-        return ca(*cfg).await;
-    }
     let config = cli.config.load()?;
     match cli.command.unwrap_or(Command::Run) {
         Command::Run => {
@@ -94,26 +91,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", tidegate::cli::workload_ops::unbind(admin, &args)?);
             Ok(())
         }
-        Command::Policy(_) | Command::Ca(_) => {
+        Command::Policy(_) => {
             unreachable!("handled above")
         }
     }
-}
-
-/// `tidegate ca`: serves until SIGTERM or SIGINT.
-async fn ca(cfg: tidegate::ca::server::CaServerConfig) -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (trigger, drain) = tidegate::shutdown::channel();
-    let running = tidegate::ca::server::start(cfg, drain).await?;
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    trigger.start(std::time::Duration::from_secs(5));
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), running.task).await;
-    Ok(())
 }
 
 /// `tidegate policy …`: prints the report; a failure is the error (exit 1).

@@ -59,7 +59,7 @@ const PROVIDED_ELSEWHERE: &[(&str, &str, &str)] = &[
     (
         "ConfigMap",
         "tidegate-ca-root",
-        "tidegate ca publishes its root there at its first start (base/ca-deployment.yaml)",
+        "tidegate-ca publishes its root there at its first start (base/ca-deployment.yaml)",
     ),
     (
         "Secret",
@@ -865,7 +865,7 @@ fn check_invariants(r: &Rendered) -> Config {
 }
 
 /// The label the gateway reads is the one the docs name, and the mesh's own
-/// pods (the gateway on the host network, `tidegate ca` in its namespace)
+/// pods (the gateway on the host network, `tidegate-ca` in its namespace)
 /// are not members by the rule that decides capture and HBONE alike.
 fn check_outside_the_mesh(r: &Rendered, config: &Config, namespace: &Namespace) {
     let mesh_label = &config.workloads.kubernetes.mesh_label;
@@ -1006,7 +1006,7 @@ fn the_base_keeps_its_invariants() {
     assert!(config.workloads.kubernetes.services);
     assert!(granted(&r, "tidegate", "tidegate-system")
         .contains(&(String::new(), "services".to_owned())));
-    // Certificates from `tidegate ca`, installed beside the gateways
+    // Certificates from `tidegate-ca`, installed beside the gateways
     // (check_invariants checked the two fit together).
     let CertificatesConfig::IstioCa(ca) = &config.certificates else {
         panic!("certificates from the Istio CA protocol")
@@ -1075,7 +1075,7 @@ fn the_istio_ambient_example_takes_certificates_from_istiod() {
     let config = check_invariants(&r);
     assert_eq!(config.trust_domain, "cluster.local");
     // Certificates from istiod, verified against the root it publishes;
-    // tidegate ca is not installed.
+    // tidegate-ca is not installed.
     let CertificatesConfig::IstioCa(ca) = &config.certificates else {
         panic!("certificates from istiod")
     };

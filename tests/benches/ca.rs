@@ -6,7 +6,7 @@
 //! ```
 //!
 //! Everything real but the Kubernetes API server (the wire-level double
-//! answers TokenReview and the pod list): `tidegate ca` over gRPC/TLS on
+//! answers TokenReview and the pod list): `tidegate-ca` over gRPC/TLS on
 //! loopback, two gateways whose certificates come from it.
 //!
 //! - **Issuance latency**, client → certificate installed: a pod with a new
@@ -29,8 +29,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tidegate::ca::server::start as start_ca;
 use tidegate::identity::SpiffeId;
+use tidegate_ca::server::start as start_ca;
 use tidegate_e2e::ca::{ca_config, gateway_pod, until_known};
 use tidegate_e2e::kube_api::{FakeApiServer, Kind};
 use tidegate_e2e::{echo_server, gateway_config_with, ip, round_trip, write_atomically, Capture};
@@ -166,7 +166,7 @@ async fn run() -> anyhow::Result<()> {
     let source = client.tls.source().clone();
 
     println!(
-        "Certificate issuance benchmark (tidegate ca over gRPC/TLS on loopback, the API double)\n"
+        "Certificate issuance benchmark (tidegate-ca over gRPC/TLS on loopback, the API double)\n"
     );
     let mut text = base.clone();
     // Issuance, one pod at a time: from the moment the gateway knows the

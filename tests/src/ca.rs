@@ -1,4 +1,4 @@
-//! `tidegate ca` over the Kubernetes API double, as the CA tests and the
+//! `tidegate-ca` over the Kubernetes API double, as the CA tests and the
 //! `ca` bench run it: the node agents' pods and tokens, and the CA's settings.
 
 use std::net::{IpAddr, SocketAddr};
@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use tidegate::app::App;
-use tidegate::ca::server::CaServerConfig;
+use tidegate_ca::server::CaServerConfig;
 
 use crate::kube_api::{FakeApiServer, Kind, TokenInfo};
 
@@ -28,13 +28,13 @@ pub fn gateway_pod(api: &FakeApiServer, name: &str, node: &str, token: &str) {
         token,
         TokenInfo {
             username: format!("system:serviceaccount:{NS}:tidegate"),
-            audiences: vec![tidegate::ca::DEFAULT_AUDIENCE.into()],
+            audiences: vec![tidegate_ca::DEFAULT_AUDIENCE.into()],
             pod: Some((name.into(), format!("{name}-uid"))),
         },
     );
 }
 
-/// `tidegate ca` on `listen`, trusting the gateways of [`gateway_pod`],
+/// `tidegate-ca` on `listen`, trusting the gateways of [`gateway_pod`],
 /// serving as 127.0.0.1, reading `api`.
 pub fn ca_config(
     api: &FakeApiServer,
@@ -48,7 +48,7 @@ pub fn ca_config(
         root_configmap: "tidegate-ca-root".into(),
         trust_domain: "cluster.local".into(),
         trusted: vec![format!("{NS}/tidegate")],
-        audience: tidegate::ca::DEFAULT_AUDIENCE.into(),
+        audience: tidegate_ca::DEFAULT_AUDIENCE.into(),
         serving_names: vec!["127.0.0.1".into()],
         max_validity,
         max_connections: 4096,
@@ -73,19 +73,19 @@ pub async fn until_known(app: &App, ip: IpAddr) {
     }
 }
 
-/// A CA client for `tidegate ca` at `addr`, trusting `root_pem`, presenting
+/// A CA client for `tidegate-ca` at `addr`, trusting `root_pem`, presenting
 /// `token` (files written under `dir`).
 pub fn agent(
     dir: &std::path::Path,
     addr: SocketAddr,
     root_pem: &str,
     token: &str,
-) -> tidegate::ca::client::CaClient {
+) -> tidegate_ca::client::CaClient {
     let roots = dir.join("agent-root.pem");
     std::fs::write(&roots, root_pem).unwrap();
     let token_file = dir.join(format!("agent-{token}"));
     std::fs::write(&token_file, token).unwrap();
-    tidegate::ca::client::CaClient::new(tidegate::ca::client::CaClientConfig {
+    tidegate_ca::client::CaClient::new(tidegate_ca::client::CaClientConfig {
         address: format!("https://{addr}"),
         roots,
         token: token_file,
@@ -99,13 +99,13 @@ pub fn agent(
 /// Asks for the caller's own identity (no impersonation); returns the
 /// leaf's identity.
 pub async fn own_identity(
-    client: &tidegate::ca::client::CaClient,
-) -> Result<tidegate::identity::SpiffeId, tidegate::ca::client::CaClientError> {
+    client: &tidegate_ca::client::CaClient,
+) -> Result<tidegate::identity::SpiffeId, tidegate_ca::client::CaClientError> {
     use rustls_pki_types::pem::PemObject;
     let id = tidegate::identity::SpiffeId::new("cluster.local", NS, "tidegate");
-    let csr = tidegate::ca::csr::generate(&id).unwrap().csr_pem;
+    let csr = tidegate_ca::csr::generate(&id).unwrap().csr_pem;
     let chain = client
-        .create_certificate(tidegate::ca::messages::IstioCertificateRequest {
+        .create_certificate(tidegate_ca::messages::IstioCertificateRequest {
             csr,
             validity_duration: 3600,
             metadata: None,

@@ -18,7 +18,7 @@ use rcgen::{
 };
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, CertificateSigningRequestDer, PrivateKeyDer};
-use tidegate::ca::messages::{IstioCertificateRequest, IstioCertificateResponse};
+use tidegate_ca::messages::{IstioCertificateRequest, IstioCertificateResponse};
 use tokio::net::TcpListener;
 
 /// What the double answers.

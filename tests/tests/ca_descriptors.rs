@@ -1,4 +1,4 @@
-//! `tidegate ca` out of descriptors: its accept loop pauses instead of
+//! `tidegate-ca` out of descriptors: its accept loop pauses instead of
 //! spinning. The open-file limit is process-wide, so this is the only test
 //! of its binary.
 //!
@@ -31,7 +31,7 @@ async fn at_the_descriptor_limit_the_accept_loop_pauses_and_counts_instead_of_sp
     );
     cfg.handshake_timeout = Duration::from_millis(500);
     let (_trigger, drain) = tidegate::shutdown::channel();
-    let ca = tidegate::ca::server::start(cfg, drain).await.unwrap();
+    let ca = tidegate_ca::server::start(cfg, drain).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let good = agent(dir.path(), ca.addr, &ca.root_pem, "tok-a");
     own_identity(&good).await.expect("served before");

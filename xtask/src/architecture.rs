@@ -26,6 +26,7 @@ const SRC: &str = "gateway/src";
 const SOURCES: &[&str] = &[
     SRC,
     "base/src",
+    "ca/src",
     "protocol/src",
     "policy-host/src",
     "netns/src",

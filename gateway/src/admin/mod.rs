@@ -7,7 +7,7 @@
 //! - [`config_dump`]: `GET /config_dump`, each workload with its phase and policy.
 //!
 //! The server itself (connection cap, slots, timeouts) is
-//! `tidegate-control`'s, shared with `tidegate ca`.
+//! `tidegate-control`'s, shared with `tidegate-ca`.
 
 mod config_dump;
 mod policies;

@@ -1,5 +1,6 @@
 //! The certificate source a config asks for, and what keeps it current.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -7,11 +8,15 @@ use anyhow::Context as _;
 use prometheus_client::registry::Registry;
 
 use super::Wiring;
-use crate::ca::certs::IstioCaCerts;
+use tokio::sync::watch;
+
+use crate::ca::certs::{IstioCaCerts, IstioCaSettings};
+use crate::ca::client::CaClientConfig;
 use crate::ca::metrics::CaMetrics;
-use crate::config::{CertificatesConfig, Config};
+use crate::config::{CertificatesConfig, Config, IstioCaConfig};
+use crate::identity::SpiffeId;
 use crate::tls::{CertDir, CertSource, DevCa};
-use crate::workloads::WorkloadStore;
+use crate::workloads::{Protocol, WorkloadStore};
 
 /// A certificate source and the task that keeps it current, if any.
 pub(super) struct Certificates {
@@ -72,7 +77,7 @@ pub(super) fn certificates(
         CertificatesConfig::IstioCa(ca) => {
             let metrics = registry.map_or_else(CaMetrics::default, CaMetrics::register);
             let certs =
-                IstioCaCerts::new(ca.settings(), metrics).context("certificates (istio-ca)")?;
+                IstioCaCerts::new(settings(ca), metrics).context("certificates (istio-ca)")?;
             Certificates {
                 source: Arc::new(certs.clone()),
                 keeper: Keeper::IstioCa(certs),
@@ -95,9 +100,63 @@ impl Certificates {
                 w.tasks.spawn(dir.watch(every, w.drain.clone()));
             }
             Keeper::IstioCa(certs) => {
-                w.tasks.spawn(certs.run(workloads.clone(), w.drain.clone()));
+                let wanted = local_identities(workloads.clone(), w);
+                w.tasks.spawn(certs.run(wanted, w.drain.clone()));
             }
         }
         self.source
     }
+}
+
+/// The Istio CA client's settings from the `certificates:` section.
+fn settings(c: &IstioCaConfig) -> IstioCaSettings {
+    IstioCaSettings {
+        client: CaClientConfig {
+            address: c.address.clone(),
+            roots: c.roots.clone(),
+            token: c.token.clone(),
+            cluster_id: c.cluster_id.clone(),
+            server_name: c.server_name.clone(),
+            timeout: c.timeout,
+        },
+        validity: c.validity,
+        first_use_wait: c.first_use_wait,
+        reload_interval: c.reload_interval,
+    }
+}
+
+/// The identities of this node's HBONE workloads, the certificates the
+/// Istio CA client keeps: republished whenever the set changes them.
+fn local_identities(
+    store: Arc<WorkloadStore>,
+    w: &mut Wiring,
+) -> watch::Receiver<BTreeSet<SpiffeId>> {
+    let wanted = |store: &WorkloadStore| -> BTreeSet<SpiffeId> {
+        store
+            .snapshot()
+            .iter()
+            .filter(|w| w.local && w.spec.protocol == Protocol::Hbone)
+            .map(|w| w.identity.clone())
+            .collect()
+    };
+    let (tx, rx) = watch::channel(wanted(&store));
+    let mut changed = store.subscribe();
+    let mut drain = w.drain.clone();
+    w.tasks.spawn(async move {
+        loop {
+            tokio::select! {
+                r = changed.changed() => if r.is_err() { return },
+                _ = drain.signaled() => return,
+            }
+            let now = wanted(&store);
+            tx.send_if_modified(|old| {
+                let differs = *old != now;
+                if differs {
+                    *old = now;
+                }
+                differs
+            });
+        }
+    });
+    rx
 }

@@ -55,8 +55,6 @@ pub enum Command {
     /// Work with drain-policy plugins without starting the gateway.
     #[command(subcommand)]
     Policy(PolicyCommand),
-    /// Serve the Istio CA protocol (certificates for every node's pods) for clusters without istiod.
-    Ca(Box<crate::ca::server::CaServerConfig>),
 }
 
 #[derive(Debug, Subcommand)]

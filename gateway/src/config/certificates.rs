@@ -31,7 +31,7 @@ pub enum CertificatesConfig {
         #[serde(default = "default_reload_interval", with = "duration")]
         reload_interval: Duration,
     },
-    /// An Istio CA (istiod, or `tidegate ca`): a certificate per local
+    /// An Istio CA (istiod, or `tidegate-ca`): a certificate per local
     /// identity, asked for on the pods' behalf (`ImpersonatedIdentity`),
     /// renewed at half-life.
     IstioCa(IstioCaConfig),

@@ -18,7 +18,6 @@
 //! bounds), that `impl` block lives in the other module. [`duration`] and
 //! [`size`] are leaf modules anyone may use.
 
-mod ca_server;
 mod capture;
 mod certificates;
 mod data_path;
@@ -27,7 +26,6 @@ mod oci;
 mod ranges;
 mod workloads;
 
-pub use ca_server::{check_ca_server, CaServerConfig, DEFAULT_AUDIENCE};
 pub use capture::{CaptureConfig, CaptureMode, DEFAULT_MAX_PODS, MAX_PODS_LIMIT};
 pub use certificates::{CertificatesConfig, IstioCaConfig};
 pub use data_path::{

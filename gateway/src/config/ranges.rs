@@ -10,155 +10,21 @@
 
 use std::time::Duration;
 
+pub use tidegate_base::range::KeyRange;
+use tidegate_base::range::{bytes, count, dur, millis, secs, Row, DAY, HOUR, KIB, MIB, MIN};
+
 use super::{CertificatesConfig, Config};
 
-/// What a number is, for the error message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Unit {
-    Millis,
-    Bytes,
-    Count,
-}
-
-/// One row: a key, its value and its accepted range, inclusive.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Row {
-    pub key: &'static str,
-    value: u64,
-    min: u64,
-    max: u64,
-    unit: Unit,
-    /// Why the range is what it is, when that is not obvious.
-    why: &'static str,
-}
-
-const fn ms(d: Duration) -> u64 {
-    d.as_millis() as u64
-}
-
-fn dur(key: &'static str, value: Duration, min: Duration, max: Duration) -> Row {
-    Row {
-        key,
-        value: ms(value),
-        min: ms(min),
-        max: ms(max),
-        unit: Unit::Millis,
-        why: "",
-    }
-}
-
-fn bytes(key: &'static str, value: u32, min: u64, max: u64) -> Row {
-    Row {
-        key,
-        value: value.into(),
-        min,
-        max,
-        unit: Unit::Bytes,
-        why: "",
-    }
-}
-
-fn count(key: &'static str, value: u64, min: u64, max: u64) -> Row {
-    Row {
-        key,
-        value,
-        min,
-        max,
-        unit: Unit::Count,
-        why: "",
-    }
-}
-
-impl Row {
-    fn because(mut self, why: &'static str) -> Row {
-        self.why = why;
-        self
-    }
-
-    fn show(&self, v: u64) -> String {
-        match self.unit {
-            Unit::Millis => show_duration(v),
-            Unit::Bytes => show_size(v),
-            Unit::Count => v.to_string(),
-        }
-    }
-
-    /// `None` when the value is in range, else the message for the key.
-    pub fn check(&self) -> Option<String> {
-        if (self.min..=self.max).contains(&self.value) {
-            return None;
-        }
-        let why = if self.why.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", self.why)
-        };
-        Some(format!(
-            "{} is out of range: must be between {} and {}{why}",
-            self.show(self.value),
-            self.show(self.min),
-            self.show(self.max),
-        ))
-    }
-}
-
-/// One numeric key's value and accepted range, written as the load
-/// errors write them (`10s`, `4MiB`). `docs/configuration.md` shows these
-/// (`cargo xtask config-reference` writes them; a test compares).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KeyRange {
-    pub key: &'static str,
-    pub value: String,
-    pub min: String,
-    pub max: String,
-}
-
-/// Every numeric key of `c` with its value and range.
+/// Every numeric key of `c` with its value and range, as
+/// `docs/configuration.md` shows them (`cargo xtask config-reference`
+/// writes them; a test compares).
 pub fn key_ranges(c: &Config) -> Vec<KeyRange> {
-    rows(c)
-        .iter()
-        .map(|r| KeyRange {
-            key: r.key,
-            value: r.show(r.value),
-            min: r.show(r.min),
-            max: r.show(r.max),
-        })
-        .collect()
-}
-
-/// `90000` → `90s`, `3600000` → `1h`: the largest unit that is exact.
-fn show_duration(ms: u64) -> String {
-    for (unit, per) in [("h", 3_600_000), ("m", 60_000), ("s", 1_000)] {
-        if ms != 0 && ms % per == 0 {
-            return format!("{}{unit}", ms / per);
-        }
-    }
-    format!("{ms}ms")
-}
-
-fn show_size(b: u64) -> String {
-    for (unit, per) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-        if b != 0 && b % per == 0 {
-            return format!("{}{unit}", b / per);
-        }
-    }
-    format!("{b} bytes")
+    rows(c).iter().map(Row::key_range).collect()
 }
 
 const MS: Duration = Duration::from_millis(1);
-const fn millis(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-const fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-const MIN: Duration = secs(60);
-const HOUR: Duration = secs(3600);
-const DAY: Duration = secs(24 * 3600);
-const KIB: u64 = 1 << 10;
 /// About a billion: more descriptors than a process is given (`fs.nr_open` defaults to 2^20).
 const MAX_INBOUND_CONNECTIONS: u64 = 1 << 30;
-const MIB: u64 = 1 << 20;
 
 /// Every number of `c` with its range. The minimums are the smallest values
 /// that still work (tests use short intervals); the maximums the largest that
@@ -434,22 +300,6 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
     rows
 }
 
-/// `tidegate ca`'s numeric flags, each with its range.
-pub(super) fn ca_server_rows(c: &super::CaServerConfig) -> Vec<Row> {
-    vec![
-        count("--max-connections", c.max_connections.into(), 1, 1_000_000)
-            .because("each connection holds a descriptor"),
-        dur(
-            "--handshake-timeout",
-            c.handshake_timeout,
-            millis(100),
-            5 * MIN,
-        ),
-        dur("--preface-timeout", c.preface_timeout, millis(100), 5 * MIN),
-        dur("--idle-timeout", c.idle_timeout, secs(1), DAY),
-    ]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -625,44 +475,6 @@ mod tests {
             for r in rows(&cfg) {
                 assert_eq!(r.check(), None, "default of `{}`", r.key);
             }
-        }
-    }
-
-    #[test]
-    fn ranges_read_in_the_units_they_were_written_in() {
-        assert_eq!(show_duration(0), "0ms");
-        assert_eq!(show_duration(90_000), "90s");
-        assert_eq!(show_duration(24 * 3_600_000), "24h");
-        assert_eq!(show_size(16 * MIB - 1), "16777215 bytes");
-        assert_eq!(show_size(64 * KIB), "64KiB");
-    }
-
-    #[test]
-    fn tidegate_ca_flags_out_of_range_are_refused_naming_the_flag() {
-        use clap::Parser;
-        #[derive(Parser)]
-        struct Ca {
-            #[command(flatten)]
-            cfg: crate::config::CaServerConfig,
-        }
-        let check = |args: &[&str]| {
-            let ca = Ca::try_parse_from(std::iter::once("ca").chain(args.iter().copied())).unwrap();
-            super::super::check_ca_server(&ca.cfg)
-        };
-        assert_eq!(check(&[]), Ok(()), "the defaults are in range");
-        for (arg, flag, range) in [
-            ("--max-connections=0", "--max-connections", "1 and 1000000"),
-            (
-                "--handshake-timeout=0s",
-                "--handshake-timeout",
-                "100ms and 5m",
-            ),
-            ("--preface-timeout=1h", "--preface-timeout", "100ms and 5m"),
-            ("--idle-timeout=0s", "--idle-timeout", "1s and 24h"),
-        ] {
-            let (got, message) = check(&[arg]).unwrap_err();
-            assert_eq!(got, flag);
-            assert!(message.contains(range), "{arg}: {message}");
         }
     }
 }

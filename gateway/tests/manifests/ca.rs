@@ -1,23 +1,23 @@
 //! `certificates.source: istio-ca` in a render: the gateway's token and
-//! roots are where the config says, and either `tidegate ca` is rendered
+//! roots are where the config says, and either `tidegate-ca` is rendered
 //! beside it (its Service is the address the gateways dial, its settings
 //! match theirs, its RBAC is exactly what it calls) or the CA is istiod and
-//! `tidegate ca` is left out.
+//! `tidegate-ca` is left out.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use clap::{Args, FromArgMatches};
+use clap::{CommandFactory, FromArgMatches};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, PodSpec, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use tidegate::ca::server::CaServerConfig;
 use tidegate::config::IstioCaConfig;
+use tidegate_ca::server::CaServerConfig;
 
 use super::{cluster_roles_of, environment, volume_of, Rendered};
 
-/// (group, resource, verb, resource name or "") — what `tidegate ca` calls:
+/// (group, resource, verb, resource name or "") — what `tidegate-ca` calls:
 /// TokenReview create, pods list/watch (and get), its root Secret
 /// get/create, its root ConfigMap get/create/update.
 fn ca_needs(root: &str) -> BTreeSet<(String, String, String, String)> {
@@ -54,7 +54,7 @@ fn rows(rules: &[PolicyRule], out: &mut BTreeSet<(String, String, String, String
     }
 }
 
-/// `tidegate ca`'s settings as its container would parse them: each
+/// `tidegate-ca`'s settings as its container would parse them: each
 /// environment variable a flag reads, the flag's default otherwise; the
 /// downward API's `metadata.namespace` is the pod's namespace `ns`.
 fn ca_settings(r: &Rendered, c: &Container, ns: &str) -> CaServerConfig {
@@ -65,8 +65,8 @@ fn ca_settings(r: &Rendered, c: &Container, ns: &str) -> CaServerConfig {
             env.insert(e.name.clone(), ns.to_owned());
         }
     }
-    let cmd = CaServerConfig::augment_args(clap::Command::new("ca"));
-    let mut argv = vec!["ca".to_owned()];
+    let cmd = CaServerConfig::command();
+    let mut argv = vec!["tidegate-ca".to_owned()];
     for arg in cmd.get_arguments() {
         let (Some(name), Some(long)) = (arg.get_env(), arg.get_long()) else {
             continue;
@@ -77,7 +77,7 @@ fn ca_settings(r: &Rendered, c: &Container, ns: &str) -> CaServerConfig {
     }
     let m = cmd
         .try_get_matches_from(&argv)
-        .unwrap_or_else(|e| panic!("{}: tidegate ca refuses {argv:?}: {e}", r.dir));
+        .unwrap_or_else(|e| panic!("{}: tidegate-ca refuses {argv:?}: {e}", r.dir));
     CaServerConfig::from_arg_matches(&m).unwrap()
 }
 
@@ -130,16 +130,16 @@ pub(super) fn check_istio_ca(
         host == format!("{}.{}.svc", name.unwrap(), namespace.unwrap())
     });
     let Some(service) = service else {
-        // Another CA (istiod): tidegate ca is not installed, and its root
+        // Another CA (istiod): tidegate-ca is not installed, and its root
         // is the one Istio publishes.
         assert!(
             !r.contains("Deployment", "tidegate-ca"),
-            "{}: tidegate ca rendered but the gateways ask {host}",
+            "{}: tidegate-ca rendered but the gateways ask {host}",
             r.dir
         );
         assert_eq!(
             token.audience.as_deref(),
-            Some(tidegate::ca::DEFAULT_AUDIENCE),
+            Some(tidegate_ca::DEFAULT_AUDIENCE),
             "{}: istiod's TOKEN_AUDIENCES default",
             r.dir
         );
@@ -147,7 +147,7 @@ pub(super) fn check_istio_ca(
         return;
     };
 
-    // tidegate ca behind that Service.
+    // tidegate-ca behind that Service.
     let spec = service.spec.clone().unwrap();
     let sp = spec
         .ports
@@ -186,9 +186,9 @@ pub(super) fn check_istio_ca(
     assert_eq!(ca_pod.containers.len(), 1);
     let c = &ca_pod.containers[0];
     assert_eq!(
-        c.command.as_deref().map(|c| c[1..].to_vec()),
-        Some(vec!["ca".to_owned()]),
-        "{}: runs `tidegate ca`",
+        c.command.as_deref(),
+        Some(&["/usr/local/bin/tidegate-ca".to_owned()][..]),
+        "{}: runs `tidegate-ca`",
         r.dir
     );
     let settings = ca_settings(r, c, ns);
@@ -268,7 +268,7 @@ pub(super) fn check_istio_ca(
     assert_eq!(
         have,
         ca_needs(&settings.secret),
-        "{}: tidegate ca's RBAC",
+        "{}: tidegate-ca's RBAC",
         r.dir
     );
 

@@ -21,7 +21,7 @@
 //! |---|---|
 //! | `DP_NODE` | `node-a` or `node-b` |
 //! | `DP_ZDS` | the node agent's ZDS socket (ztunnel's `INPOD_UDS`): the bench serves it and hands over the node's pod |
-//! | `DP_CA_ADDRESS` | an Istio CA (`tidegate ca` in this process over the Kubernetes API double; trusts `tidegate-system/tidegate`) |
+//! | `DP_CA_ADDRESS` | an Istio CA (`tidegate-ca` in this process over the Kubernetes API double; trusts `tidegate-system/tidegate`) |
 //! | `DP_CA_ROOT` | its root certificate (PEM) |
 //! | `DP_TOKEN` | a token file the CA accepts for this node's gateway |
 //! | `DP_TRUST_DOMAIN` / `DP_CLUSTER_ID` | `cluster.local` / `Kubernetes` |
@@ -259,7 +259,7 @@ async fn setup(topo: InpodTopology, dir: &Path, bin: Option<PathBuf>) -> anyhow:
     let na = NsThread::idle(&topo.na);
     let (a_ip, b_ip) = (topo.pod_a(), topo.pod_b());
     let root_pem = na
-        .run("tidegate ca", PHASE_WITHIN, async move {
+        .run("tidegate-ca", PHASE_WITHIN, async move {
             let api = FakeApiServer::start().await;
             gateway_pod(&api, "tidegate-node-a", "node-a", "token-a");
             gateway_pod(&api, "tidegate-node-b", "node-b", "token-b");
@@ -276,7 +276,7 @@ async fn setup(topo: InpodTopology, dir: &Path, bin: Option<PathBuf>) -> anyhow:
             let mut cfg = ca_config(&api, ca_addr, Duration::from_secs(24 * 3600));
             cfg.serving_names = vec![ca_ip.to_string()];
             let (trigger, drain) = tidegate::shutdown::channel();
-            let ca = tidegate::ca::server::start(cfg, drain).await.map_err(|e| e.to_string())?;
+            let ca = tidegate_ca::server::start(cfg, drain).await.map_err(|e| e.to_string())?;
             // Both live as long as the namespace thread's runtime.
             tokio::spawn(async move {
                 let _keep = (api, trigger);
@@ -285,7 +285,7 @@ async fn setup(topo: InpodTopology, dir: &Path, bin: Option<PathBuf>) -> anyhow:
             Ok::<_, String>(ca.root_pem)
         })
         .await
-        .map_err(|e| anyhow::anyhow!("tidegate ca: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("tidegate-ca: {e}"))?;
     std::fs::write(dir.join("ca-root.pem"), root_pem)?;
     for node in ["a", "b"] {
         std::fs::write(

@@ -1,5 +1,5 @@
-//! The Kubernetes API server double as a program: serves what `tidegate ca`
-//! (and discovery) read, so the real `tidegate ca` binary — and through it
+//! The Kubernetes API server double as a program: serves what `tidegate-ca`
+//! (and discovery) read, so the real `tidegate-ca` binary — and through it
 //! any Istio CA client, ztunnel included — can be driven by hand.
 //!
 //! ```text
@@ -7,7 +7,7 @@
 //!     --pod <namespace>/<name>:<service-account>:<node>[:<ip>] [--pod ...] \
 //!     --token <token>=<namespace>/<service-account>[@<pod name>] [--token ...] \
 //!     [--audience istio-ca]
-//! tidegate ca --api-server <printed URL> --serving-name 127.0.0.1 --listen 127.0.0.1:15012
+//! tidegate-ca --api-server <printed URL> --serving-name 127.0.0.1 --listen 127.0.0.1:15012
 //! ```
 //! A pod's uid is `<name>-uid`; a token bound to a pod carries that pod's
 //! name and uid (as a projected token's TokenReview answer does). It prints
@@ -15,7 +15,7 @@
 //! `quit`; `pod <spec>` on stdin adds a pod, `token <spec>` a token.
 //!
 //! Checked against ztunnel built from its public source (commit 62d82653)
-//! through `tidegate ca`: README, "Certificates".
+//! through `tidegate-ca`: README, "Certificates".
 
 use std::io::BufRead;
 

@@ -1,4 +1,4 @@
-//! `tidegate ca` and `certificates.source: istio-ca` over real gRPC/TLS,
+//! `tidegate-ca` and `certificates.source: istio-ca` over real gRPC/TLS,
 //! with the API double answering TokenReview, pods, the root Secret and
 //! ConfigMap.
 
@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::json;
-use tidegate::ca::client::{CaClient, CaClientConfig};
-use tidegate::ca::messages::IstioCertificateRequest;
-use tidegate::ca::server::{start as start_ca, RunningCa};
 use tidegate::identity::SpiffeId;
 use tidegate::shutdown::ShutdownTrigger;
+use tidegate_ca::client::{CaClient, CaClientConfig};
+use tidegate_ca::messages::IstioCertificateRequest;
+use tidegate_ca::server::{start as start_ca, RunningCa};
 use tidegate_e2e::kube_api::{FakeApiServer, Kind, TokenInfo};
 use tidegate_e2e::{eventually, http_get, init_tracing, ip, metric, round_trip};
 
@@ -56,9 +56,9 @@ fn client(ca: &RunningCa, roots: &Path, token: &Path) -> CaClient {
 async fn ask(
     c: &CaClient,
     who: Option<&SpiffeId>,
-) -> Result<Vec<String>, tidegate::ca::client::CaClientError> {
+) -> Result<Vec<String>, tidegate_ca::client::CaClientError> {
     let asked = who.cloned().unwrap_or_else(|| id("demo", "web"));
-    let csr = tidegate::ca::csr::generate(&asked).unwrap().csr_pem;
+    let csr = tidegate_ca::csr::generate(&asked).unwrap().csr_pem;
     let req = match who {
         Some(w) => IstioCertificateRequest::impersonating(csr, 3600, &w.to_string()),
         None => IstioCertificateRequest {
@@ -76,9 +76,9 @@ fn leaf_identity(chain: &[String]) -> SpiffeId {
     tidegate::tls::identity_of(&der).unwrap()
 }
 
-fn code(r: Result<Vec<String>, tidegate::ca::client::CaClientError>) -> tonic::Code {
+fn code(r: Result<Vec<String>, tidegate_ca::client::CaClientError>) -> tonic::Code {
     match r {
-        Err(tidegate::ca::client::CaClientError::Status { code, .. }) => code,
+        Err(tidegate_ca::client::CaClientError::Status { code, .. }) => code,
         other => panic!("expected a gRPC status, got {other:?}"),
     }
 }
@@ -187,7 +187,7 @@ async fn tidegate_ca_issues_node_local_identities_and_refuses_the_rest() {
 
     // Rotation: a new root in the Secret, the old one in trusted-roots.pem.
     // The CA signs with the new one and publishes both.
-    let new_root = tidegate::ca::server::root::CaRoot::generate("cluster.local").unwrap();
+    let new_root = tidegate_ca::server::root::CaRoot::generate("cluster.local").unwrap();
     let b64 = |t: &str| {
         use base64::Engine;
         base64::engine::general_purpose::STANDARD.encode(t)
@@ -246,7 +246,7 @@ fn istio_ca(ca: &RunningCa, roots: &Path, token: &Path) -> String {
     )
 }
 
-/// Two gateways whose certificates both come from `tidegate ca` carry
+/// Two gateways whose certificates both come from `tidegate-ca` carry
 /// traffic; certificates renew at half-life under an open tunnel, which
 /// keeps working; with the CA down the current certificates keep serving,
 /// a new identity fails fast with the reason, and recovers when the CA returns.

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 use serde_json::Value;
-use tidegate::ca::certs::{IstioCaCerts, IstioCaSettings};
-use tidegate::ca::client::CaClientConfig;
-use tidegate::ca::metrics::CaMetrics;
 use tidegate::identity::SpiffeId;
 use tidegate::tls::CertSource;
+use tidegate_ca::certs::{IstioCaCerts, IstioCaSettings};
+use tidegate_ca::client::CaClientConfig;
+use tidegate_ca::metrics::CaMetrics;
 use tidegate_e2e::ca_double::{Answer, CaDouble};
 use tidegate_e2e::{eventually, init_tracing, metric, metric_or_zero};
 

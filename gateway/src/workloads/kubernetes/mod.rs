@@ -63,6 +63,7 @@ use crate::config::KubernetesConfig;
 use crate::shutdown::ShutdownWatch;
 use crate::sync::Locked;
 use metrics::ResourceLabels;
+use tidegate_control::kube_client::{self, KubeClientError};
 
 /// What discovery reads, as RBAC names it (API group, resource): the
 /// ClusterRoles of a rendered `deploy/` kustomization grant get/list/watch on
@@ -87,51 +88,15 @@ pub const WATCHED_RESOURCES: [(&str, &str); 4] = [
     ),
 ];
 
-#[derive(Debug, thiserror::Error)]
-pub enum KubernetesError {
-    #[error("workloads.kubernetes.api_server {url:?} is not a valid URL: {message}")]
-    BadUrl { url: String, message: String },
-    #[error(
-        "no Kubernetes credentials found (KUBECONFIG, ~/.kube/config, or the in-cluster \
-         service account; or set workloads.kubernetes.api_server): {0}"
-    )]
-    Infer(#[from] kube::config::InferConfigError),
-    #[error("workloads.kubernetes.kubeconfig {path}: {source}")]
-    Kubeconfig {
-        path: std::path::PathBuf,
-        source: kube::config::KubeconfigError,
-    },
-    #[error("cannot build the Kubernetes client: {0}")]
-    Client(#[from] kube::Error),
-}
-
 /// The client `workloads.kubernetes` asks for.
-pub async fn client_for(cfg: &KubernetesConfig) -> Result<Client, KubernetesError> {
-    let config = match &cfg.api_server {
-        Some(url) => {
-            let uri = url
-                .parse()
-                .map_err(|e: http::uri::InvalidUri| KubernetesError::BadUrl {
-                    url: url.clone(),
-                    message: e.to_string(),
-                })?;
-            kube::Config::new(uri)
-        }
-        None => match &cfg.kubeconfig {
-            Some(path) => {
-                let bad = |source| KubernetesError::Kubeconfig {
-                    path: path.clone(),
-                    source,
-                };
-                let kc = kube::config::Kubeconfig::read_from(path).map_err(bad)?;
-                kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                    .await
-                    .map_err(bad)?
-            }
-            None => kube::Config::infer().await?,
-        },
-    };
-    Ok(Client::try_from(config)?)
+pub async fn client_for(cfg: &KubernetesConfig) -> Result<Client, KubeClientError> {
+    kube_client::client(kube_client::Settings {
+        api_server: cfg.api_server.as_deref(),
+        api_server_key: "workloads.kubernetes.api_server",
+        kubeconfig: cfg.kubeconfig.as_deref(),
+        kubeconfig_key: "workloads.kubernetes.kubeconfig",
+    })
+    .await
 }
 
 /// Watches the API server and publishes the workload set.

@@ -13,7 +13,7 @@ use rcgen::{
 
 use rustls_pki_types::CertificateSigningRequestDer;
 
-use crate::identity::SpiffeId;
+use tidegate_protocol::identity::SpiffeId;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CsrError {

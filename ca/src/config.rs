@@ -1,17 +1,23 @@
-//! `tidegate ca`'s settings: flags and environment (`tidegate ca --help`),
-//! checked against their ranges like every other key.
+//! `tidegate-ca`'s settings: flags and environment (`tidegate-ca --help`),
+//! each number checked against its range as the gateway checks its keys
+//! ([`tidegate_base::range`]).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::ranges;
+use tidegate_base::range::{count, dur, first_out_of_range, millis, secs, Row, DAY, MIN};
 
-/// The token audience `tidegate ca` expects by default (istiod's
+/// The token audience `tidegate-ca` expects by default (istiod's
 /// `TOKEN_AUDIENCES`).
 pub const DEFAULT_AUDIENCE: &str = "istio-ca";
 
-/// `tidegate ca`'s settings (flags and environment, see `tidegate ca --help`).
-#[derive(Clone, Debug, clap::Args)]
+/// `tidegate-ca`'s settings (flags and environment, see `tidegate-ca --help`).
+#[derive(Clone, Debug, clap::Parser)]
+#[command(
+    name = "tidegate-ca",
+    version,
+    about = "The Istio CA protocol for clusters without istiod: a certificate for each pod a node agent may speak for"
+)]
 pub struct CaServerConfig {
     /// Address to serve gRPC (TLS) on.
     #[arg(long, env = "TIDEGATE_CA_LISTEN", default_value = "0.0.0.0:15012")]
@@ -29,6 +35,7 @@ pub struct CaServerConfig {
         default_value = "tidegate-ca-root"
     )]
     pub root_configmap: String,
+    /// The trust domain of the identities issued (and of the callers).
     #[arg(long, env = "TIDEGATE_TRUST_DOMAIN", default_value = "cluster.local")]
     pub trust_domain: String,
     /// `namespace/service-account` of node agents allowed to impersonate
@@ -80,18 +87,62 @@ pub struct CaServerConfig {
     /// in-cluster credentials or the kubeconfig.
     #[arg(long, env = "TIDEGATE_CA_API_SERVER")]
     pub api_server: Option<String>,
+    /// A kubeconfig file, read when no API server URL is given.
     #[arg(long, env = "KUBECONFIG_FILE")]
     pub kubeconfig: Option<std::path::PathBuf>,
 }
 
-/// `tidegate ca`'s numeric flags against their ranges: the first out of
-/// range, as (flag, message).
-pub fn check_ca_server(cfg: &CaServerConfig) -> Result<(), (&'static str, String)> {
-    match ranges::ca_server_rows(cfg)
-        .iter()
-        .find_map(|r| r.check().map(|m| (r.key, m)))
-    {
-        Some(bad) => Err(bad),
-        None => Ok(()),
+/// The numeric flags, each with its range.
+fn rows(c: &CaServerConfig) -> Vec<Row> {
+    vec![
+        count("--max-connections", c.max_connections.into(), 1, 1_000_000)
+            .because("each connection holds a descriptor"),
+        dur(
+            "--handshake-timeout",
+            c.handshake_timeout,
+            millis(100),
+            5 * MIN,
+        ),
+        dur("--preface-timeout", c.preface_timeout, millis(100), 5 * MIN),
+        dur("--idle-timeout", c.idle_timeout, secs(1), DAY),
+    ]
+}
+
+impl CaServerConfig {
+    /// The first flag out of its range, as (flag, message).
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        first_out_of_range(&rows(self))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn flags_out_of_range_are_refused_naming_the_flag() {
+        let check = |args: &[&str]| {
+            CaServerConfig::try_parse_from(
+                std::iter::once("tidegate-ca").chain(args.iter().copied()),
+            )
+            .unwrap()
+            .check()
+        };
+        assert_eq!(check(&[]), Ok(()), "the defaults are in range");
+        for (arg, flag, range) in [
+            ("--max-connections=0", "--max-connections", "1 and 1000000"),
+            (
+                "--handshake-timeout=0s",
+                "--handshake-timeout",
+                "100ms and 5m",
+            ),
+            ("--preface-timeout=1h", "--preface-timeout", "100ms and 5m"),
+            ("--idle-timeout=0s", "--idle-timeout", "1s and 24h"),
+        ] {
+            let (got, message) = check(&[arg]).unwrap_err();
+            assert_eq!(got, flag);
+            assert!(message.contains(range), "{arg}: {message}");
+        }
     }
 }

@@ -16,10 +16,10 @@ use tracing::{info, warn};
 use super::authn::Authenticator;
 use super::pods::PodIndex;
 use super::root::CaRoot;
-use crate::ca::csr;
-use crate::ca::impersonation::Authorizer;
-use crate::ca::messages::{IstioCertificateRequest, IstioCertificateResponse};
-use crate::ca::CREATE_CERTIFICATE;
+use crate::csr;
+use crate::impersonation::Authorizer;
+use crate::messages::{IstioCertificateRequest, IstioCertificateResponse};
+use crate::CREATE_CERTIFICATE;
 
 /// What a request is checked against and signed with.
 pub struct Ca {

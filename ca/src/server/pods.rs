@@ -14,8 +14,8 @@ use kube::Api;
 use tokio::sync::watch;
 use tracing::warn;
 
-use crate::ca::impersonation::{PodFacts, Pods};
-use crate::shutdown::ShutdownWatch;
+use crate::impersonation::{PodFacts, Pods};
+use tidegate_base::shutdown::ShutdownWatch;
 
 #[derive(Default)]
 struct Index {

@@ -222,11 +222,11 @@ fn tls_config(path: &std::path::Path) -> Result<Arc<rustls::ClientConfig>, std::
             path.display()
         )));
     }
-    let mut cfg = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+    let mut cfg = rustls::ClientConfig::builder_with_provider(tidegate_protocol::tls::provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .expect("ring supports TLS 1.3")
         .with_root_certificates(store)
         .with_no_client_auth();
-    cfg.alpn_protocols = vec![crate::tls::ALPN_H2.to_vec()];
+    cfg.alpn_protocols = vec![tidegate_protocol::tls::ALPN_H2.to_vec()];
     Ok(Arc::new(cfg))
 }

@@ -14,9 +14,18 @@
 //!   (the CSR's key, the identity, a chain to the configured roots, valid now).
 //! - [`impersonation`]: istiod's node authorizer — who may ask for whose
 //!   identity — as a pure decision over the caller and the pods it sees.
+//! - [`server`] and [`config`]: `tidegate-ca`, the CA for clusters without
+//!   istiod (its own binary, `src/main.rs`), and its flags.
+//!
+//! It imports `tidegate-base`, `tidegate-protocol` and `tidegate-control`,
+//! and nothing of the node gateway: the client keeps a certificate for each
+//! identity it is told to want ([`certs::IstioCaCerts::run`]).
+
+#![forbid(unsafe_code)]
 
 pub mod certs;
 pub mod client;
+pub mod config;
 pub mod csr;
 pub mod impersonation;
 pub mod issued;
@@ -29,5 +38,4 @@ pub mod server;
 pub const CREATE_CERTIFICATE: &str = "/istio.v1.auth.IstioCertificateService/CreateCertificate";
 /// The metadata key naming the identity a node agent asks for on a pod's behalf.
 pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
-/// The token audience the CA expects by default (istiod's `TOKEN_AUDIENCES`).
-pub use crate::config::DEFAULT_AUDIENCE;
+pub use config::DEFAULT_AUDIENCE;

@@ -19,11 +19,11 @@ use std::time::{Duration, SystemTime};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, UnixTime};
 
-use crate::identity::SpiffeId;
-use crate::tls::{identity_of, provider, Roots};
+use tidegate_protocol::identity::SpiffeId;
+use tidegate_protocol::tls::{identity_of, provider, Roots};
 
 /// How far ahead of this node's clock a leaf's not-before may be: a CA's
-/// clock a little ahead is tolerated (`tidegate ca` backdates by up to the
+/// clock a little ahead is tolerated (`tidegate-ca` backdates by up to the
 /// same), a leaf valid only from later is refused.
 pub const CLOCK_SKEW: Duration = Duration::from_secs(300);
 

@@ -7,7 +7,7 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::PostParams;
 use kube::Api;
 
-use crate::ca::impersonation::Caller;
+use crate::impersonation::Caller;
 
 const POD_NAME: &str = "authentication.kubernetes.io/pod-name";
 const POD_UID: &str = "authentication.kubernetes.io/pod-uid";

@@ -3,7 +3,7 @@
 //! authenticated caller and the pods the CA sees. Every refusal reads the
 //! same to the caller (`Unauthenticated`); the reason is for the CA's log.
 
-use crate::identity::SpiffeId;
+use tidegate_protocol::identity::SpiffeId;
 
 /// The caller, as TokenReview authenticated it.
 #[derive(Clone, Debug, PartialEq, Eq)]

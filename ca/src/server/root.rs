@@ -27,7 +27,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use tracing::info;
 
-use crate::ca::csr::CsrError;
+use crate::csr::CsrError;
 
 pub const CERT_KEY: &str = "ca-cert.pem";
 pub const KEY_KEY: &str = "ca-key.pem";

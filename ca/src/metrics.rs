@@ -4,7 +4,6 @@
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use crate::sync::Locked;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -12,6 +11,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
+use tidegate_base::sync::Locked;
 
 /// Where the expiry gauge reads its figures at scrape time (the
 /// certificates, which own this module's metrics, not the other way round).

@@ -144,7 +144,7 @@ mod tests {
     fn a_non_string_identity_is_no_impersonation() {
         let mut req = IstioCertificateRequest::impersonating("C".into(), 1, "x");
         req.metadata.as_mut().unwrap().fields.insert(
-            crate::ca::IMPERSONATED_IDENTITY.into(),
+            crate::IMPERSONATED_IDENTITY.into(),
             Value {
                 kind: Some(value::Kind::BoolValue(true)),
             },

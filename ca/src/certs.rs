@@ -1,5 +1,5 @@
 //! `certificates.source: istio-ca`: a certificate per local identity from an
-//! Istio CA (istiod, or `tidegate ca`), asked for on the pods' behalf.
+//! Istio CA (istiod, or `tidegate-ca`), asked for on the pods' behalf.
 //!
 //! - Fetched when a local HBONE workload with the identity appears, and on
 //!   first use by a handshake, which waits a bounded time
@@ -38,11 +38,10 @@ use super::issued::{self, Refused};
 use super::messages::IstioCertificateRequest;
 use super::metrics::CaMetrics;
 use super::schedule::{self, Backoff};
-use crate::identity::SpiffeId;
-use crate::shutdown::ShutdownWatch;
-use crate::sync::Locked;
-use crate::tls::{provider, CertError, CertFuture, CertSource, Roots};
-use crate::workloads::{Protocol, WorkloadStore};
+use tidegate_base::shutdown::ShutdownWatch;
+use tidegate_base::sync::Locked;
+use tidegate_protocol::identity::SpiffeId;
+use tidegate_protocol::tls::{provider, CertError, CertFuture, CertSource, Roots};
 
 /// What `certificates.source: istio-ca` configures.
 #[derive(Clone, Debug)]
@@ -188,16 +187,21 @@ impl IstioCaCerts {
         Ok(IstioCaCerts { inner })
     }
 
-    /// Keeps one certificate per identity of a local HBONE workload, and
-    /// re-reads the roots file, until drained.
-    pub async fn run(self, store: Arc<WorkloadStore>, mut drain: ShutdownWatch) {
-        let mut changed = store.subscribe();
+    /// Keeps one certificate per identity `wanted` holds (the node's local
+    /// HBONE workloads), and re-reads the roots file, until drained or
+    /// until the sender of `wanted` is gone.
+    pub async fn run(
+        self,
+        mut wanted: watch::Receiver<BTreeSet<SpiffeId>>,
+        mut drain: ShutdownWatch,
+    ) {
         let mut tick = tokio::time::interval(self.inner.settings.reload_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            self.reconcile(&store);
+            let now = wanted.borrow_and_update().clone();
+            self.reconcile(now);
             tokio::select! {
-                r = changed.changed() => if r.is_err() { return },
+                r = wanted.changed() => if r.is_err() { break },
                 _ = tick.tick() => self.inner.reload_roots(),
                 _ = drain.signaled() => break,
             }
@@ -205,13 +209,7 @@ impl IstioCaCerts {
         self.inner.entries.locked().clear();
     }
 
-    fn reconcile(&self, store: &WorkloadStore) {
-        let wanted: BTreeSet<SpiffeId> = store
-            .snapshot()
-            .iter()
-            .filter(|w| w.local && w.spec.protocol == Protocol::Hbone)
-            .map(|w| w.identity.clone())
-            .collect();
+    fn reconcile(&self, wanted: BTreeSet<SpiffeId>) {
         let mut entries = self.inner.entries.locked();
         entries.retain(|id, _| {
             let keep = wanted.contains(id);
@@ -540,23 +538,4 @@ fn read_roots(path: &PathBuf) -> Result<(u64, Vec<CertificateDer<'static>>), Ist
     let mut h = std::collections::hash_map::DefaultHasher::new();
     pem.hash(&mut h);
     Ok((h.finish(), certs))
-}
-
-/// The Istio CA client's settings from the `certificates:` section.
-impl crate::config::IstioCaConfig {
-    pub fn settings(&self) -> IstioCaSettings {
-        IstioCaSettings {
-            client: CaClientConfig {
-                address: self.address.clone(),
-                roots: self.roots.clone(),
-                token: self.token.clone(),
-                cluster_id: self.cluster_id.clone(),
-                server_name: self.server_name.clone(),
-                timeout: self.timeout,
-            },
-            validity: self.validity,
-            first_use_wait: self.first_use_wait,
-            reload_interval: self.reload_interval,
-        }
-    }
 }

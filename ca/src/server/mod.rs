@@ -1,7 +1,7 @@
-//! `tidegate ca`: the Istio CA protocol served by tidegate, for clusters
+//! `tidegate-ca`: the Istio CA protocol served by tidegate, for clusters
 //! without istiod. The root lives in a Secret ([`root`]); callers are
 //! authenticated by TokenReview ([`authn`]) and may impersonate only as
-//! istiod's node authorizer allows ([`crate::ca::impersonation`], over the
+//! istiod's node authorizer allows ([`crate::impersonation`], over the
 //! pods [`pods`] watches); [`service`] is the gRPC method, served by
 //! [`listener`] with a connection cap and timeouts. Metrics are served on
 //! `--metrics-listen`.
@@ -25,10 +25,9 @@ use tidegate_control::http::HttpLimits;
 use tidegate_control::limits::{ConnLimit, ControlMetrics, FIXED_DESCRIPTORS};
 use tracing::{info, warn};
 
-use crate::ca::impersonation::Authorizer;
 pub use crate::config::CaServerConfig;
-use crate::config::KubernetesConfig;
-use crate::shutdown::ShutdownWatch;
+use crate::impersonation::Authorizer;
+use tidegate_base::shutdown::ShutdownWatch;
 
 /// Connections the metrics listener serves at once.
 const METRICS_MAX_CONNECTIONS: u32 = 32;
@@ -36,7 +35,7 @@ const METRICS_MAX_CONNECTIONS: u32 = 32;
 #[derive(Debug, thiserror::Error)]
 pub enum CaServerError {
     #[error(transparent)]
-    Kubernetes(#[from] crate::workloads::kubernetes::KubernetesError),
+    Kubernetes(#[from] tidegate_control::kube_client::KubeClientError),
     #[error(transparent)]
     Root(#[from] root::RootError),
     #[error("serving certificate: {0}")]
@@ -83,13 +82,14 @@ pub async fn start(cfg: CaServerConfig, drain: ShutdownWatch) -> Result<RunningC
     {
         return Err(CaServerError::Trusted(bad.clone()));
     }
-    crate::config::check_ca_server(&cfg)
+    cfg.check()
         .map_err(|(flag, message)| CaServerError::Flag { flag, message })?;
     let max_connections = connection_cap(cfg.max_connections);
-    let client = crate::workloads::kubernetes::client_for(&KubernetesConfig {
-        api_server: cfg.api_server.clone(),
-        kubeconfig: cfg.kubeconfig.clone(),
-        ..KubernetesConfig::default()
+    let client = tidegate_control::kube_client::client(tidegate_control::kube_client::Settings {
+        api_server: cfg.api_server.as_deref(),
+        api_server_key: "--api-server",
+        kubeconfig: cfg.kubeconfig.as_deref(),
+        kubeconfig_key: "--kubeconfig",
     })
     .await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &cfg.namespace);
@@ -139,7 +139,7 @@ pub async fn start(cfg: CaServerConfig, drain: ShutdownWatch) -> Result<RunningC
         },
         drain.clone(),
     ));
-    info!(%addr, %metrics_addr, max_connections, trusted = ?cfg.trusted, audience = %cfg.audience, "tidegate ca serving");
+    info!(%addr, %metrics_addr, max_connections, trusted = ?cfg.trusted, audience = %cfg.audience, "tidegate-ca serving");
     let task = tokio::spawn(listener::serve(
         listener,
         tls,
@@ -199,12 +199,12 @@ fn serving_tls(
         CertificateDer::from_pem_slice(root.cert_pem.as_bytes()).map_err(|e| bad(e.to_string()))?,
     ];
     let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| bad(e.to_string()))?;
-    let mut cfg = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
+    let mut cfg = rustls::ServerConfig::builder_with_provider(tidegate_protocol::tls::provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .expect("ring supports TLS 1.3")
         .with_no_client_auth()
         .with_single_cert(chain, key)
         .map_err(|e| bad(e.to_string()))?;
-    cfg.alpn_protocols = vec![crate::tls::ALPN_H2.to_vec()];
+    cfg.alpn_protocols = vec![tidegate_protocol::tls::ALPN_H2.to_vec()];
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(cfg)))
 }

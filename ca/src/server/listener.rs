@@ -1,4 +1,4 @@
-//! `tidegate ca`'s gRPC listener: TLS, then HTTP/2 per connection, with the
+//! `tidegate-ca`'s gRPC listener: TLS, then HTTP/2 per connection, with the
 //! limits of the gateway's own listeners ([`crate::control_plane`]):
 //!
 //! - at most `--max-connections` open: one more is closed at once —
@@ -29,13 +29,13 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::service::CaService;
-use crate::shutdown::ShutdownWatch;
+use tidegate_base::shutdown::ShutdownWatch;
 
 /// How long a connection told to close (GOAWAY) may take to finish its
 /// requests before it is dropped.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
-/// The limits of the listener (`tidegate ca --help`).
+/// The limits of the listener (`tidegate-ca --help`).
 #[derive(Clone, Debug)]
 pub struct Limits {
     pub connections: ConnLimit,

@@ -9,7 +9,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateSigningRequestDer;
 
 use super::*;
-use crate::ca::csr;
+use crate::csr;
 
 fn id() -> SpiffeId {
     "spiffe://cluster.local/ns/demo/sa/web".parse().unwrap()
