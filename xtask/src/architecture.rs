@@ -25,6 +25,7 @@ const SRC: &str = "gateway/src";
 /// and those of the crates along its walls.
 const SOURCES: &[&str] = &[
     SRC,
+    "authz/src",
     "base/src",
     "ca/src",
     "protocol/src",

@@ -31,7 +31,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 
 /// Every target of `fuzz/Cargo.toml`, in the order they run.
-pub const TARGETS: [&str; 7] = [
+pub const TARGETS: [&str; 8] = [
     "connect_route",
     "config",
     "workload_file",
@@ -39,6 +39,7 @@ pub const TARGETS: [&str; 7] = [
     "cni_socket",
     "admin_workloads",
     "wit_convert",
+    "authorization",
 ];
 
 /// What `cargo xtask test` gives each target.

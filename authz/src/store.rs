@@ -1,0 +1,193 @@
+//! The policies by key and by scope, and the decision for a connection to
+//! a workload, in ztunnel's order (`DemandProxyState::assert_rbac`):
+//!
+//! 1. the policies in scope: GLOBAL ones, NAMESPACE ones of the workload's
+//!    namespace, and the WORKLOAD_SELECTOR ones the workload names (a
+//!    named policy not held is skipped, with a warning);
+//! 2. dry-run DENY policies that match are logged only;
+//! 3. any matching DENY refuses: `explicitly denied by: <ns>/<name>`;
+//! 4. dry-run ALLOW policies are logged (and that none matched, when only
+//!    dry-run ALLOWs exist);
+//! 5. no ALLOW policy: allowed; a matching ALLOW: allowed; else refused:
+//!    `allow policies exist, but none allowed`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::Arc;
+
+use tracing::{info, warn};
+
+use crate::policy::{Action, Connection, Policy, Scope};
+
+/// The key GLOBAL policies are indexed under.
+const GLOBAL: &str = "";
+
+/// Every policy held, by key (`namespace/name` as its source names it),
+/// with the keys of GLOBAL and NAMESPACE policies indexed by namespace.
+#[derive(Clone, Debug, Default)]
+pub struct PolicyStore {
+    by_key: BTreeMap<String, Arc<Policy>>,
+    by_namespace: BTreeMap<String, BTreeSet<String>>,
+}
+
+/// The destination as the decision reads it.
+#[derive(Clone, Copy, Debug)]
+pub struct Destination<'a> {
+    pub namespace: &'a str,
+    /// The keys of the WORKLOAD_SELECTOR policies that select it.
+    pub policies: &'a [String],
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Allow,
+    Deny(Denial),
+}
+
+/// Why a connection is refused; displayed as ztunnel writes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Denial {
+    ExplicitlyDenied { namespace: String, name: String },
+    NotAllowed,
+}
+
+impl fmt::Display for Denial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Denial::ExplicitlyDenied { namespace, name } => {
+                write!(f, "explicitly denied by: {namespace}/{name}")
+            }
+            Denial::NotAllowed => f.write_str("allow policies exist, but none allowed"),
+        }
+    }
+}
+
+impl Decision {
+    pub fn is_allow(&self) -> bool {
+        matches!(self, Decision::Allow)
+    }
+}
+
+fn index_of(p: &Policy) -> Option<&str> {
+    match p.scope {
+        Scope::Global => Some(GLOBAL),
+        Scope::Namespace => Some(&p.namespace),
+        Scope::WorkloadSelector => None,
+    }
+}
+
+impl PolicyStore {
+    /// Adds or replaces the policy under `key`, re-indexed by its scope
+    /// (a policy whose scope changed leaves its old index).
+    pub fn insert(&mut self, key: String, policy: Policy) {
+        self.remove(&key);
+        if let Some(ns) = index_of(&policy) {
+            self.by_namespace
+                .entry(ns.to_owned())
+                .or_default()
+                .insert(key.clone());
+        }
+        self.by_key.insert(key, Arc::new(policy));
+    }
+
+    /// Removes the policy under `key`; whether one was held.
+    pub fn remove(&mut self, key: &str) -> bool {
+        let Some(old) = self.by_key.remove(key) else {
+            return false;
+        };
+        if let Some(ns) = index_of(&old) {
+            if let Some(keys) = self.by_namespace.get_mut(ns) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    self.by_namespace.remove(ns);
+                }
+            }
+        }
+        true
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Arc<Policy>> {
+        self.by_key.get(key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
+    /// Every policy, by key.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &Arc<Policy>)> {
+        self.by_key.iter()
+    }
+
+    /// The policies in scope for `dest`, each once: its namespace's,
+    /// the global ones, then those it names (unknown keys skipped).
+    pub fn in_scope<'s>(&'s self, dest: &Destination<'_>) -> Vec<&'s Policy> {
+        let indexed = |ns: &str| self.by_namespace.get(ns).into_iter().flatten();
+        let mut keys: Vec<&str> = indexed(dest.namespace).map(String::as_str).collect();
+        if !dest.namespace.is_empty() {
+            keys.extend(indexed(GLOBAL).map(String::as_str));
+        }
+        keys.extend(dest.policies.iter().map(String::as_str));
+        let mut seen = BTreeSet::new();
+        keys.into_iter()
+            .filter(|k| seen.insert(*k))
+            .filter_map(|k| {
+                let p = self.by_key.get(k);
+                if p.is_none() {
+                    warn!(policy = k, "skipping unknown policy");
+                }
+                p.map(Arc::as_ref)
+            })
+            .collect()
+    }
+
+    /// The decision for `conn` to `dest`.
+    pub fn decide(&self, dest: &Destination<'_>, conn: &Connection<'_>) -> Decision {
+        decide(&self.in_scope(dest), conn)
+    }
+}
+
+/// The decision for `conn` under `policies` (those in scope).
+pub fn decide(policies: &[&Policy], conn: &Connection<'_>) -> Decision {
+    let of = |action: Action, dry: bool| {
+        policies
+            .iter()
+            .filter(move |p| p.action == action && p.dry_run == dry)
+    };
+    for p in of(Action::Deny, true) {
+        if p.matches(conn) {
+            info!(policy = %p.key(), "dry-run: deny policy match");
+        }
+    }
+    if let Some(p) = of(Action::Deny, false).find(|p| p.matches(conn)) {
+        return Decision::Deny(Denial::ExplicitlyDenied {
+            namespace: p.namespace.clone(),
+            name: p.name.clone(),
+        });
+    }
+    let mut dry_allow_matched = false;
+    let mut dry_allows = false;
+    for p in of(Action::Allow, true) {
+        dry_allows = true;
+        if p.matches(conn) {
+            dry_allow_matched = true;
+            info!(policy = %p.key(), "dry-run: allow policy match");
+        }
+    }
+    let mut allows = of(Action::Allow, false).peekable();
+    if allows.peek().is_none() {
+        if dry_allows && !dry_allow_matched {
+            info!("dry-run: no allow policies match");
+        }
+        return Decision::Allow;
+    }
+    if allows.any(|p| p.matches(conn)) {
+        Decision::Allow
+    } else {
+        Decision::Deny(Denial::NotAllowed)
+    }
+}
