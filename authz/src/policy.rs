@@ -98,15 +98,61 @@ pub struct Match {
     pub not_destination_ports: Vec<u16>,
 }
 
-/// `{exact: s}`, `{prefix: s}`, `{suffix: s}` or `presence` (any
-/// non-empty value).
+/// `{exact: s}`, `{prefix: s}`, `{suffix: s}` or `{presence: {}}` (any
+/// non-empty value), as istiod's JSON writes it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(try_from = "StringMatchForm", into = "StringMatchForm")]
 pub enum StringMatch {
     Exact(String),
     Prefix(String),
     Suffix(String),
     Presence,
+}
+
+/// A string match as written: exactly one key set.
+#[derive(Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StringMatchForm {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    exact: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    suffix: Option<String>,
+    /// `{}` (protobuf's Empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    presence: Option<Empty>,
+}
+
+#[derive(Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Empty {}
+
+impl TryFrom<StringMatchForm> for StringMatch {
+    type Error = String;
+
+    fn try_from(f: StringMatchForm) -> Result<Self, String> {
+        match (f.exact, f.prefix, f.suffix, f.presence) {
+            (Some(s), None, None, None) => Ok(StringMatch::Exact(s)),
+            (None, Some(s), None, None) => Ok(StringMatch::Prefix(s)),
+            (None, None, Some(s), None) => Ok(StringMatch::Suffix(s)),
+            (None, None, None, Some(_)) => Ok(StringMatch::Presence),
+            _ => Err("a string match has exactly one of exact, prefix, suffix, presence".into()),
+        }
+    }
+}
+
+impl From<StringMatch> for StringMatchForm {
+    fn from(m: StringMatch) -> Self {
+        let mut f = StringMatchForm::default();
+        match m {
+            StringMatch::Exact(s) => f.exact = Some(s),
+            StringMatch::Prefix(s) => f.prefix = Some(s),
+            StringMatch::Suffix(s) => f.suffix = Some(s),
+            StringMatch::Presence => f.presence = Some(Empty {}),
+        }
+        f
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -21,6 +21,7 @@
 pub mod admin;
 pub mod allocator;
 pub mod app;
+pub mod authorization;
 pub mod cli;
 pub mod config;
 pub mod demo;

@@ -158,6 +158,8 @@ pub struct AccessLog<'a> {
     pub moved: Transferred,
     pub duration: Duration,
     pub result: &'a str,
+    /// Why the connection was refused or cut, when it was.
+    pub error: Option<&'a str>,
     /// The drain that asked the stream's tunnel to go away, if one did.
     pub drained_by: Option<&'a str>,
 }
@@ -175,6 +177,7 @@ impl AccessLog<'_> {
             bytes_from_tunnel = self.moved.h2_to_tcp,
             duration_ms = self.duration.as_millis() as u64,
             result = self.result,
+            error = self.error,
             drained_by = self.drained_by,
             "stream ended"
         );

@@ -352,6 +352,7 @@ fn gateway_workload(policy: &str) -> Workload {
             labels,
             annotations,
             allow: Vec::new(),
+            authorization_policies: Vec::new(),
             oci_backend_draining: false,
             namespace_policy: None,
             deletion_deadline_unix_ms: None,

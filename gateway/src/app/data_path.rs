@@ -1,5 +1,6 @@
-//! The data path: inbound (HBONE on 15008), outbound (capture on 15001)
-//! and the routing between them, over the pool and the workload set.
+//! The data path: inbound (HBONE on 15008, checked by authorization),
+//! outbound (capture on 15001) and the routing between them, over the pool
+//! and the workload set.
 
 use std::sync::Arc;
 
@@ -7,6 +8,7 @@ use tracing::info;
 
 use super::core::Core;
 use super::Wiring;
+use crate::authorization::{AuthorizationMetrics, Authorizer};
 use crate::config::Config;
 use crate::inpod::pods::DataPath as PodDataPath;
 use crate::proxy::endpoints::{EndpointMetrics, EndpointPicker};
@@ -36,6 +38,13 @@ pub(super) fn build(
         per_identity = caps.per_identity,
         "inbound connection caps"
     );
+    let authorizer = Authorizer::new(
+        p.workloads.clone(),
+        AuthorizationMetrics::register(&mut w.registry),
+    );
+    // Every live inbound connection is checked again at each change.
+    w.tasks
+        .spawn(authorizer.clone().recheck_on_change(w.drain.clone()));
     let inbound = Inbound::new(
         p.workloads.clone(),
         p.tls.clone(),
@@ -47,6 +56,7 @@ pub(super) fn build(
         InboundMetrics::register(&mut w.registry),
         p.tcp.app.clone(),
         ConnectionLimits::new(caps, &mut w.registry),
+        authorizer,
     );
     let picker = EndpointPicker::new(
         p.pool.clone(),

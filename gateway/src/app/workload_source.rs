@@ -66,6 +66,6 @@ pub fn load_workloads(config: &Config, store: &Arc<WorkloadStore>) -> anyhow::Re
         }
         None => parse_file(DEFAULT_WORKLOADS)?,
     };
-    store.publish_all(parsed.workloads, parsed.services);
+    store.publish_file(parsed);
     Ok(())
 }

@@ -25,6 +25,7 @@ pub(super) fn spec(uid: &str, node: &str, ip: [u8; 4]) -> WorkloadSpec {
         labels: Default::default(),
         annotations: Default::default(),
         allow: vec![],
+        authorization_policies: vec![],
         oci_backend_draining: false,
         namespace_policy: None,
         deletion_deadline_unix_ms: None,

@@ -431,6 +431,7 @@ impl PodProxies {
             self.plaintext_metrics.clone(),
             self.streams.clone(),
             self.tcp.app.clone(),
+            self.inbound.authorizer().clone(),
         );
         tokio::spawn(plain.run(plaintext, watch));
         Ok(stop)

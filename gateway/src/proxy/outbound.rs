@@ -488,6 +488,7 @@ fn access_log(
         moved,
         duration: started.elapsed(),
         result,
+        error: None,
         drained_by: None,
     }
     .emit();

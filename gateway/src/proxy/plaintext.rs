@@ -13,6 +13,7 @@ use std::time::Instant;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, info_span, warn, Instrument};
 
+use crate::authorization::{Authorizer, Facts, Transport};
 use crate::metrics::{AccessLog, ProxyMetrics};
 use crate::proxy::congestion::Congestion;
 use crate::proxy::copy::{copy_tcp, Transferred};
@@ -35,6 +36,8 @@ pub enum PlaintextError {
     UnknownPod(String),
     #[error("workload {workload} refuses plaintext inbound (`{PLAINTEXT_ANNOTATION}: {value}`)")]
     Refused { workload: String, value: String },
+    #[error("connection closed due to policy rejection: {0}")]
+    Policy(tidegate_authz::Denial),
     #[error("app {addr} unreachable: {source}")]
     Upstream {
         addr: SocketAddr,
@@ -50,6 +53,7 @@ impl PlaintextError {
             PlaintextError::OwnPort(_) => "illegal_port",
             PlaintextError::UnknownPod(_) => "unknown_pod",
             PlaintextError::Refused { .. } => "plaintext_refused",
+            PlaintextError::Policy(_) => "policy_denied",
             PlaintextError::Upstream { .. } => "upstream_unreachable",
         }
     }
@@ -89,6 +93,8 @@ pub struct PlaintextInbound {
     streams: ActiveStreams,
     /// Congestion control of the deliveries (`tcp.app_congestion_control`).
     app_cc: Congestion,
+    /// Istio's L4 authorization (no identity: STRICT refuses plaintext).
+    authorizer: Arc<Authorizer>,
 }
 
 impl PlaintextInbound {
@@ -99,6 +105,7 @@ impl PlaintextInbound {
         metrics: ProxyMetrics,
         streams: ActiveStreams,
         app_cc: Congestion,
+        authorizer: Arc<Authorizer>,
     ) -> Arc<Self> {
         Arc::new(PlaintextInbound {
             workloads,
@@ -107,6 +114,7 @@ impl PlaintextInbound {
             metrics,
             streams,
             app_cc,
+            authorizer,
         })
     }
 
@@ -142,11 +150,13 @@ impl PlaintextInbound {
                 None => Err(PlaintextError::NotRedirected),
                 Some(dst) => self.deliver(&tcp, src, dst).await,
             };
+            let mut error = None;
             let (moved, outcome) = match result {
                 Ok(moved) => (moved, "ok"),
                 Err(e) => {
+                    error = Some(e.to_string());
                     match &e {
-                        PlaintextError::Refused { .. } => {
+                        PlaintextError::Refused { .. } | PlaintextError::Policy(_) => {
                             info!(error = %e, "plaintext connection refused")
                         }
                         _ => debug!(error = %e, "plaintext connection failed"),
@@ -168,6 +178,7 @@ impl PlaintextInbound {
                 moved,
                 duration: started.elapsed(),
                 result: outcome,
+                error: error.as_deref(),
                 drained_by: None,
             }
             .emit();
@@ -203,13 +214,31 @@ impl PlaintextInbound {
             workload: format!("{}/{}", workload.spec.namespace, workload.spec.name),
             value,
         })?;
+        // Registered before its check: a policy change in between is seen.
+        let admitted = self
+            .authorizer
+            .admit(Facts {
+                src,
+                dst,
+                identity: None,
+                workload_uid: pod.uid.clone(),
+                transport: Transport::Plaintext,
+            })
+            .map_err(PlaintextError::Policy)?;
         let upstream = self
             .origin
             .connect(dst, Some(src.ip()), &self.app_cc)
             .await
             .map_err(|source| PlaintextError::Upstream { addr: dst, source })?;
         let _ = upstream.set_nodelay(true);
-        let (up, down) = tokio::join!(copy_tcp(tcp, &upstream), copy_tcp(&upstream, tcp));
+        let copy = async { tokio::join!(copy_tcp(tcp, &upstream), copy_tcp(&upstream, tcp)) };
+        let (up, down) = tokio::select! {
+            copied = copy => copied,
+            denial = admitted.refused() => {
+                let _ = socket2::SockRef::from(&upstream).set_linger(Some(std::time::Duration::ZERO));
+                return Err(PlaintextError::Policy(denial));
+            }
+        };
         let moved = Transferred {
             tcp_to_h2: *up.as_ref().unwrap_or(&0),
             h2_to_tcp: *down.as_ref().unwrap_or(&0),

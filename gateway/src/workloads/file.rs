@@ -34,6 +34,10 @@ pub struct WorkloadFile {
     /// Optional: Services (VIPs and ports); workloads join them by name.
     #[serde(default)]
     pub services: Vec<ServiceSpec>,
+    /// Optional: authorization policies (Istio's L4 AuthorizationPolicy as
+    /// istiod sends it); workloads name their WORKLOAD_SELECTOR ones.
+    #[serde(default)]
+    pub authorization: Vec<tidegate_authz::Policy>,
 }
 
 /// A key that is present, even with an empty value (then `Some(None)`).
@@ -63,6 +67,7 @@ fn empty_reason(text: &str) -> Option<WorkloadFileError> {
 pub struct Parsed {
     pub workloads: Vec<WorkloadSpec>,
     pub services: Vec<ServiceSpec>,
+    pub policies: tidegate_authz::PolicyStore,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -152,9 +157,11 @@ pub fn parse_file(text: &str) -> Result<Parsed, WorkloadFileError> {
     }
     let services = file.services;
     check_services(&services, &workloads, &ips)?;
+    let policies = super::file_authorization::check(file.authorization, &workloads)?;
     Ok(Parsed {
         workloads,
         services,
+        policies,
     })
 }
 
@@ -298,7 +305,7 @@ impl WorkloadFileWatcher {
     ) -> Result<Self, WorkloadFileError> {
         let text = read(path)?;
         let parsed = parse_file(&text)?;
-        store.publish_all(parsed.workloads, parsed.services);
+        store.publish_file(parsed);
         Ok(WorkloadFileWatcher {
             path: path.to_owned(),
             interval,
@@ -358,9 +365,10 @@ impl WorkloadFileWatcher {
         match parse_file(&text) {
             Ok(parsed) => {
                 info!(path = %self.path.display(), workloads = parsed.workloads.len(),
-                    services = parsed.services.len(), "workload file reloaded");
+                    services = parsed.services.len(), policies = parsed.policies.len(),
+                    "workload file reloaded");
                 self.metrics.reloads.inc();
-                self.store.publish_all(parsed.workloads, parsed.services);
+                self.store.publish_file(parsed);
             }
             Err(e) => {
                 self.metrics.rejected(&e);

@@ -7,6 +7,7 @@
 //! comparing consecutive snapshots.
 
 mod file;
+mod file_authorization;
 pub mod kubernetes;
 pub mod membership;
 pub mod services;
@@ -26,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::identity::SpiffeId;
 use crate::policy::{AsSubject, Subject};
 use membership::Membership;
+use tidegate_authz::PolicyStore;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "UPPERCASE")]
@@ -69,6 +71,11 @@ pub struct WorkloadSpec {
     /// allowed to open streams to this workload. Empty: any peer of the trust domain.
     #[serde(default)]
     pub allow: Vec<String>,
+    /// The WORKLOAD_SELECTOR authorization policies that select this
+    /// workload, by key (`<namespace>/<name>`); the NAMESPACE and GLOBAL
+    /// ones apply without being named ([`tidegate_authz`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub authorization_policies: Vec<String>,
     /// Opt-in to OCI load-balancer backend draining: set in the workload file,
     /// or by Kubernetes discovery when a Service selecting the pod carries
     /// `tidegate.io/oci-backend-draining: "true"`.
@@ -156,6 +163,9 @@ pub struct WorkloadSnapshot {
     /// an address yet included (a pod's CNI ADD comes before its IP). What
     /// the gateway answers `tidegate-cni` ADD with.
     members: BTreeMap<String, Membership>,
+    /// The authorization policies, published with the workloads so a
+    /// decision reads one consistent view.
+    pub policies: Arc<PolicyStore>,
     /// Bumped on every publish.
     pub generation: u64,
 }
@@ -247,7 +257,12 @@ impl WorkloadStore {
     /// each local workload is its `protocol` (the workload file's rule:
     /// HBONE is a member).
     pub fn publish_all(&self, specs: Vec<WorkloadSpec>, services: Vec<services::ServiceSpec>) {
-        let members = specs
+        let members = self.file_members(&specs);
+        self.publish_with_members(specs, services, members);
+    }
+
+    fn file_members(&self, specs: &[WorkloadSpec]) -> BTreeMap<String, Membership> {
+        specs
             .iter()
             .filter(|s| s.node == self.node)
             .map(|s| {
@@ -257,8 +272,7 @@ impl WorkloadStore {
                 };
                 (s.uid.clone(), m)
             })
-            .collect();
-        self.publish_with_members(specs, services, members);
+            .collect()
     }
 
     /// Replaces the workloads, the Services and the local pods' mesh
@@ -269,10 +283,51 @@ impl WorkloadStore {
         services: Vec<services::ServiceSpec>,
         members: BTreeMap<String, Membership>,
     ) {
+        let policies = self.current.load().policies.clone();
+        self.publish_snapshot(specs, services, members, policies);
+    }
+
+    /// Replaces the workloads, the Services and the authorization policies
+    /// together (the workload file).
+    pub fn publish_file(&self, file: file::Parsed) {
+        let members = self.file_members(&file.workloads);
+        self.publish_snapshot(
+            file.workloads,
+            file.services,
+            members,
+            Arc::new(file.policies),
+        );
+    }
+
+    /// Replaces the authorization policies, keeping the rest.
+    pub fn publish_policies(&self, policies: PolicyStore) {
+        let now = self.current.load_full();
+        let next = WorkloadSnapshot {
+            by_uid: now.by_uid.clone(),
+            by_ip: now.by_ip.clone(),
+            services: now.services.clone(),
+            by_vip: now.by_vip.clone(),
+            members: now.members.clone(),
+            policies: Arc::new(policies),
+            generation: now.generation + 1,
+        };
+        let generation = next.generation;
+        self.current.store(Arc::new(next));
+        self.changed.send_replace(generation);
+    }
+
+    fn publish_snapshot(
+        &self,
+        specs: Vec<WorkloadSpec>,
+        services: Vec<services::ServiceSpec>,
+        members: BTreeMap<String, Membership>,
+        policies: Arc<PolicyStore>,
+    ) {
         let generation = self.current.load().generation + 1;
         let mut snap = WorkloadSnapshot {
             generation,
             members,
+            policies,
             ..Default::default()
         };
         for spec in specs {
@@ -330,6 +385,7 @@ mod tests {
             labels: Default::default(),
             annotations: Default::default(),
             allow: vec![],
+            authorization_policies: vec![],
             oci_backend_draining: false,
             namespace_policy: None,
             deletion_deadline_unix_ms: None,

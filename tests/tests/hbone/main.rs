@@ -2,6 +2,7 @@
 //! loopback, real TLS, real HTTP/2, real sockets.
 
 mod admin;
+mod authorization;
 mod bad_input;
 mod cni_del;
 mod connection_limits;

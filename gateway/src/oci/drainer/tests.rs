@@ -23,6 +23,7 @@ fn spec(uid: &str, ips: &[&str]) -> WorkloadSpec {
         labels: Default::default(),
         annotations: Default::default(),
         allow: vec![],
+        authorization_policies: vec![],
         oci_backend_draining: true,
         namespace_policy: None,
         deletion_deadline_unix_ms: None,

@@ -22,6 +22,7 @@ use tracing::{debug, info_span, Instrument};
 use super::limits::{DialSlot, IdentitySlot, OverLimit, Refused};
 use super::metrics::InboundMetrics;
 use super::pace::{Borrowed, DialBudget, Paced};
+use crate::authorization::{Admitted, Authorizer, Facts, Transport};
 use crate::config::HboneConfig;
 use crate::hbone::io::{reason_label, Refusal};
 use crate::hbone::server::StreamHandler;
@@ -48,6 +49,9 @@ pub struct ConnectDeps {
     pub origin: Origin,
     /// Congestion control of the deliveries (`tcp.app_congestion_control`).
     pub app_cc: Congestion,
+    /// Istio's L4 authorization: each CONNECT is checked, and closed when a
+    /// later policy change refuses it.
+    pub authorizer: Arc<Authorizer>,
 }
 
 /// The gateway's own listening ports (and port 0): a CONNECT to one of them
@@ -72,6 +76,8 @@ impl OwnPorts {
 /// Facts about a tunnel fixed at accept time.
 pub struct TunnelCtx {
     pub peer: SpiffeId,
+    /// The peer's identity as authorization policies read it.
+    pub peer_identity: Arc<tidegate_authz::Identity>,
     pub peer_addr: SocketAddr,
     /// The address the peer dialed (original destination).
     pub dialed: SocketAddr,
@@ -94,6 +100,8 @@ pub enum InboundError {
     IllegalPort(SocketAddr),
     #[error("{peer} may not connect to {workload}")]
     Denied { peer: SpiffeId, workload: String },
+    #[error("connection closed due to policy rejection: {0}")]
+    Policy(tidegate_authz::Denial),
     #[error("upstream dial not started: {0}")]
     Paced(#[from] Paced),
     #[error("upstream dial not started: {0}")]
@@ -108,7 +116,7 @@ pub enum InboundError {
 impl InboundError {
     pub fn status(&self) -> StatusCode {
         match self {
-            InboundError::Denied { .. } => StatusCode::UNAUTHORIZED,
+            InboundError::Denied { .. } | InboundError::Policy(_) => StatusCode::UNAUTHORIZED,
             InboundError::Upstream { .. } | InboundError::Paced(_) | InboundError::OverLimit(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -124,6 +132,7 @@ impl InboundError {
             InboundError::AuthorityMismatch { .. } => "authority_mismatch",
             InboundError::IllegalPort(_) => "illegal_port",
             InboundError::Denied { .. } => "denied",
+            InboundError::Policy(_) => "policy_denied",
             InboundError::Paced(Paced::InFlight(_)) => "dials_in_flight_limit",
             InboundError::Paced(Paced::Rate(_)) => "dial_rate_limit",
             InboundError::Paced(Paced::Wasted(_)) => "wasted_dials_limit",
@@ -239,6 +248,8 @@ struct Upstream {
     borrowed: Borrowed,
     /// Its place under the connection caps, as long as the socket.
     _slot: DialSlot,
+    /// Its registration with authorization, as long as the stream.
+    admitted: Admitted,
 }
 
 /// Why a stream got no upstream.
@@ -294,14 +305,29 @@ impl Stream {
             }
         };
         deps.metrics.streams_open.inc();
-        let (moved, result) =
-            copy_bidirectional(&up.tcp, send, req.into_body(), &deps.metrics.bytes).await;
+        let copy = copy_bidirectional(&up.tcp, send, req.into_body(), &deps.metrics.bytes);
+        // A policy change that refuses the stream ends it: dropping the
+        // copy resets the stream, and the workload's side is reset below.
+        let (moved, result) = tokio::select! {
+            copied = copy => copied,
+            denial = up.admitted.refused() => {
+                deps.metrics.streams_open.dec();
+                let _ = socket2::SockRef::from(&up.tcp).set_linger(Some(Duration::ZERO));
+                guard.finished(false);
+                deps.metrics.stream_ended("policy_closed");
+                let error = InboundError::Policy(denial).to_string();
+                let drained_by = self.tunnel.drained_by();
+                let moved = Transferred::default();
+                return log(&self.ctx, drained_by, up.target, moved, started, "policy_closed", Some(&error));
+            }
+        };
         deps.metrics.streams_open.dec();
         let Upstream {
             tcp: upstream,
             target,
             borrowed,
             _slot,
+            admitted: _,
         } = up;
         if moved.h2_to_tcp > 0 {
             borrowed.useful();
@@ -319,7 +345,7 @@ impl Stream {
         guard.finished(result.is_ok());
         deps.metrics.stream_ended(outcome);
         let drained_by = self.tunnel.drained_by();
-        log(&self.ctx, drained_by, target, moved, started, outcome);
+        log(&self.ctx, drained_by, target, moved, started, outcome, None);
     }
 
     /// A stream that ends without an answer (the peer reset it or went
@@ -333,7 +359,7 @@ impl Stream {
         self.deps.inbound_metrics.dial_wasted(why);
         self.deps.metrics.stream_ended(result);
         let moved = Transferred::default();
-        log(&self.ctx, None, dst, moved, started, result);
+        log(&self.ctx, None, dst, moved, started, result, None);
     }
 
     /// Routes the CONNECT, then dials under the connection caps and within
@@ -344,10 +370,24 @@ impl Stream {
         req: &Request<RecvStream>,
         respond: &mut SendResponse<Bytes>,
     ) -> Result<Upstream, Failed> {
-        let target = {
+        let (target, workload_uid) = {
             let snapshot = self.deps.workloads.snapshot();
-            route(req, &self.ctx, &snapshot, &self.deps.own_ports)?
+            let target = route(req, &self.ctx, &snapshot, &self.deps.own_ports)?;
+            let uid = snapshot.by_ip(target.ip()).map(|w| w.uid().to_owned());
+            (target, uid.unwrap_or_default())
         };
+        // Registered before its check: a policy change in between is seen.
+        let admitted = self
+            .deps
+            .authorizer
+            .admit(Facts {
+                src: self.ctx.peer_addr,
+                dst: target,
+                identity: Some(self.ctx.peer_identity.clone()),
+                workload_uid,
+                transport: Transport::Hbone,
+            })
+            .map_err(InboundError::Policy)?;
         let slot = self.identity.admit_dial().inspect_err(|&over| {
             let (peer, id) = (self.ctx.peer_addr, Some(&self.ctx.peer));
             self.identity
@@ -373,6 +413,7 @@ impl Stream {
                 target,
                 borrowed,
                 _slot: slot,
+                admitted,
             }),
             Err(e) => {
                 // Not the peer's waste: the workload did not answer.
@@ -412,7 +453,15 @@ fn refuse(
     deps.metrics.stream_ended(e.reason());
     let _ = respond.send_response(resp, true);
     let moved = Transferred::default();
-    log(ctx, None, dst, moved, started, e.reason());
+    log(
+        ctx,
+        None,
+        dst,
+        moved,
+        started,
+        e.reason(),
+        Some(&e.to_string()),
+    );
 }
 
 /// The upstream dial (`connect`: in the gateway's namespace, or in the
@@ -449,6 +498,7 @@ fn log(
     moved: Transferred,
     started: Instant,
     result: &str,
+    error: Option<&str>,
 ) {
     AccessLog {
         direction: "inbound",
@@ -459,6 +509,7 @@ fn log(
         moved,
         duration: started.elapsed(),
         result,
+        error,
         drained_by,
     }
     .emit();

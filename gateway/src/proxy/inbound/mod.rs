@@ -21,6 +21,7 @@ use limits::{ConnectionLimits, Refused, TunnelSlot};
 pub use metrics::InboundMetrics;
 use pace::{DialBudget, PaceLimits};
 
+use crate::authorization::Authorizer;
 use crate::config::HboneConfig;
 use crate::hbone::io::reason_label;
 use crate::hbone::{self, server::TunnelEnd};
@@ -57,6 +58,7 @@ impl Inbound {
         inbound_metrics: InboundMetrics,
         app_cc: Congestion,
         limits: Arc<ConnectionLimits>,
+        authorizer: Arc<Authorizer>,
     ) -> Arc<Self> {
         Arc::new(Inbound {
             tls,
@@ -72,8 +74,14 @@ impl Inbound {
                 inbound_metrics,
                 origin: Origin::Node,
                 app_cc,
+                authorizer,
             }),
         })
+    }
+
+    /// The authorization every inbound path of this node checks with.
+    pub fn authorizer(&self) -> &Arc<Authorizer> {
+        &self.connects.authorizer
     }
 
     /// The inbound connection caps and their counts.
@@ -99,6 +107,7 @@ impl Inbound {
                 inbound_metrics: d.inbound_metrics.clone(),
                 origin,
                 app_cc: d.app_cc.clone(),
+                authorizer: d.authorizer.clone(),
             }),
         })
     }
@@ -202,6 +211,7 @@ impl Inbound {
                 .tunnels
                 .register(workload.uid(), peer.clone(), peer_addr);
             let ctx = TunnelCtx {
+                peer_identity: crate::authorization::identity_of(&peer),
                 peer,
                 peer_addr,
                 dialed,

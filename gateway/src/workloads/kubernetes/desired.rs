@@ -336,6 +336,7 @@ fn pod_spec(
         labels,
         annotations: meta.annotations.clone().unwrap_or_default(),
         allow: Vec::new(),
+        authorization_policies: Vec::new(),
         oci_backend_draining: facts.is_some_and(|f| f.oci_draining),
         namespace_policy: ns_labels.and_then(|l| l.get(&cfg.policy_label)).cloned(),
         deletion_deadline_unix_ms: deadline.map(|ms| ms.max(0) as u64),

@@ -42,8 +42,10 @@ fn snapshot() -> Arc<WorkloadSnapshot> {
 /// A tunnel from `peer_sa` that dialed `dialed`.
 fn ctx(snapshot: &WorkloadSnapshot, dialed: &str, peer_sa: &str) -> TunnelCtx {
     let dialed: SocketAddr = dialed.parse().unwrap();
+    let peer = SpiffeId::new("cluster.local", "default", peer_sa);
     TunnelCtx {
-        peer: SpiffeId::new("cluster.local", "default", peer_sa),
+        peer_identity: crate::authorization::identity_of(&peer),
+        peer,
         peer_addr: "10.1.0.1:40000".parse().unwrap(),
         dialed,
         workload: snapshot

@@ -1,0 +1,156 @@
+//! Istio's L4 authorization on the inbound paths — CONNECTs on 15008 and
+//! plaintext on 15006 — with the decision of [`tidegate_authz`] over the
+//! policies of the current workload snapshot.
+//!
+//! Every inbound connection is registered before its first check
+//! ([`Authorizer::admit`]); whenever the snapshot changes (policies, or a
+//! workload's list of policies), every registered connection is checked
+//! again and those no longer allowed are told to close, logged with the
+//! reason and counted ([`Authorizer::recheck_on_change`]). Registered
+//! first, a connection cannot slip between its check and a change.
+
+mod live;
+mod metrics;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tidegate_authz::{Connection, Decision, Denial, Destination, Identity};
+use tracing::{debug, info};
+
+pub use live::Admitted;
+pub use metrics::AuthorizationMetrics;
+
+use crate::identity::SpiffeId;
+use crate::shutdown::ShutdownWatch;
+use crate::workloads::{WorkloadSnapshot, WorkloadStore};
+
+/// Which listener a connection came in on, for the metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// A CONNECT in an HBONE tunnel (15008): the peer's identity is known.
+    Hbone,
+    /// Plaintext to a captured pod (15006): no identity.
+    Plaintext,
+}
+
+impl Transport {
+    fn label(self) -> &'static str {
+        match self {
+            Transport::Hbone => "hbone",
+            Transport::Plaintext => "plaintext",
+        }
+    }
+}
+
+/// What a decision reads of one connection, fixed when it is accepted.
+#[derive(Clone, Debug)]
+pub struct Facts {
+    /// The peer's address.
+    pub src: SocketAddr,
+    /// The workload's address and the target port (never 15008).
+    pub dst: SocketAddr,
+    /// The peer's identity; `None` on plaintext.
+    pub identity: Option<Arc<Identity>>,
+    /// The destination workload.
+    pub workload_uid: String,
+    pub transport: Transport,
+}
+
+/// The rules' view of a SPIFFE id, built once per tunnel.
+pub fn identity_of(id: &SpiffeId) -> Arc<Identity> {
+    Arc::new(Identity::new(
+        id.trust_domain(),
+        id.namespace(),
+        id.service_account(),
+    ))
+}
+
+/// The decision point: the live connections and what counts them.
+pub struct Authorizer {
+    workloads: Arc<WorkloadStore>,
+    live: live::Registry,
+    metrics: AuthorizationMetrics,
+}
+
+impl Authorizer {
+    pub fn new(workloads: Arc<WorkloadStore>, metrics: AuthorizationMetrics) -> Arc<Self> {
+        Arc::new(Authorizer {
+            workloads,
+            live: live::Registry::default(),
+            metrics,
+        })
+    }
+
+    /// Registers the connection, then decides on the current snapshot:
+    /// its registration (told to close if a later change refuses it), or
+    /// why it is refused.
+    pub fn admit(self: &Arc<Self>, facts: Facts) -> Result<Admitted, Denial> {
+        let transport = facts.transport;
+        let admitted = live::Registry::register(self, facts);
+        let decision = decide(&self.workloads.snapshot(), admitted.facts());
+        match decision {
+            Some(Decision::Deny(denial)) => {
+                self.metrics.denied(transport.label(), &denial);
+                debug!(reason = %denial, "connection refused by authorization policy");
+                Err(denial)
+            }
+            _ => Ok(admitted),
+        }
+    }
+
+    /// Connections registered now.
+    pub fn live(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Checks every live connection again after each change of the
+    /// workload snapshot ([`Self::recheck`]), until drained.
+    pub async fn recheck_on_change(self: Arc<Self>, mut drain: ShutdownWatch) {
+        let mut changed = self.workloads.subscribe();
+        self.metrics
+            .policies(self.workloads.snapshot().policies.len());
+        loop {
+            tokio::select! {
+                r = changed.changed() => if r.is_err() { return },
+                _ = drain.signaled() => return,
+            }
+            self.recheck();
+        }
+    }
+
+    /// Checks every live connection against the current snapshot and
+    /// tells those now refused to close; how many were.
+    pub fn recheck(&self) -> usize {
+        let snapshot = self.workloads.snapshot();
+        self.metrics.policies(snapshot.policies.len());
+        let mut closed = 0;
+        for entry in self.live.entries() {
+            if let Some(Decision::Deny(denial)) = decide(&snapshot, entry.facts()) {
+                let facts = entry.facts();
+                info!(src = %facts.src, dst = %facts.dst, workload = %facts.workload_uid,
+                    reason = %denial, "live connection closed by authorization policy");
+                self.metrics.closed(facts.transport.label(), &denial);
+                entry.close(denial);
+                closed += 1;
+            }
+        }
+        closed
+    }
+}
+
+/// The decision for `facts` on `snapshot`; `None` when the workload is
+/// gone (its connections end with it, not by policy).
+fn decide(snapshot: &WorkloadSnapshot, facts: &Facts) -> Option<Decision> {
+    let workload = snapshot.by_uid(&facts.workload_uid)?;
+    let dest = Destination {
+        namespace: &workload.spec.namespace,
+        policies: &workload.spec.authorization_policies,
+    };
+    let conn = Connection {
+        src: facts.src,
+        dst: facts.dst,
+        identity: facts.identity.as_deref(),
+    };
+    Some(snapshot.policies.decide(&dest, &conn))
+}
