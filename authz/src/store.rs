@@ -11,7 +11,7 @@
 //! 5. no ALLOW policy: allowed; a matching ALLOW: allowed; else refused:
 //!    `allow policies exist, but none allowed`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
@@ -23,11 +23,12 @@ use crate::policy::{Action, Connection, Policy, Scope};
 const GLOBAL: &str = "";
 
 /// Every policy held, by key (`namespace/name` as its source names it),
-/// with the keys of GLOBAL and NAMESPACE policies indexed by namespace.
+/// with the GLOBAL and NAMESPACE ones also indexed by namespace (so a
+/// decision walks its namespace's policies without a lookup per key).
 #[derive(Clone, Debug, Default)]
 pub struct PolicyStore {
-    by_key: BTreeMap<String, Arc<Policy>>,
-    by_namespace: BTreeMap<String, BTreeSet<String>>,
+    by_key: HashMap<String, Arc<Policy>>,
+    by_namespace: BTreeMap<String, BTreeMap<String, Arc<Policy>>>,
 }
 
 /// The destination as the decision reads it.
@@ -81,13 +82,14 @@ impl PolicyStore {
     /// (a policy whose scope changed leaves its old index).
     pub fn insert(&mut self, key: String, policy: Policy) {
         self.remove(&key);
+        let policy = Arc::new(policy);
         if let Some(ns) = index_of(&policy) {
             self.by_namespace
                 .entry(ns.to_owned())
                 .or_default()
-                .insert(key.clone());
+                .insert(key.clone(), policy.clone());
         }
-        self.by_key.insert(key, Arc::new(policy));
+        self.by_key.insert(key, policy);
     }
 
     /// Removes the policy under `key`; whether one was held.
@@ -118,44 +120,68 @@ impl PolicyStore {
         self.by_key.is_empty()
     }
 
-    /// Every policy, by key.
+    /// Every policy, by key, in key order.
     pub fn iter(&self) -> impl Iterator<Item = (&String, &Arc<Policy>)> {
-        self.by_key.iter()
+        let mut all: Vec<_> = self.by_key.iter().collect();
+        all.sort_by(|a, b| a.0.cmp(b.0));
+        all.into_iter()
     }
 
-    /// The policies in scope for `dest`, each once: its namespace's,
-    /// the global ones, then those it names (unknown keys skipped).
-    pub fn in_scope<'s>(&'s self, dest: &Destination<'_>) -> Vec<&'s Policy> {
-        let indexed = |ns: &str| self.by_namespace.get(ns).into_iter().flatten();
-        let mut keys: Vec<&str> = indexed(dest.namespace).map(String::as_str).collect();
-        if !dest.namespace.is_empty() {
-            keys.extend(indexed(GLOBAL).map(String::as_str));
-        }
-        keys.extend(dest.policies.iter().map(String::as_str));
+    /// The policies in scope for `dest`, as a decision walks them: its
+    /// namespace's, the global ones, then those it names (unknown keys
+    /// skipped with a warning). A policy both indexed and named comes
+    /// twice, which no decision can tell.
+    fn walk<'a>(&'a self, dest: &Destination<'a>) -> impl Iterator<Item = &'a Policy> + Clone {
+        let (namespace, names) = (dest.namespace, dest.policies);
+        let indexed = |ns: &str| {
+            self.by_namespace
+                .get(ns)
+                .into_iter()
+                .flat_map(|m| m.values())
+        };
+        let global = (!namespace.is_empty()).then(|| indexed(GLOBAL));
+        let named = names.iter().filter_map(|k| {
+            let p = self.by_key.get(k);
+            if p.is_none() {
+                warn!(policy = %k, "skipping unknown policy");
+            }
+            p
+        });
+        indexed(namespace)
+            .chain(global.into_iter().flatten())
+            .chain(named)
+            .map(Arc::as_ref)
+    }
+
+    /// The policies in scope for `dest`, each once.
+    pub fn in_scope<'a>(&'a self, dest: &Destination<'a>) -> Vec<&'a Policy> {
         let mut seen = BTreeSet::new();
-        keys.into_iter()
-            .filter(|k| seen.insert(*k))
-            .filter_map(|k| {
-                let p = self.by_key.get(k);
-                if p.is_none() {
-                    warn!(policy = k, "skipping unknown policy");
-                }
-                p.map(Arc::as_ref)
-            })
+        self.walk(dest)
+            .filter(|p| seen.insert((p.namespace.as_str(), p.name.as_str())))
             .collect()
     }
 
     /// The decision for `conn` to `dest`.
     pub fn decide(&self, dest: &Destination<'_>, conn: &Connection<'_>) -> Decision {
-        decide(&self.in_scope(dest), conn)
+        if self.by_key.is_empty() {
+            return Decision::Allow;
+        }
+        decide_over(self.walk(dest), conn)
     }
 }
 
 /// The decision for `conn` under `policies` (those in scope).
 pub fn decide(policies: &[&Policy], conn: &Connection<'_>) -> Decision {
+    decide_over(policies.iter().copied(), conn)
+}
+
+fn decide_over<'p>(
+    policies: impl Iterator<Item = &'p Policy> + Clone,
+    conn: &Connection<'_>,
+) -> Decision {
     let of = |action: Action, dry: bool| {
         policies
-            .iter()
+            .clone()
             .filter(move |p| p.action == action && p.dry_run == dry)
     };
     for p in of(Action::Deny, true) {
