@@ -157,7 +157,8 @@ pub fn parse_file(text: &str) -> Result<Parsed, WorkloadFileError> {
     }
     let services = file.services;
     check_services(&services, &workloads, &ips)?;
-    let policies = super::file_authorization::check(file.authorization, &workloads)?;
+    let policies = super::file_authorization::check(file.authorization, &workloads)
+        .map_err(|(key, message)| WorkloadFileError::Invalid { key, message })?;
     Ok(Parsed {
         workloads,
         services,

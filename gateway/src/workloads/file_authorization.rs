@@ -6,22 +6,18 @@ use std::collections::BTreeSet;
 
 use tidegate_authz::{Policy, PolicyStore};
 
-use super::file::WorkloadFileError;
 use super::WorkloadSpec;
 
 /// The policies indexed by key (`<namespace>/<name>`), or the first
-/// problem.
+/// problem as (the file's key, message).
 pub(super) fn check(
     policies: Vec<Policy>,
     workloads: &[WorkloadSpec],
-) -> Result<PolicyStore, WorkloadFileError> {
+) -> Result<PolicyStore, (String, String)> {
     let mut store = PolicyStore::default();
     let mut keys = BTreeSet::new();
     for (i, p) in policies.into_iter().enumerate() {
-        let bad = |field: &str, message: String| WorkloadFileError::Invalid {
-            key: format!("authorization[{i}].{field}"),
-            message,
-        };
+        let bad = |field: &str, message: String| (format!("authorization[{i}].{field}"), message);
         if p.name.is_empty() {
             return Err(bad("name", "must not be empty".into()));
         }
@@ -37,10 +33,10 @@ pub(super) fn check(
     for (i, w) in workloads.iter().enumerate() {
         for (j, key) in w.authorization_policies.iter().enumerate() {
             if !keys.contains(key) {
-                return Err(WorkloadFileError::Invalid {
-                    key: format!("workloads[{i}].authorization_policies[{j}]"),
-                    message: format!("no policy {key:?} under `authorization:`"),
-                });
+                return Err((
+                    format!("workloads[{i}].authorization_policies[{j}]"),
+                    format!("no policy {key:?} under `authorization:`"),
+                ));
             }
         }
     }
