@@ -61,8 +61,10 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let peer_sa = ["client", "other"][peer as usize % 2];
+    let peer = SpiffeId::new("cluster.local", "demo", peer_sa);
     let ctx = TunnelCtx {
-        peer: SpiffeId::new("cluster.local", "demo", peer_sa),
+        peer_identity: tidegate::authorization::identity_of(&peer),
+        peer,
         peer_addr: "10.0.9.9:40000".parse().unwrap(),
         dialed,
         workload,
