@@ -120,13 +120,6 @@ impl PolicyStore {
         self.by_key.is_empty()
     }
 
-    /// Every policy, by key, in key order.
-    pub fn iter(&self) -> impl Iterator<Item = (&String, &Arc<Policy>)> {
-        let mut all: Vec<_> = self.by_key.iter().collect();
-        all.sort_by(|a, b| a.0.cmp(b.0));
-        all.into_iter()
-    }
-
     /// The policies in scope for `dest`, as a decision walks them: its
     /// namespace's, the global ones, then those it names (unknown keys
     /// skipped with a warning). A policy both indexed and named comes

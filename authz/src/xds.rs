@@ -22,9 +22,6 @@ use prost::Message as _;
 use crate::cidr::Cidr;
 use crate::policy::{Action, Clause, Match, Policy, Rule, Scope, ServiceAccount, StringMatch};
 
-/// The resource's type URL in xDS.
-pub const TYPE_URL: &str = "type.googleapis.com/istio.security.Authorization";
-
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Authorization {
     #[prost(string, tag = "1")]

@@ -60,10 +60,6 @@ impl Registry {
     pub(super) fn entries(&self) -> Vec<Arc<Entry>> {
         self.entries.locked().values().cloned().collect()
     }
-
-    pub(super) fn len(&self) -> usize {
-        self.entries.locked().len()
-    }
 }
 
 /// A connection's registration: dropped when the connection ends.

@@ -99,11 +99,6 @@ impl Authorizer {
         }
     }
 
-    /// Connections registered now.
-    pub fn live(&self) -> usize {
-        self.live.len()
-    }
-
     /// Checks every live connection again after each change of the
     /// workload snapshot ([`Self::recheck`]), until drained.
     pub async fn recheck_on_change(self: Arc<Self>, mut drain: ShutdownWatch) {

@@ -299,23 +299,6 @@ impl WorkloadStore {
         );
     }
 
-    /// Replaces the authorization policies, keeping the rest.
-    pub fn publish_policies(&self, policies: PolicyStore) {
-        let now = self.current.load_full();
-        let next = WorkloadSnapshot {
-            by_uid: now.by_uid.clone(),
-            by_ip: now.by_ip.clone(),
-            services: now.services.clone(),
-            by_vip: now.by_vip.clone(),
-            members: now.members.clone(),
-            policies: Arc::new(policies),
-            generation: now.generation + 1,
-        };
-        let generation = next.generation;
-        self.current.store(Arc::new(next));
-        self.changed.send_replace(generation);
-    }
-
     fn publish_snapshot(
         &self,
         specs: Vec<WorkloadSpec>,

@@ -9,13 +9,13 @@ use bytes::Bytes;
 use h2::client::SendRequest;
 use http::StatusCode;
 use tidegate::hbone::client::{connect_stream, dial};
-use tidegate::hbone::{Settings, REASON_HEADER};
+use tidegate::hbone::Settings;
 use tidegate::tls::{TlsContext, TlsMetrics};
 use tidegate_e2e::{
     eventually, ip, metric, metric_or_zero, workloads_yaml, write_atomically, Options, TwoNodes,
 };
 
-use crate::rejections::{connect, hbone_addr, id, real_ca, stream_ended};
+use crate::rejections::{answer, connect, hbone_addr, id, real_ca, stream_ended};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -59,15 +59,7 @@ async fn tunnel(
 }
 
 async fn status_and_reason(send: SendRequest<Bytes>, authority: &str) -> (StatusCode, String) {
-    let mut send = send.ready().await.unwrap();
-    let (resp, _body) = send.send_request(connect(authority), true).unwrap();
-    let resp = tokio::time::timeout(WAIT, resp).await.unwrap().unwrap();
-    let reason = resp
-        .headers()
-        .get(REASON_HEADER)
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_default();
-    (resp.status(), reason)
+    answer(send, connect(authority)).await
 }
 
 fn authz_metric(nodes: &TwoNodes, name: &str, reason: &str) -> f64 {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use h2::client::SendRequest;
 use http::{Method, Request, StatusCode};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -276,6 +277,11 @@ pub(crate) async fn request(
     .await
     .unwrap();
     tokio::spawn(conn);
+    answer(send, req).await
+}
+
+/// Sends `req` on the tunnel; the status and the `tidegate-reason` header.
+pub(crate) async fn answer(send: SendRequest<Bytes>, req: Request<()>) -> (StatusCode, String) {
     let mut send = send.ready().await.unwrap();
     let (resp, _body) = send.send_request(req, true).unwrap();
     let resp = tokio::time::timeout(Duration::from_secs(5), resp)
