@@ -7,6 +7,8 @@
 //! - [`cidr`]: an address range as a match names it;
 //! - [`store`]: the policies by key and by scope, and the decision for a
 //!   destination workload ([`Decision`], with ztunnel's reasons);
+//! - [`kubernetes`]: `AuthorizationPolicy` and `PeerAuthentication`
+//!   straight from the API server, converted as istiod converts them;
 //! - [`xds`]: the `istio.security.Authorization` resource istiod sends,
 //!   and its conversion, which refuses what ztunnel would silently
 //!   reshape (`docs/authorization.md` lists each case).
@@ -14,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cidr;
+pub mod kubernetes;
 pub mod policy;
 pub mod store;
 pub mod xds;

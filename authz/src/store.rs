@@ -31,6 +31,13 @@ pub struct PolicyStore {
     by_namespace: BTreeMap<String, BTreeMap<String, Arc<Policy>>>,
 }
 
+/// Two stores are equal when they hold the same policies under the same keys.
+impl PartialEq for PolicyStore {
+    fn eq(&self, other: &Self) -> bool {
+        self.by_key == other.by_key
+    }
+}
+
 /// The destination as the decision reads it.
 #[derive(Clone, Copy, Debug)]
 pub struct Destination<'a> {

@@ -131,6 +131,22 @@ pub struct ConvertError {
 }
 
 impl ConvertError {
+    pub(crate) fn new(
+        namespace: &str,
+        name: &str,
+        at: String,
+        problem: String,
+        known: Option<(Scope, Action, bool)>,
+    ) -> ConvertError {
+        ConvertError {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            at,
+            problem,
+            known,
+        }
+    }
+
     /// The policy held in its place when no earlier version is: an ALLOW
     /// that matches nothing (the workloads in scope keep an ALLOW, so
     /// nothing is allowed that it might not have allowed) or a DENY that
