@@ -550,12 +550,15 @@ fn granted(r: &Rendered, service_account: &str, namespace: &str) -> BTreeSet<(St
     out
 }
 
-/// What discovery reads with this config (the Service watch is optional).
+/// What discovery reads with this config (the Service watch and Istio's
+/// security resources are optional).
 fn watched(config: &Config) -> BTreeSet<(String, String)> {
     let services = <Service as k8s_openapi::Resource>::URL_PATH_SEGMENT;
+    let k = &config.workloads.kubernetes;
     tidegate::workloads::kubernetes::WATCHED_RESOURCES
         .iter()
-        .filter(|(_, res)| config.workloads.kubernetes.services || *res != services)
+        .filter(|(_, res)| k.services || *res != services)
+        .filter(|(group, _)| k.authorization || *group != "security.istio.io")
         .map(|(g, r)| (g.to_string(), r.to_string()))
         .collect()
 }

@@ -139,6 +139,15 @@ impl Conversion {
         self.outcomes.insert(key, outcome);
     }
 
+    /// A resource whose spec does not read: refused, its last good
+    /// version kept in force (nothing is known of it to hold it closed).
+    pub fn unreadable(&mut self, key: String, message: String, previous: &PolicyStore) {
+        if let Some(last) = previous.get(&key) {
+            self.policies.insert(key.clone(), Policy::clone(last));
+        }
+        self.outcomes.insert(key, Outcome::Refused(message));
+    }
+
     /// The keys of the WORKLOAD_SELECTOR policies a workload names, as
     /// istiod lists them: the AuthorizationPolicies of its namespace or
     /// of the root namespace whose selector selects it (sorted), then

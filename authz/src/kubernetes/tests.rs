@@ -523,3 +523,36 @@ fn workloads_name_the_selecting_policies_of_their_namespace_and_the_root() {
         crate::Decision::Deny(crate::Denial::NotAllowed)
     );
 }
+
+#[test]
+fn istiods_looser_conditions_are_reproduced_as_written() {
+    let a = BTreeMap::from([("app".to_owned(), "a".to_owned())]);
+    let strict_mesh =
+        "metadata: {name: mesh, namespace: istio-system}\nspec: {mtls: {mode: STRICT}}\n";
+    // A STRICT port under a PERMISSIVE workload mode, the namespace level
+    // unset, the mesh STRICT: no rule for the port, and the workload names
+    // the converted policy, which is not held.
+    let all = pas(&format!(
+        "{strict_mesh}---\nmetadata: {{name: w, namespace: foo}}\nspec: {{selector: {{matchLabels: {{app: a}}}}, mtls: {{mode: PERMISSIVE}}, portLevelMtls: {{\"8080\": {{mode: STRICT}}}}}}\n"
+    ));
+    assert!(convert_pa(ROOT, &all[1], &all).is_none());
+    assert_eq!(
+        keys_for(ROOT, &all, "foo", &a),
+        ["foo/converted_peer_authentication_w"]
+    );
+    // A PERMISSIVE port with an UNSET namespace policy in a STRICT mesh:
+    // the workload drops the shared STRICT for a policy not held.
+    let all = pas(&format!(
+        "{strict_mesh}---\nmetadata: {{name: ns, namespace: foo}}\nspec: {{}}\n---\n\
+         metadata: {{name: w, namespace: foo}}\nspec: {{selector: {{matchLabels: {{app: a}}}}, portLevelMtls: {{\"8080\": {{mode: PERMISSIVE}}}}}}\n"
+    ));
+    assert!(convert_pa(ROOT, &all[2], &all).is_none());
+    assert_eq!(
+        keys_for(ROOT, &all, "foo", &a),
+        ["foo/converted_peer_authentication_w"]
+    );
+    assert_eq!(
+        keys_for(ROOT, &all, "foo", &BTreeMap::new()),
+        ["istio-system/istio_converted_static_strict"]
+    );
+}

@@ -295,6 +295,12 @@ impl Config {
                 "mesh_label and policy_label must not be empty",
             ));
         }
+        if k.root_namespace.is_empty() {
+            return Err(invalid(
+                "workloads.kubernetes.root_namespace",
+                "must name Istio's root namespace (istio-system by default)",
+            ));
+        }
         if crate::identity::SpiffeId::new(&self.trust_domain, "x", "y")
             .to_string()
             .parse::<crate::identity::SpiffeId>()

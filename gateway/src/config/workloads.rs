@@ -66,6 +66,15 @@ pub struct KubernetesConfig {
     /// Off: a ClusterIP is no known destination (passthrough, or refused
     /// inside `outbound.cluster_cidrs`).
     pub services: bool,
+    /// Watch Istio's `security.istio.io/v1` AuthorizationPolicy and
+    /// PeerAuthentication and enforce them as ztunnel fed by istiod would
+    /// (`docs/authorization.md`). Needs get/list/watch on both; a cluster
+    /// without the CRDs has no policies (logged, and watched until they
+    /// appear).
+    pub authorization: bool,
+    /// Istio's root namespace: its policies without a selector apply to
+    /// every workload, and its PeerAuthentication without one is mesh-wide.
+    pub root_namespace: String,
     /// Changes arriving within this window are published as one snapshot.
     #[serde(with = "duration")]
     pub debounce: Duration,
@@ -79,6 +88,8 @@ impl Default for KubernetesConfig {
             mesh_label: "tidegate.io/mesh".into(),
             policy_label: "tidegate.io/drain-policy".into(),
             services: true,
+            authorization: true,
+            root_namespace: "istio-system".into(),
             debounce: Duration::from_millis(50),
         }
     }

@@ -258,7 +258,8 @@ impl WorkloadStore {
     /// HBONE is a member).
     pub fn publish_all(&self, specs: Vec<WorkloadSpec>, services: Vec<services::ServiceSpec>) {
         let members = self.file_members(&specs);
-        self.publish_with_members(specs, services, members);
+        let policies = self.current.load().policies.clone();
+        self.publish_with_members(specs, services, members, policies);
     }
 
     fn file_members(&self, specs: &[WorkloadSpec]) -> BTreeMap<String, Membership> {
@@ -275,15 +276,16 @@ impl WorkloadStore {
             .collect()
     }
 
-    /// Replaces the workloads, the Services and the local pods' mesh
-    /// membership together (Kubernetes discovery: [`membership::decide`]).
+    /// Replaces the workloads, the Services, the local pods' mesh
+    /// membership and the authorization policies together (Kubernetes
+    /// discovery: [`membership::decide`]).
     pub fn publish_with_members(
         &self,
         specs: Vec<WorkloadSpec>,
         services: Vec<services::ServiceSpec>,
         members: BTreeMap<String, Membership>,
+        policies: Arc<PolicyStore>,
     ) {
-        let policies = self.current.load().policies.clone();
         self.publish_snapshot(specs, services, members, policies);
     }
 

@@ -4,7 +4,9 @@
 //! Serves namespaced Secrets and ConfigMaps (get, create, replace),
 //! TokenReview (tokens registered with [`FakeApiServer::add_token`]),
 //! `GET /api/v1/{pods,namespaces,services}` and
-//! `/apis/discovery.k8s.io/v1/endpointslices`: lists (resourceVersion,
+//! `/apis/discovery.k8s.io/v1/endpointslices`, Istio's
+//! `/apis/security.istio.io/v1/{authorizationpolicies,peerauthentications}`
+//! (404 while "not installed"): lists (resourceVersion,
 //! resourceVersionMatch, limit/continue, field and label selectors,
 //! metadata-only with `Accept: ...;as=PartialObjectMetadataList`), watch
 //! streams (ADDED/MODIFIED/DELETED, BOOKMARK with allowWatchBookmarks,
@@ -40,6 +42,10 @@ pub enum Kind {
     Namespace,
     Service,
     EndpointSlice,
+    /// Istio's `security.istio.io/v1` CRDs (served unless
+    /// [`FakeApiServer::set_installed`] removes them).
+    AuthorizationPolicy,
+    PeerAuthentication,
 }
 
 impl Kind {
@@ -49,6 +55,8 @@ impl Kind {
             "/api/v1/namespaces" => Kind::Namespace,
             "/api/v1/services" => Kind::Service,
             "/apis/discovery.k8s.io/v1/endpointslices" => Kind::EndpointSlice,
+            "/apis/security.istio.io/v1/authorizationpolicies" => Kind::AuthorizationPolicy,
+            "/apis/security.istio.io/v1/peerauthentications" => Kind::PeerAuthentication,
             _ => return None,
         })
     }
@@ -56,6 +64,7 @@ impl Kind {
     fn api_version(self) -> &'static str {
         match self {
             Kind::EndpointSlice => "discovery.k8s.io/v1",
+            Kind::AuthorizationPolicy | Kind::PeerAuthentication => "security.istio.io/v1",
             _ => "v1",
         }
     }
@@ -66,6 +75,8 @@ impl Kind {
             Kind::Namespace => "Namespace",
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
+            Kind::AuthorizationPolicy => "AuthorizationPolicy",
+            Kind::PeerAuthentication => "PeerAuthentication",
         }
     }
 }
@@ -214,6 +225,17 @@ impl FakeApiServer {
     /// Simulates an API server outage: while on, every list and watch gets 500 InternalError.
     pub fn set_unavailable(&self, on: bool) {
         self.state.lock().unwrap().unavailable = on;
+    }
+
+    /// Whether the resource is served (a CRD installed); requests for one
+    /// that is not answer 404, as for a CRD not installed.
+    pub fn set_installed(&self, kind: Kind, on: bool) {
+        let mut st = self.state.lock().unwrap();
+        if on {
+            st.absent.remove(&kind);
+        } else {
+            st.absent.insert(kind);
+        }
     }
 
     /// A BOOKMARK at the current resourceVersion to every watch that allows them.

@@ -22,6 +22,13 @@ pub(super) fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Respo
     let Some(kind) = Kind::from_path(req.uri().path()) else {
         return status(StatusCode::NOT_FOUND, "NotFound", "no such resource here");
     };
+    if state.lock().unwrap().absent.contains(&kind) {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "the server could not find the requested resource",
+        );
+    }
     let q = query(req.uri().query().unwrap_or(""));
     let meta_only = req
         .headers()

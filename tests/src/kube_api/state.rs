@@ -41,6 +41,8 @@ pub(super) struct State {
     pub authorizations: Vec<String>,
     /// While set, list and watch requests fail with 500 (an API outage).
     pub unavailable: bool,
+    /// Resources answered with 404 (a CRD not installed).
+    pub absent: std::collections::HashSet<Kind>,
     /// Secrets, ConfigMaps and the tokens TokenReview knows.
     pub named: super::writes::Named,
 }

@@ -13,6 +13,7 @@ use tidegate::workloads::LifecycleState;
 use tidegate_e2e::kube_api::{FakeApiServer, Kind};
 use tidegate_e2e::{eventually, http_get, init_tracing, ip, metric, metric_or_zero, plugin};
 
+mod authorization;
 mod ca;
 mod ca_client;
 mod ca_server;

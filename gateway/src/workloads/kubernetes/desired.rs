@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::core::PartialObjectMeta;
+use tidegate_authz::kubernetes::Conversion;
 
 use crate::config::KubernetesConfig;
 use crate::workloads::membership::{self, Membership, PodFacts};
@@ -111,7 +112,9 @@ pub fn members(
         .collect()
 }
 
-pub fn build(stores: &Stores, cfg: &KubernetesConfig) -> Desired {
+/// The desired set; each pod names the authorization policies that
+/// select it (`authorization`: what the security resources converted to).
+pub fn build(stores: &Stores, cfg: &KubernetesConfig, authorization: &Conversion) -> Desired {
     let ns_labels = namespace_labels(&stores.namespaces);
     let pod_uids: HashSet<&str> = stores
         .pods
@@ -130,7 +133,8 @@ pub fn build(stores: &Stores, cfg: &KubernetesConfig) -> Desired {
         .filter_map(|p| {
             let uid = p.metadata.uid.as_deref()?;
             let ns = p.metadata.namespace.as_deref().unwrap_or("default");
-            let spec = pod_spec(p, facts.get(uid), ns_labels.get(ns).copied().flatten(), cfg)?;
+            let mut spec = pod_spec(p, facts.get(uid), ns_labels.get(ns).copied().flatten(), cfg)?;
+            spec.authorization_policies = authorization.policies_for(ns, &spec.labels);
             let created = p
                 .metadata
                 .creation_timestamp

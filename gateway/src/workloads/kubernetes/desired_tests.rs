@@ -56,7 +56,7 @@ fn pods_become_workloads_with_mesh_and_namespace_policy() {
         )],
         ..Default::default()
     };
-    let d = build(&stores, &cfg());
+    let d = build(&stores, &cfg(), &Default::default());
     assert_eq!(
         d.specs.len(),
         2,
@@ -87,6 +87,7 @@ fn a_reused_ip_belongs_to_the_newer_running_pod() {
                 ..Default::default()
             },
             &cfg(),
+            &Default::default(),
         );
         let by_uid = |u: &str| d.specs.iter().find(|s| s.uid == u).unwrap();
         assert!(by_uid("u-old").ips.is_empty());
@@ -113,6 +114,7 @@ fn slices_mark_terminating_peers_and_report_unknown_pods() {
             ..Default::default()
         },
         &cfg(),
+        &Default::default(),
     );
     assert_eq!(d.specs[0].state, LifecycleState::Terminating);
     assert!(!d.specs[0].oci_backend_draining);
@@ -202,7 +204,7 @@ fn services_get_vips_tcp_ports_and_their_slices_endpoints() {
         ],
         ..Default::default()
     };
-    let d = build(&stores, &cfg());
+    let d = build(&stores, &cfg(), &Default::default());
     let keys: Vec<String> = d.services.iter().map(ServiceSpec::key).collect();
     assert_eq!(
         keys,
@@ -313,6 +315,7 @@ fn the_mesh_rule_decides_the_protocol_and_the_local_members_alike() {
             ..Default::default()
         },
         &cfg(),
+        &Default::default(),
     );
     let members = members(&pods, &namespaces, &cfg());
     for (uid, member) in want {
@@ -351,6 +354,7 @@ fn members_include_pods_without_an_ip_and_leave_out_unknown_namespaces() {
             ..Default::default()
         },
         &cfg(),
+        &Default::default(),
     );
     assert!(d.specs.iter().all(|s| s.uid != "u-pending"));
     let members = members(&pods, &namespaces, &cfg());
@@ -366,4 +370,54 @@ fn members_include_pods_without_an_ip_and_leave_out_unknown_namespaces() {
     )];
     let members = super::members(&pods, &namespaces, &cfg());
     assert!(!members["u-orphan"].member);
+}
+
+#[test]
+fn pods_name_the_authorization_policies_that_select_them() {
+    use kube::core::DynamicObject;
+    let object = |v: serde_json::Value| -> Arc<DynamicObject> {
+        Arc::new(serde_json::from_value(v).unwrap())
+    };
+    let aps = [
+        object(serde_json::json!({
+            "apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+            "metadata": {"name": "web-only", "namespace": "ns"},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}},
+        })),
+        object(serde_json::json!({
+            "apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+            "metadata": {"name": "broken", "namespace": "ns"},
+            "spec": {"action": "ALLOW-ISH"},
+        })),
+    ];
+    let conversion = super::super::authorization::convert(
+        "istio-system",
+        &aps,
+        &[],
+        &tidegate_authz::PolicyStore::default(),
+    );
+    assert!(
+        matches!(&conversion.outcomes["ns/broken"],
+            tidegate_authz::kubernetes::Outcome::Refused(m) if m.starts_with("authorization ns/broken: spec: unknown variant `ALLOW-ISH`")),
+        "{:?}",
+        conversion.outcomes
+    );
+    let mut web = (*running("web", "u1", "10.0.0.1", "2026-01-01T00:00:00Z")).clone();
+    web.metadata.labels = Some([("app".to_owned(), "web".to_owned())].into());
+    let other = running("db", "u2", "10.0.0.2", "2026-01-01T00:00:00Z");
+    let stores = Stores {
+        pods: vec![Arc::new(web), other],
+        namespaces: vec![ns("ns", serde_json::json!({"tidegate.io/mesh": "enabled"}))],
+        ..Default::default()
+    };
+    let d = build(&stores, &cfg(), &conversion);
+    let named: Vec<_> = d
+        .specs
+        .iter()
+        .map(|s| (s.name.as_str(), s.authorization_policies.clone()))
+        .collect();
+    assert_eq!(
+        named,
+        [("web", vec!["ns/web-only".to_owned()]), ("db", vec![])]
+    );
 }

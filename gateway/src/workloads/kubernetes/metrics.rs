@@ -9,8 +9,15 @@ use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceLabels {
-    /// `local-pods`, `remote-pods`, `namespaces`, `endpointslices`, `services`.
+    /// `local-pods`, `remote-pods`, `namespaces`, `endpointslices`, `services`,
+    /// `authorizationpolicies`, `peerauthentications`.
     pub resource: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `enforced`, `http_attributes_ignored`, `skipped`, `refused`.
+    pub outcome: &'static str,
 }
 
 #[derive(Clone, Debug)]
@@ -23,6 +30,7 @@ pub struct KubernetesMetrics {
     pub(super) publishes: Counter,
     pub(super) unknown_endpoints: Gauge,
     pub(super) synced: Gauge,
+    pub(super) authorization_resources: Family<OutcomeLabels, Gauge>,
 }
 
 impl KubernetesMetrics {
@@ -36,6 +44,7 @@ impl KubernetesMetrics {
             publishes: Counter::default(),
             unknown_endpoints: Gauge::default(),
             synced: Gauge::default(),
+            authorization_resources: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("kubernetes");
         r.register(
@@ -77,6 +86,13 @@ impl KubernetesMetrics {
             "synced",
             "1 once every watch completed its first full list",
             m.synced.clone(),
+        );
+        r.register(
+            "authorization_resources",
+            "AuthorizationPolicy and PeerAuthentication resources by outcome: enforced, \
+             http_attributes_ignored (enforced at L4 only), skipped (not for a node proxy), \
+             refused (malformed: held at its last good version or closed)",
+            m.authorization_resources.clone(),
         );
         m
     }

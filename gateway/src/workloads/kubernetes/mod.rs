@@ -15,7 +15,13 @@
 //!   `tidegate.io/oci-backend-draining` annotation: routing by VIP, with
 //!   the endpoints their EndpointSlices list (conditions `ready`, `serving`,
 //!   `terminating`), target ports by number or by the pod's named
-//!   container port.
+//!   container port;
+//! - Istio's `security.istio.io/v1` AuthorizationPolicies and
+//!   PeerAuthentications, when `workloads.kubernetes.authorization` is on
+//!   (the default): converted as istiod converts them
+//!   ([`authorization`]), published with the workloads, each pod naming
+//!   the policies that select it. A cluster without the CRDs (404) has
+//!   none: logged, and watched until they appear.
 //!
 //! Level-triggered: every change marks the set dirty; after
 //! `workloads.kubernetes.debounce` the whole desired set is rebuilt from the
@@ -33,12 +39,13 @@
 //! default exponential backoff (800 ms doubling to 30 s, with jitter); the
 //! gateway keeps serving with the last published set meanwhile.
 
+pub mod authorization;
 pub mod desired;
 mod metrics;
 
 pub use metrics::KubernetesMetrics;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
@@ -48,7 +55,7 @@ use k8s_openapi::api::core::v1::{
     Container, ContainerPort, Namespace, Pod, PodSpec, PodStatus, Service, ServicePort, ServiceSpec,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::core::PartialObjectMeta;
+use kube::core::{ApiResource, DynamicObject, PartialObjectMeta};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher::{self, watcher, Event};
@@ -63,13 +70,16 @@ use crate::config::KubernetesConfig;
 use crate::shutdown::ShutdownWatch;
 use crate::sync::Locked;
 use metrics::ResourceLabels;
+use tidegate_authz::kubernetes::Conversion;
+use tidegate_authz::PolicyStore;
 use tidegate_control::kube_client::{self, KubeClientError};
 
 /// What discovery reads, as RBAC names it (API group, resource): the
 /// ClusterRoles of a rendered `deploy/` kustomization grant get/list/watch on
-/// exactly these and nothing else (services only when the config keeps the
-/// Service watch on, as the base does); `gateway/tests/manifests.rs` checks it.
-pub const WATCHED_RESOURCES: [(&str, &str); 4] = [
+/// exactly these and nothing else (services and Istio's security resources
+/// only when the config keeps those watches on, as the base does);
+/// `gateway/tests/manifests.rs` checks it.
+pub const WATCHED_RESOURCES: [(&str, &str); 6] = [
     (
         <Pod as k8s_openapi::Resource>::GROUP,
         <Pod as k8s_openapi::Resource>::URL_PATH_SEGMENT,
@@ -86,6 +96,8 @@ pub const WATCHED_RESOURCES: [(&str, &str); 4] = [
         <EndpointSlice as k8s_openapi::Resource>::GROUP,
         <EndpointSlice as k8s_openapi::Resource>::URL_PATH_SEGMENT,
     ),
+    ("security.istio.io", "authorizationpolicies"),
+    ("security.istio.io", "peerauthentications"),
 ];
 
 /// The client `workloads.kubernetes` asks for.
@@ -116,6 +128,8 @@ struct Readers {
     namespaces: Store<PartialObjectMeta<Namespace>>,
     slices: Store<EndpointSlice>,
     services: Option<Store<Service>>,
+    /// AuthorizationPolicies and PeerAuthentications.
+    authorization: Option<(Store<DynamicObject>, Store<DynamicObject>)>,
 }
 
 /// What the watch tasks tell the publisher.
@@ -153,7 +167,7 @@ impl KubernetesSource {
         let progress = Arc::new(Progress {
             dirty: Notify::new(),
             listed: Mutex::new(HashSet::new()),
-            expected: if self.cfg.services { 5 } else { 4 },
+            expected: 4 + usize::from(self.cfg.services) + 2 * usize::from(self.cfg.authorization),
         });
         let mut tasks = tokio::task::JoinSet::new();
         let mut w = Watches {
@@ -177,6 +191,12 @@ impl KubernetesSource {
                 .cfg
                 .services
                 .then(|| w.start("services", watcher::Config::default(), strip_service)),
+            authorization: self.cfg.authorization.then(|| {
+                (
+                    w.start_istio("authorizationpolicies", authorization::AUTHORIZATION_POLICY),
+                    w.start_istio("peerauthentications", authorization::PEER_AUTHENTICATION),
+                )
+            }),
         };
         tokio::select! {
             _ = self.publish_loop(&readers, &progress) => {}
@@ -188,6 +208,7 @@ impl KubernetesSource {
     async fn publish_loop(&self, readers: &Readers, progress: &Progress) {
         let mut last: Option<Published> = None;
         let mut last_unknown: Vec<String> = Vec::new();
+        let mut last_outcomes = BTreeMap::new();
         loop {
             progress.dirty.notified().await;
             if progress.listed.locked().len() < progress.expected {
@@ -211,7 +232,19 @@ impl KubernetesSource {
                     .map(|s| s.state())
                     .unwrap_or_default(),
             };
-            let desired = desired::build(&stores, &self.cfg);
+            let previous = self.store.snapshot().policies.clone();
+            let conversion = match &readers.authorization {
+                Some((aps, pas)) => authorization::convert(
+                    &self.cfg.root_namespace,
+                    &aps.state(),
+                    &pas.state(),
+                    &previous,
+                ),
+                None => Conversion::default(),
+            };
+            authorization::report(&conversion.outcomes, &last_outcomes, &self.metrics);
+            let desired = desired::build(&stores, &self.cfg, &conversion);
+            last_outcomes = conversion.outcomes;
             if desired.unknown_endpoints != last_unknown {
                 if !desired.unknown_endpoints.is_empty() {
                     info!(
@@ -228,13 +261,22 @@ impl KubernetesSource {
                     .set(desired.unknown_endpoints.len() as i64);
                 last_unknown = desired.unknown_endpoints;
             }
-            let set = (desired.specs, desired.services, members);
+            let set = (
+                desired.specs,
+                desired.services,
+                members,
+                conversion.policies,
+            );
             if last.as_ref() != Some(&set) {
                 self.metrics.workloads.set(set.0.len() as i64);
                 self.metrics.services.set(set.1.len() as i64);
                 self.metrics.publishes.inc();
-                self.store
-                    .publish_with_members(set.0.clone(), set.1.clone(), set.2.clone());
+                self.store.publish_with_members(
+                    set.0.clone(),
+                    set.1.clone(),
+                    set.2.clone(),
+                    Arc::new(set.3.clone()),
+                );
                 if last.is_none() {
                     info!(
                         workloads = set.0.len(),
@@ -254,11 +296,12 @@ impl KubernetesSource {
 }
 
 /// What the publisher last published: workloads, Services, local pods'
-/// mesh membership.
+/// mesh membership, authorization policies.
 type Published = (
     Vec<super::WorkloadSpec>,
     Vec<super::services::ServiceSpec>,
-    std::collections::BTreeMap<String, super::membership::Membership>,
+    BTreeMap<String, super::membership::Membership>,
+    PolicyStore,
 );
 
 /// Starts watch tasks; each returns the reader of its store.
@@ -298,7 +341,41 @@ impl Watches<'_> {
         K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
     {
         let api = Api::<K>::all(self.client.clone());
-        let mut writer: Writer<K> = Writer::default();
+        self.spawn(resource, api, config, Writer::default(), strip, false)
+    }
+
+    /// A `security.istio.io/v1` resource; a 404 (the CRD is not installed)
+    /// counts as an empty first list, logged, and the watch keeps retrying.
+    fn start_istio(&mut self, resource: &'static str, kind: &str) -> Store<DynamicObject> {
+        let ar: ApiResource = authorization::api_resource(kind);
+        let api = Api::<DynamicObject>::all_with(self.client.clone(), &ar);
+        let strip = |o: &mut DynamicObject| {
+            o.metadata.managed_fields = None;
+            o.data.as_object_mut().map(|d| d.remove("status"));
+        };
+        self.spawn(
+            resource,
+            api,
+            watcher::Config::default(),
+            Writer::new(ar),
+            strip,
+            true,
+        )
+    }
+
+    fn spawn<K>(
+        &mut self,
+        resource: &'static str,
+        api: Api<K>,
+        config: watcher::Config,
+        mut writer: Writer<K>,
+        strip: fn(&mut K),
+        absent_is_empty: bool,
+    ) -> Store<K>
+    where
+        K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K::DynamicType: Eq + Hash + Clone + Send + Sync,
+    {
         let reader = writer.as_reader();
         let progress = self.progress.clone();
         let metrics = self.metrics.clone();
@@ -306,9 +383,26 @@ impl Watches<'_> {
         let objects = reader.clone();
         self.tasks.spawn(async move {
             let mut events = std::pin::pin!(watcher(api, config).default_backoff());
+            let mut absent_logged = false;
             while let Some(event) = events.next().await {
                 let event = match event {
                     Ok(e) => e.modify(strip),
+                    Err(watcher::Error::InitialListFailed(kube::Error::Api(s)))
+                        if absent_is_empty && s.code == 404 =>
+                    {
+                        if !absent_logged {
+                            info!(
+                                resource,
+                                "not served by the API server (CRD not installed): none \
+                                 enforced; watching until it appears"
+                            );
+                            absent_logged = true;
+                        }
+                        if progress.listed.locked().insert(resource) {
+                            progress.dirty.notify_one();
+                        }
+                        continue;
+                    }
                     Err(e) => {
                         metrics.watch_errors.get_or_create(&labels).inc();
                         warn!(resource, error = %e, "Kubernetes list/watch failed; retrying with backoff");
