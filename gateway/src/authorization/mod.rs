@@ -57,6 +57,15 @@ pub struct Facts {
     pub transport: Transport,
 }
 
+/// Why a connection was not admitted.
+#[derive(Debug)]
+pub enum NotAdmitted {
+    /// A policy refused it.
+    Policy(Denial),
+    /// Its workload left the snapshot between routing and the check.
+    WorkloadGone,
+}
+
 /// The rules' view of a SPIFFE id, built once per tunnel.
 pub fn identity_of(id: &SpiffeId) -> Arc<Identity> {
     Arc::new(Identity::new(
@@ -84,18 +93,23 @@ impl Authorizer {
 
     /// Registers the connection, then decides on the current snapshot:
     /// its registration (told to close if a later change refuses it), or
-    /// why it is refused.
-    pub fn admit(self: &Arc<Self>, facts: Facts) -> Result<Admitted, Denial> {
+    /// why it is refused — a policy, or its workload gone since it was
+    /// routed (no decision can be made for a workload not held).
+    pub fn admit(self: &Arc<Self>, facts: Facts) -> Result<Admitted, NotAdmitted> {
         let transport = facts.transport;
         let admitted = live::Registry::register(self, facts);
-        let decision = decide(&self.workloads.snapshot(), admitted.facts());
-        match decision {
+        match decide(&self.workloads.snapshot(), admitted.facts()) {
+            Some(Decision::Allow) => Ok(admitted),
             Some(Decision::Deny(denial)) => {
                 self.metrics.denied(transport.label(), &denial);
                 debug!(reason = %denial, "connection refused by authorization policy");
-                Err(denial)
+                Err(NotAdmitted::Policy(denial))
             }
-            _ => Ok(admitted),
+            None => {
+                debug!(workload = %admitted.facts().workload_uid,
+                    "connection refused: its workload left discovery after it was routed");
+                Err(NotAdmitted::WorkloadGone)
+            }
         }
     }
 
@@ -149,3 +163,6 @@ fn decide(snapshot: &WorkloadSnapshot, facts: &Facts) -> Option<Decision> {
     };
     Some(snapshot.policies.decide(&dest, &conn))
 }
+
+#[cfg(test)]
+mod tests;

@@ -13,7 +13,7 @@ use std::time::Instant;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, info_span, warn, Instrument};
 
-use crate::authorization::{Authorizer, Facts, Transport};
+use crate::authorization::{Authorizer, Facts, NotAdmitted, Transport};
 use crate::metrics::{AccessLog, ProxyMetrics};
 use crate::proxy::congestion::Congestion;
 use crate::proxy::copy::{copy_tcp, Transferred};
@@ -224,7 +224,10 @@ impl PlaintextInbound {
                 workload_uid: pod.uid.clone(),
                 transport: Transport::Plaintext,
             })
-            .map_err(PlaintextError::Policy)?;
+            .map_err(|e| match e {
+                NotAdmitted::Policy(denial) => PlaintextError::Policy(denial),
+                NotAdmitted::WorkloadGone => PlaintextError::UnknownPod(pod.uid.clone()),
+            })?;
         let upstream = self
             .origin
             .connect(dst, Some(src.ip()), &self.app_cc)

@@ -22,7 +22,7 @@ use tracing::{debug, info_span, Instrument};
 use super::limits::{DialSlot, IdentitySlot, OverLimit, Refused};
 use super::metrics::InboundMetrics;
 use super::pace::{Borrowed, DialBudget, Paced};
-use crate::authorization::{Admitted, Authorizer, Facts, Transport};
+use crate::authorization::{Admitted, Authorizer, Facts, NotAdmitted, Transport};
 use crate::config::HboneConfig;
 use crate::hbone::io::{reason_label, Refusal};
 use crate::hbone::server::StreamHandler;
@@ -305,30 +305,32 @@ impl Stream {
             }
         };
         deps.metrics.streams_open.inc();
-        let copy = copy_bidirectional(&up.tcp, send, req.into_body(), &deps.metrics.bytes);
-        // A policy change that refuses the stream ends it: dropping the
-        // copy resets the stream, and the workload's side is reset below.
-        let (moved, result) = tokio::select! {
-            copied = copy => copied,
-            denial = up.admitted.refused() => {
-                deps.metrics.streams_open.dec();
-                let _ = socket2::SockRef::from(&up.tcp).set_linger(Some(Duration::ZERO));
-                guard.finished(false);
-                deps.metrics.stream_ended("policy_closed");
-                let error = InboundError::Policy(denial).to_string();
-                let drained_by = self.tunnel.drained_by();
-                let moved = Transferred::default();
-                return log(&self.ctx, drained_by, up.target, moved, started, "policy_closed", Some(&error));
-            }
-        };
-        deps.metrics.streams_open.dec();
         let Upstream {
             tcp: upstream,
             target,
             borrowed,
             _slot,
-            admitted: _,
+            admitted,
         } = up;
+        let copy = copy_bidirectional(&upstream, send, req.into_body(), &deps.metrics.bytes);
+        // A policy change that refuses the stream ends it: dropping the
+        // copy resets the stream, and the workload's side is reset below.
+        let (moved, result) = tokio::select! {
+            copied = copy => copied,
+            denial = admitted.refused() => {
+                deps.metrics.streams_open.dec();
+                let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
+                // Not the peer's waste: the policy ended a stream it opened in good faith.
+                borrowed.useful();
+                guard.finished(false);
+                deps.metrics.stream_ended("policy_closed");
+                let error = InboundError::Policy(denial).to_string();
+                let drained_by = self.tunnel.drained_by();
+                let moved = Transferred::default();
+                return log(&self.ctx, drained_by, target, moved, started, "policy_closed", Some(&error));
+            }
+        };
+        deps.metrics.streams_open.dec();
         if moved.h2_to_tcp > 0 {
             borrowed.useful();
         } else {
@@ -387,7 +389,10 @@ impl Stream {
                 workload_uid,
                 transport: Transport::Hbone,
             })
-            .map_err(InboundError::Policy)?;
+            .map_err(|e| match e {
+                NotAdmitted::Policy(denial) => InboundError::Policy(denial),
+                NotAdmitted::WorkloadGone => InboundError::NotLocal(target.ip()),
+            })?;
         let slot = self.identity.admit_dial().inspect_err(|&over| {
             let (peer, id) = (self.ctx.peer_addr, Some(&self.ctx.peer));
             self.identity
