@@ -361,6 +361,7 @@ pub fn gateway_config(
 }
 
 /// Like [`gateway_config`] with an explicit `certificates` value (flow-style YAML).
+/// `extra` follows the `hbone:` section: lines indented by two spaces extend it.
 pub fn gateway_config_with(
     node: &str,
     certificates: &str,
