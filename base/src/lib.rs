@@ -4,6 +4,7 @@
 //! - [`shutdown`]: the process's shutdown signal and its deadline;
 //! - [`descriptors`]: open descriptors against the open-file limit, and
 //!   errors that come from a full descriptor table;
+//! - [`logging`]: the binaries' log output (`TIDEGATE_LOG`);
 //! - [`range`]: a number's accepted range and the error naming its key;
 //! - [`duration`] and [`size`]: durations (`250ms`, `5m`) and byte sizes
 //!   (`64KiB`) as the configuration, the admin API and the command lines
@@ -13,6 +14,7 @@
 
 pub mod descriptors;
 pub mod duration;
+pub mod logging;
 pub mod range;
 pub mod shutdown;
 pub mod size;

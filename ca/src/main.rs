@@ -9,20 +9,13 @@ use std::time::Duration;
 use clap::Parser;
 use tidegate_ca::config::CaServerConfig;
 use tokio::signal::unix::{signal, SignalKind};
-use tracing_subscriber::EnvFilter;
 
 /// How long the connections in flight get to finish at SIGTERM.
 const GRACE: Duration = Duration::from_secs(5);
 
 fn main() -> std::process::ExitCode {
     let cfg = CaServerConfig::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("TIDEGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    tidegate_base::logging::init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

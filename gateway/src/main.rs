@@ -2,7 +2,6 @@
 
 use clap::Parser;
 use tidegate::cli::{Cli, Command, PolicyCommand};
-use tracing_subscriber::EnvFilter;
 
 /// jemalloc: see [`tidegate::allocator`].
 #[global_allocator]
@@ -10,14 +9,7 @@ static ALLOCATOR: tidegate::Allocator = tidegate::ALLOCATOR;
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("TIDEGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal: piped or collected logs stay plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    tidegate_base::logging::init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
