@@ -11,6 +11,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::proxy::istio_tcp::IstioTcpMetrics;
+
 /// Bytes moved by one stream.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Transferred {
@@ -53,6 +55,8 @@ pub struct ProxyMetrics {
     pub connections_closed: Counter,
     pub streams_open: Gauge,
     pub bytes: ByteCounters,
+    /// Istio's TCP metrics, shared by every direction.
+    pub istio: IstioTcpMetrics,
     connections_failed: Family<ReasonLabels, Counter>,
     streams_ended: Family<ReasonLabels, Counter>,
 }
@@ -66,11 +70,17 @@ pub struct ProxyFamilies {
     streams_open: Family<DirectionLabels, Gauge>,
     streams_ended: Family<ReasonLabels, Counter>,
     bytes: Family<BytesLabels, Counter>,
+    istio: IstioTcpMetrics,
 }
 
 impl ProxyFamilies {
-    pub fn register(registry: &mut Registry) -> Self {
-        let f = ProxyFamilies::default();
+    /// Registers tidegate's families in `registry`; `istio` is registered
+    /// where it belongs (without the `tidegate` prefix).
+    pub fn register(registry: &mut Registry, istio: IstioTcpMetrics) -> Self {
+        let f = ProxyFamilies {
+            istio,
+            ..ProxyFamilies::default()
+        };
         registry.register(
             "connections_opened",
             "Connections opened: inbound HBONE tunnels accepted, outbound application connections captured",
@@ -122,6 +132,7 @@ impl ProxyFamilies {
                 tcp_to_h2,
                 h2_to_tcp,
             },
+            istio: self.istio.clone(),
             connections_failed: self.failed.clone(),
             streams_ended: self.streams_ended.clone(),
         }

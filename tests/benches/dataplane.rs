@@ -463,7 +463,7 @@ async fn future_sizes(nodes: &TwoNodes, d: &Dialer) -> anyhow::Result<String> {
     let tcp = TcpStream::connect(l.local_addr()?).await?;
     let counters = tidegate::proxy::copy::ByteCounters::default();
     let copy = size_of_val(&tidegate::proxy::copy::copy_bidirectional(
-        &tcp, tx, rx, &counters,
+        &tcp, tx, rx, &counters, &counters,
     ));
     driver.abort();
     Ok(format!(

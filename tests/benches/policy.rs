@@ -353,6 +353,7 @@ fn gateway_workload(policy: &str) -> Workload {
             annotations,
             allow: Vec::new(),
             authorization_policies: Vec::new(),
+            workload_name: None,
             oci_backend_draining: false,
             namespace_policy: None,
             deletion_deadline_unix_ms: None,

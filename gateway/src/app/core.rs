@@ -11,6 +11,7 @@ use crate::drains::{DrainEngine, DrainMetrics};
 use crate::metrics::ProxyFamilies;
 use crate::policy::{PolicyEngine, PolicyMetrics};
 use crate::proxy::congestion::TcpTuning;
+use crate::proxy::istio_tcp::IstioTcpMetrics;
 use crate::proxy::pool::Pool;
 use crate::proxy::tunnels::InboundTunnels;
 use crate::shutdown::ActiveStreams;
@@ -37,11 +38,12 @@ pub(super) async fn start(
 ) -> anyhow::Result<(Core, Option<watch::Receiver<bool>>)> {
     let workloads = WorkloadStore::new(&config.trust_domain, &config.node_name);
     let synced = workload_source::start(config, &workloads, w).await?;
-    let certs = certificates::certificates(config, Some(&mut w.registry))?;
+    let certs = certificates::certificates(config, Some(w.registry()))?;
     let certs = certs.keep(&workloads, w);
-    let tls_metrics = TlsMetrics::register(&mut w.registry);
+    let tls_metrics = TlsMetrics::register(w.registry());
     let tls = Arc::new(TlsContext::new(certs, &config.trust_domain, tls_metrics));
-    let families = ProxyFamilies::register(&mut w.registry);
+    let istio = IstioTcpMetrics::register(&mut w.root, &config.cluster_id);
+    let families = ProxyFamilies::register(w.registry(), istio);
     let (streams, tunnels) = (ActiveStreams::default(), Arc::default());
     let tcp = TcpTuning::from_config(&config.tcp)?;
     let pool = pool(config, &tls, &tcp, w);
@@ -68,7 +70,7 @@ fn pool(config: &Config, tls: &Arc<TlsContext>, tcp: &TcpTuning, w: &mut Wiring)
         config.hbone.clone(),
         config.pool.clone(),
         tcp.tunnel.clone(),
-        &mut w.registry,
+        w.registry(),
     );
     w.tasks.spawn(pool.clone().evict_idle(w.drain.clone()));
     pool
@@ -78,7 +80,7 @@ fn pool(config: &Config, tls: &Arc<TlsContext>, tcp: &TcpTuning, w: &mut Wiring)
 /// watch. Policies load before readiness; a plugin that fails to load is
 /// reported and its workloads use the fallback — traffic is served anyway.
 async fn policies(config: &Config, w: &mut Wiring) -> anyhow::Result<Arc<PolicyEngine>> {
-    let policies = PolicyEngine::new(&config.policies, PolicyMetrics::register(&mut w.registry))?;
+    let policies = PolicyEngine::new(&config.policies, PolicyMetrics::register(w.registry()))?;
     let loading = policies.clone();
     for (name, result) in tokio::task::spawn_blocking(move || loading.load_configured()).await? {
         if let Err(e) = result {
@@ -107,11 +109,10 @@ fn drains(
         pool.clone(),
         policies.clone(),
         config.drains.clone(),
-        DrainMetrics::register(&mut w.registry),
+        DrainMetrics::register(w.registry()),
     );
     let drain = w.drain.clone();
-    if let Some(oci) =
-        crate::oci::from_config(&config.oci, workloads.clone(), &mut w.registry, drain)?
+    if let Some(oci) = crate::oci::from_config(&config.oci, workloads.clone(), w.registry(), drain)?
     {
         drains.set_oci(oci);
     }

@@ -40,7 +40,7 @@ pub(super) fn build(
     );
     let authorizer = Authorizer::new(
         p.workloads.clone(),
-        AuthorizationMetrics::register(&mut w.registry),
+        AuthorizationMetrics::register(w.registry()),
     );
     // Every live inbound connection is checked again at each change.
     w.tasks
@@ -53,9 +53,9 @@ pub(super) fn build(
         p.tunnels.clone(),
         p.families.direction("inbound"),
         p.streams.clone(),
-        InboundMetrics::register(&mut w.registry),
+        InboundMetrics::register(w.registry()),
         p.tcp.app.clone(),
-        ConnectionLimits::new(caps, &mut w.registry),
+        ConnectionLimits::new(caps, w.registry()),
         authorizer,
     );
     let picker = EndpointPicker::new(
@@ -63,9 +63,9 @@ pub(super) fn build(
         config.hbone.port,
         config.outbound.endpoint_choice,
         config.outbound.goaway_skip,
-        EndpointMetrics::register(&mut w.registry),
+        EndpointMetrics::register(w.registry()),
     );
-    let routing = Routing::new(picker, &config.outbound, &mut w.registry);
+    let routing = Routing::new(picker, &config.outbound, w.registry());
     let outbound = Outbound::new(
         p.workloads.clone(),
         p.pool.clone(),

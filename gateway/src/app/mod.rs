@@ -93,7 +93,8 @@ pub struct App {
 /// What every step of [`build`] adds to: the metrics registry, the
 /// background tasks, and the shutdown watch those tasks stop on.
 struct Wiring {
-    registry: Registry,
+    /// No prefix of its own: `tidegate_*` below it, and Istio's `istio_*`.
+    root: Registry,
     tasks: JoinSet<()>,
     drain: ShutdownWatch,
 }
@@ -101,10 +102,15 @@ struct Wiring {
 impl Wiring {
     fn new(drain: ShutdownWatch) -> Wiring {
         Wiring {
-            registry: Registry::with_prefix("tidegate"),
+            root: Registry::default(),
             tasks: JoinSet::new(),
             drain,
         }
+    }
+
+    /// Where a module registers its `tidegate_*` metrics.
+    fn registry(&mut self) -> &mut Registry {
+        self.root.sub_registry_with_prefix("tidegate")
     }
 }
 
@@ -119,8 +125,8 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     ))?;
     let (trigger, drain) = shutdown::channel();
     let mut w = Wiring::new(drain);
-    let control = ControlMetrics::register(&mut w.registry);
-    crate::allocator::AllocatorMetrics::register(&mut w.registry);
+    let control = ControlMetrics::register(w.registry());
+    crate::allocator::AllocatorMetrics::register(w.registry());
     let (core, k8s_synced) = core::start(&config, &mut w).await?;
 
     let listeners = Listeners::bind(&config, &core.tcp)?;
@@ -141,7 +147,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     .await;
     node_agents::cni_socket(&config, &core.drains, pods.as_ref(), &control, &mut w)?;
     let addrs = listeners.addrs(demo_echo(&config, &mut w).await?)?;
-    let metrics = std::mem::take(&mut w.registry);
+    let metrics = std::mem::take(&mut w.root);
     let admin = control::state(&config, &core, pods.clone(), &paths, metrics);
     let serving = Serving::start(&config, listeners, &paths, &admin, &control, &mut w);
     control::ready_when(ready_when, &admin, &mut w);

@@ -35,7 +35,7 @@ pub(super) async fn start(
             &config.node_name,
             k.clone(),
             store.clone(),
-            kubernetes::KubernetesMetrics::register(&mut w.registry),
+            kubernetes::KubernetesMetrics::register(w.registry()),
         );
         let synced = source.synced();
         w.tasks.spawn(source.run(w.drain.clone()));
@@ -47,7 +47,7 @@ pub(super) async fn start(
                 path,
                 config.workloads.reload_interval,
                 store.clone(),
-                WorkloadFileMetrics::register(&mut w.registry),
+                WorkloadFileMetrics::register(w.registry()),
             )?;
             w.tasks.spawn(watcher.run(w.drain.clone()));
         }

@@ -77,6 +77,9 @@ pub struct Config {
     pub node_name: String,
     /// SPIFFE trust domain of this mesh; peers from other trust domains are refused.
     pub trust_domain: String,
+    /// This cluster's id, as Istio's metrics report it (`*_cluster`
+    /// labels); istiod's default.
+    pub cluster_id: String,
     pub listeners: Listeners,
     pub hbone: HboneConfig,
     pub pool: PoolConfig,
@@ -106,6 +109,7 @@ impl Default for Config {
         Config {
             node_name: "node-a".into(),
             trust_domain: "cluster.local".into(),
+            cluster_id: "Kubernetes".into(),
             listeners: Listeners::default(),
             hbone: HboneConfig::default(),
             pool: PoolConfig::default(),
@@ -293,6 +297,12 @@ impl Config {
             return Err(invalid(
                 "workloads.kubernetes.mesh_label",
                 "mesh_label and policy_label must not be empty",
+            ));
+        }
+        if self.cluster_id.is_empty() {
+            return Err(invalid(
+                "cluster_id",
+                "must not be empty (istiod's default is Kubernetes)",
             ));
         }
         if k.root_namespace.is_empty() {

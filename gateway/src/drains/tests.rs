@@ -26,6 +26,7 @@ pub(super) fn spec(uid: &str, node: &str, ip: [u8; 4]) -> WorkloadSpec {
         annotations: Default::default(),
         allow: vec![],
         authorization_policies: vec![],
+        workload_name: None,
         oci_backend_draining: false,
         namespace_policy: None,
         deletion_deadline_unix_ms: None,

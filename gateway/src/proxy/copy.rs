@@ -101,11 +101,14 @@ impl CopyError {
 /// Copies until both directions ended (each end-of-stream / EOF is propagated
 /// as a half-close) or either side failed; on failure the other side is
 /// reset: the h2 stream gets RST_STREAM(CANCEL), the TCP socket is dropped.
+/// Every chunk counts in `counters` (the direction's) and in `also` (the
+/// connection's, for Istio's metrics).
 pub async fn copy_bidirectional(
     tcp: &TcpStream,
     mut send: SendStream<Bytes>,
     mut recv: RecvStream,
     counters: &ByteCounters,
+    also: &ByteCounters,
 ) -> (Transferred, Result<(), CopyError>) {
     let mut moved = Transferred::default();
     // Set once the peer's END_STREAM arrived: from then on only the sending
@@ -116,10 +119,15 @@ pub async fn copy_bidirectional(
             tcp,
             &mut send,
             &recv_ended,
-            &counters.tcp_to_h2,
+            [&counters.tcp_to_h2, &also.tcp_to_h2],
             &mut moved.tcp_to_h2,
         );
-        let down = h2_to_tcp(&mut recv, tcp, &counters.h2_to_tcp, &mut moved.h2_to_tcp);
+        let down = h2_to_tcp(
+            &mut recv,
+            tcp,
+            [&counters.h2_to_tcp, &also.h2_to_tcp],
+            &mut moved.h2_to_tcp,
+        );
         tokio::pin!(up, down);
         let (mut up_done, mut down_done) = (false, false);
         loop {
@@ -153,7 +161,7 @@ async fn tcp_to_h2(
     tcp: &TcpStream,
     send: &mut SendStream<Bytes>,
     recv_ended: &AtomicBool,
-    counter: &Counter,
+    counters: [&Counter; 2],
     total: &mut u64,
 ) -> Result<(), CopyError> {
     let mut size = ReadSize::default();
@@ -168,7 +176,9 @@ async fn tcp_to_h2(
             }
             Ok(n) => {
                 *total += n as u64;
-                counter.inc_by(n as u64);
+                for c in counters {
+                    c.inc_by(n as u64);
+                }
                 send_all(send, size.took(n)).await?;
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -274,7 +284,7 @@ async fn send_all(send: &mut SendStream<Bytes>, mut data: Bytes) -> Result<(), C
 async fn h2_to_tcp(
     recv: &mut RecvStream,
     tcp: &TcpStream,
-    counter: &Counter,
+    counters: [&Counter; 2],
     total: &mut u64,
 ) -> Result<(), CopyError> {
     while let Some(chunk) = recv.data().await {
@@ -282,7 +292,9 @@ async fn h2_to_tcp(
         let n = chunk.len();
         write_all(tcp, &chunk).await?;
         *total += n as u64;
-        counter.inc_by(n as u64);
+        for c in counters {
+            c.inc_by(n as u64);
+        }
         recv.flow_control().release_capacity(n)?;
     }
     // END_STREAM: half-close our write side; the other direction goes on.
@@ -315,8 +327,9 @@ fn write_drained(tcp: &TcpStream, buf: &[u8]) -> io::Result<usize> {
     )
 }
 
-/// One direction of a plain TCP copy, half-closing `to` at EOF.
-pub async fn copy_tcp(from: &TcpStream, to: &TcpStream) -> std::io::Result<u64> {
+/// One direction of a plain TCP copy, half-closing `to` at EOF; each chunk
+/// counts in `counter` as it is copied.
+pub async fn copy_tcp(from: &TcpStream, to: &TcpStream, counter: &Counter) -> std::io::Result<u64> {
     let mut total = 0;
     loop {
         from.readable().await?;
@@ -329,6 +342,7 @@ pub async fn copy_tcp(from: &TcpStream, to: &TcpStream) -> std::io::Result<u64> 
             Ok(n) => {
                 total += n as u64;
                 write_all(to, &buf).await?;
+                counter.inc_by(n as u64);
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),

@@ -11,12 +11,14 @@
 //!   who holds a port a listener cannot bind.
 //! - [`log_limit`]: bounded logging of refusals a peer can provoke.
 //! - [`copy`]: moving bytes between an HTTP/2 stream and a TCP socket.
+//! - [`istio_tcp`]: Istio's TCP metrics (`istio_tcp_*`), as ztunnel reports them.
 //! - [`congestion`]: the congestion control of app-side and tunnel sockets.
 
 pub mod congestion;
 pub mod copy;
 pub mod endpoints;
 pub mod inbound;
+pub mod istio_tcp;
 pub mod listener;
 pub mod log_limit;
 pub mod origin;

@@ -17,10 +17,12 @@ use crate::metrics::{AccessLog, ProxyMetrics};
 use crate::proxy::congestion::Congestion;
 use crate::proxy::copy::{copy_bidirectional, copy_tcp, Transferred};
 use crate::proxy::endpoints::EndpointPicker;
+use crate::proxy::istio_tcp::{self, Flags, IstioTcpMetrics, Report, Reporter, ServiceRef};
 use crate::proxy::origin::Origin;
 use crate::proxy::pool::{Pool, PoolError, PoolKey};
 use crate::shutdown::{ActiveStreams, ShutdownWatch, StreamGuard};
-use crate::workloads::{Protocol, WorkloadStore};
+use crate::workloads::services::Service;
+use crate::workloads::{Protocol, Workload, WorkloadStore};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OutboundError {
@@ -112,14 +114,44 @@ impl Routing {
 enum Route {
     /// A CONNECT stream on a tunnel to the workload's gateway.
     Hbone {
-        target: Arc<crate::workloads::Workload>,
+        target: Arc<Workload>,
         hbone_ip: std::net::IpAddr,
         authority: SocketAddr,
+        service: Option<Arc<Service>>,
     },
-    /// Plain TCP to this address (a non-mesh Service endpoint).
-    Tcp(SocketAddr),
-    /// Plain TCP to the original destination.
+    /// Plain TCP to this address (a workload outside the mesh, or a
+    /// non-mesh Service endpoint).
+    Tcp {
+        to: SocketAddr,
+        target: Arc<Workload>,
+        service: Option<Arc<Service>>,
+    },
+    /// Plain TCP to the original destination, which is no workload.
     Passthrough,
+}
+
+/// What Istio's metrics say of one outbound connection.
+struct Seen<'a> {
+    source: Option<&'a Workload>,
+    identity: &'a SpiffeId,
+    target: Option<&'a Workload>,
+    service: Option<&'a Service>,
+}
+
+impl Seen<'_> {
+    fn open(&self, metrics: &IstioTcpMetrics, mutual_tls: bool) -> Report {
+        metrics.open(istio_tcp::Connection {
+            reporter: Reporter::Source,
+            source: self.source,
+            source_identity: Some(self.identity),
+            destination: self.target,
+            service: self.service.map(|s| ServiceRef {
+                namespace: &s.spec.namespace,
+                name: &s.spec.name,
+            }),
+            mutual_tls,
+        })
+    }
 }
 
 impl Outbound {
@@ -260,22 +292,43 @@ impl Outbound {
             return Err(OutboundError::Loop(dst));
         }
         let snapshot = self.workloads.snapshot();
-        let source = self.source_identity(&snapshot, src)?;
+        let (source, source_workload) = self.source_of(&snapshot, src)?;
         ids.src = Some(source.clone());
         let route = self.route(&snapshot, dst)?;
         drop(snapshot);
-        let (target, hbone_ip, authority) = match route {
+        let seen = |target, service| Seen {
+            source: source_workload.as_deref(),
+            identity: &source,
+            target,
+            service,
+        };
+        let (target, hbone_ip, authority, service) = match route {
             Route::Passthrough => {
-                return self.passthrough(tcp, (src, dst), dst, started, ids).await
+                let report = seen(None, None).open(&self.metrics.istio, false);
+                return self
+                    .passthrough(tcp, (src, dst), dst, started, ids, report)
+                    .await;
             }
-            Route::Tcp(addr) => return self.passthrough(tcp, (src, dst), addr, started, ids).await,
+            Route::Tcp {
+                to,
+                target,
+                service,
+            } => {
+                let report =
+                    seen(Some(&target), service.as_deref()).open(&self.metrics.istio, false);
+                return self
+                    .passthrough(tcp, (src, dst), to, started, ids, report)
+                    .await;
+            }
             Route::Hbone {
                 target,
                 hbone_ip,
                 authority,
-            } => (target, hbone_ip, authority),
+                service,
+            } => (target, hbone_ip, authority, service),
         };
         ids.dst = Some(target.identity.clone());
+        let report = seen(Some(&target), service.as_deref()).open(&self.metrics.istio, true);
         let key = PoolKey {
             src: source,
             dst_uid: target.uid().to_owned(),
@@ -283,13 +336,23 @@ impl Outbound {
             dst_addr: SocketAddr::new(hbone_ip, self.hbone_port),
             src_netns: self.origin.netns(),
         };
-        let stream = self
-            .pool
-            .connect_from(&key, authority, &self.origin)
-            .await?;
+        let stream = match self.pool.connect_from(&key, authority, &self.origin).await {
+            Ok(s) => s,
+            Err(e) => {
+                report.close(Flags::Connect);
+                return Err(e.into());
+            }
+        };
         self.metrics.streams_open.inc();
-        let (moved, result) =
-            copy_bidirectional(tcp, stream.send, stream.recv, &self.metrics.bytes).await;
+        let (moved, result) = copy_bidirectional(
+            tcp,
+            stream.send,
+            stream.recv,
+            &self.metrics.bytes,
+            &report.byte_counters(true),
+        )
+        .await;
+        report.close(Flags::None);
         self.metrics.streams_open.dec();
         let outcome = match &result {
             Ok(()) => "ok",
@@ -321,8 +384,13 @@ impl Outbound {
                     target: w.clone(),
                     hbone_ip: dst.ip(),
                     authority: dst,
+                    service: None,
                 },
-                Protocol::Tcp => Route::Passthrough,
+                Protocol::Tcp => Route::Tcp {
+                    to: dst,
+                    target: w.clone(),
+                    service: None,
+                },
             });
         }
         if let Some(svc) = snapshot.service_by_vip(dst.ip(), dst.port()) {
@@ -333,13 +401,19 @@ impl Outbound {
                 }
             })?;
             let addr = SocketAddr::new(e.ip, e.target_port);
+            let service = Some(svc.clone());
             return Ok(match e.workload.spec.protocol {
                 Protocol::Hbone => Route::Hbone {
                     target: e.workload.clone(),
                     hbone_ip: e.ip,
                     authority: addr,
+                    service,
                 },
-                Protocol::Tcp => Route::Tcp(addr),
+                Protocol::Tcp => Route::Tcp {
+                    to: addr,
+                    target: e.workload.clone(),
+                    service,
+                },
             });
         }
         let in_cluster = self
@@ -354,26 +428,30 @@ impl Outbound {
         Ok(Route::Passthrough)
     }
 
-    /// Who is connecting: the pod that owns this listener (never looked up
-    /// by address: another pod cannot claim it), or on the node's listener
-    /// the local workload with the source address.
-    fn source_identity(
+    /// Who is connecting, and its workload when discovery holds it: the
+    /// pod that owns this listener (never looked up by address: another
+    /// pod cannot claim it), or on the node's listener the local workload
+    /// with the source address.
+    fn source_of(
         &self,
         snapshot: &crate::workloads::WorkloadSnapshot,
         src: SocketAddr,
-    ) -> Result<SpiffeId, OutboundError> {
+    ) -> Result<(SpiffeId, Option<Arc<Workload>>), OutboundError> {
         match &self.origin {
             Origin::Node => snapshot
                 .by_ip(src.ip())
                 .filter(|w| w.local)
-                .map(|w| w.identity.clone())
+                .map(|w| (w.identity.clone(), Some(w.clone())))
                 .ok_or(OutboundError::UnknownSource(src.ip())),
             Origin::Pod(pod) => match snapshot.by_uid(&pod.uid) {
-                Some(w) => Ok(w.identity.clone()),
+                Some(w) => Ok((w.identity.clone(), Some(w.clone()))),
                 None => pod
                     .service_account
                     .as_deref()
-                    .map(|sa| SpiffeId::new(self.workloads.trust_domain(), &pod.namespace, sa))
+                    .map(|sa| {
+                        let id = SpiffeId::new(self.workloads.trust_domain(), &pod.namespace, sa);
+                        (id, None)
+                    })
                     .ok_or_else(|| OutboundError::UnknownPod(pod.uid.clone())),
             },
         }
@@ -409,23 +487,33 @@ impl Outbound {
         to: SocketAddr,
         started: Instant,
         ids: &Identities,
+        report: Report,
     ) -> Result<(), OutboundError> {
-        let upstream = self
+        let connected = self
             .origin
             .connect(to, None, &Congestion::host_default())
-            .await
-            .map_err(|source| {
-                if to == dst {
+            .await;
+        let upstream = match connected {
+            Ok(u) => u,
+            Err(source) => {
+                report.close(Flags::Connect);
+                return Err(if to == dst {
                     OutboundError::Passthrough { addr: dst, source }
                 } else {
                     OutboundError::Endpoint { addr: to, source }
-                }
-            })?;
+                });
+            }
+        };
         if to == dst {
             self.routing.passthrough.inc();
         }
         let _ = upstream.set_nodelay(true);
-        let (up, down) = tokio::join!(copy_tcp(tcp, &upstream), copy_tcp(&upstream, tcp));
+        let (received, sent) = report.counters();
+        let (up, down) = tokio::join!(
+            copy_tcp(tcp, &upstream, received),
+            copy_tcp(&upstream, tcp, sent)
+        );
+        report.close(Flags::None);
         let result = up.and_then(|u| down.map(|d| (u, d)));
         let (up, down) = result.as_ref().copied().unwrap_or_default();
         let outcome = if result.is_ok() {

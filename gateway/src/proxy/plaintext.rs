@@ -17,6 +17,7 @@ use crate::authorization::{Authorizer, Facts, NotAdmitted, Transport};
 use crate::metrics::{AccessLog, ProxyMetrics};
 use crate::proxy::congestion::Congestion;
 use crate::proxy::copy::{copy_tcp, Transferred};
+use crate::proxy::istio_tcp::{self, Flags, Reporter};
 use crate::proxy::origin::Origin;
 use crate::shutdown::{ActiveStreams, ShutdownWatch};
 use crate::workloads::{Workload, WorkloadStore};
@@ -214,34 +215,56 @@ impl PlaintextInbound {
             workload: format!("{}/{}", workload.spec.namespace, workload.spec.name),
             value,
         })?;
+        let report = self.metrics.istio.open(istio_tcp::Connection {
+            reporter: Reporter::Destination,
+            source: self.workloads.snapshot().by_ip(src.ip()).map(|w| &**w),
+            source_identity: None,
+            destination: Some(&workload),
+            service: None,
+            mutual_tls: false,
+        });
         // Registered before its check: a policy change in between is seen.
-        let admitted = self
-            .authorizer
-            .admit(Facts {
-                src,
-                dst,
-                identity: None,
-                workload_uid: pod.uid.clone(),
-                transport: Transport::Plaintext,
-            })
-            .map_err(|e| match e {
-                NotAdmitted::Policy(denial) => PlaintextError::Policy(denial),
-                NotAdmitted::WorkloadGone => PlaintextError::UnknownPod(pod.uid.clone()),
-            })?;
-        let upstream = self
-            .origin
-            .connect(dst, Some(src.ip()), &self.app_cc)
-            .await
-            .map_err(|source| PlaintextError::Upstream { addr: dst, source })?;
+        let admitted = match self.authorizer.admit(Facts {
+            src,
+            dst,
+            identity: None,
+            workload_uid: pod.uid.clone(),
+            transport: Transport::Plaintext,
+        }) {
+            Ok(a) => a,
+            Err(NotAdmitted::Policy(denial)) => {
+                report.close(Flags::Deny);
+                return Err(PlaintextError::Policy(denial));
+            }
+            Err(NotAdmitted::WorkloadGone) => {
+                report.close(Flags::Connect);
+                return Err(PlaintextError::UnknownPod(pod.uid.clone()));
+            }
+        };
+        let upstream = match self.origin.connect(dst, Some(src.ip()), &self.app_cc).await {
+            Ok(u) => u,
+            Err(source) => {
+                report.close(Flags::Connect);
+                return Err(PlaintextError::Upstream { addr: dst, source });
+            }
+        };
         let _ = upstream.set_nodelay(true);
-        let copy = async { tokio::join!(copy_tcp(tcp, &upstream), copy_tcp(&upstream, tcp)) };
+        let (received, sent) = report.counters();
+        let copy = async {
+            tokio::join!(
+                copy_tcp(tcp, &upstream, received),
+                copy_tcp(&upstream, tcp, sent)
+            )
+        };
         let (up, down) = tokio::select! {
             copied = copy => copied,
             denial = admitted.refused() => {
                 let _ = socket2::SockRef::from(&upstream).set_linger(Some(std::time::Duration::ZERO));
+                report.close(Flags::Deny);
                 return Err(PlaintextError::Policy(denial));
             }
         };
+        report.close(Flags::None);
         let moved = Transferred {
             tcp_to_h2: *up.as_ref().unwrap_or(&0),
             h2_to_tcp: *down.as_ref().unwrap_or(&0),

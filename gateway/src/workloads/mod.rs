@@ -99,6 +99,11 @@ pub struct WorkloadSpec {
     /// Named ports (a Service's `target_port` by name resolves here).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub ports: BTreeMap<String, u16>,
+    /// The workload the pod belongs to, as Istio's metrics name it (its
+    /// Deployment or Job; Kubernetes discovery derives it from the pod's
+    /// controller). Unset: the pod's `name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload_name: Option<String>,
 }
 
 fn default_namespace() -> String {
@@ -371,6 +376,7 @@ mod tests {
             annotations: Default::default(),
             allow: vec![],
             authorization_policies: vec![],
+            workload_name: None,
             oci_backend_draining: false,
             namespace_policy: None,
             deletion_deadline_unix_ms: None,

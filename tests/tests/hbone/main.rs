@@ -9,6 +9,7 @@ mod connection_limits;
 mod dial_pacing;
 mod drains;
 mod integrity;
+mod istio_metrics;
 mod lifecycle;
 mod log_lines;
 mod policies;

@@ -24,6 +24,7 @@ fn spec(uid: &str, ips: &[&str]) -> WorkloadSpec {
         annotations: Default::default(),
         allow: vec![],
         authorization_policies: vec![],
+        workload_name: None,
         oci_backend_draining: true,
         namespace_policy: None,
         deletion_deadline_unix_ms: None,

@@ -31,6 +31,7 @@ use crate::identity::SpiffeId;
 use crate::metrics::{AccessLog, ProxyMetrics};
 use crate::proxy::congestion::Congestion;
 use crate::proxy::copy::{copy_bidirectional, Transferred};
+use crate::proxy::istio_tcp::{self, Flags, Report, Reporter};
 use crate::proxy::origin::Origin;
 use crate::proxy::tunnels::InboundTunnel;
 use crate::shutdown::ActiveStreams;
@@ -250,6 +251,8 @@ struct Upstream {
     _slot: DialSlot,
     /// Its registration with authorization, as long as the stream.
     admitted: Admitted,
+    /// Its line in Istio's metrics.
+    report: Report,
 }
 
 /// Why a stream got no upstream.
@@ -311,8 +314,16 @@ impl Stream {
             borrowed,
             _slot,
             admitted,
+            report,
         } = up;
-        let copy = copy_bidirectional(&upstream, send, req.into_body(), &deps.metrics.bytes);
+        let istio_bytes = report.byte_counters(false);
+        let copy = copy_bidirectional(
+            &upstream,
+            send,
+            req.into_body(),
+            &deps.metrics.bytes,
+            &istio_bytes,
+        );
         // A policy change that refuses the stream ends it: dropping the
         // copy resets the stream, and the workload's side is reset below.
         let (moved, result) = tokio::select! {
@@ -322,6 +333,7 @@ impl Stream {
                 let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
                 // Not the peer's waste: the policy ended a stream it opened in good faith.
                 borrowed.useful();
+                report.close(Flags::Deny);
                 guard.finished(false);
                 deps.metrics.stream_ended("policy_closed");
                 let error = InboundError::Policy(denial).to_string();
@@ -331,6 +343,7 @@ impl Stream {
             }
         };
         deps.metrics.streams_open.dec();
+        report.close(Flags::None);
         if moved.h2_to_tcp > 0 {
             borrowed.useful();
         } else {
@@ -372,12 +385,23 @@ impl Stream {
         req: &Request<RecvStream>,
         respond: &mut SendResponse<Bytes>,
     ) -> Result<Upstream, Failed> {
-        let (target, workload_uid) = {
+        let (target, workload_uid, report) = {
             let snapshot = self.deps.workloads.snapshot();
             let target = route(req, &self.ctx, &snapshot, &self.deps.own_ports)?;
-            let uid = snapshot.by_ip(target.ip()).map(|w| w.uid().to_owned());
-            (target, uid.unwrap_or_default())
+            let destination = snapshot.by_ip(target.ip());
+            let report = self.deps.metrics.istio.open(istio_tcp::Connection {
+                reporter: Reporter::Destination,
+                source: snapshot.by_ip(self.ctx.peer_addr.ip()).map(|w| &**w),
+                source_identity: Some(&self.ctx.peer),
+                destination: destination.map(|w| &**w),
+                service: None,
+                mutual_tls: true,
+            });
+            let uid = destination.map(|w| w.uid().to_owned());
+            (target, uid.unwrap_or_default(), report)
         };
+        // Every refusal from here on closes the report with its flag.
+        let refused = |report: Report, flags: Flags| report.close(flags);
         // Registered before its check: a policy change in between is seen.
         let admitted = self
             .deps
@@ -392,14 +416,36 @@ impl Stream {
             .map_err(|e| match e {
                 NotAdmitted::Policy(denial) => InboundError::Policy(denial),
                 NotAdmitted::WorkloadGone => InboundError::NotLocal(target.ip()),
-            })?;
-        let slot = self.identity.admit_dial().inspect_err(|&over| {
-            let (peer, id) = (self.ctx.peer_addr, Some(&self.ctx.peer));
-            self.identity
-                .limits()
-                .refused(over, Refused::Dial, peer, id);
-        })?;
-        let (permit, borrowed) = self.dials.try_start()?;
+            });
+        let admitted = match admitted {
+            Ok(a) => a,
+            Err(e) => {
+                let flags = match e {
+                    InboundError::Policy(_) => Flags::Deny,
+                    _ => Flags::Connect,
+                };
+                refused(report, flags);
+                return Err(e.into());
+            }
+        };
+        let slot = match self.identity.admit_dial() {
+            Ok(s) => s,
+            Err(over) => {
+                let (peer, id) = (self.ctx.peer_addr, Some(&self.ctx.peer));
+                self.identity
+                    .limits()
+                    .refused(over, Refused::Dial, peer, id);
+                refused(report, Flags::Connect);
+                return Err(over.into());
+            }
+        };
+        let (permit, borrowed) = match self.dials.try_start() {
+            Ok(p) => p,
+            Err(e) => {
+                refused(report, Flags::Connect);
+                return Err(e.into());
+            }
+        };
         let connect =
             self.deps
                 .origin
@@ -408,7 +454,10 @@ impl Stream {
         let reset = poll_fn(|cx| respond.poll_reset(cx));
         let dialed = tokio::select! {
             biased;
-            _ = reset => return Err(Failed::Reset),
+            _ = reset => {
+                refused(report, Flags::None);
+                return Err(Failed::Reset);
+            }
             d = dialing => d,
         };
         drop(permit);
@@ -419,10 +468,12 @@ impl Stream {
                 borrowed,
                 _slot: slot,
                 admitted,
+                report,
             }),
             Err(e) => {
                 // Not the peer's waste: the workload did not answer.
                 borrowed.useful();
+                refused(report, Flags::Connect);
                 Err(e.into())
             }
         }

@@ -346,7 +346,29 @@ fn pod_spec(
         deletion_deadline_unix_ms: deadline.map(|ms| ms.max(0) as u64),
         services: Vec::new(),
         ports: named_ports(pod),
+        workload_name: workload_name(pod),
     })
+}
+
+/// The pod's workload as istiod names it: the Deployment of its
+/// ReplicaSet (the ReplicaSet's name less its `-<pod-template-hash>`), its
+/// Job; `None` (the pod's own name) for any other controller or none.
+fn workload_name(pod: &Pod) -> Option<String> {
+    let meta = &pod.metadata;
+    let controller = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true))?;
+    match controller.kind.as_str() {
+        "ReplicaSet" => {
+            let hash = meta.labels.as_ref()?.get("pod-template-hash")?;
+            let deployment = controller.name.strip_suffix(hash)?.strip_suffix('-')?;
+            Some(deployment.to_owned())
+        }
+        "Job" => Some(controller.name.clone()),
+        _ => None,
+    }
 }
 
 /// The pod's named container ports (a Service's `targetPort` by name).

@@ -421,3 +421,28 @@ fn pods_name_the_authorization_policies_that_select_them() {
         [("web", vec!["ns/web-only".to_owned()]), ("db", vec![])]
     );
 }
+
+#[test]
+fn the_workload_name_is_the_deployment_or_job_else_the_pod() {
+    let with_owner = |kind: &str, owner: &str, hash: Option<&str>| {
+        let mut p = (*running("p-1", "u1", "10.0.0.1", "2026-01-01T00:00:00Z")).clone();
+        p.metadata.owner_references = Some(vec![serde_json::from_value(serde_json::json!({
+            "apiVersion": "apps/v1", "kind": kind, "name": owner, "uid": "o", "controller": true,
+        }))
+        .unwrap()]);
+        if let Some(h) = hash {
+            p.metadata.labels = Some([("pod-template-hash".to_owned(), h.to_owned())].into());
+        }
+        workload_name(&p)
+    };
+    assert_eq!(
+        with_owner("ReplicaSet", "checkout-7d9f6c", Some("7d9f6c")).as_deref(),
+        Some("checkout")
+    );
+    assert_eq!(with_owner("ReplicaSet", "bare-rs", None), None);
+    assert_eq!(
+        with_owner("Job", "nightly-28211", None).as_deref(),
+        Some("nightly-28211")
+    );
+    assert_eq!(with_owner("StatefulSet", "db", None), None);
+}

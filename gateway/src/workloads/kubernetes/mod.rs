@@ -5,8 +5,8 @@
 //! - pods on this node (`fieldSelector=spec.nodeName=<node_name>`) and pods
 //!   elsewhere (`spec.nodeName!=<node_name>`), stripped on arrival to what a
 //!   workload needs (uid, name, namespace, service account, node, IPs,
-//!   phase, labels, annotations, deletionTimestamp, named container ports)
-//!   so memory stays bounded;
+//!   phase, labels, annotations, deletionTimestamp, named container ports
+//!   and the controller's owner reference) so memory stays bounded;
 //! - namespaces, metadata only (mesh opt-in labels, policy label);
 //! - `discovery.k8s.io/v1` EndpointSlices (`terminating` conditions: a peer
 //!   terminating before its pod object says so);
@@ -436,7 +436,11 @@ impl Watches<'_> {
 fn strip_pod(pod: &mut Pod) {
     let m = &mut pod.metadata;
     m.managed_fields = None;
-    m.owner_references = None;
+    // The controller only (the workload name Istio's metrics report).
+    m.owner_references = m.owner_references.take().and_then(|refs| {
+        let controller = refs.into_iter().find(|r| r.controller == Some(true))?;
+        Some(vec![controller])
+    });
     if let Some(a) = m.annotations.as_mut() {
         a.remove("kubectl.kubernetes.io/last-applied-configuration");
     }

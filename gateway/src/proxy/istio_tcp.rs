@@ -1,0 +1,336 @@
+//! Istio's TCP metrics, as ztunnel reports them (`src/proxy/metrics.rs` in
+//! its source), beside tidegate's own: the dashboards built for ztunnel
+//! read these.
+//!
+//! - `istio_tcp_connections_opened_total`, `istio_tcp_connections_closed_total`,
+//!   `istio_tcp_connections_failed_total` (closed with a failure flag),
+//!   `istio_tcp_sent_bytes_total` (upstream → downstream: what the
+//!   connection's initiator received) and `istio_tcp_received_bytes_total`
+//!   (downstream → upstream), counted while copying.
+//! - Labels: `reporter` (`source` outbound, `destination` inbound), the
+//!   source and destination workload (its name, canonical service and
+//!   revision, namespace, principal, app, version, cluster), the
+//!   destination Service, `request_protocol="tcp"`, `response_flags` (`-`,
+//!   `DENY` for an authorization refusal, `CONNECT` for a failed dial) and
+//!   `connection_security_policy` (`mutual_tls` over HBONE, else
+//!   `unknown`), and the four locality labels. A value not known is
+//!   `unknown`; principals are whole SPIFFE ids.
+//!
+//! The canonical service is the workload's `service.istio.io/canonical-name`
+//! label, else `app.kubernetes.io/name`, else `app`, else its workload
+//! name; the revision `service.istio.io/canonical-revision`, else
+//! `app.kubernetes.io/version`, else `version`, else `latest` (istiod's
+//! rule). The workload name is its Deployment's or Job's, else the pod's.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+use crate::identity::SpiffeId;
+use crate::metrics::ByteCounters;
+use crate::workloads::Workload;
+
+const UNKNOWN: &str = "unknown";
+
+/// Who reports: the connection's source side or its destination side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reporter {
+    Source,
+    Destination,
+}
+
+/// How a connection ended, as Envoy's response flags name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flags {
+    None,
+    /// Refused by an authorization policy (at its start or later).
+    Deny,
+    /// The upstream could not be reached.
+    Connect,
+}
+
+impl Flags {
+    fn label(self) -> &'static str {
+        match self {
+            Flags::None => "-",
+            Flags::Deny => "DENY",
+            Flags::Connect => "CONNECT",
+        }
+    }
+}
+
+/// One connection's labels, in ztunnel's order.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TrafficLabels {
+    reporter: &'static str,
+    source_workload: String,
+    source_canonical_service: String,
+    source_canonical_revision: String,
+    source_workload_namespace: String,
+    source_principal: String,
+    source_app: String,
+    source_version: String,
+    source_cluster: String,
+    destination_service: String,
+    destination_service_namespace: String,
+    destination_service_name: String,
+    destination_workload: String,
+    destination_canonical_service: String,
+    destination_canonical_revision: String,
+    destination_workload_namespace: String,
+    destination_principal: String,
+    destination_app: String,
+    destination_version: String,
+    destination_cluster: String,
+    request_protocol: &'static str,
+    response_flags: &'static str,
+    connection_security_policy: &'static str,
+    source_region: &'static str,
+    source_zone: &'static str,
+    destination_region: &'static str,
+    destination_zone: &'static str,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct IstioTcpMetrics {
+    opened: Family<TrafficLabels, Counter>,
+    closed: Family<TrafficLabels, Counter>,
+    failed: Family<TrafficLabels, Counter>,
+    sent: Family<TrafficLabels, Counter>,
+    received: Family<TrafficLabels, Counter>,
+    cluster: String,
+}
+
+impl IstioTcpMetrics {
+    /// Registers under `istio` (the registry passed must carry no prefix
+    /// of its own); `cluster` is this cluster's id, the value of every
+    /// `*_cluster` label of a known workload.
+    pub fn register(registry: &mut Registry, cluster: &str) -> Self {
+        let m = IstioTcpMetrics {
+            cluster: cluster.to_owned(),
+            ..IstioTcpMetrics::default()
+        };
+        let r = registry.sub_registry_with_prefix("istio");
+        r.register(
+            "tcp_connections_opened",
+            "The total number of TCP connections opened",
+            m.opened.clone(),
+        );
+        r.register(
+            "tcp_connections_closed",
+            "The total number of TCP connections closed",
+            m.closed.clone(),
+        );
+        r.register(
+            "tcp_received_bytes",
+            "The size of total bytes received during request in case of a TCP connection",
+            m.received.clone(),
+        );
+        r.register(
+            "tcp_sent_bytes",
+            "The size of total bytes sent during response in case of a TCP connection",
+            m.sent.clone(),
+        );
+        r.register(
+            "tcp_connections_failed",
+            "The total number of TCP connections that failed to establish (unstable)",
+            m.failed.clone(),
+        );
+        m
+    }
+
+    /// Counts a connection opened and returns its report.
+    pub fn open(&self, c: Connection<'_>) -> Report {
+        let labels = self.labels(c);
+        self.opened.get_or_create(&labels).inc();
+        Report {
+            sent: self.sent.get_or_create(&labels).clone(),
+            received: self.received.get_or_create(&labels).clone(),
+            labels,
+            metrics: self.clone(),
+            closed: false,
+        }
+    }
+
+    fn labels(&self, c: Connection<'_>) -> TrafficLabels {
+        let side = |w: Option<&Workload>| match w {
+            Some(w) => Side::of(w, &self.cluster),
+            None => Side::default(),
+        };
+        let (src, dst) = (side(c.source), side(c.destination));
+        let principal =
+            |id: Option<&SpiffeId>| id.map_or_else(|| UNKNOWN.to_owned(), |i| i.to_string());
+        let (svc_host, svc_ns, svc_name) = match c.service {
+            Some(s) => (
+                format!("{}.{}.svc.cluster.local", s.name, s.namespace),
+                s.namespace.to_owned(),
+                s.name.to_owned(),
+            ),
+            None => (UNKNOWN.into(), UNKNOWN.into(), UNKNOWN.into()),
+        };
+        TrafficLabels {
+            reporter: match c.reporter {
+                Reporter::Source => "source",
+                Reporter::Destination => "destination",
+            },
+            source_app: src.canonical.clone(),
+            source_version: src.revision.clone(),
+            source_workload: src.workload,
+            source_canonical_service: src.canonical,
+            source_canonical_revision: src.revision,
+            source_workload_namespace: src.namespace,
+            source_principal: principal(c.source_identity),
+            source_cluster: src.cluster,
+            destination_service: svc_host,
+            destination_service_namespace: svc_ns,
+            destination_service_name: svc_name,
+            destination_app: dst.canonical.clone(),
+            destination_version: dst.revision.clone(),
+            destination_workload: dst.workload,
+            destination_canonical_service: dst.canonical,
+            destination_canonical_revision: dst.revision,
+            destination_workload_namespace: dst.namespace,
+            destination_principal: principal(c.destination.map(|w| &w.identity)),
+            destination_cluster: dst.cluster,
+            request_protocol: "tcp",
+            response_flags: Flags::None.label(),
+            connection_security_policy: if c.mutual_tls { "mutual_tls" } else { UNKNOWN },
+            source_region: UNKNOWN,
+            source_zone: UNKNOWN,
+            destination_region: UNKNOWN,
+            destination_zone: UNKNOWN,
+        }
+    }
+}
+
+/// The Service a connection was addressed to.
+#[derive(Clone, Copy, Debug)]
+pub struct ServiceRef<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+}
+
+/// What one connection's labels are made of.
+#[derive(Clone, Copy, Debug)]
+pub struct Connection<'a> {
+    pub reporter: Reporter,
+    /// The source workload, when its address is known.
+    pub source: Option<&'a Workload>,
+    /// The peer's identity (inbound HBONE) or this side's (outbound HBONE).
+    pub source_identity: Option<&'a SpiffeId>,
+    pub destination: Option<&'a Workload>,
+    pub service: Option<ServiceRef<'a>>,
+    pub mutual_tls: bool,
+}
+
+/// One side's labels.
+struct Side {
+    workload: String,
+    canonical: String,
+    revision: String,
+    namespace: String,
+    cluster: String,
+}
+
+impl Default for Side {
+    fn default() -> Self {
+        Side {
+            workload: UNKNOWN.into(),
+            canonical: UNKNOWN.into(),
+            revision: UNKNOWN.into(),
+            namespace: UNKNOWN.into(),
+            cluster: UNKNOWN.into(),
+        }
+    }
+}
+
+impl Side {
+    fn of(w: &Workload, cluster: &str) -> Side {
+        let s = &w.spec;
+        let label = |keys: &[&str]| {
+            keys.iter()
+                .find_map(|k| s.labels.get(*k).filter(|v| !v.is_empty()))
+        };
+        let workload = s.workload_name.clone().unwrap_or_else(|| s.name.clone());
+        Side {
+            canonical: label(&[
+                "service.istio.io/canonical-name",
+                "app.kubernetes.io/name",
+                "app",
+            ])
+            .cloned()
+            .unwrap_or_else(|| workload.clone()),
+            revision: label(&[
+                "service.istio.io/canonical-revision",
+                "app.kubernetes.io/version",
+                "version",
+            ])
+            .cloned()
+            .unwrap_or_else(|| "latest".into()),
+            workload,
+            namespace: s.namespace.clone(),
+            cluster: cluster.to_owned(),
+        }
+    }
+}
+
+/// An open connection's report: its byte counters (for the copy loop) and
+/// its close, counted once.
+pub struct Report {
+    sent: Counter,
+    received: Counter,
+    labels: TrafficLabels,
+    metrics: IstioTcpMetrics,
+    closed: bool,
+}
+
+impl Report {
+    /// The counters a copy loop adds to, as (downstream → upstream,
+    /// upstream → downstream): received, then sent.
+    pub fn counters(&self) -> (&Counter, &Counter) {
+        (&self.received, &self.sent)
+    }
+
+    /// As the data path's [`ByteCounters`], where the TCP side is the
+    /// connection's initiator (`tcp_is_downstream`: outbound) or its
+    /// target (inbound).
+    pub fn byte_counters(&self, tcp_is_downstream: bool) -> ByteCounters {
+        let (received, sent) = (self.received.clone(), self.sent.clone());
+        if tcp_is_downstream {
+            ByteCounters {
+                tcp_to_h2: received,
+                h2_to_tcp: sent,
+            }
+        } else {
+            ByteCounters {
+                tcp_to_h2: sent,
+                h2_to_tcp: received,
+            }
+        }
+    }
+
+    /// Counts the close with `flags` (a failure flag also counts it failed).
+    pub fn close(mut self, flags: Flags) {
+        self.finish(flags);
+    }
+
+    fn finish(&mut self, flags: Flags) {
+        if std::mem::replace(&mut self.closed, true) {
+            return;
+        }
+        self.labels.response_flags = flags.label();
+        self.metrics.closed.get_or_create(&self.labels).inc();
+        if flags != Flags::None {
+            self.metrics.failed.get_or_create(&self.labels).inc();
+        }
+    }
+}
+
+/// A report dropped without [`Report::close`] (a task cancelled) still
+/// counts its close.
+impl Drop for Report {
+    fn drop(&mut self) {
+        self.finish(Flags::None);
+    }
+}
