@@ -40,7 +40,7 @@ pub(super) async fn pods(
         membership_wait: config.capture.membership_wait,
         data_path_descriptors: descriptors,
     };
-    let pods = PodProxies::new(data_path, capture, limits, w.drain.clone(), w.registry());
+    let pods = PodProxies::new(data_path, capture, limits, w.drain.clone(), &mut w.root);
     if let Some(dir) = &config.capture.state_dir {
         let adopted = pods.adopt(dir).await;
         info!(adopted, dir = %dir.display(), "pods re-adopted from the state directory");

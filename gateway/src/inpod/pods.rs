@@ -103,18 +103,64 @@ struct PodMetrics {
     adds: Family<ResultLabel, Counter>,
     refusals: Family<ReasonLabel, Counter>,
     removes: Counter,
+    /// ztunnel's names for the same, which its dashboard reads.
+    istio: WorkloadManagerMetrics,
+}
+
+/// ztunnel's `workload_manager_*`: pods served, hand-overs in progress,
+/// proxies started and stopped.
+#[derive(Clone, Debug, Default)]
+struct WorkloadManagerMetrics {
+    active: Gauge,
+    pending: Gauge,
+    started: Counter,
+    stopped: Counter,
+}
+
+impl WorkloadManagerMetrics {
+    fn register(r: &mut Registry) -> Self {
+        let m = WorkloadManagerMetrics::default();
+        let r = r.sub_registry_with_prefix("workload_manager");
+        r.register(
+            "active_proxy_count",
+            "The total number current workloads with active proxies (unstable)",
+            m.active.clone(),
+        );
+        r.register(
+            "pending_proxy_count",
+            "The total number current workloads with pending proxies (unstable)",
+            m.pending.clone(),
+        );
+        r.register(
+            "proxies_started",
+            "The total number of proxies that were started (unstable)",
+            m.started.clone(),
+        );
+        r.register(
+            "proxies_stopped",
+            "The total number of proxies that were stopped (unstable)",
+            m.stopped.clone(),
+        );
+        m
+    }
 }
 
 impl PodMetrics {
-    fn register(registry: &mut Registry) -> Self {
+    /// `root` carries no prefix: tidegate's under `tidegate_inpod_`, ztunnel's
+    /// names beside them.
+    fn register(root: &mut Registry) -> Self {
+        let istio = WorkloadManagerMetrics::register(root);
         let m = PodMetrics {
             pods: Gauge::default(),
             max_pods: Gauge::default(),
             adds: Family::default(),
             refusals: Family::default(),
             removes: Counter::default(),
+            istio,
         };
-        let r = registry.sub_registry_with_prefix("inpod");
+        let r = root
+            .sub_registry_with_prefix("tidegate")
+            .sub_registry_with_prefix("inpod");
         r.register(
             "pods",
             "Pods served in their own network namespace",
@@ -146,6 +192,14 @@ impl PodMetrics {
 
     fn add(&self, result: &'static str) {
         self.adds.get_or_create(&ResultLabel { result }).inc();
+        if matches!(result, "added" | "replaced") {
+            self.istio.started.inc();
+        }
+    }
+
+    fn served(&self, n: usize) {
+        self.pods.set(n as i64);
+        self.istio.active.set(n as i64);
     }
 }
 
@@ -265,7 +319,7 @@ impl PodProxies {
         ports: CapturePorts,
         limits: PodLimits,
         drain: ShutdownWatch,
-        registry: &mut Registry,
+        root: &mut Registry,
     ) -> Arc<Self> {
         let own_netns = crate::netns::current_id()
             .inspect_err(|e| warn!(error = %e, "cannot read the gateway's own network namespace; a pod handed it would not be refused"))
@@ -289,7 +343,7 @@ impl PodProxies {
                 "in-pod pod limit"
             );
         }
-        let metrics = PodMetrics::register(registry);
+        let metrics = PodMetrics::register(root);
         metrics.max_pods.set(i64::try_from(max).unwrap_or(i64::MAX));
         Arc::new(PodProxies {
             sockets: NetnsSockets::new(),
@@ -315,7 +369,9 @@ impl PodProxies {
     /// Serves `meta` inside `netns`: `added`, `unchanged` (same pod, same
     /// namespace) or `replaced` (same pod, re-created sandbox).
     pub async fn add(&self, meta: PodMeta, netns: OwnedFd) -> Result<&'static str, PodError> {
+        self.metrics.istio.pending.inc();
         let r = self.add_inner(meta, netns).await;
+        self.metrics.istio.pending.dec();
         self.metrics.add(match &r {
             Ok(result) => result,
             Err(_) => "failed",
@@ -375,7 +431,7 @@ impl PodProxies {
         }) {
             old.stop.start(Duration::ZERO);
         }
-        self.metrics.pods.set(served.len() as i64);
+        self.metrics.served(served.len());
         let result = if replaced { "replaced" } else { "added" };
         info!(uid = %uid, pod = %format!("{}/{}", meta.namespace, meta.name), source = meta.source,
             netns_inode = pod.netns.id().ino, result, "pod served in its own network namespace");
@@ -446,8 +502,9 @@ impl PodProxies {
             return false;
         };
         s.stop.start(Duration::ZERO);
-        self.metrics.pods.set(served.len() as i64);
+        self.metrics.served(served.len());
         self.metrics.removes.inc();
+        self.metrics.istio.stopped.inc();
         drop(served);
         let inbound = self.tunnels.close_current(uid, "pod removed");
         let netns = Some(s.pod.netns.id());

@@ -492,6 +492,19 @@ async fn inpod_cni_add_fails_clearly_and_del_is_idempotent() {
         1.0
     );
     assert_eq!(tidegate_e2e::metric(&m, "tidegate_inpod_pods"), 1.0);
+    // ztunnel's names for the same, which its dashboard reads.
+    assert_eq!(
+        tidegate_e2e::metric(&m, "workload_manager_active_proxy_count"),
+        1.0
+    );
+    assert_eq!(
+        tidegate_e2e::metric(&m, "workload_manager_pending_proxy_count"),
+        0.0
+    );
+    assert_eq!(
+        tidegate_e2e::metric(&m, "workload_manager_proxies_started_total"),
+        1.0
+    );
     assert_eq!(
         tidegate_netns::pod_records::PodRecord::read_all(&s.b.state).len(),
         1
@@ -505,6 +518,14 @@ async fn inpod_cni_add_fails_clearly_and_del_is_idempotent() {
     }
     let m = s.gw_b.metrics().await;
     assert_eq!(tidegate_e2e::metric(&m, "tidegate_inpod_pods"), 0.0);
+    assert_eq!(
+        tidegate_e2e::metric(&m, "workload_manager_active_proxy_count"),
+        0.0
+    );
+    assert_eq!(
+        tidegate_e2e::metric(&m, "workload_manager_proxies_stopped_total"),
+        1.0
+    );
     assert!(tidegate_netns::pod_records::PodRecord::read_all(&s.b.state).is_empty());
     // DEL of a pod never added succeeds too.
     let unknown = CniPod {
