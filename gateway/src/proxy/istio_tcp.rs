@@ -16,6 +16,10 @@
 //!   `unknown`), and the four locality labels. A value not known is
 //!   `unknown`; principals are whole SPIFFE ids.
 //!
+//! A destination side that does not know the source by its address reads
+//! the `baggage` the source's CONNECT carries (as ztunnel writes it; see
+//! [`crate::hbone::baggage`]), and every outbound CONNECT carries its own.
+//!
 //! The canonical service is the workload's `service.istio.io/canonical-name`
 //! label, else `app.kubernetes.io/name`, else `app`, else its workload
 //! name; the revision `service.istio.io/canonical-revision`, else
@@ -27,6 +31,9 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
+use http::HeaderValue;
+
+use crate::hbone::baggage::Baggage;
 use crate::identity::SpiffeId;
 use crate::metrics::ByteCounters;
 use crate::workloads::Workload;
@@ -153,12 +160,36 @@ impl IstioTcpMetrics {
         }
     }
 
+    /// The `baggage` an outbound CONNECT from `source` carries, so the
+    /// serving side can name it.
+    pub fn baggage(&self, source: &Workload) -> Option<HeaderValue> {
+        let side = Side::of(source, &self.cluster);
+        let kind = if source.spec.workload_name.is_some() {
+            "deployment"
+        } else {
+            "pod"
+        };
+        let b = Baggage {
+            cluster_id: Some(side.cluster),
+            namespace: Some(side.namespace),
+            workload_name: Some(side.workload),
+            service_name: Some(side.canonical),
+            revision: Some(side.revision),
+            ..Baggage::default()
+        };
+        HeaderValue::from_str(&b.header_value(kind)).ok()
+    }
+
     fn labels(&self, c: Connection<'_>) -> TrafficLabels {
         let side = |w: Option<&Workload>| match w {
             Some(w) => Side::of(w, &self.cluster),
             None => Side::default(),
         };
-        let (src, dst) = (side(c.source), side(c.destination));
+        let src = match (c.source, c.source_baggage) {
+            (None, Some(b)) => Side::derived(b),
+            (w, _) => side(w),
+        };
+        let dst = side(c.destination);
         let principal =
             |id: Option<&SpiffeId>| id.map_or_else(|| UNKNOWN.to_owned(), |i| i.to_string());
         let (svc_host, svc_ns, svc_name) = match c.service {
@@ -174,7 +205,7 @@ impl IstioTcpMetrics {
                 Reporter::Source => "source",
                 Reporter::Destination => "destination",
             },
-            source_app: src.canonical.clone(),
+            source_app: src.app.clone(),
             source_version: src.revision.clone(),
             source_workload: src.workload,
             source_canonical_service: src.canonical,
@@ -185,7 +216,7 @@ impl IstioTcpMetrics {
             destination_service: svc_host,
             destination_service_namespace: svc_ns,
             destination_service_name: svc_name,
-            destination_app: dst.canonical.clone(),
+            destination_app: dst.app.clone(),
             destination_version: dst.revision.clone(),
             destination_workload: dst.workload,
             destination_canonical_service: dst.canonical,
@@ -219,6 +250,9 @@ pub struct Connection<'a> {
     pub source: Option<&'a Workload>,
     /// The peer's identity (inbound HBONE) or this side's (outbound HBONE).
     pub source_identity: Option<&'a SpiffeId>,
+    /// What the peer's CONNECT said of its workload (inbound HBONE): the
+    /// source's labels when its address names no workload.
+    pub source_baggage: Option<&'a Baggage>,
     pub destination: Option<&'a Workload>,
     pub service: Option<ServiceRef<'a>>,
     pub mutual_tls: bool,
@@ -228,6 +262,9 @@ pub struct Connection<'a> {
 struct Side {
     workload: String,
     canonical: String,
+    /// `*_app`: the canonical service, or for a source known by its
+    /// baggage only, its workload name (as ztunnel reports it).
+    app: String,
     revision: String,
     namespace: String,
     cluster: String,
@@ -238,6 +275,7 @@ impl Default for Side {
         Side {
             workload: UNKNOWN.into(),
             canonical: UNKNOWN.into(),
+            app: UNKNOWN.into(),
             revision: UNKNOWN.into(),
             namespace: UNKNOWN.into(),
             cluster: UNKNOWN.into(),
@@ -253,14 +291,16 @@ impl Side {
                 .find_map(|k| s.labels.get(*k).filter(|v| !v.is_empty()))
         };
         let workload = s.workload_name.clone().unwrap_or_else(|| s.name.clone());
+        let canonical = label(&[
+            "service.istio.io/canonical-name",
+            "app.kubernetes.io/name",
+            "app",
+        ])
+        .cloned()
+        .unwrap_or_else(|| workload.clone());
         Side {
-            canonical: label(&[
-                "service.istio.io/canonical-name",
-                "app.kubernetes.io/name",
-                "app",
-            ])
-            .cloned()
-            .unwrap_or_else(|| workload.clone()),
+            app: canonical.clone(),
+            canonical,
             revision: label(&[
                 "service.istio.io/canonical-revision",
                 "app.kubernetes.io/version",
@@ -271,6 +311,19 @@ impl Side {
             workload,
             namespace: s.namespace.clone(),
             cluster: cluster.to_owned(),
+        }
+    }
+
+    /// A source known only by what its CONNECT's baggage says.
+    fn derived(b: &Baggage) -> Side {
+        let or = |v: &Option<String>| v.clone().unwrap_or_else(|| UNKNOWN.into());
+        Side {
+            workload: or(&b.workload_name),
+            canonical: or(&b.service_name),
+            app: or(&b.workload_name),
+            revision: or(&b.revision),
+            namespace: or(&b.namespace),
+            cluster: or(&b.cluster_id),
         }
     }
 }

@@ -144,6 +144,7 @@ impl Seen<'_> {
             reporter: Reporter::Source,
             source: self.source,
             source_identity: Some(self.identity),
+            source_baggage: None,
             destination: self.target,
             service: self.service.map(|s| ServiceRef {
                 namespace: &s.spec.namespace,
@@ -336,7 +337,14 @@ impl Outbound {
             dst_addr: SocketAddr::new(hbone_ip, self.hbone_port),
             src_netns: self.origin.netns(),
         };
-        let stream = match self.pool.connect_from(&key, authority, &self.origin).await {
+        let baggage = source_workload
+            .as_deref()
+            .and_then(|w| self.metrics.istio.baggage(w));
+        let connected = self
+            .pool
+            .connect_from(&key, authority, &self.origin, baggage)
+            .await;
+        let stream = match connected {
             Ok(s) => s,
             Err(e) => {
                 report.close(Flags::Connect);

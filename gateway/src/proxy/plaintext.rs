@@ -219,6 +219,7 @@ impl PlaintextInbound {
             reporter: Reporter::Destination,
             source: self.workloads.snapshot().by_ip(src.ip()).map(|w| &**w),
             source_identity: None,
+            source_baggage: None,
             destination: Some(&workload),
             service: None,
             mutual_tls: false,

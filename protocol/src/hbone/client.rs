@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use h2::client::{Connection, SendRequest};
 use h2::{RecvStream, SendStream};
-use http::{Method, Request, StatusCode};
+use http::{HeaderValue, Method, Request, StatusCode};
 use tokio::net::TcpStream;
 
 use super::client_io::{ClientIo, GoawayFlag};
@@ -138,18 +138,33 @@ pub async fn dial_over(
 }
 
 /// Opens a CONNECT stream to `authority` and waits for the peer's answer.
-/// Only `:method` and `:authority` are sent (RFC 9113 §8.5), as ztunnel does.
+/// Only `:method` and `:authority` are sent (RFC 9113 §8.5); ztunnel adds
+/// `baggage` ([`connect_stream_with`]).
 pub async fn connect_stream(
     send: SendRequest<Bytes>,
     authority: SocketAddr,
     timeout: Duration,
 ) -> Result<(SendStream<Bytes>, RecvStream), StreamError> {
+    connect_stream_with(send, authority, timeout, None).await
+}
+
+/// [`connect_stream`] with a `baggage` header naming the source workload
+/// ([`super::baggage`]).
+pub async fn connect_stream_with(
+    send: SendRequest<Bytes>,
+    authority: SocketAddr,
+    timeout: Duration,
+    baggage: Option<HeaderValue>,
+) -> Result<(SendStream<Bytes>, RecvStream), StreamError> {
     let mut send = send.ready().await?;
-    let req = Request::builder()
+    let mut req = Request::builder()
         .method(Method::CONNECT)
         .uri(authority.to_string())
         .body(())
         .expect("a socket address is a valid authority");
+    if let Some(b) = baggage {
+        req.headers_mut().insert(super::baggage::BAGGAGE_HEADER, b);
+    }
     let (resp, stream) = send.send_request(req, false)?;
     let resp = tokio::time::timeout(timeout, resp)
         .await

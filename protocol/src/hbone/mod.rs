@@ -3,12 +3,14 @@
 //! - [`server`]: the inbound side of one tunnel; a [`server::StreamHandler`]
 //!   decides what each CONNECT stream means.
 //! - [`client`]: dialing a tunnel to a peer gateway and opening CONNECT streams.
+//! - [`baggage`]: the source workload a CONNECT carries, as ztunnel writes it.
 //! - [`keepalive`]: HTTP/2 PING liveness for both sides.
 //! - [`io`]: the server's byte stream: close_notify on close, refusals h2 writes.
 //! - [`client_io`]: the client's byte stream: the peer's GOAWAY as it is read.
 //! - `frames`: following frame boundaries from outside h2 (both of the above).
 //! - [`Settings`]: the HTTP/2 settings, keepalive and handshake bound of a tunnel.
 
+pub mod baggage;
 pub mod client;
 pub mod client_io;
 mod frames;

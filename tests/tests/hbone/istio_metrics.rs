@@ -1,6 +1,7 @@
 //! Istio's TCP metrics, scraped after traffic: both reporters, ztunnel's
-//! label set and order, canonical names from the workloads' labels, bytes
-//! counted both ways, and an authorization refusal flagged `DENY`.
+//! label set and order, canonical names from the workloads' labels, the
+//! source named by its CONNECT's baggage, bytes counted both ways, and an
+//! authorization refusal flagged `DENY`.
 
 use std::time::Duration;
 
@@ -22,14 +23,12 @@ fn workloads(octet: u8, authorization: &str) -> String {
     )
 }
 
-/// One series' labels, in ztunnel's order. The destination side knows the
-/// source by its identity only: the tunnel comes from the client's node,
-/// not from the client's address.
+/// One series' labels, in ztunnel's order. The destination side names the
+/// source from the `baggage` its CONNECT carries (the tunnel comes from the
+/// client's node, not from the client's address): the same labels.
 fn series(name: &str, reporter: &str, flags: &str) -> String {
-    let (workload, canonical, revision, namespace, cluster) = match reporter {
-        "source" => ("client", "client", "latest", "demo", "Kubernetes"),
-        _ => ("unknown", "unknown", "unknown", "unknown", "unknown"),
-    };
+    let (workload, canonical, revision, namespace, cluster) =
+        ("client", "client", "latest", "demo", "Kubernetes");
     format!(
         "istio_{name}{{reporter=\"{reporter}\",\
          source_workload=\"{workload}\",source_canonical_service=\"{canonical}\",source_canonical_revision=\"{revision}\",\

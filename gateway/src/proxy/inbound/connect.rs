@@ -24,6 +24,7 @@ use super::metrics::InboundMetrics;
 use super::pace::{Borrowed, DialBudget, Paced};
 use crate::authorization::{Admitted, Authorizer, Facts, NotAdmitted, Transport};
 use crate::config::HboneConfig;
+use crate::hbone::baggage::{Baggage, BAGGAGE_HEADER};
 use crate::hbone::io::{reason_label, Refusal};
 use crate::hbone::server::StreamHandler;
 use crate::hbone::{GoawayCommand, REASON_HEADER};
@@ -389,10 +390,12 @@ impl Stream {
             let snapshot = self.deps.workloads.snapshot();
             let target = route(req, &self.ctx, &snapshot, &self.deps.own_ports)?;
             let destination = snapshot.by_ip(target.ip());
+            let baggage = Baggage::parse(req.headers().get_all(BAGGAGE_HEADER));
             let report = self.deps.metrics.istio.open(istio_tcp::Connection {
                 reporter: Reporter::Destination,
                 source: snapshot.by_ip(self.ctx.peer_addr.ip()).map(|w| &**w),
                 source_identity: Some(&self.ctx.peer),
+                source_baggage: Some(&baggage),
                 destination: destination.map(|w| &**w),
                 service: None,
                 mutual_tls: true,

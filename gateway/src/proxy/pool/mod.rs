@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use h2::{RecvStream, SendStream};
+use http::HeaderValue;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 use tokio::time::Instant;
@@ -153,7 +154,7 @@ impl Pool {
         key: &PoolKey,
         authority: SocketAddr,
     ) -> Result<PooledStream, PoolError> {
-        self.connect_from(key, authority, &Origin::Node).await
+        self.connect_from(key, authority, &Origin::Node, None).await
     }
 
     /// [`Pool::connect`], dialing a new tunnel from `origin`'s namespace
@@ -163,6 +164,7 @@ impl Pool {
         key: &PoolKey,
         authority: SocketAddr,
         origin: &Origin,
+        baggage: Option<HeaderValue>,
     ) -> Result<PooledStream, PoolError> {
         let backing_off = self.book.locked().backing_off(key.dst_addr);
         if let Some(remaining) = backing_off {
@@ -187,7 +189,8 @@ impl Pool {
             };
             let send = slot.tunnel.send.locked().clone();
             let Some(send) = send else { continue };
-            match client::connect_stream(send, authority, self.hbone.connect_timeout).await {
+            let timeout = self.hbone.connect_timeout;
+            match client::connect_stream_with(send, authority, timeout, baggage.clone()).await {
                 Ok((send, recv)) => return Ok(PooledStream { send, recv, slot }),
                 Err(e) if e.retryable() && attempts < 3 => {
                     debug!(error = %e, tunnel = slot.tunnel.id, "tunnel refused the stream; retrying on another");
