@@ -11,23 +11,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+pub use crate::proxy::copy::{ByteCounters, Transferred};
 use crate::proxy::istio_tcp::IstioTcpMetrics;
-
-/// Bytes moved by one stream.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Transferred {
-    /// TCP → HTTP/2.
-    pub tcp_to_h2: u64,
-    /// HTTP/2 → TCP.
-    pub h2_to_tcp: u64,
-}
-
-/// Counters incremented as bytes move (per direction).
-#[derive(Clone, Debug, Default)]
-pub struct ByteCounters {
-    pub tcp_to_h2: Counter,
-    pub h2_to_tcp: Counter,
-}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DirectionLabels {

@@ -25,9 +25,24 @@ use h2::{RecvStream, SendStream};
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 
-/// Byte counts and counters live with the metrics: the copy loop depends on
-/// them, never the other way round.
-pub use crate::metrics::{ByteCounters, Transferred};
+// Byte counts and their counters live with the copy loop that moves the
+// bytes; the metrics modules take them from here.
+
+/// Bytes moved by one stream.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Transferred {
+    /// TCP → HTTP/2.
+    pub tcp_to_h2: u64,
+    /// HTTP/2 → TCP.
+    pub h2_to_tcp: u64,
+}
+
+/// Counters incremented as bytes move (per direction).
+#[derive(Clone, Debug, Default)]
+pub struct ByteCounters {
+    pub tcp_to_h2: Counter,
+    pub h2_to_tcp: Counter,
+}
 
 /// The first read of a burst, and the largest a flow grows to: whole TLS
 /// records (16 KiB of plaintext each) less room for the 9-byte DATA frame

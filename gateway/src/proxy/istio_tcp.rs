@@ -35,7 +35,7 @@ use http::HeaderValue;
 
 use crate::hbone::baggage::Baggage;
 use crate::identity::SpiffeId;
-use crate::metrics::ByteCounters;
+use crate::proxy::copy::ByteCounters;
 use crate::workloads::Workload;
 
 const UNKNOWN: &str = "unknown";
