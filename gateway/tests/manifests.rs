@@ -559,6 +559,9 @@ fn watched(config: &Config) -> BTreeSet<(String, String)> {
         .iter()
         .filter(|(_, res)| k.services || *res != services)
         .filter(|(group, _)| k.authorization || *group != "security.istio.io")
+        .filter(|(_, res)| {
+            config.outbound.learn_cluster_ranges || !matches!(*res, "nodes" | "servicecidrs")
+        })
         .map(|(g, r)| (g.to_string(), r.to_string()))
         .collect()
 }

@@ -36,6 +36,7 @@ pub(super) async fn start(
             k.clone(),
             store.clone(),
             kubernetes::KubernetesMetrics::register(w.registry()),
+            config.outbound.learn_cluster_ranges,
         );
         let synced = source.synced();
         w.tasks.spawn(source.run(w.drain.clone()));

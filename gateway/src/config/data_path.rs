@@ -194,7 +194,16 @@ pub struct OutboundConfig {
     /// inside them that is no known workload or Service is handled by
     /// `unknown_in_cluster`. Empty: every unknown address is passed through.
     pub cluster_cidrs: Vec<Cidr>,
+    /// Kubernetes discovery adds the ranges it learns to `cluster_cidrs`:
+    /// every Node's `spec.podCIDRs` and the `networking.k8s.io/v1`
+    /// ServiceCIDRs (needs get/list/watch on nodes and servicecidrs).
+    pub learn_cluster_ranges: bool,
     pub unknown_in_cluster: UnknownInCluster,
+    /// How long a connection to an unknown address inside the cluster's
+    /// ranges waits for discovery to learn it (a pod just started, an IP
+    /// reused) before `unknown_in_cluster` applies.
+    #[serde(with = "duration")]
+    pub unknown_in_cluster_wait: Duration,
     pub endpoint_choice: EndpointChoice,
     /// How long a GOAWAY received from a tunnel to an endpoint keeps it out
     /// of the choice (a new tunnel to it ends it sooner).
@@ -206,7 +215,9 @@ impl Default for OutboundConfig {
     fn default() -> Self {
         OutboundConfig {
             cluster_cidrs: Vec::new(),
+            learn_cluster_ranges: true,
             unknown_in_cluster: UnknownInCluster::Refuse,
+            unknown_in_cluster_wait: Duration::from_millis(200),
             endpoint_choice: EndpointChoice::P2c,
             goaway_skip: Duration::from_secs(10),
         }

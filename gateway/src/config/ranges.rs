@@ -192,6 +192,13 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
         )
         .because("0: a GOAWAY alone never takes an endpoint out of the choice"),
         dur(
+            "outbound.unknown_in_cluster_wait",
+            c.outbound.unknown_in_cluster_wait,
+            Duration::ZERO,
+            secs(10),
+        )
+        .because("the application's connect waits as long"),
+        dur(
             "drains.default_goaway_deadline",
             d.default_goaway_deadline,
             Duration::ZERO,

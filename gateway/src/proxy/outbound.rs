@@ -9,6 +9,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info_span, Instrument};
 
@@ -84,12 +87,23 @@ pub struct Routing {
     pub picker: EndpointPicker,
     pub cluster_cidrs: Vec<crate::config::Cidr>,
     pub unknown_in_cluster: crate::config::UnknownInCluster,
+    /// How long an unknown address inside the ranges waits for discovery.
+    pub unknown_wait: std::time::Duration,
+    /// `tidegate_outbound_unknown_in_cluster_waits_total{result}`: waits
+    /// for discovery that ended with the address `learned` or `refused`.
+    waits: Family<ResultLabel, Counter>,
+    /// `tidegate_outbound_unknown_in_cluster_waiting`: connections waiting now.
+    waiting: prometheus_client::metrics::gauge::Gauge,
     /// `tidegate_outbound_passthrough_total`: connections sent on in plain
     /// TCP to their original destination (no workload, no Service).
     pub passthrough: prometheus_client::metrics::counter::Counter,
 }
 
 impl Routing {
+    fn waited(&self, result: &'static str) {
+        self.waits.get_or_create(&ResultLabel { result }).inc();
+    }
+
     pub fn new(
         picker: EndpointPicker,
         cfg: &crate::config::OutboundConfig,
@@ -101,13 +115,34 @@ impl Routing {
             "Captured connections passed through in plain TCP (destination is no workload and no Service)",
             passthrough.clone(),
         );
+        let waits = Family::default();
+        registry.register(
+            "outbound_unknown_in_cluster_waits",
+            "Connections to an unknown address inside the cluster's ranges that waited for \
+             discovery, by result (learned: it became known; refused: it did not in time)",
+            waits.clone(),
+        );
+        let waiting = prometheus_client::metrics::gauge::Gauge::default();
+        registry.register(
+            "outbound_unknown_in_cluster_waiting",
+            "Connections waiting now for discovery to learn their address",
+            waiting.clone(),
+        );
         Arc::new(Routing {
             picker,
             cluster_cidrs: cfg.cluster_cidrs.clone(),
             unknown_in_cluster: cfg.unknown_in_cluster,
+            unknown_wait: cfg.unknown_in_cluster_wait,
+            waits,
+            waiting,
             passthrough,
         })
     }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
 }
 
 /// Where a connection goes once routed.
@@ -295,8 +330,16 @@ impl Outbound {
         let snapshot = self.workloads.snapshot();
         let (source, source_workload) = self.source_of(&snapshot, src)?;
         ids.src = Some(source.clone());
-        let route = self.route(&snapshot, dst)?;
-        drop(snapshot);
+        let route = match self.route(&snapshot, dst) {
+            Err(OutboundError::UnknownInCluster(_)) if !self.routing.unknown_wait.is_zero() => {
+                drop(snapshot);
+                self.await_discovery(dst).await?
+            }
+            r => {
+                drop(snapshot);
+                r?
+            }
+        };
         let seen = |target, service| Seen {
             source: source_workload.as_deref(),
             identity: &source,
@@ -428,12 +471,39 @@ impl Outbound {
             .routing
             .cluster_cidrs
             .iter()
+            .chain(snapshot.cluster_ranges.iter())
             .any(|c| c.contains(dst.ip()));
         if in_cluster && self.routing.unknown_in_cluster == crate::config::UnknownInCluster::Refuse
         {
             return Err(OutboundError::UnknownInCluster(dst.ip()));
         }
         Ok(Route::Passthrough)
+    }
+
+    /// An unknown address inside the cluster's ranges (a pod just started,
+    /// an address reused) waits up to `outbound.unknown_in_cluster_wait`
+    /// for discovery to learn it, then is refused: never plaintext.
+    async fn await_discovery(&self, dst: SocketAddr) -> Result<Route, OutboundError> {
+        // Subscribed before the look: a publish in between is seen.
+        let mut changed = self.workloads.subscribe();
+        let deadline = tokio::time::Instant::now() + self.routing.unknown_wait;
+        self.routing.waiting.inc();
+        let routed = loop {
+            match self.route(&self.workloads.snapshot(), dst) {
+                Err(OutboundError::UnknownInCluster(_)) => {}
+                r => {
+                    self.routing.waited("learned");
+                    break r;
+                }
+            }
+            let published = tokio::time::timeout_at(deadline, changed.changed()).await;
+            if !matches!(published, Ok(Ok(()))) {
+                self.routing.waited("refused");
+                break Err(OutboundError::UnknownInCluster(dst.ip()));
+            }
+        };
+        self.routing.waiting.dec();
+        routed
     }
 
     /// Who is connecting, and its workload when discovery holds it: the

@@ -24,8 +24,10 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 
+use crate::config::Cidr;
 use crate::identity::SpiffeId;
 use crate::policy::{AsSubject, Subject};
+use crate::sync::Locked;
 use membership::Membership;
 use tidegate_authz::PolicyStore;
 
@@ -171,6 +173,9 @@ pub struct WorkloadSnapshot {
     /// The authorization policies, published with the workloads so a
     /// decision reads one consistent view.
     pub policies: Arc<PolicyStore>,
+    /// The cluster's pod and Service ranges the workload source learned
+    /// (beside `outbound.cluster_cidrs`).
+    pub cluster_ranges: Arc<Vec<Cidr>>,
     /// Bumped on every publish.
     pub generation: u64,
 }
@@ -218,6 +223,8 @@ pub struct WorkloadStore {
     trust_domain: String,
     node: String,
     changed: tokio::sync::watch::Sender<u64>,
+    /// The cluster's ranges a source learned; the next publish carries them.
+    learned_ranges: std::sync::Mutex<Arc<Vec<Cidr>>>,
 }
 
 impl WorkloadStore {
@@ -226,6 +233,7 @@ impl WorkloadStore {
             current: ArcSwap::from_pointee(WorkloadSnapshot::default()),
             trust_domain: trust_domain.to_owned(),
             node: node.to_owned(),
+            learned_ranges: Default::default(),
             changed: tokio::sync::watch::channel(0).0,
         })
     }
@@ -306,6 +314,12 @@ impl WorkloadStore {
         );
     }
 
+    /// The cluster's ranges as the source now knows them; published with
+    /// its next snapshot.
+    pub fn learn_cluster_ranges(&self, ranges: Vec<Cidr>) {
+        *self.learned_ranges.locked() = Arc::new(ranges);
+    }
+
     fn publish_snapshot(
         &self,
         specs: Vec<WorkloadSpec>,
@@ -318,6 +332,7 @@ impl WorkloadStore {
             generation,
             members,
             policies,
+            cluster_ranges: self.learned_ranges.locked().clone(),
             ..Default::default()
         };
         for spec in specs {

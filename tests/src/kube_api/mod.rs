@@ -3,7 +3,8 @@
 //!
 //! Serves namespaced Secrets and ConfigMaps (get, create, replace),
 //! TokenReview (tokens registered with [`FakeApiServer::add_token`]),
-//! `GET /api/v1/{pods,namespaces,services}` and
+//! `GET /api/v1/{pods,namespaces,services,nodes}`,
+//! `/apis/networking.k8s.io/v1/servicecidrs` and
 //! `/apis/discovery.k8s.io/v1/endpointslices`, Istio's
 //! `/apis/security.istio.io/v1/{authorizationpolicies,peerauthentications}`
 //! (404 while "not installed"): lists (resourceVersion,
@@ -46,6 +47,10 @@ pub enum Kind {
     /// [`FakeApiServer::set_installed`] removes them).
     AuthorizationPolicy,
     PeerAuthentication,
+    Node,
+    /// `networking.k8s.io/v1` (served unless [`FakeApiServer::set_installed`]
+    /// removes it, as on a cluster older than 1.33).
+    ServiceCidr,
 }
 
 impl Kind {
@@ -57,6 +62,8 @@ impl Kind {
             "/apis/discovery.k8s.io/v1/endpointslices" => Kind::EndpointSlice,
             "/apis/security.istio.io/v1/authorizationpolicies" => Kind::AuthorizationPolicy,
             "/apis/security.istio.io/v1/peerauthentications" => Kind::PeerAuthentication,
+            "/api/v1/nodes" => Kind::Node,
+            "/apis/networking.k8s.io/v1/servicecidrs" => Kind::ServiceCidr,
             _ => return None,
         })
     }
@@ -65,6 +72,7 @@ impl Kind {
         match self {
             Kind::EndpointSlice => "discovery.k8s.io/v1",
             Kind::AuthorizationPolicy | Kind::PeerAuthentication => "security.istio.io/v1",
+            Kind::ServiceCidr => "networking.k8s.io/v1",
             _ => "v1",
         }
     }
@@ -77,6 +85,8 @@ impl Kind {
             Kind::EndpointSlice => "EndpointSlice",
             Kind::AuthorizationPolicy => "AuthorizationPolicy",
             Kind::PeerAuthentication => "PeerAuthentication",
+            Kind::Node => "Node",
+            Kind::ServiceCidr => "ServiceCIDR",
         }
     }
 }

@@ -17,6 +17,7 @@ mod authorization;
 mod ca;
 mod ca_client;
 mod ca_server;
+mod cluster_ranges;
 mod membership;
 
 const WAIT: Duration = Duration::from_secs(10);

@@ -5,13 +5,14 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::core::PartialObjectMeta;
 use tidegate_authz::kubernetes::Conversion;
 
-use crate::config::KubernetesConfig;
+use crate::config::{Cidr, KubernetesConfig};
 use crate::workloads::membership::{self, Membership, PodFacts};
 use crate::workloads::services::{Conditions, ServicePort, ServiceSpec, TargetPort};
 use crate::workloads::{LifecycleState, Protocol, WorkloadSpec};
@@ -348,6 +349,31 @@ fn pod_spec(
         ports: named_ports(pod),
         workload_name: workload_name(pod),
     })
+}
+
+/// The cluster's pod and Service ranges: every Node's `spec.podCIDRs` (or
+/// `podCIDR`) and every ServiceCIDR's `spec.cidrs`, sorted, each once; an
+/// entry that does not parse is left out.
+pub fn cluster_ranges(nodes: &[Arc<Node>], cidrs: &[Arc<ServiceCIDR>]) -> Vec<Cidr> {
+    let from_nodes = nodes.iter().filter_map(|n| n.spec.as_ref()).flat_map(|s| {
+        s.pod_cidrs
+            .iter()
+            .flatten()
+            .chain(s.pod_cidr.iter())
+            .cloned()
+            .collect::<Vec<_>>()
+    });
+    let from_cidrs = cidrs
+        .iter()
+        .filter_map(|c| c.spec.as_ref())
+        .flat_map(|s| s.cidrs.iter().flatten().cloned().collect::<Vec<_>>());
+    let mut ranges: Vec<Cidr> = from_nodes
+        .chain(from_cidrs)
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    ranges.sort_by_key(ToString::to_string);
+    ranges.dedup();
+    ranges
 }
 
 /// The pod's workload as istiod names it: the Deployment of its

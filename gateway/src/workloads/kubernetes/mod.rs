@@ -54,7 +54,9 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, Namespace, Pod, PodSpec, PodStatus, Service, ServicePort, ServiceSpec,
 };
+use k8s_openapi::api::core::v1::{Node, NodeSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::core::{ApiResource, DynamicObject, PartialObjectMeta};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::Store;
@@ -76,10 +78,11 @@ use tidegate_control::kube_client::{self, KubeClientError};
 
 /// What discovery reads, as RBAC names it (API group, resource): the
 /// ClusterRoles of a rendered `deploy/` kustomization grant get/list/watch on
-/// exactly these and nothing else (services and Istio's security resources
-/// only when the config keeps those watches on, as the base does);
+/// exactly these and nothing else (services, Istio's security resources,
+/// nodes and servicecidrs only when the config keeps those watches on, as
+/// the base does);
 /// `gateway/tests/manifests.rs` checks it.
-pub const WATCHED_RESOURCES: [(&str, &str); 6] = [
+pub const WATCHED_RESOURCES: [(&str, &str); 8] = [
     (
         <Pod as k8s_openapi::Resource>::GROUP,
         <Pod as k8s_openapi::Resource>::URL_PATH_SEGMENT,
@@ -98,6 +101,14 @@ pub const WATCHED_RESOURCES: [(&str, &str); 6] = [
     ),
     ("security.istio.io", "authorizationpolicies"),
     ("security.istio.io", "peerauthentications"),
+    (
+        <Node as k8s_openapi::Resource>::GROUP,
+        <Node as k8s_openapi::Resource>::URL_PATH_SEGMENT,
+    ),
+    (
+        <ServiceCIDR as k8s_openapi::Resource>::GROUP,
+        <ServiceCIDR as k8s_openapi::Resource>::URL_PATH_SEGMENT,
+    ),
 ];
 
 /// The client `workloads.kubernetes` asks for.
@@ -116,6 +127,8 @@ pub struct KubernetesSource {
     client: Client,
     node: String,
     cfg: KubernetesConfig,
+    /// `outbound.learn_cluster_ranges`: watch Nodes and ServiceCIDRs.
+    learn_ranges: bool,
     store: Arc<WorkloadStore>,
     metrics: KubernetesMetrics,
     synced: watch::Sender<bool>,
@@ -130,6 +143,8 @@ struct Readers {
     services: Option<Store<Service>>,
     /// AuthorizationPolicies and PeerAuthentications.
     authorization: Option<(Store<DynamicObject>, Store<DynamicObject>)>,
+    /// Nodes (their pod ranges) and ServiceCIDRs.
+    ranges: Option<(Store<Node>, Store<ServiceCIDR>)>,
 }
 
 /// What the watch tasks tell the publisher.
@@ -146,11 +161,13 @@ impl KubernetesSource {
         cfg: KubernetesConfig,
         store: Arc<WorkloadStore>,
         metrics: KubernetesMetrics,
+        learn_ranges: bool,
     ) -> Self {
         KubernetesSource {
             client,
             node: node.to_owned(),
             cfg,
+            learn_ranges,
             store,
             metrics,
             synced: watch::channel(false).0,
@@ -167,7 +184,10 @@ impl KubernetesSource {
         let progress = Arc::new(Progress {
             dirty: Notify::new(),
             listed: Mutex::new(HashSet::new()),
-            expected: 4 + usize::from(self.cfg.services) + 2 * usize::from(self.cfg.authorization),
+            expected: 4
+                + usize::from(self.cfg.services)
+                + 2 * usize::from(self.cfg.authorization)
+                + 2 * usize::from(self.learn_ranges),
         });
         let mut tasks = tokio::task::JoinSet::new();
         let mut w = Watches {
@@ -195,6 +215,20 @@ impl KubernetesSource {
                 (
                     w.start_istio("authorizationpolicies", authorization::AUTHORIZATION_POLICY),
                     w.start_istio("peerauthentications", authorization::PEER_AUTHENTICATION),
+                )
+            }),
+            ranges: self.learn_ranges.then(|| {
+                let cidrs = Api::<ServiceCIDR>::all(self.client.clone());
+                (
+                    w.start("nodes", watcher::Config::default(), strip_node),
+                    w.spawn(
+                        "servicecidrs",
+                        cidrs,
+                        watcher::Config::default(),
+                        Writer::default(),
+                        strip_service_cidr,
+                        true,
+                    ),
                 )
             }),
         };
@@ -245,6 +279,10 @@ impl KubernetesSource {
             authorization::report(&conversion.outcomes, &last_outcomes, &self.metrics);
             let desired = desired::build(&stores, &self.cfg, &conversion);
             last_outcomes = conversion.outcomes;
+            let ranges = match &readers.ranges {
+                Some((nodes, cidrs)) => desired::cluster_ranges(&nodes.state(), &cidrs.state()),
+                None => Vec::new(),
+            };
             if desired.unknown_endpoints != last_unknown {
                 if !desired.unknown_endpoints.is_empty() {
                     info!(
@@ -266,8 +304,14 @@ impl KubernetesSource {
                 desired.services,
                 members,
                 conversion.policies,
+                ranges,
             );
             if last.as_ref() != Some(&set) {
+                if last.as_ref().is_none_or(|l| l.4 != set.4) {
+                    let ranges: Vec<String> = set.4.iter().map(ToString::to_string).collect();
+                    info!(?ranges, "the cluster's pod and Service ranges (an unknown address inside them is never sent in plaintext)");
+                }
+                self.store.learn_cluster_ranges(set.4.clone());
                 self.metrics.workloads.set(set.0.len() as i64);
                 self.metrics.services.set(set.1.len() as i64);
                 self.metrics.publishes.inc();
@@ -296,12 +340,13 @@ impl KubernetesSource {
 }
 
 /// What the publisher last published: workloads, Services, local pods'
-/// mesh membership, authorization policies.
+/// mesh membership, authorization policies, the cluster's ranges.
 type Published = (
     Vec<super::WorkloadSpec>,
     Vec<super::services::ServiceSpec>,
     BTreeMap<String, super::membership::Membership>,
     PolicyStore,
+    Vec<crate::config::Cidr>,
 );
 
 /// Starts watch tasks; each returns the reader of its store.
@@ -504,6 +549,26 @@ fn strip_service(svc: &mut Service) {
         ..Default::default()
     });
     svc.status = None;
+}
+
+/// Keeps a Node's pod ranges.
+fn strip_node(node: &mut Node) {
+    node.metadata.managed_fields = None;
+    node.metadata.annotations = None;
+    node.metadata.labels = None;
+    node.spec = node.spec.take().map(|s| NodeSpec {
+        pod_cidr: s.pod_cidr,
+        pod_cidrs: s.pod_cidrs,
+        ..Default::default()
+    });
+    node.status = None;
+}
+
+/// Keeps a ServiceCIDR's ranges.
+fn strip_service_cidr(c: &mut ServiceCIDR) {
+    c.metadata.managed_fields = None;
+    c.metadata.annotations = None;
+    c.status = None;
 }
 
 fn strip_slice(slice: &mut EndpointSlice) {
