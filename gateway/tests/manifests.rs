@@ -1019,6 +1019,32 @@ fn the_base_keeps_its_invariants() {
     };
     assert_eq!(ca.address, "https://tidegate-ca.tidegate-system.svc:15012");
     assert!(r.contains("Deployment", "tidegate-ca"));
+    // Its metrics are scraped where the binary serves them.
+    let ca = r
+        .all::<Deployment>("Deployment")
+        .into_iter()
+        .find(|d| d.metadata.name.as_deref() == Some("tidegate-ca"))
+        .unwrap();
+    let template = ca.spec.unwrap().template;
+    let served = <tidegate_ca::config::CaServerConfig as clap::CommandFactory>::command()
+        .get_arguments()
+        .find(|a| a.get_id() == "metrics_listen")
+        .and_then(|a| a.get_default_values().first().cloned())
+        .and_then(|v| v.to_str()?.parse::<std::net::SocketAddr>().ok())
+        .expect("tidegate-ca's default metrics address")
+        .port();
+    let annotations = template.metadata.unwrap().annotations.unwrap_or_default();
+    assert_eq!(
+        annotations.get("prometheus.io/port"),
+        Some(&served.to_string())
+    );
+    let declared: Vec<i32> = container(&template.spec.unwrap(), "tidegate-ca")
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| p.container_port)
+        .collect();
+    assert!(declared.contains(&i32::from(served)), "{declared:?}");
 }
 
 #[test]
