@@ -29,7 +29,7 @@ fn policy(action: Action, rules: Vec<Rule>) -> Policy {
     }
 }
 
-fn rule(clauses: Vec<Vec<Match>>) -> Rule {
+pub(crate) fn rule(clauses: Vec<Vec<Match>>) -> Rule {
     Rule {
         clauses: clauses
             .into_iter()

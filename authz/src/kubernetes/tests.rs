@@ -12,7 +12,7 @@ use super::authorization_policy::convert as convert_ap;
 use super::peer_authentication::{convert as convert_pa, keys_for};
 use super::resources::{AuthorizationPolicySpec, Object, PeerAuthenticationSpec};
 use super::{Conversion, Outcome};
-use crate::policy::{Action, Clause, Match, Policy, Rule, Scope, ServiceAccount, StringMatch};
+use crate::policy::{Action, Match, Policy, Rule, Scope, ServiceAccount, StringMatch};
 use crate::{Connection, Destination, Identity, PolicyStore};
 
 const ROOT: &str = "istio-system";
@@ -46,14 +46,7 @@ fn m(f: impl FnOnce(&mut Match)) -> Match {
     m
 }
 
-fn rule(clauses: Vec<Vec<Match>>) -> Rule {
-    Rule {
-        clauses: clauses
-            .into_iter()
-            .map(|matches| Clause { matches })
-            .collect(),
-    }
-}
+use crate::tests::rule;
 
 fn exact(s: &str) -> StringMatch {
     StringMatch::Exact(s.into())

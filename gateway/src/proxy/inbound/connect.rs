@@ -403,8 +403,6 @@ impl Stream {
             let uid = destination.map(|w| w.uid().to_owned());
             (target, uid.unwrap_or_default(), report)
         };
-        // Every refusal from here on closes the report with its flag.
-        let refused = |report: Report, flags: Flags| report.close(flags);
         // Registered before its check: a policy change in between is seen.
         let admitted = self
             .deps
@@ -427,7 +425,7 @@ impl Stream {
                     InboundError::Policy(_) => Flags::Deny,
                     _ => Flags::Connect,
                 };
-                refused(report, flags);
+                report.close(flags);
                 return Err(e.into());
             }
         };
@@ -438,14 +436,14 @@ impl Stream {
                 self.identity
                     .limits()
                     .refused(over, Refused::Dial, peer, id);
-                refused(report, Flags::Connect);
+                report.close(Flags::Connect);
                 return Err(over.into());
             }
         };
         let (permit, borrowed) = match self.dials.try_start() {
             Ok(p) => p,
             Err(e) => {
-                refused(report, Flags::Connect);
+                report.close(Flags::Connect);
                 return Err(e.into());
             }
         };
@@ -458,7 +456,7 @@ impl Stream {
         let dialed = tokio::select! {
             biased;
             _ = reset => {
-                refused(report, Flags::None);
+                report.close(Flags::None);
                 return Err(Failed::Reset);
             }
             d = dialing => d,
@@ -476,7 +474,7 @@ impl Stream {
             Err(e) => {
                 // Not the peer's waste: the workload did not answer.
                 borrowed.useful();
-                refused(report, Flags::Connect);
+                report.close(Flags::Connect);
                 Err(e.into())
             }
         }
