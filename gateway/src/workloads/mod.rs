@@ -8,6 +8,7 @@
 
 mod file;
 mod file_authorization;
+pub mod istio;
 pub mod kubernetes;
 pub mod membership;
 pub mod services;

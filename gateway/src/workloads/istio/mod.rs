@@ -1,0 +1,3 @@
+//! Discovery from istiod (`workloads.source: istio`).
+
+pub mod convert;
