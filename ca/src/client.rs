@@ -9,11 +9,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::Uri;
-use hyper_util::rt::TokioIo;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
-use tonic::transport::{Channel, Endpoint};
+use tidegate_xds::channel;
+use tonic::transport::Channel;
 
 use super::messages::{IstioCertificateRequest, IstioCertificateResponse};
 use super::CREATE_CERTIFICATE;
@@ -90,48 +87,20 @@ pub struct CaClient {
 
 impl CaClient {
     pub fn new(cfg: CaClientConfig) -> Result<CaClient, CaClientError> {
-        let bad = |message: String| CaClientError::Address {
-            address: cfg.address.clone(),
-            message,
-        };
-        let uri: Uri = cfg.address.parse().map_err(|e| bad(format!("{e}")))?;
-        if uri.scheme_str() != Some("https") {
-            return Err(bad("must be https://host:port".into()));
-        }
-        let host = uri
-            .host()
-            .ok_or_else(|| bad("no host".into()))?
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_owned();
-        let port = uri.port_u16().unwrap_or(443);
-        let name = cfg.server_name.clone().unwrap_or_else(|| host.clone());
-        let server_name = ServerName::try_from(name.clone())
-            .map_err(|e| bad(format!("server name {name:?}: {e}")))?;
         // The whole call is bounded in `create_certificate`; the connection
         // attempt, which runs on the channel's own task, is bounded here.
-        let endpoint =
-            Endpoint::from_shared(cfg.address.clone()).map_err(|e| bad(e.to_string()))?;
-        let (roots, timeout) = (cfg.roots.clone(), cfg.timeout);
-        let connector = tower::service_fn(move |_: Uri| {
-            let (host, roots, server_name) = (host.clone(), roots.clone(), server_name.clone());
-            let connect = async move {
-                let tls = tls_config(&roots)?;
-                let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
-                tcp.set_nodelay(true)?;
-                let stream = tokio_rustls::TlsConnector::from(tls)
-                    .connect(server_name, tcp)
-                    .await?;
-                Ok::<_, std::io::Error>(TokioIo::new(stream))
-            };
-            async move {
-                tokio::time::timeout(timeout, connect)
-                    .await
-                    .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
-            }
-        });
+        let channel = channel::connect_lazy(&channel::Target {
+            address: cfg.address.clone(),
+            roots: cfg.roots.clone(),
+            server_name: cfg.server_name.clone(),
+            connect_timeout: cfg.timeout,
+        })
+        .map_err(|e| CaClientError::Address {
+            address: e.address,
+            message: e.message,
+        })?;
         Ok(CaClient {
-            channel: endpoint.connect_with_connector_lazy(connector),
+            channel,
             cfg: Arc::new(cfg),
         })
     }
@@ -153,7 +122,7 @@ impl CaClient {
                 path: self.cfg.token.clone(),
                 source,
             })?;
-        tls_config(&self.cfg.roots).map_err(|e| CaClientError::Roots {
+        channel::client_config(&self.cfg.roots).map_err(|e| CaClientError::Roots {
             path: self.cfg.roots.clone(),
             message: e.to_string(),
         })?;
@@ -172,7 +141,7 @@ impl CaClient {
         }
         let mut grpc = tonic::client::Grpc::new(self.channel.clone());
         grpc.ready().await.map_err(|e| {
-            if timed_out(&e) {
+            if channel::timed_out(&e) {
                 return CaClientError::Timeout {
                     after: self.cfg.timeout,
                 };
@@ -190,43 +159,4 @@ impl CaClient {
             .await?;
         Ok(resp.into_inner().cert_chain)
     }
-}
-
-/// Whether `e` (or an error it wraps) is the connection attempt's timeout.
-fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut next = Some(e);
-    while let Some(e) = next {
-        if e.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
-        {
-            return true;
-        }
-        next = e.source();
-    }
-    false
-}
-
-/// A client config trusting the PEM roots at `path`.
-fn tls_config(path: &std::path::Path) -> Result<Arc<rustls::ClientConfig>, std::io::Error> {
-    let pem = std::fs::read(path)?;
-    let mut store = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&pem) {
-        let cert = cert.map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))?;
-        store
-            .add(cert)
-            .map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))?;
-    }
-    if store.is_empty() {
-        return Err(std::io::Error::other(format!(
-            "{}: no PEM certificate",
-            path.display()
-        )));
-    }
-    let mut cfg = rustls::ClientConfig::builder_with_provider(tidegate_protocol::tls::provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .expect("ring supports TLS 1.3")
-        .with_root_certificates(store)
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![tidegate_protocol::tls::ALPN_H2.to_vec()];
-    Ok(Arc::new(cfg))
 }

@@ -96,7 +96,7 @@ impl CaDouble {
     }
 }
 
-fn ca(name: &str) -> (Issuer<'static, KeyPair>, String) {
+pub fn ca(name: &str) -> (Issuer<'static, KeyPair>, String) {
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
     let mut p = CertificateParams::default();
     p.distinguished_name = DistinguishedName::new();
@@ -110,7 +110,7 @@ fn ca(name: &str) -> (Issuer<'static, KeyPair>, String) {
     (Issuer::new(p, key), pem)
 }
 
-fn serving_tls(root: &Issuer<'static, KeyPair>, root_pem: &str) -> tokio_rustls::TlsAcceptor {
+pub fn serving_tls(root: &Issuer<'static, KeyPair>, root_pem: &str) -> tokio_rustls::TlsAcceptor {
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
     let mut p = CertificateParams::default();
     p.subject_alt_names = vec![SanType::IpAddress([127, 0, 0, 1].into())];

@@ -12,6 +12,7 @@ pub mod measure;
 pub mod netns;
 pub mod oci_double;
 pub mod rerun;
+pub mod xds_double;
 pub mod zds_double;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

@@ -1,8 +1,21 @@
-//! istiod's delta xDS, as a node proxy (ztunnel) speaks it.
+//! istiod's gRPC as a node proxy (ztunnel) speaks it.
 //!
+//! - [`channel`]: the TLS channel to istiod, shared by the CA client and
+//!   the xDS client;
+//! - [`envelope`]: the delta xDS envelope (requests, responses, the node);
+//! - [`client`]: the delta ADS client — per-resource apply, ACK / NACK,
+//!   reconnect with the versions held;
 //! - [`workload`]: `istio.workload.Address` and what it carries
 //!   (Workload, Service), hand-written with prost's derives;
+//! - [`metrics`]: `istio_xds_*` (ztunnel's names) and `tidegate_xds_*`.
 
 #![forbid(unsafe_code)]
 
+pub mod channel;
+pub mod client;
+pub mod envelope;
+pub mod metrics;
 pub mod workload;
+
+pub use client::{AdsClient, ClientConfig, Handler, Rejected, Update};
+pub use metrics::XdsMetrics;

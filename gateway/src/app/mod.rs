@@ -127,14 +127,17 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let mut w = Wiring::new(drain);
     let control = ControlMetrics::register(w.registry());
     crate::allocator::AllocatorMetrics::register(w.registry());
-    let (core, k8s_synced) = core::start(&config, &mut w).await?;
+    let (core, source_synced) = core::start(&config, &mut w).await?;
 
     let listeners = Listeners::bind(&config, &core.tcp)?;
     let capture = listeners::capture_ports(&config);
     let own_ports = listeners.own_ports(&config, &capture);
     let paths = data_path::build(&config, &core, &own_ports, descriptors, &mut w);
-    let mut ready_when =
-        Vec::from_iter(k8s_synced.map(|s| ("Kubernetes discovery's first full sync", s)));
+    let source_gate = match config.workloads.source {
+        crate::config::WorkloadSourceKind::Istio => "istiod's first answer of each type",
+        _ => "Kubernetes discovery's first full sync",
+    };
+    let mut ready_when = Vec::from_iter(source_synced.map(|s| (source_gate, s)));
     let pod_path = paths.for_pods(&core, own_ports);
     let pods = node_agents::pods(
         &config,

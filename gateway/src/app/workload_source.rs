@@ -9,7 +9,7 @@ use tokio::sync::watch;
 use super::{Wiring, DEFAULT_WORKLOADS};
 use crate::config::{Config, WorkloadSourceKind};
 use crate::workloads::{
-    kubernetes, parse_file, WorkloadFileMetrics, WorkloadFileWatcher, WorkloadStore,
+    istio, kubernetes, parse_file, WorkloadFileMetrics, WorkloadFileWatcher, WorkloadStore,
 };
 
 /// What the drain engine reports workload events as coming from.
@@ -17,11 +17,13 @@ pub(super) fn trigger(config: &Config) -> crate::drains::Trigger {
     match config.workloads.source {
         WorkloadSourceKind::File => crate::drains::Trigger::WorkloadFile,
         WorkloadSourceKind::Kubernetes => crate::drains::Trigger::Kubernetes,
+        WorkloadSourceKind::Istio => crate::drains::Trigger::Istio,
     }
 }
 
-/// Starts the configured source into `store`; with Kubernetes discovery,
-/// the flag its first full sync raises (readiness waits for it).
+/// Starts the configured source into `store`; with Kubernetes discovery
+/// or istiod, the flag its first full answer raises (readiness waits for
+/// it).
 pub(super) async fn start(
     config: &Config,
     store: &Arc<WorkloadStore>,
@@ -40,6 +42,18 @@ pub(super) async fn start(
         );
         let synced = source.synced();
         w.tasks.spawn(source.run(w.drain.clone()));
+        return Ok(Some(synced));
+    }
+    if config.workloads.source == WorkloadSourceKind::Istio {
+        let client = istio::client(
+            &config.workloads.istio,
+            &config.node_name,
+            &config.cluster_id,
+            tidegate_xds::XdsMetrics::register(&mut w.root),
+        );
+        let source = istio::IstioSource::new(store.clone());
+        let synced = source.synced();
+        w.tasks.spawn(istio::run(client, source, w.drain.clone()));
         return Ok(Some(synced));
     }
     match &config.workloads.file {

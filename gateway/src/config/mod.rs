@@ -37,7 +37,7 @@ pub use ranges::{key_ranges, KeyRange};
 pub use tidegate_base::{duration, size};
 pub use tidegate_control::config::{ControlPlaneConfig, CONTROL_PLANE_MAX_CONNECTIONS};
 pub use tidegate_policy_host::config::{BindingSpec, Fallback, PluginSpec, PoliciesConfig};
-pub use workloads::{KubernetesConfig, WorkloadSourceKind, WorkloadsConfig};
+pub use workloads::{IstioConfig, KubernetesConfig, WorkloadSourceKind, WorkloadsConfig};
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -293,6 +293,9 @@ impl Config {
                 }
             }
         }
+        if self.workloads.source == WorkloadSourceKind::Istio {
+            self.check_istio()?;
+        }
         if k.mesh_label.is_empty() || k.policy_label.is_empty() {
             return Err(invalid(
                 "workloads.kubernetes.mesh_label",
@@ -319,6 +322,45 @@ impl Config {
             return Err(invalid(
                 "trust_domain",
                 "must be a DNS-like name (letters, digits, '-', '.')",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// `workloads.source: istio`: an `https` address, a pod to name the node after.
+    fn check_istio(&self) -> Result<(), ConfigError> {
+        let i = &self.workloads.istio;
+        if self.workloads.file.is_some() {
+            return Err(invalid(
+                "workloads.file",
+                "cannot be combined with workloads.source: istio",
+            ));
+        }
+        if !i
+            .address
+            .parse::<http::Uri>()
+            .is_ok_and(|u| u.scheme_str() == Some("https") && u.host().is_some())
+        {
+            return Err(invalid(
+                "workloads.istio.address",
+                format!(
+                    "{:?} is not an https:// URL like https://istiod.istio-system.svc:15012 (never plaintext)",
+                    i.address
+                ),
+            ));
+        }
+        if i.pod_ip.parse::<std::net::IpAddr>().is_err() {
+            return Err(invalid(
+                "workloads.istio.pod_ip",
+                format!("{:?} is not an IP address", i.pod_ip),
+            ));
+        }
+        if i.pod_name.is_empty() || i.pod_namespace.is_empty() {
+            return Err(invalid(
+                "workloads.istio.pod_name",
+                "pod_name and pod_namespace must not be empty (istiod names the node proxy after them)",
             ));
         }
         Ok(())

@@ -1,4 +1,4 @@
-//! The `workloads:` section: a watched file or Kubernetes discovery.
+//! The `workloads:` section: a watched file, Kubernetes discovery, or istiod.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -20,6 +20,8 @@ pub struct WorkloadsConfig {
     pub reload_interval: Duration,
     /// Discovery from the Kubernetes API (used when `source: kubernetes`).
     pub kubernetes: KubernetesConfig,
+    /// Discovery from istiod over delta xDS (used when `source: istio`).
+    pub istio: IstioConfig,
 }
 
 impl Default for WorkloadsConfig {
@@ -29,6 +31,7 @@ impl Default for WorkloadsConfig {
             file: None,
             reload_interval: default_reload_interval(),
             kubernetes: KubernetesConfig::default(),
+            istio: IstioConfig::default(),
         }
     }
 }
@@ -39,6 +42,9 @@ pub enum WorkloadSourceKind {
     #[default]
     File,
     Kubernetes,
+    /// istiod's workloads, Services and authorization policies, as
+    /// ztunnel receives them.
+    Istio,
 }
 
 /// `workloads.kubernetes`: node-scoped discovery through the API server.
@@ -91,6 +97,50 @@ impl Default for KubernetesConfig {
             authorization: true,
             root_namespace: "istio-system".into(),
             debounce: Duration::from_millis(50),
+        }
+    }
+}
+
+/// `workloads.istio`: istiod's delta xDS (`istio.workload.Address`,
+/// `istio.security.Authorization`), as ztunnel subscribes to it. The
+/// stream authenticates with the same token and roots as the Istio CA.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IstioConfig {
+    /// `https://host:port` (ztunnel's `XDS_ADDRESS`); plaintext is refused.
+    pub address: String,
+    /// PEM roots that verify istiod, read for every connection (ztunnel's
+    /// `XDS_ROOT_CA`).
+    pub roots: PathBuf,
+    /// The projected service-account token (audience `istio-ca`), read for
+    /// every stream (ztunnel's `AUTH_TOKEN`). Unset: no token is sent.
+    pub token: Option<PathBuf>,
+    /// Verify istiod as this name instead of the address's host
+    /// (ztunnel's `ALT_XDS_HOSTNAME`).
+    pub server_name: Option<String>,
+    /// Bounds one connection attempt.
+    #[serde(with = "duration")]
+    pub connect_timeout: Duration,
+    /// This proxy's pod: its IP, name and namespace make the node id
+    /// `ztunnel~<ip>~<name>.<namespace>~<namespace>.svc.cluster.local`
+    /// that istiod reads as a node proxy (ztunnel's `INSTANCE_IP`,
+    /// `POD_NAME`, `POD_NAMESPACE`; set them from the downward API).
+    pub pod_ip: String,
+    pub pod_name: String,
+    pub pod_namespace: String,
+}
+
+impl Default for IstioConfig {
+    fn default() -> Self {
+        IstioConfig {
+            address: "https://istiod.istio-system.svc:15012".into(),
+            roots: "/var/run/secrets/istio/root-cert.pem".into(),
+            token: Some("/var/run/secrets/tokens/istio-token".into()),
+            server_name: None,
+            connect_timeout: Duration::from_secs(10),
+            pod_ip: "1.1.1.1".into(),
+            pod_name: "tidegate".into(),
+            pod_namespace: "istio-system".into(),
         }
     }
 }

@@ -21,6 +21,8 @@ pub enum Trigger {
     Admin,
     WorkloadFile,
     Kubernetes,
+    /// istiod's delta xDS.
+    Istio,
     Cni,
     /// istio-cni's node agent over ZDS (`DelWorkload`).
     Zds,
@@ -33,6 +35,7 @@ impl Trigger {
             Trigger::Admin => "admin",
             Trigger::WorkloadFile => "workload-file",
             Trigger::Kubernetes => "kubernetes",
+            Trigger::Istio => "istio",
             Trigger::Cni => "cni",
             Trigger::Zds => "zds",
             Trigger::Timer => "timer",

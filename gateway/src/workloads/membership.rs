@@ -62,6 +62,8 @@ pub enum Reason {
     NotOptedIn,
     /// The workload file's `protocol` (HBONE: a member; TCP: not).
     WorkloadFile,
+    /// istiod's tunnel protocol for the workload (HBONE: a member).
+    Istio,
 }
 
 impl Reason {
@@ -80,6 +82,7 @@ impl Reason {
                 "neither the pod nor its namespace has the mesh label enabled or istio.io/dataplane-mode=ambient"
             }
             Reason::WorkloadFile => "the workload file's protocol",
+            Reason::Istio => "istiod's tunnel protocol for the workload",
         }
     }
 }

@@ -271,19 +271,25 @@ impl WorkloadStore {
     /// each local workload is its `protocol` (the workload file's rule:
     /// HBONE is a member).
     pub fn publish_all(&self, specs: Vec<WorkloadSpec>, services: Vec<services::ServiceSpec>) {
-        let members = self.file_members(&specs);
+        let members = self.members_by_protocol(&specs, membership::Reason::WorkloadFile);
         let policies = self.current.load().policies.clone();
         self.publish_with_members(specs, services, members, policies);
     }
 
-    fn file_members(&self, specs: &[WorkloadSpec]) -> BTreeMap<String, Membership> {
+    /// The local workloads' membership from their protocol (HBONE is a
+    /// member), for sources that say nothing else of it.
+    fn members_by_protocol(
+        &self,
+        specs: &[WorkloadSpec],
+        reason: membership::Reason,
+    ) -> BTreeMap<String, Membership> {
         specs
             .iter()
             .filter(|s| s.node == self.node)
             .map(|s| {
                 let m = Membership {
                     member: s.protocol == Protocol::Hbone,
-                    reason: membership::Reason::WorkloadFile,
+                    reason,
                 };
                 (s.uid.clone(), m)
             })
@@ -306,13 +312,25 @@ impl WorkloadStore {
     /// Replaces the workloads, the Services and the authorization policies
     /// together (the workload file).
     pub fn publish_file(&self, file: file::Parsed) {
-        let members = self.file_members(&file.workloads);
+        let members = self.members_by_protocol(&file.workloads, membership::Reason::WorkloadFile);
         self.publish_snapshot(
             file.workloads,
             file.services,
             members,
             Arc::new(file.policies),
         );
+    }
+
+    /// Replaces the workloads, the Services and the authorization policies
+    /// together (istiod's delta xDS).
+    pub fn publish_istio(
+        &self,
+        specs: Vec<WorkloadSpec>,
+        services: Vec<services::ServiceSpec>,
+        policies: Arc<PolicyStore>,
+    ) {
+        let members = self.members_by_protocol(&specs, membership::Reason::Istio);
+        self.publish_snapshot(specs, services, members, policies);
     }
 
     /// The cluster's ranges as the source now knows them; published with

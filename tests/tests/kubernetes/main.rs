@@ -19,6 +19,7 @@ mod ca_client;
 mod ca_server;
 mod cluster_ranges;
 mod membership;
+mod xds_client;
 
 const WAIT: Duration = Duration::from_secs(10);
 

@@ -1,3 +1,73 @@
-//! Discovery from istiod (`workloads.source: istio`).
+//! Discovery from istiod (`workloads.source: istio`): its delta xDS, as
+//! ztunnel subscribes to it — `istio.workload.Address` (workloads and
+//! Services) and `istio.security.Authorization` — over TLS to
+//! `workloads.istio.address`, as a node proxy (the node id and metadata
+//! ztunnel sends). The client is `tidegate_xds`'s; this module converts
+//! what it delivers ([`convert`]) and publishes it ([`source`]).
 
 pub mod convert;
+pub mod source;
+
+pub use source::IstioSource;
+
+use tidegate_xds::channel::Target;
+use tidegate_xds::client::{ClientConfig, ADDRESS, AUTHORIZATION};
+use tidegate_xds::envelope::{Node, Struct, Value};
+use tidegate_xds::{AdsClient, XdsMetrics};
+
+use crate::config::IstioConfig;
+use crate::shutdown::ShutdownWatch;
+
+/// The node istiod sees: `ztunnel~<ip>~<pod>.<ns>~<ns>.svc.cluster.local`
+/// (the first segment makes istiod treat the client as a node proxy), and
+/// the metadata ztunnel sends.
+pub fn node(cfg: &IstioConfig, node_name: &str, cluster_id: &str) -> Node {
+    let (ip, pod, ns) = (&cfg.pod_ip, &cfg.pod_name, &cfg.pod_namespace);
+    let fields = [
+        ("NAME", pod.as_str()),
+        ("NAMESPACE", ns.as_str()),
+        ("INSTANCE_IPS", ip.as_str()),
+        ("NODE_NAME", node_name),
+        ("CLUSTER_ID", cluster_id),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), Value::string(v)))
+    .collect();
+    Node {
+        id: format!("ztunnel~{ip}~{pod}.{ns}~{ns}.svc.cluster.local"),
+        cluster: String::new(),
+        metadata: Some(Struct { fields }),
+    }
+}
+
+/// The client `workloads.istio` asks for.
+pub fn client(
+    cfg: &IstioConfig,
+    node_name: &str,
+    cluster_id: &str,
+    metrics: XdsMetrics,
+) -> AdsClient {
+    AdsClient::new(
+        ClientConfig {
+            target: Target {
+                address: cfg.address.clone(),
+                roots: cfg.roots.clone(),
+                server_name: cfg.server_name.clone(),
+                connect_timeout: cfg.connect_timeout,
+            },
+            token: cfg.token.clone(),
+            cluster_id: cluster_id.to_owned(),
+            node: node(cfg, node_name, cluster_id),
+            types: vec![ADDRESS.to_owned(), AUTHORIZATION.to_owned()],
+        },
+        metrics,
+    )
+}
+
+/// Streams from istiod into `source` until the drain signal fires.
+pub async fn run(client: AdsClient, mut source: IstioSource, mut drain: ShutdownWatch) {
+    tokio::select! {
+        _ = client.run(&mut source) => {}
+        _ = drain.signaled() => {}
+    }
+}

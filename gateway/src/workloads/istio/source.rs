@@ -1,0 +1,169 @@
+//! The istiod source: holds what the delta ADS stream delivered — every
+//! `istio.workload.Address` (a Workload or a Service) and every
+//! `istio.security.Authorization`, by resource name — and publishes the
+//! whole set to the [`WorkloadStore`] after each response.
+//!
+//! Each resource is decoded and converted on its own ([`convert`]); one
+//! that does not read is refused (the client NACKs it, naming it and the
+//! reason) and whatever was held under its name before stays. An
+//! authorization policy refused with nothing held is held closed
+//! ([`tidegate_authz::xds::ConvertError::closed`]): trust never widens
+//! because a policy could not be read. Removals are applied as they
+//! come; nothing is cleared on a reconnect (the client tells istiod what
+//! it holds, and istiod answers with what changed).
+//!
+//! [`IstioSource::synced`] turns true once the first response of each
+//! subscribed type has been applied (readiness waits for it, as
+//! ztunnel's does).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use prost::Message as _;
+use tidegate_authz::PolicyStore;
+use tidegate_xds::client::{ADDRESS, AUTHORIZATION};
+use tidegate_xds::workload::{address, Address, Service, Workload};
+use tidegate_xds::{Handler, Rejected, Update};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use super::convert;
+use crate::workloads::WorkloadStore;
+
+pub struct IstioSource {
+    store: Arc<WorkloadStore>,
+    workloads: BTreeMap<String, Workload>,
+    services: BTreeMap<String, Service>,
+    policies: PolicyStore,
+    answered: BTreeSet<String>,
+    synced: watch::Sender<bool>,
+}
+
+impl IstioSource {
+    pub fn new(store: Arc<WorkloadStore>) -> IstioSource {
+        IstioSource {
+            store,
+            workloads: BTreeMap::new(),
+            services: BTreeMap::new(),
+            policies: PolicyStore::default(),
+            answered: BTreeSet::new(),
+            synced: watch::channel(false).0,
+        }
+    }
+
+    /// True once every subscribed type has been answered.
+    pub fn synced(&self) -> watch::Receiver<bool> {
+        self.synced.subscribe()
+    }
+
+    fn addresses(&mut self, updates: Vec<Update>, removed: Vec<String>) -> Vec<Rejected> {
+        let mut rejected = Vec::new();
+        for u in updates {
+            let refuse = |reason: String| Rejected {
+                name: u.name.clone(),
+                reason,
+            };
+            let address = match Address::decode(u.value.as_ref()) {
+                Ok(a) => a,
+                Err(e) => {
+                    rejected.push(refuse(format!(
+                        "does not decode as istio.workload.Address: {e}"
+                    )));
+                    continue;
+                }
+            };
+            match address.r#type {
+                Some(address::Type::Workload(w)) => match convert::workload(&w) {
+                    Ok(_) => {
+                        self.services.remove(&u.name);
+                        self.workloads.insert(u.name, w);
+                    }
+                    Err(e) => rejected.push(refuse(e.to_string())),
+                },
+                Some(address::Type::Service(s)) => match convert::service(&s) {
+                    Ok(_) => {
+                        self.workloads.remove(&u.name);
+                        self.services.insert(u.name, s);
+                    }
+                    Err(e) => rejected.push(refuse(e.to_string())),
+                },
+                None => rejected.push(refuse(
+                    "an Address with neither a workload nor a service".into(),
+                )),
+            }
+        }
+        for name in removed {
+            if self.workloads.remove(&name).is_none() && self.services.remove(&name).is_none() {
+                warn!(%name, "istiod removed an address that was not held");
+            }
+        }
+        rejected
+    }
+
+    fn authorizations(&mut self, updates: Vec<Update>, removed: Vec<String>) -> Vec<Rejected> {
+        let mut rejected = Vec::new();
+        for u in updates {
+            let converted = tidegate_authz::xds::decode(u.value.as_ref())
+                .map_err(|e| {
+                    (
+                        format!("does not decode as istio.security.Authorization: {e}"),
+                        None,
+                    )
+                })
+                .and_then(|a| a.to_policy().map_err(|e| (e.to_string(), e.closed())));
+            match converted {
+                Ok(policy) => self.policies.insert(u.name, policy),
+                Err((reason, closed)) => {
+                    if self.policies.get(&u.name).is_some() {
+                        warn!(name = %u.name, %reason, "authorization policy refused; its last version stays");
+                    } else if let Some(closed) = closed {
+                        warn!(name = %u.name, %reason, "authorization policy refused; held closed");
+                        self.policies.insert(u.name.clone(), closed);
+                    } else {
+                        warn!(name = %u.name, %reason, "authorization policy refused");
+                    }
+                    rejected.push(Rejected {
+                        name: u.name,
+                        reason,
+                    });
+                }
+            }
+        }
+        for name in removed {
+            self.policies.remove(&name);
+        }
+        rejected
+    }
+
+    fn publish(&self) {
+        let (specs, services) = convert::assemble(&self.workloads, &self.services);
+        self.store
+            .publish_istio(specs, services, Arc::new(self.policies.clone()));
+    }
+}
+
+impl Handler for IstioSource {
+    fn handle(
+        &mut self,
+        type_url: &str,
+        updates: Vec<Update>,
+        removed: Vec<String>,
+    ) -> Vec<Rejected> {
+        let rejected = match type_url {
+            ADDRESS => self.addresses(updates, removed),
+            AUTHORIZATION => self.authorizations(updates, removed),
+            _ => return Vec::new(),
+        };
+        self.publish();
+        if self.answered.insert(type_url.to_owned()) && self.answered.len() == 2 {
+            info!(
+                workloads = self.workloads.len(),
+                services = self.services.len(),
+                policies = self.policies.len(),
+                "istiod's first answers applied"
+            );
+            self.synced.send_replace(true);
+        }
+        rejected
+    }
+}

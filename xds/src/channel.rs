@@ -1,0 +1,120 @@
+//! The gRPC channel to istiod (its CA and its xDS server share one
+//! address, `istiod.istio-system.svc:15012`): TLS 1.3 with ALPN `h2`,
+//! verifying the server against PEM roots read from a file for every new
+//! connection (a rotated mesh root applies without a restart), under a
+//! name other than the address's host when asked (ztunnel's
+//! `ALT_CA_HOSTNAME` / `ALT_XDS_HOSTNAME`). No tonic TLS feature: the
+//! connection is ours, so it uses the project's crypto provider.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Uri;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tonic::transport::{Channel, Endpoint};
+
+/// Where a channel goes and how its server is verified.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// `https://host:port`.
+    pub address: String,
+    /// PEM roots that verify the server's certificate.
+    pub roots: PathBuf,
+    /// Verify the server as this name instead of the address's host.
+    pub server_name: Option<String>,
+    /// Bounds one connection attempt (TCP and TLS).
+    pub connect_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{address:?}: {message}")]
+pub struct AddressError {
+    pub address: String,
+    pub message: String,
+}
+
+/// A channel to `target`, connected lazily and re-connected by tonic after
+/// a failure. Only `https://` addresses: a node proxy never fetches
+/// certificates or configuration in plaintext.
+pub fn connect_lazy(target: &Target) -> Result<Channel, AddressError> {
+    let bad = |message: String| AddressError {
+        address: target.address.clone(),
+        message,
+    };
+    let uri: Uri = target.address.parse().map_err(|e| bad(format!("{e}")))?;
+    if uri.scheme_str() != Some("https") {
+        return Err(bad("must be https://host:port".into()));
+    }
+    let host = uri
+        .host()
+        .ok_or_else(|| bad("no host".into()))?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let port = uri.port_u16().unwrap_or(443);
+    let name = target.server_name.clone().unwrap_or_else(|| host.clone());
+    let server_name = ServerName::try_from(name.clone())
+        .map_err(|e| bad(format!("server name {name:?}: {e}")))?;
+    let endpoint = Endpoint::from_shared(target.address.clone()).map_err(|e| bad(e.to_string()))?;
+    let (roots, timeout) = (target.roots.clone(), target.connect_timeout);
+    let connector = tower::service_fn(move |_: Uri| {
+        let (host, roots, server_name) = (host.clone(), roots.clone(), server_name.clone());
+        let connect = async move {
+            let tls = client_config(&roots)?;
+            let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+            tcp.set_nodelay(true)?;
+            let stream = tokio_rustls::TlsConnector::from(tls)
+                .connect(server_name, tcp)
+                .await?;
+            Ok::<_, std::io::Error>(TokioIo::new(stream))
+        };
+        async move {
+            tokio::time::timeout(timeout, connect)
+                .await
+                .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
+        }
+    });
+    Ok(endpoint.connect_with_connector_lazy(connector))
+}
+
+/// Whether `e` (or an error it wraps) is a connection attempt's timeout.
+pub fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+/// A client config trusting the PEM roots at `path`: TLS 1.3, ALPN `h2`.
+pub fn client_config(path: &Path) -> Result<Arc<rustls::ClientConfig>, std::io::Error> {
+    let pem = std::fs::read(path)?;
+    let mut store = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))?;
+        store
+            .add(cert)
+            .map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))?;
+    }
+    if store.is_empty() {
+        return Err(std::io::Error::other(format!(
+            "{}: no PEM certificate",
+            path.display()
+        )));
+    }
+    let mut cfg = rustls::ClientConfig::builder_with_provider(tidegate_protocol::tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("ring supports TLS 1.3")
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![tidegate_protocol::tls::ALPN_H2.to_vec()];
+    Ok(Arc::new(cfg))
+}

@@ -1,0 +1,325 @@
+//! The delta ADS client, as ztunnel speaks it to istiod.
+//!
+//! One gRPC stream (`DeltaAggregatedResources`) carries every subscribed
+//! type. At connect, one request per type: the node (its id and metadata
+//! make istiod treat the client as a node proxy), a wildcard subscription,
+//! and `initial_resource_versions` — every resource held from the previous
+//! stream, so a reconnect does not start over: the store is never cleared,
+//! and istiod answers with what changed and removes what it no longer has.
+//!
+//! Each response is applied resource by resource ([`Handler::handle`]): a
+//! resource that does not decode or apply is refused on its own and the
+//! others are applied. The reply names the response's nonce — an ACK, or,
+//! when anything was refused, a NACK whose `error_detail` lists each
+//! refused name with its reason (`<name>: <reason>; …`). A refused
+//! resource keeps whatever version was held before (its version is not
+//! recorded, so istiod sends it again on the next stream). A response of a
+//! type not subscribed is logged and ACKed.
+//!
+//! A stream that ends is reconnected with a backoff from 10 ms doubling to
+//! 15 s; a clean end, or the way istiod routinely closes streams (its
+//! maximum connection age: GOAWAY, `Unknown`, `Cancelled`,
+//! `DeadlineExceeded`), starts the backoff over. The token is read again
+//! for every stream.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::channel::mpsc;
+use prost::Message as _;
+use tonic::Code;
+use tracing::{debug, info, warn};
+
+use crate::channel::{self, Target};
+use crate::envelope::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Node, Status, DELTA_ADS};
+use crate::metrics::{Termination, XdsMetrics};
+
+/// `istio.workload.Address`: workloads and Services.
+pub const ADDRESS: &str = "type.googleapis.com/istio.workload.Address";
+/// `istio.security.Authorization`: L4 authorization policies.
+pub const AUTHORIZATION: &str = "type.googleapis.com/istio.security.Authorization";
+
+/// The largest response accepted (ztunnel's limit: a large mesh's first
+/// answer is one message).
+pub const MAX_MESSAGE: usize = 200 << 20;
+
+const BACKOFF_FIRST: Duration = Duration::from_millis(10);
+const BACKOFF_MAX: Duration = Duration::from_secs(15);
+
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    pub target: Target,
+    /// The projected service-account token (audience `istio-ca`), read for
+    /// every stream and sent as `authorization: Bearer`. Unset: none sent.
+    pub token: Option<PathBuf>,
+    pub cluster_id: String,
+    pub node: Node,
+    /// The type URLs subscribed, wildcard.
+    pub types: Vec<String>,
+}
+
+/// A resource of a response, to apply.
+#[derive(Clone, Debug)]
+pub struct Update {
+    pub name: String,
+    pub version: String,
+    /// The encoded message (`Any.value`), its type already checked.
+    pub value: Bytes,
+}
+
+/// A resource refused, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejected {
+    pub name: String,
+    pub reason: String,
+}
+
+/// Applies responses. Called on the client's task, one response at a
+/// time, in the order they arrive.
+pub trait Handler: Send {
+    /// Applies `updates` and `removed` of `type_url`, each on its own;
+    /// returns those of `updates` refused. A refused resource's previous
+    /// version (if any) stays applied.
+    fn handle(
+        &mut self,
+        type_url: &str,
+        updates: Vec<Update>,
+        removed: Vec<String>,
+    ) -> Vec<Rejected>;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error("xds.address {0}")]
+    Address(#[from] channel::AddressError),
+    #[error("cannot read the token {path}: {source}")]
+    Token {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("istiod not reachable: {0}")]
+    Connect(String),
+    #[error("istiod answered {code:?}: {message}")]
+    Status { code: Code, message: String },
+}
+
+impl StreamError {
+    fn termination(&self) -> Termination {
+        match self {
+            StreamError::Address(_) | StreamError::Token { .. } | StreamError::Connect(_) => {
+                Termination::ConnectionError
+            }
+            StreamError::Status { code, message } => {
+                let routine = matches!(
+                    code,
+                    Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
+                ) || message.contains("transport is closing")
+                    || message.contains("received prior goaway");
+                if routine {
+                    Termination::Reconnect
+                } else if *code == Code::Unavailable {
+                    Termination::ConnectionError
+                } else {
+                    Termination::Error
+                }
+            }
+        }
+    }
+}
+
+impl From<tonic::Status> for StreamError {
+    fn from(s: tonic::Status) -> Self {
+        StreamError::Status {
+            code: s.code(),
+            message: s.message().to_owned(),
+        }
+    }
+}
+
+/// The client: what it holds across streams is the version of every
+/// resource applied, by type.
+pub struct AdsClient {
+    cfg: ClientConfig,
+    metrics: XdsMetrics,
+    held: HashMap<String, HashMap<String, String>>,
+}
+
+impl AdsClient {
+    pub fn new(cfg: ClientConfig, metrics: XdsMetrics) -> AdsClient {
+        AdsClient {
+            cfg,
+            metrics,
+            held: HashMap::new(),
+        }
+    }
+
+    /// Streams from istiod into `handler`, reconnecting, until dropped.
+    pub async fn run(mut self, handler: &mut dyn Handler) {
+        let channel = match channel::connect_lazy(&self.cfg.target) {
+            Ok(c) => c,
+            Err(e) => {
+                // Checked when the configuration is read; a client built
+                // around it anyway has nowhere to go.
+                warn!(error = %e, "xDS client not started");
+                return;
+            }
+        };
+        let mut backoff = BACKOFF_FIRST;
+        loop {
+            let ended = self.stream(channel.clone(), handler).await;
+            self.metrics.connected.set(0);
+            let reason = match &ended {
+                Ok(()) => Termination::Complete,
+                Err(e) => e.termination(),
+            };
+            self.metrics.terminated(reason);
+            match (&ended, reason) {
+                (Ok(()), _) | (_, Termination::Reconnect) => {
+                    info!(address = %self.cfg.target.address, ?reason, "xDS stream ended; reconnecting");
+                    backoff = BACKOFF_FIRST;
+                }
+                (Err(e), _) => {
+                    warn!(address = %self.cfg.target.address, error = %e, retry_in = ?backoff, "xDS stream failed");
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            if !matches!(reason, Termination::Complete | Termination::Reconnect) {
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+        }
+    }
+
+    /// One stream, until it ends.
+    async fn stream(
+        &mut self,
+        channel: tonic::transport::Channel,
+        handler: &mut dyn Handler,
+    ) -> Result<(), StreamError> {
+        let (tx, rx) = mpsc::unbounded::<DeltaDiscoveryRequest>();
+        for type_url in &self.cfg.types {
+            let held = self.held.get(type_url).cloned().unwrap_or_default();
+            let _ = tx.unbounded_send(DeltaDiscoveryRequest {
+                node: Some(self.cfg.node.clone()),
+                type_url: type_url.clone(),
+                initial_resource_versions: held,
+                ..Default::default()
+            });
+        }
+        let mut request = tonic::Request::new(rx);
+        let md = request.metadata_mut();
+        if let Some(path) = &self.cfg.token {
+            let token = std::fs::read_to_string(path).map_err(|source| StreamError::Token {
+                path: path.clone(),
+                source,
+            })?;
+            let value =
+                format!("Bearer {}", token.trim())
+                    .parse()
+                    .map_err(|_| StreamError::Token {
+                        path: path.clone(),
+                        source: std::io::Error::other("the token is not a valid header value"),
+                    })?;
+            md.insert("authorization", value);
+        }
+        if let Ok(v) = self.cfg.cluster_id.parse() {
+            md.insert("clusterid", v);
+        }
+        let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_MESSAGE);
+        grpc.ready()
+            .await
+            .map_err(|e| StreamError::Connect(e.to_string()))?;
+        let codec =
+            tonic_prost::ProstCodec::<DeltaDiscoveryRequest, DeltaDiscoveryResponse>::default();
+        let mut responses = grpc
+            .streaming(
+                request,
+                http::uri::PathAndQuery::from_static(DELTA_ADS),
+                codec,
+            )
+            .await?
+            .into_inner();
+        self.metrics.connected.set(1);
+        info!(address = %self.cfg.target.address, "xDS stream open");
+        while let Some(response) = responses.message().await? {
+            let reply = self.apply(response, handler);
+            if tx.unbounded_send(reply).is_err() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies one response; returns its ACK or NACK.
+    fn apply(
+        &mut self,
+        response: DeltaDiscoveryResponse,
+        handler: &mut dyn Handler,
+    ) -> DeltaDiscoveryRequest {
+        let url = response.type_url.clone();
+        XdsMetrics::url(&self.metrics.messages, &url, 1);
+        XdsMetrics::url(
+            &self.metrics.message_bytes,
+            &url,
+            response.encoded_len() as u64,
+        );
+        let mut ack = DeltaDiscoveryRequest {
+            type_url: url.clone(),
+            response_nonce: response.nonce,
+            ..Default::default()
+        };
+        if !self.cfg.types.contains(&url) {
+            warn!(type_url = %url, "xDS response of a type not subscribed; acknowledged and ignored");
+            return ack;
+        }
+        let mut rejected = Vec::new();
+        let mut updates = Vec::with_capacity(response.resources.len());
+        for r in response.resources {
+            match r.resource {
+                Some(any) if any.type_url == url => updates.push(Update {
+                    name: r.name,
+                    version: r.version,
+                    value: any.value,
+                }),
+                Some(any) => rejected.push(Rejected {
+                    name: r.name,
+                    reason: format!("carries a {}, not a {url}", any.type_url),
+                }),
+                None => rejected.push(Rejected {
+                    name: r.name,
+                    reason: "no resource in the update".into(),
+                }),
+            }
+        }
+        let versions: Vec<(String, String)> = updates
+            .iter()
+            .map(|u| (u.name.clone(), u.version.clone()))
+            .collect();
+        let removed = response.removed_resources;
+        let held = self.held.entry(url.clone()).or_default();
+        for name in &removed {
+            held.remove(name);
+        }
+        rejected.extend(handler.handle(&url, updates, removed));
+        let refused: HashSet<&str> = rejected.iter().map(|r| r.name.as_str()).collect();
+        for (name, version) in versions {
+            if !refused.contains(name.as_str()) {
+                held.insert(name, version);
+            }
+        }
+        if !rejected.is_empty() {
+            XdsMetrics::url(&self.metrics.rejected, &url, rejected.len() as u64);
+            let message = rejected
+                .iter()
+                .map(|r| format!("{}: {}", r.name, r.reason))
+                .collect::<Vec<_>>()
+                .join("; ");
+            warn!(type_url = %url, refused = rejected.len(), %message, "xDS resources refused (NACK); the others are applied");
+            ack.error_detail = Some(Status { code: 0, message });
+        } else {
+            debug!(type_url = %url, "xDS response applied");
+        }
+        ack
+    }
+}

@@ -1,0 +1,91 @@
+//! The xDS client's metrics: ztunnel's names, which Istio's dashboards
+//! query (`istio_xds_*`, registered without a prefix), and the client's
+//! own (`tidegate_xds_*`).
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Why a stream ended, as ztunnel reports it.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum Termination {
+    /// The connection could not be made (or the call was refused before
+    /// the stream started).
+    ConnectionError,
+    /// The stream failed.
+    Error,
+    /// The server ended the stream the way istiod routinely does (its
+    /// maximum connection age, a GOAWAY): reconnect at once.
+    Reconnect,
+    /// The server ended the stream cleanly.
+    Complete,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: Termination,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UrlLabels {
+    pub url: String,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct XdsMetrics {
+    pub(crate) terminations: Family<ReasonLabels, Counter>,
+    pub(crate) messages: Family<UrlLabels, Counter>,
+    pub(crate) message_bytes: Family<UrlLabels, Counter>,
+    pub(crate) rejected: Family<UrlLabels, Counter>,
+    pub(crate) connected: Gauge,
+}
+
+impl XdsMetrics {
+    /// Registers into `root`, the registry without a prefix: Istio's
+    /// names as they are, the project's with `tidegate_`.
+    pub fn register(root: &mut Registry) -> XdsMetrics {
+        let m = XdsMetrics::default();
+        root.register(
+            "istio_xds_connection_terminations",
+            "xDS streams ended, by reason",
+            m.terminations.clone(),
+        );
+        root.register(
+            "istio_xds_message",
+            "xDS responses received, by type URL",
+            m.messages.clone(),
+        );
+        root.register(
+            "istio_xds_message_bytes",
+            "Bytes of xDS responses received, by type URL",
+            m.message_bytes.clone(),
+        );
+        root.register(
+            "tidegate_xds_rejected_resources",
+            "xDS resources refused (NACKed) by type URL; the others of the same response are applied",
+            m.rejected.clone(),
+        );
+        root.register(
+            "tidegate_xds_connected",
+            "1 while a delta ADS stream to istiod is open",
+            m.connected.clone(),
+        );
+        m
+    }
+
+    pub(crate) fn terminated(&self, reason: Termination) {
+        self.terminations
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub(crate) fn url(family: &Family<UrlLabels, Counter>, url: &str, by: u64) {
+        family
+            .get_or_create(&UrlLabels {
+                url: url.to_owned(),
+            })
+            .inc_by(by);
+    }
+}
