@@ -413,7 +413,11 @@ fn environment(r: &Rendered, c: &Container) -> BTreeMap<String, String> {
     for e in c.env.iter().flatten() {
         let v = match (&e.value, &e.value_from) {
             (Some(v), _) => v.clone(),
-            (None, Some(_)) => "from-downward-api".into(),
+            // The downward API: an address where one is expected.
+            (None, Some(from)) => match from.field_ref.as_ref().map(|f| f.field_path.as_str()) {
+                Some("status.podIP" | "status.hostIP") => "10.0.0.1".into(),
+                _ => "from-downward-api".into(),
+            },
             (None, None) => String::new(),
         };
         env.insert(e.name.clone(), v);
@@ -852,17 +856,28 @@ fn check_invariants(r: &Rendered) -> Config {
         .into_iter()
         .find(|s| s.metadata.name == pod.service_account_name)
         .unwrap_or_else(|| panic!("{}: the gateway's ServiceAccount is not rendered", r.dir));
-    // Discovery uses the in-cluster credentials of that ServiceAccount and
-    // may read exactly what it watches with this config.
-    assert_eq!(config.workloads.source, WorkloadSourceKind::Kubernetes);
-    assert_ne!(sa.automount_service_account_token, Some(false));
-    assert_ne!(pod.automount_service_account_token, Some(false));
-    assert_eq!(
-        granted(r, sa.metadata.name.as_deref().unwrap(), &ns),
-        watched(&config),
-        "{}: RBAC grants exactly what discovery watches",
-        r.dir
-    );
+    let granted_to_gateway = granted(r, sa.metadata.name.as_deref().unwrap(), &ns);
+    if config.workloads.source == WorkloadSourceKind::Istio {
+        // istiod is the source: the API server grants the gateway nothing.
+        assert_eq!(
+            granted_to_gateway,
+            BTreeSet::new(),
+            "{}: nothing granted to a gateway that reads istiod",
+            r.dir
+        );
+    } else {
+        // Discovery uses the in-cluster credentials of that ServiceAccount
+        // and may read exactly what it watches with this config.
+        assert_eq!(config.workloads.source, WorkloadSourceKind::Kubernetes);
+        assert_ne!(sa.automount_service_account_token, Some(false));
+        assert_ne!(pod.automount_service_account_token, Some(false));
+        assert_eq!(
+            granted_to_gateway,
+            watched(&config),
+            "{}: RBAC grants exactly what discovery watches",
+            r.dir
+        );
+    }
     check_bindings(r);
     if let CertificatesConfig::IstioCa(ca_config) = &config.certificates {
         ca::check_istio_ca(r, &pod, gw, ca_config, &ns, &sa, &config.trust_domain);
@@ -1142,6 +1157,59 @@ fn the_istio_ambient_example_takes_certificates_from_istiod() {
         arg_after(container(&pod, "install-cni"), "--capture"),
         "node"
     );
+    // Workloads, Services and policies from istiod, over TLS, as a node
+    // proxy named after this pod.
+    let istio = &config.workloads.istio;
+    assert_eq!(config.workloads.source, WorkloadSourceKind::Istio);
+    assert_eq!(istio.address, "https://istiod.istio-system.svc:15012");
+    assert_eq!(
+        istio.roots, ca.roots,
+        "istiod verified against its own root"
+    );
+    assert_eq!(istio.token.as_ref(), Some(&ca.token));
+    let env = environment(&r, gw);
+    for key in ["POD_IP", "POD_NAME", "POD_NAMESPACE"] {
+        let name = format!("TIDEGATE_WORKLOADS__ISTIO__{key}");
+        let var = gw.env.iter().flatten().find(|e| e.name == name);
+        assert!(
+            var.is_some_and(|v| v.value_from.is_some()),
+            "{name} from the downward API ({env:?})"
+        );
+    }
+    // Only the nodes handed over, and ztunnel kept off exactly those.
+    let selector = pod.node_selector.clone().unwrap_or_default();
+    let (key, value) = selector
+        .iter()
+        .find(|(k, _)| k.as_str() == "tidegate.io/node-proxy")
+        .expect("tidegate runs only on the nodes labelled for it");
+    let ztunnel: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(deploy().join("ztunnel/ztunnel-nodes.yaml")).unwrap(),
+    )
+    .unwrap();
+    let terms = &ztunnel["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+        ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+    let terms = terms.as_array().expect("ztunnel's required node affinity");
+    assert!(!terms.is_empty());
+    for term in terms {
+        // Terms are ORed: each one must exclude tidegate's nodes.
+        let excludes = term["matchExpressions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| {
+                e["key"] == key.as_str()
+                    && e["operator"] == "NotIn"
+                    && e["values"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|v| v == value.as_str())
+            });
+        assert!(
+            excludes,
+            "ztunnel never selects a node tidegate selects: {term}"
+        );
+    }
 }
 
 /// Uninstalling never strands a pod: the uninstall overlay is the base

@@ -18,6 +18,7 @@ mod ca;
 mod ca_client;
 mod ca_server;
 mod cluster_ranges;
+mod istio_source;
 mod membership;
 mod xds_client;
 
