@@ -398,4 +398,166 @@ mod tests {
         );
         assert_eq!(web.unresolved, [("gone".to_owned(), 80, "not_a_workload")]);
     }
+
+    fn web(
+        ports: Vec<ServicePort>,
+        endpoint_targets: BTreeMap<String, EndpointTarget>,
+    ) -> ServiceSpec {
+        ServiceSpec {
+            name: "web".into(),
+            namespace: "ns".into(),
+            vips: vec!["10.96.0.1".parse().unwrap()],
+            ports,
+            endpoints: Some(
+                [
+                    ("a".to_owned(), Conditions::from_slice(None, None, None)),
+                    ("b".to_owned(), Conditions::from_slice(None, None, None)),
+                ]
+                .into(),
+            ),
+            endpoint_targets,
+            hostname: None,
+            subject_alt_names: Vec::new(),
+        }
+    }
+
+    fn port(port: u16, target_port: Option<TargetPort>) -> ServicePort {
+        ServicePort {
+            port,
+            target_port,
+            protocol: "TCP".into(),
+        }
+    }
+
+    /// (uid, ip, target port, capacity) of an endpoint.
+    type Seen = (String, IpAddr, u16, u32);
+
+    /// Each endpoint of `port` and the Service's unresolved members.
+    fn endpoints_of(spec: ServiceSpec, port: u16) -> (Vec<Seen>, Vec<(String, u16, &'static str)>) {
+        let mut a = spec_of("a", "10.0.0.1");
+        a.ports.insert("http".into(), 8080);
+        let store = WorkloadStore::new("cluster.local", "n");
+        store.publish_all(vec![a, spec_of("b", "10.0.0.2")], vec![spec]);
+        let snap = store.snapshot();
+        let svc = snap.services()[0].clone();
+        let eps = svc.endpoints[&port]
+            .iter()
+            .map(|e| (e.workload.uid().to_owned(), e.ip, e.target_port, e.capacity))
+            .collect();
+        (eps, svc.unresolved.clone())
+    }
+
+    fn spec_of(uid: &str, ip: &str) -> WorkloadSpec {
+        spec(uid, ip, LifecycleState::Running)
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn an_endpoints_own_target_port_wins_over_the_services() {
+        let own = EndpointTarget {
+            ports: [(80, 9000), (81, 0)].into(),
+            ..Default::default()
+        };
+        for target in [
+            None,
+            Some(TargetPort::Number(8080)),
+            Some(TargetPort::Name("http".into())),
+        ] {
+            let spec = web(
+                vec![port(80, target.clone())],
+                [("b".to_owned(), own.clone())].into(),
+            );
+            let (eps, _) = endpoints_of(spec, 80);
+            assert_eq!(eps[1], ("b".into(), ip("10.0.0.2"), 9000, 1), "{target:?}");
+        }
+        // A mapping to port 0 is none: the Service's target port applies.
+        let spec = web(
+            vec![port(81, Some(TargetPort::Number(8181)))],
+            [("a".to_owned(), own)].into(),
+        );
+        let (eps, _) = endpoints_of(spec, 81);
+        assert_eq!(eps[0], ("a".into(), ip("10.0.0.1"), 8181, 1));
+    }
+
+    #[test]
+    fn a_per_endpoint_port_has_only_the_endpoints_that_map_it() {
+        let own = EndpointTarget {
+            ports: [(80, 9000)].into(),
+            ..Default::default()
+        };
+        let spec = web(
+            vec![port(80, Some(TargetPort::PerEndpoint))],
+            [("a".to_owned(), own)].into(),
+        );
+        let (eps, unresolved) = endpoints_of(spec, 80);
+        assert_eq!(eps, [("a".into(), ip("10.0.0.1"), 9000, 1)]);
+        assert_eq!(unresolved, [("b".to_owned(), 80, "no_target_port")]);
+    }
+
+    #[test]
+    fn an_endpoints_own_addresses_and_capacity_are_used() {
+        let own = EndpointTarget {
+            ips: vec![ip("192.168.0.2")],
+            capacity: 5,
+            ..Default::default()
+        };
+        let spec = web(
+            vec![port(80, Some(TargetPort::Number(8080)))],
+            [("b".to_owned(), own)].into(),
+        );
+        let (eps, _) = endpoints_of(spec, 80);
+        assert_eq!(
+            eps,
+            [
+                ("a".into(), ip("10.0.0.1"), 8080, 1),
+                ("b".into(), ip("192.168.0.2"), 8080, 5)
+            ]
+        );
+    }
+
+    #[test]
+    fn the_istio_only_fields_are_no_workload_file_keys() {
+        let yaml = "{name: web, vips: [10.96.0.1], ports: [{port: 80}]}";
+        let spec: ServiceSpec = serde_yaml::from_str(yaml).unwrap();
+        assert_eq!(
+            (spec.hostname, spec.subject_alt_names, spec.endpoint_targets),
+            (None, vec![], BTreeMap::new())
+        );
+        for extra in [
+            "hostname: web.default.svc.cluster.local",
+            "subject_alt_names: [a]",
+            "endpoint_targets: {}",
+        ] {
+            let yaml = format!("{{name: web, vips: [10.96.0.1], ports: [{{port: 80}}], {extra}}}");
+            assert!(
+                serde_yaml::from_str::<ServiceSpec>(&yaml).is_err(),
+                "{extra}"
+            );
+        }
+        // A target port the file leaves null is the service port, never per-endpoint.
+        let p: ServicePort = serde_yaml::from_str("{port: 80, target_port: null}").unwrap();
+        assert_eq!(p.target_port, None);
+        let p: ServicePort = serde_yaml::from_str("{port: 80, target_port: per-endpoint}").unwrap();
+        assert_eq!(p.target_port, Some(TargetPort::Name("per-endpoint".into())));
+    }
+
+    #[test]
+    fn a_per_endpoint_port_and_the_istio_fields_show_in_the_dump() {
+        let mut spec = web(
+            vec![port(80, Some(TargetPort::PerEndpoint))],
+            [("a".to_owned(), EndpointTarget::default())].into(),
+        );
+        spec.hostname = Some("web.ns.svc.cluster.local".into());
+        let json = serde_json::to_value(&spec).unwrap();
+        assert_eq!(json["ports"][0]["target_port"], "per-endpoint");
+        assert_eq!(json["hostname"], "web.ns.svc.cluster.local");
+        assert_eq!(
+            json["endpoint_targets"]["a"],
+            serde_json::json!({"capacity": 1})
+        );
+        assert!(json.get("subject_alt_names").is_none(), "empty: left out");
+    }
 }
