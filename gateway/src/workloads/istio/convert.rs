@@ -381,19 +381,21 @@ pub fn service(s: &wds::Service) -> Result<ServiceSpec, ConvertError> {
 /// one over an unhealthy one, then the greatest uid; the others keep
 /// their other addresses.
 ///
-/// Workloads come out sorted by uid, Services by `namespace/name`. One
-/// pass over the workloads with a hash lookup per Service they name.
-pub fn assemble<'a>(
-    workloads: impl IntoIterator<Item = &'a IstioWorkload>,
-    services: impl IntoIterator<Item = &'a ServiceSpec>,
+/// The inputs are the converted resources held, by resource name (the
+/// caller converts each resource once, when it arrives). Workloads come
+/// out sorted by uid, Services by `namespace/name`. One pass over the
+/// workloads with a hash lookup per Service they name.
+pub fn assemble(
+    workloads: &BTreeMap<String, IstioWorkload>,
+    services: &BTreeMap<String, ServiceSpec>,
 ) -> (Vec<WorkloadSpec>, Vec<ServiceSpec>) {
-    let mut out_services: Vec<ServiceSpec> = services.into_iter().cloned().collect();
+    let mut out_services: Vec<ServiceSpec> = services.values().cloned().collect();
     let by_host: HashMap<String, usize> = out_services
         .iter()
         .enumerate()
         .filter_map(|(i, s)| Some((format!("{}/{}", s.namespace, s.hostname.as_deref()?), i)))
         .collect();
-    let workloads: Vec<&IstioWorkload> = workloads.into_iter().collect();
+    let workloads: Vec<&IstioWorkload> = workloads.values().collect();
     let mut specs = Vec::with_capacity(workloads.len());
     for w in &workloads {
         let mut spec = w.spec.clone();

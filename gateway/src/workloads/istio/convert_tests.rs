@@ -458,6 +458,14 @@ fn converted(w: &wds::Workload) -> IstioWorkload {
     workload(w).unwrap()
 }
 
+/// Converted and held by resource name (the uid), as the source holds them.
+fn held(workloads: &[wds::Workload]) -> BTreeMap<String, IstioWorkload> {
+    workloads
+        .iter()
+        .map(|w| (w.uid.clone(), converted(w)))
+        .collect()
+}
+
 #[test]
 fn workloads_become_the_endpoints_of_the_services_they_name() {
     let mut a = pod("Kubernetes//Pod/shop/web-a", "10.0.0.1");
@@ -481,7 +489,7 @@ fn workloads_become_the_endpoints_of_the_services_they_name() {
     ]);
     let services = BTreeMap::from([(WEB.to_owned(), web), ("shop/api".to_owned(), api)]);
 
-    let (specs, services) = assemble(held.values(), services.values());
+    let (specs, services) = assemble(&held, &services);
 
     let uids: Vec<&str> = specs.iter().map(|s| s.uid.as_str()).collect();
     assert_eq!(
@@ -565,8 +573,8 @@ fn the_store_routes_each_endpoint_by_its_own_port_mapping() {
     h.tunnel_protocol = wds::TunnelProtocol::None as i32;
     h.services.insert(WEB.into(), ports(&[(80, 8080)]));
     let web = service(&svc("web", "10.96.0.10", &[(80, 8080), (9090, 0)])).unwrap();
-    let held = [converted(&a), converted(&b), converted(&h)];
-    let (specs, services) = assemble(&held, [&web]);
+    let services = BTreeMap::from([(WEB.to_owned(), web)]);
+    let (specs, services) = assemble(&held(&[a, b, h]), &services);
 
     let store = WorkloadStore::new("cluster.local", "node-a");
     store.publish_all(specs, services);
@@ -640,22 +648,47 @@ fn a_shared_address_goes_to_a_pod_then_hbone_then_a_healthy_one() {
     let mut plain = pod("Kubernetes//Pod/shop/web-plain", "10.0.0.9");
     plain.tunnel_protocol = wds::TunnelProtocol::None as i32;
 
-    let ips = |held: &[IstioWorkload]| -> BTreeMap<String, Vec<IpAddr>> {
-        let (specs, _) = assemble(held, []);
+    let ips = |workloads: &[wds::Workload]| -> BTreeMap<String, Vec<IpAddr>> {
+        let (specs, _) = assemble(&held(workloads), &BTreeMap::new());
         specs.into_iter().map(|s| (s.name, s.ips)).collect()
     };
-    let got = ips(&[
-        converted(&entry),
-        converted(&old),
-        converted(&new),
-        converted(&plain),
-    ]);
+    let got = ips(&[entry, old.clone(), new, plain.clone()]);
     assert_eq!(got["web-new"], [ipa("10.0.0.9")]);
     assert_eq!(got["web-old"], [ipa("fd00::9")], "keeps its other address");
     assert!(got["vm"].is_empty(), "a pod wins over a WorkloadEntry");
     assert!(got["web-plain"].is_empty(), "HBONE wins over plain TCP");
     // Only the unhealthy pod and the plain one: HBONE first.
-    let got = ips(&[converted(&plain), converted(&old)]);
+    let got = ips(&[plain, old]);
     assert_eq!(got["web-old"], [ipa("10.0.0.9"), ipa("fd00::9")]);
     assert!(got["web-plain"].is_empty());
+}
+
+#[test]
+fn ten_thousand_workloads_across_two_thousand_services() {
+    let services: BTreeMap<String, ServiceSpec> = (0..2000u32)
+        .map(|i| {
+            let vip = format!("10.96.{}.{}", i / 256, i % 256);
+            let s = svc(&format!("s{i}"), &vip, &[(80, 8080)]);
+            (format!("shop/{}", s.hostname), service(&s).unwrap())
+        })
+        .collect();
+    let workloads: BTreeMap<String, IstioWorkload> = (0..10_000u32)
+        .map(|i| {
+            let mut w = pod(
+                &format!("Kubernetes//Pod/shop/p{i}"),
+                &format!("10.1.{}.{}", i / 256, i % 256),
+            );
+            w.services.insert(
+                format!("shop/s{}.shop.svc.cluster.local", i % 2000),
+                ports(&[(80, 8080)]),
+            );
+            (w.uid.clone(), converted(&w))
+        })
+        .collect();
+    let (specs, services) = assemble(&workloads, &services);
+    assert_eq!(specs.len(), 10_000);
+    assert_eq!(services.len(), 2000);
+    assert!(services
+        .iter()
+        .all(|s| s.endpoints.as_ref().is_some_and(|e| e.len() == 5)));
 }
