@@ -15,13 +15,16 @@
 //!   protocol, a Service's IP families and load balancing), never read as
 //!   the default. Fields tidegate does not use and ztunnel does not check
 //!   (`workload_type`, `app_protocol`, a Service's `visibility`) are not
-//!   read at all.
+//!   read at all. Waypoints and network gateways are checked as ztunnel
+//!   checks them (a destination, a well-sized address), not carried.
 //!
 //! Not carried: waypoints (a Service's or workload's `waypoint`,
 //! `weighted_waypoints`: traffic goes to the endpoints directly), network
-//! gateways and `network` (one network is assumed), locality and load
-//! balancing preferences (checked, not applied), `native_tunnel` (HBONE to
-//! port 15008 either way), a hostname-only workload's `hostname`.
+//! gateways and `network` (one network is assumed), `locality`, load
+//! balancing (checked, not applied: an unhealthy endpoint stays a
+//! terminating one, where ztunnel leaves it out unless ALLOW_ALL),
+//! `native_tunnel` (HBONE to port 15008 either way), a hostname-only
+//! workload's `hostname`, `cluster_id`, extensions.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -40,6 +43,9 @@ use crate::workloads::{LifecycleState, Protocol, WorkloadSpec};
 pub const CANONICAL_NAME_LABEL: &str = "service.istio.io/canonical-name";
 /// The label Istio's metrics read a workload's canonical revision from.
 pub const CANONICAL_REVISION_LABEL: &str = "service.istio.io/canonical-revision";
+
+/// The trust domain an empty `trust_domain` stands for.
+pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
 
 /// A resource refused: which one, which field, and why. The message is
 /// what the NACK carries.
@@ -79,6 +85,8 @@ pub enum Problem {
     CidrVip(u32),
     #[error("prefix length {len} is longer than the address ({bits} bits)")]
     PrefixLength { len: u32, bits: u32 },
+    #[error("a gateway address with neither a hostname nor an address")]
+    NoDestination,
     /// A value tidegate cannot honour; the reason says why.
     #[error("{0}")]
     Unsupported(&'static str),
@@ -99,12 +107,14 @@ pub struct IstioWorkload {
     /// Its addresses, whatever its network mode.
     pub addresses: Vec<IpAddr>,
     /// HOST_NETWORK: it shares its node's address, so the address does not
-    /// identify it. It is not indexed by address (`spec.ips` is empty, as
-    /// the Kubernetes source leaves host-network pods unindexed) but stays
-    /// reachable as a Service endpoint at `addresses`
-    /// ([`EndpointTarget::ips`]).
+    /// identify it. It is not indexed by address (`spec.ips` is empty; the
+    /// Kubernetes source never indexes a host-network pod either) but
+    /// stays reachable as a Service endpoint at `addresses`
+    /// ([`EndpointTarget::ips`]), as ztunnel reaches it.
     pub host_network: bool,
-    /// Status HEALTHY (UNHEALTHY: `spec.state` is terminating).
+    /// Status HEALTHY (UNHEALTHY: not ready or being deleted, as istiod
+    /// reads a pod; `spec.state` is terminating, so the drain engine treats
+    /// it as such).
     pub healthy: bool,
     /// Service key (`namespace/hostname`) → service port → target port.
     /// A target port of 0 is left out (resolved as if the workload gave
@@ -114,28 +124,31 @@ pub struct IstioWorkload {
     /// to [`EndpointTarget::capacity`]; endpoint choice does not weigh it
     /// yet.
     pub capacity: u32,
-    /// The trust domain istiod gave, when it gave one (empty means
-    /// `cluster.local` to ztunnel).
-    pub trust_domain: Option<String>,
+    /// Its trust domain. istiod leaves the field empty for
+    /// `cluster.local` (and ztunnel reads an empty one so): empty becomes
+    /// `cluster.local` here.
+    pub trust_domain: String,
 }
 
 impl IstioWorkload {
-    /// Refuses a workload of another trust domain than `ours`: the store
-    /// derives every workload's identity from its own trust domain. An
-    /// unset trust domain is taken to be the gateway's. The caller refuses
-    /// or logs.
+    /// Refuses a workload of another trust domain than `ours` (the
+    /// gateway's, [`WorkloadStore::trust_domain`]): the store derives
+    /// every workload's identity from its own trust domain. The caller
+    /// refuses or logs.
+    ///
+    /// [`WorkloadStore::trust_domain`]: crate::workloads::WorkloadStore::trust_domain
     pub fn check_trust_domain(&self, ours: &str) -> Result<(), ConvertError> {
-        match &self.trust_domain {
-            Some(theirs) if theirs != ours => Err(ConvertError::Workload {
-                resource: self.spec.uid.clone(),
-                field: "trust_domain".into(),
-                problem: Problem::ForeignTrustDomain {
-                    theirs: theirs.clone(),
-                    ours: ours.to_owned(),
-                },
-            }),
-            _ => Ok(()),
+        if self.trust_domain == ours {
+            return Ok(());
         }
+        Err(ConvertError::Workload {
+            resource: self.spec.uid.clone(),
+            field: "trust_domain".into(),
+            problem: Problem::ForeignTrustDomain {
+                theirs: self.trust_domain.clone(),
+                ours: ours.to_owned(),
+            },
+        })
     }
 }
 
@@ -212,6 +225,14 @@ pub fn workload(w: &wds::Workload) -> Result<IstioWorkload, ConvertError> {
             }
         }
     }
+    for (field, gateway) in [
+        ("waypoint", &w.waypoint),
+        ("network_gateway", &w.network_gateway),
+    ] {
+        if let Some(g) = gateway {
+            check_gateway(g).map_err(|(at, p)| err(format!("{field}{at}"), p))?;
+        }
+    }
     let mut services = BTreeMap::new();
     for (key, list) in &w.services {
         let at = |field: String| format!("services[{key:?}]{field}");
@@ -274,7 +295,7 @@ pub fn workload(w: &wds::Workload) -> Result<IstioWorkload, ConvertError> {
         healthy,
         services,
         capacity: w.capacity.filter(|c| *c > 0).unwrap_or(1),
-        trust_domain: non_empty(&w.trust_domain),
+        trust_domain: non_empty(&w.trust_domain).unwrap_or_else(|| DEFAULT_TRUST_DOMAIN.into()),
     })
 }
 
@@ -324,6 +345,17 @@ pub fn service(s: &wds::Service) -> Result<ServiceSpec, ConvertError> {
             }),
             protocol: "TCP".into(),
         });
+    }
+    if let Some(g) = &s.waypoint {
+        check_gateway(g).map_err(|(at, p)| err(format!("waypoint{at}"), p))?;
+    }
+    for (i, ww) in s.weighted_waypoints.iter().enumerate() {
+        let field = format!("weighted_waypoints[{i}].destination");
+        let g = ww
+            .destination
+            .as_ref()
+            .ok_or_else(|| err(field.clone(), Problem::Empty))?;
+        check_gateway(g).map_err(|(at, p)| err(format!("{field}{at}"), p))?;
     }
     if IpFamilies::try_from(s.ip_families).is_err() {
         return Err(err(
@@ -468,6 +500,19 @@ fn resolve_shared_addresses(specs: &mut [WorkloadSpec], workloads: &[&IstioWorkl
         for (i, spec) in specs.iter_mut().enumerate() {
             spec.ips.retain(|ip| owner.get(ip) == Some(&i));
         }
+    }
+}
+
+/// A waypoint or network gateway that ztunnel would read: a destination,
+/// an address of 4 or 16 bytes. Checked, not carried. The error's field is
+/// relative (`.address`).
+fn check_gateway(g: &wds::GatewayAddress) -> Result<(), (String, Problem)> {
+    match &g.destination {
+        None => Err((String::new(), Problem::NoDestination)),
+        Some(wds::gateway_address::Destination::Address(a)) => {
+            ip(&a.address).map(drop).map_err(|p| (".address".into(), p))
+        }
+        Some(wds::gateway_address::Destination::Hostname(_)) => Ok(()),
     }
 }
 

@@ -119,7 +119,7 @@ fn a_pod_maps_onto_the_spec() {
     assert_eq!(got.addresses, s.ips);
     assert_eq!(got.services[WEB], BTreeMap::from([(80, 8080)]));
     assert_eq!(got.capacity, 1, "absent: 1");
-    assert_eq!(got.trust_domain, None);
+    assert_eq!(got.trust_domain, "cluster.local", "istiod's empty");
 }
 
 #[test]
@@ -218,21 +218,20 @@ fn capacity_defaults_to_one_when_absent_or_zero() {
 #[test]
 fn another_trust_domain_is_reported_for_the_caller_to_refuse() {
     let mut w = pod(UID, "10.0.0.7");
-    let ours = "cluster.local";
+    // istiod leaves the field empty for cluster.local.
+    let unset = workload(&w).unwrap();
+    assert_eq!(unset.check_trust_domain("cluster.local"), Ok(()));
     assert_eq!(
-        workload(&w).unwrap().check_trust_domain(ours),
-        Ok(()),
-        "unset"
+        unset.check_trust_domain("example.org").unwrap_err().to_string(),
+        "workload Kubernetes//Pod/shop/web-1: trust_domain: \"cluster.local\", not the gateway's \"example.org\": its identity would be derived wrongly"
     );
-    w.trust_domain = ours.into();
-    let same = workload(&w).unwrap();
-    assert_eq!(same.trust_domain.as_deref(), Some(ours));
-    assert_eq!(same.check_trust_domain(ours), Ok(()));
-    w.trust_domain = "other.example".into();
-    let foreign = workload(&w).expect("converted: the caller decides");
+    w.trust_domain = "example.org".into();
+    let named = workload(&w).expect("converted: the caller decides");
+    assert_eq!(named.trust_domain, "example.org");
+    assert_eq!(named.check_trust_domain("example.org"), Ok(()));
     assert_eq!(
-        foreign.check_trust_domain(ours).unwrap_err().to_string(),
-        "workload Kubernetes//Pod/shop/web-1: trust_domain: \"other.example\", not the gateway's \"cluster.local\": its identity would be derived wrongly"
+        named.check_trust_domain("cluster.local").unwrap_err().to_string(),
+        "workload Kubernetes//Pod/shop/web-1: trust_domain: \"example.org\", not the gateway's \"cluster.local\": its identity would be derived wrongly"
     );
 }
 
@@ -314,6 +313,63 @@ fn fields_ztunnel_does_not_check_are_not_read() {
     let mut s = svc("web", "10.96.0.10", &[(80, 8080)]);
     s.visibility = 9;
     assert!(service(&s).is_ok());
+}
+
+#[test]
+fn a_gateway_address_ztunnel_cannot_read_is_refused() {
+    let mut w = pod(UID, "10.0.0.7");
+    w.waypoint = Some(wds::GatewayAddress {
+        destination: Some(wds::gateway_address::Destination::Hostname(
+            wds::NamespacedHostname {
+                namespace: "shop".into(),
+                hostname: "waypoint.shop.svc.cluster.local".into(),
+            },
+        )),
+        hbone_mtls_port: 15008,
+    });
+    assert!(workload(&w).is_ok(), "checked, not carried");
+    w.waypoint = Some(wds::GatewayAddress {
+        destination: None,
+        hbone_mtls_port: 15008,
+    });
+    assert_eq!(
+        refusal(&w),
+        "workload Kubernetes//Pod/shop/web-1: waypoint: a gateway address with neither a hostname nor an address"
+    );
+    w.waypoint = None;
+    w.network_gateway = Some(wds::GatewayAddress {
+        destination: Some(wds::gateway_address::Destination::Address(
+            wds::NetworkAddress {
+                network: "net2".into(),
+                address: Bytes::from_static(&[1, 2]),
+                length: None,
+            },
+        )),
+        hbone_mtls_port: 15008,
+    });
+    assert_eq!(
+        refusal(&w),
+        "workload Kubernetes//Pod/shop/web-1: network_gateway.address: 2 bytes, not an IPv4 (4) or IPv6 (16) address"
+    );
+
+    let mut s = svc("web", "10.96.0.10", &[(80, 8080)]);
+    s.waypoint = Some(wds::GatewayAddress {
+        destination: None,
+        hbone_mtls_port: 15008,
+    });
+    assert_eq!(
+        service_refusal(&s),
+        "service shop/web.shop.svc.cluster.local: waypoint: a gateway address with neither a hostname nor an address"
+    );
+    s.waypoint = None;
+    s.weighted_waypoints = vec![wds::WeightedWaypoint {
+        destination: None,
+        weight: 1,
+    }];
+    assert_eq!(
+        service_refusal(&s),
+        "service shop/web.shop.svc.cluster.local: weighted_waypoints[0].destination: empty"
+    );
 }
 
 // --- service ---
