@@ -38,7 +38,9 @@ pub struct Address {
 }
 
 pub mod address {
-    /// What an [`Address`](super::Address) holds.
+    /// What an [`Address`](super::Address) holds. Unboxed, as prost-build
+    /// generates it: one resource is decoded at a time.
+    #[allow(clippy::large_enum_variant)]
     #[derive(Clone, PartialEq, prost::Oneof)]
     pub enum Type {
         #[prost(message, tag = "1")]

@@ -1,15 +1,20 @@
 //! Services: a VIP and ports in front of endpoints (workloads), as the
-//! workload file or Kubernetes discovery gives them. Resolved once per
+//! workload file, Kubernetes discovery or istiod gives them. Resolved once per
 //! publish into what the data path needs: VIP:port → the Service and, per
 //! endpoint, the target port and its conditions.
 //!
 //! - A workload joins a Service by naming it (`services: [<name>]` or
 //!   `<namespace>/<name>` in the workload file). Kubernetes discovery lists
 //!   the endpoints explicitly instead (its EndpointSlices, by pod uid, with
-//!   their conditions): [`ServiceSpec::endpoints`].
+//!   their conditions): [`ServiceSpec::endpoints`]. So does discovery from
+//!   istiod, whose endpoints also bring their own port mapping
+//!   ([`ServiceSpec::endpoint_targets`]).
 //! - `target_port` is a number, or a name resolved per endpoint from the
 //!   workload's named ports (`ports: {http: 8080}`); an endpoint without that
-//!   name is not an endpoint of that port.
+//!   name is not an endpoint of that port. An endpoint's own mapping of a
+//!   port ([`EndpointTarget::ports`]) comes first; a Service whose target
+//!   port is [`TargetPort::PerEndpoint`] (istiod's `target_port: 0`) has
+//!   only those, and an endpoint without one is no endpoint of that port.
 //! - Conditions follow Kubernetes' EndpointSlice: `ready`, `serving`,
 //!   `terminating`. From the workload file they follow the workload's state
 //!   (running: ready and serving; terminating: serving and terminating).
@@ -21,7 +26,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 
 use super::{LifecycleState, Workload};
 
@@ -49,6 +54,16 @@ fn tcp() -> String {
 pub enum TargetPort {
     Number(u16),
     Name(String),
+    /// Each endpoint's own mapping only ([`EndpointTarget::ports`]): the
+    /// Service names no target port (istiod's `target_port: 0`, a named
+    /// port it resolved per endpoint). Not a workload-file value; shown as
+    /// `per-endpoint`.
+    #[serde(skip_deserializing, serialize_with = "per_endpoint")]
+    PerEndpoint,
+}
+
+fn per_endpoint<S: Serializer>(s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str("per-endpoint")
 }
 
 /// A Service as its source gave it.
@@ -66,6 +81,50 @@ pub struct ServiceSpec {
     /// the Service, conditions from their state.
     #[serde(default, skip_deserializing, skip_serializing_if = "Option::is_none")]
     pub endpoints: Option<BTreeMap<String, Conditions>>,
+    /// What explicit endpoints bring of their own, by workload uid: their
+    /// port mapping, addresses, weight (istiod: each workload's entry for
+    /// this Service). An endpoint not listed has none.
+    #[serde(
+        default,
+        skip_deserializing,
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub endpoint_targets: BTreeMap<String, EndpointTarget>,
+    /// The Service's DNS name (istiod: `web.shop.svc.cluster.local`, with
+    /// the namespace its key there). Not a workload-file key.
+    #[serde(default, skip_deserializing, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// Identities an endpoint may present beside its own (istiod's
+    /// `subject_alt_names`). Not a workload-file key.
+    #[serde(default, skip_deserializing, skip_serializing_if = "Vec::is_empty")]
+    pub subject_alt_names: Vec<String>,
+}
+
+/// Where one explicit endpoint is reached, beyond what its workload says.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct EndpointTarget {
+    /// Service port → the endpoint's target port. Wins over the Service's
+    /// `target_port`.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub ports: BTreeMap<u16, u16>,
+    /// Addresses used in place of the workload's, for a workload that is
+    /// not indexed by address (istiod's HOST_NETWORK: it shares its node's
+    /// IP). Empty: the workload's.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ips: Vec<IpAddr>,
+    /// Its weight among the endpoints (istiod's `capacity`). Carried to
+    /// [`Endpoint::capacity`]; endpoint choice does not weigh it yet.
+    pub capacity: u32,
+}
+
+impl Default for EndpointTarget {
+    fn default() -> Self {
+        EndpointTarget {
+            ports: BTreeMap::new(),
+            ips: Vec::new(),
+            capacity: 1,
+        }
+    }
 }
 
 fn default_namespace() -> String {
@@ -145,6 +204,8 @@ pub struct Endpoint {
     pub ip: IpAddr,
     pub target_port: u16,
     pub conditions: Conditions,
+    /// Its weight ([`EndpointTarget::capacity`]; 1 when its source gives none).
+    pub capacity: u32,
 }
 
 /// A Service with its endpoints, resolved per port.
@@ -211,17 +272,29 @@ pub fn resolve(
             }
             let mut list = Vec::new();
             for (w, conditions) in &members {
-                let target = match &p.target_port {
-                    None => Some(p.port),
-                    Some(TargetPort::Number(n)) => Some(*n),
-                    Some(TargetPort::Name(name)) => w.spec.ports.get(name).copied(),
+                let own = spec.endpoint_targets.get(w.uid());
+                let target = match (own.and_then(|o| o.ports.get(&p.port)), &p.target_port) {
+                    (Some(n), _) if *n > 0 => Ok(*n),
+                    (_, None) => Ok(p.port),
+                    (_, Some(TargetPort::Number(n))) => Ok(*n),
+                    (_, Some(TargetPort::Name(name))) => {
+                        w.spec.ports.get(name).copied().ok_or("no_named_port")
+                    }
+                    (_, Some(TargetPort::PerEndpoint)) => Err("no_target_port"),
                 };
-                let Some(target_port) = target else {
-                    unresolved.push((w.uid().to_owned(), p.port, "no_named_port"));
-                    continue;
+                let target_port = match target {
+                    Ok(port) => port,
+                    Err(reason) => {
+                        unresolved.push((w.uid().to_owned(), p.port, reason));
+                        continue;
+                    }
+                };
+                let ips = match own {
+                    Some(o) if !o.ips.is_empty() => &o.ips,
+                    _ => &w.spec.ips,
                 };
                 let family = spec.vips.first().is_none_or(|v| v.is_ipv4());
-                let Some(ip) = w.spec.ips.iter().find(|ip| ip.is_ipv4() == family).copied() else {
+                let Some(ip) = ips.iter().find(|ip| ip.is_ipv4() == family).copied() else {
                     unresolved.push((w.uid().to_owned(), p.port, "no_address_of_the_vip_family"));
                     continue;
                 };
@@ -230,6 +303,7 @@ pub fn resolve(
                     ip,
                     target_port,
                     conditions: *conditions,
+                    capacity: own.map_or(1, |o| o.capacity),
                 });
             }
             endpoints.insert(p.port, list);
@@ -286,6 +360,9 @@ mod tests {
                 ]
                 .into(),
             ),
+            endpoint_targets: BTreeMap::new(),
+            hostname: None,
+            subject_alt_names: Vec::new(),
         };
         store.publish_all(
             vec![
@@ -320,5 +397,167 @@ mod tests {
             "an endpoint naming no known workload is left out"
         );
         assert_eq!(web.unresolved, [("gone".to_owned(), 80, "not_a_workload")]);
+    }
+
+    fn web(
+        ports: Vec<ServicePort>,
+        endpoint_targets: BTreeMap<String, EndpointTarget>,
+    ) -> ServiceSpec {
+        ServiceSpec {
+            name: "web".into(),
+            namespace: "ns".into(),
+            vips: vec!["10.96.0.1".parse().unwrap()],
+            ports,
+            endpoints: Some(
+                [
+                    ("a".to_owned(), Conditions::from_slice(None, None, None)),
+                    ("b".to_owned(), Conditions::from_slice(None, None, None)),
+                ]
+                .into(),
+            ),
+            endpoint_targets,
+            hostname: None,
+            subject_alt_names: Vec::new(),
+        }
+    }
+
+    fn port(port: u16, target_port: Option<TargetPort>) -> ServicePort {
+        ServicePort {
+            port,
+            target_port,
+            protocol: "TCP".into(),
+        }
+    }
+
+    /// (uid, ip, target port, capacity) of an endpoint.
+    type Seen = (String, IpAddr, u16, u32);
+
+    /// Each endpoint of `port` and the Service's unresolved members.
+    fn endpoints_of(spec: ServiceSpec, port: u16) -> (Vec<Seen>, Vec<(String, u16, &'static str)>) {
+        let mut a = spec_of("a", "10.0.0.1");
+        a.ports.insert("http".into(), 8080);
+        let store = WorkloadStore::new("cluster.local", "n");
+        store.publish_all(vec![a, spec_of("b", "10.0.0.2")], vec![spec]);
+        let snap = store.snapshot();
+        let svc = snap.services()[0].clone();
+        let eps = svc.endpoints[&port]
+            .iter()
+            .map(|e| (e.workload.uid().to_owned(), e.ip, e.target_port, e.capacity))
+            .collect();
+        (eps, svc.unresolved.clone())
+    }
+
+    fn spec_of(uid: &str, ip: &str) -> WorkloadSpec {
+        spec(uid, ip, LifecycleState::Running)
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn an_endpoints_own_target_port_wins_over_the_services() {
+        let own = EndpointTarget {
+            ports: [(80, 9000), (81, 0)].into(),
+            ..Default::default()
+        };
+        for target in [
+            None,
+            Some(TargetPort::Number(8080)),
+            Some(TargetPort::Name("http".into())),
+        ] {
+            let spec = web(
+                vec![port(80, target.clone())],
+                [("b".to_owned(), own.clone())].into(),
+            );
+            let (eps, _) = endpoints_of(spec, 80);
+            assert_eq!(eps[1], ("b".into(), ip("10.0.0.2"), 9000, 1), "{target:?}");
+        }
+        // A mapping to port 0 is none: the Service's target port applies.
+        let spec = web(
+            vec![port(81, Some(TargetPort::Number(8181)))],
+            [("a".to_owned(), own)].into(),
+        );
+        let (eps, _) = endpoints_of(spec, 81);
+        assert_eq!(eps[0], ("a".into(), ip("10.0.0.1"), 8181, 1));
+    }
+
+    #[test]
+    fn a_per_endpoint_port_has_only_the_endpoints_that_map_it() {
+        let own = EndpointTarget {
+            ports: [(80, 9000)].into(),
+            ..Default::default()
+        };
+        let spec = web(
+            vec![port(80, Some(TargetPort::PerEndpoint))],
+            [("a".to_owned(), own)].into(),
+        );
+        let (eps, unresolved) = endpoints_of(spec, 80);
+        assert_eq!(eps, [("a".into(), ip("10.0.0.1"), 9000, 1)]);
+        assert_eq!(unresolved, [("b".to_owned(), 80, "no_target_port")]);
+    }
+
+    #[test]
+    fn an_endpoints_own_addresses_and_capacity_are_used() {
+        let own = EndpointTarget {
+            ips: vec![ip("192.168.0.2")],
+            capacity: 5,
+            ..Default::default()
+        };
+        let spec = web(
+            vec![port(80, Some(TargetPort::Number(8080)))],
+            [("b".to_owned(), own)].into(),
+        );
+        let (eps, _) = endpoints_of(spec, 80);
+        assert_eq!(
+            eps,
+            [
+                ("a".into(), ip("10.0.0.1"), 8080, 1),
+                ("b".into(), ip("192.168.0.2"), 8080, 5)
+            ]
+        );
+    }
+
+    #[test]
+    fn the_istio_only_fields_are_no_workload_file_keys() {
+        let yaml = "{name: web, vips: [10.96.0.1], ports: [{port: 80}]}";
+        let spec: ServiceSpec = serde_yaml::from_str(yaml).unwrap();
+        assert_eq!(
+            (spec.hostname, spec.subject_alt_names, spec.endpoint_targets),
+            (None, vec![], BTreeMap::new())
+        );
+        for extra in [
+            "hostname: web.default.svc.cluster.local",
+            "subject_alt_names: [a]",
+            "endpoint_targets: {}",
+        ] {
+            let yaml = format!("{{name: web, vips: [10.96.0.1], ports: [{{port: 80}}], {extra}}}");
+            assert!(
+                serde_yaml::from_str::<ServiceSpec>(&yaml).is_err(),
+                "{extra}"
+            );
+        }
+        // A target port the file leaves null is the service port, never per-endpoint.
+        let p: ServicePort = serde_yaml::from_str("{port: 80, target_port: null}").unwrap();
+        assert_eq!(p.target_port, None);
+        let p: ServicePort = serde_yaml::from_str("{port: 80, target_port: per-endpoint}").unwrap();
+        assert_eq!(p.target_port, Some(TargetPort::Name("per-endpoint".into())));
+    }
+
+    #[test]
+    fn a_per_endpoint_port_and_the_istio_fields_show_in_the_dump() {
+        let mut spec = web(
+            vec![port(80, Some(TargetPort::PerEndpoint))],
+            [("a".to_owned(), EndpointTarget::default())].into(),
+        );
+        spec.hostname = Some("web.ns.svc.cluster.local".into());
+        let json = serde_json::to_value(&spec).unwrap();
+        assert_eq!(json["ports"][0]["target_port"], "per-endpoint");
+        assert_eq!(json["hostname"], "web.ns.svc.cluster.local");
+        assert_eq!(
+            json["endpoint_targets"]["a"],
+            serde_json::json!({"capacity": 1})
+        );
+        assert!(json.get("subject_alt_names").is_none(), "empty: left out");
     }
 }

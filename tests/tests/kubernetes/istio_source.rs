@@ -100,7 +100,7 @@ fn deny_client() -> bytes::Bytes {
                 matches: vec![XdsMatch {
                     principals: vec![XdsStringMatch {
                         match_type: Some(MatchType::Exact(
-                            "spiffe://cluster.local/ns/demo/sa/client".into(),
+                            "cluster.local/ns/demo/sa/client".into(),
                         )),
                     }],
                     ..Default::default()

@@ -1,1 +1,549 @@
-//! placeholder
+//! istiod's workload resources (`istio.workload.Workload` and `Service`,
+//! [`tidegate_xds::workload`]) converted into the store's
+//! [`WorkloadSpec`] and [`ServiceSpec`]: pure functions, no I/O.
+//!
+//! - [`workload`] and [`service`] convert one resource each, or refuse it
+//!   with a [`ConvertError`] naming the resource and the field. The caller
+//!   NACKs a refused resource and keeps the rest; it holds what converted
+//!   and calls [`assemble`] on every change.
+//! - A Service lists no endpoints: each workload's `services` map names
+//!   the Services it is an endpoint of and its port mapping for each.
+//!   [`assemble`] turns those into each [`ServiceSpec`]'s explicit
+//!   endpoints, conditions from the workload's status.
+//! - An enum value this code does not know is refused where ztunnel
+//!   refuses it (tunnel protocol, status, network mode, application tunnel
+//!   protocol, a Service's IP families and load balancing), never read as
+//!   the default. Fields tidegate does not use and ztunnel does not check
+//!   (`workload_type`, `app_protocol`, a Service's `visibility`) are not
+//!   read at all. Waypoints and network gateways are checked as ztunnel
+//!   checks them (a destination, a well-sized address), not carried.
+//!
+//! Not carried: waypoints (a Service's or workload's `waypoint`,
+//! `weighted_waypoints`: traffic goes to the endpoints directly), network
+//! gateways and `network` (one network is assumed), `locality`, load
+//! balancing (checked, not applied: an unhealthy endpoint stays a
+//! terminating one, where ztunnel leaves it out unless ALLOW_ALL),
+//! `native_tunnel` (HBONE to port 15008 either way), a hostname-only
+//! workload's `hostname`, `cluster_id`, extensions.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+
+use tidegate_xds::workload::{
+    self as wds, application_tunnel, load_balancing, IpFamilies, NetworkMode, TunnelProtocol,
+    WorkloadStatus,
+};
+
+use crate::workloads::services::{
+    Conditions, EndpointTarget, ServicePort, ServiceSpec, TargetPort,
+};
+use crate::workloads::{LifecycleState, Protocol, WorkloadSpec};
+
+/// The label Istio's metrics read a workload's canonical service from.
+pub const CANONICAL_NAME_LABEL: &str = "service.istio.io/canonical-name";
+/// The label Istio's metrics read a workload's canonical revision from.
+pub const CANONICAL_REVISION_LABEL: &str = "service.istio.io/canonical-revision";
+
+/// The trust domain an empty `trust_domain` stands for.
+pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
+
+/// A resource refused: which one, which field, and why. The message is
+/// what the NACK carries.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConvertError {
+    /// A workload, by uid (or `namespace/name` without one).
+    #[error("workload {resource}: {field}: {problem}")]
+    Workload {
+        resource: String,
+        field: String,
+        problem: Problem,
+    },
+    /// A Service, by its key `namespace/hostname`.
+    #[error("service {resource}: {field}: {problem}")]
+    Service {
+        resource: String,
+        field: String,
+        problem: Problem,
+    },
+}
+
+/// What is wrong with a field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Problem {
+    #[error("empty")]
+    Empty,
+    #[error("{0} bytes, not an IPv4 (4) or IPv6 (16) address")]
+    AddressLength(usize),
+    #[error("{value} is not a known {kind} value")]
+    UnknownEnum { kind: &'static str, value: i32 },
+    #[error("{0} is above 65535")]
+    PortRange(u32),
+    #[error("{0:?} is not <namespace>/<hostname>")]
+    ServiceKey(String),
+    /// A Service address with a prefix length below its family's width.
+    #[error("a CIDR VIP (/{0}): tidegate routes to single addresses only")]
+    CidrVip(u32),
+    #[error("prefix length {len} is longer than the address ({bits} bits)")]
+    PrefixLength { len: u32, bits: u32 },
+    #[error("a gateway address with neither a hostname nor an address")]
+    NoDestination,
+    /// A value tidegate cannot honour; the reason says why.
+    #[error("{0}")]
+    Unsupported(&'static str),
+    /// A workload of another trust domain ([`IstioWorkload::check_trust_domain`]).
+    #[error("{theirs:?}, not the gateway's {ours:?}: its identity would be derived wrongly")]
+    ForeignTrustDomain { theirs: String, ours: String },
+}
+
+/// A converted workload: the spec the store takes, and what the workload
+/// says that the spec has no field for (kept for [`assemble`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct IstioWorkload {
+    /// `ips` is empty for a HOST_NETWORK workload (see `addresses`);
+    /// `services` holds the Service keys as istiod gives them
+    /// (`namespace/hostname`) until [`assemble`] replaces them with the
+    /// held Services' keys.
+    pub spec: WorkloadSpec,
+    /// Its addresses, whatever its network mode.
+    pub addresses: Vec<IpAddr>,
+    /// HOST_NETWORK: it shares its node's address, so the address does not
+    /// identify it. It is not indexed by address (`spec.ips` is empty; the
+    /// Kubernetes source never indexes a host-network pod either) but
+    /// stays reachable as a Service endpoint at `addresses`
+    /// ([`EndpointTarget::ips`]), as ztunnel reaches it.
+    pub host_network: bool,
+    /// Status HEALTHY (UNHEALTHY: not ready or being deleted, as istiod
+    /// reads a pod; `spec.state` is terminating, so the drain engine treats
+    /// it as such).
+    pub healthy: bool,
+    /// Service key (`namespace/hostname`) → service port → target port.
+    /// A target port of 0 is left out (resolved as if the workload gave
+    /// none).
+    pub services: BTreeMap<String, BTreeMap<u16, u16>>,
+    /// Its weight among a Service's endpoints: 1 when absent or 0. Carried
+    /// to [`EndpointTarget::capacity`]; endpoint choice does not weigh it
+    /// yet.
+    pub capacity: u32,
+    /// Its trust domain. istiod leaves the field empty for
+    /// `cluster.local` (and ztunnel reads an empty one so): empty becomes
+    /// `cluster.local` here.
+    pub trust_domain: String,
+}
+
+impl IstioWorkload {
+    /// Refuses a workload of another trust domain than `ours` (the
+    /// gateway's, [`WorkloadStore::trust_domain`]): the store derives
+    /// every workload's identity from its own trust domain. The caller
+    /// refuses or logs.
+    ///
+    /// [`WorkloadStore::trust_domain`]: crate::workloads::WorkloadStore::trust_domain
+    pub fn check_trust_domain(&self, ours: &str) -> Result<(), ConvertError> {
+        if self.trust_domain == ours {
+            return Ok(());
+        }
+        Err(ConvertError::Workload {
+            resource: self.spec.uid.clone(),
+            field: "trust_domain".into(),
+            problem: Problem::ForeignTrustDomain {
+                theirs: self.trust_domain.clone(),
+                ours: ours.to_owned(),
+            },
+        })
+    }
+}
+
+/// One workload as the store takes it, or why not.
+pub fn workload(w: &wds::Workload) -> Result<IstioWorkload, ConvertError> {
+    let resource = if w.uid.is_empty() {
+        format!("{}/{}", w.namespace, w.name)
+    } else {
+        w.uid.clone()
+    };
+    let err = |field: String, problem: Problem| ConvertError::Workload {
+        resource: resource.clone(),
+        field,
+        problem,
+    };
+    if w.uid.is_empty() {
+        return Err(err("uid".into(), Problem::Empty));
+    }
+    let addresses = w
+        .addresses
+        .iter()
+        .enumerate()
+        .map(|(i, a)| ip(a).map_err(|p| err(format!("addresses[{i}]"), p)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let protocol = match TunnelProtocol::try_from(w.tunnel_protocol) {
+        Ok(TunnelProtocol::Hbone) => Protocol::Hbone,
+        Ok(TunnelProtocol::None) => Protocol::Tcp,
+        Ok(TunnelProtocol::LegacyIstioMtls) => {
+            return Err(err(
+                "tunnel_protocol".into(),
+                Problem::Unsupported(
+                    "LEGACY_ISTIO_MTLS: tidegate does not speak Istio's sidecar mutual TLS",
+                ),
+            ))
+        }
+        Err(_) => {
+            return Err(err(
+                "tunnel_protocol".into(),
+                unknown("TunnelProtocol", w.tunnel_protocol),
+            ))
+        }
+    };
+    let healthy = match WorkloadStatus::try_from(w.status) {
+        Ok(WorkloadStatus::Healthy) => true,
+        Ok(WorkloadStatus::Unhealthy) => false,
+        Err(_) => return Err(err("status".into(), unknown("WorkloadStatus", w.status))),
+    };
+    let host_network = match NetworkMode::try_from(w.network_mode) {
+        Ok(NetworkMode::Standard) => false,
+        Ok(NetworkMode::HostNetwork) => true,
+        Err(_) => {
+            return Err(err(
+                "network_mode".into(),
+                unknown("NetworkMode", w.network_mode),
+            ))
+        }
+    };
+    if let Some(tunnel) = &w.application_tunnel {
+        match application_tunnel::Protocol::try_from(tunnel.protocol) {
+            Ok(application_tunnel::Protocol::None) => {}
+            Ok(application_tunnel::Protocol::Proxy) => {
+                return Err(err(
+                    "application_tunnel.protocol".into(),
+                    Problem::Unsupported(
+                        "PROXY: tidegate does not write PROXY protocol headers to the application",
+                    ),
+                ))
+            }
+            Err(_) => {
+                return Err(err(
+                    "application_tunnel.protocol".into(),
+                    unknown("ApplicationTunnel.Protocol", tunnel.protocol),
+                ))
+            }
+        }
+    }
+    for (field, gateway) in [
+        ("waypoint", &w.waypoint),
+        ("network_gateway", &w.network_gateway),
+    ] {
+        if let Some(g) = gateway {
+            check_gateway(g).map_err(|(at, p)| err(format!("{field}{at}"), p))?;
+        }
+    }
+    let mut services = BTreeMap::new();
+    for (key, list) in &w.services {
+        let at = |field: String| format!("services[{key:?}]{field}");
+        if !is_service_key(key) {
+            return Err(err(at(String::new()), Problem::ServiceKey(key.clone())));
+        }
+        let mut ports = BTreeMap::new();
+        for (i, p) in list.ports.iter().enumerate() {
+            let service_port = port(p.service_port)
+                .map_err(|e| err(at(format!(".ports[{i}].service_port")), e))?;
+            let target_port =
+                port(p.target_port).map_err(|e| err(at(format!(".ports[{i}].target_port")), e))?;
+            if target_port > 0 {
+                ports.insert(service_port, target_port);
+            }
+        }
+        services.insert(key.clone(), ports);
+    }
+    let mut labels = BTreeMap::new();
+    for (key, value) in [
+        (CANONICAL_NAME_LABEL, &w.canonical_name),
+        (CANONICAL_REVISION_LABEL, &w.canonical_revision),
+    ] {
+        if !value.is_empty() {
+            labels.insert(key.to_owned(), value.clone());
+        }
+    }
+    let spec = WorkloadSpec {
+        uid: w.uid.clone(),
+        name: w.name.clone(),
+        namespace: w.namespace.clone(),
+        service_account: non_empty(&w.service_account).unwrap_or_else(|| "default".into()),
+        ips: if host_network {
+            Vec::new()
+        } else {
+            addresses.clone()
+        },
+        node: w.node.clone(),
+        protocol,
+        state: if healthy {
+            LifecycleState::Running
+        } else {
+            LifecycleState::Terminating
+        },
+        labels,
+        annotations: BTreeMap::new(),
+        allow: Vec::new(),
+        authorization_policies: w.authorization_policies.clone(),
+        oci_backend_draining: false,
+        namespace_policy: None,
+        deletion_deadline_unix_ms: None,
+        services: services.keys().cloned().collect(),
+        ports: BTreeMap::new(),
+        workload_name: non_empty(&w.workload_name),
+    };
+    Ok(IstioWorkload {
+        spec,
+        addresses,
+        host_network,
+        healthy,
+        services,
+        capacity: w.capacity.filter(|c| *c > 0).unwrap_or(1),
+        trust_domain: non_empty(&w.trust_domain).unwrap_or_else(|| DEFAULT_TRUST_DOMAIN.into()),
+    })
+}
+
+/// One Service as the store takes it (no endpoints yet: [`assemble`]),
+/// or why not.
+pub fn service(s: &wds::Service) -> Result<ServiceSpec, ConvertError> {
+    let err = |field: String, problem: Problem| ConvertError::Service {
+        resource: format!("{}/{}", s.namespace, s.hostname),
+        field,
+        problem,
+    };
+    for (field, value) in [
+        ("name", &s.name),
+        ("namespace", &s.namespace),
+        ("hostname", &s.hostname),
+    ] {
+        if value.is_empty() {
+            return Err(err(field.into(), Problem::Empty));
+        }
+    }
+    let mut vips = Vec::with_capacity(s.addresses.len());
+    for (i, a) in s.addresses.iter().enumerate() {
+        let at = || format!("addresses[{i}]");
+        let vip = ip(&a.address).map_err(|p| err(at(), p))?;
+        let bits = if vip.is_ipv4() { 32 } else { 128 };
+        match a.length {
+            None => {}
+            Some(len) if len == bits => {}
+            Some(len) if len > bits => {
+                return Err(err(at(), Problem::PrefixLength { len, bits }));
+            }
+            Some(len) => return Err(err(at(), Problem::CidrVip(len))),
+        }
+        vips.push(vip);
+    }
+    let mut ports = Vec::with_capacity(s.ports.len());
+    for (i, p) in s.ports.iter().enumerate() {
+        let service_port =
+            port(p.service_port).map_err(|e| err(format!("ports[{i}].service_port"), e))?;
+        let target_port =
+            port(p.target_port).map_err(|e| err(format!("ports[{i}].target_port"), e))?;
+        ports.push(ServicePort {
+            port: service_port,
+            target_port: Some(match target_port {
+                0 => TargetPort::PerEndpoint,
+                n => TargetPort::Number(n),
+            }),
+            protocol: "TCP".into(),
+        });
+    }
+    if let Some(g) = &s.waypoint {
+        check_gateway(g).map_err(|(at, p)| err(format!("waypoint{at}"), p))?;
+    }
+    for (i, ww) in s.weighted_waypoints.iter().enumerate() {
+        let field = format!("weighted_waypoints[{i}].destination");
+        let g = ww
+            .destination
+            .as_ref()
+            .ok_or_else(|| err(field.clone(), Problem::Empty))?;
+        check_gateway(g).map_err(|(at, p)| err(format!("{field}{at}"), p))?;
+    }
+    if IpFamilies::try_from(s.ip_families).is_err() {
+        return Err(err(
+            "ip_families".into(),
+            unknown("IPFamilies", s.ip_families),
+        ));
+    }
+    if let Some(lb) = &s.load_balancing {
+        for (i, scope) in lb.routing_preference.iter().enumerate() {
+            if load_balancing::Scope::try_from(*scope).is_err() {
+                return Err(err(
+                    format!("load_balancing.routing_preference[{i}]"),
+                    unknown("LoadBalancing.Scope", *scope),
+                ));
+            }
+        }
+        if load_balancing::Mode::try_from(lb.mode).is_err() {
+            return Err(err(
+                "load_balancing.mode".into(),
+                unknown("LoadBalancing.Mode", lb.mode),
+            ));
+        }
+        if load_balancing::HealthPolicy::try_from(lb.health_policy).is_err() {
+            return Err(err(
+                "load_balancing.health_policy".into(),
+                unknown("LoadBalancing.HealthPolicy", lb.health_policy),
+            ));
+        }
+    }
+    Ok(ServiceSpec {
+        name: s.name.clone(),
+        namespace: s.namespace.clone(),
+        vips,
+        ports,
+        // Explicit, even when no workload names it: membership comes from
+        // the workloads' `services`, never from matching names.
+        endpoints: Some(BTreeMap::new()),
+        endpoint_targets: BTreeMap::new(),
+        hostname: Some(s.hostname.clone()),
+        subject_alt_names: s.subject_alt_names.clone(),
+    })
+}
+
+/// The workload set and the Services to publish, from the converted
+/// resources held: each workload becomes an explicit endpoint of every
+/// held Service its `services` names, with its port mapping, its
+/// addresses when it is HOST_NETWORK, its capacity, and conditions from
+/// its status (HEALTHY: ready and serving; UNHEALTHY: serving and
+/// terminating, not ready). A workload naming a Service not held is an
+/// endpoint of nothing there; its `spec.services` keeps the held
+/// Services' keys (`namespace/name`) only.
+///
+/// An address held by several workloads goes to one, as ztunnel chooses
+/// (a pod over anything else, then HBONE over plain TCP), then a healthy
+/// one over an unhealthy one, then the greatest uid; the others keep
+/// their other addresses.
+///
+/// The inputs are the converted resources held, by resource name (the
+/// caller converts each resource once, when it arrives). Workloads come
+/// out sorted by uid, Services by `namespace/name`. One pass over the
+/// workloads with a hash lookup per Service they name.
+pub fn assemble(
+    workloads: &BTreeMap<String, IstioWorkload>,
+    services: &BTreeMap<String, ServiceSpec>,
+) -> (Vec<WorkloadSpec>, Vec<ServiceSpec>) {
+    let mut out_services: Vec<ServiceSpec> = services.values().cloned().collect();
+    let by_host: HashMap<String, usize> = out_services
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| Some((format!("{}/{}", s.namespace, s.hostname.as_deref()?), i)))
+        .collect();
+    let workloads: Vec<&IstioWorkload> = workloads.values().collect();
+    let mut specs = Vec::with_capacity(workloads.len());
+    for w in &workloads {
+        let mut spec = w.spec.clone();
+        spec.services.clear();
+        let conditions = Conditions {
+            ready: w.healthy,
+            serving: true,
+            terminating: !w.healthy,
+        };
+        for (key, ports) in &w.services {
+            let Some(&i) = by_host.get(key.as_str()) else {
+                continue;
+            };
+            let svc = &mut out_services[i];
+            spec.services.push(svc.key());
+            svc.endpoints
+                .get_or_insert_with(BTreeMap::new)
+                .insert(spec.uid.clone(), conditions);
+            let target = EndpointTarget {
+                ports: ports.clone(),
+                ips: if w.host_network {
+                    w.addresses.clone()
+                } else {
+                    Vec::new()
+                },
+                capacity: w.capacity,
+            };
+            if target != EndpointTarget::default() {
+                svc.endpoint_targets.insert(spec.uid.clone(), target);
+            }
+        }
+        specs.push(spec);
+    }
+    resolve_shared_addresses(&mut specs, &workloads);
+    specs.sort_by(|a, b| a.uid.cmp(&b.uid));
+    out_services.sort_by_key(ServiceSpec::key);
+    (specs, out_services)
+}
+
+/// Leaves each address in one spec's `ips` (see [`assemble`]).
+/// `specs[i]` is `workloads[i]`'s.
+fn resolve_shared_addresses(specs: &mut [WorkloadSpec], workloads: &[&IstioWorkload]) {
+    let rank = |i: usize| {
+        let w = workloads[i];
+        (
+            w.spec.uid.contains("//Pod/"),
+            w.spec.protocol == Protocol::Hbone,
+            w.healthy,
+            &w.spec.uid,
+        )
+    };
+    let mut owner: HashMap<IpAddr, usize> = HashMap::with_capacity(specs.len());
+    let mut shared = false;
+    for (i, spec) in specs.iter().enumerate() {
+        for ip in &spec.ips {
+            match owner.get(ip) {
+                Some(&j) => {
+                    shared = true;
+                    if rank(i) > rank(j) {
+                        owner.insert(*ip, i);
+                    }
+                }
+                None => {
+                    owner.insert(*ip, i);
+                }
+            }
+        }
+    }
+    if shared {
+        for (i, spec) in specs.iter_mut().enumerate() {
+            spec.ips.retain(|ip| owner.get(ip) == Some(&i));
+        }
+    }
+}
+
+/// A waypoint or network gateway that ztunnel would read: a destination,
+/// an address of 4 or 16 bytes. Checked, not carried. The error's field is
+/// relative (`.address`).
+fn check_gateway(g: &wds::GatewayAddress) -> Result<(), (String, Problem)> {
+    match &g.destination {
+        None => Err((String::new(), Problem::NoDestination)),
+        Some(wds::gateway_address::Destination::Address(a)) => {
+            ip(&a.address).map(drop).map_err(|p| (".address".into(), p))
+        }
+        Some(wds::gateway_address::Destination::Hostname(_)) => Ok(()),
+    }
+}
+
+fn ip(bytes: &[u8]) -> Result<IpAddr, Problem> {
+    if let Ok(v4) = <[u8; 4]>::try_from(bytes) {
+        Ok(IpAddr::from(v4))
+    } else if let Ok(v6) = <[u8; 16]>::try_from(bytes) {
+        Ok(IpAddr::from(v6))
+    } else {
+        Err(Problem::AddressLength(bytes.len()))
+    }
+}
+
+fn port(n: u32) -> Result<u16, Problem> {
+    u16::try_from(n).map_err(|_| Problem::PortRange(n))
+}
+
+fn unknown(kind: &'static str, value: i32) -> Problem {
+    Problem::UnknownEnum { kind, value }
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_owned())
+}
+
+/// `namespace/hostname`, both non-empty.
+fn is_service_key(key: &str) -> bool {
+    key.split_once('/')
+        .is_some_and(|(ns, host)| !ns.is_empty() && !host.is_empty())
+}
+
+#[cfg(test)]
+#[path = "convert_tests.rs"]
+mod tests;

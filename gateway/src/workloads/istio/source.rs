@@ -22,18 +22,19 @@ use std::sync::Arc;
 use prost::Message as _;
 use tidegate_authz::PolicyStore;
 use tidegate_xds::client::{ADDRESS, AUTHORIZATION};
-use tidegate_xds::workload::{address, Address, Service, Workload};
+use tidegate_xds::workload::{address, Address};
 use tidegate_xds::{Handler, Rejected, Update};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::convert;
+use super::convert::{self, IstioWorkload};
+use crate::workloads::services::ServiceSpec;
 use crate::workloads::WorkloadStore;
 
 pub struct IstioSource {
     store: Arc<WorkloadStore>,
-    workloads: BTreeMap<String, Workload>,
-    services: BTreeMap<String, Service>,
+    workloads: BTreeMap<String, IstioWorkload>,
+    services: BTreeMap<String, ServiceSpec>,
     policies: PolicyStore,
     answered: BTreeSet<String>,
     synced: watch::Sender<bool>,
@@ -73,17 +74,19 @@ impl IstioSource {
                 }
             };
             match address.r#type {
-                Some(address::Type::Workload(w)) => match convert::workload(&w) {
-                    Ok(_) => {
+                Some(address::Type::Workload(w)) => match convert::workload(&w)
+                    .and_then(|c| c.check_trust_domain(self.store.trust_domain()).map(|()| c))
+                {
+                    Ok(c) => {
                         self.services.remove(&u.name);
-                        self.workloads.insert(u.name, w);
+                        self.workloads.insert(u.name, c);
                     }
                     Err(e) => rejected.push(refuse(e.to_string())),
                 },
                 Some(address::Type::Service(s)) => match convert::service(&s) {
-                    Ok(_) => {
+                    Ok(c) => {
                         self.workloads.remove(&u.name);
-                        self.services.insert(u.name, s);
+                        self.services.insert(u.name, c);
                     }
                     Err(e) => rejected.push(refuse(e.to_string())),
                 },

@@ -203,6 +203,9 @@ fn service_spec<'a>(
         vips,
         ports,
         endpoints: Some(endpoints.remove(&(namespace, name)).unwrap_or_default()),
+        endpoint_targets: BTreeMap::new(),
+        hostname: None,
+        subject_alt_names: Vec::new(),
     })
 }
 
