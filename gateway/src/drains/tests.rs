@@ -27,6 +27,8 @@ pub(super) fn spec(uid: &str, node: &str, ip: [u8; 4]) -> WorkloadSpec {
         allow: vec![],
         authorization_policies: vec![],
         workload_name: None,
+        waypoint: None,
+        other_network: false,
         oci_backend_draining: false,
         namespace_policy: None,
         deletion_deadline_unix_ms: None,

@@ -27,3 +27,4 @@ pub mod plaintext;
 pub mod pool;
 pub mod port_holder;
 pub mod tunnels;
+pub mod waypoint;

@@ -23,8 +23,10 @@ use crate::proxy::endpoints::EndpointPicker;
 use crate::proxy::istio_tcp::{self, Flags, IstioTcpMetrics, Report, Reporter, ServiceRef};
 use crate::proxy::origin::Origin;
 use crate::proxy::pool::{Pool, PoolError, PoolKey};
+use crate::proxy::waypoint::{self, WaypointError};
 use crate::shutdown::{ActiveStreams, ShutdownWatch, StreamGuard};
 use crate::workloads::services::Service;
+use crate::workloads::waypoint::Waypoint;
 use crate::workloads::{Protocol, Workload, WorkloadStore};
 
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +55,8 @@ pub enum OutboundError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Waypoint(#[from] WaypointError),
 }
 
 impl OutboundError {
@@ -66,6 +70,7 @@ impl OutboundError {
             OutboundError::NoHealthyEndpoint { .. } => "no_healthy_endpoint",
             OutboundError::UnknownInCluster(_) => "unknown_in_cluster",
             OutboundError::Endpoint { .. } => "endpoint_connect",
+            OutboundError::Waypoint(e) => e.reason(),
         }
     }
 }
@@ -94,6 +99,9 @@ pub struct Routing {
     waits: Family<ResultLabel, Counter>,
     /// `tidegate_outbound_unknown_in_cluster_waiting`: connections waiting now.
     waiting: prometheus_client::metrics::gauge::Gauge,
+    /// `tidegate_outbound_waypoint_total{result}`: connections to a
+    /// destination with a waypoint, or on another network.
+    waypoints: Family<ResultLabel, Counter>,
     /// `tidegate_outbound_passthrough_total`: connections sent on in plain
     /// TCP to their original destination (no workload, no Service).
     pub passthrough: prometheus_client::metrics::counter::Counter,
@@ -102,6 +110,10 @@ pub struct Routing {
 impl Routing {
     fn waited(&self, result: &'static str) {
         self.waits.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    fn waypoint(&self, result: &'static str) {
+        self.waypoints.get_or_create(&ResultLabel { result }).inc();
     }
 
     pub fn new(
@@ -122,6 +134,14 @@ impl Routing {
              discovery, by result (learned: it became known; refused: it did not in time)",
             waits.clone(),
         );
+        let waypoints = Family::default();
+        registry.register(
+            "outbound_waypoint",
+            "Connections to a destination with a waypoint, by result (routed: through it; \
+             from_waypoint: the source is the waypoint, sent straight on; waypoint_*: refused, \
+             never sent around it; other_network: a destination on another network, refused)",
+            waypoints.clone(),
+        );
         let waiting = prometheus_client::metrics::gauge::Gauge::default();
         registry.register(
             "outbound_unknown_in_cluster_waiting",
@@ -134,6 +154,7 @@ impl Routing {
             unknown_in_cluster: cfg.unknown_in_cluster,
             unknown_wait: cfg.unknown_in_cluster_wait,
             waits,
+            waypoints,
             waiting,
             passthrough,
         })
@@ -330,7 +351,7 @@ impl Outbound {
         let snapshot = self.workloads.snapshot();
         let (source, source_workload) = self.source_of(&snapshot, src)?;
         ids.src = Some(source.clone());
-        let route = match self.route(&snapshot, dst) {
+        let route = match self.route(&snapshot, dst, source_workload.as_deref()) {
             Err(OutboundError::UnknownInCluster(_)) if !self.routing.unknown_wait.is_zero() => {
                 drop(snapshot);
                 self.await_discovery(dst).await?
@@ -428,8 +449,20 @@ impl Outbound {
         &self,
         snapshot: &crate::workloads::WorkloadSnapshot,
         dst: SocketAddr,
+        source: Option<&Workload>,
     ) -> Result<Route, OutboundError> {
         if let Some(w) = snapshot.by_ip(dst.ip()) {
+            if let Some(wp) = &w.spec.waypoint {
+                let via = self.via_waypoint(snapshot, wp, dst, &w.spec.uid, source, None)?;
+                if let Some(route) = via {
+                    return Ok(route);
+                }
+            }
+            if w.spec.other_network {
+                return Err(self.refused(WaypointError::DestinationOnOtherNetwork {
+                    destination: w.spec.uid.clone(),
+                }));
+            }
             return Ok(match w.spec.protocol {
                 Protocol::Hbone => Route::Hbone {
                     target: w.clone(),
@@ -445,12 +478,24 @@ impl Outbound {
             });
         }
         if let Some(svc) = snapshot.service_by_vip(dst.ip(), dst.port()) {
+            if let Some(wp) = Waypoint::pick(&svc.spec.waypoints) {
+                let key = svc.key();
+                let via = self.via_waypoint(snapshot, wp, dst, &key, source, Some(svc))?;
+                if let Some(route) = via {
+                    return Ok(route);
+                }
+            }
             let e = self.routing.picker.pick(svc, dst.port()).ok_or_else(|| {
                 OutboundError::NoHealthyEndpoint {
                     service: svc.key(),
                     port: dst.port(),
                 }
             })?;
+            if e.workload.spec.other_network {
+                return Err(self.refused(WaypointError::DestinationOnOtherNetwork {
+                    destination: e.workload.spec.uid.clone(),
+                }));
+            }
             let addr = SocketAddr::new(e.ip, e.target_port);
             let service = Some(svc.clone());
             return Ok(match e.workload.spec.protocol {
@@ -480,6 +525,40 @@ impl Outbound {
         Ok(Route::Passthrough)
     }
 
+    /// The route through `wp`, the waypoint of `destination` (the
+    /// authority stays `dst`); `None` when the source is that waypoint.
+    fn via_waypoint(
+        &self,
+        snapshot: &crate::workloads::WorkloadSnapshot,
+        wp: &Waypoint,
+        dst: SocketAddr,
+        destination: &str,
+        source: Option<&Workload>,
+        service: Option<&Arc<Service>>,
+    ) -> Result<Option<Route>, OutboundError> {
+        match waypoint::resolve(snapshot, &self.routing.picker, wp, destination, source) {
+            Ok(Some((target, hbone_ip))) => {
+                self.routing.waypoint("routed");
+                Ok(Some(Route::Hbone {
+                    target,
+                    hbone_ip,
+                    authority: dst,
+                    service: service.cloned(),
+                }))
+            }
+            Ok(None) => {
+                self.routing.waypoint("from_waypoint");
+                Ok(None)
+            }
+            Err(e) => Err(self.refused(e)),
+        }
+    }
+
+    fn refused(&self, e: WaypointError) -> OutboundError {
+        self.routing.waypoint(e.reason());
+        OutboundError::Waypoint(e)
+    }
+
     /// An unknown address inside the cluster's ranges (a pod just started,
     /// an address reused) waits up to `outbound.unknown_in_cluster_wait`
     /// for discovery to learn it, then is refused: never plaintext.
@@ -489,7 +568,7 @@ impl Outbound {
         let deadline = tokio::time::Instant::now() + self.routing.unknown_wait;
         self.routing.waiting.inc();
         let routed = loop {
-            match self.route(&self.workloads.snapshot(), dst) {
+            match self.route(&self.workloads.snapshot(), dst, None) {
                 Err(OutboundError::UnknownInCluster(_)) => {}
                 r => {
                     self.routing.waited("learned");

@@ -12,6 +12,7 @@ pub mod istio;
 pub mod kubernetes;
 pub mod membership;
 pub mod services;
+pub mod waypoint;
 
 pub use file::{
     parse_file, parse_workload_file, Parsed, WorkloadFile, WorkloadFileError, WorkloadFileMetrics,
@@ -107,6 +108,19 @@ pub struct WorkloadSpec {
     /// controller). Unset: the pod's `name`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload_name: Option<String>,
+    /// Its waypoint (istiod only): traffic addressed to the workload goes
+    /// through it. Not a workload-file key.
+    #[serde(default, skip_deserializing, skip_serializing_if = "Option::is_none")]
+    pub waypoint: Option<waypoint::Waypoint>,
+    /// Reachable only through a network gateway (istiod's
+    /// `network_gateway`: another network): refused, never sent in
+    /// plaintext. Not a workload-file key.
+    #[serde(
+        default,
+        skip_deserializing,
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub other_network: bool,
 }
 
 fn default_namespace() -> String {
@@ -411,6 +425,8 @@ mod tests {
             allow: vec![],
             authorization_policies: vec![],
             workload_name: None,
+            waypoint: None,
+            other_network: false,
             oci_backend_draining: false,
             namespace_policy: None,
             deletion_deadline_unix_ms: None,

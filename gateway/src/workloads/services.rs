@@ -98,6 +98,10 @@ pub struct ServiceSpec {
     /// `subject_alt_names`). Not a workload-file key.
     #[serde(default, skip_deserializing, skip_serializing_if = "Vec::is_empty")]
     pub subject_alt_names: Vec<String>,
+    /// Its waypoints (istiod's `weighted_waypoints`, else its `waypoint`):
+    /// traffic to the VIP goes through one of them. Not a workload-file key.
+    #[serde(default, skip_deserializing, skip_serializing_if = "Vec::is_empty")]
+    pub waypoints: Vec<super::waypoint::Waypoint>,
 }
 
 /// Where one explicit endpoint is reached, beyond what its workload says.
@@ -363,6 +367,7 @@ mod tests {
             endpoint_targets: BTreeMap::new(),
             hostname: None,
             subject_alt_names: Vec::new(),
+            waypoints: Vec::new(),
         };
         store.publish_all(
             vec![
@@ -418,6 +423,7 @@ mod tests {
             endpoint_targets,
             hostname: None,
             subject_alt_names: Vec::new(),
+            waypoints: Vec::new(),
         }
     }
 

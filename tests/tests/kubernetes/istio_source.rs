@@ -26,18 +26,18 @@ use super::{drain_of, phase_of, until_ready, WAIT};
 
 const HOST: &str = "echo.demo.svc.cluster.local";
 
-fn ip_bytes(ip: IpAddr) -> bytes::Bytes {
+pub(super) fn ip_bytes(ip: IpAddr) -> bytes::Bytes {
     match ip {
         IpAddr::V4(v4) => v4.octets().to_vec().into(),
         IpAddr::V6(v6) => v6.octets().to_vec().into(),
     }
 }
 
-fn uid(name: &str) -> String {
+pub(super) fn uid(name: &str) -> String {
     format!("Kubernetes//Pod/demo/{name}")
 }
 
-fn workload(
+pub(super) fn workload(
     name: &str,
     node: &str,
     addr: IpAddr,
@@ -57,7 +57,7 @@ fn workload(
     }
 }
 
-fn encode_workload(w: Workload) -> bytes::Bytes {
+pub(super) fn encode_workload(w: Workload) -> bytes::Bytes {
     Address {
         r#type: Some(address::Type::Workload(w)),
     }
@@ -113,7 +113,7 @@ fn deny_client() -> bytes::Bytes {
     .into()
 }
 
-fn config(dir: &std::path::Path, node: &str, double: &XdsDouble, extra: &str) -> Config {
+pub(super) fn config(dir: &std::path::Path, node: &str, double: &XdsDouble, extra: &str) -> Config {
     let roots = dir.join("xds-root.pem");
     std::fs::write(&roots, &double.root_pem).unwrap();
     let token = dir.join("istio-token");
@@ -300,23 +300,20 @@ async fn istiods_workloads_services_and_policies_route_refuse_and_survive_a_rest
     // they hold, nothing is cleared, no drain is raised twice.
     let streams = double.opened().len();
     double.cut();
-    let opened = tokio::time::timeout(WAIT, double.opened_at_least(streams + 2))
+    tokio::time::timeout(WAIT, double.opened_at_least(streams + 2))
         .await
         .unwrap();
-    for o in &opened[streams..] {
-        assert!(
-            o.initial[ADDRESS].contains_key(&echo_uid),
-            "held across the restart"
-        );
-        assert!(
-            !o.initial[ADDRESS].contains_key(&uid("broken")),
-            "a refused one is not claimed"
-        );
-    }
     for i in [streams, streams + 1] {
+        // Answered: its subscription, with what it holds, has arrived.
         let nonce = tokio::time::timeout(WAIT, double.answered(i, ADDRESS))
             .await
             .unwrap();
+        let held = double.opened()[i].initial[ADDRESS].clone();
+        assert!(held.contains_key(&echo_uid), "held across the restart");
+        assert!(
+            !held.contains_key(&uid("broken")),
+            "a refused one is not claimed"
+        );
         tokio::time::timeout(WAIT, double.reply(&nonce))
             .await
             .unwrap();

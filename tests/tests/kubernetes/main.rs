@@ -20,6 +20,7 @@ mod ca_server;
 mod cluster_ranges;
 mod istio_source;
 mod membership;
+mod waypoints;
 mod xds_client;
 
 const WAIT: Duration = Duration::from_secs(10);

@@ -209,13 +209,16 @@ async fn a_reconnect_sends_what_is_held_and_applies_only_what_changed() {
         .unwrap();
     assert_eq!(reply.nack.as_deref(), Some("refused: starts with bad"));
 
-    // istiod restarts; meanwhile one resource changes and one goes away.
-    double.cut();
+    // While the stream is up nothing is pushed of these changes; then
+    // istiod restarts.
     double.set_quietly(ADDRESS, "changed", &b"v2"[..]);
     double.remove_quietly(ADDRESS, "gone");
-    let opened = tokio::time::timeout(WAIT, double.opened_at_least(2))
+    double.cut();
+    // Answered: its subscription, with what it holds, has arrived.
+    let second = tokio::time::timeout(WAIT, double.answered(1, ADDRESS))
         .await
         .unwrap();
+    let opened = double.opened();
     let held = &opened[1].initial[ADDRESS];
     let mut names: Vec<&str> = held.keys().map(String::as_str).collect();
     names.sort();
@@ -224,9 +227,6 @@ async fn a_reconnect_sends_what_is_held_and_applies_only_what_changed() {
         ["changed", "gone", "kept"],
         "the refused one is not claimed"
     );
-    let second = tokio::time::timeout(WAIT, double.answered(1, ADDRESS))
-        .await
-        .unwrap();
     let reply = tokio::time::timeout(WAIT, double.reply(&second))
         .await
         .unwrap();

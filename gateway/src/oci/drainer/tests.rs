@@ -25,6 +25,8 @@ fn spec(uid: &str, ips: &[&str]) -> WorkloadSpec {
         allow: vec![],
         authorization_policies: vec![],
         workload_name: None,
+        waypoint: None,
+        other_network: false,
         oci_backend_draining: true,
         namespace_policy: None,
         deletion_deadline_unix_ms: None,

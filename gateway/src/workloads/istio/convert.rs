@@ -16,11 +16,15 @@
 //!   the default. Fields tidegate does not use and ztunnel does not check
 //!   (`workload_type`, `app_protocol`, a Service's `visibility`) are not
 //!   read at all. Waypoints and network gateways are checked as ztunnel
-//!   checks them (a destination, a well-sized address), not carried.
+//!   checks them (a destination, a well-sized address).
+//! - Waypoints are carried ([`Waypoint`]: a Service's `weighted_waypoints`
+//!   when one has a weight, else its `waypoint`; a workload's `waypoint`),
+//!   marked remote when on another network than their destination; a
+//!   workload behind a `network_gateway` is marked as on another network.
+//!   The data path refuses both rather than go around them.
 //!
-//! Not carried: waypoints (a Service's or workload's `waypoint`,
-//! `weighted_waypoints`: traffic goes to the endpoints directly), network
-//! gateways and `network` (one network is assumed), `locality`, load
+//! Not carried: network gateways themselves and `network` (one network is
+//! assumed), `locality`, load
 //! balancing (checked, not applied: an unhealthy endpoint stays a
 //! terminating one, where ztunnel leaves it out unless ALLOW_ALL),
 //! `native_tunnel` (HBONE to port 15008 either way), a hostname-only
@@ -37,6 +41,7 @@ use tidegate_xds::workload::{
 use crate::workloads::services::{
     Conditions, EndpointTarget, ServicePort, ServiceSpec, TargetPort,
 };
+use crate::workloads::waypoint::{Waypoint, WaypointAddress};
 use crate::workloads::{LifecycleState, Protocol, WorkloadSpec};
 
 /// The label Istio's metrics read a workload's canonical service from.
@@ -287,6 +292,8 @@ pub fn workload(w: &wds::Workload) -> Result<IstioWorkload, ConvertError> {
         services: services.keys().cloned().collect(),
         ports: BTreeMap::new(),
         workload_name: non_empty(&w.workload_name),
+        waypoint: w.waypoint.as_ref().and_then(|g| waypoint(g, &w.network, 1)),
+        other_network: w.network_gateway.is_some(),
     };
     Ok(IstioWorkload {
         spec,
@@ -396,6 +403,50 @@ pub fn service(s: &wds::Service) -> Result<ServiceSpec, ConvertError> {
         endpoint_targets: BTreeMap::new(),
         hostname: Some(s.hostname.clone()),
         subject_alt_names: s.subject_alt_names.clone(),
+        waypoints: service_waypoints(s),
+    })
+}
+
+/// A Service's waypoints as ztunnel chooses among them: its
+/// `weighted_waypoints` when one has a weight, else its `waypoint`.
+fn service_waypoints(s: &wds::Service) -> Vec<Waypoint> {
+    // The Service's own network: that of its addresses.
+    let network = s.addresses.first().map_or("", |a| a.network.as_str());
+    if s.weighted_waypoints.iter().any(|w| w.weight > 0) {
+        return s
+            .weighted_waypoints
+            .iter()
+            .filter_map(|w| waypoint(w.destination.as_ref()?, network, w.weight))
+            .collect();
+    }
+    s.waypoint
+        .as_ref()
+        .and_then(|g| waypoint(g, network, 1))
+        .into_iter()
+        .collect()
+}
+
+/// A checked gateway address ([`check_gateway`]) as a waypoint of a
+/// destination on `network`.
+fn waypoint(g: &wds::GatewayAddress, network: &str, weight: u32) -> Option<Waypoint> {
+    let (address, remote_network) = match g.destination.as_ref()? {
+        wds::gateway_address::Destination::Address(a) => (
+            WaypointAddress::Ip(ip(&a.address).ok()?),
+            a.network != network,
+        ),
+        wds::gateway_address::Destination::Hostname(h) => (
+            WaypointAddress::Hostname {
+                namespace: h.namespace.clone(),
+                hostname: h.hostname.clone(),
+            },
+            false,
+        ),
+    };
+    Some(Waypoint {
+        address,
+        port: u16::try_from(g.hbone_mtls_port).unwrap_or(0),
+        remote_network,
+        weight,
     })
 }
 

@@ -206,6 +206,7 @@ fn service_spec<'a>(
         endpoint_targets: BTreeMap::new(),
         hostname: None,
         subject_alt_names: Vec::new(),
+        waypoints: Vec::new(),
     })
 }
 
@@ -351,6 +352,8 @@ fn pod_spec(
         services: Vec::new(),
         ports: named_ports(pod),
         workload_name: workload_name(pod),
+        waypoint: None,
+        other_network: false,
     })
 }
 
