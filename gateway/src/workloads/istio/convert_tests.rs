@@ -748,3 +748,88 @@ fn ten_thousand_workloads_across_two_thousand_services() {
         .iter()
         .all(|s| s.endpoints.as_ref().is_some_and(|e| e.len() == 5)));
 }
+
+// --- waypoints ---
+
+fn gateway_at(ip: &str, network: &str) -> wds::GatewayAddress {
+    wds::GatewayAddress {
+        destination: Some(wds::gateway_address::Destination::Address(
+            wds::NetworkAddress {
+                network: network.into(),
+                address: ipb(ip),
+                length: None,
+            },
+        )),
+        hbone_mtls_port: 15008,
+    }
+}
+
+#[test]
+fn a_services_weighted_waypoints_win_over_its_waypoint_unless_none_has_weight() {
+    let mut s = svc("web", "10.96.0.1", &[(80, 8080)]);
+    s.waypoint = Some(gateway_at("10.0.0.9", ""));
+    s.weighted_waypoints = vec![
+        wds::WeightedWaypoint {
+            destination: Some(gateway_at("10.0.0.7", "")),
+            weight: 3,
+        },
+        wds::WeightedWaypoint {
+            destination: Some(gateway_at("10.0.0.8", "")),
+            weight: 0,
+        },
+    ];
+    let got = service(&s).unwrap().waypoints;
+    let at: Vec<(WaypointAddress, u32)> =
+        got.iter().map(|w| (w.address.clone(), w.weight)).collect();
+    assert_eq!(
+        at,
+        [
+            (WaypointAddress::Ip(ipa("10.0.0.7")), 3),
+            (WaypointAddress::Ip(ipa("10.0.0.8")), 0)
+        ]
+    );
+    for w in &mut s.weighted_waypoints {
+        w.weight = 0;
+    }
+    let got = service(&s).unwrap().waypoints;
+    assert_eq!(got.len(), 1, "all weights 0: the waypoint");
+    assert_eq!(got[0].address, WaypointAddress::Ip(ipa("10.0.0.9")));
+    assert_eq!((got[0].port, got[0].remote_network), (15008, false));
+    s.waypoint = None;
+    assert!(service(&s).unwrap().waypoints.is_empty(), "none");
+}
+
+#[test]
+fn a_waypoint_on_another_network_and_a_workload_behind_a_gateway_are_marked() {
+    let mut w = pod(UID, "10.1.0.1");
+    w.network = "net-1".into();
+    w.waypoint = Some(gateway_at("10.0.0.9", "net-2"));
+    let c = workload(&w).unwrap();
+    let wp = c.spec.waypoint.expect("carried");
+    assert!(wp.remote_network, "net-2 is not the workload's net-1");
+    assert!(!c.spec.other_network);
+    w.waypoint = Some(gateway_at("10.0.0.9", "net-1"));
+    assert!(!workload(&w).unwrap().spec.waypoint.unwrap().remote_network);
+    w.network_gateway = Some(gateway_at("10.0.0.10", "net-1"));
+    assert!(
+        workload(&w).unwrap().spec.other_network,
+        "behind a network gateway"
+    );
+    let mut s = svc("web", "10.96.0.1", &[(80, 8080)]);
+    s.waypoint = Some(wds::GatewayAddress {
+        destination: Some(wds::gateway_address::Destination::Hostname(
+            wds::NamespacedHostname {
+                namespace: "shop".into(),
+                hostname: "wp.shop.svc.cluster.local".into(),
+            },
+        )),
+        hbone_mtls_port: 15008,
+    });
+    assert_eq!(
+        service(&s).unwrap().waypoints[0].address,
+        WaypointAddress::Hostname {
+            namespace: "shop".into(),
+            hostname: "wp.shop.svc.cluster.local".into()
+        }
+    );
+}
