@@ -264,6 +264,22 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
             super::MAX_PODS_LIMIT,
         )
         .because("each pod holds four descriptors for as long as it is served"),
+        dur("dns.timeout", c.dns.timeout, millis(10), MIN)
+            .because("a resolver gives up long before; kube-dns answers in milliseconds"),
+        count(
+            "dns.max_in_flight",
+            c.dns.max_in_flight.into(),
+            1,
+            1_000_000,
+        )
+        .because("each forwarded query in flight holds a socket"),
+        count(
+            "dns.max_in_flight_per_pod",
+            c.dns.max_in_flight_per_pod.into(),
+            1,
+            1_000_000,
+        )
+        .because("one pod's flood must not take every other pod's share"),
         count(
             "control_plane.cni_max_connections",
             cp.cni_max_connections.into(),
