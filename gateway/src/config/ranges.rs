@@ -263,9 +263,9 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
             1,
             super::MAX_PODS_LIMIT,
         )
-        .because("each pod holds four descriptors for as long as it is served"),
+        .because("each pod holds six descriptors (four without the DNS proxy) for as long as it is served"),
         dur("dns.timeout", c.dns.timeout, millis(10), MIN)
-            .because("a resolver gives up long before; kube-dns answers in milliseconds"),
+            .because("a pod's stub resolver waits 5s a try (glibc's default), then asks again"),
         count(
             "dns.max_in_flight",
             c.dns.max_in_flight.into(),
