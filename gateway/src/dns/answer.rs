@@ -356,23 +356,18 @@ fn addresses(snapshot: &WorkloadSnapshot, svc: &Service, family: Family) -> Vec<
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use crate::workloads::services::ServicePort;
     use crate::workloads::{LifecycleState, Protocol, WorkloadSpec};
 
+    /// A Service as the workload file gives it (port 80).
     pub(crate) fn service(name: &str, ns: &str, vips: &[&str]) -> ServiceSpec {
-        ServiceSpec {
-            name: name.into(),
-            namespace: ns.into(),
-            vips: vips.iter().map(|v| v.parse().unwrap()).collect(),
-            ports: vec![ServicePort {
-                port: 80,
-                target_port: None,
-                protocol: "TCP".into(),
-            }],
-            endpoints: None,
-        }
+        let vips: Vec<String> = vips.iter().map(|v| format!("'{v}'")).collect();
+        serde_yaml::from_str(&format!(
+            "{{name: {name}, namespace: {ns}, vips: [{}], ports: [{{port: 80}}]}}",
+            vips.join(", ")
+        ))
+        .unwrap()
     }
 
     fn workload(uid: &str, ns: &str, ips: &[&str], services: &[&str]) -> WorkloadSpec {

@@ -225,26 +225,19 @@ mod tests {
     use hickory_proto::rr::{Name, RData, RecordType};
 
     use super::*;
-    use crate::workloads::services::{ServicePort, ServiceSpec};
+    use crate::dns::answer::tests::service;
     use crate::workloads::WorkloadStore;
 
     fn names() -> Names {
         let store = WorkloadStore::new("cluster.local", "n");
-        let vips: Vec<std::net::IpAddr> = (1..=60).map(|i| [10, 134, 0, i].into()).collect();
-        let svc = |name: &str, vips: Vec<std::net::IpAddr>| ServiceSpec {
-            name: name.into(),
-            namespace: "shop".into(),
-            vips,
-            ports: vec![ServicePort {
-                port: 80,
-                target_port: None,
-                protocol: "TCP".into(),
-            }],
-            endpoints: None,
-        };
+        let many: Vec<String> = (1..=60).map(|i| format!("10.134.0.{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
         store.publish_all(
             vec![],
-            vec![svc("web", vec![vips[0]]), svc("many", vips.clone())],
+            vec![
+                service("web", "shop", &["10.134.0.1"]),
+                service("many", "shop", &many),
+            ],
         );
         Names::new(Arc::clone(&store), "cluster.local")
     }

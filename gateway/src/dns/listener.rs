@@ -266,7 +266,6 @@ mod tests {
     use crate::dns::metrics::{LimitLabel, QueryLabels, ReasonLabel};
     use crate::dns::DnsMetrics;
     use crate::shutdown::{self, ShutdownTrigger};
-    use crate::workloads::services::{ServicePort, ServiceSpec};
     use crate::workloads::WorkloadStore;
 
     /// A fake upstream server on 127.0.0.1, UDP and TCP on one port:
@@ -375,17 +374,11 @@ mod tests {
         let store = WorkloadStore::new("cluster.local", "n");
         store.publish_all(
             vec![],
-            vec![ServiceSpec {
-                name: "web".into(),
-                namespace: "shop".into(),
-                vips: vec![[10, 134, 0, 1].into()],
-                ports: vec![ServicePort {
-                    port: 80,
-                    target_port: None,
-                    protocol: "TCP".into(),
-                }],
-                endpoints: None,
-            }],
+            vec![crate::dns::answer::tests::service(
+                "web",
+                "shop",
+                &["10.134.0.1"],
+            )],
         );
         DnsProxy::with(&config, vec![upstream], store, DnsMetrics::default())
     }
