@@ -16,7 +16,7 @@
 //! - [`listener`]: the per-pod UDP and TCP loops, and the caps on
 //!   forwarded queries in flight (per pod, and for the gateway; REFUSED
 //!   past either, counted).
-//! - [`metrics`]: `tidegate_dns_*`.
+//! - [`metrics`], the `tidegate_dns_*` families.
 
 pub mod answer;
 pub mod forward;
