@@ -164,14 +164,23 @@ fn encode(m: Message, query: &Message, transport: Transport) -> Vec<u8> {
     let bytes = match m.to_vec() {
         Ok(b) => b,
         Err(_) => {
-            let m = response_to(query, ResponseCode::ServFail);
-            return m.to_vec().unwrap_or_default();
+            return response_to(query, ResponseCode::ServFail)
+                .to_vec()
+                .unwrap_or_else(|_| header_only(query, ResponseCode::ServFail));
         }
     };
     if transport == Transport::Udp && bytes.len() > usize::from(query.max_payload()) {
-        return m.truncate().to_vec().unwrap_or_default();
+        return m
+            .truncate()
+            .to_vec()
+            .unwrap_or_else(|_| header_only(query, ResponseCode::ServFail));
     }
     bytes
+}
+
+/// `rcode` for `query` without its question: a header always encodes.
+fn header_only(query: &Message, rcode: ResponseCode) -> Vec<u8> {
+    error_reply(query.metadata.id, query.metadata.op_code, rcode).bytes
 }
 
 /// Whether `bytes` (an encoded response) has TC set.
@@ -197,7 +206,10 @@ pub fn relay(mut reply: Vec<u8>, query: &Message, transport: Transport) -> (Vec<
     m.metadata = header.metadata;
     m.metadata.id = query.metadata.id;
     m.metadata.truncation = true;
-    (m.to_vec().unwrap_or_default(), true)
+    let bytes = m
+        .to_vec()
+        .unwrap_or_else(|_| header_only(query, ResponseCode::ServFail));
+    (bytes, true)
 }
 
 /// The response code of an encoded response (its low four bits).
