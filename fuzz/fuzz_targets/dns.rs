@@ -14,11 +14,11 @@ use tidegate::dns::{Action, DnsMetrics, DnsProxy, Transport};
 use tidegate::workloads::{parse_file, WorkloadStore};
 
 const WORKLOADS: &str = "workloads:
-  - {uid: db-0, name: db-0, namespace: shop, ips: [10.0.0.2, 'fd00::2'], node: node-a, services: [db]}
-  - {uid: web-0, name: web-0, namespace: shop, ips: [10.0.0.3], node: node-a, services: [web]}
+  - {uid: web-0, name: web-0, namespace: shop, ips: [10.0.0.3, 'fd00::3'], node: node-a, services: [web]}
+  - {uid: blog-0, name: blog-0, namespace: blog, ips: [10.0.0.4], node: node-a, services: [web]}
 services:
   - {name: web, namespace: shop, vips: [10.96.0.1, 'fd00::1'], ports: [{port: 80}]}
-  - {name: db, namespace: shop, vips: [], ports: [{port: 5432}]}
+  - {name: web, namespace: blog, vips: [10.96.0.2], ports: [{port: 80}]}
 ";
 
 fn proxy() -> &'static Arc<DnsProxy> {
