@@ -175,9 +175,8 @@ async fn inpod_dns_a_pod_resolves_services_from_the_store_and_the_rest_upstream(
         assert!(m.metadata.authoritative, "{name}: answered by the proxy");
         assert_eq!(addresses(&m), [vip], "{name}");
     }
-    // The stub resolver's search expansion of `web` for a pod of `blog`
-    // would not be the proxy's; `web.demo` expanded under pod A's own
-    // namespace is: a CNAME to `web.demo.` and its address.
+    // A stub resolver's first search expansion of `web.demo` from pod A
+    // (namespace demo): a CNAME to `web.demo.` and its address, at once.
     let m = ask(&s.pa, ns, "web.demo.demo.svc.cluster.local.", false).await;
     assert_eq!(addresses(&m), [vip]);
     assert_eq!(m.answers[0].data.to_string(), "web.demo.");
