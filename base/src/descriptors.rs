@@ -1,6 +1,7 @@
 //! The gateway's file descriptors: how many are open against the open-file
 //! limit. In-pod mode reads them before taking a pod (each served pod holds
-//! its namespace and three listeners for as long as it is served), and an
+//! its namespace and its listeners — five with the DNS proxy — for as long as
+//! it is served), and an
 //! error that comes from the descriptor table being full names these
 //! figures instead of a symptom.
 

@@ -9,6 +9,7 @@
 //! - The control plane: [`workloads`] (what runs on the node), [`policy`]
 //!   (the WebAssembly plugins), [`drains`] (the drain engine acting on
 //!   tunnels), [`oci`] (draining before an OCI runtime stops a container).
+//! - [`dns`]: the DNS proxy on 15053 inside each captured pod (in-pod mode).
 //! - [`cli`]: the command line (`tidegate connect`, `tidegate drain`, …).
 //! - [`shutdown`]: the gateway's own shutdown signal (not the drain engine).
 //!
@@ -25,6 +26,7 @@ pub mod authorization;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod dns;
 pub mod drains;
 pub mod fd_passing;
 pub mod inpod;

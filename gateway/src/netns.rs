@@ -14,7 +14,8 @@
 //!
 //! Every socket made here carries `SO_MARK` (the mesh's packet mark, 0x539
 //! by default) so the pod's capture rules let the gateway's own traffic
-//! through; listeners get `SO_REUSEPORT` (an upgraded gateway binds beside
+//! through (DNS included: istio-cni's redirect of port 53 skips it too);
+//! listeners get `SO_REUSEPORT` (an upgraded gateway binds beside
 //! the old one); a dial can take a source address that is not the pod's own
 //! (`IP_TRANSPARENT` + `IP_FREEBIND`: inbound delivery with the original
 //! client's IP, so the app sees its real peer).
@@ -146,15 +147,51 @@ impl NetnsSockets {
         })?;
         Ok(tokio::net::TcpSocket::from_std_stream(socket.into()))
     }
+
+    /// A UDP socket bound to `addr` inside `ns`, with the mark: a listener
+    /// (`reuse`: `SO_REUSEADDR` and `SO_REUSEPORT`, as TCP listeners get) or,
+    /// bound to port 0, the socket of one query sent from the pod.
+    pub fn udp_bind(
+        &self,
+        ns: &PodNetns,
+        addr: SocketAddr,
+        mark: u32,
+        reuse: bool,
+    ) -> Result<tokio::net::UdpSocket, NetnsError> {
+        let socket = self.run(ns, move || {
+            let s = new_socket_of(addr.ip(), Type::DGRAM, Protocol::UDP, mark)?;
+            let err = |what| move |source| NetnsError::Socket { what, source };
+            if reuse {
+                s.set_reuse_address(true).map_err(err("SO_REUSEADDR"))?;
+                s.set_reuse_port(true).map_err(err("SO_REUSEPORT"))?;
+            }
+            s.bind(&addr.into()).map_err(err("bind"))?;
+            Ok(s)
+        })?;
+        tokio::net::UdpSocket::from_std(socket.into()).map_err(|source| NetnsError::Socket {
+            what: "register with tokio",
+            source,
+        })
+    }
 }
 
 /// A nonblocking TCP socket of `ip`'s family with `SO_MARK`.
 fn new_socket(ip: IpAddr, mark: u32) -> Result<Socket, NetnsError> {
+    new_socket_of(ip, Type::STREAM, Protocol::TCP, mark)
+}
+
+/// A nonblocking socket of `ip`'s family, of type `ty`, with `SO_MARK`.
+fn new_socket_of(
+    ip: IpAddr,
+    ty: Type,
+    protocol: Protocol,
+    mark: u32,
+) -> Result<Socket, NetnsError> {
     let err = |what| move |source| NetnsError::Socket { what, source };
     let s = Socket::new(
         Domain::for_address(SocketAddr::new(ip, 0)),
-        Type::STREAM,
-        Some(Protocol::TCP),
+        ty,
+        Some(protocol),
     )
     .map_err(err("socket"))?;
     s.set_nonblocking(true).map_err(err("nonblocking"))?;

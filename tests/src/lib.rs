@@ -5,6 +5,7 @@
 pub mod ca;
 pub mod ca_double;
 pub mod cni;
+pub mod dns_double;
 pub mod inpod;
 pub mod kube_api;
 pub mod lab;

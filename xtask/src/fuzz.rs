@@ -31,7 +31,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 
 /// Every target of `fuzz/Cargo.toml`, in the order they run.
-pub const TARGETS: [&str; 8] = [
+pub const TARGETS: [&str; 9] = [
     "connect_route",
     "config",
     "workload_file",
@@ -40,6 +40,7 @@ pub const TARGETS: [&str; 8] = [
     "admin_workloads",
     "wit_convert",
     "authorization",
+    "dns",
 ];
 
 /// What `cargo xtask test` gives each target.

@@ -96,6 +96,8 @@ impl DataPath {
             tunnels: core.tunnels.clone(),
             pool: core.pool.clone(),
             tcp: core.tcp.clone(),
+            // Set by the in-pod wiring when `dns.enabled`.
+            dns: None,
         }
     }
 }

@@ -11,6 +11,7 @@ use tracing::info;
 
 use super::Wiring;
 use crate::config::{CaptureMode, Config};
+use crate::dns::DnsProxy;
 use crate::drains::cni::{CniLimits, PodHandover};
 use crate::drains::DrainEngine;
 use crate::inpod::capture::CapturePorts;
@@ -25,7 +26,7 @@ pub(super) type ReadyWhen = (&'static str, watch::Receiver<bool>);
 /// `ready_when`). `None` in node mode.
 pub(super) async fn pods(
     config: &Config,
-    data_path: DataPath,
+    mut data_path: DataPath,
     capture: CapturePorts,
     descriptors: Option<u64>,
     ready_when: &mut Vec<ReadyWhen>,
@@ -35,6 +36,13 @@ pub(super) async fn pods(
         return None;
     }
     data_path.drains.added_by_node_agent();
+    if config.dns.enabled {
+        data_path.dns = Some(DnsProxy::new(
+            &config.dns,
+            data_path.workloads.clone(),
+            w.registry(),
+        ));
+    }
     let limits = PodLimits {
         max_pods: config.capture.max_pods as usize,
         membership_wait: config.capture.membership_wait,

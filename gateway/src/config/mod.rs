@@ -9,7 +9,7 @@
 //! This module owns the whole and its layering; each section's type and
 //! default is a file of its own ([`data_path`]: `listeners:`, `hbone:`,
 //! `tcp:`, `pool:`, `outbound:`; [`certificates`]; [`workloads`];
-//! [`drains`]: `shutdown:` and `drains:`; [`capture`]; `control_plane:` ([`tidegate_control::config`]);
+//! [`drains`]: `shutdown:` and `drains:`; [`capture`]; [`dns`]; `control_plane:` ([`tidegate_control::config`]);
 //! [`oci`]), except `policies:`, the policy host's
 //! ([`tidegate_policy_host::config`], re-exported here); other modules take their section from here and import
 //! nothing back into it (validation parses a [`crate::identity::SpiffeId`],
@@ -21,6 +21,7 @@
 mod capture;
 mod certificates;
 mod data_path;
+mod dns;
 mod drains;
 mod oci;
 mod ranges;
@@ -31,6 +32,7 @@ pub use certificates::{CertificatesConfig, IstioCaConfig};
 pub use data_path::{
     EndpointChoice, HboneConfig, Listeners, OutboundConfig, PoolConfig, TcpConfig, UnknownInCluster,
 };
+pub use dns::{DnsConfig, Upstream, DNS_CAPTURE_PORT};
 pub use drains::{DrainsConfig, ShutdownConfig};
 pub use oci::{Cidr, OciAuth, OciConfig, OptIn, OCI_BACKEND_LIMIT};
 pub use ranges::{key_ranges, KeyRange};
@@ -93,6 +95,8 @@ pub struct Config {
     /// How pod traffic reaches the gateway: node-level listeners, or
     /// listeners inside each meshed pod's network namespace.
     pub capture: CaptureConfig,
+    /// In-pod mode: the DNS proxy on 15053 inside each captured pod.
+    pub dns: DnsConfig,
     /// Routing of captured connections: Services' endpoint choice, the
     /// cluster's address ranges.
     pub outbound: OutboundConfig,
@@ -120,6 +124,7 @@ impl Default for Config {
             policies: PoliciesConfig::default(),
             drains: DrainsConfig::default(),
             capture: CaptureConfig::default(),
+            dns: DnsConfig::default(),
             outbound: OutboundConfig::default(),
             oci: OciConfig::default(),
             control_plane: ControlPlaneConfig::default(),
@@ -267,6 +272,8 @@ impl Config {
                 "capture.zds_socket and capture.state_dir only apply to capture.mode: inpod",
             ));
         }
+        dns::check_cluster_domain(&self.dns.cluster_domain)
+            .map_err(|m| invalid("dns.cluster_domain", m))?;
         let k = &self.workloads.kubernetes;
         if self.workloads.source == WorkloadSourceKind::Kubernetes {
             if self.workloads.file.is_some() {

@@ -263,7 +263,23 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
             1,
             super::MAX_PODS_LIMIT,
         )
-        .because("each pod holds four descriptors for as long as it is served"),
+        .because("each pod holds six descriptors (four without the DNS proxy) for as long as it is served"),
+        dur("dns.timeout", c.dns.timeout, millis(10), MIN)
+            .because("a pod's stub resolver waits 5s a try (glibc's default), then asks again"),
+        count(
+            "dns.max_in_flight",
+            c.dns.max_in_flight.into(),
+            1,
+            1_000_000,
+        )
+        .because("each forwarded query in flight holds a socket"),
+        count(
+            "dns.max_in_flight_per_pod",
+            c.dns.max_in_flight_per_pod.into(),
+            1,
+            1_000_000,
+        )
+        .because("one pod's flood must not take every other pod's share"),
         count(
             "control_plane.cni_max_connections",
             cp.cni_max_connections.into(),

@@ -16,7 +16,14 @@
 //! 3. At most `capture.max_pods` pods (a re-created sandbox takes its old
 //!    one's place).
 //! 4. **The pods' descriptor share.** A served pod holds
-//!    [`DESCRIPTORS_PER_POD`] descriptors (its namespace, three listeners).
+//!    [`DESCRIPTORS_PER_POD`] descriptors: its namespace, its three capture
+//!    listeners and the DNS proxy's two on 15053 (UDP, TCP); four with
+//!    `dns.enabled: false` ([`listeners_per_pod`]). The DNS proxy's
+//!    passing descriptors — a socket per forwarded query in flight (at most
+//!    `dns.max_in_flight` for the gateway) and the TCP connections pods
+//!    open to 15053 (at most `dns.max_in_flight_per_pod` each, closed after
+//!    `dns.timeout` idle) — are not a pod's share: they come out of the
+//!    half left to the outbound side and the files, like outbound dials.
 //!    Of the descriptors the control plane leaves to the data path (`D`,
 //!    see `control/src/limits.rs`), the derived inbound caps take three quarters
 //!    (`proxy/inbound/limits.rs`); of the last quarter, half is the pods'
@@ -41,12 +48,29 @@ use crate::descriptors::Usage;
 use crate::netns::NetnsId;
 use crate::proxy::inbound::limits::{inbound_share, ConnectionLimits};
 
-/// Descriptors a pod's listeners take (15001, 15006, 15008); its namespace
-/// descriptor is open already when it is checked.
-pub const LISTENERS_PER_POD: u64 = 3;
+/// The capture listeners of a pod: 15001, 15006, 15008.
+pub const CAPTURE_LISTENERS: u64 = 3;
 
-/// Descriptors a served pod holds: its namespace and its listeners.
+/// The DNS proxy's listeners of a pod: 15053 UDP and TCP.
+pub const DNS_LISTENERS: u64 = 2;
+
+/// Descriptors a pod's listeners take (15001, 15006, 15008, 15053 UDP and
+/// TCP) with the DNS proxy on, the default; its namespace descriptor is
+/// open already when it is checked.
+pub const LISTENERS_PER_POD: u64 = CAPTURE_LISTENERS + DNS_LISTENERS;
+
+/// Descriptors a served pod holds with the DNS proxy on: its namespace and
+/// its listeners.
 pub const DESCRIPTORS_PER_POD: u64 = LISTENERS_PER_POD + 1;
+
+/// The listeners of a pod, with the DNS proxy (`dns.enabled`) or without.
+pub fn listeners_per_pod(dns: bool) -> u64 {
+    if dns {
+        LISTENERS_PER_POD
+    } else {
+        CAPTURE_LISTENERS
+    }
+}
 
 /// The pods' share of the data path's descriptors `data_path`: an eighth.
 pub fn pods_share(data_path: u64) -> u64 {
@@ -69,10 +93,19 @@ pub enum Refusal {
     NetnsTaken { id: NetnsId, owner: Owner },
     #[error("pod limit reached ({served} pods on this node; capture.max_pods is {max})")]
     PodLimit { served: usize, max: usize },
-    #[error("the pods' descriptor share is used up: {served} pods hold {} of the {} descriptors kept for pods (an eighth of the {data_path} the control plane leaves to the data path; the inbound caps take three quarters); raise the gateway's open-file limit (LimitNOFILE, ulimit -n)", *served as u64 * DESCRIPTORS_PER_POD, pods_share(*data_path))]
-    DescriptorShare { served: usize, data_path: u64 },
-    #[error("out of file descriptors ({usage}): its listeners need {LISTENERS_PER_POD} and the inbound connection caps may still claim {inbound}; raise the gateway's open-file limit (LimitNOFILE, ulimit -n) or lower capture.max_pods")]
-    Descriptors { usage: Usage, inbound: u64 },
+    #[error("the pods' descriptor share is used up: {served} pods hold {} of the {} descriptors kept for pods (an eighth of the {data_path} the control plane leaves to the data path; the inbound caps take three quarters); raise the gateway's open-file limit (LimitNOFILE, ulimit -n)", *served as u64 * (listeners + 1), pods_share(*data_path))]
+    DescriptorShare {
+        served: usize,
+        data_path: u64,
+        /// A pod's listeners.
+        listeners: u64,
+    },
+    #[error("out of file descriptors ({usage}): its listeners need {listeners} and the inbound connection caps may still claim {inbound}; raise the gateway's open-file limit (LimitNOFILE, ulimit -n) or lower capture.max_pods")]
+    Descriptors {
+        usage: Usage,
+        inbound: u64,
+        listeners: u64,
+    },
 }
 
 impl Refusal {
@@ -117,6 +150,8 @@ impl InboundClaim {
 pub struct Admission {
     /// The gateway's own namespace (`None` when it could not be read).
     pub own_netns: Option<NetnsId>,
+    /// A pod's listeners ([`listeners_per_pod`]).
+    pub listeners: u64,
     /// `capture.max_pods`.
     pub max_pods: usize,
     /// The descriptors the control plane leaves to the data path (`None`:
@@ -141,8 +176,9 @@ pub struct Candidate<'a> {
 impl Admission {
     /// The most pods the descriptor share holds (`None`: unbounded).
     pub fn share_pods(&self) -> Option<usize> {
+        let per_pod = self.listeners + 1;
         self.data_path
-            .map(|d| usize::try_from(pods_share(d) / DESCRIPTORS_PER_POD).unwrap_or(usize::MAX))
+            .map(|d| usize::try_from(pods_share(d) / per_pod).unwrap_or(usize::MAX))
     }
 
     /// The most pods served at once: `capture.max_pods`, or less when the
@@ -187,12 +223,17 @@ impl Admission {
                 return Err(Refusal::DescriptorShare {
                     served: pod.served,
                     data_path,
+                    listeners: self.listeners,
                 });
             }
         }
         if let Some(usage) = usage {
-            if usage.free() < LISTENERS_PER_POD.saturating_add(inbound) {
-                return Err(Refusal::Descriptors { usage, inbound });
+            if usage.free() < self.listeners.saturating_add(inbound) {
+                return Err(Refusal::Descriptors {
+                    usage,
+                    inbound,
+                    listeners: self.listeners,
+                });
             }
         }
         Ok(())
@@ -218,6 +259,7 @@ mod tests {
     fn admission(max_pods: usize, data_path: Option<u64>) -> Admission {
         Admission {
             own_netns: Some(OWN),
+            listeners: LISTENERS_PER_POD,
             max_pods,
             data_path,
             inbound: None,
@@ -278,17 +320,30 @@ mod tests {
     #[test]
     fn the_pods_share_is_an_eighth_of_the_data_paths_descriptors() {
         // 1,024 − 416 (the default control-plane budget) = 608 left to the
-        // data path: 456 for the inbound caps, 76 for pods (19 of them).
+        // data path: 456 for the inbound caps, 76 for pods (12 of them at
+        // six descriptors: the namespace, 15001, 15006, 15008, 15053 UDP and TCP).
         let a = admission(1_000, Some(608));
         assert_eq!(inbound_share(608), 456);
-        assert_eq!((a.share_pods(), a.effective_max()), (Some(19), 19));
-        a.check_with(&pod(18), None, 0).unwrap();
-        let e = refusal(&a, &pod(19));
+        assert_eq!((a.share_pods(), a.effective_max()), (Some(12), 12));
+        a.check_with(&pod(11), None, 0).unwrap();
+        let e = refusal(&a, &pod(12));
         assert_eq!(e.reason(), "descriptor_share");
         assert!(
             e.to_string().starts_with(
-                "the pods' descriptor share is used up: 19 pods hold 76 of the 76 descriptors kept for pods (an eighth of the 608 "
+                "the pods' descriptor share is used up: 12 pods hold 72 of the 76 descriptors kept for pods (an eighth of the 608 "
             ),
+            "{e}"
+        );
+        // Without the DNS proxy a pod holds four: 19 of them.
+        let without_dns = Admission {
+            listeners: listeners_per_pod(false),
+            ..admission(1_000, Some(608))
+        };
+        assert_eq!(without_dns.share_pods(), Some(19));
+        let e = refusal(&without_dns, &pod(19));
+        assert!(
+            e.to_string()
+                .contains("19 pods hold 76 of the 76 descriptors kept for pods"),
             "{e}"
         );
         // The shares never overlap: inbound, pods, and what is left.
@@ -311,16 +366,16 @@ mod tests {
     fn the_backstop_keeps_the_inbound_claim_and_the_listeners_free() {
         let a = admission(1_000, None);
         let usage = |open| Usage { open, limit: 1_024 };
-        // 500 free: the listeners (3) and an inbound claim of 497 fit.
-        a.check_with(&pod(0), Some(usage(524)), 497).unwrap();
-        let e = a.check_with(&pod(0), Some(usage(525)), 497).unwrap_err();
+        // 500 free: the listeners (5) and an inbound claim of 495 fit.
+        a.check_with(&pod(0), Some(usage(524)), 495).unwrap();
+        let e = a.check_with(&pod(0), Some(usage(525)), 495).unwrap_err();
         assert_eq!(e.reason(), "descriptors");
         assert_eq!(
             e.to_string(),
-            "out of file descriptors (525 of the open-file limit 1024 in use): its listeners need 3 and the inbound connection caps may still claim 497; raise the gateway's open-file limit (LimitNOFILE, ulimit -n) or lower capture.max_pods"
+            "out of file descriptors (525 of the open-file limit 1024 in use): its listeners need 5 and the inbound connection caps may still claim 495; raise the gateway's open-file limit (LimitNOFILE, ulimit -n) or lower capture.max_pods"
         );
         // Inbound load leaves the answer alone: 100 more connections open
         // take 100 from the free count and from the claim alike.
-        a.check_with(&pod(0), Some(usage(624)), 397).unwrap();
+        a.check_with(&pod(0), Some(usage(624)), 395).unwrap();
     }
 }

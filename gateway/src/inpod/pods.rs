@@ -1,7 +1,9 @@
 //! The per-pod proxies: for each meshed pod on the node, listeners opened
 //! inside the pod's own network namespace — 15001 (outbound capture),
 //! 15006 (plaintext inbound) and 15008 (HBONE inbound) — served by the
-//! gateway's one data path ([`crate::proxy`]) with the pod as origin.
+//! gateway's one data path ([`crate::proxy`]) with the pod as origin, and
+//! (`dns.enabled`) the DNS proxy's UDP and TCP listeners on 15053
+//! ([`crate::dns`]), closed with the others.
 //!
 //! Pods come from the node agent: `tidegate-cni` over the CNI socket
 //! ([`crate::drains::cni::PodHandover`]), istio-cni over ZDS
@@ -33,8 +35,10 @@ use serde::Serialize;
 use tidegate_netns::pod_records::PodRecord;
 use tracing::{info, warn};
 
-use super::admission::{Admission, Candidate, InboundClaim, Owner, Refusal};
+use super::admission::{listeners_per_pod, Admission, Candidate, InboundClaim, Owner, Refusal};
 use super::capture::CapturePorts;
+use crate::config::DNS_CAPTURE_PORT;
+use crate::dns::{DnsProxy, Place};
 use crate::drains::{DrainEngine, Lifecycle, Trigger};
 use crate::metrics::ProxyMetrics;
 use crate::netns::{ListenOpts, NetnsError, NetnsId, NetnsSockets, PodNetns, MESH_MARK};
@@ -168,7 +172,7 @@ impl PodMetrics {
         );
         r.register(
             "max_pods",
-            "The most pods served at once: capture.max_pods, or fewer when the pods' descriptor share (an eighth of the data path's descriptors, four a pod) holds fewer",
+            "The most pods served at once: capture.max_pods, or fewer when the pods' descriptor share (an eighth of the data path's descriptors, six a pod with the DNS proxy, four without) holds fewer",
             m.max_pods.clone(),
         );
         r.register(
@@ -274,6 +278,8 @@ pub struct PodProxies {
     pool: Arc<Pool>,
     tcp: TcpTuning,
     ports: CapturePorts,
+    /// The DNS proxy on 15053 (`dns.enabled`).
+    dns: Option<Arc<DnsProxy>>,
     /// The gateway's drain: inbound tunnels on pod listeners drain with it.
     drain: ShutdownWatch,
     /// `capture.membership_wait`: how long a `tidegate-cni` ADD waits for
@@ -297,6 +303,8 @@ pub struct DataPath {
     pub pool: Arc<Pool>,
     /// Congestion control of the pod listeners' sockets.
     pub tcp: TcpTuning,
+    /// The DNS proxy each pod gets on 15053 (`None`: `dns.enabled: false`).
+    pub dns: Option<Arc<DnsProxy>>,
 }
 
 /// How many pods, and how long an ADD waits for its pod's membership.
@@ -327,6 +335,7 @@ impl PodProxies {
         let data_path = limits.data_path_descriptors;
         let admission = Admission {
             own_netns,
+            listeners: listeners_per_pod(data.dns.is_some()),
             max_pods: limits.max_pods,
             data_path,
             inbound: Some(InboundClaim::new(data.inbound.limits().clone(), data_path)),
@@ -335,7 +344,7 @@ impl PodProxies {
         if max < limits.max_pods {
             warn!(max_pods = limits.max_pods, served_at_most = max, data_path_descriptors = data_path,
                 "capture.max_pods is above what the pods' descriptor share holds (an eighth of the \
-                 data path's descriptors, four a pod); raise the open-file limit (LimitNOFILE) to serve more");
+                 data path's descriptors, six a pod with the DNS proxy, four without); raise the open-file limit (LimitNOFILE) to serve more");
         } else {
             info!(
                 max_pods = max,
@@ -358,6 +367,7 @@ impl PodProxies {
             pool: data.pool,
             tcp: data.tcp,
             ports,
+            dns: data.dns,
             drain,
             membership_wait: limits.membership_wait,
             served: Default::default(),
@@ -438,8 +448,8 @@ impl PodProxies {
         Ok(result)
     }
 
-    /// Opens the pod's three listeners and starts their accept loops;
-    /// the returned trigger closes them.
+    /// Opens the pod's listeners (three, and 15053 UDP and TCP with the DNS
+    /// proxy) and starts their loops; the returned trigger closes them.
     async fn listen(&self, pod: &Arc<Pod>) -> Result<ShutdownTrigger, PodError> {
         let opts = ListenOpts {
             mark: MESH_MARK,
@@ -468,7 +478,15 @@ impl PodProxies {
         let hbone = listeners.pop().expect("three listeners");
         let plaintext = listeners.pop().expect("three listeners");
         let outbound = listeners.pop().expect("three listeners");
+        let dns = match &self.dns {
+            Some(dns) => Some(self.dns_listeners(dns, pod)?),
+            None => None,
+        };
         let (stop, watch) = shutdown::channel();
+        if let Some((dns, udp, tcp)) = dns {
+            tokio::spawn(dns.clone().serve_udp(udp, watch.clone()));
+            tokio::spawn(dns.serve_tcp(tcp, watch.clone()));
+        }
         let origin = Origin::Pod(pod.clone());
         tokio::spawn(
             self.outbound
@@ -491,6 +509,44 @@ impl PodProxies {
         );
         tokio::spawn(plain.run(plaintext, watch));
         Ok(stop)
+    }
+
+    /// The pod's DNS proxy and its listeners on 15053 (UDP, TCP), marked
+    /// like every socket the gateway makes in the pod.
+    #[allow(clippy::type_complexity)]
+    fn dns_listeners(
+        &self,
+        dns: &Arc<DnsProxy>,
+        pod: &Arc<Pod>,
+    ) -> Result<
+        (
+            Arc<crate::dns::PodDns>,
+            tokio::net::UdpSocket,
+            tokio::net::TcpListener,
+        ),
+        PodError,
+    > {
+        let addr = SocketAddr::from((Ipv4Addr::UNSPECIFIED, DNS_CAPTURE_PORT));
+        let err = |source| PodError::Listen {
+            uid: pod.uid.clone(),
+            port: DNS_CAPTURE_PORT,
+            source,
+        };
+        let opts = ListenOpts {
+            mark: MESH_MARK,
+            transparent: false,
+            backlog: 128,
+        };
+        let tcp = self.sockets.listen(&pod.netns, addr, opts).map_err(err)?;
+        let udp = self
+            .sockets
+            .udp_bind(&pod.netns, addr, MESH_MARK, true)
+            .map_err(err)?;
+        let place = Place::Pod {
+            netns: pod.netns.clone(),
+            sockets: self.sockets,
+        };
+        Ok((dns.pod(&pod.uid, &pod.namespace, place), udp, tcp))
     }
 
     /// The pod's network is gone (after its teardown drain): its listeners

@@ -23,6 +23,9 @@ use super::{
     start_echo,
 };
 
+#[path = "dns.rs"]
+mod dns;
+
 const CLIENT_UID: &str = "pa-uid";
 const SERVER_UID: &str = "pb-uid";
 

@@ -87,6 +87,47 @@ async fn a_listener_made_for_a_pod_lives_in_its_namespace_with_the_mark() {
     );
 }
 
+/// The DNS proxy's UDP sockets: a listener and a query's socket, both
+/// in the pod with the mark; a datagram between them stays in the pod.
+#[tokio::test]
+async fn a_udp_socket_made_for_a_pod_lives_in_its_namespace_with_the_mark() {
+    if super::skip() {
+        return;
+    }
+    let ns = Ns::new("u");
+    let pod = ns.open();
+    let sockets = NetnsSockets::new();
+    let home = this_threads_namespace();
+    // The host namespace holds the port without SO_REUSEPORT.
+    let host = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = host.local_addr().unwrap();
+    let listener = sockets.udp_bind(&pod, addr, MESH_MARK, true).unwrap();
+    assert_eq!(SockRef::from(&listener).mark().unwrap(), MESH_MARK);
+    assert!(SockRef::from(&listener).reuse_port().unwrap());
+    let any = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0);
+    let query = sockets.udp_bind(&pod, any, MESH_MARK, false).unwrap();
+    assert_eq!(SockRef::from(&query).mark().unwrap(), MESH_MARK);
+    assert!(!SockRef::from(&query).reuse_port().unwrap());
+    assert_eq!(
+        this_threads_namespace(),
+        home,
+        "back home after the sockets"
+    );
+    query.send_to(b"q", addr).await.unwrap();
+    let mut buf = [0u8; 8];
+    let (n, from) = listener.recv_from(&mut buf).await.unwrap();
+    assert_eq!(
+        (&buf[..n], from.port()),
+        (&b"q"[..], query.local_addr().unwrap().port())
+    );
+    // The host's socket saw nothing.
+    host.set_nonblocking(true).unwrap();
+    assert_eq!(
+        host.recv(&mut buf).unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock
+    );
+}
+
 #[tokio::test]
 async fn a_dial_from_a_pod_takes_a_source_it_does_not_own_only_when_transparent() {
     if super::skip() {

@@ -1,0 +1,154 @@
+//! The `dns:` section: the DNS proxy each captured pod gets on 15053
+//! (in-pod mode only; see [`crate::dns`]).
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::duration;
+
+/// The port istio-cni redirects a captured pod's DNS to (its `DNSCapturePort`).
+pub const DNS_CAPTURE_PORT: u16 = 15053;
+
+/// `dns`: the per-pod DNS proxy.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DnsConfig {
+    /// UDP and TCP listeners on 15053 inside each captured pod. On by
+    /// default: istio-cni (1.25 and later) redirects every enrolled pod's
+    /// port 53 there, and a pod with nothing on 15053 has no DNS.
+    pub enabled: bool,
+    /// Where names the workload store does not answer go: `ip` or
+    /// `ip:port` (53 when no port). Empty: the `nameserver` lines of
+    /// `resolv_conf`, read at start.
+    pub upstream: Vec<Upstream>,
+    /// Read for the upstream servers when `upstream` is empty.
+    pub resolv_conf: PathBuf,
+    /// How long a forwarded query waits for the upstream servers (all of
+    /// them, tried in order); past it the pod gets SERVFAIL.
+    #[serde(with = "duration")]
+    pub timeout: Duration,
+    /// Forwarded queries in flight at once, all pods together (each holds
+    /// one socket); past it a query is answered REFUSED.
+    pub max_in_flight: u32,
+    /// Forwarded queries in flight at once from one pod, and the most TCP
+    /// connections one pod keeps open to 15053; past it REFUSED (a
+    /// connection: closed at once).
+    pub max_in_flight_per_pod: u32,
+    /// The cluster's DNS domain: Services are `<name>.<namespace>.svc.<cluster_domain>`.
+    pub cluster_domain: String,
+}
+
+impl Default for DnsConfig {
+    fn default() -> Self {
+        DnsConfig {
+            enabled: true,
+            upstream: Vec::new(),
+            resolv_conf: PathBuf::from("/etc/resolv.conf"),
+            timeout: Duration::from_secs(5),
+            max_in_flight: 512,
+            max_in_flight_per_pod: 64,
+            cluster_domain: "cluster.local".into(),
+        }
+    }
+}
+
+/// An upstream DNS server: `10.96.0.10`, `10.96.0.10:53`, `fd00::a` or `[fd00::a]:53`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Upstream(pub SocketAddr);
+
+impl FromStr for Upstream {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if let Ok(ip) = s.parse::<IpAddr>() {
+            return Ok(Upstream(SocketAddr::new(ip, 53)));
+        }
+        s.parse::<SocketAddr>().map(Upstream).map_err(|_| {
+            format!("{s:?} is not an upstream DNS server like 10.96.0.10, 10.96.0.10:53 or [fd00::a]:53")
+        })
+    }
+}
+
+impl fmt::Display for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<'de> Deserialize<'de> for Upstream {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for Upstream {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Whether `domain` is a DNS name the proxy can serve below (letters,
+/// digits, `-`, dots between labels).
+pub(super) fn check_cluster_domain(domain: &str) -> Result<(), String> {
+    let ok = !domain.is_empty()
+        && domain.len() <= 200
+        && domain.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{domain:?} is not a DNS domain like cluster.local (labels of letters, digits and '-', no trailing dot)"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstreams_take_an_address_with_or_without_a_port() {
+        assert_eq!(
+            "10.96.0.10".parse::<Upstream>().unwrap().0,
+            "10.96.0.10:53".parse().unwrap()
+        );
+        assert_eq!(
+            "[fd00::a]:5353".parse::<Upstream>().unwrap().0,
+            "[fd00::a]:5353".parse().unwrap()
+        );
+        assert_eq!(
+            "fd00::a".parse::<Upstream>().unwrap().0.port(),
+            53,
+            "a bare IPv6 address"
+        );
+        let e = "kube-dns".parse::<Upstream>().unwrap_err();
+        assert!(e.contains("10.96.0.10:53"), "{e}");
+    }
+
+    #[test]
+    fn the_cluster_domain_is_a_plain_dns_name() {
+        check_cluster_domain("cluster.local").unwrap();
+        check_cluster_domain("corp-1.example").unwrap();
+        for bad in [
+            "",
+            "cluster.local.",
+            ".local",
+            "a..b",
+            "c_d.local",
+            "é.local",
+        ] {
+            assert!(check_cluster_domain(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! The DNS proxy's metrics (prefix `tidegate_dns_`).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use super::handler::Transport;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct QueryLabels {
+    /// Who answered: `store` (the workload store), `forwarded` (the
+    /// upstream server, or the proxy when forwarding failed or was refused)
+    /// or `invalid` (a query the proxy could not take: FORMERR, NOTIMP).
+    pub source: &'static str,
+    /// The response code the pod got, lowercase (`noerror`, `nxdomain`, …).
+    pub rcode: &'static str,
+    /// `udp` or `tcp`.
+    pub protocol: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct LimitLabel {
+    /// `pod` (`dns.max_in_flight_per_pod`), `gateway` (`dns.max_in_flight`)
+    /// or `pod_tcp` (a TCP connection past the pod's share).
+    pub limit: &'static str,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct DnsMetrics {
+    pub(super) queries: Family<QueryLabels, Counter>,
+    pub(super) forward_failures: Family<ReasonLabel, Counter>,
+    pub(super) refused: Family<LimitLabel, Counter>,
+    pub(super) dropped: Family<ReasonLabel, Counter>,
+    pub(super) truncated: Counter,
+    pub(super) in_flight: Gauge,
+}
+
+impl DnsMetrics {
+    /// Registers under `dns` in `registry` (the gateway's `tidegate` one).
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = DnsMetrics::default();
+        let r = registry.sub_registry_with_prefix("dns");
+        r.register(
+            "queries",
+            "DNS queries answered to pods, by who answered (store, forwarded, invalid), response code and protocol",
+            m.queries.clone(),
+        );
+        r.register(
+            "forward_failures",
+            "Forwarded queries no upstream server answered, by reason (timeout, network, no_upstream); each answered SERVFAIL",
+            m.forward_failures.clone(),
+        );
+        r.register(
+            "refused",
+            "Queries answered REFUSED, and TCP connections closed at once, for capacity, by limit (pod, gateway, pod_tcp)",
+            m.refused.clone(),
+        );
+        r.register(
+            "dropped",
+            "Datagrams and TCP messages dropped unanswered, by reason (short: no DNS header; not_a_query: a response)",
+            m.dropped.clone(),
+        );
+        r.register(
+            "truncated",
+            "UDP answers too large for the pod's buffer, sent truncated (the pod retries over TCP)",
+            m.truncated.clone(),
+        );
+        r.register(
+            "forwards_in_flight",
+            "Forwarded queries waiting for an upstream server",
+            m.in_flight.clone(),
+        );
+        m
+    }
+
+    pub(super) fn answered(&self, source: &'static str, rcode: &'static str, t: Transport) {
+        self.queries
+            .get_or_create(&QueryLabels {
+                source,
+                rcode,
+                protocol: t.label(),
+            })
+            .inc();
+    }
+
+    pub(super) fn refused(&self, limit: &'static str) {
+        self.refused.get_or_create(&LimitLabel { limit }).inc();
+    }
+
+    pub(super) fn dropped(&self, reason: &'static str) {
+        self.dropped.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    pub(super) fn forward_failed(&self, reason: &'static str) {
+        self.forward_failures
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+}

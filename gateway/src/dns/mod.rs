@@ -1,0 +1,114 @@
+//! The DNS proxy on 15053 inside each captured pod (in-pod mode, `dns:`).
+//!
+//! Since Istio 1.25 istio-cni redirects every enrolled pod's DNS (port 53,
+//! UDP and TCP, except packets carrying the mesh mark) to 15053 in the
+//! pod's own network namespace; a node proxy with nothing there leaves the
+//! pod without DNS. Each pod served ([`crate::inpod::pods`]) gets a UDP and
+//! a TCP listener on 15053 beside its others, made and marked the same way
+//! ([`crate::netns`]), closed with them.
+//!
+//! - [`answer`]: A and AAAA of Service names from the workload store, seen
+//!   from the pod's namespace (its search domains), as ztunnel answers them.
+//! - [`handler`]: one query as bytes → an answer, a forward, FORMERR, or a
+//!   counted drop. No I/O (the `dns` fuzz target).
+//! - [`forward`]: everything else to the upstream servers, from the pod's
+//!   namespace, with a timeout (SERVFAIL past it).
+//! - [`listener`]: the per-pod UDP and TCP loops, and the caps on
+//!   forwarded queries in flight (per pod, and for the gateway; REFUSED
+//!   past either, counted).
+//! - [`metrics`], the `tidegate_dns_*` families.
+
+pub mod answer;
+pub mod forward;
+pub mod handler;
+pub mod listener;
+pub mod metrics;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use tokio::sync::Semaphore;
+use tracing::{info, warn};
+
+pub use answer::{service_hostname, Names};
+pub use forward::{Forwarder, Place};
+pub use handler::{Action, Transport};
+pub use listener::PodDns;
+pub use metrics::DnsMetrics;
+
+use crate::config::DnsConfig;
+use crate::workloads::WorkloadStore;
+
+/// What every pod's DNS proxy shares: the names, the upstream servers, the
+/// gateway-wide cap, the metrics.
+pub struct DnsProxy {
+    names: Names,
+    forwarder: Forwarder,
+    metrics: DnsMetrics,
+    /// `dns.max_in_flight`.
+    in_flight: Arc<Semaphore>,
+    /// `dns.max_in_flight_per_pod`.
+    per_pod: usize,
+    /// How long a TCP connection may stay quiet (`dns.timeout`).
+    idle: Duration,
+}
+
+impl DnsProxy {
+    /// From the `dns:` section; the upstream servers are `dns.upstream`,
+    /// else the `nameserver` lines of `dns.resolv_conf` read now.
+    pub fn new(
+        config: &DnsConfig,
+        workloads: Arc<WorkloadStore>,
+        registry: &mut Registry,
+    ) -> Arc<DnsProxy> {
+        let upstreams: Vec<SocketAddr> = if config.upstream.is_empty() {
+            match std::fs::read_to_string(&config.resolv_conf) {
+                Ok(text) => forward::nameservers(&text),
+                Err(e) => {
+                    warn!(file = %config.resolv_conf.display(), error = %e,
+                        "cannot read the upstream DNS servers; names the store does not have get SERVFAIL (set dns.upstream)");
+                    Vec::new()
+                }
+            }
+        } else {
+            config.upstream.iter().map(|u| u.0).collect()
+        };
+        if upstreams.is_empty() {
+            warn!(file = %config.resolv_conf.display(),
+                "no upstream DNS server (dns.upstream is empty and the file names none): names the store does not have get SERVFAIL");
+        }
+        info!(upstreams = ?upstreams, cluster_domain = %config.cluster_domain,
+            timeout = ?config.timeout, "DNS proxy on 15053 in every captured pod");
+        Self::with(config, upstreams, workloads, DnsMetrics::register(registry))
+    }
+
+    /// With these upstream servers and metrics (tests, the fuzz target).
+    pub fn with(
+        config: &DnsConfig,
+        upstreams: Vec<SocketAddr>,
+        workloads: Arc<WorkloadStore>,
+        metrics: DnsMetrics,
+    ) -> Arc<DnsProxy> {
+        Arc::new(DnsProxy {
+            names: Names::new(workloads, &config.cluster_domain),
+            forwarder: Forwarder::new(upstreams, config.timeout),
+            metrics,
+            in_flight: Arc::new(Semaphore::new(config.max_in_flight as usize)),
+            per_pod: config.max_in_flight_per_pod as usize,
+            idle: config.timeout,
+        })
+    }
+
+    /// What to do with `bytes`, a query from a pod of `namespace` (no I/O).
+    pub fn handle(&self, namespace: &str, bytes: &[u8], transport: Transport) -> Action {
+        handler::handle(&self.names, namespace, bytes, transport)
+    }
+
+    /// The proxy of one pod; its sockets to the upstream servers are made
+    /// in `place`.
+    pub fn pod(self: &Arc<Self>, uid: &str, namespace: &str, place: Place) -> Arc<PodDns> {
+        PodDns::new(self.clone(), uid, namespace, place)
+    }
+}
