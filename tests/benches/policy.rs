@@ -354,6 +354,8 @@ fn gateway_workload(policy: &str) -> Workload {
             allow: Vec::new(),
             authorization_policies: Vec::new(),
             workload_name: None,
+            waypoint: None,
+            other_network: false,
             oci_backend_draining: false,
             namespace_policy: None,
             deletion_deadline_unix_ms: None,

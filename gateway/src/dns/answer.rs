@@ -1,8 +1,8 @@
 //! Names the workload store answers: Services by hostname, seen from the
 //! querying pod's namespace.
 //!
-//! A Service's hostname is `<name>.<namespace>.svc.<cluster domain>`
-//! ([`service_hostname`]). A query is matched against, in order:
+//! A Service's hostname is the one istiod gives it, else
+//! `<name>.<namespace>.svc.<cluster domain>` ([`service_hostname`]). A query is matched against, in order:
 //!
 //! 1. the name as asked;
 //! 2. its Kubernetes expansions: one label (`web`) is a Service of the
@@ -48,9 +48,13 @@ use crate::workloads::{WorkloadSnapshot, WorkloadStore};
 /// The TTL of the store's answers (ztunnel's).
 pub const TTL_SECONDS: u32 = 30;
 
-/// A Service's DNS name, without the trailing dot.
+/// A Service's DNS name, without the trailing dot: istiod's `hostname`
+/// when the Service came from istiod, else the Kubernetes name.
 pub fn service_hostname(spec: &ServiceSpec, domain: &str) -> String {
-    format!("{}.{}.svc.{domain}", spec.name, spec.namespace)
+    match &spec.hostname {
+        Some(h) => h.trim_end_matches('.').to_ascii_lowercase(),
+        None => format!("{}.{}.svc.{domain}", spec.name, spec.namespace),
+    }
 }
 
 /// What the store says about a query.
@@ -385,6 +389,8 @@ pub(crate) mod tests {
             allow: vec![],
             authorization_policies: vec![],
             workload_name: None,
+            waypoint: None,
+            other_network: false,
             oci_backend_draining: false,
             namespace_policy: None,
             deletion_deadline_unix_ms: None,
@@ -435,6 +441,13 @@ pub(crate) mod tests {
             "web.shop.svc.cluster.local"
         );
         assert_eq!(service_hostname(&s, "corp"), "web.shop.svc.corp");
+        let mut from_istiod = s.clone();
+        from_istiod.hostname = Some("Web.Shop.svc.mesh.example.".into());
+        assert_eq!(
+            service_hostname(&from_istiod, "cluster.local"),
+            "web.shop.svc.mesh.example",
+            "istiod's hostname, as a DNS name"
+        );
     }
 
     #[test]
