@@ -31,7 +31,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 
 /// Every target of `fuzz/Cargo.toml`, in the order they run.
-pub const TARGETS: [&str; 9] = [
+pub const TARGETS: [&str; 10] = [
     "connect_route",
     "config",
     "workload_file",
@@ -41,6 +41,7 @@ pub const TARGETS: [&str; 9] = [
     "wit_convert",
     "authorization",
     "dns",
+    "xds",
 ];
 
 /// What `cargo xtask test` gives each target.

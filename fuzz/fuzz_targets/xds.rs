@@ -1,0 +1,62 @@
+//! istiod's delta xDS as the istio source receives it: any bytes are a
+//! `DeltaDiscoveryResponse` or, failing that, one resource, applied as an
+//! `istio.workload.Address` and as an `istio.security.Authorization`.
+//! Never a panic; every refusal names a resource of the response and
+//! says why; no more workloads are published than were accepted.
+#![no_main]
+
+use std::sync::{Arc, OnceLock};
+
+use libfuzzer_sys::fuzz_target;
+use prost::Message as _;
+use tidegate::workloads::istio::IstioSource;
+use tidegate::workloads::WorkloadStore;
+use tidegate_xds::client::{ADDRESS, AUTHORIZATION};
+use tidegate_xds::envelope::DeltaDiscoveryResponse;
+use tidegate_xds::{Handler, Update};
+
+fn store() -> &'static Arc<WorkloadStore> {
+    static STORE: OnceLock<Arc<WorkloadStore>> = OnceLock::new();
+    STORE.get_or_init(|| WorkloadStore::new("cluster.local", "node-a"))
+}
+
+fuzz_target!(|data: &[u8]| {
+    let (updates, removed) = match DeltaDiscoveryResponse::decode(data) {
+        Ok(r) => (
+            r.resources
+                .into_iter()
+                .map(|r| Update {
+                    name: r.name,
+                    version: r.version,
+                    value: r.resource.map(|a| a.value).unwrap_or_default(),
+                })
+                .collect::<Vec<_>>(),
+            r.removed_resources,
+        ),
+        Err(_) => (
+            vec![Update {
+                name: "fuzz".into(),
+                version: "1".into(),
+                value: bytes::Bytes::copy_from_slice(data),
+            }],
+            Vec::new(),
+        ),
+    };
+    for type_url in [ADDRESS, AUTHORIZATION] {
+        let mut source = IstioSource::new(store().clone());
+        let refused = source.handle(type_url, updates.clone(), removed.clone());
+        for r in &refused {
+            assert!(
+                updates.iter().any(|u| u.name == r.name),
+                "refused {:?}, not in the response",
+                r.name
+            );
+            assert!(!r.reason.is_empty());
+        }
+        if type_url == ADDRESS {
+            // Only what was accepted is published.
+            let accepted = updates.len() - refused.len();
+            assert!(store().snapshot().len() <= accepted);
+        }
+    }
+});
