@@ -143,6 +143,13 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
             Duration::ZERO,
             MIN,
         ),
+        dur(
+            "workloads.istio.connect_timeout",
+            w.istio.connect_timeout,
+            millis(100),
+            MIN,
+        )
+        .because("0 would fail every connection to istiod"),
         dur("shutdown.deadline", c.shutdown.deadline, millis(100), HOUR)
             .because("0 would cut every stream at SIGTERM"),
         dur("policies.call_deadline", p.call_deadline, MS, secs(10))
