@@ -11,7 +11,9 @@
 //!   source and destination workload (its name, canonical service and
 //!   revision, namespace, principal, app, version, cluster), the
 //!   destination Service, `request_protocol="tcp"`, `response_flags` (`-`,
-//!   `DENY` for an authorization refusal, `CONNECT` for a failed dial) and
+//!   `DENY` for an authorization refusal, `CONNECT` for a failed dial,
+//!   `TLS_FAILURE` and `H2_HANDSHAKE_FAILURE` for a tunnel whose TLS or
+//!   HTTP/2 handshake failed) and
 //!   `connection_security_policy` (`mutual_tls` over HBONE, else
 //!   `unknown`), and the four locality labels. A value not known is
 //!   `unknown`; principals are whole SPIFFE ids.
@@ -55,6 +57,10 @@ pub enum Flags {
     Deny,
     /// The upstream could not be reached.
     Connect,
+    /// The tunnel's TLS handshake failed.
+    TlsFailure,
+    /// The tunnel's HTTP/2 handshake failed (no `h2`, or its preface).
+    H2HandshakeFailure,
 }
 
 impl Flags {
@@ -63,6 +69,21 @@ impl Flags {
             Flags::None => "-",
             Flags::Deny => "DENY",
             Flags::Connect => "CONNECT",
+            Flags::TlsFailure => "TLS_FAILURE",
+            Flags::H2HandshakeFailure => "H2_HANDSHAKE_FAILURE",
+        }
+    }
+
+    /// How ztunnel flags a connection whose tunnel could not be had.
+    pub fn of_pool_error(e: &crate::proxy::pool::PoolError) -> Flags {
+        use crate::hbone::client::DialError;
+        match e {
+            crate::proxy::pool::PoolError::Dial { source, .. } => match source {
+                DialError::Tls(_) => Flags::TlsFailure,
+                DialError::NoH2 | DialError::H2(_) => Flags::H2HandshakeFailure,
+                _ => Flags::Connect,
+            },
+            _ => Flags::Connect,
         }
     }
 }
@@ -385,5 +406,48 @@ impl Report {
 impl Drop for Report {
     fn drop(&mut self) {
         self.finish(Flags::None);
+    }
+}
+
+#[cfg(test)]
+mod flag_tests {
+    use super::Flags;
+    use crate::hbone::client::DialError;
+    use crate::proxy::pool::PoolError;
+    use crate::tls::HandshakeError;
+
+    #[test]
+    fn a_failed_tunnel_is_flagged_as_ztunnel_flags_it() {
+        let addr = "10.0.0.1:15008".parse().unwrap();
+        let dial = |source| PoolError::Dial { addr, source };
+        let tls = HandshakeError::Failed {
+            reason: "untrusted_ca",
+            source: std::io::Error::other("bad certificate"),
+        };
+        let cases = [
+            (dial(DialError::Tls(tls)), "TLS_FAILURE"),
+            (dial(DialError::NoH2), "H2_HANDSHAKE_FAILURE"),
+            (
+                dial(DialError::H2(h2::Reason::PROTOCOL_ERROR.into())),
+                "H2_HANDSHAKE_FAILURE",
+            ),
+            (
+                dial(DialError::Connect {
+                    addr,
+                    source: std::io::ErrorKind::ConnectionRefused.into(),
+                }),
+                "CONNECT",
+            ),
+            (
+                PoolError::BackingOff {
+                    addr,
+                    remaining_ms: 5,
+                },
+                "CONNECT",
+            ),
+        ];
+        for (e, flag) in cases {
+            assert_eq!(Flags::of_pool_error(&e).label(), flag, "{e}");
+        }
     }
 }

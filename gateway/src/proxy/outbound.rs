@@ -411,7 +411,7 @@ impl Outbound {
         let stream = match connected {
             Ok(s) => s,
             Err(e) => {
-                report.close(Flags::Connect);
+                report.close(Flags::of_pool_error(&e));
                 return Err(e.into());
             }
         };
