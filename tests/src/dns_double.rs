@@ -138,7 +138,8 @@ pub fn addresses(m: &Message) -> Vec<Ipv4Addr> {
 }
 
 /// Asks `server` `q` over UDP from the calling thread's namespace; the
-/// reply with the query's id.
+/// reply with the query's id. A reply from another address than `server`
+/// is an error: a resolver (glibc's connected socket, musl's check) drops it.
 pub async fn ask_udp(server: SocketAddr, q: &Message) -> Result<Message, String> {
     let any: SocketAddr = if server.is_ipv4() {
         "0.0.0.0:0".parse().unwrap()
@@ -151,10 +152,15 @@ pub async fn ask_udp(server: SocketAddr, q: &Message) -> Result<Message, String>
         .map_err(|e| format!("send to {server}: {e}"))?;
     let mut buf = vec![0u8; 65_535];
     loop {
-        let n = c
-            .recv(&mut buf)
+        let (n, from) = c
+            .recv_from(&mut buf)
             .await
             .map_err(|e| format!("receive from {server}: {e}"))?;
+        if from != server {
+            return Err(format!(
+                "reply from {from}, not from {server}: a resolver would drop it"
+            ));
+        }
         let m = Message::from_vec(&buf[..n]).map_err(|e| e.to_string())?;
         if m.metadata.id == q.metadata.id {
             return Ok(m);

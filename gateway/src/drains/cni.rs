@@ -35,6 +35,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::{debug, info, warn};
 
+use super::state::PodKey;
 use super::{DrainEngine, Lifecycle, Trigger};
 use crate::shutdown::ShutdownWatch;
 
@@ -233,12 +234,16 @@ async fn add(
     info!(uid = %req.uid, namespace = %req.namespace, name = %req.name, netns = %req.netns, "CNI ADD");
     let pod = HandedPod {
         uid: req.uid.clone(),
-        name: req.name,
-        namespace: req.namespace,
+        name: req.name.clone(),
+        namespace: req.namespace.clone(),
     };
     match pods.add(pod, netns).await {
         Ok(Handed::Served(result)) => {
-            engine.pod_handed_over(&req.uid);
+            engine.pod_handed_over(&PodKey {
+                uid: &req.uid,
+                namespace: &req.namespace,
+                name: &req.name,
+            });
             json!({"result": result})
         }
         Ok(Handed::NotMember(reason)) => {
@@ -270,7 +275,11 @@ async fn teardown(
     };
     // The hold is over: the pod's own listeners go (in-pod mode).
     if let Some(pods) = pods {
-        engine.pod_taken_back(&req.uid);
+        engine.pod_taken_back(&PodKey {
+            uid: &req.uid,
+            namespace: &req.namespace,
+            name: &req.name,
+        });
         pods.remove(req.uid).await;
     }
     answer

@@ -34,6 +34,7 @@ pub use engine::{
 };
 pub use metrics::DrainMetrics;
 pub use peer_book::{PeerDecision, PeerDrainView};
+pub use state::PodKey;
 
 /// The longest grace period a `shutdown-started` may carry (the admin API
 /// refuses longer ones with a 400).

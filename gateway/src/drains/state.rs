@@ -188,8 +188,37 @@ pub(super) struct DrainBook {
     /// a new workload, and tunnels pooled for the old one must not carry it.
     pub(super) ip_owners: HashMap<std::net::IpAddr, String>,
     /// In-pod mode: the pods the node agent handed over (`workload-added`
-    /// waits for both the handover and discovery).
+    /// waits for both the handover and discovery), by uid and by
+    /// `namespace/name` ([`PodKey::name_key`]).
     pub(super) handed_over: std::collections::HashSet<String>,
+}
+
+impl DrainBook {
+    /// Whether the node agent handed over the pod of local workload `w`
+    /// (under `w`'s uid, or under the pod's own uid when the source keys
+    /// workloads otherwise: by namespace and name).
+    pub(super) fn was_handed_over(&self, w: &crate::workloads::Workload) -> bool {
+        self.handed_over.contains(w.uid())
+            || self
+                .handed_over
+                .contains(&format!("{}/{}", w.spec.namespace, w.spec.name))
+    }
+}
+
+/// A pod as its node agent names it.
+#[derive(Clone, Copy, Debug)]
+pub struct PodKey<'a> {
+    pub uid: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+}
+
+impl PodKey<'_> {
+    /// `namespace/name`: never a uid (Kubernetes uids have no `/`, and
+    /// istiod's have more than one).
+    pub(super) fn name_key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
 }
 
 /// `now + d` in unix milliseconds, saturating instead of overflowing.

@@ -16,6 +16,7 @@ use tidegate_sdk as sdk;
 use super::engine::{
     DrainBook, DrainEngine, DrainError, DrainState, Lifecycle, Record, Trigger, RETAIN,
 };
+use super::state::PodKey;
 use crate::shutdown::ShutdownWatch;
 use crate::sync::Locked;
 use crate::workloads::{LifecycleState, Workload, WorkloadSnapshot};
@@ -66,7 +67,7 @@ impl DrainEngine {
             .filter(|w| w.local && previous.by_uid(w.uid()).is_none())
         {
             self.forget_earlier_incarnation(w.uid());
-            if !by_agent || self.book.locked().handed_over.contains(w.uid()) {
+            if !by_agent || self.book.locked().was_handed_over(w) {
                 self.on_added(w);
             }
         }
@@ -182,25 +183,31 @@ impl DrainEngine {
         self.added_by_node_agent.store(true, Ordering::Release);
     }
 
-    /// The node agent (CNI ADD, ZDS `AddWorkload`) handed `uid` over: its
+    /// The node agent (CNI ADD, ZDS `AddWorkload`) handed `pod` over: its
     /// policy sees `workload-added` now if discovery knows the workload,
-    /// else when discovery first lists it.
-    pub fn pod_handed_over(self: &Arc<Self>, uid: &str) {
-        let newly = self.book.locked().handed_over.insert(uid.to_owned());
+    /// else when discovery first lists it (under the pod's uid, or — istiod
+    /// keys workloads otherwise — its namespace and name).
+    pub fn pod_handed_over(self: &Arc<Self>, pod: &PodKey<'_>) {
+        let newly = {
+            let mut book = self.book.locked();
+            book.handed_over.insert(pod.name_key());
+            book.handed_over.insert(pod.uid.to_owned())
+        };
         let known = self
             .workloads
             .snapshot()
-            .by_uid(uid)
-            .filter(|w| w.local)
+            .pod_workload(pod.uid, pod.namespace, pod.name)
             .cloned();
         if let (true, Some(w)) = (newly, known) {
             self.on_added(&w);
         }
     }
 
-    /// The node agent took `uid` back (CNI DEL, ZDS `DelWorkload`).
-    pub fn pod_taken_back(&self, uid: &str) {
-        self.book.locked().handed_over.remove(uid);
+    /// The node agent took `pod` back (CNI DEL, ZDS `DelWorkload`).
+    pub fn pod_taken_back(&self, pod: &PodKey<'_>) {
+        let mut book = self.book.locked();
+        book.handed_over.remove(pod.uid);
+        book.handed_over.remove(&pod.name_key());
     }
 
     /// A local workload appeared: its policy sees `workload-added` (to set

@@ -39,7 +39,7 @@ use super::admission::{listeners_per_pod, Admission, Candidate, InboundClaim, Ow
 use super::capture::CapturePorts;
 use crate::config::DNS_CAPTURE_PORT;
 use crate::dns::{DnsProxy, Place};
-use crate::drains::{DrainEngine, Lifecycle, Trigger};
+use crate::drains::{DrainEngine, Lifecycle, PodKey, Trigger};
 use crate::metrics::ProxyMetrics;
 use crate::netns::{ListenOpts, NetnsError, NetnsId, NetnsSockets, PodNetns, MESH_MARK};
 use crate::proxy::congestion::TcpTuning;
@@ -511,8 +511,13 @@ impl PodProxies {
         Ok(stop)
     }
 
-    /// The pod's DNS proxy and its listeners on 15053 (UDP, TCP), marked
-    /// like every socket the gateway makes in the pod.
+    /// The pod's DNS proxy and its listeners on 127.0.0.1:15053 (UDP, TCP),
+    /// marked like every socket the gateway makes in the pod. Loopback, as
+    /// ztunnel binds them: the pod's redirect sends its queries to
+    /// 127.0.0.1, and a UDP answer must leave from there for the kernel to
+    /// give it back the address the pod asked (an answer from the pod's own
+    /// address is dropped by the pod's resolver); and nothing outside the
+    /// pod reaches them.
     #[allow(clippy::type_complexity)]
     fn dns_listeners(
         &self,
@@ -526,7 +531,7 @@ impl PodProxies {
         ),
         PodError,
     > {
-        let addr = SocketAddr::from((Ipv4Addr::UNSPECIFIED, DNS_CAPTURE_PORT));
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, DNS_CAPTURE_PORT));
         let err = |source| PodError::Listen {
             uid: pod.uid.clone(),
             port: DNS_CAPTURE_PORT,
@@ -575,14 +580,32 @@ impl PodProxies {
     /// The network teardown of a pod its node agent took back: the policy
     /// decides (the hold is honoured), then the listeners close.
     pub async fn teardown(&self, uid: &str, trigger: Trigger) {
+        // The pod's workload may be keyed otherwise than the pod (istiod).
+        let named = self
+            .served
+            .lock()
+            .await
+            .by_uid
+            .get(uid)
+            .map(|s| (s.pod.namespace.clone(), s.pod.name.clone()));
+        let (namespace, name) = named.unwrap_or_default();
+        let workload_uid = self
+            .workloads
+            .snapshot()
+            .pod_workload(uid, &namespace, &name)
+            .map_or_else(|| uid.to_owned(), |w| w.uid().to_owned());
         if let Err(e) = self
             .drains
-            .on_lifecycle(uid, Lifecycle::Teardown, trigger)
+            .on_lifecycle(&workload_uid, Lifecycle::Teardown, trigger)
             .await
         {
             info!(uid, error = %e, "teardown of a pod discovery does not know; closing its listeners");
         }
-        self.drains.pod_taken_back(uid);
+        self.drains.pod_taken_back(&PodKey {
+            uid,
+            namespace: &namespace,
+            name: &name,
+        });
         self.remove(uid).await;
     }
 
@@ -636,14 +659,18 @@ impl PodProxies {
             };
             let meta = PodMeta {
                 uid: record.uid.clone(),
-                name: record.name,
-                namespace: record.namespace,
+                name: record.name.clone(),
+                namespace: record.namespace.clone(),
                 service_account: None,
                 source: "state-dir",
             };
             match self.add(meta, fd).await {
                 Ok(_) => {
-                    self.drains.pod_handed_over(&record.uid);
+                    self.drains.pod_handed_over(&PodKey {
+                        uid: &record.uid,
+                        namespace: &record.namespace,
+                        name: &record.name,
+                    });
                     adopted += 1;
                 }
                 Err(e) => warn!(uid = %record.uid, error = %e, "recorded pod not re-adopted"),

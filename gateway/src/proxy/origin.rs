@@ -32,6 +32,22 @@ pub struct Pod {
     pub sockets: NetnsSockets,
 }
 
+impl Pod {
+    /// The pod's workload in `snapshot` ([`crate::workloads::WorkloadSnapshot::pod_workload`]).
+    pub fn workload<'s>(
+        &self,
+        snapshot: &'s crate::workloads::WorkloadSnapshot,
+    ) -> Option<&'s Arc<crate::workloads::Workload>> {
+        snapshot.pod_workload(&self.uid, &self.namespace, &self.name)
+    }
+
+    /// Whether `w` is this pod's workload.
+    pub fn is(&self, w: &crate::workloads::Workload) -> bool {
+        w.uid() == self.uid
+            || (w.local && w.spec.namespace == self.namespace && w.spec.name == self.name)
+    }
+}
+
 /// The namespace a listener, and every socket made for its connections, is in.
 #[derive(Clone, Debug, Default)]
 pub enum Origin {

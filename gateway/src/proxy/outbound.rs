@@ -600,7 +600,7 @@ impl Outbound {
                 .filter(|w| w.local)
                 .map(|w| (w.identity.clone(), Some(w.clone())))
                 .ok_or(OutboundError::UnknownSource(src.ip())),
-            Origin::Pod(pod) => match snapshot.by_uid(&pod.uid) {
+            Origin::Pod(pod) => match pod.workload(snapshot) {
                 Some(w) => Ok((w.identity.clone(), Some(w.clone()))),
                 None => pod
                     .service_account

@@ -202,10 +202,8 @@ impl PlaintextInbound {
         if self.own_ports.contains(dst.port()) {
             return Err(PlaintextError::OwnPort(dst.port()));
         }
-        let workload = self
-            .workloads
-            .snapshot()
-            .by_uid(&pod.uid)
+        let workload = pod
+            .workload(&self.workloads.snapshot())
             .cloned()
             .ok_or_else(|| PlaintextError::UnknownPod(pod.uid.clone()))?;
         if !workload.spec.ips.contains(&dst.ip()) {
@@ -229,7 +227,7 @@ impl PlaintextInbound {
             src,
             dst,
             identity: None,
-            workload_uid: pod.uid.clone(),
+            workload_uid: workload.uid().to_owned(),
             transport: Transport::Plaintext,
         }) {
             Ok(a) => a,

@@ -179,6 +179,10 @@ impl AsSubject for Workload {
 pub struct WorkloadSnapshot {
     by_uid: BTreeMap<String, Arc<Workload>>,
     by_ip: HashMap<IpAddr, Arc<Workload>>,
+    /// This node's workloads by (namespace, name): how a pod handed over
+    /// under its Kubernetes uid finds its workload when the source keys
+    /// workloads otherwise (istiod: `<cluster>//Pod/<ns>/<name>`).
+    local_by_name: HashMap<(String, String), Arc<Workload>>,
     services: Vec<Arc<services::Service>>,
     by_vip: services::VipIndex,
     /// The mesh membership of each pod on this node, by uid — pods without
@@ -202,6 +206,18 @@ impl WorkloadSnapshot {
 
     pub fn by_uid(&self, uid: &str) -> Option<&Arc<Workload>> {
         self.by_uid.get(uid)
+    }
+
+    /// The workload of the pod a node agent handed over as `uid`
+    /// (`namespace`/`name`): the local workload of that uid — the
+    /// Kubernetes source keys workloads by the pod's uid — else the local
+    /// workload of that namespace and name (istiod keys them by
+    /// `<cluster>//Pod/<namespace>/<name>`: the uids differ).
+    pub fn pod_workload(&self, uid: &str, namespace: &str, name: &str) -> Option<&Arc<Workload>> {
+        self.by_uid.get(uid).filter(|w| w.local).or_else(|| {
+            self.local_by_name
+                .get(&(namespace.to_owned(), name.to_owned()))
+        })
     }
 
     /// The Service with `vip` as an address and `port` as a port.
@@ -378,6 +394,10 @@ impl WorkloadStore {
             });
             for ip in &w.spec.ips {
                 snap.by_ip.insert(*ip, w.clone());
+            }
+            if w.local {
+                let key = (w.spec.namespace.clone(), w.spec.name.clone());
+                snap.local_by_name.insert(key, w.clone());
             }
             snap.by_uid.insert(w.spec.uid.clone(), w);
         }

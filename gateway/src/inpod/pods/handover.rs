@@ -10,7 +10,7 @@ use tracing::info;
 
 use super::{PodError, PodMeta, PodProxies};
 use crate::drains::cni::{Handed, HandedPod, PodHandover};
-use crate::drains::Trigger;
+use crate::drains::{PodKey, Trigger};
 use crate::inpod::zds;
 
 impl PodProxies {
@@ -79,7 +79,7 @@ impl zds::PodSink for PodProxies {
     type Error = PodError;
 
     async fn add(&self, pod: zds::Pod, netns: OwnedFd) -> Result<(), PodError> {
-        let uid = pod.uid.clone();
+        let key = (pod.uid.clone(), pod.namespace.clone(), pod.name.clone());
         let meta = PodMeta {
             uid: pod.uid,
             name: pod.name,
@@ -88,7 +88,11 @@ impl zds::PodSink for PodProxies {
             source: "zds",
         };
         PodProxies::add(self, meta, netns).await?;
-        self.drains.pod_handed_over(&uid);
+        self.drains.pod_handed_over(&PodKey {
+            uid: &key.0,
+            namespace: &key.1,
+            name: &key.2,
+        });
         Ok(())
     }
 

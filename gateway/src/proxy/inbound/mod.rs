@@ -185,7 +185,7 @@ impl Inbound {
             };
             // A pod's own listener serves that pod only.
             if let Some(pod) = self.connects.origin.pod() {
-                if pod.uid != workload.uid() {
+                if !pod.is(&workload) {
                     debug!(pod = %pod.uid, "dialed address is another workload's; closing");
                     return self.metrics().connection_failed("not_this_pod");
                 }
