@@ -111,9 +111,18 @@ pub fn ca(name: &str) -> (Issuer<'static, KeyPair>, String) {
 }
 
 pub fn serving_tls(root: &Issuer<'static, KeyPair>, root_pem: &str) -> tokio_rustls::TlsAcceptor {
+    serving_tls_for(root, root_pem, [127, 0, 0, 1].into())
+}
+
+/// A serving certificate for `ip` from `root`, the root after it.
+pub fn serving_tls_for(
+    root: &Issuer<'static, KeyPair>,
+    root_pem: &str,
+    ip: std::net::IpAddr,
+) -> tokio_rustls::TlsAcceptor {
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
     let mut p = CertificateParams::default();
-    p.subject_alt_names = vec![SanType::IpAddress([127, 0, 0, 1].into())];
+    p.subject_alt_names = vec![SanType::IpAddress(ip)];
     p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     let cert = p.signed_by(&key, root).unwrap();
     let chain = vec![

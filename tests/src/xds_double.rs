@@ -19,7 +19,7 @@
 //! for the test to check.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -55,7 +55,7 @@ pub struct Opened {
 /// A running double.
 pub struct XdsDouble {
     pub addr: SocketAddr,
-    /// The root that issued the serving certificate (for 127.0.0.1).
+    /// The root that issued the serving certificate (for the address listened on).
     pub root_pem: String,
     state: Arc<State>,
     events: watch::Receiver<u64>,
@@ -91,9 +91,16 @@ impl State {
 
 impl XdsDouble {
     pub async fn start() -> XdsDouble {
+        Self::start_on([127, 0, 0, 1].into()).await
+    }
+
+    /// Listens on `ip` (an ephemeral port), its serving certificate for
+    /// `ip`; serves on the runtime (and in the network namespace) of the
+    /// caller.
+    pub async fn start_on(ip: IpAddr) -> XdsDouble {
         let (root, root_pem) = crate::ca_double::ca("xds double root");
-        let tls = crate::ca_double::serving_tls(&root, &root_pem);
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let tls = crate::ca_double::serving_tls_for(&root, &root_pem, ip);
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (events, rx) = watch::channel(0);
         let state = Arc::new(State {

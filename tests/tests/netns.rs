@@ -111,6 +111,9 @@ mod pod_sockets;
 #[path = "netns/inpod.rs"]
 mod inpod;
 
+#[path = "netns/istio_node.rs"]
+mod istio_node;
+
 /// The congestion control algorithms `ss -ti` reports for the established
 /// TCP sockets in namespace `ns` that match `filter` (ss's filter syntax).
 fn congestion_controls(ns: &str, filter: &str) -> Vec<String> {

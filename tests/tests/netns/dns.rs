@@ -58,7 +58,7 @@ fn outside(t: &InpodTopology) -> Ipv4Addr {
 
 /// istio-cni's DNS redirect inside pod `ns` (its rules 6 and 7), ahead of
 /// the capture rules `tidegate-cni` installed.
-fn redirect_dns(ns: &str) {
+pub(crate) fn redirect_dns(ns: &str) {
     run(&format!(
         "ip netns exec {ns} iptables -t nat -I ISTIO_OUTPUT 1 ! -o lo -p udp -m mark ! --mark 0x539/0xfff -m udp --dport 53 -j REDIRECT --to-port 15053"
     ));

@@ -24,7 +24,7 @@ use super::{
 };
 
 #[path = "dns.rs"]
-mod dns;
+pub(crate) mod dns;
 
 const CLIENT_UID: &str = "pa-uid";
 const SERVER_UID: &str = "pb-uid";
