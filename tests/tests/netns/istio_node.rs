@@ -303,13 +303,14 @@ async fn istio_node_pods_from_zds_and_workloads_from_istiod_route_resolve_and_su
         namespace: "demo".into(),
         service_account: name.into(),
     };
-    // Handed over under istiod's uids. istio-cni names a pod by its
-    // Kubernetes `metadata.uid`, istiod by `<cluster>//Pod/<ns>/<name>`,
-    // and a pod's inbound listener serves only the workload whose uid is
-    // the pod's (`proxy::inbound`, "not_this_pod"): under the metadata.uid
-    // the echo pod's listener refuses every tunnel to it.
-    let _conn_a = hand_over(&zds_a, &shell_a, pod(&xds_uid("client"), "client"), &t.pa).await;
-    let _conn_b = hand_over(&zds_b, &shell_b, pod(&xds_uid("echo"), "echo"), &t.pb).await;
+    // Handed over as istio-cni names pods, by their Kubernetes
+    // `metadata.uid`; istiod names the same pods
+    // `<cluster>//Pod/<ns>/<name>`: the gateway matches them by namespace
+    // and name on its node.
+    let client_uid = "4c1e2a7e-5b1f-4f0e-9d43-2a1f0c6b7a01";
+    let echo_uid = "9b7d3c52-0e8a-4a6f-8f2e-6d5c4b3a2f10";
+    let _conn_a = hand_over(&zds_a, &shell_a, pod(client_uid, "client"), &t.pa).await;
+    let _conn_b = hand_over(&zds_b, &shell_b, pod(echo_uid, "echo"), &t.pb).await;
     super::inpod::dns::redirect_dns(&t.pa);
     ready(&gw_a).await;
     ready(&gw_b).await;
