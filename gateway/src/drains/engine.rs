@@ -244,6 +244,11 @@ impl DrainEngine {
             _ => None,
         };
         if matches!(what, Lifecycle::Deleted) {
+            if trigger == Trigger::Admin {
+                // Deleted is deleted: out of every Service in this publish,
+                // whatever the source still lists.
+                self.workloads.remove(uid);
+            }
             self.end(uid, &step.selection, "completed");
             self.deletion_completed(uid);
         }

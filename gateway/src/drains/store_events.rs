@@ -188,6 +188,8 @@ impl DrainEngine {
     /// else when discovery first lists it (under the pod's uid, or — istiod
     /// keys workloads otherwise — its namespace and name).
     pub fn pod_handed_over(self: &Arc<Self>, pod: &PodKey<'_>) {
+        // Removed at an earlier teardown (a re-created sandbox): back.
+        self.workloads.restore(pod.uid, pod.namespace, pod.name);
         let newly = {
             let mut book = self.book.locked();
             book.handed_over.insert(pod.name_key());

@@ -232,3 +232,30 @@ async fn a_deletion_handled_after_the_workload_came_back_is_dropped() {
     assert!(engine.list().is_empty(), "{:?}", engine.list());
     assert!(!a_new_tunnel_is_turned_away(&engine, "local-uid"));
 }
+
+#[tokio::test]
+async fn an_admin_deletion_takes_the_workload_out_of_the_store_now() {
+    use super::{Lifecycle, Trigger};
+    let (engine, store) = engine();
+    engine
+        .on_lifecycle("local-uid", Lifecycle::Deleted, Trigger::Admin)
+        .await
+        .unwrap();
+    assert!(
+        store.snapshot().by_uid("local-uid").is_none(),
+        "deleted is deleted, whatever the source still lists"
+    );
+    // The source publishes again still listing it: it stays out.
+    store.publish(vec![
+        spec("local-uid", "n1", [10, 0, 0, 1]),
+        spec("peer-uid", "n2", [10, 0, 0, 2]),
+    ]);
+    assert!(store.snapshot().by_uid("local-uid").is_none());
+    assert!(store.snapshot().by_uid("peer-uid").is_some());
+    // A deletion from a source leaves the store to its source.
+    engine
+        .on_lifecycle("peer-uid", Lifecycle::Deleted, Trigger::Kubernetes)
+        .await
+        .ok();
+    assert!(store.snapshot().by_uid("peer-uid").is_some());
+}

@@ -606,6 +606,9 @@ impl PodProxies {
             namespace: &namespace,
             name: &name,
         });
+        // The pod's network is gone: so is it as an endpoint, now, whatever
+        // discovery still lists (handed over again, it comes back).
+        self.workloads.remove(&workload_uid);
         self.remove(uid).await;
     }
 

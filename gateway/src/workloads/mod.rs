@@ -256,6 +256,14 @@ pub struct WorkloadStore {
     changed: tokio::sync::watch::Sender<u64>,
     /// The cluster's ranges a source learned; the next publish carries them.
     learned_ranges: std::sync::Mutex<Arc<Vec<Cidr>>>,
+    /// Workloads removed ([`WorkloadStore::remove`]: the admin API, the
+    /// node agent) that the source still lists, with the source's latest
+    /// spec: left out of every publish until the source drops them too, or
+    /// the node agent hands the pod over again ([`WorkloadStore::restore`]).
+    removed: std::sync::Mutex<BTreeMap<String, Option<WorkloadSpec>>>,
+    /// Held for a whole publish: the source and a removal never publish
+    /// over each other.
+    publishing: std::sync::Mutex<()>,
 }
 
 impl WorkloadStore {
@@ -265,6 +273,8 @@ impl WorkloadStore {
             trust_domain: trust_domain.to_owned(),
             node: node.to_owned(),
             learned_ranges: Default::default(),
+            removed: Default::default(),
+            publishing: Default::default(),
             changed: tokio::sync::watch::channel(0).0,
         })
     }
@@ -369,6 +379,60 @@ impl WorkloadStore {
         *self.learned_ranges.locked() = Arc::new(ranges);
     }
 
+    /// Removes workload `uid` from the published set now, whatever its
+    /// source still says: every Service loses it as an endpoint in the
+    /// same publish. It stays out until the source no longer lists it (or
+    /// [`WorkloadStore::restore`]). `false`: not listed.
+    pub fn remove(&self, uid: &str) -> bool {
+        let _one = self.publishing.locked();
+        let current = self.current.load_full();
+        let Some(w) = current.by_uid(uid) else {
+            return false;
+        };
+        self.removed
+            .locked()
+            .insert(uid.to_owned(), Some(w.spec.clone()));
+        let specs = current.iter().map(|w| w.spec.clone()).collect();
+        let services = current.services.iter().map(|s| s.spec.clone()).collect();
+        let (members, policies) = (current.members.clone(), current.policies.clone());
+        self.publish_unlocked(specs, services, members, policies, false);
+        true
+    }
+
+    /// The pod `uid` (`namespace`/`name`) is back — its node agent handed
+    /// it over again — and with it its workload, if removed: published
+    /// again as its source last listed it (matched as
+    /// [`WorkloadSnapshot::pod_workload`] matches).
+    pub fn restore(&self, uid: &str, namespace: &str, name: &str) {
+        let _one = self.publishing.locked();
+        let spec = {
+            let mut removed = self.removed.locked();
+            let key = removed
+                .iter()
+                .find(|(k, spec)| {
+                    *k == uid
+                        || spec.as_ref().is_some_and(|s| {
+                            s.node == self.node && s.namespace == namespace && s.name == name
+                        })
+                })
+                .map(|(k, _)| k.clone());
+            key.and_then(|k| removed.remove(&k)).flatten()
+        };
+        let Some(spec) = spec else {
+            return;
+        };
+        let current = self.current.load_full();
+        let specs = current
+            .iter()
+            .map(|w| w.spec.clone())
+            .chain(std::iter::once(spec))
+            .collect();
+        let services = current.services.iter().map(|s| s.spec.clone()).collect();
+        let (members, policies) = (current.members.clone(), current.policies.clone());
+        self.publish_unlocked(specs, services, members, policies, false);
+    }
+
+    /// A source's publish.
     fn publish_snapshot(
         &self,
         specs: Vec<WorkloadSpec>,
@@ -376,6 +440,39 @@ impl WorkloadStore {
         members: BTreeMap<String, Membership>,
         policies: Arc<PolicyStore>,
     ) {
+        let _one = self.publishing.locked();
+        self.publish_unlocked(specs, services, members, policies, true);
+    }
+
+    /// `from_source`: `specs` is the source's whole set, which removed
+    /// workloads are checked against (kept out while it lists them, their
+    /// latest spec kept; forgotten once it does not).
+    fn publish_unlocked(
+        &self,
+        specs: Vec<WorkloadSpec>,
+        services: Vec<services::ServiceSpec>,
+        members: BTreeMap<String, Membership>,
+        policies: Arc<PolicyStore>,
+        from_source: bool,
+    ) {
+        let specs = {
+            let mut removed = self.removed.locked();
+            if from_source {
+                removed.retain(|uid, _| specs.iter().any(|s| s.uid == *uid));
+            }
+            if removed.is_empty() {
+                specs
+            } else {
+                let mut kept = Vec::with_capacity(specs.len());
+                for spec in specs {
+                    match removed.get_mut(&spec.uid) {
+                        Some(latest) => *latest = Some(spec),
+                        None => kept.push(spec),
+                    }
+                }
+                kept
+            }
+        };
         let generation = self.current.load().generation + 1;
         let mut snap = WorkloadSnapshot {
             generation,
@@ -504,5 +601,67 @@ mod tests {
         let got = waiting.await.unwrap().expect("published while waiting");
         assert!(got.member);
         assert_eq!(got.reason, membership::Reason::WorkloadFile);
+    }
+
+    #[test]
+    fn a_removed_workload_leaves_its_services_now_and_stays_out_while_its_source_lists_it() {
+        use services::{ServicePort, ServiceSpec};
+        let store = WorkloadStore::new("td", "n1");
+        let mut a = spec("a", "n1", Protocol::Hbone);
+        a.ips = vec![IpAddr::from([10, 0, 0, 1])];
+        a.services = vec!["web".into()];
+        let mut b = spec("b", "n2", Protocol::Hbone);
+        b.ips = vec![IpAddr::from([10, 0, 0, 2])];
+        b.services = vec!["web".into()];
+        let web = ServiceSpec {
+            name: "web".into(),
+            namespace: "ns".into(),
+            vips: vec![IpAddr::from([10, 96, 0, 1])],
+            ports: vec![ServicePort {
+                port: 80,
+                target_port: None,
+                protocol: "TCP".into(),
+            }],
+            endpoints: None,
+            endpoint_targets: Default::default(),
+            hostname: None,
+            subject_alt_names: vec![],
+            waypoints: vec![],
+        };
+        store.publish_all(vec![a.clone(), b.clone()], vec![web.clone()]);
+        let endpoints = |store: &WorkloadStore| -> Vec<String> {
+            let snap = store.snapshot();
+            let svc = snap
+                .service_by_vip(IpAddr::from([10, 96, 0, 1]), 80)
+                .unwrap();
+            svc.endpoints[&80]
+                .iter()
+                .map(|e| e.workload.uid().to_owned())
+                .collect()
+        };
+        assert_eq!(endpoints(&store), ["a", "b"]);
+        assert!(store.remove("a"));
+        assert!(!store.remove("nobody"));
+        assert_eq!(
+            endpoints(&store),
+            ["b"],
+            "out of the Service in the same publish"
+        );
+        // The source still lists it (a changed spec): it stays out, its
+        // latest spec kept.
+        let mut a2 = a.clone();
+        a2.labels.insert("v".into(), "2".into());
+        store.publish_all(vec![a2.clone(), b.clone()], vec![web.clone()]);
+        assert_eq!(endpoints(&store), ["b"]);
+        // Handed over again: back, as the source last listed it.
+        store.restore("other-uid", "ns", "a");
+        assert_eq!(endpoints(&store), ["a", "b"]);
+        assert_eq!(store.snapshot().by_uid("a").unwrap().spec.labels, a2.labels);
+        // Removed again, then the source drops it: forgotten (listed
+        // again later, it is a new workload and published).
+        assert!(store.remove("a"));
+        store.publish_all(vec![b.clone()], vec![web.clone()]);
+        store.publish_all(vec![a.clone(), b.clone()], vec![web]);
+        assert_eq!(endpoints(&store), ["a", "b"]);
     }
 }
