@@ -392,10 +392,7 @@ impl WorkloadStore {
         self.removed
             .locked()
             .insert(uid.to_owned(), Some(w.spec.clone()));
-        let specs = current.iter().map(|w| w.spec.clone()).collect();
-        let services = current.services.iter().map(|s| s.spec.clone()).collect();
-        let (members, policies) = (current.members.clone(), current.policies.clone());
-        self.publish_unlocked(specs, services, members, policies, false);
+        self.republish(&current, None);
         true
     }
 
@@ -418,14 +415,17 @@ impl WorkloadStore {
                 .map(|(k, _)| k.clone());
             key.and_then(|k| removed.remove(&k)).flatten()
         };
-        let Some(spec) = spec else {
-            return;
-        };
-        let current = self.current.load_full();
+        if let Some(spec) = spec {
+            self.republish(&self.current.load_full(), Some(spec));
+        }
+    }
+
+    /// `current` again (with `extra`), through the removed workloads.
+    fn republish(&self, current: &WorkloadSnapshot, extra: Option<WorkloadSpec>) {
         let specs = current
             .iter()
             .map(|w| w.spec.clone())
-            .chain(std::iter::once(spec))
+            .chain(extra)
             .collect();
         let services = current.services.iter().map(|s| s.spec.clone()).collect();
         let (members, policies) = (current.members.clone(), current.policies.clone());
