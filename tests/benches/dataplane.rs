@@ -450,6 +450,7 @@ async fn future_sizes(nodes: &TwoNodes, d: &Dialer) -> anyhow::Result<String> {
         src: d.src.clone(),
         dst_uid: "echo-uid".into(),
         dst: d.dst.clone(),
+        dst_also: Vec::new(),
         dst_addr: d.hbone,
         src_netns: None,
     };

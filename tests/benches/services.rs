@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tidegate::config::{EndpointChoice, PoolConfig};
-use tidegate::proxy::endpoints::{EndpointMetrics, EndpointPicker};
+use tidegate::proxy::endpoints::{EndpointMetrics, EndpointPicker, Skips};
 use tidegate::proxy::pool::Pool;
 use tidegate::tls::{DevCa, TlsContext, TlsMetrics};
 use tidegate::workloads::WorkloadStore;
@@ -73,7 +73,10 @@ fn pick_ns(n: usize, choice: EndpointChoice) -> f64 {
         pool,
         15008,
         choice,
-        Duration::from_secs(10),
+        Skips {
+            goaway: Duration::from_secs(10),
+            failing: Duration::from_secs(5),
+        },
         EndpointMetrics::register(&mut registry),
     );
     let store = store(n);

@@ -11,7 +11,7 @@ use super::Wiring;
 use crate::authorization::{AuthorizationMetrics, Authorizer};
 use crate::config::Config;
 use crate::inpod::pods::DataPath as PodDataPath;
-use crate::proxy::endpoints::{EndpointMetrics, EndpointPicker};
+use crate::proxy::endpoints::{EndpointMetrics, EndpointPicker, Skips};
 use crate::proxy::inbound::limits::{Caps, ConnectionLimits};
 use crate::proxy::inbound::{Inbound, InboundMetrics, OwnPorts};
 use crate::proxy::outbound::{Outbound, Routing};
@@ -62,7 +62,10 @@ pub(super) fn build(
         p.pool.clone(),
         config.hbone.port,
         config.outbound.endpoint_choice,
-        config.outbound.goaway_skip,
+        Skips {
+            goaway: config.outbound.goaway_skip,
+            failing: config.outbound.failing_skip,
+        },
         EndpointMetrics::register(w.registry()),
     );
     let routing = Routing::new(picker, &config.outbound, w.registry());

@@ -33,8 +33,9 @@ pub struct CaptureConfig {
     pub state_dir: Option<PathBuf>,
     /// In-pod mode: the most pods served at once; beyond it a pod handed
     /// over is refused (ZDS NACK, CNI ADD error) naming the limit. Each
-    /// pod holds six descriptors (its namespace, three listeners, the DNS
-    /// proxy's two on 15053), four with `dns.enabled: false`.
+    /// pod holds eight descriptors (its namespace, three listeners, the DNS
+    /// proxy's four on 15053: UDP and TCP on 127.0.0.1 and ::1), four with
+    /// `dns.enabled: false`.
     pub max_pods: u32,
     /// `tidegate-cni` ADD: how long the gateway waits for its workload
     /// source to learn of the pod (the pod watch can trail the kubelet)

@@ -209,6 +209,13 @@ pub struct OutboundConfig {
     /// of the choice (a new tunnel to it ends it sooner).
     #[serde(with = "duration")]
     pub goaway_skip: Duration,
+    /// How long a failed connect to an endpoint (its tunnel's dial, or a
+    /// CONNECT its gateway refused: 5xx, a reset, no answer) keeps it out
+    /// of the choice, doubled for each failure in a row (at most 16 ×); a
+    /// connect to it that succeeds ends it. 0: failures never skip (`p2c`
+    /// still counts them).
+    #[serde(with = "duration")]
+    pub failing_skip: Duration,
 }
 
 impl Default for OutboundConfig {
@@ -220,6 +227,7 @@ impl Default for OutboundConfig {
             unknown_in_cluster_wait: Duration::from_millis(200),
             endpoint_choice: EndpointChoice::P2c,
             goaway_skip: Duration::from_secs(10),
+            failing_skip: Duration::from_secs(5),
         }
     }
 }

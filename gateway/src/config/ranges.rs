@@ -199,6 +199,13 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
         )
         .because("0: a GOAWAY alone never takes an endpoint out of the choice"),
         dur(
+            "outbound.failing_skip",
+            c.outbound.failing_skip,
+            Duration::ZERO,
+            10 * MIN,
+        )
+        .because("0: a failed connect never takes an endpoint out of the choice; it doubles up to 16 times"),
+        dur(
             "outbound.unknown_in_cluster_wait",
             c.outbound.unknown_in_cluster_wait,
             Duration::ZERO,
@@ -270,7 +277,7 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
             1,
             super::MAX_PODS_LIMIT,
         )
-        .because("each pod holds six descriptors (four without the DNS proxy) for as long as it is served"),
+        .because("each pod holds eight descriptors (four without the DNS proxy) for as long as it is served"),
         dur("dns.timeout", c.dns.timeout, millis(10), MIN)
             .because("a pod's stub resolver waits 5s a try (glibc's default), then asks again"),
         count(

@@ -17,8 +17,8 @@
 //!    one's place).
 //! 4. **The pods' descriptor share.** A served pod holds
 //!    [`DESCRIPTORS_PER_POD`] descriptors: its namespace, its three capture
-//!    listeners and the DNS proxy's two on 15053 (UDP, TCP); four with
-//!    `dns.enabled: false` ([`listeners_per_pod`]). The DNS proxy's
+//!    listeners and the DNS proxy's four on 15053 (UDP, TCP; 127.0.0.1
+//!    and ::1); four with `dns.enabled: false` ([`listeners_per_pod`]). The DNS proxy's
 //!    passing descriptors — a socket per forwarded query in flight (at most
 //!    `dns.max_in_flight` for the gateway) and the TCP connections pods
 //!    open to 15053 (at most `dns.max_in_flight_per_pod` each, closed after
@@ -51,12 +51,13 @@ use crate::proxy::inbound::limits::{inbound_share, ConnectionLimits};
 /// The capture listeners of a pod: 15001, 15006, 15008.
 pub const CAPTURE_LISTENERS: u64 = 3;
 
-/// The DNS proxy's listeners of a pod: 15053 UDP and TCP.
-pub const DNS_LISTENERS: u64 = 2;
+/// The DNS proxy's listeners of a pod: 15053 UDP and TCP on 127.0.0.1 and
+/// on ::1 (a pod without IPv6 takes two fewer).
+pub const DNS_LISTENERS: u64 = 4;
 
-/// Descriptors a pod's listeners take (15001, 15006, 15008, 15053 UDP and
-/// TCP) with the DNS proxy on, the default; its namespace descriptor is
-/// open already when it is checked.
+/// Descriptors a pod's listeners take (15001, 15006, 15008, and 15053 UDP
+/// and TCP on both loopback addresses) with the DNS proxy on, the default;
+/// its namespace descriptor is open already when it is checked.
 pub const LISTENERS_PER_POD: u64 = CAPTURE_LISTENERS + DNS_LISTENERS;
 
 /// Descriptors a served pod holds with the DNS proxy on: its namespace and
@@ -320,17 +321,18 @@ mod tests {
     #[test]
     fn the_pods_share_is_an_eighth_of_the_data_paths_descriptors() {
         // 1,024 − 416 (the default control-plane budget) = 608 left to the
-        // data path: 456 for the inbound caps, 76 for pods (12 of them at
-        // six descriptors: the namespace, 15001, 15006, 15008, 15053 UDP and TCP).
+        // data path: 456 for the inbound caps, 76 for pods (9 of them at
+        // eight descriptors: the namespace, 15001, 15006, 15008, and 15053
+        // UDP and TCP on 127.0.0.1 and ::1).
         let a = admission(1_000, Some(608));
         assert_eq!(inbound_share(608), 456);
-        assert_eq!((a.share_pods(), a.effective_max()), (Some(12), 12));
-        a.check_with(&pod(11), None, 0).unwrap();
-        let e = refusal(&a, &pod(12));
+        assert_eq!((a.share_pods(), a.effective_max()), (Some(9), 9));
+        a.check_with(&pod(8), None, 0).unwrap();
+        let e = refusal(&a, &pod(9));
         assert_eq!(e.reason(), "descriptor_share");
         assert!(
             e.to_string().starts_with(
-                "the pods' descriptor share is used up: 12 pods hold 72 of the 76 descriptors kept for pods (an eighth of the 608 "
+                "the pods' descriptor share is used up: 9 pods hold 72 of the 76 descriptors kept for pods (an eighth of the 608 "
             ),
             "{e}"
         );
@@ -366,16 +368,16 @@ mod tests {
     fn the_backstop_keeps_the_inbound_claim_and_the_listeners_free() {
         let a = admission(1_000, None);
         let usage = |open| Usage { open, limit: 1_024 };
-        // 500 free: the listeners (5) and an inbound claim of 495 fit.
-        a.check_with(&pod(0), Some(usage(524)), 495).unwrap();
-        let e = a.check_with(&pod(0), Some(usage(525)), 495).unwrap_err();
+        // 502 free: the listeners (7) and an inbound claim of 495 fit.
+        a.check_with(&pod(0), Some(usage(522)), 495).unwrap();
+        let e = a.check_with(&pod(0), Some(usage(523)), 495).unwrap_err();
         assert_eq!(e.reason(), "descriptors");
         assert_eq!(
             e.to_string(),
-            "out of file descriptors (525 of the open-file limit 1024 in use): its listeners need 5 and the inbound connection caps may still claim 495; raise the gateway's open-file limit (LimitNOFILE, ulimit -n) or lower capture.max_pods"
+            "out of file descriptors (523 of the open-file limit 1024 in use): its listeners need 7 and the inbound connection caps may still claim 495; raise the gateway's open-file limit (LimitNOFILE, ulimit -n) or lower capture.max_pods"
         );
         // Inbound load leaves the answer alone: 100 more connections open
         // take 100 from the free count and from the claim alike.
-        a.check_with(&pod(0), Some(usage(624)), 395).unwrap();
+        a.check_with(&pod(0), Some(usage(622)), 395).unwrap();
     }
 }

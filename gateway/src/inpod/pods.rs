@@ -20,7 +20,7 @@
 //!   already accepted finish or end with the gateway's drain.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
@@ -33,7 +33,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 use tidegate_netns::pod_records::PodRecord;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::admission::{listeners_per_pod, Admission, Candidate, InboundClaim, Owner, Refusal};
 use super::capture::CapturePorts;
@@ -77,6 +77,13 @@ impl PodError {
             PodError::Refused { refusal, .. } => refusal.reason(),
         }
     }
+}
+
+/// Whether `e` says the pod has no IPv6 (disabled, or no ::1 on its
+/// loopback).
+fn no_ipv6(e: &NetnsError) -> bool {
+    matches!(e, NetnsError::Socket { source, .. }
+        if matches!(source.raw_os_error(), Some(libc::EADDRNOTAVAIL | libc::EAFNOSUPPORT)))
 }
 
 /// What a pod's node agent says about it.
@@ -448,8 +455,9 @@ impl PodProxies {
         Ok(result)
     }
 
-    /// Opens the pod's listeners (three, and 15053 UDP and TCP with the DNS
-    /// proxy) and starts their loops; the returned trigger closes them.
+    /// Opens the pod's listeners (three, and 15053 UDP and TCP on each
+    /// loopback address with the DNS proxy) and starts their loops; the
+    /// returned trigger closes them.
     async fn listen(&self, pod: &Arc<Pod>) -> Result<ShutdownTrigger, PodError> {
         let opts = ListenOpts {
             mark: MESH_MARK,
@@ -484,8 +492,12 @@ impl PodProxies {
         };
         let (stop, watch) = shutdown::channel();
         if let Some((dns, udp, tcp)) = dns {
-            tokio::spawn(dns.clone().serve_udp(udp, watch.clone()));
-            tokio::spawn(dns.serve_tcp(tcp, watch.clone()));
+            for u in udp {
+                tokio::spawn(dns.clone().serve_udp(u, watch.clone()));
+            }
+            for t in tcp {
+                tokio::spawn(dns.clone().serve_tcp(t, watch.clone()));
+            }
         }
         let origin = Origin::Pod(pod.clone());
         tokio::spawn(
@@ -511,13 +523,15 @@ impl PodProxies {
         Ok(stop)
     }
 
-    /// The pod's DNS proxy and its listeners on 127.0.0.1:15053 (UDP, TCP),
-    /// marked like every socket the gateway makes in the pod. Loopback, as
-    /// ztunnel binds them: the pod's redirect sends its queries to
-    /// 127.0.0.1, and a UDP answer must leave from there for the kernel to
-    /// give it back the address the pod asked (an answer from the pod's own
-    /// address is dropped by the pod's resolver); and nothing outside the
-    /// pod reaches them.
+    /// The pod's DNS proxy and its listeners on 127.0.0.1:15053 and
+    /// [::1]:15053 (UDP, TCP), marked like every socket the gateway makes
+    /// in the pod. Loopback, as ztunnel binds them: the pod's redirect
+    /// (REDIRECT of a locally made packet) sends its queries to the
+    /// loopback address of their family, and a UDP answer must leave from
+    /// there for the kernel to give it back the address the pod asked (an
+    /// answer from the pod's own address is dropped by the pod's
+    /// resolver); and nothing outside the pod reaches them. A pod without
+    /// IPv6 (no ::1) gets the IPv4 pair only.
     #[allow(clippy::type_complexity)]
     fn dns_listeners(
         &self,
@@ -526,12 +540,11 @@ impl PodProxies {
     ) -> Result<
         (
             Arc<crate::dns::PodDns>,
-            tokio::net::UdpSocket,
-            tokio::net::TcpListener,
+            Vec<tokio::net::UdpSocket>,
+            Vec<tokio::net::TcpListener>,
         ),
         PodError,
     > {
-        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, DNS_CAPTURE_PORT));
         let err = |source| PodError::Listen {
             uid: pod.uid.clone(),
             port: DNS_CAPTURE_PORT,
@@ -542,11 +555,27 @@ impl PodProxies {
             transparent: false,
             backlog: 128,
         };
-        let tcp = self.sockets.listen(&pod.netns, addr, opts).map_err(err)?;
-        let udp = self
-            .sockets
-            .udp_bind(&pod.netns, addr, MESH_MARK, true)
-            .map_err(err)?;
+        let (mut udp, mut tcp) = (Vec::new(), Vec::new());
+        for ip in [
+            IpAddr::from(Ipv4Addr::LOCALHOST),
+            Ipv6Addr::LOCALHOST.into(),
+        ] {
+            let addr = SocketAddr::new(ip, DNS_CAPTURE_PORT);
+            let pair = self
+                .sockets
+                .listen(&pod.netns, addr, opts)
+                .and_then(|t| Ok((t, self.sockets.udp_bind(&pod.netns, addr, MESH_MARK, true)?)));
+            match pair {
+                Ok((t, u)) => {
+                    tcp.push(t);
+                    udp.push(u);
+                }
+                Err(e) if ip.is_ipv6() && no_ipv6(&e) => {
+                    debug!(uid = %pod.uid, error = %e, "no IPv6 loopback in the pod: DNS proxy on 127.0.0.1:15053 only");
+                }
+                Err(e) => return Err(err(e)),
+            }
+        }
         let place = Place::Pod {
             netns: pod.netns.clone(),
             sockets: self.sockets,

@@ -8,14 +8,26 @@
 //! - `goaway_received`: a tunnel to it received GOAWAY within
 //!   `outbound.goaway_skip` (usually the earliest signal; a new tunnel to
 //!   it ends the skip);
-//! - `connect_backoff`: a policy's connect-failing backoff is running for it.
+//! - `connect_backoff`: a policy's connect-failing backoff is running for it;
+//! - `failing`: a connect to it failed — its tunnel's dial, or a CONNECT
+//!   its gateway refused (5xx: the application is gone, a reset, no
+//!   answer) — within `outbound.failing_skip`, doubled for each failure in
+//!   a row (at most 16 times). A connect that succeeds ends it; so does
+//!   the window, after which the next connection probes it. The failure
+//!   is also the policy's `connect-failing` event, whose backoff can keep
+//!   it out longer.
 //!
 //! Among the rest, two at random and the one with fewer open streams from
-//! this gateway (`p2c`), or one at random (`random`). When none is left:
+//! this gateway — plus its recent failures in a row — for its capacity
+//! (`p2c`), or one at random (`random`).
+//! "At random" is in proportion to each endpoint's capacity (istiod's
+//! `capacity`, 1 elsewhere), as ztunnel's weighted choice is. When none is
+//! left:
 //! Kubernetes' terminating-endpoint fallback — serving endpoints that are
-//! terminating, not backing off — so a Service whose every pod is
-//! terminating still answers; then any endpoint at all. Streams already
-//! open are never moved.
+//! terminating, neither backing off nor failing — so a Service whose every
+//! pod is terminating still answers; then any endpoint at all (counted
+//! `last_resort`): skipping never empties a Service. Streams already open
+//! are never moved.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -65,23 +77,27 @@ impl EndpointMetrics {
 /// Random endpoints checked before falling back to a full pass.
 const SAMPLES: usize = 8;
 
+/// The shortest time a failure weighs in `p2c`'s load (doubled per failure
+/// in a row): with `outbound.failing_skip: 0` a failing endpoint is still
+/// chosen, but not as the least loaded.
+const RECENT_FAILURE: Duration = Duration::from_secs(1);
+
+/// How long skips last.
+#[derive(Clone, Copy, Debug)]
+pub struct Skips {
+    /// `outbound.goaway_skip`.
+    pub goaway: Duration,
+    /// `outbound.failing_skip`.
+    pub failing: Duration,
+}
+
 /// Why an endpoint is not chosen now.
-fn skip_reason(
-    e: &Endpoint,
-    pool: &Pool,
-    hbone_port: u16,
-    goaway_skip: Duration,
-) -> Option<&'static str> {
+fn skip_reason(e: &Endpoint, pool: &Pool, hbone_port: u16, skips: Skips) -> Option<&'static str> {
     if !e.conditions.ready {
         return Some("not_ready");
     }
-    if !goaway_skip.is_zero() && pool.goaway_within(e.workload.uid(), goaway_skip).is_some() {
-        return Some("goaway_received");
-    }
-    if pool.is_backing_off(SocketAddr::new(e.ip, hbone_port)) {
-        return Some("connect_backoff");
-    }
-    None
+    let addr = SocketAddr::new(e.ip, hbone_port);
+    pool.passed_over(e.workload.uid(), addr, skips.goaway, skips.failing)
 }
 
 /// The endpoint choice, shared by every outbound listener.
@@ -89,7 +105,7 @@ pub struct EndpointPicker {
     pool: Arc<Pool>,
     hbone_port: u16,
     choice: EndpointChoice,
-    goaway_skip: Duration,
+    skips: Skips,
     metrics: EndpointMetrics,
 }
 
@@ -98,14 +114,14 @@ impl EndpointPicker {
         pool: Arc<Pool>,
         hbone_port: u16,
         choice: EndpointChoice,
-        goaway_skip: Duration,
+        skips: Skips,
         metrics: EndpointMetrics,
     ) -> Self {
         EndpointPicker {
             pool,
             hbone_port,
             choice,
-            goaway_skip,
+            skips,
             metrics,
         }
     }
@@ -126,14 +142,14 @@ impl EndpointPicker {
         let mut found: [Option<&Endpoint>; 2] = [None, None];
         let mut n = 0;
         for _ in 0..SAMPLES.min(all.len() * 2) {
-            let e = &all[fastrand::usize(..all.len())];
+            let e = &all[svc.sample(port, all.len())];
             if found[..n]
                 .iter()
                 .any(|f| f.is_some_and(|f| std::ptr::eq(f, e)))
             {
                 continue;
             }
-            match skip_reason(e, &self.pool, self.hbone_port, self.goaway_skip) {
+            match skip_reason(e, &self.pool, self.hbone_port, self.skips) {
                 None => {
                     found[n] = Some(e);
                     n += 1;
@@ -164,7 +180,7 @@ impl EndpointPicker {
     fn pick_by_pass<'s>(&self, all: &'s [Endpoint]) -> Option<&'s Endpoint> {
         let mut usable: Vec<&Endpoint> = Vec::with_capacity(all.len());
         for e in all {
-            match skip_reason(e, &self.pool, self.hbone_port, self.goaway_skip) {
+            match skip_reason(e, &self.pool, self.hbone_port, self.skips) {
                 None => usable.push(e),
                 Some(reason) => {
                     self.metrics.skips.get_or_create(&Label { reason }).inc();
@@ -178,9 +194,13 @@ impl EndpointPicker {
                 .iter()
                 .filter(|e| e.conditions.serving && e.conditions.terminating)
                 .filter(|e| {
-                    !self
-                        .pool
-                        .is_backing_off(SocketAddr::new(e.ip, self.hbone_port))
+                    // A GOAWAY is what terminating endpoints send: not a skip here.
+                    let addr = SocketAddr::new(e.ip, self.hbone_port);
+                    let uid = e.workload.uid();
+                    let failing = self.skips.failing;
+                    self.pool
+                        .passed_over(uid, addr, Duration::ZERO, failing)
+                        .is_none()
                 })
                 .collect();
             if !usable.is_empty() {
@@ -207,19 +227,22 @@ impl EndpointPicker {
     }
 
     fn choose<'s>(&self, from: &[&'s Endpoint]) -> &'s Endpoint {
-        let i = fastrand::usize(..from.len());
+        let i = weighted(from, None);
         if self.choice == EndpointChoice::Random || from.len() == 1 {
             return from[i];
         }
         // A second one, different from the first.
-        let j = (i + 1 + fastrand::usize(..from.len() - 1)) % from.len();
+        let j = weighted(from, Some(i));
         self.lighter(from[i], from[j])
     }
 
-    /// Of two endpoints, the one with fewer open streams from here.
+    /// Of two endpoints, the one with fewer open streams from here (and
+    /// recent failures in a row) for its capacity.
     fn lighter<'s>(&self, a: &'s Endpoint, b: &'s Endpoint) -> &'s Endpoint {
-        let load = |e: &Endpoint| self.pool.open_streams_to(e.workload.uid());
-        if load(b) < load(a) {
+        let recent = self.skips.failing.max(RECENT_FAILURE);
+        let load = |e: &Endpoint| self.pool.load_of(e.workload.uid(), recent);
+        // load(b) / cap(b) < load(a) / cap(a), without dividing.
+        if load(b) * u64::from(a.capacity) < load(a) * u64::from(b.capacity) {
             b
         } else {
             a
@@ -237,11 +260,35 @@ impl EndpointPicker {
                     workload_uid: e.workload.uid().to_owned(),
                     addr: SocketAddr::new(e.ip, e.target_port),
                     conditions: e.conditions,
-                    skipped: skip_reason(e, &self.pool, self.hbone_port, self.goaway_skip),
+                    skipped: skip_reason(e, &self.pool, self.hbone_port, self.skips),
                 })
             })
             .collect()
     }
+}
+
+/// The index of one of `from` (not `except`), in proportion to capacity.
+fn weighted(from: &[&Endpoint], except: Option<usize>) -> usize {
+    let weight = |i: usize, e: &Endpoint| {
+        if Some(i) == except {
+            0
+        } else {
+            u64::from(e.capacity.max(1))
+        }
+    };
+    let total: u64 = from.iter().enumerate().map(|(i, e)| weight(i, e)).sum();
+    if total == 0 {
+        return 0;
+    }
+    let mut r = fastrand::u64(..total);
+    for (i, e) in from.iter().enumerate() {
+        let w = weight(i, e);
+        if r < w {
+            return i;
+        }
+        r -= w;
+    }
+    from.len() - 1
 }
 
 /// One endpoint as `/config_dump` shows it.
@@ -255,3 +302,7 @@ pub struct EndpointDump {
     /// Why a new connection would not be sent there now (`null`: it would).
     pub skipped: Option<&'static str>,
 }
+
+#[cfg(test)]
+#[path = "endpoints_tests.rs"]
+mod tests;

@@ -174,6 +174,9 @@ enum Route {
         hbone_ip: std::net::IpAddr,
         authority: SocketAddr,
         service: Option<Arc<Service>>,
+        /// Identities the target may present beside its own: its
+        /// Service's `subject_alt_names` (usually none).
+        also: Vec<SpiffeId>,
     },
     /// Plain TCP to this address (a workload outside the mesh, or a
     /// non-mesh Service endpoint).
@@ -367,7 +370,7 @@ impl Outbound {
             target,
             service,
         };
-        let (target, hbone_ip, authority, service) = match route {
+        let (target, hbone_ip, authority, service, also) = match route {
             Route::Passthrough => {
                 let report = seen(None, None).open(&self.metrics.istio, false);
                 return self
@@ -390,7 +393,8 @@ impl Outbound {
                 hbone_ip,
                 authority,
                 service,
-            } => (target, hbone_ip, authority, service),
+                also,
+            } => (target, hbone_ip, authority, service, also),
         };
         ids.dst = Some(target.identity.clone());
         let report = seen(Some(&target), service.as_deref()).open(&self.metrics.istio, true);
@@ -398,6 +402,7 @@ impl Outbound {
             src: source,
             dst_uid: target.uid().to_owned(),
             dst: target.identity.clone(),
+            dst_also: also,
             dst_addr: SocketAddr::new(hbone_ip, self.hbone_port),
             src_netns: self.origin.netns(),
         };
@@ -469,6 +474,7 @@ impl Outbound {
                     hbone_ip: dst.ip(),
                     authority: dst,
                     service: None,
+                    also: Vec::new(),
                 },
                 Protocol::Tcp => Route::Tcp {
                     to: dst,
@@ -497,18 +503,18 @@ impl Outbound {
                 }));
             }
             let addr = SocketAddr::new(e.ip, e.target_port);
-            let service = Some(svc.clone());
             return Ok(match e.workload.spec.protocol {
                 Protocol::Hbone => Route::Hbone {
                     target: e.workload.clone(),
                     hbone_ip: e.ip,
                     authority: addr,
-                    service,
+                    also: svc.spec.subject_alt_names.clone(),
+                    service: Some(svc.clone()),
                 },
                 Protocol::Tcp => Route::Tcp {
                     to: addr,
                     target: e.workload.clone(),
-                    service,
+                    service: Some(svc.clone()),
                 },
             });
         }
@@ -537,13 +543,14 @@ impl Outbound {
         service: Option<&Arc<Service>>,
     ) -> Result<Option<Route>, OutboundError> {
         match waypoint::resolve(snapshot, &self.routing.picker, wp, destination, source) {
-            Ok(Some((target, hbone_ip))) => {
+            Ok(Some(via)) => {
                 self.routing.waypoint("routed");
                 Ok(Some(Route::Hbone {
-                    target,
-                    hbone_ip,
+                    target: via.workload,
+                    hbone_ip: via.ip,
                     authority: dst,
                     service: service.cloned(),
+                    also: via.also,
                 }))
             }
             Ok(None) => {

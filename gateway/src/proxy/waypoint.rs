@@ -20,6 +20,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use crate::identity::SpiffeId;
 use crate::proxy::endpoints::EndpointPicker;
 use crate::workloads::waypoint::{Waypoint, WaypointAddress};
 use crate::workloads::{Workload, WorkloadSnapshot};
@@ -57,16 +58,27 @@ impl WaypointError {
     }
 }
 
-/// The waypoint workload to tunnel to, and the address its gateway is
-/// reached at; `None` when `source` is that waypoint (straight to the
-/// destination).
+/// The waypoint a connection is tunneled to.
+#[derive(Debug)]
+pub struct Via {
+    pub workload: Arc<Workload>,
+    /// The address its gateway is reached at.
+    pub ip: IpAddr,
+    /// Identities it may present beside its own: its Service's
+    /// `subject_alt_names` (ztunnel: the waypoint's identity plus its
+    /// Service's SANs).
+    pub also: Vec<SpiffeId>,
+}
+
+/// The waypoint to tunnel to; `None` when `source` is that waypoint
+/// (straight to the destination).
 pub fn resolve(
     snapshot: &WorkloadSnapshot,
     picker: &EndpointPicker,
     wp: &Waypoint,
     destination: &str,
     source: Option<&Workload>,
-) -> Result<Option<(Arc<Workload>, IpAddr)>, WaypointError> {
+) -> Result<Option<Via>, WaypointError> {
     if wp.remote_network {
         return Err(WaypointError::OtherNetwork {
             destination: destination.to_owned(),
@@ -90,7 +102,7 @@ pub fn resolve(
             s.spec.namespace == *namespace && s.spec.hostname.as_deref() == Some(hostname)
         }),
     };
-    let (target, ip) = match (service, &wp.address) {
+    let (target, ip, also) = match (service, &wp.address) {
         (Some(svc), _) => {
             let e = picker
                 .pick(svc, wp.port)
@@ -98,10 +110,10 @@ pub fn resolve(
                     destination: destination.to_owned(),
                     address: address(),
                 })?;
-            (e.workload.clone(), e.ip)
+            (e.workload.clone(), e.ip, svc.spec.subject_alt_names.clone())
         }
         (None, WaypointAddress::Ip(ip)) => match snapshot.by_ip(*ip) {
-            Some(w) => (w.clone(), *ip),
+            Some(w) => (w.clone(), *ip, Vec::new()),
             None => {
                 return Err(WaypointError::Unknown {
                     destination: destination.to_owned(),
@@ -119,5 +131,9 @@ pub fn resolve(
     if source.is_some_and(|s| s.uid() == target.uid()) {
         return Ok(None);
     }
-    Ok(Some((target, ip)))
+    Ok(Some(Via {
+        workload: target,
+        ip,
+        also,
+    }))
 }

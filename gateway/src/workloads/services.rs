@@ -95,9 +95,11 @@ pub struct ServiceSpec {
     #[serde(default, skip_deserializing, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<String>,
     /// Identities an endpoint may present beside its own (istiod's
-    /// `subject_alt_names`). Not a workload-file key.
+    /// `subject_alt_names`): a tunnel to an endpoint of this Service
+    /// accepts the endpoint's identity or any of these, as ztunnel's
+    /// upstream SANs do. Not a workload-file key.
     #[serde(default, skip_deserializing, skip_serializing_if = "Vec::is_empty")]
-    pub subject_alt_names: Vec<String>,
+    pub subject_alt_names: Vec<crate::identity::SpiffeId>,
     /// Its waypoints (istiod's `weighted_waypoints`, else its `waypoint`):
     /// traffic to the VIP goes through one of them. Not a workload-file key.
     #[serde(default, skip_deserializing, skip_serializing_if = "Vec::is_empty")]
@@ -116,8 +118,8 @@ pub struct EndpointTarget {
     /// IP). Empty: the workload's.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub ips: Vec<IpAddr>,
-    /// Its weight among the endpoints (istiod's `capacity`). Carried to
-    /// [`Endpoint::capacity`]; endpoint choice does not weigh it yet.
+    /// Its weight among the endpoints (istiod's `capacity`): chosen in
+    /// proportion to it ([`Endpoint::capacity`]).
     pub capacity: u32,
 }
 
@@ -208,7 +210,8 @@ pub struct Endpoint {
     pub ip: IpAddr,
     pub target_port: u16,
     pub conditions: Conditions,
-    /// Its weight ([`EndpointTarget::capacity`]; 1 when its source gives none).
+    /// Its weight ([`EndpointTarget::capacity`]; 1 when its source gives
+    /// none): new connections come to it in proportion.
     pub capacity: u32,
 }
 
@@ -218,6 +221,9 @@ pub struct Service {
     pub spec: ServiceSpec,
     /// Service port → its endpoints.
     pub endpoints: BTreeMap<u16, Vec<Endpoint>>,
+    /// Service port → the running total of its endpoints' capacities, for
+    /// a port whose endpoints do not all weigh the same (absent: uniform).
+    pub cumulative_capacity: BTreeMap<u16, Vec<u64>>,
     /// Members that are no endpoint of some port, and why (`/config_dump`).
     pub unresolved: Vec<(String, u16, &'static str)>,
 }
@@ -226,6 +232,35 @@ impl Service {
     pub fn key(&self) -> String {
         self.spec.key()
     }
+
+    /// The index of a random endpoint of `port`, in proportion to its
+    /// capacity (one binary search; uniform when they weigh the same).
+    pub fn sample(&self, port: u16, len: usize) -> usize {
+        match self.cumulative_capacity.get(&port) {
+            Some(totals) if totals.len() == len && len > 0 => {
+                let r = fastrand::u64(..totals[len - 1]);
+                totals.partition_point(|t| *t <= r)
+            }
+            _ => fastrand::usize(..len),
+        }
+    }
+}
+
+/// The running totals of `list`'s capacities, when they differ.
+fn cumulative(list: &[Endpoint]) -> Option<Vec<u64>> {
+    let first = list.first()?.capacity;
+    if list.iter().all(|e| e.capacity == first) {
+        return None;
+    }
+    let mut total = 0u64;
+    Some(
+        list.iter()
+            .map(|e| {
+                total += u64::from(e.capacity);
+                total
+            })
+            .collect(),
+    )
 }
 
 /// Whether workload `w` names the Service `svc` (`name` in its own
@@ -269,6 +304,7 @@ pub fn resolve(
                 .collect(),
         };
         let mut endpoints = BTreeMap::new();
+        let mut cumulative_capacity = BTreeMap::new();
         let mut unresolved = Vec::new();
         for p in spec.ports.iter().filter(|p| p.protocol == "TCP") {
             for uid in &strangers {
@@ -310,11 +346,15 @@ pub fn resolve(
                     capacity: own.map_or(1, |o| o.capacity),
                 });
             }
+            if let Some(totals) = cumulative(&list) {
+                cumulative_capacity.insert(p.port, totals);
+            }
             endpoints.insert(p.port, list);
         }
         let svc = Arc::new(Service {
             spec,
             endpoints,
+            cumulative_capacity,
             unresolved,
         });
         for vip in &svc.spec.vips {
@@ -522,6 +562,42 @@ mod tests {
                 ("b".into(), ip("192.168.0.2"), 8080, 5)
             ]
         );
+    }
+
+    /// The resolved Service of `spec` (workloads a and b).
+    fn resolved(spec: ServiceSpec) -> Arc<Service> {
+        let store = WorkloadStore::new("cluster.local", "n");
+        store.publish_all(
+            vec![spec_of("a", "10.0.0.1"), spec_of("b", "10.0.0.2")],
+            vec![spec],
+        );
+        store.snapshot().services()[0].clone()
+    }
+
+    #[test]
+    fn endpoints_are_sampled_in_proportion_to_their_capacity() {
+        let heavy = EndpointTarget {
+            capacity: 9,
+            ..Default::default()
+        };
+        let svc = resolved(web(vec![port(80, None)], [("b".to_owned(), heavy)].into()));
+        assert_eq!(svc.cumulative_capacity[&80], [1, 10]);
+        let eps = &svc.endpoints[&80];
+        let b = (0..10_000)
+            .filter(|_| eps[svc.sample(80, eps.len())].workload.uid() == "b")
+            .count();
+        // 9,000 expected; the binomial deviation is 30.
+        assert!(
+            (8_700..=9_300).contains(&b),
+            "{b} of 10,000 to capacity 9 of 10"
+        );
+        // Equal capacities: no totals kept, a uniform draw.
+        let even = resolved(web(vec![port(80, None)], BTreeMap::new()));
+        assert!(even.cumulative_capacity.is_empty());
+        let b = (0..10_000)
+            .filter(|_| eps[even.sample(80, 2)].workload.uid() == "b")
+            .count();
+        assert!((4_700..=5_300).contains(&b), "{b} of 10,000 to one of two");
     }
 
     #[test]

@@ -101,17 +101,20 @@ pub async fn dial(
     addr: SocketAddr,
 ) -> Result<(SendRequest<Bytes>, ClientConnection), DialError> {
     let goaway = GoawayFlag::default();
+    let dst = std::slice::from_ref(dst);
     dial_over(tls, cfg, src, dst, addr, TcpStream::connect(addr), goaway).await
 }
 
 /// [`dial`] over a TCP connection `connect` makes (in a pod's namespace,
 /// say); the same bound covers it. `goaway` is raised when the peer's
-/// GOAWAY is read ([`ClientIo`]).
+/// GOAWAY is read ([`ClientIo`]). The server may be any of `dst`: the
+/// destination workload's identity first, then those its Service vouches
+/// for.
 pub async fn dial_over(
     tls: &TlsContext,
     cfg: &Settings,
     src: &SpiffeId,
-    dst: &SpiffeId,
+    dst: &[SpiffeId],
     addr: SocketAddr,
     connect: impl std::future::Future<Output = std::io::Result<TcpStream>>,
     goaway: GoawayFlag,
@@ -122,7 +125,7 @@ pub async fn dial_over(
             .map_err(|source| DialError::Connect { addr, source })?;
         tcp.set_nodelay(true)
             .map_err(|source| DialError::Connect { addr, source })?;
-        let stream = tls.connect(src, dst, addr.ip(), tcp).await?;
+        let stream = tls.connect_any(src, dst, addr.ip(), tcp).await?;
         if stream.get_ref().1.alpn_protocol() != Some(crate::tls::ALPN_H2) {
             return Err(DialError::NoH2);
         }

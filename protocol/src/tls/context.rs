@@ -169,17 +169,22 @@ impl TlsContext {
         src: &SpiffeId,
         expected: &SpiffeId,
     ) -> Result<Arc<ClientConfig>, CertError> {
-        self.client_config_with(expected, self.source.certified_key(src)?)
+        self.client_config_with(
+            std::slice::from_ref(expected),
+            self.source.certified_key(src)?,
+        )
     }
 
+    /// `expected`: the identities the server may present, the destination
+    /// workload's first.
     fn client_config_with(
         &self,
-        expected: &SpiffeId,
+        expected: &[SpiffeId],
         key: Arc<CertifiedKey>,
     ) -> Result<Arc<ClientConfig>, CertError> {
         let verifier = Arc::new(SpiffeServerVerifier {
             chain: self.chain(),
-            expected: expected.clone(),
+            expected: expected.to_vec(),
         });
         let mut cfg = ClientConfig::builder_with_provider(self.provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])
@@ -227,6 +232,20 @@ impl TlsContext {
         &self,
         src: &SpiffeId,
         expected: &SpiffeId,
+        dst_ip: IpAddr,
+        tcp: TcpStream,
+    ) -> Result<ClientTls, HandshakeError> {
+        self.connect_any(src, std::slice::from_ref(expected), dst_ip, tcp)
+            .await
+    }
+
+    /// Client handshake as `src`, requiring the server to be one of
+    /// `expected`: the destination workload's identity first, then those
+    /// its Service vouches for (istiod's `subject_alt_names`).
+    pub async fn connect_any(
+        &self,
+        src: &SpiffeId,
+        expected: &[SpiffeId],
         dst_ip: IpAddr,
         tcp: TcpStream,
     ) -> Result<ClientTls, HandshakeError> {

@@ -2,8 +2,10 @@
 //! trust bundle, and the leaf's single URI SAN is the peer's identity.
 //!
 //! Server side: any identity of our trust domain may connect (authorization
-//! happens per stream). Client side: the server's identity must equal the
-//! destination workload's identity; SNI and DNS names play no part.
+//! happens per stream). Client side: the server's identity must be the
+//! destination workload's identity or one its Service vouches for
+//! (istiod's `subject_alt_names`, ztunnel's upstream SANs); SNI and DNS
+//! names play no part.
 
 use std::sync::Arc;
 
@@ -31,7 +33,7 @@ pub enum IdentityError {
     BadSpiffeId(String),
     #[error("peer trust domain {got:?} is not ours ({want:?})")]
     WrongTrustDomain { got: String, want: String },
-    #[error("server presented identity {got} but the destination workload is {want}")]
+    #[error("server presented identity {got} but the destination is {want}")]
     UnexpectedIdentity { got: String, want: String },
 }
 
@@ -230,10 +232,11 @@ impl ClientCertVerifier for SpiffeClientVerifier {
     }
 }
 
-/// Client side: the server must present exactly the destination workload's identity.
+/// Client side: the server must present the destination workload's
+/// identity (`expected[0]`) or one of the others its Service names.
 pub(super) struct SpiffeServerVerifier {
     pub chain: Chain,
-    pub expected: SpiffeId,
+    pub expected: Vec<SpiffeId>,
 }
 
 impl std::fmt::Debug for SpiffeServerVerifier {
@@ -241,6 +244,18 @@ impl std::fmt::Debug for SpiffeServerVerifier {
         f.debug_struct("SpiffeServerVerifier")
             .field("expected", &self.expected)
             .finish()
+    }
+}
+
+/// `a`, or `a (or its Service's b, c)`.
+fn wanted(expected: &[SpiffeId]) -> String {
+    match expected {
+        [] => "nobody".into(),
+        [one] => one.to_string(),
+        [one, rest @ ..] => {
+            let rest: Vec<String> = rest.iter().map(ToString::to_string).collect();
+            format!("{one} (or its Service's {})", rest.join(", "))
+        }
     }
 }
 
@@ -259,10 +274,10 @@ impl ServerCertVerifier for SpiffeServerVerifier {
             now,
             webpki::KeyUsage::server_auth(),
         )?;
-        if id != self.expected {
+        if !self.expected.contains(&id) {
             return Err(IdentityError::UnexpectedIdentity {
                 got: id.to_string(),
-                want: self.expected.to_string(),
+                want: wanted(&self.expected),
             }
             .into());
         }

@@ -624,6 +624,7 @@ async fn keepalive_only_leaves_a_vanished_peer_to_the_ping_timeout() {
         src: tidegate::identity::SpiffeId::new("cluster.local", "demo", "client"),
         dst_uid: "echo-uid".into(),
         dst: tidegate::identity::SpiffeId::new("cluster.local", "demo", "echo"),
+        dst_also: Vec::new(),
         dst_addr: proxy,
         src_netns: None,
     };

@@ -16,17 +16,23 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const VIP_HOST: u8 = 100;
 const EMPTY_VIP_HOST: u8 = 101;
+const LONE_VIP_HOST: u8 = 103;
 
 /// Endpoint workloads `e{i}` at 127.octet.0.(10+i), all on node B, members
 /// of Service `echo` (named port `http`) whose state is given; `e0` is also
-/// in Service `second` (numeric target port). The client at .3 on node A.
+/// in Service `second` (numeric target port), a fourth and later ones in
+/// Service `lone` too. The client at .3 on node A.
 fn services_yaml(octet: u8, port: u16, states: &[&str]) -> String {
     let mut y = format!(
         "workloads:\n- {{uid: client-uid, name: client, namespace: demo, service_account: client, ips: [{}], node: node-a}}\n",
         ip(octet, 3)
     );
     for (i, state) in states.iter().enumerate() {
-        let services = if i == 0 { "[echo, second]" } else { "[echo]" };
+        let services = match i {
+            0 => "[echo, second]",
+            1 | 2 => "[echo]",
+            _ => "[echo, lone]",
+        };
         y += &format!(
             "- {{uid: e{i}, name: e{i}, namespace: demo, service_account: echo, ips: [{}], node: node-b, state: {state}, services: {services}, ports: {{http: {port}}}}}\n",
             ip(octet, 10 + i as u8)
@@ -41,6 +47,12 @@ fn services_yaml(octet: u8, port: u16, states: &[&str]) -> String {
         vip2 = ip(octet, VIP_HOST + 2),
         empty = ip(octet, EMPTY_VIP_HOST),
     );
+    if states.len() > 3 {
+        y += &format!(
+            "- {{name: lone, namespace: demo, vips: [{}], ports: [{{port: 80, target_port: {port}}}]}}\n",
+            ip(octet, LONE_VIP_HOST)
+        );
+    }
     y
 }
 
@@ -53,6 +65,12 @@ struct Svc {
 
 impl Svc {
     async fn start(octet: u8, opts: Options) -> Svc {
+        Self::start_with(octet, opts, 3).await
+    }
+
+    /// `endpoints` endpoints, of which the first three have an application
+    /// (an echo server): the others accept nothing.
+    async fn start_with(octet: u8, opts: Options, endpoints: usize) -> Svc {
         let (first, c0) = counting_echo(SocketAddr::new(ip(octet, 10), 0), Duration::ZERO).await;
         let port = first.port();
         let mut counts = vec![c0];
@@ -63,7 +81,7 @@ impl Svc {
                     .1,
             );
         }
-        let yaml = services_yaml(octet, port, &["running"; 3]);
+        let yaml = services_yaml(octet, port, &vec!["running"; endpoints]);
         let nodes = TwoNodes::with(
             octet,
             Options {
@@ -508,5 +526,91 @@ async fn an_endpoint_that_terminates_under_load_gets_no_new_connection_and_none_
         failed.len(),
         ok + failed.len(),
         &failed[..failed.len().min(3)]
+    );
+}
+
+/// One short connection through `cap` from `src`: a round trip, then close.
+async fn call_through(cap: &Capture, src: IpAddr) -> std::io::Result<()> {
+    let mut tcp = cap.try_connect(src).await?;
+    let back = round_trip(&mut tcp, b"ping").await?;
+    assert_eq!(back, b"ping");
+    tcp.shutdown().await?;
+    Ok(())
+}
+
+/// A crashed endpoint (issue 42): e3's application is gone, so node B's
+/// gateway answers every CONNECT to it 503 — the tunnel is fine, only the
+/// CONNECT fails. The first refusal takes it out of the choice at once;
+/// a Service with no other endpoint still tries it (never emptied); a
+/// connect that succeeds brings it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_whose_connects_are_refused_is_passed_over_from_the_first_refusal() {
+    let octet = 128;
+    let opts = Options {
+        // Longer than the test: only a success can end the skip here.
+        client_yaml: "outbound:\n  failing_skip: 10m\n".into(),
+        ..Default::default()
+    };
+    let s = Svc::start_with(octet, opts, 4).await;
+    let client = s.nodes.client_ip;
+    let e3 = SocketAddr::new(ip(octet, 13), s.port);
+    let direct = Capture::start(s.nodes.client.outbound.clone(), e3).await;
+    let lone_vip = SocketAddr::new(ip(octet, LONE_VIP_HOST), 80);
+    let lone = Capture::start(s.nodes.client.outbound.clone(), lone_vip).await;
+    let refusals = r#"tidegate_pool_connect_refusals_total{reason="status_503"}"#;
+
+    // A connection straight to e3 is refused by its gateway.
+    assert!(call_through(&direct, client).await.is_err());
+    assert_eq!(s.client_metric(refusals), 1.0);
+    // From then on the VIP passes it over: none of 60 connections fails,
+    // no CONNECT reaches e3's gateway again.
+    for i in 0..60 {
+        s.call()
+            .await
+            .unwrap_or_else(|e| panic!("connection {i}: {e}"));
+    }
+    assert_eq!(s.client_metric(refusals), 1.0, "a CONNECT went to e3 again");
+    assert!(s.client_metric(r#"tidegate_service_endpoint_skips_total{reason="failing"}"#) > 0.0);
+    let (status, body) = tidegate_e2e::http_get(s.nodes.client.addrs.admin, "/config_dump").await;
+    assert_eq!(status, 200);
+    let dump: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let echo = dump["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "echo")
+        .expect("Service echo in /config_dump");
+    let skipped: Vec<(&str, &serde_json::Value)> = echo["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["workload_uid"].as_str().unwrap(), &e["skipped"]))
+        .collect();
+    assert_eq!(
+        skipped,
+        [
+            ("e0", &serde_json::Value::Null),
+            ("e1", &serde_json::Value::Null),
+            ("e2", &serde_json::Value::Null),
+            ("e3", &serde_json::json!("failing")),
+        ]
+    );
+
+    // `lone` has no endpoint but e3: tried anyway (the last resort), and
+    // refused.
+    assert!(call_through(&lone, client).await.is_err());
+    assert_eq!(s.client_metric(&choices("last_resort")), 1.0);
+    assert_eq!(s.client_metric(refusals), 2.0);
+
+    // The application is back: the next try succeeds, which ends the skip
+    // at once — `echo` chooses e3 again (a quarter of its choices).
+    let (_, e3_count) = counting_echo(e3, Duration::ZERO).await;
+    call_through(&lone, client).await.unwrap();
+    for _ in 0..60 {
+        s.call().await.unwrap();
+    }
+    assert!(
+        e3_count.load(Ordering::SeqCst) > 1,
+        "e3 chosen again after a connect to it succeeded"
     );
 }

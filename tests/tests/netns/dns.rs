@@ -99,6 +99,11 @@ async fn start(k: u8, dns: &str) -> (Scenario, mpsc::UnboundedReceiver<Seen>) {
                 dns_double::serve(addr, table).await
             })
             .await;
+    // Pod C has no IPv6 (nothing on its loopback but 127.0.0.1).
+    run(&format!(
+        "ip netns exec {} sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.lo.disable_ipv6=1",
+        s.t.pc
+    ));
     for (pod, ip, ns) in [
         (pa_pod(&s.t), s.t.pod_a(), s.t.pa.clone()),
         (pc_pod(&s.t), s.t.pod_c(), s.t.pc.clone()),
@@ -107,6 +112,15 @@ async fn start(k: u8, dns: &str) -> (Scenario, mpsc::UnboundedReceiver<Seen>) {
         redirect_dns(&ns);
     }
     (s, seen)
+}
+
+/// Whether namespace `ns` has ::1 on its loopback.
+fn has_ipv6_loopback(ns: &str) -> bool {
+    let out = std::process::Command::new("ip")
+        .args(["-n", ns, "-6", "addr", "show", "dev", "lo"])
+        .output()
+        .expect("run ip");
+    String::from_utf8_lossy(&out.stdout).contains("::1/128")
 }
 
 /// Listening UDP sockets on `port` in namespace `ns` (`ss -lunH`).
@@ -158,8 +172,19 @@ async fn inpod_dns_a_pod_resolves_services_from_the_store_and_the_rest_upstream(
     }
     let (s, mut seen) = start(10, "").await;
     let ns = nameserver(&s.t);
-    assert_eq!(listeners(&s.t.pa, 15053), 1, "TCP 15053 in pod A");
-    assert_eq!(udp_listeners(&s.t.pa, 15053), 1, "UDP 15053 in pod A");
+    // 127.0.0.1 and ::1 (a host without IPv6 gives its pods none).
+    let v6 = has_ipv6_loopback(&s.t.pa);
+    let families = 1 + usize::from(v6);
+    assert_eq!(listeners(&s.t.pa, 15053), families, "TCP 15053 in pod A");
+    assert_eq!(
+        udp_listeners(&s.t.pa, 15053),
+        families,
+        "UDP 15053 in pod A"
+    );
+    // Pod C, without IPv6, is served on 127.0.0.1 alone.
+    assert!(!has_ipv6_loopback(&s.t.pc));
+    assert_eq!(listeners(&s.t.pc, 15053), 1, "TCP 15053 in pod C");
+    assert_eq!(udp_listeners(&s.t.pc, 15053), 1, "UDP 15053 in pod C");
     let vip = web_vip(&s.t);
     // A Service: by its full name, and by the short names a pod of its
     // namespace uses — answered by the proxy (the upstream has never
@@ -204,6 +229,17 @@ async fn inpod_dns_a_pod_resolves_services_from_the_store_and_the_rest_upstream(
     assert_eq!(dns_queries(&m, "forwarded", "noerror", "udp"), 1.0, "{m}");
     assert_eq!(dns_queries(&m, "forwarded", "noerror", "tcp"), 1.0, "{m}");
     assert_eq!(dns_queries(&m, "forwarded", "nxdomain", "udp"), 1.0, "{m}");
+    // What an IPv6 query redirected in the pod reaches: [::1]:15053, UDP
+    // and TCP, answered from the store (the answer from ::1, where the
+    // resolver asked: `ask_udp` refuses any other source).
+    if v6 {
+        let at = SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, 15053));
+        for tcp in [false, true] {
+            let m = ask(&s.pa, at, "web.demo.svc.cluster.local.", tcp).await;
+            assert!(m.metadata.authoritative, "answered by the proxy");
+            assert_eq!(addresses(&m), [vip], "over [::1], tcp: {tcp}");
+        }
+    }
     // Pod A removed: its DNS listeners close with the others.
     ok(
         "DEL pod A",
@@ -213,6 +249,7 @@ async fn inpod_dns_a_pod_resolves_services_from_the_store_and_the_rest_upstream(
     assert_eq!(udp_listeners(&s.t.pa, 15053), 0);
     // Pod C's are still there.
     assert_eq!(udp_listeners(&s.t.pc, 15053), 1);
+    assert_eq!(listeners(&s.t.pc, 15053), 1);
     assert_eq!(addresses(&ask(&s.pc, ns, "web.", false).await), [vip]);
 }
 

@@ -1,8 +1,8 @@
 //! What the pool knows about its destinations, under one lock: connect
 //! failures and backoffs per destination address, when each destination
-//! workload last sent GOAWAY, and the open streams per destination
-//! workload. It knows nothing of tunnels (they hold it, to record a
-//! GOAWAY).
+//! workload last sent GOAWAY or last failed a connect, and the open
+//! streams per destination workload. It knows nothing of tunnels (they
+//! hold it, to record a GOAWAY).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -17,6 +17,18 @@ use super::PoolKey;
 
 /// How long a GOAWAY is remembered for a workload no tunnel reached since.
 const GOAWAY_MEMORY: Duration = Duration::from_secs(3600);
+
+/// A failing workload's skip doubles with each failure in a row, up to
+/// this many times its base (`outbound.failing_skip`): 1, 2, 4, 8, 16.
+const MAX_FAILING_DOUBLINGS: u32 = 4;
+
+/// A destination workload whose last connect failed.
+#[derive(Debug)]
+struct Failing {
+    last: Instant,
+    /// Failures in a row (no connect succeeded since the first).
+    consecutive: u32,
+}
 
 /// Consecutive connect failures to one destination, reported to the drain engine.
 #[derive(Clone, Debug)]
@@ -71,6 +83,9 @@ pub(super) struct Book {
     goaway_seen: HashMap<String, Instant>,
     /// Destination uid → open streams over all its tunnels.
     by_workload: HashMap<String, Arc<AtomicUsize>>,
+    /// Destination workloads (uid) whose last connect failed — a dial, or
+    /// a CONNECT its gateway refused — until one succeeds.
+    failing: HashMap<String, Failing>,
 }
 
 impl Book {
@@ -102,10 +117,45 @@ impl Book {
         streams.clone()
     }
 
-    /// A dial to `key` failed: counts it, waits longer under a backoff,
-    /// and reports it to the drain engine.
-    pub(super) fn dial_failed(&mut self, key: &PoolKey, error: &str) {
+    /// How much longer workload `uid` is skipped for failing: its last
+    /// failure plus `base` doubled for each failure in a row after the
+    /// first (at most 16 × `base`).
+    pub(super) fn failing_for(&self, uid: &str, base: Duration) -> Option<Duration> {
+        let f = self.failing.get(uid)?;
+        let window = base * (1 << (f.consecutive - 1).min(MAX_FAILING_DOUBLINGS));
+        (f.last + window).checked_duration_since(Instant::now())
+    }
+
+    /// Failures in a row of workload `uid` (0: its last connect worked).
+    pub(super) fn failures_of(&self, uid: &str) -> u32 {
+        self.failing.get(uid).map_or(0, |f| f.consecutive)
+    }
+
+    /// Whether some workload is failing now (a connect's success need not
+    /// take the lock otherwise).
+    pub(super) fn any_failing(&self) -> bool {
+        !self.failing.is_empty()
+    }
+
+    /// A CONNECT to `key` succeeded: its workload is no longer failing,
+    /// and its address's failures in a row start over.
+    pub(super) fn connect_succeeded(&mut self, key: &PoolKey) {
+        if self.failing.remove(&key.dst_uid).is_some() {
+            self.dests.remove(&key.dst_addr);
+        }
+    }
+
+    /// A connect to `key` failed (its dial, or the CONNECT its gateway
+    /// refused): counts it, marks its workload failing, waits longer under
+    /// a backoff, and reports it to the drain engine.
+    pub(super) fn connect_failed(&mut self, key: &PoolKey, error: &str) {
         let now = Instant::now();
+        let f = self.failing.entry(key.dst_uid.clone()).or_insert(Failing {
+            last: now,
+            consecutive: 0,
+        });
+        f.last = now;
+        f.consecutive = f.consecutive.saturating_add(1);
         let d = self
             .dests
             .entry(key.dst_addr)
@@ -151,6 +201,7 @@ impl Book {
             .retain(|_, c| Arc::strong_count(c) > 1 || c.load(Ordering::Acquire) > 0);
         self.goaway_seen
             .retain(|_, at| at.elapsed() < GOAWAY_MEMORY);
+        self.failing.retain(|_, f| f.last.elapsed() < GOAWAY_MEMORY);
     }
 }
 
@@ -175,6 +226,60 @@ fn backoff_wait(b: BackoffParams, n: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn key(uid: &str) -> PoolKey {
+        PoolKey {
+            src: "spiffe://td/ns/a/sa/client".parse().unwrap(),
+            dst_uid: uid.into(),
+            dst: "spiffe://td/ns/a/sa/echo".parse().unwrap(),
+            dst_also: Vec::new(),
+            dst_addr: "10.0.0.1:15008".parse().unwrap(),
+            src_netns: None,
+        }
+    }
+
+    /// `remaining` is `window`, less the moments the test took.
+    fn about(remaining: Option<Duration>, window: Duration) -> bool {
+        remaining.is_some_and(|r| r <= window && r + Duration::from_secs(1) > window)
+    }
+
+    #[test]
+    fn a_failing_workload_is_skipped_longer_for_each_failure_in_a_row_until_a_success() {
+        let (tx, mut reports) = tokio::sync::mpsc::unbounded_channel();
+        let mut book = Book {
+            failures: Some(tx),
+            ..Book::default()
+        };
+        let base = Duration::from_secs(5);
+        assert_eq!(book.failing_for("e", base), None);
+        book.connect_failed(&key("e"), "CONNECT 10.0.0.1:80: peer answered 503");
+        assert!(about(book.failing_for("e", base), base));
+        assert_eq!(book.failures_of("e"), 1);
+        // Reported to the drain engine as the policy's connect-failing event.
+        let r = reports.try_recv().unwrap();
+        assert_eq!((r.consecutive, r.key.dst_uid.as_str()), (1, "e"));
+        assert!(r.last_error.contains("503"));
+        // The window ends; the probe fails: twice as long, and so on up to 16 ×.
+        for (n, window) in [(2, 10), (3, 20), (4, 40), (5, 80), (6, 80)] {
+            // The last failure 100 s ago: past any window.
+            let f = book.failing.get_mut("e").unwrap();
+            f.last = f.last.checked_sub(Duration::from_secs(100)).unwrap();
+            assert_eq!(book.failing_for("e", base), None, "after the window");
+            book.connect_failed(&key("e"), "reset");
+            assert_eq!(book.failures_of("e"), n);
+            let window = Duration::from_secs(window);
+            assert!(about(book.failing_for("e", base), window), "{n}");
+        }
+        // Others are not failing; a success ends it at once.
+        assert_eq!(book.failing_for("other", base), None);
+        assert!(book.any_failing());
+        book.connect_succeeded(&key("e"));
+        assert_eq!(
+            (book.failing_for("e", base), book.failures_of("e")),
+            (None, 0)
+        );
+        assert!(!book.any_failing());
+    }
 
     #[test]
     fn backoff_grows_to_its_max_within_jitter() {

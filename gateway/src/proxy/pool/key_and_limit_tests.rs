@@ -36,6 +36,7 @@ fn key(src: &str, dst: &str, dst_addr: &str) -> PoolKey {
         src: format!("spiffe://td/ns/default/sa/{src}").parse().unwrap(),
         dst: format!("spiffe://td/ns/default/sa/{dst}").parse().unwrap(),
         dst_uid: format!("{dst}-uid"),
+        dst_also: Vec::new(),
         dst_addr: dst_addr.parse().unwrap(),
         src_netns: None,
     }

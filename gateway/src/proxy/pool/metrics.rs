@@ -16,6 +16,7 @@ pub(super) struct PoolMetrics {
     pub(super) tunnels: Gauge,
     pub(super) opened: Counter,
     pub(super) dial_failures: Family<ReasonLabel, Counter>,
+    pub(super) connect_refusals: Family<ReasonLabel, Counter>,
     pub(super) goaways_received: Counter,
     pub(super) closed: Family<ReasonLabel, Counter>,
     pub(super) backoffs: Counter,
@@ -40,6 +41,11 @@ impl PoolMetrics {
             "dial_failures",
             "Outbound tunnel dials that failed, by reason",
             m.dial_failures.clone(),
+        );
+        r.register(
+            "connect_refusals",
+            "CONNECTs whose failure marks their workload failing (5xx, a reset, no answer), by reason",
+            m.connect_refusals.clone(),
         );
         r.register(
             "goaways_received",

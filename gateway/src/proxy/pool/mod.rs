@@ -55,6 +55,10 @@ pub struct PoolKey {
     /// The destination workload's uid (drains act on one workload's tunnels).
     pub dst_uid: String,
     pub dst: SpiffeId,
+    /// Other identities the destination may present: those its Service
+    /// vouches for (istiod's `subject_alt_names`; usually none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dst_also: Vec<SpiffeId>,
     /// The destination workload's HBONE address (`ip:15008`).
     pub dst_addr: SocketAddr,
     /// In-pod mode: the source pod's namespace (its tunnels leave with its
@@ -73,6 +77,19 @@ pub enum PoolError {
         addr: SocketAddr,
         source: StreamError,
     },
+}
+
+/// Whether a CONNECT's failure says its workload takes no connection now:
+/// its gateway answered 5xx (503: it could not reach the application),
+/// reset the stream or the tunnel, or did not answer in time. A refusal
+/// by authorization (401, 403) or a GOAWAY (a drain, skipped on its own)
+/// says nothing of the kind.
+fn says_failing(e: &StreamError) -> bool {
+    match e {
+        StreamError::Status { status, .. } => status.is_server_error(),
+        StreamError::H2(h) => !h.is_go_away() && h.reason() != Some(h2::Reason::REFUSED_STREAM),
+        StreamError::Timeout(_) => true,
+    }
 }
 
 impl PoolError {
@@ -101,6 +118,8 @@ pub struct Pool {
     draining: Mutex<Vec<Arc<Tunnel>>>,
     /// What the pool knows about destinations, under one lock (`book.rs`).
     book: Arc<Mutex<Book>>,
+    /// Whether the book holds a failing workload (written under its lock).
+    any_failing: AtomicBool,
 }
 
 /// An established CONNECT stream on a pooled tunnel.
@@ -128,6 +147,7 @@ impl Pool {
             metrics: PoolMetrics::register(registry),
             draining: Mutex::new(Vec::new()),
             book: Default::default(),
+            any_failing: AtomicBool::new(false),
         })
     }
 
@@ -140,6 +160,54 @@ impl Pool {
     /// Whether new tunnels to `addr` fail fast (a policy's connect-failing backoff).
     pub fn is_backing_off(&self, addr: SocketAddr) -> bool {
         self.book.locked().backing_off(addr).is_some()
+    }
+
+    /// Why a new connection should pass over workload `uid` at `addr`
+    /// now, if it should (one look under the book's lock):
+    /// - `goaway_received`: a tunnel to it received GOAWAY within
+    ///   `goaway_skip` (0: never);
+    /// - `connect_backoff`: a policy's connect-failing backoff runs for it;
+    /// - `failing`: a connect to it failed within `failing_skip`, doubled
+    ///   for each failure in a row (0: never).
+    pub fn passed_over(
+        &self,
+        uid: &str,
+        addr: SocketAddr,
+        goaway_skip: Duration,
+        failing_skip: Duration,
+    ) -> Option<&'static str> {
+        let book = self.book.locked();
+        if !goaway_skip.is_zero() && book.goaway_within(uid, goaway_skip).is_some() {
+            return Some("goaway_received");
+        }
+        if book.backing_off(addr).is_some() {
+            return Some("connect_backoff");
+        }
+        if !failing_skip.is_zero() && book.failing_for(uid, failing_skip).is_some() {
+            return Some("failing");
+        }
+        None
+    }
+
+    /// A connect to `key` failed: its workload is failing.
+    fn failed(&self, key: &PoolKey, error: &str) {
+        let mut book = self.book.locked();
+        book.connect_failed(key, error);
+        self.any_failing.store(true, Ordering::Release);
+    }
+
+    /// How loaded workload `uid` looks to a new connection: the streams
+    /// open to it, plus its connects that failed in a row while its last
+    /// failure is recent (within `recent`, doubled per failure as the
+    /// failing skip is) — so a workload that refuses at once, and so holds
+    /// no stream, never looks the least loaded.
+    pub fn load_of(&self, uid: &str, recent: Duration) -> u64 {
+        let book = self.book.locked();
+        let failures = match book.failing_for(uid, recent) {
+            Some(_) => book.failures_of(uid),
+            None => 0,
+        };
+        book.open_streams_to(uid) as u64 + u64::from(failures)
     }
 
     /// Streams open now on tunnels (pooled or draining) to workload `uid`.
@@ -191,16 +259,35 @@ impl Pool {
             let Some(send) = send else { continue };
             let timeout = self.hbone.connect_timeout;
             match client::connect_stream_with(send, authority, timeout, baggage.clone()).await {
-                Ok((send, recv)) => return Ok(PooledStream { send, recv, slot }),
+                Ok((send, recv)) => {
+                    // The book's lock only while some workload is failing.
+                    if self.any_failing.load(Ordering::Acquire) {
+                        let mut book = self.book.locked();
+                        book.connect_succeeded(key);
+                        self.any_failing
+                            .store(book.any_failing(), Ordering::Release);
+                    }
+                    return Ok(PooledStream { send, recv, slot });
+                }
                 Err(e) if e.retryable() && attempts < 3 => {
                     debug!(error = %e, tunnel = slot.tunnel.id, "tunnel refused the stream; retrying on another");
                     slot.tunnel.mark_goaway();
                 }
                 Err(source) => {
+                    if says_failing(&source) {
+                        self.metrics
+                            .connect_refusals
+                            .get_or_create(&ReasonLabel {
+                                reason: source.reason(),
+                            })
+                            .inc();
+                        let error = format!("CONNECT {authority}: {source}");
+                        self.failed(key, &error);
+                    }
                     return Err(PoolError::Stream {
                         addr: key.dst_addr,
                         source,
-                    })
+                    });
                 }
             }
         }
@@ -223,11 +310,15 @@ impl Pool {
         }
         let tcp = origin.connect(key.dst_addr, None, &self.tunnel_cc);
         let goaway_read = GoawayFlag::default();
+        let expected: Vec<SpiffeId> = std::iter::once(&key.dst)
+            .chain(&key.dst_also)
+            .cloned()
+            .collect();
         let (send, conn) = client::dial_over(
             &self.tls,
             &self.hbone,
             &key.src,
-            &key.dst,
+            &expected,
             key.dst_addr,
             tcp,
             goaway_read.clone(),
@@ -240,7 +331,7 @@ impl Pool {
                     reason: source.reason(),
                 })
                 .inc();
-            self.book.locked().dial_failed(key, &source.to_string());
+            self.failed(key, &source.to_string());
             PoolError::Dial {
                 addr: key.dst_addr,
                 source,
@@ -354,7 +445,12 @@ impl Pool {
                 !idle
             });
         }
-        self.book.locked().forget_idle();
+        {
+            let mut book = self.book.locked();
+            book.forget_idle();
+            self.any_failing
+                .store(book.any_failing(), Ordering::Release);
+        }
         // Forget a key only when it has no tunnel and nothing holds its
         // entry: a connect holds it from looking the key up until its new
         // tunnel is pooled, and removing the entry in between would orphan

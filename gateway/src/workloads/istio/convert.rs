@@ -38,6 +38,7 @@ use tidegate_xds::workload::{
     WorkloadStatus,
 };
 
+use crate::identity::SpiffeId;
 use crate::workloads::services::{
     Conditions, EndpointTarget, ServicePort, ServiceSpec, TargetPort,
 };
@@ -402,9 +403,33 @@ pub fn service(s: &wds::Service) -> Result<ServiceSpec, ConvertError> {
         endpoints: Some(BTreeMap::new()),
         endpoint_targets: BTreeMap::new(),
         hostname: Some(s.hostname.clone()),
-        subject_alt_names: s.subject_alt_names.clone(),
+        subject_alt_names: subject_alt_names(s),
         waypoints: service_waypoints(s),
     })
+}
+
+/// The Service's `subject_alt_names` that are SPIFFE ids. Another SAN is
+/// left out with a warning naming it, as ztunnel ignores it: it narrows
+/// whom a tunnel accepts, never widens it, and the Service stays
+/// reachable at its endpoints' own identities.
+fn subject_alt_names(s: &wds::Service) -> Vec<SpiffeId> {
+    s.subject_alt_names
+        .iter()
+        .enumerate()
+        .filter_map(|(i, san)| match san.parse::<SpiffeId>() {
+            Ok(id) => Some(id),
+            Err(e) => {
+                tracing::warn!(
+                    service = %format_args!("{}/{}", s.namespace, s.hostname),
+                    key = %format_args!("subject_alt_names[{i}]"),
+                    san,
+                    error = %e,
+                    "a Service SAN that is no SPIFFE id is ignored (never trusted)"
+                );
+                None
+            }
+        })
+        .collect()
 }
 
 /// A Service's waypoints as ztunnel chooses among them: its

@@ -5,6 +5,7 @@ use bytes::Bytes;
 use tidegate_xds::workload as wds;
 
 use super::*;
+use crate::identity::SpiffeId;
 use crate::workloads::services::{Conditions, EndpointTarget, TargetPort};
 use crate::workloads::{LifecycleState, Protocol, WorkloadStore};
 
@@ -383,7 +384,11 @@ fn a_service_maps_onto_the_spec() {
         // A full-length prefix is a single address.
         length: Some(128),
     });
-    s.subject_alt_names = vec!["spiffe://cluster.local/ns/shop/sa/web".into()];
+    s.subject_alt_names = vec![
+        "spiffe://cluster.local/ns/shop/sa/web".into(),
+        // Not a SPIFFE id: ignored, as ztunnel ignores it (never trusted).
+        "web.shop.svc".into(),
+    ];
     let got = service(&s).unwrap();
     assert_eq!(got.name, "web");
     assert_eq!(got.namespace, "shop");
@@ -404,7 +409,7 @@ fn a_service_maps_onto_the_spec() {
     );
     assert_eq!(
         got.subject_alt_names,
-        ["spiffe://cluster.local/ns/shop/sa/web"]
+        [SpiffeId::new("cluster.local", "shop", "web")]
     );
     assert_eq!(got.endpoints, Some(BTreeMap::new()), "explicit, none yet");
     assert!(got.endpoint_targets.is_empty());
