@@ -58,12 +58,40 @@ const STEPS: [&str; 5] = [
     "installing the node's probe exemption",
 ];
 
+/// The step from which the gateway may be serving the pod: handing it
+/// over (its answer may be late) and every step after.
+const HANDING_OVER: u8 = 2;
+/// The step after the gateway took the pod.
+const HANDED_OVER: u8 = 3;
+
+/// Whether a failed ADD keeps the pod's record. The record must name every
+/// pod the gateway may be serving — a restarted gateway re-adopts what is
+/// recorded and forgets the rest — so it goes only when the gateway cannot
+/// have the pod: never for a pod an earlier ADD enrolled; otherwise only
+/// before the hand-over, or when the gateway's answer refused it
+/// (`answered`; a timeout while handing over leaves that open). A record
+/// kept for a pod whose ADD failed goes with the DEL the runtime sends
+/// after a failed ADD, or at re-adoption once its namespace is gone.
+fn keeps_record(step: u8, enrolled: bool, answered: bool) -> bool {
+    enrolled || step >= HANDED_OVER || (step == HANDING_OVER && !answered)
+}
+
+/// Whether pod `uid` has a record already (an earlier ADD enrolled it).
+fn enrolled(dir: &Path, uid: &str) -> bool {
+    matches!(PodRecord::read(dir, uid), Ok(Some(_)))
+}
+
 /// [`add`] on a thread of its own, bounded by `timeout_ms`: past it, ADD
-/// fails (code 11, naming the step) and the pod's record is removed; the
-/// thread is abandoned (the process exits right after).
+/// fails (code 11, naming the step) and the pod's record is removed unless
+/// the gateway may serve it ([`keeps_record`]); the thread is abandoned
+/// (the process exits right after).
 pub fn add_within(e: Enroll) -> Result<(), CniError> {
     let timeout = e.ours.timeout;
     let state_dir = e.ours.state_dir.clone();
+    let uid = cni_arg("K8S_POD_UID");
+    let was_enrolled = uid
+        .as_deref()
+        .is_some_and(|u| enrolled(Path::new(&state_dir), u));
     let step = Arc::new(AtomicU8::new(0));
     let (tx, rx) = mpsc::channel();
     let at = step.clone();
@@ -73,10 +101,13 @@ pub fn add_within(e: Enroll) -> Result<(), CniError> {
     match rx.recv_timeout(timeout) {
         Ok(r) => r,
         Err(_) => {
-            if let Some(uid) = cni_arg("K8S_POD_UID") {
-                let _ = PodRecord::remove(Path::new(&state_dir), &uid);
+            let reached = step.load(Ordering::Relaxed);
+            if let Some(uid) = uid {
+                if !keeps_record(reached, was_enrolled, false) {
+                    let _ = PodRecord::remove(Path::new(&state_dir), &uid);
+                }
             }
-            let at = STEPS[usize::from(step.load(Ordering::Relaxed)).min(STEPS.len() - 1)];
+            let at = STEPS[usize::from(reached).min(STEPS.len() - 1)];
             Err(err(
                 11,
                 "ADD did not complete within timeout_ms; the pod is not started outside the mesh (the kubelet retries)",
@@ -108,6 +139,9 @@ fn add(e: &Enroll, step: &AtomicU8) -> Result<(), CniError> {
     let fd = open_netns(&netns)?;
     step.store(1, Ordering::Relaxed);
     let dir = Path::new(&ours.state_dir);
+    // An already enrolled pod (a repeated ADD) keeps its record whatever
+    // this ADD comes to: the gateway serves it either way.
+    let was_enrolled = enrolled(dir, &uid);
     let record = PodRecord {
         uid: uid.clone(),
         name: name.clone(),
@@ -123,7 +157,9 @@ fn add(e: &Enroll, step: &AtomicU8) -> Result<(), CniError> {
         )
     })?;
     let undo = |e: CniError| {
-        let _ = PodRecord::remove(dir, &uid);
+        if !keeps_record(step.load(Ordering::Relaxed), was_enrolled, true) {
+            let _ = PodRecord::remove(dir, &uid);
+        }
         e
     };
     let request = json!({
@@ -134,15 +170,17 @@ fn add(e: &Enroll, step: &AtomicU8) -> Result<(), CniError> {
         "netns": netns,
         "container_id": std::env::var("CNI_CONTAINERID").unwrap_or_default(),
     });
-    step.store(2, Ordering::Relaxed);
+    step.store(HANDING_OVER, Ordering::Relaxed);
     if let Answer::NotMember(reason) = hand_over(ours, &request, fd).map_err(undo)? {
-        let _ = PodRecord::remove(dir, &uid);
+        if !was_enrolled {
+            let _ = PodRecord::remove(dir, &uid);
+        }
         eprintln!(
             "tidegate-cni: pod {uid} ({namespace}/{name}) is not a mesh member ({reason}): not captured"
         );
         return Ok(());
     }
-    step.store(3, Ordering::Relaxed);
+    step.store(HANDED_OVER, Ordering::Relaxed);
     capture::install(Path::new(&netns), CapturePorts::default()).map_err(|e| {
         undo(err(
             5,
@@ -236,5 +274,28 @@ pub fn forget(ours: &OurKeys) {
     }
     if let Err(e) = PodRecord::remove(dir, &uid) {
         eprintln!("tidegate-cni: pod {uid}: record not removed: {e}");
+    }
+}
+
+#[cfg(test)]
+mod record_tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_add_keeps_the_record_of_every_pod_the_gateway_may_serve() {
+        // A new pod: removed before the hand-over and when the gateway
+        // refused it; kept once handed over, and when the answer never came.
+        assert!(!keeps_record(1, false, true));
+        assert!(!keeps_record(1, false, false));
+        assert!(!keeps_record(HANDING_OVER, false, true));
+        assert!(keeps_record(HANDING_OVER, false, false));
+        assert!(keeps_record(HANDED_OVER, false, true));
+        assert!(keeps_record(4, false, true));
+        // An enrolled pod's repeated ADD never removes it.
+        for step in 0..=4 {
+            for answered in [false, true] {
+                assert!(keeps_record(step, true, answered), "{step} {answered}");
+            }
+        }
     }
 }

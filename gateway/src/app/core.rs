@@ -27,6 +27,8 @@ pub(super) struct Core {
     pub tcp: TcpTuning,
     pub pool: Arc<Pool>,
     pub policies: Arc<PolicyEngine>,
+    /// Rises once every configured plugin is loaded or reported.
+    pub plugins_loaded: watch::Receiver<bool>,
     pub drains: Arc<DrainEngine>,
 }
 
@@ -47,7 +49,7 @@ pub(super) async fn start(
     let (streams, tunnels) = (ActiveStreams::default(), Arc::default());
     let tcp = TcpTuning::from_config(&config.tcp)?;
     let pool = pool(config, &tls, &tcp, w);
-    let policies = policies(config, w).await?;
+    let (policies, plugins_loaded) = policies(config, w)?;
     let drains = drains(config, &workloads, &tunnels, &pool, &policies, w)?;
     let core = Core {
         workloads,
@@ -58,6 +60,7 @@ pub(super) async fn start(
         tcp,
         pool,
         policies,
+        plugins_loaded,
         drains,
     };
     Ok((core, synced))
@@ -76,21 +79,42 @@ fn pool(config: &Config, tls: &Arc<TlsContext>, tcp: &TcpTuning, w: &mut Wiring)
     pool
 }
 
-/// The policy engine with every configured plugin loaded, and its file
-/// watch. Policies load before readiness; a plugin that fails to load is
-/// reported and its workloads use the fallback — traffic is served anyway.
-async fn policies(config: &Config, w: &mut Wiring) -> anyhow::Result<Arc<PolicyEngine>> {
+/// The policy engine, its configured plugins loading in the background
+/// (compiled side by side), then its file watch. The returned flag rises
+/// once every plugin is in or reported: readiness waits for it, the data
+/// path does not — pods re-adopted at a restart are served while their
+/// plugins compile, and an event meanwhile is decided by the fallback,
+/// as for a plugin that fails to load (reported; traffic is served anyway).
+fn policies(
+    config: &Config,
+    w: &mut Wiring,
+) -> anyhow::Result<(Arc<PolicyEngine>, watch::Receiver<bool>)> {
     let policies = PolicyEngine::new(&config.policies, PolicyMetrics::register(w.registry()))?;
-    let loading = policies.clone();
-    for (name, result) in tokio::task::spawn_blocking(move || loading.load_configured()).await? {
-        if let Err(e) = result {
-            tracing::error!(policy = %name, error = %e, "policy not loaded; its workloads use the fallback");
+    let (loaded_tx, loaded) = watch::channel(false);
+    let (engine, every, drain) = (
+        policies.clone(),
+        config.policies.reload_interval,
+        w.drain.clone(),
+    );
+    w.tasks.spawn(async move {
+        let loading = engine.clone();
+        let started = std::time::Instant::now();
+        match tokio::task::spawn_blocking(move || loading.load_configured()).await {
+            Ok(results) => {
+                for (name, result) in &results {
+                    if let Err(e) = result {
+                        tracing::error!(policy = %name, error = %e, "policy not loaded; its workloads use the fallback");
+                    }
+                }
+                tracing::info!(plugins = results.len(), elapsed_ms = started.elapsed().as_millis() as u64,
+                    "policy plugins loaded");
+            }
+            Err(e) => tracing::error!(error = %e, "loading the policy plugins failed; every workload uses the fallback"),
         }
-    }
-    let every = config.policies.reload_interval;
-    w.tasks
-        .spawn(policies.clone().watch_files(every, w.drain.clone()));
-    Ok(policies)
+        let _ = loaded_tx.send(true);
+        engine.watch_files(every, drain).await;
+    });
+    Ok((policies, loaded))
 }
 
 /// The drain engine, following workload events and the pool's connect

@@ -117,7 +117,8 @@ impl Wiring {
 /// Binds every listener and starts every task. Returns once the gateway is
 /// ready — except with Kubernetes discovery or ZDS, where `/healthz/ready`
 /// turns ready only after their first full answer (the listeners serve
-/// meanwhile).
+/// meanwhile). The policy plugins compile while pods and listeners serve
+/// already; it returns, and turns ready, once they are in.
 pub async fn build(config: Config) -> anyhow::Result<App> {
     let descriptors = control_plane::reserve_descriptors(control_plane::budget(
         &config.control_plane,
@@ -153,6 +154,9 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let metrics = std::mem::take(&mut w.root);
     let admin = control::state(&config, &core, pods.clone(), &paths, metrics);
     let serving = Serving::start(&config, listeners, &paths, &admin, &control, &mut w);
+    // Pods and listeners serve already (an event meanwhile is decided by
+    // the fallback); readiness, and the caller, get the plugins in.
+    let _ = core.plugins_loaded.clone().wait_for(|loaded| *loaded).await;
     control::ready_when(ready_when, &admin, &mut w);
     addrs.log_ready(&config.node_name);
     Ok(App {
