@@ -19,6 +19,14 @@
 //!   clients each opening a connection, one 1 KiB round trip, closing;
 //!   3 rounds of 3 s in rotating order, medians, and the ratios, beside
 //!   raw TCP from the same client address.
+//! - **A crashed endpoint** (`services/crash.rs`): three endpoints, a new
+//!   connection every 5 ms (200/s); one endpoint's application is killed
+//!   (no termination event) and its workload deleted 2 s later. Failed
+//!   connections, and the time from the first to the last, for each choice
+//!   with `outbound.failing_skip` at its default and at 0 (failures never
+//!   skip: the baseline from the same run). `-- --crash` runs this
+//!   section alone (the others leave tens of thousands of TIME_WAIT
+//!   sockets behind).
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -32,6 +40,9 @@ use tidegate::tls::{DevCa, TlsContext, TlsMetrics};
 use tidegate::workloads::WorkloadStore;
 use tidegate_e2e::{counting_echo, ip, round_trip, Capture, Options, TwoNodes};
 use tokio::io::AsyncWriteExt;
+
+#[path = "services/crash.rs"]
+mod crash;
 
 const PICK_TIME: Duration = Duration::from_secs(1);
 const CONN_TIME: Duration = Duration::from_secs(3);
@@ -202,7 +213,42 @@ async fn balance(octet: u8, choice: &str) -> (f64, f64, f64, f64) {
     (slow, at(0.5), at(0.99), rate)
 }
 
+/// The crashed-endpoint section.
+async fn crashes() {
+    println!(
+        "\na crashed endpoint: 3 endpoints, a new connection every 5 ms; one application killed at 1 s, its workload deleted 2 s later:"
+    );
+    println!("| choice | outbound.failing_skip | connections | failed | first → last failure |\n|---|---|---|---|---|");
+    for (octet, choice) in [(216, "p2c"), (218, "random")] {
+        let mut failed = Vec::new();
+        for (k, skip) in ["5s", "0s"].into_iter().enumerate() {
+            let c = crash::run(octet + k as u8, choice, skip).await;
+            let span = c
+                .failing_for
+                .map_or("–".into(), |d| format!("{:.0} ms", d.as_secs_f64() * 1e3));
+            println!(
+                "| {choice} | {skip} | {} | {} | {span} |",
+                c.connections, c.failed
+            );
+            failed.push(c.failed.max(1) as f64);
+        }
+        println!(
+            "{choice}: failed with the skip / without it: {:.3}×",
+            failed[0] / failed[1]
+        );
+    }
+}
+
 fn main() -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    if std::env::args().any(|a| a == "--crash") {
+        println!("Services benchmark: a crashed endpoint");
+        rt.block_on(crashes());
+        return Ok(());
+    }
     println!("Services benchmark\n\nendpoint choice, ns per pick (every endpoint usable):");
     println!("| endpoints | p2c | random |\n|---|---|---|");
     for n in [10, 1000] {
@@ -212,11 +258,8 @@ fn main() -> anyhow::Result<()> {
             pick_ns(n, EndpointChoice::Random)
         );
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
     rt.block_on(async {
+        crashes().await;
         println!(
             "\nbalance: 3 endpoints, one answering 20 ms late; 16 clients, a new connection and one 1 KiB round trip each, {CONN_TIME:?} per choice:"
         );
