@@ -22,6 +22,13 @@
 //! - **memory per pod**: this process's RSS (both gateways live in it) before
 //!   and after those 100 pods, divided by 100 — listeners, tasks and state.
 //!
+//! - **restart** (`-- --restart`, that section alone): pod A opens a new
+//!   connection to pod B every 10 ms while node B's gateway is stopped and
+//!   a new one started (re-adopting pod B from the state directory), once
+//!   with no policy plugin and once with the deploy config's six: failed
+//!   connections, the gap pod A saw, and from the old gateway's exit to
+//!   pod B served again — the plugins compile while pods are served.
+//!
 //! Every loop is bounded in count and time; the whole run takes about a
 //! minute. Needs root, `ip` and `iptables`; skipped with a note otherwise.
 
@@ -223,6 +230,116 @@ async fn enroll(
     .await
 }
 
+/// The deploy config's six reference plugins (`policies:`).
+fn six_plugins() -> String {
+    let mut y = String::from("policies:\n  default: recommended\n  plugins:\n");
+    for name in [
+        "recommended",
+        "goaway-on-term-start",
+        "drain-at-teardown",
+        "evict-on-delete",
+        "keepalive-only",
+        "oci-drain",
+    ] {
+        y += &format!(
+            "    {name}: {{file: {}}}\n",
+            tidegate_e2e::plugin(name).display()
+        );
+    }
+    y
+}
+
+/// What a stop-and-start of a gateway cost pod A's connections.
+struct Restart {
+    connections: usize,
+    failed: usize,
+    /// From the last connection that worked before the first failure to
+    /// the first that worked after the last one.
+    gap: Duration,
+    /// From the old gateway's exit to the first connection that worked.
+    served_after: Duration,
+}
+
+/// Stops `old` (its whole shutdown), starts a gateway from `config` in its
+/// place, while pod A's thread opens a connection to `dst` every 10 ms.
+async fn restart(
+    pod_a: &NsThread,
+    dst: SocketAddr,
+    (old, ns): (Gateway, &str),
+    config: tidegate::config::Config,
+) -> (Gateway, Restart) {
+    const EVERY: Duration = Duration::from_millis(10);
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let load = pod_a.run("restart load", Duration::from_secs(60), async move {
+        let mut tick = tokio::time::interval(EVERY);
+        let mut conns = tokio::task::JoinSet::new();
+        while !*stop_rx.borrow() {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop_rx.changed() => break,
+            }
+            conns.spawn(async move {
+                let at = Instant::now();
+                let ok = tokio::time::timeout(Duration::from_secs(1), async {
+                    let mut t = tokio::net::TcpStream::connect(dst).await?;
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    t.write_all(b"x").await?;
+                    let mut b = [0u8; 1];
+                    t.read_exact(&mut b).await?;
+                    std::io::Result::Ok(())
+                })
+                .await;
+                (at, matches!(ok, Ok(Ok(()))))
+            });
+        }
+        let mut seen = Vec::new();
+        while let Some(r) = conns.join_next().await {
+            seen.push(r.expect("connection task"));
+        }
+        seen.sort_by_key(|(at, _)| *at);
+        seen
+    });
+    let restart = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Blocks this thread until the old gateway's thread is joined:
+        // the load runs on pod A's own thread meanwhile.
+        drop(old);
+        let gone = Instant::now();
+        let new = Gateway::start("node-b", ns, config).await;
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let _ = stop_tx.send(true);
+        (new, gone)
+    };
+    let (seen, (new, gone)) = tokio::join!(load, restart);
+    let failed: Vec<Instant> = seen
+        .iter()
+        .filter(|(_, ok)| !ok)
+        .map(|(at, _)| *at)
+        .collect();
+    let before = failed
+        .first()
+        .and_then(|f| seen.iter().rev().find(|(at, ok)| *ok && at < f))
+        .map(|(at, _)| *at);
+    let after = seen
+        .iter()
+        .find(|(at, ok)| *ok && failed.last().is_none_or(|l| at > l))
+        .map(|(at, _)| *at);
+    let served = seen
+        .iter()
+        .find(|(at, ok)| *ok && *at >= gone)
+        .map_or(Duration::ZERO, |(at, _)| at.duration_since(gone));
+    let r = Restart {
+        connections: seen.len(),
+        failed: failed.len(),
+        gap: match (before, after) {
+            (Some(b), Some(a)) => a.duration_since(b),
+            _ => Duration::ZERO,
+        },
+        served_after: served,
+    };
+    (new, r)
+}
+
 fn vm_rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -286,9 +403,9 @@ async fn bench() -> anyhow::Result<()> {
     let guard = build(&net);
     let dir = tempfile::tempdir()?;
     std::fs::write(dir.path().join("workloads.yaml"), workloads(&net))?;
-    let node = |name: &'static str| {
+    let node_with = |name: &'static str, more: &str| {
         let extra = format!(
-            "capture:\n  mode: inpod\n  state_dir: {d}/{name}-pods\ndrains:\n  cni_socket: {d}/{name}.sock\n",
+            "capture:\n  mode: inpod\n  state_dir: {d}/{name}-pods\ndrains:\n  cni_socket: {d}/{name}.sock\n{more}",
             d = dir.path().display()
         );
         gateway_config(
@@ -298,6 +415,7 @@ async fn bench() -> anyhow::Result<()> {
             &extra,
         )
     };
+    let node = |name: &'static str| node_with(name, "");
     let gw_a = Gateway::start("node-a", &net.ns("na"), node("node-a")).await;
     let gw_b = Gateway::start("node-b", &net.ns("nb"), node("node-b")).await;
     let shell = |n: &str| NsThread::idle(&net.ns(n));
@@ -311,6 +429,39 @@ async fn bench() -> anyhow::Result<()> {
         |sh, node, uid: String, ns: String, ip| enroll(sh, &bin, dir.path(), node, uid, ns, ip);
     add(&sh_a, "node-a", "pa".into(), net.ns("pa"), net.pod_ip('a')).await;
     add(&sh_b, "node-b", "pb".into(), net.ns("pb"), net.pod_ip('b')).await;
+    if std::env::args().any(|a| a == "--restart") {
+        let dst = SocketAddr::new(net.pod_ip('b').into(), ECHO);
+        println!("\nnode B's gateway stopped and started while pod A opens a connection to pod B every 10 ms:");
+        println!("| policy plugins | connections | failed | gap pod A saw | old gateway gone → pod B served |\n|---|---|---|---|---|");
+        let mut gw_b = gw_b;
+        let mut gaps = Vec::new();
+        for plugins in [0, 6] {
+            let extra = if plugins == 0 {
+                String::new()
+            } else {
+                six_plugins()
+            };
+            let config = node_with("node-b", &extra);
+            let (new_b, r) = restart(&pods[0], dst, (gw_b, &net.ns("nb")), config).await;
+            gw_b = new_b;
+            println!(
+                "| {plugins} | {} | {} | {:.0} ms | {:.0} ms |",
+                r.connections,
+                r.failed,
+                r.gap.as_secs_f64() * 1e3,
+                r.served_after.as_secs_f64() * 1e3
+            );
+            gaps.push(r.served_after.as_secs_f64());
+        }
+        println!(
+            "six plugins / none, old gateway gone → pod B served: {:.2}×",
+            gaps[1] / gaps[0].max(1e-6)
+        );
+        drop(pods);
+        drop((sh_a, sh_b, gw_a, gw_b));
+        drop(guard);
+        return Ok(());
+    }
 
     // ---- data path: raw, node-level, per-pod; interleaved, 3 rounds ----
     let paths: [(&str, &NsThread, Ipv4Addr); 4] = [
