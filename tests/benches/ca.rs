@@ -159,7 +159,7 @@ async fn run() -> anyhow::Result<()> {
         "node-a",
         &certs(&write("tok-a", tok_a)),
         &wl,
-        server.addrs.inbound.port(),
+        server.addrs.inbound.expect("node listeners").port(),
         "",
     ))
     .await?;

@@ -591,7 +591,10 @@ async fn in_process() -> anyhow::Result<InProcess> {
         cfg: Settings::default(),
         src: SpiffeId::new(TRUST_DOMAIN, "demo", "client"),
         dst: SpiffeId::new(TRUST_DOMAIN, "demo", "echo"),
-        hbone: SocketAddr::new(echo_ip, nodes.server.addrs.inbound.port()),
+        hbone: SocketAddr::new(
+            echo_ip,
+            nodes.server.addrs.inbound.expect("node listeners").port(),
+        ),
         authority: echo,
     };
     match future_sizes(&nodes, &dialer).await {

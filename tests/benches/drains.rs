@@ -296,7 +296,10 @@ async fn goaway_raw_once(
     let cfg = Settings::default();
     let src = SpiffeId::new(TRUST_DOMAIN, "demo", "client");
     let dst = SpiffeId::new(TRUST_DOMAIN, "demo", DRAINED_SA);
-    let hbone = SocketAddr::new(t.ip, nodes.server.addrs.inbound.port());
+    let hbone = SocketAddr::new(
+        t.ip,
+        nodes.server.addrs.inbound.expect("node listeners").port(),
+    );
     let (send, mut conn) = dial(&nodes.client.tls, &cfg, &src, &dst, hbone)
         .await
         .map_err(|e| anyhow::anyhow!("dial {hbone}: {e} [{}]", e.reason()))?;

@@ -6,7 +6,8 @@
 //! ```
 //!
 //! Two nodes in network namespaces with in-process gateways in
-//! `capture.mode: inpod` (their node-level listeners bound too), pods
+//! `capture.mode: inpod` (their node-level listeners bound too:
+//! `capture.node_listeners`), pods
 //! enrolled by the real `tidegate-cni` ADD:
 //!
 //! - **data path, same run, same gateways**: per-pod listeners (pod A → pod
@@ -405,7 +406,7 @@ async fn bench() -> anyhow::Result<()> {
     std::fs::write(dir.path().join("workloads.yaml"), workloads(&net))?;
     let node_with = |name: &'static str, more: &str| {
         let extra = format!(
-            "capture:\n  mode: inpod\n  state_dir: {d}/{name}-pods\ndrains:\n  cni_socket: {d}/{name}.sock\n{more}",
+            "capture:\n  mode: inpod\n  node_listeners: true\n  state_dir: {d}/{name}-pods\ndrains:\n  cni_socket: {d}/{name}.sock\n{more}",
             d = dir.path().display()
         );
         gateway_config(

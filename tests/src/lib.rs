@@ -428,7 +428,7 @@ impl TwoNodes {
         ))
         .await
         .unwrap();
-        let port = server.addrs.inbound.port();
+        let port = server.addrs.inbound.expect("node listeners").port();
         let client = tidegate::app::build(gateway_config_with(
             "node-a",
             &certs,

@@ -385,8 +385,14 @@ impl Scenario {
             gateway_config("node-b", &ca, &server_workloads, &server_extra),
         )
         .await;
-        assert_eq!(gw_a.addrs.outbound.port(), OUTBOUND_PORT);
-        assert_eq!(gw_b.addrs.inbound.port(), HBONE_PORT);
+        assert_eq!(
+            gw_a.addrs.outbound.expect("node listeners").port(),
+            OUTBOUND_PORT
+        );
+        assert_eq!(
+            gw_b.addrs.inbound.expect("node listeners").port(),
+            HBONE_PORT
+        );
         let pod_b = NsThread::idle(&t.pb);
         start_echo(&pod_b).await;
         let pod_a = NsThread::idle(&t.pa);

@@ -20,10 +20,11 @@ pub(super) fn capture_ports(config: &Config) -> CapturePorts {
     }
 }
 
-/// HBONE (15008), capture (15001), and the HTTP ones.
+/// HBONE (15008), capture (15001) — not in in-pod mode unless
+/// `capture.node_listeners` — and the HTTP ones.
 pub(super) struct Listeners {
-    pub inbound: TcpListener,
-    pub outbound: TcpListener,
+    pub inbound: Option<TcpListener>,
+    pub outbound: Option<TcpListener>,
     pub http: HttpListeners,
 }
 
@@ -38,9 +39,10 @@ impl Listeners {
     /// Binds them all; the data path's two inherit the TCP tuning.
     pub(super) fn bind(config: &Config, tcp: &TcpTuning) -> anyhow::Result<Listeners> {
         let l = &config.listeners;
+        let node = config.capture.binds_node_listeners();
         let listeners = Listeners {
-            inbound: bind("inbound", l.inbound)?,
-            outbound: bind("outbound", l.outbound)?,
+            inbound: node.then(|| bind("inbound", l.inbound)).transpose()?,
+            outbound: node.then(|| bind("outbound", l.outbound)).transpose()?,
             http: HttpListeners {
                 admin: bind("admin", l.admin)?,
                 metrics: bind("metrics", l.metrics)?,
@@ -48,16 +50,28 @@ impl Listeners {
             },
         };
         // Inherited by every connection each accepts.
-        tcp.tunnel.apply_or_log(&listeners.inbound);
-        tcp.app.apply_or_log(&listeners.outbound);
+        if let Some(inbound) = &listeners.inbound {
+            tcp.tunnel.apply_or_log(inbound);
+        }
+        if let Some(outbound) = &listeners.outbound {
+            tcp.app.apply_or_log(outbound);
+        }
         Ok(listeners)
     }
 
     /// The addresses actually bound.
     pub(super) fn addrs(&self, demo_echo: Option<SocketAddr>) -> std::io::Result<BoundAddrs> {
         Ok(BoundAddrs {
-            outbound: self.outbound.local_addr()?,
-            inbound: self.inbound.local_addr()?,
+            outbound: self
+                .outbound
+                .as_ref()
+                .map(TcpListener::local_addr)
+                .transpose()?,
+            inbound: self
+                .inbound
+                .as_ref()
+                .map(TcpListener::local_addr)
+                .transpose()?,
             admin: self.http.admin.local_addr()?,
             metrics: self.http.metrics.local_addr()?,
             readiness: self.http.readiness.local_addr()?,
@@ -71,13 +85,13 @@ impl Listeners {
     pub(super) fn own_ports(&self, config: &Config, capture: &CapturePorts) -> OwnPorts {
         let l = &config.listeners;
         let bound = [
-            &self.inbound,
-            &self.outbound,
-            &self.http.admin,
-            &self.http.metrics,
-            &self.http.readiness,
+            self.inbound.as_ref(),
+            self.outbound.as_ref(),
+            Some(&self.http.admin),
+            Some(&self.http.metrics),
+            Some(&self.http.readiness),
         ]
-        .map(|l| l.local_addr().map_or(0, |a| a.port()));
+        .map(|l| l.and_then(|l| l.local_addr().ok()).map_or(0, |a| a.port()));
         let configured = [l.inbound, l.outbound, l.admin, l.metrics, l.readiness].map(|a| a.port());
         let inpod = config.capture.mode == CaptureMode::Inpod;
         let pod_ports = [capture.outbound, capture.inbound_plaintext];

@@ -47,8 +47,10 @@ pub const DEFAULT_WORKLOADS: &str = include_str!("../../defaults/workloads.yaml"
 /// Addresses actually bound (tests configure port 0).
 #[derive(Clone, Copy, Debug)]
 pub struct BoundAddrs {
-    pub outbound: SocketAddr,
-    pub inbound: SocketAddr,
+    /// `None` in in-pod mode without `capture.node_listeners`.
+    pub outbound: Option<SocketAddr>,
+    /// `None` in in-pod mode without `capture.node_listeners`.
+    pub inbound: Option<SocketAddr>,
     pub admin: SocketAddr,
     pub metrics: SocketAddr,
     pub readiness: SocketAddr,
@@ -58,10 +60,11 @@ pub struct BoundAddrs {
 impl BoundAddrs {
     /// The line scripts and operators wait for, with every address bound.
     fn log_ready(&self, node: &str) {
+        let none = || "none (in-pod)".to_owned();
         info!(
             node = %node,
-            inbound = %self.inbound,
-            outbound = %self.outbound,
+            inbound = %self.inbound.map_or_else(none, |a| a.to_string()),
+            outbound = %self.outbound.map_or_else(none, |a| a.to_string()),
             admin = %self.admin,
             metrics = %self.metrics,
             readiness = %self.readiness,
@@ -200,10 +203,13 @@ impl Serving {
         let (stop_accepting, accepting) = shutdown::channel();
         let (inbound, outbound) = (paths.inbound.clone(), paths.outbound.clone());
         let drain = w.drain.clone();
-        let accept_loops = vec![
-            tokio::spawn(inbound.run(listeners.inbound, accepting.clone(), drain)),
-            tokio::spawn(outbound.run(listeners.outbound, accepting)),
-        ];
+        let mut accept_loops = Vec::new();
+        if let Some(l) = listeners.inbound {
+            accept_loops.push(tokio::spawn(inbound.run(l, accepting.clone(), drain)));
+        }
+        if let Some(l) = listeners.outbound {
+            accept_loops.push(tokio::spawn(outbound.run(l, accepting)));
+        }
         let (stop_admin, admin_watch) = shutdown::channel();
         control::serve(config, listeners.http, admin, control, admin_watch, w);
         Serving {

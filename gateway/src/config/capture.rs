@@ -44,6 +44,20 @@ pub struct CaptureConfig {
     /// the plugin's `timeout_ms`.
     #[serde(with = "duration")]
     pub membership_wait: Duration,
+    /// In-pod mode: also listen on `listeners.outbound` and
+    /// `listeners.inbound` in the gateway's own namespace (a node that
+    /// captures some pods at node level beside the in-pod ones). Off, the
+    /// default: nothing of the data path listens there — only admin,
+    /// metrics and readiness, as ztunnel in in-pod mode — so the node's
+    /// address takes no HBONE handshake. Node mode always listens.
+    pub node_listeners: bool,
+}
+
+impl CaptureConfig {
+    /// Whether `listeners.outbound` and `listeners.inbound` are bound.
+    pub fn binds_node_listeners(&self) -> bool {
+        self.mode == CaptureMode::Node || self.node_listeners
+    }
 }
 
 impl Default for CaptureConfig {
@@ -54,6 +68,7 @@ impl Default for CaptureConfig {
             state_dir: None,
             max_pods: DEFAULT_MAX_PODS,
             membership_wait: Duration::from_secs(5),
+            node_listeners: false,
         }
     }
 }

@@ -40,7 +40,10 @@ async fn open(
     let cfg = Settings::default();
     let src = SpiffeId::new(TRUST_DOMAIN, "demo", sa);
     let dst = SpiffeId::new(TRUST_DOMAIN, "demo", "echo");
-    let hbone = std::net::SocketAddr::new(ip(OCTET, 2), nodes.server.addrs.inbound.port());
+    let hbone = std::net::SocketAddr::new(
+        ip(OCTET, 2),
+        nodes.server.addrs.inbound.expect("node listeners").port(),
+    );
     let mut streams = Vec::with_capacity(PER_IDENTITY);
     for _ in 0..PER_IDENTITY / STREAMS_PER_TUNNEL {
         let (send, conn) = dial(tls, &cfg, &src, &dst, hbone)

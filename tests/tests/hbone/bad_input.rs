@@ -224,7 +224,10 @@ async fn a_capture_of_the_wildcard_outbound_listener_itself_is_a_loop() {
         .unwrap();
     let (captured, src) = app_side.accept().await.unwrap();
     let app = tidegate::app::build(cfg).await.unwrap();
-    let own = SocketAddr::new(ip(octet, 9), app.addrs.outbound.port());
+    let own = SocketAddr::new(
+        ip(octet, 9),
+        app.addrs.outbound.expect("node listeners").port(),
+    );
     app.outbound.proxy(captured, src, own).await;
     let loops = r#"tidegate_connections_failed_total{direction="outbound",reason="loop"}"#;
     assert_eq!(metric_or_zero(&app.metrics_text(), loops), 1.0);

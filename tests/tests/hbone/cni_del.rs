@@ -49,7 +49,7 @@ async fn del_waits_for_the_gateway_to_drain_the_pod() {
         tidegate::tls::DevCa::open(&dir.path().join("ca"), Duration::from_secs(600)).unwrap(),
     );
     let tls = tidegate::tls::TlsContext::new(ca, "cluster.local", Default::default());
-    let via = SocketAddr::new(pod_ip, app.addrs.inbound.port());
+    let via = SocketAddr::new(pod_ip, app.addrs.inbound.expect("node listeners").port());
     let id = |sa: &str| tidegate::identity::SpiffeId::new("cluster.local", "demo", sa);
     let (send, conn) =
         tidegate::hbone::client::dial(&tls, &Default::default(), &id("client"), &id("web"), via)

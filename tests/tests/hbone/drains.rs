@@ -607,7 +607,7 @@ async fn keepalive_only_leaves_a_vanished_peer_to_the_ping_timeout() {
     // A third gateway on node A dials node B through a proxy that can freeze.
     let (proxy, freeze) = blackhole_proxy(SocketAddr::new(
         tidegate_e2e::ip(67, 2),
-        nodes.server.addrs.inbound.port(),
+        nodes.server.addrs.inbound.expect("node listeners").port(),
     ))
     .await;
     let cfg = tidegate_e2e::gateway_config(

@@ -66,7 +66,10 @@ async fn certificate_directory_reloads_without_dropping_tunnels() {
         "cluster.local",
         TlsMetrics::default(),
     );
-    let hbone_addr = SocketAddr::new(ip(41, 2), nodes.server.addrs.inbound.port());
+    let hbone_addr = SocketAddr::new(
+        ip(41, 2),
+        nodes.server.addrs.inbound.expect("node listeners").port(),
+    );
     let presented = || async {
         let tcp = TcpStream::connect(hbone_addr).await.unwrap();
         let s = tls
@@ -116,7 +119,10 @@ async fn keepalive_closes_a_peer_that_stops_answering() {
     .await;
     let ca = Arc::new(DevCa::open(&nodes.ca_dir(), Duration::from_secs(600)).unwrap());
     let tls = TlsContext::new(ca, "cluster.local", TlsMetrics::default());
-    let addr = SocketAddr::new(ip(42, 2), nodes.server.addrs.inbound.port());
+    let addr = SocketAddr::new(
+        ip(42, 2),
+        nodes.server.addrs.inbound.expect("node listeners").port(),
+    );
     let (send, mut conn) = dial(&tls, &Settings::default(), &sa("client"), &sa("echo"), addr)
         .await
         .unwrap();
@@ -198,7 +204,10 @@ async fn shutdown_refuses_new_connections_and_waits_for_open_streams() {
     } = TwoNodes::start(44).await;
     let mut held = capture.connect(client_ip).await;
     assert_eq!(round_trip(&mut held, b"one").await.unwrap(), b"one");
-    let inbound = SocketAddr::new(ip(44, 2), server.addrs.inbound.port());
+    let inbound = SocketAddr::new(
+        ip(44, 2),
+        server.addrs.inbound.expect("node listeners").port(),
+    );
     let readiness = server.addrs.readiness;
     let (status, _) = http_get(readiness, "/healthz/ready").await;
     assert_eq!(status, 200);
@@ -275,7 +284,7 @@ async fn a_second_gateway_takes_new_connections_while_the_first_drains() {
     let mut held = capture.connect(client_ip).await;
     assert_eq!(round_trip(&mut held, b"old").await.unwrap(), b"old");
     // The upgrade: a new gateway binds the same HBONE port (SO_REUSEPORT).
-    let port = old.addrs.inbound.port();
+    let port = old.addrs.inbound.expect("node listeners").port();
     let mut cfg = tidegate_e2e::gateway_config(
         "node-b",
         &dir.path().join("ca"),
@@ -285,7 +294,7 @@ async fn a_second_gateway_takes_new_connections_while_the_first_drains() {
     );
     cfg.listeners.inbound = SocketAddr::from(([0, 0, 0, 0], port));
     let new = tidegate::app::build(cfg).await.unwrap();
-    assert_eq!(new.addrs.inbound.port(), port);
+    assert_eq!(new.addrs.inbound.expect("node listeners").port(), port);
     let draining = tokio::spawn(old.shutdown());
     // The client's pooled tunnel gets GOAWAY from the old gateway; new
     // application connections ride a new tunnel, accepted by the new one.

@@ -81,7 +81,10 @@ impl Logs {
 fn a_refused_handshake_is_logged_with_the_peer_and_why() {
     Logs::run(|logs| async move {
         let nodes = TwoNodes::start(89).await;
-        let addr = SocketAddr::new(nodes.echo.ip(), nodes.server.addrs.inbound.port());
+        let addr = SocketAddr::new(
+            nodes.echo.ip(),
+            nodes.server.addrs.inbound.expect("node listeners").port(),
+        );
         let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         let me = tcp.local_addr().unwrap();
         let cfg = rustls::ClientConfig::builder_with_provider(tidegate::tls::provider())
@@ -148,7 +151,10 @@ fn the_inbound_access_line_names_the_app_port_refused_or_not() {
     Logs::run(|logs| async move {
         let nodes = TwoNodes::start(91).await;
         let o = nodes.octet;
-        let tunnel_port = format!(":{}", nodes.server.addrs.inbound.port());
+        let tunnel_port = format!(
+            ":{}",
+            nodes.server.addrs.inbound.expect("node listeners").port()
+        );
         // Unreachable: nothing listens on this port of the echo workload.
         let closed = {
             let l = std::net::TcpListener::bind(SocketAddr::new(ip(o, 2), 0)).unwrap();

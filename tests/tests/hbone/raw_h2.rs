@@ -51,7 +51,10 @@ pub struct RawH2 {
 pub async fn tls_to_echo(nodes: &TwoNodes) -> ClientTls {
     let ca = Arc::new(DevCa::open(&nodes.ca_dir(), Duration::from_secs(600)).unwrap());
     let tls = TlsContext::new(ca, "cluster.local", TlsMetrics::default());
-    let addr = SocketAddr::new(nodes.echo.ip(), nodes.server.addrs.inbound.port());
+    let addr = SocketAddr::new(
+        nodes.echo.ip(),
+        nodes.server.addrs.inbound.expect("node listeners").port(),
+    );
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let id = |sa| SpiffeId::new("cluster.local", "demo", sa);
     tls.connect(&id("client"), &id("echo"), addr.ip(), tcp)

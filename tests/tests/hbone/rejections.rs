@@ -45,7 +45,10 @@ pub(crate) fn real_ca(nodes: &TwoNodes) -> Arc<DevCa> {
 }
 
 pub(crate) fn hbone_addr(nodes: &TwoNodes, host: u8) -> SocketAddr {
-    SocketAddr::new(ip(nodes.octet, host), nodes.server.addrs.inbound.port())
+    SocketAddr::new(
+        ip(nodes.octet, host),
+        nodes.server.addrs.inbound.expect("node listeners").port(),
+    )
 }
 
 /// Polled until it reaches 1, so an absent series (before the first

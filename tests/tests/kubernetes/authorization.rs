@@ -70,7 +70,10 @@ async fn kubernetes_policies_are_converted_named_and_enforced_with_live_recheck(
         .await
         .unwrap();
     until_ready(&server).await;
-    let extra = format!("hbone:\n  port: {}\n", server.addrs.inbound.port());
+    let extra = format!(
+        "hbone:\n  port: {}\n",
+        server.addrs.inbound.expect("node listeners").port()
+    );
     let client = tidegate::app::build(config(dir.path(), "node-a", &api.url(), &extra))
         .await
         .unwrap();

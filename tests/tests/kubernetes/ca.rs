@@ -289,7 +289,7 @@ async fn gateways_with_certificates_from_tidegate_ca_carry_traffic_and_survive_r
         "node-a",
         &istio_ca(&ca1, &roots, &write(dir.path(), "tok-a", "tok-a")),
         &wl,
-        server.addrs.inbound.port(),
+        server.addrs.inbound.expect("node listeners").port(),
         "",
     ))
     .await

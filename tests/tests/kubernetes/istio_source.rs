@@ -186,7 +186,10 @@ async fn nodes(double: &XdsDouble, octet: u8, vip: IpAddr, echo: SocketAddr) -> 
         .await
         .unwrap();
     until_ready(&server).await;
-    let extra = format!("hbone:\n  port: {}\n", server.addrs.inbound.port());
+    let extra = format!(
+        "hbone:\n  port: {}\n",
+        server.addrs.inbound.expect("node listeners").port()
+    );
     let client = tidegate::app::build(config(dir.path(), "node-a", double, &extra))
         .await
         .unwrap();

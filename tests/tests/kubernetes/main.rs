@@ -149,7 +149,10 @@ async fn peers(api: &FakeApiServer, octet: u8, client_annotations: Value, echo_u
     client_pod["metadata"]["annotations"] = client_annotations;
     api.apply(Kind::Pod, client_pod);
     api.apply(Kind::Pod, pod("echo", echo_uid, "node-b", ip(octet, 2)));
-    let extra = format!("hbone:\n  port: {}\n", server.addrs.inbound.port());
+    let extra = format!(
+        "hbone:\n  port: {}\n",
+        server.addrs.inbound.expect("node listeners").port()
+    );
     let client = tidegate::app::build(config(dir.path(), "node-a", &api.url(), &extra))
         .await
         .unwrap();

@@ -321,6 +321,14 @@ async fn inpod_an_unmodified_client_reaches_a_pod_on_another_node_through_hbone(
     }
     let s = Scenario::start(0).await;
     s.enroll_both().await;
+    // In-pod mode: nothing of the data path listens in the gateways' own
+    // namespaces (as ztunnel); 15001 and 15008 are inside the pods.
+    for node in [&s.t.na, &s.t.nb] {
+        for port in [15001, 15006, 15008] {
+            assert_eq!(listeners(node, port), 0, "{port} in {node}");
+        }
+    }
+    assert_eq!(listeners(&s.t.pb, 15008), 1, "15008 in pod B");
     // 1 byte, 64 KiB and 4 MiB, byte-exact both ways, from a plain socket in pod A.
     for (len, seed) in [(1, 1), (64 << 10, 2), (4 << 20, 3)] {
         round_trip(&s.pa, s.server(), len, seed)
