@@ -12,11 +12,12 @@
 //! - `http.rs`: admin/metrics requests inside a node; `probes.rs`: the
 //!   pool, counter and drain watchers;
 //! - `scenario.rs`: one policy's run (setup, load, the row), its timelines
-//!   in `termination.rs` and `restart.rs`; `report.rs`: the table and the
+//!   in `termination.rs`, `crash.rs` and `restart.rs`; `report.rs`: the table and the
 //!   section of `docs/drain-lab.md`.
 
 pub mod app_server;
 pub mod cni;
+mod crash;
 pub mod gateway;
 pub mod http;
 pub mod load;

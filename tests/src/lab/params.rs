@@ -24,6 +24,10 @@ pub enum Scenario {
     GatewayRestart,
     /// Termination with the old pod's gateway SIGSTOPped during CNI DEL.
     CniHung,
+    /// The old pod's app is killed (SIGKILL: no SIGTERM, no termination
+    /// event) and the pod deleted 2 s later; the load goes through the
+    /// Service VIP in front of both server pods.
+    Crash,
 }
 
 impl Scenario {
@@ -33,6 +37,7 @@ impl Scenario {
             Scenario::IpReuse => "ip-reuse",
             Scenario::GatewayRestart => "gateway-restart",
             Scenario::CniHung => "cni-hung",
+            Scenario::Crash => "crash",
         }
     }
 }

@@ -124,12 +124,14 @@ impl Lab {
     async fn warm_up(&mut self, p: &Params) -> Result<(), LabError> {
         let old_ip = IpAddr::V4(self.topo.pod_ip(Pod::Old));
         self.watcher = Some(PoolWatcher::start(self.gw_a.admin.clone(), old_ip));
-        let load = Load::start(
-            &self.pa.handle,
-            vec![self.endpoint(Pod::Old), self.endpoint(Pod::Replacement)],
-            p.rate,
-            p.long_streams,
-        );
+        let endpoints = if p.scenario == Scenario::Crash {
+            // Through the Service: the client's gateway chooses the pod.
+            let vip = super::workloads::vip(&self.topo);
+            vec![("service", SocketAddr::new(IpAddr::V4(vip), APP_PORT))]
+        } else {
+            vec![self.endpoint(Pod::Old), self.endpoint(Pod::Replacement)]
+        };
+        let load = Load::start(&self.pa.handle, endpoints, p.rate, p.long_streams);
         let c = load.counts.clone();
         self.load = Some(load);
         let want_short = u64::from(p.rate / 2).max(5).min(u64::from(p.rate));
@@ -162,6 +164,7 @@ impl Lab {
         };
         let t = match p.scenario {
             Scenario::GatewayRestart => self.restart(p, &mut row).await?,
+            Scenario::Crash => self.crash(p, &mut row).await?,
             _ => self.terminate(p, &mut row).await?,
         };
         self.finish(p, &mut row, t).await?;

@@ -2,7 +2,8 @@
 //! (a pod is local where `node` names the gateway's node), rewritten
 //! atomically at each lifecycle step. A pod set `terminating` starts
 //! shutting down on its node and raises peer-terminating elsewhere; a pod
-//! removed from the files is deleted (peer-deleted elsewhere).
+//! removed from the files is deleted (peer-deleted elsewhere). The server
+//! pods are the endpoints of Service `lab/server` ([`Workloads::vip`]).
 
 use std::path::PathBuf;
 
@@ -12,6 +13,12 @@ use super::LabError;
 pub const OLD_UID: &str = "lab-server-old";
 pub const REPLACEMENT_UID: &str = "lab-server-new";
 pub const REUSE_UID: &str = "lab-server-reuse";
+
+/// The Service's VIP: `10.x.9.10`, routed like any address out of the
+/// client pod, so gateway A captures it.
+pub fn vip(t: &Topology) -> std::net::Ipv4Addr {
+    t.addr(9, 10)
+}
 
 /// The pods the files list, and where each is in its lifecycle.
 pub struct Workloads {
@@ -23,6 +30,7 @@ pub struct Workloads {
     replacement: String,
     old_state: OldState,
     reuse: bool,
+    vip: String,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -44,13 +52,14 @@ impl Workloads {
             replacement: t.pod_ip(Pod::Replacement).to_string(),
             old_state: OldState::Running,
             reuse: false,
+            vip: vip(t).to_string(),
         }
     }
 
     fn server(&self, uid: &str, name: &str, sa: &str, ip: &str, node: &str, extra: &str) -> String {
         format!(
             "- {{uid: {uid}, name: {name}, namespace: lab, service_account: {sa}, ips: [{ip}], \
-             node: {node}, labels: {{app: server}}, \
+             node: {node}, labels: {{app: server}}, services: [server], \
              annotations: {{tidegate.io/drain-policy: {}}}{extra}}}\n",
             self.policy
         )
@@ -87,6 +96,11 @@ impl Workloads {
         if self.reuse {
             s.push_str(&self.server(REUSE_UID, "server-reuse", "server", &self.old, "node-b", ""));
         }
+        s.push_str(&format!(
+            "services:\n- {{name: server, namespace: lab, vips: [{}], ports: [{{port: {p}, target_port: {p}}}]}}\n",
+            self.vip,
+            p = super::app_server::APP_PORT
+        ));
         s
     }
 
