@@ -29,6 +29,12 @@
 //!   with no policy plugin and once with the deploy config's six: failed
 //!   connections, the gap pod A saw, and from the old gateway's exit to
 //!   pod B served again — the plugins compile while pods are served.
+//! - **a node of N pods** (`-- --pods N`, that section alone, N ≤ 2,000):
+//!   N more pods enrolled on node B one after another: ADD p50/p99 and the
+//!   whole; RSS and descriptors per pod; this process's CPU and wake-ups
+//!   (context switches of every thread) over 10 s idle, before and after;
+//!   then node B's gateway stopped and a new one started: how long it took
+//!   to re-adopt every pod from the state directory.
 //!
 //! Every loop is bounded in count and time; the whole run takes about a
 //! minute. Needs root, `ip` and `iptables`; skipped with a note otherwise.
@@ -43,11 +49,17 @@ use tidegate_e2e::netns::{
     enter_netns, gateway_config, run, tool_missing, Gateway, NetnsGuard, NsThread, STEP,
 };
 
+/// Extra pods enrolled on node B (`-- --pods N` sets another number and
+/// runs the node-of-N-pods section alone).
 const PODS: usize = 100;
+/// The most `--pods` takes.
+const MAX_PODS: usize = 2_000;
 
 struct Net {
     tag: String,
     x: u8,
+    /// Extra pods on node B.
+    pods: usize,
 }
 
 impl Net {
@@ -62,9 +74,10 @@ impl Net {
     fn pod_ip(&self, pod: char) -> Ipv4Addr {
         self.ip(pod_subnet(pod), 2)
     }
-    /// Extra pod `i` on node B: 10.x.4.(10+i)/32 behind its own veth.
+    /// Extra pod `i` on node B: 10.x.(10+i/240).(10+i%240)/32 behind its
+    /// own veth.
     fn extra_ip(&self, i: usize) -> Ipv4Addr {
-        self.ip(4, 10 + i as u8)
+        self.ip(10 + (i / 240) as u8, 10 + (i % 240) as u8)
     }
 }
 
@@ -82,7 +95,7 @@ fn build(net: &Net) -> NetnsGuard {
     let (na, nb) = (net.ns("na"), net.ns("nb"));
     let mut all = vec![na.clone(), nb.clone()];
     all.extend("abcd".chars().map(|p| net.ns(&format!("p{p}"))));
-    all.extend((0..PODS).map(|i| net.ns(&format!("x{i}"))));
+    all.extend((0..net.pods).map(|i| net.ns(&format!("x{i}"))));
     for ns in &all {
         let _ = std::process::Command::new("ip")
             .args(["netns", "del", ns])
@@ -119,7 +132,7 @@ fn build(net: &Net) -> NetnsGuard {
             net.ip(s, 1)
         ));
     }
-    for i in 0..PODS {
+    for i in 0..net.pods {
         let ns = net.ns(&format!("x{i}"));
         veth(
             &nb,
@@ -185,7 +198,7 @@ fn workloads(net: &Net) -> String {
             net.pod_ip(pod)
         );
     }
-    for i in 0..PODS {
+    for i in 0..net.pods {
         y += &format!(
             "- {{uid: x{i}, name: x{i}, namespace: bench, service_account: x, ips: [{}], node: node-b}}\n",
             net.extra_ip(i)
@@ -229,6 +242,80 @@ async fn enroll(
         (started, Instant::now())
     })
     .await
+}
+
+/// Raises this process's open-file limit (soft and hard) to `n` — as root
+/// with CAP_SYS_RESOURCE; otherwise the soft limit to the hard one.
+fn raise_nofile(n: u64) {
+    let want = libc::rlimit {
+        rlim_cur: n,
+        rlim_max: n,
+    };
+    // SAFETY: setrlimit reads the `rlimit` passed by pointer.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) } != 0 {
+        eprintln!(
+            "cannot raise the open-file limit to {n}: {} (the hard limit stays)",
+            std::io::Error::last_os_error()
+        );
+        tidegate_e2e::raise_fd_limit();
+    }
+}
+
+/// The open-file limit in force.
+fn nofile() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the `rlimit` passed by pointer.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) };
+    r.rlim_cur
+}
+
+/// What this process does while nothing happens.
+struct Idle {
+    cpu_percent: f64,
+    wakeups_per_s: f64,
+}
+
+/// CPU time (user + system) and context switches (voluntary and not, every
+/// thread: each is a wake-up) of this process over `window`.
+async fn idle(window: Duration) -> Idle {
+    fn sample() -> (u64, u64) {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        // Fields after the command's closing parenthesis: utime is the 12th, stime the 13th.
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+        let mut switches = 0;
+        for t in std::fs::read_dir("/proc/self/task")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            switches += status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches"))
+                .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+                .sum::<u64>();
+        }
+        (ticks, switches)
+    }
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let (t0, s0) = sample();
+    tokio::time::sleep(window).await;
+    let (t1, s1) = sample();
+    let secs = window.as_secs_f64();
+    Idle {
+        cpu_percent: (t1 - t0) as f64 / hz / secs * 100.0,
+        // Less the two samples' own reads.
+        wakeups_per_s: s1.saturating_sub(s0) as f64 / secs,
+    }
 }
 
 /// The deploy config's six reference plugins (`policies:`).
@@ -396,11 +483,32 @@ fn main() -> anyhow::Result<()> {
 
 async fn bench() -> anyhow::Result<()> {
     let pid = std::process::id();
+    let args: Vec<String> = std::env::args().collect();
+    let many = args
+        .iter()
+        .position(|a| a == "--pods")
+        .map(|i| {
+            args.get(i + 1)
+                .and_then(|n| n.parse::<usize>().ok())
+                .filter(|n| (1..=MAX_PODS).contains(n))
+                .ok_or_else(|| anyhow::anyhow!("--pods takes a number from 1 to {MAX_PODS}"))
+        })
+        .transpose()?;
     let net = Net {
         tag: format!("bi{}", pid % 10_000),
         x: 200 + (pid % 40) as u8,
+        pods: many.unwrap_or(PODS),
     };
-    println!("in-pod benchmark: {} pods, namespaces {}*", PODS, net.tag);
+    if many.is_some() {
+        // Each pod holds eight descriptors and the pods' share is an eighth
+        // of the limit: raise it as a node's is (usually 1,048,576), where
+        // the process may.
+        raise_nofile(1 << 20);
+    }
+    println!(
+        "in-pod benchmark: {} pods, namespaces {}*",
+        net.pods, net.tag
+    );
     let guard = build(&net);
     let dir = tempfile::tempdir()?;
     std::fs::write(dir.path().join("workloads.yaml"), workloads(&net))?;
@@ -430,6 +538,72 @@ async fn bench() -> anyhow::Result<()> {
         |sh, node, uid: String, ns: String, ip| enroll(sh, &bin, dir.path(), node, uid, ns, ip);
     add(&sh_a, "node-a", "pa".into(), net.ns("pa"), net.pod_ip('a')).await;
     add(&sh_b, "node-b", "pb".into(), net.ns("pb"), net.pod_ip('b')).await;
+    if many.is_some() {
+        let mut gw_b = gw_b;
+        let n = net.pods;
+        let fds = || std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+        let (rss0, fds0) = (vm_rss_kib(), fds());
+        let idle0 = idle(Duration::from_secs(10)).await;
+        let mut add_ms = Vec::with_capacity(n);
+        let all = Instant::now();
+        for i in 0..n {
+            let (t0, t1) = add(
+                &sh_b,
+                "node-b",
+                format!("x{i}"),
+                net.ns(&format!("x{i}")),
+                net.extra_ip(i),
+            )
+            .await;
+            add_ms.push(t1.duration_since(t0));
+        }
+        let all = all.elapsed();
+        let (rss1, fds1) = (vm_rss_kib(), fds());
+        let m = gw_b.metrics().await;
+        let served = tidegate_e2e::metric(&m, "tidegate_inpod_pods");
+        let bound = tidegate_e2e::metric(&m, "tidegate_inpod_max_pods");
+        let idle1 = idle(Duration::from_secs(10)).await;
+        add_ms.sort();
+        println!(
+            "\na node of {n} pods (node B; both gateways in this process; open-file limit {}, so at most {bound} pods a gateway):",
+            nofile()
+        );
+        println!(
+            "  {served} pods served; tidegate-cni ADD → the pod's listeners up, one after another: p50 {:.1} ms, p99 {:.1} ms, all {n} in {:.1} s",
+            pct(&add_ms, 0.5) / 1e3,
+            pct(&add_ms, 0.99) / 1e3,
+            all.as_secs_f64()
+        );
+        println!(
+            "  per pod: RSS {:.1} KiB ({rss0} → {rss1} KiB), descriptors {:.2} ({fds0} → {fds1})",
+            rss1.saturating_sub(rss0) as f64 / n as f64,
+            fds1.saturating_sub(fds0) as f64 / n as f64
+        );
+        println!(
+            "  idle, 10 s: CPU {:.2} % → {:.2} % of a core, wake-ups {:.0}/s → {:.0}/s (2 pods → {} pods)",
+            idle0.cpu_percent,
+            idle1.cpu_percent,
+            idle0.wakeups_per_s,
+            idle1.wakeups_per_s,
+            n + 2
+        );
+        // Re-adoption: node B's gateway stops; a new one re-adopts every
+        // pod from the state directory before it returns.
+        drop(gw_b);
+        let t0 = Instant::now();
+        gw_b = Gateway::start("node-b", &net.ns("nb"), node("node-b")).await;
+        let readopted = t0.elapsed();
+        let served = tidegate_e2e::metric(&gw_b.metrics().await, "tidegate_inpod_pods");
+        println!(
+            "  restart: {served} pods re-adopted from the state directory in {:.0} ms ({:.2} ms a pod)",
+            readopted.as_secs_f64() * 1e3,
+            readopted.as_secs_f64() * 1e3 / served.max(1.0)
+        );
+        drop(pods);
+        drop((sh_a, sh_b, gw_a, gw_b));
+        drop(guard);
+        return Ok(());
+    }
     if std::env::args().any(|a| a == "--restart") {
         let dst = SocketAddr::new(net.pod_ip('b').into(), ECHO);
         println!("\nnode B's gateway stopped and started while pod A opens a connection to pod B every 10 ms:");
