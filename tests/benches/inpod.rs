@@ -538,6 +538,11 @@ async fn bench() -> anyhow::Result<()> {
         |sh, node, uid: String, ns: String, ip| enroll(sh, &bin, dir.path(), node, uid, ns, ip);
     add(&sh_a, "node-a", "pa".into(), net.ns("pa"), net.pod_ip('a')).await;
     add(&sh_b, "node-b", "pb".into(), net.ns("pb"), net.pod_ip('b')).await;
+    // Extra pod `i`, on node B.
+    let add_extra = |i: usize| {
+        let ns = net.ns(&format!("x{i}"));
+        add(&sh_b, "node-b", format!("x{i}"), ns, net.extra_ip(i))
+    };
     if many.is_some() {
         let mut gw_b = gw_b;
         let n = net.pods;
@@ -547,14 +552,7 @@ async fn bench() -> anyhow::Result<()> {
         let mut add_ms = Vec::with_capacity(n);
         let all = Instant::now();
         for i in 0..n {
-            let (t0, t1) = add(
-                &sh_b,
-                "node-b",
-                format!("x{i}"),
-                net.ns(&format!("x{i}")),
-                net.extra_ip(i),
-            )
-            .await;
+            let (t0, t1) = add_extra(i).await;
             add_ms.push(t1.duration_since(t0));
         }
         let all = all.elapsed();
@@ -706,15 +704,8 @@ async fn bench() -> anyhow::Result<()> {
     let (mut add_ms, mut proxied_ms) = (Vec::new(), Vec::new());
     let rss_start = vm_rss_kib();
     for i in 0..half {
+        let (t0, t1) = add_extra(i).await;
         let ns = net.ns(&format!("x{i}"));
-        let (t0, t1) = add(
-            &sh_b,
-            "node-b",
-            format!("x{i}"),
-            ns.clone(),
-            net.extra_ip(i),
-        )
-        .await;
         let t2 =
             first_round_trip(ns, dst, Duration::from_secs(10)).map_err(|e| anyhow::anyhow!(e))?;
         add_ms.push(t1.duration_since(t0));
@@ -722,14 +713,7 @@ async fn bench() -> anyhow::Result<()> {
     }
     let rss_mid = vm_rss_kib();
     for i in half..PODS {
-        let (t0, t1) = add(
-            &sh_b,
-            "node-b",
-            format!("x{i}"),
-            net.ns(&format!("x{i}")),
-            net.extra_ip(i),
-        )
-        .await;
+        let (t0, t1) = add_extra(i).await;
         add_ms.push(t1.duration_since(t0));
     }
     let rss_end = vm_rss_kib();

@@ -65,6 +65,25 @@ fn store(n: usize) -> Arc<WorkloadStore> {
     store
 }
 
+/// The workload file of the in-process runs: the client at .3 on node A,
+/// endpoints `e{i}` at .(10+i) on node B, Service `echo` at VIP .100.
+fn workloads(octet: u8, port: u16, endpoints: usize) -> String {
+    let mut y = format!(
+        "workloads:\n- {{uid: client-uid, name: client, namespace: demo, service_account: client, ips: [{}], node: node-a}}\n",
+        ip(octet, 3)
+    );
+    for i in 0..endpoints {
+        y += &format!(
+            "- {{uid: e{i}, name: e{i}, namespace: demo, service_account: echo, ips: [{}], node: node-b, services: [echo]}}\n",
+            ip(octet, 10 + i as u8)
+        );
+    }
+    y + &format!(
+        "services:\n- {{name: echo, namespace: demo, vips: [{}], ports: [{{port: 80, target_port: {port}}}]}}\n",
+        ip(octet, 100)
+    )
+}
+
 fn pick_ns(n: usize, choice: EndpointChoice) -> f64 {
     let mut registry = prometheus_client::registry::Registry::default();
     let ca = DevCa::new(Duration::from_secs(3600)).unwrap();
@@ -149,24 +168,14 @@ async fn balance(octet: u8, choice: &str) -> (f64, f64, f64, f64) {
     const CLIENTS: usize = 16;
     let delays = [Duration::ZERO, Duration::ZERO, Duration::from_millis(20)];
     let mut counts = Vec::new();
-    let mut yaml = format!(
-        "workloads:\n- {{uid: client-uid, name: client, namespace: demo, service_account: client, ips: [{}], node: node-a}}\n",
-        ip(octet, 3)
-    );
     let mut port = 0;
     for (i, delay) in delays.iter().enumerate() {
         let host = ip(octet, 10 + i as u8);
         let (addr, count) = counting_echo(SocketAddr::new(host, port), *delay).await;
         port = addr.port();
         counts.push(count);
-        yaml += &format!(
-            "- {{uid: e{i}, name: e{i}, namespace: demo, service_account: echo, ips: [{host}], node: node-b, services: [echo]}}\n"
-        );
     }
-    yaml += &format!(
-        "services:\n- {{name: echo, namespace: demo, vips: [{}], ports: [{{port: 80, target_port: {port}}}]}}\n",
-        ip(octet, 100)
-    );
+    let yaml = workloads(octet, port, delays.len());
     let nodes = TwoNodes::with(
         octet,
         Options {

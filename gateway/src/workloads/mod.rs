@@ -457,8 +457,11 @@ impl WorkloadStore {
     ) {
         let specs = {
             let mut removed = self.removed.locked();
-            if from_source {
-                removed.retain(|uid, _| specs.iter().any(|s| s.uid == *uid));
+            if from_source && !removed.is_empty() {
+                // One pass over the source's set, not one per removal.
+                let listed: std::collections::HashSet<&str> =
+                    specs.iter().map(|s| s.uid.as_str()).collect();
+                removed.retain(|uid, _| listed.contains(uid.as_str()));
             }
             if removed.is_empty() {
                 specs

@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tidegate_e2e::{ip, round_trip, write_atomically, Capture, Options, TwoNodes};
+
+use crate::workloads;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -46,23 +48,6 @@ async fn app(addr: SocketAddr) -> (SocketAddr, JoinHandle<()>) {
         }
     });
     (bound, task)
-}
-
-fn workloads(octet: u8, port: u16, endpoints: usize) -> String {
-    let mut y = format!(
-        "workloads:\n- {{uid: client-uid, name: client, namespace: demo, service_account: client, ips: [{}], node: node-a}}\n",
-        ip(octet, 3)
-    );
-    for i in 0..endpoints {
-        y += &format!(
-            "- {{uid: e{i}, name: e{i}, namespace: demo, service_account: echo, ips: [{}], node: node-b, services: [echo]}}\n",
-            ip(octet, 10 + i as u8)
-        );
-    }
-    y + &format!(
-        "services:\n- {{name: echo, namespace: demo, vips: [{}], ports: [{{port: 80, target_port: {port}}}]}}\n",
-        ip(octet, 100)
-    )
 }
 
 /// One run: three endpoints, e2 crashes after [`WARM`].

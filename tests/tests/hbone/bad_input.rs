@@ -43,7 +43,12 @@ async fn connects_to_the_gateways_own_ports_and_port_0_are_refused() {
     let echo_ip = ip(nodes.octet, 2);
     let a = &nodes.server.addrs;
     // The bound HBONE and metrics ports, the configured hbone.port, port 0.
-    for port in [a.inbound.port(), a.metrics.port(), 15008, 0] {
+    for port in [
+        a.inbound.expect("node listeners").port(),
+        a.metrics.port(),
+        15008,
+        0,
+    ] {
         let target = format!("{echo_ip}:{port}");
         let (status, reason) = request(&nodes, 2, "echo", connect(&target)).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{target}");

@@ -165,6 +165,21 @@ impl Svc {
         .await;
     }
 
+    /// Service `echo` as the client's `/config_dump` shows it.
+    async fn dumped_echo(&self) -> serde_json::Value {
+        let (status, body) =
+            tidegate_e2e::http_get(self.nodes.client.addrs.admin, "/config_dump").await;
+        assert_eq!(status, 200);
+        let dump: serde_json::Value = serde_json::from_str(&body).unwrap();
+        dump["services"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "echo")
+            .expect("Service echo in /config_dump")
+            .clone()
+    }
+
     fn client_metric(&self, series: &str) -> f64 {
         metric_or_zero(&self.nodes.client.metrics_text(), series)
     }
@@ -211,15 +226,7 @@ async fn a_vip_spreads_over_ready_endpoints_and_never_picks_a_terminating_one() 
     assert_eq!((0..3).map(|i| s.count(i)).sum::<usize>(), before + 30);
     assert!(s.client_metric(&choices("terminating_fallback")) >= 30.0);
     // /config_dump shows each endpoint and why it is skipped.
-    let (status, body) = tidegate_e2e::http_get(s.nodes.client.addrs.admin, "/config_dump").await;
-    assert_eq!(status, 200);
-    let dump: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let echo = dump["services"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == "echo")
-        .expect("Service echo in /config_dump");
+    let echo = s.dumped_echo().await;
     let endpoints = echo["endpoints"].as_array().unwrap();
     assert_eq!(endpoints.len(), 3, "{echo}");
     assert!(
@@ -571,15 +578,7 @@ async fn an_endpoint_whose_connects_are_refused_is_passed_over_from_the_first_re
     }
     assert_eq!(s.client_metric(refusals), 1.0, "a CONNECT went to e3 again");
     assert!(s.client_metric(r#"tidegate_service_endpoint_skips_total{reason="failing"}"#) > 0.0);
-    let (status, body) = tidegate_e2e::http_get(s.nodes.client.addrs.admin, "/config_dump").await;
-    assert_eq!(status, 200);
-    let dump: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let echo = dump["services"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == "echo")
-        .expect("Service echo in /config_dump");
+    let echo = s.dumped_echo().await;
     let skipped: Vec<(&str, &serde_json::Value)> = echo["endpoints"]
         .as_array()
         .unwrap()
