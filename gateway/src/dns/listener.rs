@@ -146,40 +146,63 @@ impl PodDns {
     /// Serves `socket` until `stop`.
     pub async fn serve_udp(self: Arc<Self>, socket: UdpSocket, mut stop: ShutdownWatch) {
         let socket = Arc::new(socket);
-        let mut buf = vec![0u8; 65_535];
         loop {
-            let (n, from) = tokio::select! {
+            tokio::select! {
                 _ = stop.signaled() => return,
-                r = socket.recv_from(&mut buf) => match r {
+                r = socket.readable() => if let Err(e) = r {
+                    debug!(pod = %self.uid, error = %e, "DNS: 15053/udp not readable");
+                    continue;
+                },
+            }
+            // Room for the largest datagram only while datagrams wait: an
+            // idle pod holds no buffer (one of 64 KiB a listener was most
+            // of an idle pod's memory); never zeroed, the kernel writes
+            // what arrives.
+            let mut buf: Vec<u8> = Vec::with_capacity(65_535);
+            loop {
+                buf.clear();
+                let (n, from) = match socket.try_recv_buf_from(&mut buf) {
                     Ok(r) => r,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                     Err(e) => {
-                        // An ICMP error for an earlier reply, a full buffer:
-                        // the next datagram is read as usual.
+                        // An ICMP error for an earlier reply: the next
+                        // datagram is read as usual.
                         debug!(pod = %self.uid, error = %e, "DNS: receive on 15053/udp");
                         continue;
                     }
-                },
-            };
-            match self.start(&buf[..n], Transport::Udp) {
-                Step::Done(None) => {}
-                Step::Done(Some(reply)) => {
-                    let _ = socket.try_send_to(&reply, from);
-                }
-                Step::Forward(f, permits) => {
-                    let (me, socket, mut stop) = (self.clone(), socket.clone(), stop.clone());
-                    let span = self.span(&f, Transport::Udp);
-                    tokio::spawn(
-                        async move {
-                            tokio::select! {
-                                _ = stop.signaled() => {}
-                                reply = me.finish(f, permits, Transport::Udp) => {
-                                    let _ = socket.send_to(&reply, from).await;
-                                }
+                };
+                self.udp_query(&socket, &buf[..n], from, &stop);
+            }
+        }
+    }
+
+    /// One datagram: answered at once, or forwarded on a task of its own.
+    fn udp_query(
+        self: &Arc<Self>,
+        socket: &Arc<UdpSocket>,
+        bytes: &[u8],
+        from: std::net::SocketAddr,
+        stop: &ShutdownWatch,
+    ) {
+        match self.start(bytes, Transport::Udp) {
+            Step::Done(None) => {}
+            Step::Done(Some(reply)) => {
+                let _ = socket.try_send_to(&reply, from);
+            }
+            Step::Forward(f, permits) => {
+                let (me, socket, mut stop) = (self.clone(), socket.clone(), stop.clone());
+                let span = self.span(&f, Transport::Udp);
+                tokio::spawn(
+                    async move {
+                        tokio::select! {
+                            _ = stop.signaled() => {}
+                            reply = me.finish(f, permits, Transport::Udp) => {
+                                let _ = socket.send_to(&reply, from).await;
                             }
                         }
-                        .instrument(span),
-                    );
-                }
+                    }
+                    .instrument(span),
+                );
             }
         }
     }
