@@ -41,9 +41,9 @@ impl DrainEngine {
             let known = snapshot
                 .by_uid(&f.key.dst_uid)
                 .or_else(|| snapshot.by_ip(f.key.dst_addr.ip()));
-            let peer = known.map(|p| super::peer_book::peer_info(p, &f.key.dst_addr.to_string()));
+            let peer = known.map(|p| super::peer_book::peer_info(p, &f.addr.to_string()));
             let event = sdk::Event::ConnectFailing(sdk::ConnectFailing {
-                destination: f.key.dst_addr.to_string(),
+                destination: f.addr.to_string(),
                 peer,
                 consecutive_failures: f.consecutive,
                 last_error: f.last_error.clone(),
@@ -54,13 +54,13 @@ impl DrainEngine {
             let executed = self.execute(&source, &decision.actions, Instant::now());
             if !executed.descriptions.is_empty() {
                 info!(
-                    destination = %f.key.dst_addr,
+                    destination = %f.addr,
                     consecutive = f.consecutive,
                     policy = %decision.policy,
                     actions = ?executed.descriptions,
                     "connect-failing decision"
                 );
-                let key = known.map_or_else(|| f.key.dst_addr.to_string(), |p| p.uid().to_owned());
+                let key = known.map_or_else(|| f.addr.to_string(), |p| p.uid().to_owned());
                 self.book.locked().peers.record(
                     &key,
                     known.map(|p| &**p),

@@ -91,13 +91,22 @@ pub struct Skips {
     pub failing: Duration,
 }
 
+/// Where an endpoint's connects can fail: its gateway (`ip:15008`, the
+/// dial) and its application (`ip:targetPort`, the CONNECT).
+fn addrs(e: &Endpoint, hbone_port: u16) -> [SocketAddr; 2] {
+    [
+        SocketAddr::new(e.ip, hbone_port),
+        SocketAddr::new(e.ip, e.target_port),
+    ]
+}
+
 /// Why an endpoint is not chosen now.
 fn skip_reason(e: &Endpoint, pool: &Pool, hbone_port: u16, skips: Skips) -> Option<&'static str> {
     if !e.conditions.ready {
         return Some("not_ready");
     }
-    let addr = SocketAddr::new(e.ip, hbone_port);
-    pool.passed_over(e.workload.uid(), addr, skips.goaway, skips.failing)
+    let addrs = addrs(e, hbone_port);
+    pool.passed_over(e.workload.uid(), addrs, skips.goaway, skips.failing)
 }
 
 /// The endpoint choice, shared by every outbound listener.
@@ -195,11 +204,10 @@ impl EndpointPicker {
                 .filter(|e| e.conditions.serving && e.conditions.terminating)
                 .filter(|e| {
                     // A GOAWAY is what terminating endpoints send: not a skip here.
-                    let addr = SocketAddr::new(e.ip, self.hbone_port);
-                    let uid = e.workload.uid();
-                    let failing = self.skips.failing;
+                    let (uid, failing) = (e.workload.uid(), self.skips.failing);
+                    let addrs = addrs(e, self.hbone_port);
                     self.pool
-                        .passed_over(uid, addr, Duration::ZERO, failing)
+                        .passed_over(uid, addrs, Duration::ZERO, failing)
                         .is_none()
                 })
                 .collect();
@@ -240,7 +248,10 @@ impl EndpointPicker {
     /// recent failures in a row) for its capacity.
     fn lighter<'s>(&self, a: &'s Endpoint, b: &'s Endpoint) -> &'s Endpoint {
         let recent = self.skips.failing.max(RECENT_FAILURE);
-        let load = |e: &Endpoint| self.pool.load_of(e.workload.uid(), recent);
+        let load = |e: &Endpoint| {
+            let addrs = addrs(e, self.hbone_port);
+            self.pool.load_of(e.workload.uid(), addrs, recent)
+        };
         // load(b) / cap(b) < load(a) / cap(a), without dividing.
         if load(b) * u64::from(a.capacity) < load(a) * u64::from(b.capacity) {
             b

@@ -34,6 +34,10 @@ struct Failing {
 #[derive(Clone, Debug)]
 pub struct ConnectFailure {
     pub key: PoolKey,
+    /// What failed: the HBONE address (`key.dst_addr`) for a dial, the
+    /// application's address (the CONNECT authority) for a refused CONNECT
+    /// — the destination a policy's backoff names.
+    pub addr: SocketAddr,
     pub consecutive: u32,
     pub failing_for: Duration,
     pub last_error: String,
@@ -83,9 +87,11 @@ pub(super) struct Book {
     goaway_seen: HashMap<String, Instant>,
     /// Destination uid → open streams over all its tunnels.
     by_workload: HashMap<String, Arc<AtomicUsize>>,
-    /// Destination workloads (uid) whose last connect failed — a dial, or
-    /// a CONNECT its gateway refused — until one succeeds.
-    failing: HashMap<String, Failing>,
+    /// Destination workloads whose last connect failed, by (uid, what
+    /// failed: the HBONE address for a dial, the application's address for
+    /// a CONNECT its gateway refused), until one succeeds. By address, so
+    /// one dead port of a pod does not take its others out.
+    failing: HashMap<String, Vec<(SocketAddr, Failing)>>,
 }
 
 impl Book {
@@ -111,24 +117,72 @@ impl Book {
     /// counter, with the new tunnel's first stream counted.
     pub(super) fn opened(&mut self, key: &PoolKey) -> Arc<AtomicUsize> {
         self.dests.remove(&key.dst_addr);
+        self.forget_failing(&key.dst_uid, &[key.dst_addr]);
         self.goaway_seen.remove(&key.dst_uid);
         let streams = self.by_workload.entry(key.dst_uid.clone()).or_default();
         streams.fetch_add(1, Ordering::AcqRel);
         streams.clone()
     }
 
-    /// How much longer workload `uid` is skipped for failing: its last
-    /// failure plus `base` doubled for each failure in a row after the
-    /// first (at most 16 × `base`).
-    pub(super) fn failing_for(&self, uid: &str, base: Duration) -> Option<Duration> {
-        let f = self.failing.get(uid)?;
-        let window = base * (1 << (f.consecutive - 1).min(MAX_FAILING_DOUBLINGS));
-        (f.last + window).checked_duration_since(Instant::now())
+    /// The failing records of workload `uid` at any of `addrs` (its HBONE
+    /// address, the application's).
+    fn failing_at<'a>(
+        &'a self,
+        uid: &str,
+        addrs: &'a [SocketAddr],
+    ) -> impl Iterator<Item = &'a Failing> + 'a {
+        self.failing
+            .get(uid)
+            .into_iter()
+            .flatten()
+            .filter(|(a, _)| addrs.contains(a))
+            .map(|(_, f)| f)
     }
 
-    /// Failures in a row of workload `uid` (0: its last connect worked).
-    pub(super) fn failures_of(&self, uid: &str) -> u32 {
-        self.failing.get(uid).map_or(0, |f| f.consecutive)
+    /// Workload `uid` is no longer failing at `addrs`; returns those it was
+    /// failing at.
+    fn forget_failing(&mut self, uid: &str, addrs: &[SocketAddr]) -> Vec<SocketAddr> {
+        let Some(at) = self.failing.get_mut(uid) else {
+            return Vec::new();
+        };
+        let mut forgotten = Vec::new();
+        at.retain(|(a, _)| {
+            let keep = !addrs.contains(a);
+            if !keep {
+                forgotten.push(*a);
+            }
+            keep
+        });
+        if at.is_empty() {
+            self.failing.remove(uid);
+        }
+        forgotten
+    }
+
+    /// How much longer workload `uid` is skipped for failing at one of
+    /// `addrs`: the last failure plus `base` doubled for each failure in a
+    /// row after the first (at most 16 × `base`).
+    pub(super) fn failing_for(
+        &self,
+        uid: &str,
+        addrs: &[SocketAddr],
+        base: Duration,
+    ) -> Option<Duration> {
+        let now = Instant::now();
+        self.failing_at(uid, addrs)
+            .filter_map(|f| {
+                let window = base * (1 << (f.consecutive - 1).min(MAX_FAILING_DOUBLINGS));
+                (f.last + window).checked_duration_since(now)
+            })
+            .max()
+    }
+
+    /// Failures in a row of workload `uid` at one of `addrs` (0: none).
+    pub(super) fn failures_of(&self, uid: &str, addrs: &[SocketAddr]) -> u32 {
+        self.failing_at(uid, addrs)
+            .map(|f| f.consecutive)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Whether some workload is failing now (a connect's success need not
@@ -137,29 +191,36 @@ impl Book {
         !self.failing.is_empty()
     }
 
-    /// A CONNECT to `key` succeeded: its workload is no longer failing,
-    /// and its address's failures in a row start over.
-    pub(super) fn connect_succeeded(&mut self, key: &PoolKey) {
-        if self.failing.remove(&key.dst_uid).is_some() {
-            self.dests.remove(&key.dst_addr);
+    /// A CONNECT to `authority` through `key` succeeded: the workload is
+    /// no longer failing there nor at its HBONE address, and their failures
+    /// in a row start over.
+    pub(super) fn connect_succeeded(&mut self, key: &PoolKey, authority: SocketAddr) {
+        for addr in self.forget_failing(&key.dst_uid, &[key.dst_addr, authority]) {
+            self.dests.remove(&addr);
         }
     }
 
-    /// A connect to `key` failed (its dial, or the CONNECT its gateway
-    /// refused): counts it, marks its workload failing, waits longer under
-    /// a backoff, and reports it to the drain engine.
-    pub(super) fn connect_failed(&mut self, key: &PoolKey, error: &str) {
+    /// A connect through `key` failed at `at` (the HBONE address: its dial;
+    /// the application's address: the CONNECT its gateway refused): counts
+    /// it, marks the workload failing there, waits longer under a backoff,
+    /// and reports it to the drain engine.
+    pub(super) fn connect_failed(&mut self, key: &PoolKey, at: SocketAddr, error: &str) {
         let now = Instant::now();
-        let f = self.failing.entry(key.dst_uid.clone()).or_insert(Failing {
-            last: now,
-            consecutive: 0,
-        });
+        let by_addr = self.failing.entry(key.dst_uid.clone()).or_default();
+        let f = match by_addr.iter_mut().position(|(a, _)| *a == at) {
+            Some(i) => &mut by_addr[i].1,
+            None => {
+                let fresh = Failing {
+                    last: now,
+                    consecutive: 0,
+                };
+                by_addr.push((at, fresh));
+                &mut by_addr.last_mut().expect("just pushed").1
+            }
+        };
         f.last = now;
         f.consecutive = f.consecutive.saturating_add(1);
-        let d = self
-            .dests
-            .entry(key.dst_addr)
-            .or_insert_with(|| DestState::new(now));
+        let d = self.dests.entry(at).or_insert_with(|| DestState::new(now));
         d.consecutive += 1;
         if let Some(b) = d.backoff {
             // Still failing under backoff: wait longer before the next try.
@@ -168,6 +229,7 @@ impl Book {
         }
         let report = ConnectFailure {
             key: key.clone(),
+            addr: at,
             consecutive: d.consecutive,
             failing_for: now.duration_since(d.first_failure),
             last_error: error.to_owned(),
@@ -201,7 +263,10 @@ impl Book {
             .retain(|_, c| Arc::strong_count(c) > 1 || c.load(Ordering::Acquire) > 0);
         self.goaway_seen
             .retain(|_, at| at.elapsed() < GOAWAY_MEMORY);
-        self.failing.retain(|_, f| f.last.elapsed() < GOAWAY_MEMORY);
+        self.failing.retain(|_, at| {
+            at.retain(|(_, f)| f.last.elapsed() < GOAWAY_MEMORY);
+            !at.is_empty()
+        });
     }
 }
 
@@ -251,31 +316,53 @@ mod tests {
             ..Book::default()
         };
         let base = Duration::from_secs(5);
-        assert_eq!(book.failing_for("e", base), None);
-        book.connect_failed(&key("e"), "CONNECT 10.0.0.1:80: peer answered 503");
-        assert!(about(book.failing_for("e", base), base));
-        assert_eq!(book.failures_of("e"), 1);
-        // Reported to the drain engine as the policy's connect-failing event.
+        let k = key("e");
+        let (hbone, app, other_port): (SocketAddr, SocketAddr, SocketAddr) = (
+            k.dst_addr,
+            "10.0.0.1:80".parse().unwrap(),
+            "10.0.0.1:9090".parse().unwrap(),
+        );
+        assert_eq!(book.failing_for("e", &[hbone, app], base), None);
+        book.connect_failed(&k, app, "CONNECT 10.0.0.1:80: peer answered 503");
+        assert!(about(book.failing_for("e", &[hbone, app], base), base));
+        assert_eq!(book.failures_of("e", &[hbone, app]), 1);
+        // Its other ports are not failing: one dead port leaves the rest.
+        assert_eq!(book.failing_for("e", &[hbone, other_port], base), None);
+        // Reported to the drain engine as the policy's connect-failing
+        // event, naming the application's address.
         let r = reports.try_recv().unwrap();
-        assert_eq!((r.consecutive, r.key.dst_uid.as_str()), (1, "e"));
+        assert_eq!(
+            (r.consecutive, r.key.dst_uid.as_str(), r.addr),
+            (1, "e", app)
+        );
         assert!(r.last_error.contains("503"));
         // The window ends; the probe fails: twice as long, and so on up to 16 ×.
         for (n, window) in [(2, 10), (3, 20), (4, 40), (5, 80), (6, 80)] {
             // The last failure 100 s ago: past any window.
-            let f = book.failing.get_mut("e").unwrap();
+            let f = &mut book.failing.get_mut("e").unwrap()[0].1;
             f.last = f.last.checked_sub(Duration::from_secs(100)).unwrap();
-            assert_eq!(book.failing_for("e", base), None, "after the window");
-            book.connect_failed(&key("e"), "reset");
-            assert_eq!(book.failures_of("e"), n);
+            assert_eq!(
+                book.failing_for("e", &[app], base),
+                None,
+                "after the window"
+            );
+            book.connect_failed(&k, app, "reset");
+            assert_eq!(book.failures_of("e", &[app]), n);
             let window = Duration::from_secs(window);
-            assert!(about(book.failing_for("e", base), window), "{n}");
+            assert!(about(book.failing_for("e", &[app], base), window), "{n}");
         }
-        // Others are not failing; a success ends it at once.
-        assert_eq!(book.failing_for("other", base), None);
+        // A failed dial marks the HBONE address: every port of the pod.
+        book.connect_failed(&k, hbone, "connection refused");
+        assert!(book.failing_for("e", &[hbone, other_port], base).is_some());
+        // Others are not failing; a CONNECT that works ends both at once.
+        assert_eq!(book.failing_for("other", &[hbone, app], base), None);
         assert!(book.any_failing());
-        book.connect_succeeded(&key("e"));
+        book.connect_succeeded(&k, app);
         assert_eq!(
-            (book.failing_for("e", base), book.failures_of("e")),
+            (
+                book.failing_for("e", &[hbone, app], base),
+                book.failures_of("e", &[hbone, app])
+            ),
             (None, 0)
         );
         assert!(!book.any_failing());

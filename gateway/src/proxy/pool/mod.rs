@@ -162,17 +162,19 @@ impl Pool {
         self.book.locked().backing_off(addr).is_some()
     }
 
-    /// Why a new connection should pass over workload `uid` at `addr`
-    /// now, if it should (one look under the book's lock):
+    /// Why a new connection should pass over workload `uid` — its gateway
+    /// at `addrs[0]` (`ip:15008`), its application at `addrs[1]` — now, if
+    /// it should (one look under the book's lock):
     /// - `goaway_received`: a tunnel to it received GOAWAY within
     ///   `goaway_skip` (0: never);
-    /// - `connect_backoff`: a policy's connect-failing backoff runs for it;
-    /// - `failing`: a connect to it failed within `failing_skip`, doubled
-    ///   for each failure in a row (0: never).
+    /// - `connect_backoff`: a policy's connect-failing backoff runs for
+    ///   either address;
+    /// - `failing`: a connect failed at either within `failing_skip`,
+    ///   doubled for each failure in a row (0: never).
     pub fn passed_over(
         &self,
         uid: &str,
-        addr: SocketAddr,
+        addrs: [SocketAddr; 2],
         goaway_skip: Duration,
         failing_skip: Duration,
     ) -> Option<&'static str> {
@@ -180,19 +182,19 @@ impl Pool {
         if !goaway_skip.is_zero() && book.goaway_within(uid, goaway_skip).is_some() {
             return Some("goaway_received");
         }
-        if book.backing_off(addr).is_some() {
+        if addrs.iter().any(|a| book.backing_off(*a).is_some()) {
             return Some("connect_backoff");
         }
-        if !failing_skip.is_zero() && book.failing_for(uid, failing_skip).is_some() {
+        if !failing_skip.is_zero() && book.failing_for(uid, &addrs, failing_skip).is_some() {
             return Some("failing");
         }
         None
     }
 
-    /// A connect to `key` failed: its workload is failing.
-    fn failed(&self, key: &PoolKey, error: &str) {
+    /// A connect through `key` failed at `at`: its workload is failing there.
+    fn failed(&self, key: &PoolKey, at: SocketAddr, error: &str) {
         let mut book = self.book.locked();
-        book.connect_failed(key, error);
+        book.connect_failed(key, at, error);
         self.any_failing.store(true, Ordering::Release);
     }
 
@@ -201,10 +203,10 @@ impl Pool {
     /// failure is recent (within `recent`, doubled per failure as the
     /// failing skip is) — so a workload that refuses at once, and so holds
     /// no stream, never looks the least loaded.
-    pub fn load_of(&self, uid: &str, recent: Duration) -> u64 {
+    pub fn load_of(&self, uid: &str, addrs: [SocketAddr; 2], recent: Duration) -> u64 {
         let book = self.book.locked();
-        let failures = match book.failing_for(uid, recent) {
-            Some(_) => book.failures_of(uid),
+        let failures = match book.failing_for(uid, &addrs, recent) {
+            Some(_) => book.failures_of(uid, &addrs),
             None => 0,
         };
         book.open_streams_to(uid) as u64 + u64::from(failures)
@@ -234,11 +236,18 @@ impl Pool {
         origin: &Origin,
         baggage: Option<HeaderValue>,
     ) -> Result<PooledStream, PoolError> {
-        let backing_off = self.book.locked().backing_off(key.dst_addr);
-        if let Some(remaining) = backing_off {
+        // A backoff on the pod's HBONE address (its dials failed) or on
+        // the application's (its CONNECTs were refused).
+        let backing_off = {
+            let book = self.book.locked();
+            [key.dst_addr, authority]
+                .into_iter()
+                .find_map(|a| Some((a, book.backing_off(a)?)))
+        };
+        if let Some((addr, remaining)) = backing_off {
             self.metrics.fast_failed.inc();
             return Err(PoolError::BackingOff {
-                addr: key.dst_addr,
+                addr,
                 remaining_ms: remaining.as_millis() as u64,
             });
         }
@@ -263,7 +272,7 @@ impl Pool {
                     // The book's lock only while some workload is failing.
                     if self.any_failing.load(Ordering::Acquire) {
                         let mut book = self.book.locked();
-                        book.connect_succeeded(key);
+                        book.connect_succeeded(key, authority);
                         self.any_failing
                             .store(book.any_failing(), Ordering::Release);
                     }
@@ -282,7 +291,7 @@ impl Pool {
                             })
                             .inc();
                         let error = format!("CONNECT {authority}: {source}");
-                        self.failed(key, &error);
+                        self.failed(key, authority, &error);
                     }
                     return Err(PoolError::Stream {
                         addr: key.dst_addr,
@@ -331,7 +340,7 @@ impl Pool {
                     reason: source.reason(),
                 })
                 .inc();
-            self.failed(key, &source.to_string());
+            self.failed(key, key.dst_addr, &source.to_string());
             PoolError::Dial {
                 addr: key.dst_addr,
                 source,
