@@ -27,6 +27,11 @@
 //!   skip: the baseline from the same run). `-- --crash` runs this
 //!   section alone (the others leave tens of thousands of TIME_WAIT
 //!   sockets behind).
+//! - **A termination signal → the last new connection to that pod**
+//!   (`services/signal.rs`, `-- --signal` alone): the client's discovery
+//!   marks one of three endpoints terminating under a new connection every
+//!   5 ms, 20 times; from the store's publish to the last connection its
+//!   application accepted.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -43,6 +48,8 @@ use tokio::io::AsyncWriteExt;
 
 #[path = "services/crash.rs"]
 mod crash;
+#[path = "services/signal.rs"]
+mod signal;
 
 const PICK_TIME: Duration = Duration::from_secs(1);
 const CONN_TIME: Duration = Duration::from_secs(3);
@@ -222,6 +229,18 @@ async fn balance(octet: u8, choice: &str) -> (f64, f64, f64, f64) {
     (slow, at(0.5), at(0.99), rate)
 }
 
+/// The termination-signal section.
+async fn signals() {
+    const ROUNDS: usize = 20;
+    let (lags, accepted) = signal::run(220, ROUNDS).await;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "\na termination signal ({ROUNDS} times, a new connection every 5 ms): from the store's publish to the last connection the endpoint accepted: p50 {:.2} ms, max (p99 of {ROUNDS}) {:.2} ms; it accepted {accepted} connections while running",
+        ms(lags[ROUNDS / 2]),
+        ms(lags[ROUNDS - 1])
+    );
+}
+
 /// The crashed-endpoint section.
 async fn crashes() {
     println!(
@@ -253,6 +272,11 @@ fn main() -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    if std::env::args().any(|a| a == "--signal") {
+        println!("Services benchmark: a termination signal");
+        rt.block_on(signals());
+        return Ok(());
+    }
     if std::env::args().any(|a| a == "--crash") {
         println!("Services benchmark: a crashed endpoint");
         rt.block_on(crashes());
@@ -268,6 +292,7 @@ fn main() -> anyhow::Result<()> {
         );
     }
     rt.block_on(async {
+        signals().await;
         crashes().await;
         println!(
             "\nbalance: 3 endpoints, one answering 20 ms late; 16 clients, a new connection and one 1 KiB round trip each, {CONN_TIME:?} per choice:"
