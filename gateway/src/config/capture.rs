@@ -79,3 +79,24 @@ pub const DEFAULT_MAX_PODS: u32 = 1_000;
 
 /// The largest `capture.max_pods`.
 pub const MAX_PODS_LIMIT: u64 = 100_000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_pod_mode_binds_no_node_listeners_unless_asked() {
+        let node = CaptureConfig::default();
+        assert!(node.binds_node_listeners(), "node mode always listens");
+        let inpod = CaptureConfig {
+            mode: CaptureMode::Inpod,
+            ..CaptureConfig::default()
+        };
+        assert!(!inpod.binds_node_listeners());
+        let mixed = CaptureConfig {
+            node_listeners: true,
+            ..inpod
+        };
+        assert!(mixed.binds_node_listeners());
+    }
+}
