@@ -66,6 +66,11 @@ pub(super) fn encode_workload(w: Workload) -> bytes::Bytes {
 }
 
 fn service(vip: IpAddr, target: u16) -> bytes::Bytes {
+    service_with_sans(vip, target, &[])
+}
+
+/// [`service`] with these `subject_alt_names`.
+fn service_with_sans(vip: IpAddr, target: u16, sans: &[&str]) -> bytes::Bytes {
     Address {
         r#type: Some(address::Type::Service(Service {
             name: "echo".into(),
@@ -81,6 +86,7 @@ fn service(vip: IpAddr, target: u16) -> bytes::Bytes {
                 target_port: u32::from(target),
                 app_protocol: 0,
             }],
+            subject_alt_names: sans.iter().map(|s| s.to_string()).collect(),
             ..Default::default()
         })),
     }
@@ -369,4 +375,88 @@ async fn istiods_workloads_services_and_policies_route_refuse_and_survive_a_rest
     );
     n.client.shutdown().await;
     n.server.shutdown().await;
+}
+
+/// istiod's Service `subject_alt_names`: the endpoint presents an identity
+/// its workload does not say — the client's istiod has the echo workload
+/// run as `echo`, the server's as `echo-v2` (the certificate it presents)
+/// — so its tunnel is refused as `unexpected_identity`, until the Service
+/// names `echo-v2` among its SANs: then the same endpoint is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_services_subject_alt_names_are_accepted_as_its_endpoints_identity() {
+    init_tracing();
+    let octet = 142;
+    let vip: IpAddr = format!("10.96.{octet}.1").parse().unwrap();
+    let echo = echo_server(ip(octet, 2)).await;
+    let (to_server, to_client) = (XdsDouble::start().await, XdsDouble::start().await);
+    let ports: BTreeMap<String, PortList> = [(
+        format!("demo/{HOST}"),
+        PortList {
+            ports: vec![Port {
+                service_port: 80,
+                target_port: u32::from(echo.port()),
+                app_protocol: 0,
+            }],
+        },
+    )]
+    .into();
+    let mut as_v2 = workload("echo", "node-b", ip(octet, 2), ports.clone());
+    as_v2.service_account = "echo-v2".into();
+    let as_echo = workload("echo", "node-b", ip(octet, 2), ports);
+    for (double, echo_workload) in [(&to_server, as_v2), (&to_client, as_echo)] {
+        let client = workload("client", "node-a", ip(octet, 3), BTreeMap::new());
+        double.set_quietly(ADDRESS, &uid("client"), encode_workload(client));
+        double.set_quietly(ADDRESS, &uid("echo"), encode_workload(echo_workload));
+        double.set_quietly(ADDRESS, &format!("demo/{HOST}"), service(vip, 0));
+    }
+    // One development CA for both (each gateway's directory has its own
+    // istiod root and token).
+    let (server_dir, client_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    std::os::unix::fs::symlink(server_dir.path().join("ca"), client_dir.path().join("ca")).unwrap();
+    let server = tidegate::app::build(config(server_dir.path(), "node-b", &to_server, ""))
+        .await
+        .unwrap();
+    until_ready(&server).await;
+    let port = server.addrs.inbound.expect("node listeners").port();
+    let extra = format!("hbone:\n  port: {port}\n");
+    let client = tidegate::app::build(config(client_dir.path(), "node-a", &to_client, &extra))
+        .await
+        .unwrap();
+    until_ready(&client).await;
+    let capture = Capture::start(client.outbound.clone(), SocketAddr::new(vip, 80)).await;
+    let answers = || async {
+        let mut conn = capture.connect(ip(octet, 3)).await;
+        matches!(round_trip(&mut conn, b"ping").await, Ok(b) if b == b"ping")
+    };
+    let unexpected = r#"tidegate_tls_handshake_failures_total{direction="outbound",reason="unexpected_identity"}"#;
+
+    assert!(!answers().await, "echo-v2 is not who the client expects");
+    assert!(metric_or_zero(&client.metrics_text(), unexpected) >= 1.0);
+
+    let v2 = "spiffe://cluster.local/ns/demo/sa/echo-v2";
+    let with_sans = service_with_sans(vip, 0, &[v2, "not a SPIFFE id"]);
+    let nonce = to_client
+        .set(ADDRESS, &format!("demo/{HOST}"), with_sans)
+        .expect("subscribed");
+    let r = tokio::time::timeout(WAIT, to_client.reply(&nonce))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.nack, None,
+        "a SAN that is no SPIFFE id is ignored, not refused"
+    );
+    eventually("the Service's SANs applied", WAIT, || {
+        let snap = client.workloads.snapshot();
+        snap.service_by_vip(vip, 80)
+            .is_some_and(|s| s.spec.subject_alt_names.len() == 1)
+    })
+    .await;
+    let refused = metric_or_zero(&client.metrics_text(), unexpected);
+    for _ in 0..3 {
+        assert!(
+            answers().await,
+            "echo-v2 is one of the Service's identities"
+        );
+    }
+    assert_eq!(metric_or_zero(&client.metrics_text(), unexpected), refused);
 }
