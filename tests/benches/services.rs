@@ -91,6 +91,53 @@ fn workloads(octet: u8, port: u16, endpoints: usize) -> String {
     )
 }
 
+/// Two gateways in this process over `workloads`, with `client_yaml`, and
+/// a capture of the Service VIP (.100:80).
+async fn vip_nodes(octet: u8, workloads: String, client_yaml: String) -> (TwoNodes, Arc<Capture>) {
+    let nodes = TwoNodes::with(
+        octet,
+        Options {
+            workloads: Some(workloads),
+            client_yaml,
+            ..Default::default()
+        },
+    )
+    .await;
+    let vip = SocketAddr::new(ip(octet, 100), 80);
+    let cap = Arc::new(Capture::start(nodes.client.outbound.clone(), vip).await);
+    (nodes, cap)
+}
+
+/// An echo application that records when it accepts; aborting its task
+/// closes its listener (the gateway in front gets "connection refused").
+async fn app(
+    addr: SocketAddr,
+) -> (
+    SocketAddr,
+    tokio::task::JoinHandle<()>,
+    Arc<std::sync::Mutex<Vec<Instant>>>,
+) {
+    use tokio::io::AsyncReadExt;
+    let l = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let bound = l.local_addr().unwrap();
+    let accepts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = accepts.clone();
+    let task = tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = l.accept().await {
+            seen.lock().unwrap().push(Instant::now());
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = tcp.read(&mut buf).await {
+                    if n == 0 || tcp.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    (bound, task, accepts)
+}
+
 fn pick_ns(n: usize, choice: EndpointChoice) -> f64 {
     let mut registry = prometheus_client::registry::Registry::default();
     let ca = DevCa::new(Duration::from_secs(3600)).unwrap();
@@ -183,22 +230,8 @@ async fn balance(octet: u8, choice: &str) -> (f64, f64, f64, f64) {
         counts.push(count);
     }
     let yaml = workloads(octet, port, delays.len());
-    let nodes = TwoNodes::with(
-        octet,
-        Options {
-            workloads: Some(yaml),
-            client_yaml: format!("outbound:\n  endpoint_choice: {choice}\n"),
-            ..Default::default()
-        },
-    )
-    .await;
-    let cap = Arc::new(
-        Capture::start(
-            nodes.client.outbound.clone(),
-            SocketAddr::new(ip(octet, 100), 80),
-        )
-        .await,
-    );
+    let client_yaml = format!("outbound:\n  endpoint_choice: {choice}\n");
+    let (nodes, cap) = vip_nodes(octet, yaml, client_yaml).await;
     let deadline = Instant::now() + CONN_TIME;
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..CLIENTS {

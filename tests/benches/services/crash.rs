@@ -4,15 +4,12 @@
 //! Node B's gateway answers every CONNECT to it 503 meanwhile.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tidegate_e2e::{ip, round_trip, write_atomically, Capture, Options, TwoNodes};
+use tidegate_e2e::{ip, round_trip, write_atomically};
 
-use crate::workloads;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
+use crate::{app, vip_nodes, workloads};
+use tokio::io::AsyncWriteExt;
 
 /// A new connection this often: 200 per second.
 const EVERY: Duration = Duration::from_millis(5);
@@ -30,53 +27,18 @@ pub struct Crash {
     pub failing_for: Option<Duration>,
 }
 
-/// An echo server whose accept loop can be killed (the listener closes:
-/// node B's gateway gets "connection refused" and answers 503).
-async fn app(addr: SocketAddr) -> (SocketAddr, JoinHandle<()>) {
-    let l = TcpListener::bind(addr).await.unwrap();
-    let bound = l.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        while let Ok((mut tcp, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 1024];
-                while let Ok(n) = tcp.read(&mut buf).await {
-                    if n == 0 || tcp.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    (bound, task)
-}
-
 /// One run: three endpoints, e2 crashes after [`WARM`].
 pub async fn run(octet: u8, choice: &str, failing_skip: &str) -> Crash {
     let mut port = 0;
     let mut apps = Vec::new();
     for i in 0..3 {
-        let (addr, task) = app(SocketAddr::new(ip(octet, 10 + i), port)).await;
+        let (addr, task, _) = app(SocketAddr::new(ip(octet, 10 + i), port)).await;
         port = addr.port();
         apps.push(task);
     }
-    let nodes = TwoNodes::with(
-        octet,
-        Options {
-            workloads: Some(workloads(octet, port, 3)),
-            client_yaml: format!(
-                "outbound:\n  endpoint_choice: {choice}\n  failing_skip: {failing_skip}\n"
-            ),
-            ..Default::default()
-        },
-    )
-    .await;
-    let cap = Arc::new(
-        Capture::start(
-            nodes.client.outbound.clone(),
-            SocketAddr::new(ip(octet, 100), 80),
-        )
-        .await,
-    );
+    let client_yaml =
+        format!("outbound:\n  endpoint_choice: {choice}\n  failing_skip: {failing_skip}\n");
+    let (nodes, cap) = vip_nodes(octet, workloads(octet, port, 3), client_yaml).await;
     let started = Instant::now();
     let end = WARM + DELETED_AFTER + AFTER;
     let mut tick = tokio::time::interval(EVERY);

@@ -6,41 +6,17 @@
 //! application accepted (connections already on their way count).
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tidegate::workloads::LifecycleState;
-use tidegate_e2e::{ip, round_trip, write_atomically, Capture, Options, TwoNodes};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tidegate_e2e::{ip, round_trip, write_atomically};
+use tokio::io::AsyncWriteExt;
 
-use crate::workloads;
+use crate::{app, vip_nodes, workloads};
 
 const EVERY: Duration = Duration::from_millis(5);
 /// How long after each change the accepts are watched.
 const WATCH: Duration = Duration::from_millis(300);
-
-/// An echo server that records when it accepts.
-async fn app(addr: SocketAddr) -> (SocketAddr, Arc<Mutex<Vec<Instant>>>) {
-    let l = TcpListener::bind(addr).await.unwrap();
-    let bound = l.local_addr().unwrap();
-    let accepts = Arc::new(Mutex::new(Vec::new()));
-    let seen = accepts.clone();
-    tokio::spawn(async move {
-        while let Ok((mut tcp, _)) = l.accept().await {
-            seen.lock().unwrap().push(Instant::now());
-            tokio::spawn(async move {
-                let mut buf = [0u8; 1024];
-                while let Ok(n) = tcp.read(&mut buf).await {
-                    if n == 0 || tcp.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    (bound, accepts)
-}
 
 /// `rounds` times: e2 terminating, then running again; each round's lag
 /// from the publish to e2's last accept (zero when none came after it),
@@ -50,27 +26,11 @@ pub async fn run(octet: u8, rounds: usize) -> (Vec<Duration>, usize) {
     let mut port = 0;
     let mut accepts = Vec::new();
     for i in 0..3 {
-        let (addr, a) = app(SocketAddr::new(ip(octet, 10 + i), port)).await;
+        let (addr, _, a) = app(SocketAddr::new(ip(octet, 10 + i), port)).await;
         port = addr.port();
         accepts.push(a);
     }
-    let nodes = Arc::new(
-        TwoNodes::with(
-            octet,
-            Options {
-                workloads: Some(workloads(octet, port, 3)),
-                ..Default::default()
-            },
-        )
-        .await,
-    );
-    let cap = Arc::new(
-        Capture::start(
-            nodes.client.outbound.clone(),
-            SocketAddr::new(ip(octet, 100), 80),
-        )
-        .await,
-    );
+    let (nodes, cap) = vip_nodes(octet, workloads(octet, port, 3), String::new()).await;
     let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
     let load = {
         let (cap, src) = (cap.clone(), nodes.client_ip);

@@ -94,6 +94,21 @@ fn service_with_sans(vip: IpAddr, target: u16, sans: &[&str]) -> bytes::Bytes {
     .into()
 }
 
+/// The echo workload's entry for the Service: port 80 to `target`.
+fn echo_ports(target: u16) -> BTreeMap<String, PortList> {
+    [(
+        format!("demo/{HOST}"),
+        PortList {
+            ports: vec![Port {
+                service_port: 80,
+                target_port: u32::from(target),
+                app_protocol: 0,
+            }],
+        },
+    )]
+    .into()
+}
+
 /// A namespace-wide DENY of the client's identity.
 fn deny_client() -> bytes::Bytes {
     Authorization {
@@ -166,17 +181,7 @@ struct Node {
 async fn nodes(double: &XdsDouble, octet: u8, vip: IpAddr, echo: SocketAddr) -> Node {
     init_tracing();
     let dir = tempfile::tempdir().unwrap();
-    let ports: BTreeMap<String, PortList> = [(
-        format!("demo/{HOST}"),
-        PortList {
-            ports: vec![Port {
-                service_port: 80,
-                target_port: u32::from(echo.port()),
-                app_protocol: 0,
-            }],
-        },
-    )]
-    .into();
+    let ports = echo_ports(echo.port());
     double.set_quietly(
         ADDRESS,
         &uid("client"),
@@ -389,17 +394,7 @@ async fn a_services_subject_alt_names_are_accepted_as_its_endpoints_identity() {
     let vip: IpAddr = format!("10.96.{octet}.1").parse().unwrap();
     let echo = echo_server(ip(octet, 2)).await;
     let (to_server, to_client) = (XdsDouble::start().await, XdsDouble::start().await);
-    let ports: BTreeMap<String, PortList> = [(
-        format!("demo/{HOST}"),
-        PortList {
-            ports: vec![Port {
-                service_port: 80,
-                target_port: u32::from(echo.port()),
-                app_protocol: 0,
-            }],
-        },
-    )]
-    .into();
+    let ports = echo_ports(echo.port());
     let mut as_v2 = workload("echo", "node-b", ip(octet, 2), ports.clone());
     as_v2.service_account = "echo-v2".into();
     let as_echo = workload("echo", "node-b", ip(octet, 2), ports);
