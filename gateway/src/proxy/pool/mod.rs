@@ -157,11 +157,6 @@ impl Pool {
         self.book.locked().goaway_within(uid, window)
     }
 
-    /// Whether new tunnels to `addr` fail fast (a policy's connect-failing backoff).
-    pub fn is_backing_off(&self, addr: SocketAddr) -> bool {
-        self.book.locked().backing_off(addr).is_some()
-    }
-
     /// Why a new connection should pass over workload `uid` — its gateway
     /// at `addrs[0]` (`ip:15008`), its application at `addrs[1]` — now, if
     /// it should (one look under the book's lock):
