@@ -129,12 +129,13 @@ pub fn command_line(p: &Params) -> String {
             s.push_str(&format!(" --cni-timeout {}", cli_duration(p.cni_timeout)))
         }
         params::Scenario::GatewayRestart => s.push_str(&format!(
-            " --restart-node {}",
+            " --restart-node {}{}",
             if p.restart_node == params::Node::A {
                 "a"
             } else {
                 "b"
-            }
+            },
+            if p.kill_old { " --kill-old" } else { "" }
         )),
         _ => {}
     }

@@ -94,6 +94,10 @@ pub struct Params {
     /// `gateway-restart`: which node's gateway is replaced.
     #[arg(long, value_enum, default_value_t = Node::B)]
     pub restart_node: Node,
+    /// `gateway-restart`: the old gateway is killed (SIGKILL: a crash, no
+    /// drain) instead of stopped with SIGTERM.
+    #[arg(long)]
+    pub kill_old: bool,
     /// `timeout_ms` of the tidegate-cni network config (the bound of CNI DEL).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub cni_timeout: Duration,

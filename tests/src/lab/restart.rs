@@ -14,7 +14,8 @@ use super::LabError;
 
 impl Lab {
     /// `gateway-restart`: a new gateway process beside the old one, then
-    /// SIGTERM to the old one (an upgrade with `SO_REUSEPORT`).
+    /// SIGTERM to the old one (an upgrade with `SO_REUSEPORT`), or SIGKILL
+    /// with `--kill-old` (a crash while its replacement runs).
     pub(super) async fn restart(&mut self, p: &Params, row: &mut Row) -> Result<Times, LabError> {
         let (node, ns, rt) = match p.restart_node {
             Node::A => ('a', self.topo.node_ns('a'), self.na.handle.clone()),
@@ -34,9 +35,15 @@ impl Lab {
         };
         let goaways = self.goaway_watcher(&self.gw_a).await?;
         let event = Instant::now();
-        old.proc.signal(libc::SIGTERM);
+        let signal = if p.kill_old {
+            libc::SIGKILL
+        } else {
+            libc::SIGTERM
+        };
+        old.proc.signal(signal);
         let (how, at) = old.proc.wait(Duration::from_secs(20)).await?;
-        row.drain = format!("{} (old gateway's shutdown: {how})", ms(at - event));
+        let what = if p.kill_old { "killed" } else { "shutdown" };
+        row.drain = format!("{} (old gateway {what}: {how})", ms(at - event));
         row.old_gone = "–".into();
         row.cni = "–".into();
         if node == 'a' {
