@@ -18,6 +18,15 @@ use tokio::sync::{mpsc, oneshot};
 
 pub const OUTBOUND_PORT: u16 = 15001;
 pub const HBONE_PORT: u16 = 15008;
+
+/// Node mode: gateway A's capture listener is on [`OUTBOUND_PORT`] and
+/// gateway B's HBONE one on [`HBONE_PORT`] (what the nodes' REDIRECT rules
+/// send to).
+pub fn assert_node_ports(a: &Gateway, b: &Gateway) {
+    let bound = |addr: Option<std::net::SocketAddr>| addr.expect("node listeners").port();
+    assert_eq!(bound(a.addrs.outbound), OUTBOUND_PORT);
+    assert_eq!(bound(b.addrs.inbound), HBONE_PORT);
+}
 pub const ECHO_PORT: u16 = 8080;
 /// Bound on any single step (a round trip, a gateway start, a metric to settle).
 pub const STEP: Duration = Duration::from_secs(30);

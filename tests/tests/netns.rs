@@ -213,14 +213,7 @@ async fn transparent_capture_across_two_gateways_in_network_namespaces() {
     let (host, tunnel, tcp) = host_congestion();
     let gw_a = Gateway::start("A", &t.na, gateway_config("node-a", &ca, &workloads, &tcp)).await;
     let gw_b = Gateway::start("B", &t.nb, gateway_config("node-b", &ca, &workloads, &tcp)).await;
-    assert_eq!(
-        gw_a.addrs.outbound.expect("node listeners").port(),
-        OUTBOUND_PORT
-    );
-    assert_eq!(
-        gw_b.addrs.inbound.expect("node listeners").port(),
-        HBONE_PORT
-    );
+    tidegate_e2e::netns::assert_node_ports(&gw_a, &gw_b);
     let pod_b = NsThread::idle(&t.pb);
     let peers = start_echo(&pod_b).await;
     let pod_a = NsThread::idle(&t.pa);

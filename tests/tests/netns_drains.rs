@@ -32,7 +32,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use tidegate_e2e::netns::{
     build_topology, gateway_config, tool_missing, Gateway, NetnsGuard, NsThread, Topology,
-    ECHO_PORT, HBONE_PORT, OUTBOUND_PORT, STEP,
+    ECHO_PORT, HBONE_PORT, STEP,
 };
 
 /// The server pod's workload uid (what `K8S_POD_UID` names on CNI DEL).
@@ -385,14 +385,7 @@ impl Scenario {
             gateway_config("node-b", &ca, &server_workloads, &server_extra),
         )
         .await;
-        assert_eq!(
-            gw_a.addrs.outbound.expect("node listeners").port(),
-            OUTBOUND_PORT
-        );
-        assert_eq!(
-            gw_b.addrs.inbound.expect("node listeners").port(),
-            HBONE_PORT
-        );
+        tidegate_e2e::netns::assert_node_ports(&gw_a, &gw_b);
         let pod_b = NsThread::idle(&t.pb);
         start_echo(&pod_b).await;
         let pod_a = NsThread::idle(&t.pa);
