@@ -71,8 +71,9 @@ pub struct HttpLimits {
 ///
 /// A connection beyond the listener's cap takes the slot of the connection
 /// idle the longest (no request in progress: a half-sent head, or a
-/// keep-alive between requests), which is closed; when all are inside a
-/// request, the new one is closed at once (see [`slots`]). A request head
+/// keep-alive between requests), which is closed — after answering, with
+/// `Connection: close`, a request it had read by then; when all are inside
+/// a request, the new one is closed at once (see [`slots`]). A request head
 /// not complete within the header-read timeout (or an idle keep-alive
 /// connection) is closed; accept errors pause the loop. Each refusal is
 /// counted in `tidegate_control_refusals_total`.
@@ -113,7 +114,14 @@ pub async fn serve<S, F, Fut>(
                 marks.busy();
                 requests.fetch_add(1, Ordering::Relaxed);
                 async move {
-                    let resp = route(state, req).await;
+                    let mut resp = route(state, req).await;
+                    if marks.evicted_flag() {
+                        // Its slot was taken: answered, then closed.
+                        resp.headers_mut().insert(
+                            header::CONNECTION,
+                            header::HeaderValue::from_static("close"),
+                        );
+                    }
                     marks.idle();
                     Ok::<_, Infallible>(resp)
                 }
@@ -122,10 +130,21 @@ pub async fn serve<S, F, Fut>(
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read_timeout)
                 .serve_connection(TokioIo::new(tcp), svc);
+            let mut conn = std::pin::pin!(conn);
             let result = tokio::select! {
-                r = conn => r,
-                // A newer connection took the slot: this one closes.
-                _ = slot.evicted() => return,
+                // The connection first: a request already in the socket is
+                // read (and a probe answered) even when its slot was taken
+                // before this task first ran.
+                biased;
+                r = conn.as_mut() => r,
+                // A newer connection took the slot: this one closes, unless
+                // it is inside a request, which is answered first.
+                _ = slot.evicted() => {
+                    if !slot.serving() {
+                        return;
+                    }
+                    conn.await
+                }
             };
             match result {
                 // An idle keep-alive connection closed after a request is not a refusal.
@@ -140,3 +159,7 @@ pub async fn serve<S, F, Fut>(
         });
     }
 }
+
+#[cfg(test)]
+#[path = "http_tests.rs"]
+mod tests;

@@ -10,11 +10,17 @@
 //!
 //! So connections that hold a slot without asking anything can never keep a
 //! probe out, however fast they are reopened: a kubelet's probe is a fresh
-//! connection whose request follows at once, and it is the newest. The cap
-//! still bounds the descriptors the listener holds; the header-read timeout
-//! still closes what is left idle.
+//! connection whose request follows at once, and it is the newest. A probe
+//! whose slot was taken before its request was read (the accept loop ran
+//! ahead of its task) is still answered: its request is read before the
+//! eviction is acted on, and a request read is served, with `Connection:
+//! close` ([`Slot::evicted_flag`]). The cap still bounds the descriptors the
+//! listener holds (beyond it by at most the evicted connections finishing
+//! their one request); the header-read timeout still closes what is left
+//! idle.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -41,7 +47,14 @@ struct State {
 struct Entry {
     /// `None` while a request is being served.
     idle_since: Option<Instant>,
-    evict: Arc<Notify>,
+    evict: Arc<Eviction>,
+}
+
+/// Told to the connection whose slot was taken.
+#[derive(Debug, Default)]
+struct Eviction {
+    told: AtomicBool,
+    notify: Notify,
 }
 
 /// An admitted connection's slot; given back when dropped.
@@ -49,7 +62,9 @@ struct Entry {
 pub struct Slot {
     slots: Arc<Slots>,
     id: u64,
-    evict: Arc<Notify>,
+    evict: Arc<Eviction>,
+    /// Inside a request: from the head read to the response.
+    serving: AtomicBool,
     _open: Open,
 }
 
@@ -84,13 +99,14 @@ impl Slots {
                 return None;
             };
             if let Some(e) = st.conns.remove(&id) {
-                e.evict.notify_one();
+                e.evict.told.store(true, Ordering::Relaxed);
+                e.evict.notify.notify_one();
             }
             self.limit.refused("evicted");
         }
         let id = st.next;
         st.next += 1;
-        let evict = Arc::new(Notify::new());
+        let evict = Arc::new(Eviction::default());
         st.conns.insert(
             id,
             Entry {
@@ -102,6 +118,7 @@ impl Slots {
             slots: self.clone(),
             id,
             evict,
+            serving: AtomicBool::new(false),
             _open: self.limit.open(),
         })
     }
@@ -110,12 +127,25 @@ impl Slots {
 impl Slot {
     /// A request is being served: the connection is not idle.
     pub fn busy(&self) {
+        self.serving.store(true, Ordering::Relaxed);
         self.mark(None);
     }
 
     /// The request was answered: idle (and evictable) from now on.
     pub fn idle(&self) {
+        self.serving.store(false, Ordering::Relaxed);
         self.mark(Some(Instant::now()));
+    }
+
+    /// Inside a request (its head read, its response not yet given).
+    pub fn serving(&self) -> bool {
+        self.serving.load(Ordering::Relaxed)
+    }
+
+    /// Whether a newer connection took this slot: a response given now
+    /// must close the connection.
+    pub fn evicted_flag(&self) -> bool {
+        self.evict.told.load(Ordering::Relaxed)
     }
 
     fn mark(&self, idle_since: Option<Instant>) {
@@ -127,7 +157,7 @@ impl Slot {
     /// Resolves once a newer connection took this slot: the connection
     /// must close.
     pub async fn evicted(&self) {
-        self.evict.notified().await
+        self.evict.notify.notified().await
     }
 }
 
