@@ -19,15 +19,21 @@ pub struct CniDel {
     pub stderr: String,
 }
 
-/// Runs DEL for pod `uid` against `socket`; returns when the plugin exits
-/// (it bounds itself at `timeout`; the lab adds 5 s before giving up).
-pub async fn del(socket: &Path, uid: &str, timeout: Duration) -> Result<CniDel, LabError> {
+/// Runs DEL for pod `name` (`uid`) of namespace `lab` against `socket`;
+/// returns when the plugin exits (it bounds itself at `timeout`; the lab
+/// adds 5 s before giving up).
+pub async fn del(
+    socket: &Path,
+    name: &str,
+    uid: &str,
+    timeout: Duration,
+) -> Result<CniDel, LabError> {
     let bin = sibling_binary("tidegate-cni")?;
     let conf = crate::cni::del_conf(socket, timeout.as_millis());
-    let uid = uid.to_owned();
+    let (name, uid) = (name.to_owned(), uid.to_owned());
     let started = Instant::now();
     let run = tokio::task::spawn_blocking(move || {
-        let child = crate::cni::spawn_del(&bin, "lab", "server-old", &uid, &conf)
+        let child = crate::cni::spawn_del(&bin, "lab", &name, &uid, &conf)
             .map_err(|e| format!("spawn {}: {e}", bin.display()))?;
         child.wait_with_output().map_err(|e| e.to_string())
     });

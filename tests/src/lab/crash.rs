@@ -37,7 +37,7 @@ impl Lab {
         let (_, exited) = old.proc.wait(Duration::from_secs(5)).await?;
         // The pod object goes 2 s later: the scenario's own pacing.
         tokio::time::sleep(DELETED_AFTER.saturating_sub(event.elapsed())).await;
-        let del = cni::del(&self.gw_b.cni_socket, OLD_UID, p.cni_timeout).await?;
+        let del = cni::del(&self.gw_b.cni_socket, "server-old", OLD_UID, p.cni_timeout).await?;
         row.cni = format!("{} (after the crash: nothing to drain)", ms(del.took));
         row.cni_returned = Some(true);
         self.topo.delete_pod(Pod::Old)?;

@@ -12,7 +12,7 @@
 //! - `http.rs`: admin/metrics requests inside a node; `probes.rs`: the
 //!   pool, counter and drain watchers;
 //! - `scenario.rs`: one policy's run (setup, load, the row), its timelines
-//!   in `termination.rs`, `crash.rs` and `restart.rs`; `report.rs`: the table and the
+//!   in `termination.rs`, `crash.rs`, `restart.rs` and `rollout.rs`; `report.rs`: the table and the
 //!   section of `docs/drain-lab.md`.
 
 pub mod app_server;
@@ -26,6 +26,7 @@ pub mod probes;
 pub mod process;
 pub mod report;
 mod restart;
+mod rollout;
 pub mod scenario;
 mod termination;
 pub mod topology;
@@ -137,6 +138,7 @@ pub fn command_line(p: &Params) -> String {
             },
             if p.kill_old { " --kill-old" } else { "" }
         )),
+        params::Scenario::Rollout => s.push_str(&format!(" --replicas {}", p.replicas)),
         _ => {}
     }
     if p.policies.len() < params::REFERENCE_POLICIES.len() {

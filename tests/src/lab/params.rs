@@ -28,6 +28,12 @@ pub enum Scenario {
     /// event) and the pod deleted 2 s later; the load goes through the
     /// Service VIP in front of both server pods.
     Crash,
+    /// A rolling restart of `--replicas` server pods on node B behind the
+    /// Service VIP, one at a time in a Deployment's default order: the new
+    /// pod starts and is ready, then the old one terminates (SIGTERM, its
+    /// endpoint terminating `--endpoint-lag` later, the app drains and
+    /// exits, CNI DEL, deleted).
+    Rollout,
 }
 
 impl Scenario {
@@ -38,6 +44,7 @@ impl Scenario {
             Scenario::GatewayRestart => "gateway-restart",
             Scenario::CniHung => "cni-hung",
             Scenario::Crash => "crash",
+            Scenario::Rollout => "rollout",
         }
     }
 }
@@ -79,7 +86,9 @@ pub struct Params {
     #[arg(long)]
     pub different_sa: bool,
     /// How long after the termination starts the client still picks the old
-    /// pod for new connections (EndpointSlice propagation; 0: at once).
+    /// pod for new connections (EndpointSlice propagation; 0: at once). In
+    /// `rollout`, how long after SIGTERM the gateways learn the pod is
+    /// terminating.
     #[arg(long, default_value = "0s", value_parser = parse_duration)]
     pub endpoint_lag: Duration,
     /// Capture mode.
@@ -101,6 +110,9 @@ pub struct Params {
     /// `timeout_ms` of the tidegate-cni network config (the bound of CNI DEL).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub cni_timeout: Duration,
+    /// `rollout`: server pods behind the Service (1 to 9).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=9))]
+    pub replicas: u8,
     /// Longest wait, after deletion, for the client's tunnels to the old pod to go.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub settle: Duration,

@@ -25,7 +25,9 @@ pub struct Lab {
     pub(super) watcher: Option<PoolWatcher>,
     pub(super) old: Option<AppPod>,
     pub(super) reuse: Option<AppPod>,
-    _replacement: AppPod,
+    _replacement: Option<AppPod>,
+    /// `rollout`: the running replicas (generation 0, then 1).
+    pub(super) replicas: Vec<(Pod, AppPod)>,
     /// Second-generation gateways (`gateway-restart`), kept until the end.
     pub(super) restarted: Vec<Gateway>,
     pub(super) gw_a: Gateway,
@@ -48,9 +50,18 @@ impl Lab {
             .prefix("drain-lab-")
             .tempdir()
             .map_err(|e| LabError::Setup(format!("temporary directory: {e}")))?;
+        let rollout = p.scenario == Scenario::Rollout;
         let mut topo = Topology::new(run);
         topo.build_nodes()?;
-        for pod in [Pod::Client, Pod::Old, Pod::Replacement] {
+        let first_replicas: Vec<Pod> = (0..if rollout { p.replicas } else { 0 })
+            .map(|index| Pod::Replica { gen: 0, index })
+            .collect();
+        let pods = if rollout {
+            vec![Pod::Client]
+        } else {
+            vec![Pod::Client, Pod::Old, Pod::Replacement]
+        };
+        for pod in pods.into_iter().chain(first_replicas.iter().copied()) {
             topo.add_pod(pod)?;
         }
         let files: Vec<NodeFiles> = ['a', 'b', 'c']
@@ -61,12 +72,18 @@ impl Lab {
                 cni_socket: dir.path().join(format!("cni-{node}.sock")),
             })
             .collect();
-        let workloads = Workloads::new(
+        let mut workloads = Workloads::new(
             &topo,
             files.iter().map(|f| f.workloads.clone()).collect(),
             policy,
             p.different_sa,
         );
+        if rollout {
+            workloads = workloads.for_rollout();
+            for &pod in &first_replicas {
+                workloads.add_replica(pod, topo.pod_ip(pod))?;
+            }
+        }
         workloads.write()?;
         let [na, nb, nc] = ['a', 'b', 'c'].map(|n| NsThread::idle(&topo.node_ns(n)));
         // Gateway A first: it creates the development CA the others open.
@@ -79,20 +96,28 @@ impl Lab {
         let mut started = started.into_iter();
         let mut next = || started.next().expect("three gateways started");
         let (gw_a, gw_b, gw_c) = (next(), next(), next());
-        let app = |pod, name: &'static str| {
+        let app = |pod, name: String| {
             let (ns, drain) = (topo.pod_ns(pod), p.app_drain);
             let log = dir.path().join(format!("app-{name}.log"));
-            async move { AppPod::start(&ns, name, drain, &log).await }
+            async move { AppPod::start(&ns, &name, drain, &log).await }
         };
-        let old = app(Pod::Old, "old").await?;
-        let replacement = app(Pod::Replacement, "replacement").await?;
+        let (mut old, mut replacement, mut replicas) = (None, None, Vec::new());
+        if rollout {
+            for &pod in &first_replicas {
+                replicas.push((pod, app(pod, super::workloads::replica_name(pod)).await?));
+            }
+        } else {
+            old = Some(app(Pod::Old, "old".into()).await?);
+            replacement = Some(app(Pod::Replacement, "replacement".into()).await?);
+        }
         let pa = NsThread::idle(&topo.pod_ns(Pod::Client));
         Ok(Lab {
             load: None,
             watcher: None,
-            old: Some(old),
+            old,
             reuse: None,
             _replacement: replacement,
+            replicas,
             gw_a,
             gw_b,
             _gw_c: gw_c,
@@ -113,6 +138,7 @@ impl Lab {
             Pod::Old => "old pod",
             Pod::Replacement => "replacement",
             Pod::Reuse => "pod at the reused IP",
+            Pod::Replica { .. } => "replica",
         };
         (
             name,
@@ -122,9 +148,12 @@ impl Lab {
 
     /// Starts the load on both server pods and waits until it flows.
     async fn warm_up(&mut self, p: &Params) -> Result<(), LabError> {
-        let old_ip = IpAddr::V4(self.topo.pod_ip(Pod::Old));
-        self.watcher = Some(PoolWatcher::start(self.gw_a.admin.clone(), old_ip));
-        let endpoints = if p.scenario == Scenario::Crash {
+        if p.scenario != Scenario::Rollout {
+            // (`rollout` watches each replaced pod in turn.)
+            let old_ip = IpAddr::V4(self.topo.pod_ip(Pod::Old));
+            self.watcher = Some(PoolWatcher::start(self.gw_a.admin.clone(), old_ip));
+        }
+        let endpoints = if matches!(p.scenario, Scenario::Crash | Scenario::Rollout) {
             // Through the Service: the client's gateway chooses the pod.
             let vip = super::workloads::vip(&self.topo);
             vec![("service", SocketAddr::new(IpAddr::V4(vip), APP_PORT))]
@@ -165,9 +194,18 @@ impl Lab {
         let t = match p.scenario {
             Scenario::GatewayRestart => self.restart(p, &mut row).await?,
             Scenario::Crash => self.crash(p, &mut row).await?,
+            Scenario::Rollout => self.rollout(p, &mut row).await?,
             _ => self.terminate(p, &mut row).await?,
         };
         self.finish(p, &mut row, t).await?;
+        if p.scenario == Scenario::Rollout {
+            let per_pod = |n: u64| n as f64 / f64::from(p.replicas);
+            row.notes.push(format!(
+                "failed per replaced pod: {:.1} short, {:.1} long-stream",
+                per_pod(row.short_failed),
+                per_pod(row.long_failed)
+            ));
+        }
         Ok(row)
     }
 
@@ -217,15 +255,16 @@ impl Lab {
         }
         let a = self.gw_a.metrics_text().await?;
         row.opened += metric_sum(&a, OPENED);
-        let trace = self
-            .watcher()
-            .trace
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone_summary();
+        let trace = self.watcher.as_ref().map(|w| {
+            w.trace
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone_summary()
+        });
+        let first_goaway = trace.as_ref().and_then(|t| t.first_goaway);
         // The counter's first rise, or a tunnel the dump showed GOAWAYed,
         // whichever was seen first.
-        let seen = [t.goaways.rose_at(), trace.first_goaway]
+        let seen = [t.goaways.rose_at(), first_goaway]
             .into_iter()
             .flatten()
             .filter(|g| *g >= t.event)
@@ -235,11 +274,13 @@ impl Lab {
             None if metric_sum(&a, GOAWAYS) > 0.0 => "received, not seen by the polls".into(),
             None => "none".into(),
         };
-        row.notes.push(format!(
-            "pool polled {} times, longest gap {}",
-            trace.polls,
-            ms(trace.max_gap)
-        ));
+        if let Some(trace) = trace {
+            row.notes.push(format!(
+                "pool polled {} times, longest gap {}",
+                trace.polls,
+                ms(trace.max_gap)
+            ));
+        }
         if let Some(drains) = t.drains {
             row.drain = drain_cell(&drains.seen());
         }

@@ -45,7 +45,7 @@ impl Lab {
         if p.scenario == Scenario::CniHung {
             self.gw_b.proc.signal(libc::SIGSTOP);
         }
-        let del = cni::del(&self.gw_b.cni_socket, OLD_UID, p.cni_timeout).await;
+        let del = cni::del(&self.gw_b.cni_socket, "server-old", OLD_UID, p.cni_timeout).await;
         if p.scenario == Scenario::CniHung {
             self.gw_b.proc.signal(libc::SIGCONT);
         }

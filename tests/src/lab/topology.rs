@@ -7,6 +7,9 @@
 //!                                                           │                         └─ pd ip-reuse 10.X.2.2
 //!                                                           └── nc (node C, 10.X.4.2) ── pc replacement 10.X.3.2
 //! ```
+//!
+//! `rollout` puts its replicas on node B instead: replica `i` of generation
+//! `g` is `10.X.(10 + 10g + i).2`, each subnet routed from node A to node B.
 
 use std::net::Ipv4Addr;
 use std::process::Command;
@@ -25,15 +28,25 @@ pub enum Pod {
     Replacement,
     /// The pod that gets the old pod's IP in `ip-reuse`.
     Reuse,
+    /// Replica `index` of a `rollout`'s generation `gen` (0: the pods
+    /// rolled out, 1: their replacements), on node B.
+    Replica {
+        gen: u8,
+        index: u8,
+    },
 }
 
+/// Replicas per generation at most (their subnets stay below 30).
+pub const MAX_REPLICAS: u8 = 9;
+
 impl Pod {
-    fn suffix(self) -> &'static str {
+    fn suffix(self) -> String {
         match self {
-            Pod::Client => "pa",
-            Pod::Old => "pb",
-            Pod::Replacement => "pc",
-            Pod::Reuse => "pd",
+            Pod::Client => "pa".into(),
+            Pod::Old => "pb".into(),
+            Pod::Replacement => "pc".into(),
+            Pod::Reuse => "pd".into(),
+            Pod::Replica { gen, index } => format!("r{gen}{index}"),
         }
     }
     /// (node namespace suffix, subnet of the node–pod link).
@@ -42,6 +55,7 @@ impl Pod {
             Pod::Client => ("na", 1),
             Pod::Old | Pod::Reuse => ("nb", 2),
             Pod::Replacement => ("nc", 3),
+            Pod::Replica { gen, index } => ("nb", 10 + 10 * gen + index),
         }
     }
 }
@@ -141,7 +155,17 @@ impl Topology {
         run(&format!(
             "ip -n {ns} route add default via {}",
             self.addr(subnet, 1)
-        ))
+        ))?;
+        if let Pod::Replica { .. } = pod {
+            // Node A reaches it through node B.
+            run(&format!(
+                "ip -n {} route add 10.{}.{subnet}.0/24 via {}",
+                self.node_ns('a'),
+                self.x,
+                self.addr(0, 2)
+            ))?;
+        }
+        Ok(())
     }
 
     /// Deletes a pod's namespace (its veth goes with it), as the runtime

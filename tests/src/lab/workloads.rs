@@ -3,7 +3,8 @@
 //! atomically at each lifecycle step. A pod set `terminating` starts
 //! shutting down on its node and raises peer-terminating elsewhere; a pod
 //! removed from the files is deleted (peer-deleted elsewhere). The server
-//! pods are the endpoints of Service `lab/server` ([`Workloads::vip`]).
+//! pods are the endpoints of Service `lab/server` ([`Workloads::vip`]): the
+//! old pod and its replacement, or in `rollout` the replicas alone.
 
 use std::path::PathBuf;
 
@@ -31,6 +32,28 @@ pub struct Workloads {
     old_state: OldState,
     reuse: bool,
     vip: String,
+    /// `rollout`: the replicas, and no old pod or replacement.
+    replicas: Option<Vec<Replica>>,
+}
+
+/// One `rollout` replica in the files.
+struct Replica {
+    pod: Pod,
+    ip: String,
+    state: OldState,
+}
+
+/// A replica's uid (and pod name, after `server-`).
+pub fn replica_uid(pod: Pod) -> String {
+    match pod {
+        Pod::Replica { gen, index } => format!("lab-server-g{gen}-{index}"),
+        _ => unreachable!("only replicas are named so"),
+    }
+}
+
+/// A replica's pod name.
+pub fn replica_name(pod: Pod) -> String {
+    replica_uid(pod).replacen("lab-", "", 1)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -53,7 +76,15 @@ impl Workloads {
             old_state: OldState::Running,
             reuse: false,
             vip: vip(t).to_string(),
+            replicas: None,
         }
+    }
+
+    /// `rollout`: the files list the replicas instead of the old pod and
+    /// its replacement (none listed yet).
+    pub fn for_rollout(mut self) -> Workloads {
+        self.replicas = Some(Vec::new());
+        self
     }
 
     fn server(&self, uid: &str, name: &str, sa: &str, ip: &str, node: &str, extra: &str) -> String {
@@ -71,6 +102,26 @@ impl Workloads {
              ips: [{}], node: node-a, labels: {{app: client}}}}\n",
             self.client
         );
+        if let Some(replicas) = &self.replicas {
+            for r in replicas {
+                let (uid, name) = (replica_uid(r.pod), replica_name(r.pod));
+                match r.state {
+                    OldState::Running => {
+                        s.push_str(&self.server(&uid, &name, "server", &r.ip, "node-b", ""))
+                    }
+                    OldState::Terminating(deadline) => s.push_str(&self.server(
+                        &uid,
+                        &name,
+                        "server",
+                        &r.ip,
+                        "node-b",
+                        &format!(", state: terminating, deletion_deadline_unix_ms: {deadline}"),
+                    )),
+                    OldState::Deleted => {}
+                }
+            }
+            return s + &self.services();
+        }
         match self.old_state {
             OldState::Running => {
                 s.push_str(&self.server(OLD_UID, "server-old", "server", &self.old, "node-b", ""))
@@ -96,12 +147,15 @@ impl Workloads {
         if self.reuse {
             s.push_str(&self.server(REUSE_UID, "server-reuse", "server", &self.old, "node-b", ""));
         }
-        s.push_str(&format!(
+        s + &self.services()
+    }
+
+    fn services(&self) -> String {
+        format!(
             "services:\n- {{name: server, namespace: lab, vips: [{}], ports: [{{port: {p}, target_port: {p}}}]}}\n",
             self.vip,
             p = super::app_server::APP_PORT
-        ));
-        s
+        )
     }
 
     /// Writes every node's file (each replaced atomically).
@@ -124,6 +178,41 @@ impl Workloads {
     pub fn delete_old(&mut self) -> Result<(), LabError> {
         self.old_state = OldState::Deleted;
         self.write()
+    }
+
+    /// A replica listed running (ready) at `ip`.
+    pub fn add_replica(&mut self, pod: Pod, ip: std::net::Ipv4Addr) -> Result<(), LabError> {
+        self.replicas_mut().push(Replica {
+            pod,
+            ip: ip.to_string(),
+            state: OldState::Running,
+        });
+        self.write()
+    }
+
+    /// A replica terminating (its deletion deadline in unix ms).
+    pub fn terminate_replica(&mut self, pod: Pod, deadline_unix_ms: u128) -> Result<(), LabError> {
+        self.set_replica(pod, OldState::Terminating(deadline_unix_ms))
+    }
+
+    /// A replica deleted: gone from the files.
+    pub fn delete_replica(&mut self, pod: Pod) -> Result<(), LabError> {
+        self.set_replica(pod, OldState::Deleted)?;
+        self.replicas_mut().retain(|r| r.state != OldState::Deleted);
+        Ok(())
+    }
+
+    fn set_replica(&mut self, pod: Pod, state: OldState) -> Result<(), LabError> {
+        if let Some(r) = self.replicas_mut().iter_mut().find(|r| r.pod == pod) {
+            r.state = state;
+        }
+        self.write()
+    }
+
+    fn replicas_mut(&mut self) -> &mut Vec<Replica> {
+        self.replicas
+            .as_mut()
+            .expect("Workloads::for_rollout before the replicas")
     }
 
     pub fn add_reuse(&mut self) -> Result<(), LabError> {
