@@ -29,7 +29,9 @@
 //!
 //! With `-- --pair NAME=COMMAND ...` it measures gateway pairs side by side
 //! instead (any HBONE gateway a command line starts; `--pair tidegate` is
-//! the built-in line): see [`pair`]. With `-- --authorization`, how long a
+//! the built-in line): see [`pair`]; with `--restart` as well, what a
+//! stop-and-start and a `kill -9` of node B's gateway cost new connections,
+//! pair by pair. With `-- --authorization`, how long a
 //! policy change takes to close the streams it refuses among 10,000 live
 //! ones: see [`authorization`].
 
@@ -1412,7 +1414,7 @@ fn main() -> anyhow::Result<()> {
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let Some(pairs) = pair::parse_args(&args)? {
-        return pair::run(pairs);
+        return pair::run(pairs, args.iter().any(|a| a == "--restart"));
     }
     if args.iter().any(|a| a == "--authorization") {
         let nofile = raise_nofile(65_536);

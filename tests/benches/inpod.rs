@@ -44,7 +44,9 @@ use std::net::{Ipv4Addr, SocketAddr, TcpStream as StdTcp};
 use std::time::{Duration, Instant};
 
 use tidegate_e2e::cni::{inpod_conf, CniPod};
-use tidegate_e2e::measure::{measure, median, pct, servers, Figures, ECHO};
+use tidegate_e2e::measure::{
+    connection_every, measure, median, pct, servers, Figures, Restart, ECHO,
+};
 use tidegate_e2e::netns::{
     enter_netns, gateway_config, run, tool_missing, Gateway, NetnsGuard, NsThread, STEP,
 };
@@ -337,17 +339,6 @@ fn six_plugins() -> String {
     y
 }
 
-/// What a stop-and-start of a gateway cost pod A's connections.
-struct Restart {
-    connections: usize,
-    failed: usize,
-    /// From the last connection that worked before the first failure to
-    /// the first that worked after the last one.
-    gap: Duration,
-    /// From the old gateway's exit to the first connection that worked.
-    served_after: Duration,
-}
-
 /// Stops `old` (its whole shutdown), starts a gateway from `config` in its
 /// place, while pod A's thread opens a connection to `dst` every 10 ms.
 async fn restart(
@@ -356,36 +347,9 @@ async fn restart(
     (old, ns): (Gateway, &str),
     config: tidegate::config::Config,
 ) -> (Gateway, Restart) {
-    const EVERY: Duration = Duration::from_millis(10);
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let load = pod_a.run("restart load", Duration::from_secs(60), async move {
-        let mut tick = tokio::time::interval(EVERY);
-        let mut conns = tokio::task::JoinSet::new();
-        while !*stop_rx.borrow() {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = stop_rx.changed() => break,
-            }
-            conns.spawn(async move {
-                let at = Instant::now();
-                let ok = tokio::time::timeout(Duration::from_secs(1), async {
-                    let mut t = tokio::net::TcpStream::connect(dst).await?;
-                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                    t.write_all(b"x").await?;
-                    let mut b = [0u8; 1];
-                    t.read_exact(&mut b).await?;
-                    std::io::Result::Ok(())
-                })
-                .await;
-                (at, matches!(ok, Ok(Ok(()))))
-            });
-        }
-        let mut seen = Vec::new();
-        while let Some(r) = conns.join_next().await {
-            seen.push(r.expect("connection task"));
-        }
-        seen.sort_by_key(|(at, _)| *at);
-        seen
+        connection_every(dst, Duration::from_millis(10), stop_rx).await
     });
     let restart = async {
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -399,33 +363,7 @@ async fn restart(
         (new, gone)
     };
     let (seen, (new, gone)) = tokio::join!(load, restart);
-    let failed: Vec<Instant> = seen
-        .iter()
-        .filter(|(_, ok)| !ok)
-        .map(|(at, _)| *at)
-        .collect();
-    let before = failed
-        .first()
-        .and_then(|f| seen.iter().rev().find(|(at, ok)| *ok && at < f))
-        .map(|(at, _)| *at);
-    let after = seen
-        .iter()
-        .find(|(at, ok)| *ok && failed.last().is_none_or(|l| at > l))
-        .map(|(at, _)| *at);
-    let served = seen
-        .iter()
-        .find(|(at, ok)| *ok && *at >= gone)
-        .map_or(Duration::ZERO, |(at, _)| at.duration_since(gone));
-    let r = Restart {
-        connections: seen.len(),
-        failed: failed.len(),
-        gap: match (before, after) {
-            (Some(b), Some(a)) => a.duration_since(b),
-            _ => Duration::ZERO,
-        },
-        served_after: served,
-    };
-    (new, r)
+    (new, Restart::from_load(&seen, gone))
 }
 
 fn vm_rss_kib() -> u64 {

@@ -251,3 +251,85 @@ pub async fn idle_conns(
     }
     Ok(held)
 }
+
+/// A new connection (and a 1-byte echo round trip, 1 s at most) to `dst`
+/// every `every` until `stop` turns true: when each started and whether it
+/// worked, in order. Run inside the client pod; what a gateway restart
+/// costs is read from it by [`Restart::from_load`].
+pub async fn connection_every(
+    dst: SocketAddr,
+    every: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<(Instant, bool)> {
+    let mut tick = tokio::time::interval(every);
+    let mut conns = tokio::task::JoinSet::new();
+    while !*stop.borrow() {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => break,
+        }
+        conns.spawn(async move {
+            let at = Instant::now();
+            let ok = tokio::time::timeout(Duration::from_secs(1), async {
+                let mut t = TcpStream::connect(dst).await?;
+                t.write_all(b"x").await?;
+                let mut b = [0u8; 1];
+                t.read_exact(&mut b).await?;
+                std::io::Result::Ok(())
+            })
+            .await;
+            (at, matches!(ok, Ok(Ok(()))))
+        });
+    }
+    let mut seen = Vec::new();
+    while let Some(r) = conns.join_next().await {
+        seen.push(r.expect("connection task"));
+    }
+    seen.sort_by_key(|(at, _)| *at);
+    seen
+}
+
+/// What a stop-and-start of a gateway cost a client's new connections.
+#[derive(Clone, Copy, Debug)]
+pub struct Restart {
+    pub connections: usize,
+    pub failed: usize,
+    /// From the last connection that worked before the first failure to
+    /// the first that worked after the last one (zero without failures).
+    pub gap: Duration,
+    /// From the old gateway's exit to the first connection that worked.
+    pub served_after: Duration,
+}
+
+impl Restart {
+    /// Reads [`connection_every`]'s record; `gone`: when the old gateway
+    /// had exited.
+    pub fn from_load(seen: &[(Instant, bool)], gone: Instant) -> Restart {
+        let failed: Vec<Instant> = seen
+            .iter()
+            .filter(|(_, ok)| !ok)
+            .map(|(at, _)| *at)
+            .collect();
+        let before = failed
+            .first()
+            .and_then(|f| seen.iter().rev().find(|(at, ok)| *ok && at < f))
+            .map(|(at, _)| *at);
+        let after = seen
+            .iter()
+            .find(|(at, ok)| *ok && failed.last().is_none_or(|l| at > l))
+            .map(|(at, _)| *at);
+        let served_after = seen
+            .iter()
+            .find(|(at, ok)| *ok && *at >= gone)
+            .map_or(Duration::ZERO, |(at, _)| at.duration_since(gone));
+        Restart {
+            connections: seen.len(),
+            failed: failed.len(),
+            gap: match (before, after) {
+                (Some(b), Some(a)) => a.duration_since(b),
+                _ => Duration::ZERO,
+            },
+            served_after,
+        }
+    }
+}

@@ -74,6 +74,9 @@ use tidegate_e2e::netns::NsThread;
 use tidegate_e2e::zds_double::{expect_ack, PodSpec, ZdsConn, ZdsDouble};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+#[path = "pair_restart.rs"]
+mod restart;
+
 /// Rounds unless `DATAPLANE_ROUNDS` says otherwise.
 const ROUNDS: usize = 3;
 /// The most `DATAPLANE_ROUNDS` may ask for (a round takes about 10 s per pair here).
@@ -146,7 +149,7 @@ struct Env {
     _na: NsThread,
 }
 
-pub fn run(pairs: Vec<PairSpec>) -> anyhow::Result<()> {
+pub fn run(pairs: Vec<PairSpec>, restart: bool) -> anyhow::Result<()> {
     let rounds = tidegate_e2e::env_count("DATAPLANE_ROUNDS", ROUNDS, MAX_ROUNDS)
         .map_err(anyhow::Error::msg)?;
     // SAFETY: geteuid has no preconditions.
@@ -159,10 +162,10 @@ pub fn run(pairs: Vec<PairSpec>) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(bench(pairs, rounds))
+    rt.block_on(bench(pairs, rounds, restart))
 }
 
-async fn bench(pairs: Vec<PairSpec>, rounds: usize) -> anyhow::Result<()> {
+async fn bench(pairs: Vec<PairSpec>, rounds: usize, restart: bool) -> anyhow::Result<()> {
     let topo = InpodTopology::new("dp", 0);
     let _guard = topo.build();
     let dir = tempfile::tempdir()?;
@@ -171,6 +174,9 @@ async fn bench(pairs: Vec<PairSpec>, rounds: usize) -> anyhow::Result<()> {
         false => None,
     };
     let env = setup(topo, dir.path(), bin).await?;
+    if restart {
+        return restart::bench(&env, &pairs, rounds).await;
+    }
     println!(
         "gateway pairs side by side: {} rounds, interleaved; pod A {} → pod B {} (in-pod capture, HBONE across two nodes); load {}",
         rounds,
@@ -447,18 +453,34 @@ impl NodeProc {
     }
 }
 
+impl NodeProc {
+    /// Sends `signal` to the whole group and waits (at most `within`, then
+    /// SIGKILL) until every process of it is gone; true when it went by
+    /// itself.
+    fn stop(&mut self, signal: i32, within: Duration) -> bool {
+        let tree = self.pids();
+        // SAFETY: kill(2) on our own child's process group.
+        unsafe { libc::kill(-(self.child.id() as i32), signal) };
+        let deadline = Instant::now() + within;
+        // Polls /proc: the group's other processes are not our children.
+        while Instant::now() < deadline && tree.iter().any(|p| alive(*p)) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let went = !tree.iter().any(|p| alive(*p));
+        if !went {
+            // SAFETY: as above.
+            unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+        }
+        let _ = self.child.wait();
+        went
+    }
+}
+
 impl Drop for NodeProc {
     /// Kills the whole group and waits until every process of it is gone
     /// (the next pair binds the same ports).
     fn drop(&mut self) {
-        let tree = self.pids();
-        // SAFETY: kill(2) on our own child's process group.
-        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
-        let _ = self.child.wait();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline && tree.iter().any(|p| alive(*p)) {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.stop(libc::SIGKILL, Duration::from_secs(10));
     }
 }
 
@@ -518,7 +540,7 @@ fn rss_kib(pids: &[u32]) -> u64 {
 /// Serves one node's ZDS socket: hands over `pod` (its namespace by
 /// descriptor) and the snapshot end, and returns the connection (dropping it
 /// would tell the gateway the node agent went away).
-async fn node_agent(zds: ZdsDouble, pod: PodSpec, netns: String) -> anyhow::Result<ZdsConn> {
+async fn node_agent(zds: &ZdsDouble, pod: PodSpec, netns: String) -> anyhow::Result<ZdsConn> {
     let conn = tokio::time::timeout(UP_WITHIN, zds.accept())
         .await
         .with_context(|| {
@@ -550,12 +572,12 @@ async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
     let up = async {
         let agents = tokio::try_join!(
             node_agent(
-                zds_a,
+                &zds_a,
                 pod_spec("client"),
                 InpodTopology::netns_path(&env.topo.pa)
             ),
             node_agent(
-                zds_b,
+                &zds_b,
                 pod_spec("server"),
                 InpodTopology::netns_path(&env.topo.pb)
             ),

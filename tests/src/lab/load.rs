@@ -34,15 +34,25 @@ pub struct Counts {
     pub long_failed: AtomicU64,
     /// Long-stream connections opened (first ones and reconnections).
     pub long_connects: AtomicU64,
+    /// The first failures, each with its time since the load started.
     pub failures: Mutex<Vec<String>>,
+    /// When the load started: failures and the scenarios' steps are timed
+    /// from it.
+    pub started: std::sync::OnceLock<std::time::Instant>,
 }
 
 impl Counts {
     fn fail(&self, what: String) {
         let mut f = self.failures.lock().unwrap_or_else(|e| e.into_inner());
         if f.len() < KEEP_FAILURES {
-            f.push(what);
+            f.push(format!("at {}: {what}", self.since_start()));
         }
+    }
+
+    /// Time since the load started, as the report prints it (`12.345 s`).
+    pub fn since_start(&self) -> String {
+        let t = self.started.get().map(|s| s.elapsed()).unwrap_or_default();
+        format!("{:.3} s", t.as_secs_f64())
     }
     pub fn get(c: &AtomicU64) -> u64 {
         c.load(Ordering::Acquire)
@@ -62,6 +72,7 @@ impl Load {
     /// Starts the load on `pod` (a runtime inside the client pod's namespace).
     pub fn start(pod: &Handle, endpoints: Vec<Endpoint>, rate: u32, long_streams: u32) -> Load {
         let counts = Arc::new(Counts::default());
+        let _ = counts.started.set(std::time::Instant::now());
         let endpoints = Arc::new(Mutex::new(endpoints));
         let (stop, stopped) = watch::channel(false);
         let (c, e) = (counts.clone(), endpoints.clone());

@@ -2,7 +2,8 @@
 //! Service VIP, one at a time, in the order a Deployment with the default
 //! strategy follows (`maxSurge` 1, `maxUnavailable` 0 for three replicas):
 //!
-//! 1. the new pod's namespace and app start; it is listed ready (its
+//! 1. the new pod's namespace and app start; it is listed (its node's
+//!    gateway learns it, as from the pod's CNI ADD), then ready (its
 //!    endpoint joins the Service);
 //! 2. the old pod's deletion: its app gets SIGTERM (the kubelet), and
 //!    `--endpoint-lag` later every gateway learns it is terminating (its
@@ -36,6 +37,8 @@ struct Replaced {
     drain: String,
     del: Duration,
     acknowledged: bool,
+    /// When its steps happened, from the load's start.
+    steps: String,
 }
 
 impl Lab {
@@ -65,9 +68,11 @@ impl Lab {
         );
         row.cni_returned = Some(true);
         row.notes.push(format!(
-            "{} pods replaced in {}",
+            "{} pods replaced in {} (from the load's start: {}; {})",
             replaced.len(),
-            ms(event.elapsed())
+            ms(event.elapsed()),
+            self.surged.join(", "),
+            join(&|r| r.steps.clone()).replace(" / ", "; ")
         ));
         Ok(Times {
             event,
@@ -82,6 +87,7 @@ impl Lab {
     async fn surge(&mut self, p: &Params, pod: Pod) -> Result<(), LabError> {
         self.topo.add_pod(pod)?;
         let name = replica_name(pod);
+        let counts = self.load().counts.clone();
         let app = AppPod::start(
             &self.topo.pod_ns(pod),
             &name,
@@ -90,10 +96,23 @@ impl Lab {
         )
         .await?;
         self.replicas.push((pod, app));
-        self.workloads.add_replica(pod, self.topo.pod_ip(pod))?;
+        // Created: its node knows it (as from its CNI ADD or the pod watch)
+        // before it is ready and any client may pick it.
+        self.workloads
+            .add_replica(pod, self.topo.pod_ip(pod), false)?;
         let uid = replica_uid(pod);
-        self.wait_dump("gateway A to learn the new replica", |d| lists(d, &uid))
-            .await
+        self.wait_dump_of(&self.gw_b, "gateway B to learn the new replica", |d| {
+            lists(d, &uid)
+        })
+        .await?;
+        self.workloads.ready_replica(pod)?;
+        self.wait_dump("gateway A to learn the new replica is ready", |d| {
+            is_endpoint(d, &uid)
+        })
+        .await?;
+        self.surged
+            .push(format!("{name} ready {}", counts.since_start()));
+        Ok(())
     }
 
     /// One old replica's termination, from SIGTERM to deletion and the
@@ -109,12 +128,15 @@ impl Lab {
             .position(|(r, _)| *r == pod)
             .expect("the replica runs until replaced");
         let (_, app) = self.replicas.remove(at);
+        let counts = self.load().counts.clone();
+        let mut steps = format!("{name}: SIGTERM {}", counts.since_start());
         app.proc.signal(libc::SIGTERM);
         // The gateways learn of the deletion `--endpoint-lag` after the
         // kubelet's SIGTERM (the scenario's pacing).
         tokio::time::sleep(p.endpoint_lag).await;
         let deadline = super::probes::unix_ms() + p.grace.as_millis();
         self.workloads.terminate_replica(pod, deadline)?;
+        steps.push_str(&format!(", terminating {}", counts.since_start()));
         let exited = match app.proc.wait(p.grace).await {
             Ok((_, at)) => at,
             Err(_) => {
@@ -123,9 +145,11 @@ impl Lab {
                 app.proc.wait(Duration::from_secs(5)).await?.1
             }
         };
+        steps.push_str(&format!(", exited {}", counts.since_start()));
         let del = cni::del(&self.gw_b.cni_socket, &name, &uid, p.cni_timeout).await?;
         self.topo.delete_pod(pod)?;
         self.workloads.delete_replica(pod)?;
+        steps.push_str(&format!(", deleted {}", counts.since_start()));
         self.wait_dump("gateway A to learn the replica was deleted", |d| {
             !lists(d, &uid)
         })
@@ -158,6 +182,16 @@ impl Lab {
             drain,
             del: del.took,
             acknowledged: del.acknowledged,
+            steps,
         })
     }
+}
+
+/// Whether the dump lists `uid` among the endpoints of a Service.
+fn is_endpoint(dump: &serde_json::Value, uid: &str) -> bool {
+    dump["services"].as_array().is_some_and(|services| {
+        services
+            .iter()
+            .any(|s| s.to_string().contains(&format!("\"{uid}\"")))
+    })
 }

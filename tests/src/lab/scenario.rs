@@ -28,6 +28,8 @@ pub struct Lab {
     _replacement: Option<AppPod>,
     /// `rollout`: the running replicas (generation 0, then 1).
     pub(super) replicas: Vec<(Pod, AppPod)>,
+    /// `rollout`: when each new replica was ready (for the notes).
+    pub(super) surged: Vec<String>,
     /// Second-generation gateways (`gateway-restart`), kept until the end.
     pub(super) restarted: Vec<Gateway>,
     pub(super) gw_a: Gateway,
@@ -81,7 +83,7 @@ impl Lab {
         if rollout {
             workloads = workloads.for_rollout();
             for &pod in &first_replicas {
-                workloads.add_replica(pod, topo.pod_ip(pod))?;
+                workloads.add_replica(pod, topo.pod_ip(pod), true)?;
             }
         }
         workloads.write()?;
@@ -118,6 +120,7 @@ impl Lab {
             reuse: None,
             _replacement: replacement,
             replicas,
+            surged: Vec::new(),
             gw_a,
             gw_b,
             _gw_c: gw_c,
@@ -293,11 +296,21 @@ impl Lab {
         what: &str,
         check: impl Fn(&serde_json::Value) -> bool,
     ) -> Result<(), LabError> {
+        self.wait_dump_of(&self.gw_a, what, check).await
+    }
+
+    /// Polls `gw`'s `/config_dump` (5 ms) until `check` holds, at most 10 s.
+    pub(super) async fn wait_dump_of(
+        &self,
+        gw: &Gateway,
+        what: &str,
+        check: impl Fn(&serde_json::Value) -> bool,
+    ) -> Result<(), LabError> {
         let started = Instant::now();
         let mut tick = tokio::time::interval(Duration::from_millis(5));
         loop {
             tick.tick().await;
-            if let Ok(body) = self.gw_a.admin.get_ok("/config_dump").await {
+            if let Ok(body) = gw.admin.get_ok("/config_dump").await {
                 if serde_json::from_str(&body).is_ok_and(|d| check(&d)) {
                     return Ok(());
                 }

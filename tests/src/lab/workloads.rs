@@ -41,6 +41,8 @@ struct Replica {
     pod: Pod,
     ip: String,
     state: OldState,
+    /// Ready: an endpoint of the Service (before, a pod its node knows).
+    ready: bool,
 }
 
 /// A replica's uid (and pod name, after `server-`).
@@ -87,10 +89,23 @@ impl Workloads {
         self
     }
 
+    /// A server pod, an endpoint of the Service.
     fn server(&self, uid: &str, name: &str, sa: &str, ip: &str, node: &str, extra: &str) -> String {
+        self.pod(
+            uid,
+            name,
+            sa,
+            ip,
+            node,
+            &format!(", services: [server]{extra}"),
+        )
+    }
+
+    /// A server pod, in no Service unless `extra` says so.
+    fn pod(&self, uid: &str, name: &str, sa: &str, ip: &str, node: &str, extra: &str) -> String {
         format!(
             "- {{uid: {uid}, name: {name}, namespace: lab, service_account: {sa}, ips: [{ip}], \
-             node: {node}, labels: {{app: server}}, services: [server], \
+             node: {node}, labels: {{app: server}}, \
              annotations: {{tidegate.io/drain-policy: {}}}{extra}}}\n",
             self.policy
         )
@@ -106,6 +121,9 @@ impl Workloads {
             for r in replicas {
                 let (uid, name) = (replica_uid(r.pod), replica_name(r.pod));
                 match r.state {
+                    OldState::Running if !r.ready => {
+                        s.push_str(&self.pod(&uid, &name, "server", &r.ip, "node-b", ""))
+                    }
                     OldState::Running => {
                         s.push_str(&self.server(&uid, &name, "server", &r.ip, "node-b", ""))
                     }
@@ -180,13 +198,28 @@ impl Workloads {
         self.write()
     }
 
-    /// A replica listed running (ready) at `ip`.
-    pub fn add_replica(&mut self, pod: Pod, ip: std::net::Ipv4Addr) -> Result<(), LabError> {
+    /// A replica listed at `ip`, ready (an endpoint of the Service) or
+    /// not yet.
+    pub fn add_replica(
+        &mut self,
+        pod: Pod,
+        ip: std::net::Ipv4Addr,
+        ready: bool,
+    ) -> Result<(), LabError> {
         self.replicas_mut().push(Replica {
             pod,
             ip: ip.to_string(),
             state: OldState::Running,
+            ready,
         });
+        self.write()
+    }
+
+    /// A replica turned ready: it joins the Service's endpoints.
+    pub fn ready_replica(&mut self, pod: Pod) -> Result<(), LabError> {
+        if let Some(r) = self.replicas_mut().iter_mut().find(|r| r.pod == pod) {
+            r.ready = true;
+        }
         self.write()
     }
 
