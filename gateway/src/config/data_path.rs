@@ -216,6 +216,11 @@ pub struct OutboundConfig {
     /// still counts them).
     #[serde(with = "duration")]
     pub failing_skip: Duration,
+    /// Tries per connection to a Service: when an endpoint's connect fails
+    /// (its tunnel's dial, or a CONNECT its gateway refused: 5xx, a reset,
+    /// no answer) another endpoint is chosen, the failed one now skipped.
+    /// Nothing of the application's has been sent by then. 1: never again.
+    pub connect_attempts: u32,
 }
 
 impl Default for OutboundConfig {
@@ -228,6 +233,7 @@ impl Default for OutboundConfig {
             endpoint_choice: EndpointChoice::P2c,
             goaway_skip: Duration::from_secs(10),
             failing_skip: Duration::from_secs(5),
+            connect_attempts: 2,
         }
     }
 }

@@ -205,6 +205,13 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
             10 * MIN,
         )
         .because("0: a failed connect never takes an endpoint out of the choice; it doubles up to 16 times"),
+        count(
+            "outbound.connect_attempts",
+            u64::from(c.outbound.connect_attempts),
+            1,
+            5,
+        )
+        .because("1: a failed connect to a Service's endpoint is never tried on another"),
         dur(
             "outbound.unknown_in_cluster_wait",
             c.outbound.unknown_in_cluster_wait,

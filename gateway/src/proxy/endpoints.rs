@@ -142,7 +142,26 @@ impl EndpointPicker {
     /// find usable ones in a Service of thousands at constant cost); only
     /// when sampling finds too few does a full pass build the tiers.
     pub fn pick<'s>(&self, svc: &'s Service, port: u16) -> Option<&'s Endpoint> {
+        self.pick_avoiding(svc, port, None)
+    }
+
+    /// [`EndpointPicker::pick`], passing over the workload `avoid` as
+    /// `failing` whatever `outbound.failing_skip` says: the endpoint whose
+    /// connect just failed for this connection (`outbound.connect_attempts`).
+    /// It is chosen only when nothing else is left (the last resort).
+    pub fn pick_avoiding<'s>(
+        &self,
+        svc: &'s Service,
+        port: u16,
+        avoid: Option<&str>,
+    ) -> Option<&'s Endpoint> {
         let all = svc.endpoints.get(&port).map(Vec::as_slice).unwrap_or(&[]);
+        let skip_reason = |e: &Endpoint| {
+            if avoid == Some(e.workload.uid()) {
+                return Some("failing");
+            }
+            skip_reason(e, &self.pool, self.hbone_port, self.skips)
+        };
         let want = if self.choice == EndpointChoice::P2c && all.len() > 1 {
             2
         } else {
@@ -158,7 +177,7 @@ impl EndpointPicker {
             {
                 continue;
             }
-            match skip_reason(e, &self.pool, self.hbone_port, self.skips) {
+            match skip_reason(e) {
                 None => {
                     found[n] = Some(e);
                     n += 1;
@@ -182,13 +201,21 @@ impl EndpointPicker {
                 _ => None,
             };
         }
-        self.pick_by_pass(all)
+        self.pick_by_pass(all, avoid)
     }
 
     /// The full pass: every endpoint checked, the first non-empty tier used.
-    fn pick_by_pass<'s>(&self, all: &'s [Endpoint]) -> Option<&'s Endpoint> {
+    fn pick_by_pass<'s>(&self, all: &'s [Endpoint], avoid: Option<&str>) -> Option<&'s Endpoint> {
+        let avoided = |e: &&Endpoint| avoid == Some(e.workload.uid());
         let mut usable: Vec<&Endpoint> = Vec::with_capacity(all.len());
         for e in all {
+            if avoided(&e) {
+                self.metrics
+                    .skips
+                    .get_or_create(&Label { reason: "failing" })
+                    .inc();
+                continue;
+            }
             match skip_reason(e, &self.pool, self.hbone_port, self.skips) {
                 None => usable.push(e),
                 Some(reason) => {
@@ -201,7 +228,7 @@ impl EndpointPicker {
         } else {
             usable = all
                 .iter()
-                .filter(|e| e.conditions.serving && e.conditions.terminating)
+                .filter(|e| e.conditions.serving && e.conditions.terminating && !avoided(e))
                 .filter(|e| {
                     // A GOAWAY is what terminating endpoints send: not a skip here.
                     let (uid, failing) = (e.workload.uid(), self.skips.failing);
@@ -214,7 +241,10 @@ impl EndpointPicker {
             if !usable.is_empty() {
                 "terminating_fallback"
             } else {
-                usable = all.iter().collect();
+                usable = all.iter().filter(|e| !avoided(e)).collect();
+                if usable.is_empty() {
+                    usable = all.iter().collect();
+                }
                 "last_resort"
             }
         };

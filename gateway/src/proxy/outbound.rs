@@ -105,6 +105,12 @@ pub struct Routing {
     /// `tidegate_outbound_passthrough_total`: connections sent on in plain
     /// TCP to their original destination (no workload, no Service).
     pub passthrough: prometheus_client::metrics::counter::Counter,
+    /// `outbound.connect_attempts`.
+    pub connect_attempts: u32,
+    /// `tidegate_outbound_connect_retries_total{result}`: connections to a
+    /// Service tried on another endpoint after a failed connect, by how
+    /// they ended (`connected`, `failed`).
+    retries: Family<ResultLabel, Counter>,
 }
 
 impl Routing {
@@ -114,6 +120,10 @@ impl Routing {
 
     fn waypoint(&self, result: &'static str) {
         self.waypoints.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    fn retried(&self, result: &'static str) {
+        self.retries.get_or_create(&ResultLabel { result }).inc();
     }
 
     pub fn new(
@@ -142,6 +152,13 @@ impl Routing {
              never sent around it; other_network: a destination on another network, refused)",
             waypoints.clone(),
         );
+        let retries = Family::default();
+        registry.register(
+            "outbound_connect_retries",
+            "Connections to a Service tried on another endpoint after an endpoint's connect failed \
+             (outbound.connect_attempts), by result (connected, failed)",
+            retries.clone(),
+        );
         let waiting = prometheus_client::metrics::gauge::Gauge::default();
         registry.register(
             "outbound_unknown_in_cluster_waiting",
@@ -157,6 +174,8 @@ impl Routing {
             waypoints,
             waiting,
             passthrough,
+            connect_attempts: cfg.connect_attempts,
+            retries,
         })
     }
 }
@@ -353,71 +372,105 @@ impl Outbound {
         }
         let snapshot = self.workloads.snapshot();
         let (source, source_workload) = self.source_of(&snapshot, src)?;
+        drop(snapshot);
         ids.src = Some(source.clone());
-        let route = match self.route(&snapshot, dst, source_workload.as_deref()) {
-            Err(OutboundError::UnknownInCluster(_)) if !self.routing.unknown_wait.is_zero() => {
-                drop(snapshot);
-                self.await_discovery(dst).await?
-            }
-            r => {
-                drop(snapshot);
-                r?
-            }
-        };
-        let seen = |target, service| Seen {
-            source: source_workload.as_deref(),
-            identity: &source,
-            target,
-            service,
-        };
-        let (target, hbone_ip, authority, service, also) = match route {
-            Route::Passthrough => {
-                let report = seen(None, None).open(&self.metrics.istio, false);
-                return self
-                    .passthrough(tcp, (src, dst), dst, started, ids, report)
-                    .await;
-            }
-            Route::Tcp {
-                to,
-                target,
-                service,
-            } => {
-                let report =
-                    seen(Some(&target), service.as_deref()).open(&self.metrics.istio, false);
-                return self
-                    .passthrough(tcp, (src, dst), to, started, ids, report)
-                    .await;
-            }
-            Route::Hbone {
-                target,
-                hbone_ip,
-                authority,
-                service,
-                also,
-            } => (target, hbone_ip, authority, service, also),
-        };
-        ids.dst = Some(target.identity.clone());
-        let report = seen(Some(&target), service.as_deref()).open(&self.metrics.istio, true);
-        let key = PoolKey {
-            src: source,
-            dst_uid: target.uid().to_owned(),
-            dst: target.identity.clone(),
-            dst_also: also,
-            dst_addr: SocketAddr::new(hbone_ip, self.hbone_port),
-            src_netns: self.origin.netns(),
-        };
         let baggage = source_workload
             .as_deref()
             .and_then(|w| self.metrics.istio.baggage(w));
-        let connected = self
-            .pool
-            .connect_from(&key, authority, &self.origin, baggage)
-            .await;
-        let stream = match connected {
-            Ok(s) => s,
-            Err(e) => {
-                report.close(Flags::of_pool_error(&e));
-                return Err(e.into());
+        let mut attempt = 1;
+        let mut failed: Option<String> = None;
+        let (stream, report) = loop {
+            let snapshot = self.workloads.snapshot();
+            let routed = self.route(
+                &snapshot,
+                dst,
+                source_workload.as_deref(),
+                failed.as_deref(),
+            );
+            let route = match routed {
+                Err(OutboundError::UnknownInCluster(_)) if !self.routing.unknown_wait.is_zero() => {
+                    drop(snapshot);
+                    self.await_discovery(dst).await?
+                }
+                r => {
+                    drop(snapshot);
+                    r?
+                }
+            };
+            let seen = |target, service| Seen {
+                source: source_workload.as_deref(),
+                identity: &source,
+                target,
+                service,
+            };
+            let (target, hbone_ip, authority, service, also) = match route {
+                Route::Passthrough => {
+                    let report = seen(None, None).open(&self.metrics.istio, false);
+                    return self
+                        .passthrough(tcp, (src, dst), dst, started, ids, report)
+                        .await;
+                }
+                Route::Tcp {
+                    to,
+                    target,
+                    service,
+                } => {
+                    let report =
+                        seen(Some(&target), service.as_deref()).open(&self.metrics.istio, false);
+                    return self
+                        .passthrough(tcp, (src, dst), to, started, ids, report)
+                        .await;
+                }
+                Route::Hbone {
+                    target,
+                    hbone_ip,
+                    authority,
+                    service,
+                    also,
+                } => (target, hbone_ip, authority, service, also),
+            };
+            ids.dst = Some(target.identity.clone());
+            let report = seen(Some(&target), service.as_deref()).open(&self.metrics.istio, true);
+            let key = PoolKey {
+                src: source.clone(),
+                dst_uid: target.uid().to_owned(),
+                dst: target.identity.clone(),
+                dst_also: also,
+                dst_addr: SocketAddr::new(hbone_ip, self.hbone_port),
+                src_netns: self.origin.netns(),
+            };
+            let connected = self
+                .pool
+                .connect_from(&key, authority, &self.origin, baggage.clone())
+                .await;
+            match connected {
+                Ok(s) => {
+                    if attempt > 1 {
+                        self.routing.retried("connected");
+                    }
+                    break (s, report);
+                }
+                // A Service's endpoint that takes no connection now: the
+                // pool has recorded it (skipped from now on), and nothing of
+                // the application's was sent, so another endpoint may take
+                // the connection.
+                Err(e)
+                    if service.is_some()
+                        && e.endpoint_failed()
+                        && attempt < self.routing.connect_attempts =>
+                {
+                    report.close(Flags::of_pool_error(&e));
+                    debug!(error = %e, endpoint = target.uid(), attempt, "endpoint connect failed; choosing another");
+                    failed = Some(target.uid().to_owned());
+                    attempt += 1;
+                }
+                Err(e) => {
+                    report.close(Flags::of_pool_error(&e));
+                    if attempt > 1 {
+                        self.routing.retried("failed");
+                    }
+                    return Err(e.into());
+                }
             }
         };
         self.metrics.streams_open.inc();
@@ -450,11 +503,14 @@ impl Outbound {
     /// Where `dst` goes: a workload IP first, then a Service VIP:port (an
     /// endpoint chosen, drain-aware); neither: passthrough — unless it is
     /// inside the cluster's ranges and `unknown_in_cluster` refuses.
+    /// `avoid`: a Service's endpoint whose connect failed for this
+    /// connection, chosen again only when nothing else is left.
     fn route(
         &self,
         snapshot: &crate::workloads::WorkloadSnapshot,
         dst: SocketAddr,
         source: Option<&Workload>,
+        avoid: Option<&str>,
     ) -> Result<Route, OutboundError> {
         if let Some(w) = snapshot.by_ip(dst.ip()) {
             if let Some(wp) = &w.spec.waypoint {
@@ -491,11 +547,10 @@ impl Outbound {
                     return Ok(route);
                 }
             }
-            let e = self.routing.picker.pick(svc, dst.port()).ok_or_else(|| {
-                OutboundError::NoHealthyEndpoint {
-                    service: svc.key(),
-                    port: dst.port(),
-                }
+            let picked = self.routing.picker.pick_avoiding(svc, dst.port(), avoid);
+            let e = picked.ok_or_else(|| OutboundError::NoHealthyEndpoint {
+                service: svc.key(),
+                port: dst.port(),
             })?;
             if e.workload.spec.other_network {
                 return Err(self.refused(WaypointError::DestinationOnOtherNetwork {
@@ -575,7 +630,7 @@ impl Outbound {
         let deadline = tokio::time::Instant::now() + self.routing.unknown_wait;
         self.routing.waiting.inc();
         let routed = loop {
-            match self.route(&self.workloads.snapshot(), dst, None) {
+            match self.route(&self.workloads.snapshot(), dst, None, None) {
                 Err(OutboundError::UnknownInCluster(_)) => {}
                 r => {
                     self.routing.waited("learned");

@@ -194,6 +194,10 @@ fn policy(name: &str) -> String {
     )
 }
 
+fn retries(result: &str) -> String {
+    format!(r#"tidegate_outbound_connect_retries_total{{result="{result}"}}"#)
+}
+
 fn choices(reason: &str) -> String {
     format!(r#"tidegate_service_endpoint_choices_total{{reason="{reason}"}}"#)
 }
@@ -595,11 +599,12 @@ async fn an_endpoint_whose_connects_are_refused_is_passed_over_from_the_first_re
         ]
     );
 
-    // `lone` has no endpoint but e3: tried anyway (the last resort), and
-    // refused.
+    // `lone` has no endpoint but e3: tried anyway (the last resort), twice
+    // (`outbound.connect_attempts`), and refused.
     assert!(call_through(&lone, client).await.is_err());
-    assert_eq!(s.client_metric(&choices("last_resort")), 1.0);
-    assert_eq!(s.client_metric(refusals), 2.0);
+    assert_eq!(s.client_metric(&choices("last_resort")), 2.0);
+    assert_eq!(s.client_metric(refusals), 3.0);
+    assert_eq!(s.client_metric(&retries("failed")), 1.0);
 
     // The application is back: the next try succeeds, which ends the skip
     // at once — `echo` chooses e3 again (a quarter of its choices).
@@ -612,4 +617,41 @@ async fn an_endpoint_whose_connects_are_refused_is_passed_over_from_the_first_re
         e3_count.load(Ordering::SeqCst) > 1,
         "e3 chosen again after a connect to it succeeded"
     );
+}
+
+/// A crashed endpoint costs no connection through its Service: the CONNECT
+/// its gateway refuses is tried on another endpoint, before anything of
+/// the application's was sent. With failures never skipping
+/// (`failing_skip: 0`) and a random choice, e3 keeps being chosen, and
+/// every one of those connections goes through on the second try; with
+/// `connect_attempts: 1` the same choices fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connect_to_a_services_endpoint_is_tried_on_another() {
+    for (octet, attempts) in [(136, 2), (137, 1)] {
+        let opts = Options {
+            client_yaml: format!(
+                "outbound:\n  failing_skip: 0s\n  endpoint_choice: random\n  connect_attempts: {attempts}\n"
+            ),
+            ..Default::default()
+        };
+        // e3 has no application: its gateway answers every CONNECT 503.
+        let s = Svc::start_with(octet, opts, 4).await;
+        let refusals = r#"tidegate_pool_connect_refusals_total{reason="status_503"}"#;
+        let mut failed = 0;
+        for _ in 0..80 {
+            failed += usize::from(s.call().await.is_err());
+        }
+        let refused = s.client_metric(refusals);
+        assert!(refused >= 1.0, "e3 was never chosen in 80 connections");
+        if attempts == 2 {
+            assert_eq!(
+                failed, 0,
+                "a connection failed although another endpoint was up"
+            );
+            assert_eq!(s.client_metric(&retries("connected")), refused);
+        } else {
+            assert_eq!(failed as f64, refused, "each refusal failed its connection");
+            assert_eq!(s.client_metric(&retries("connected")), 0.0);
+        }
+    }
 }

@@ -93,6 +93,17 @@ fn says_failing(e: &StreamError) -> bool {
 }
 
 impl PoolError {
+    /// Whether the destination's endpoint takes no connection now (the
+    /// failures [`Pool`] records for `outbound.failing_skip`, and a pick
+    /// still backing off): another endpoint may take the connection. A
+    /// refusal by authorization or a GOAWAY is no such failure.
+    pub fn endpoint_failed(&self) -> bool {
+        match self {
+            PoolError::BackingOff { .. } | PoolError::Dial { .. } => true,
+            PoolError::Stream { source, .. } => says_failing(source),
+        }
+    }
+
     pub fn reason(&self) -> &'static str {
         match self {
             PoolError::BackingOff { .. } => "backing_off",
