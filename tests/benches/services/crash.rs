@@ -28,7 +28,7 @@ pub struct Crash {
 }
 
 /// One run: three endpoints, e2 crashes after [`WARM`].
-pub async fn run(octet: u8, choice: &str, failing_skip: &str) -> Crash {
+pub async fn run(octet: u8, choice: &str, failing_skip: &str, connect_attempts: u32) -> Crash {
     let mut port = 0;
     let mut apps = Vec::new();
     for i in 0..3 {
@@ -36,8 +36,9 @@ pub async fn run(octet: u8, choice: &str, failing_skip: &str) -> Crash {
         port = addr.port();
         apps.push(task);
     }
-    let client_yaml =
-        format!("outbound:\n  endpoint_choice: {choice}\n  failing_skip: {failing_skip}\n");
+    let client_yaml = format!(
+        "outbound:\n  endpoint_choice: {choice}\n  failing_skip: {failing_skip}\n  connect_attempts: {connect_attempts}\n"
+    );
     let (nodes, cap) = vip_nodes(octet, workloads(octet, port, 3), client_yaml).await;
     let started = Instant::now();
     let end = WARM + DELETED_AFTER + AFTER;
