@@ -28,6 +28,9 @@
 //! `app.kubernetes.io/version`, else `version`, else `latest` (istiod's
 //! rule). The workload name is its Deployment's or Job's, else the pod's.
 
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -38,6 +41,7 @@ use http::HeaderValue;
 use crate::hbone::baggage::Baggage;
 use crate::identity::SpiffeId;
 use crate::proxy::copy::ByteCounters;
+use crate::sync::Locked;
 use crate::workloads::Workload;
 
 const UNKNOWN: &str = "unknown";
@@ -127,7 +131,37 @@ pub struct IstioTcpMetrics {
     failed: Family<TrafficLabels, Counter>,
     sent: Family<TrafficLabels, Counter>,
     received: Family<TrafficLabels, Counter>,
-    cluster: String,
+    cluster: Arc<str>,
+    /// The label sets of open connections, one copy each: every
+    /// connection between the same two workloads shares it, so an idle
+    /// connection holds a pointer, not nineteen strings.
+    interned: Arc<Mutex<Interned>>,
+}
+
+#[derive(Debug, Default)]
+struct Interned {
+    sets: HashSet<Arc<TrafficLabels>>,
+    /// Sets no open connection holds are dropped when the table reaches
+    /// this size (then twice what is left): amortised, and bounded by the
+    /// open connections' distinct sets.
+    prune_at: usize,
+}
+
+impl IstioTcpMetrics {
+    /// The shared copy of `labels`.
+    fn intern(&self, labels: TrafficLabels) -> Arc<TrafficLabels> {
+        let mut i = self.interned.locked();
+        if let Some(shared) = i.sets.get(&labels) {
+            return shared.clone();
+        }
+        if i.sets.len() >= i.prune_at {
+            i.sets.retain(|set| Arc::strong_count(set) > 1);
+            i.prune_at = (2 * i.sets.len()).max(64);
+        }
+        let shared = Arc::new(labels);
+        i.sets.insert(shared.clone());
+        shared
+    }
 }
 
 impl IstioTcpMetrics {
@@ -136,7 +170,7 @@ impl IstioTcpMetrics {
     /// `*_cluster` label of a known workload.
     pub fn register(registry: &mut Registry, cluster: &str) -> Self {
         let m = IstioTcpMetrics {
-            cluster: cluster.to_owned(),
+            cluster: cluster.into(),
             ..IstioTcpMetrics::default()
         };
         let r = registry.sub_registry_with_prefix("istio");
@@ -175,7 +209,7 @@ impl IstioTcpMetrics {
         Report {
             sent: self.sent.get_or_create(&labels).clone(),
             received: self.received.get_or_create(&labels).clone(),
-            labels,
+            labels: self.intern(labels),
             metrics: self.clone(),
             closed: false,
         }
@@ -354,7 +388,8 @@ impl Side {
 pub struct Report {
     sent: Counter,
     received: Counter,
-    labels: TrafficLabels,
+    /// Shared ([`IstioTcpMetrics::intern`]); `response_flags` is `-`.
+    labels: Arc<TrafficLabels>,
     metrics: IstioTcpMetrics,
     closed: bool,
 }
@@ -393,11 +428,14 @@ impl Report {
         if std::mem::replace(&mut self.closed, true) {
             return;
         }
-        self.labels.response_flags = flags.label();
-        self.metrics.closed.get_or_create(&self.labels).inc();
-        if flags != Flags::None {
-            self.metrics.failed.get_or_create(&self.labels).inc();
+        if flags == Flags::None {
+            self.metrics.closed.get_or_create(&self.labels).inc();
+            return;
         }
+        let mut labels = (*self.labels).clone();
+        labels.response_flags = flags.label();
+        self.metrics.closed.get_or_create(&labels).inc();
+        self.metrics.failed.get_or_create(&labels).inc();
     }
 }
 

@@ -390,7 +390,7 @@ impl Outbound {
             let route = match routed {
                 Err(OutboundError::UnknownInCluster(_)) if !self.routing.unknown_wait.is_zero() => {
                     drop(snapshot);
-                    self.await_discovery(dst).await?
+                    Box::pin(self.await_discovery(dst)).await?
                 }
                 r => {
                     drop(snapshot);
@@ -406,8 +406,8 @@ impl Outbound {
             let (target, hbone_ip, authority, service, also) = match route {
                 Route::Passthrough => {
                     let report = seen(None, None).open(&self.metrics.istio, false);
-                    return self
-                        .passthrough(tcp, (src, dst), dst, started, ids, report)
+                    // Boxed, as the connect below.
+                    return Box::pin(self.passthrough(tcp, (src, dst), dst, started, ids, report))
                         .await;
                 }
                 Route::Tcp {
@@ -417,8 +417,7 @@ impl Outbound {
                 } => {
                     let report =
                         seen(Some(&target), service.as_deref()).open(&self.metrics.istio, false);
-                    return self
-                        .passthrough(tcp, (src, dst), to, started, ids, report)
+                    return Box::pin(self.passthrough(tcp, (src, dst), to, started, ids, report))
                         .await;
                 }
                 Route::Hbone {
@@ -439,9 +438,13 @@ impl Outbound {
                 dst_addr: SocketAddr::new(hbone_ip, self.hbone_port),
                 src_netns: self.origin.netns(),
             };
-            let connected = self
-                .pool
-                .connect_from(&key, authority, &self.origin, baggage.clone())
+            // Boxed: the connect's state lives only while it runs, not in
+            // every proxied connection's task for its whole life.
+            let connected =
+                Box::pin(
+                    self.pool
+                        .connect_from(&key, authority, &self.origin, baggage.clone()),
+                )
                 .await;
             match connected {
                 Ok(s) => {

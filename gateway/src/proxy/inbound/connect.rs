@@ -289,7 +289,9 @@ impl Stream {
         let mut guard = deps.active.track();
         // The access line names the app port asked for, refused or not.
         let asked = asked_for(&req, &self.ctx);
-        let up = match self.open_upstream(&req, &mut respond).await {
+        // Boxed: the routing and dial state lives only while they run, not
+        // in every stream's task for its whole life.
+        let up = match Box::pin(self.open_upstream(&req, &mut respond)).await {
             Ok(up) => up,
             Err(Failed::Refused(e)) => return refuse(deps, &self.ctx, respond, e, asked, started),
             Err(Failed::Reset) => {
