@@ -489,3 +489,61 @@ mod flag_tests {
         }
     }
 }
+
+#[cfg(test)]
+mod intern_tests {
+    use super::*;
+
+    fn to(service: Option<ServiceRef<'_>>, mutual_tls: bool) -> Connection<'_> {
+        Connection {
+            reporter: Reporter::Source,
+            source: None,
+            source_identity: None,
+            source_baggage: None,
+            destination: None,
+            service,
+            mutual_tls,
+        }
+    }
+
+    #[test]
+    fn connections_with_the_same_labels_share_one_copy_while_one_is_open() {
+        let m = IstioTcpMetrics::register(&mut Registry::default(), "Kubernetes");
+        let (a, b, c) = (
+            m.open(to(None, true)),
+            m.open(to(None, true)),
+            m.open(to(None, false)),
+        );
+        assert!(Arc::ptr_eq(&a.labels, &b.labels), "the same set, one copy");
+        assert!(!Arc::ptr_eq(&a.labels, &c.labels));
+        // Sets no connection holds go once the table fills; a held one stays.
+        let names: Vec<String> = (0..200).map(|i| format!("svc-{i}")).collect();
+        for name in &names {
+            let svc = ServiceRef {
+                namespace: "ns",
+                name,
+            };
+            m.open(to(Some(svc), true)).close(Flags::None);
+        }
+        let left = m.interned.locked().sets.len();
+        assert!(
+            left < 64 + 2,
+            "closed connections' sets were dropped: {left} left"
+        );
+        assert!(Arc::ptr_eq(&a.labels, &m.open(to(None, true)).labels));
+        // A failed close is counted under its flag, the shared set untouched.
+        b.close(Flags::Connect);
+        assert_eq!(a.labels.response_flags, Flags::None.label());
+        assert_eq!(
+            m.failed
+                .get_or_create(&{
+                    let mut l = (*a.labels).clone();
+                    l.response_flags = Flags::Connect.label();
+                    l
+                })
+                .get(),
+            1
+        );
+        drop((a, c));
+    }
+}

@@ -87,11 +87,9 @@ async fn one_identity_is_refused_past_its_cap_while_another_is_served() {
     // tunnel under its identity: all three counted, the fourth is the one
     // over the cap.
     let accepted = r#"tidegate_connections_opened_total{direction="inbound"}"#;
-    eventually(
-        "the three tunnels counted",
-        Duration::from_secs(10),
-        || server_metric(&nodes, accepted) == 3.0,
-    )
+    eventually("the three tunnels counted", Duration::from_secs(10), || {
+        server_metric(&nodes, accepted) == 3.0
+    })
     .await;
     let (_send, conn) = tunnel_as(&nodes, "client")
         .await
