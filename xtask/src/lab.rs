@@ -28,6 +28,22 @@ const SMOKE_ARGS: &[&str] = &[
     "1s",
     "--check",
 ];
+/// The second smoke run: a rolling restart of two replicas.
+const ROLLOUT_SMOKE_ARGS: &[&str] = &[
+    "--scenario",
+    "rollout",
+    "--replicas",
+    "2",
+    "--policies",
+    "recommended",
+    "--rate",
+    "50",
+    "--long-streams",
+    "2",
+    "--app-drain",
+    "1s",
+    "--check",
+];
 /// Bound on the smoke run (SIGTERM, then SIGKILL 10 s later): the lab
 /// cleans up its namespaces on SIGTERM.
 const SMOKE_TIMEOUT_SECS: u32 = 120;
@@ -51,10 +67,18 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// The smoke stage: one bounded lab run, one check (skipped without root
-/// or without `ip`/`iptables`, as the netns tests skip).
+/// The smoke stage: two bounded lab runs (a termination, a rolling
+/// restart), a check each (skipped without root or without
+/// `ip`/`iptables`, as the netns tests skip).
 pub fn smoke(root: &Path, checks: &mut Checks) -> Result<()> {
-    let name = format!("drain lab smoke (`drain-lab {}`)", SMOKE_ARGS.join(" "));
+    for args in [SMOKE_ARGS, ROLLOUT_SMOKE_ARGS] {
+        smoke_run(root, checks, args)?;
+    }
+    Ok(())
+}
+
+fn smoke_run(root: &Path, checks: &mut Checks, args: &[&str]) -> Result<()> {
+    let name = format!("drain lab smoke (`drain-lab {}`)", args.join(" "));
     if let Some(why) = cannot_run() {
         checks.skip(&name, why);
         return Ok(());
@@ -64,7 +88,7 @@ pub fn smoke(root: &Path, checks: &mut Checks) -> Result<()> {
     let out = Command::new("timeout")
         .args(["-s", "TERM", "-k", "10", &SMOKE_TIMEOUT_SECS.to_string()])
         .arg(&bin)
-        .args(SMOKE_ARGS)
+        .args(args)
         .current_dir(root)
         .output()
         .with_context(|| format!("running {}", bin.display()))?;

@@ -9,7 +9,7 @@
 //!   the plugins, build every target of the workspace with its crates
 //!   linted as they compile (`lint.rs`: clippy, `-D warnings`), run every
 //!   test of the workspace, the plugins' native tests,
-//!   every fuzz target for a bounded time, the drain lab's smoke run
+//!   every fuzz target for a bounded time, the drain lab's smoke runs
 //!   (`lab.rs`), then start the demo as `demo --check` does and run the
 //!   READMEs' shell blocks against it (`readme.rs`). Before any build it
 //!   checks ARCHITECTURE.md against the code (`architecture.rs`).
@@ -26,7 +26,7 @@
 //!   `gateway/tests/readme_config.rs` then checks it, and `test` runs that.
 //! - `lab [ARGS…]`: build as `test` does, then run the drain lab
 //!   (`target/debug/drain-lab ARGS`; needs root). `test` runs a bounded
-//!   smoke run of it (`lab.rs`).
+//!   smoke runs of it (`lab.rs`).
 //! - `demo [--check] [ARGS…]`: build the plugins and the gateway (dev profile:
 //!   the build the tests use) and run it on the embedded default; extra
 //!   arguments go to `tidegate run`. `--check` runs the "try next" lines the
@@ -270,9 +270,9 @@ fn run_architecture(root: &std::path::Path, tally: &mut Tally) -> Result<()> {
     count(tally, &checks, "architecture")
 }
 
-/// The drain lab's smoke run (`lab.rs`), counted in the tally.
+/// The drain lab's smoke runs (`lab.rs`), counted in the tally.
 fn run_lab_smoke(root: &std::path::Path, tally: &mut Tally) -> Result<()> {
-    println!("\nrunning the drain lab's smoke run");
+    println!("\nrunning the drain lab's smoke runs");
     let mut checks = checks::Checks::default();
     lab::smoke(root, &mut checks)?;
     count(tally, &checks, "drain lab smoke")
