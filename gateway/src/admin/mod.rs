@@ -44,7 +44,7 @@ pub struct AdminState {
     /// In-pod mode: the pods served in their own namespaces.
     pub pods: Option<Arc<crate::inpod::pods::PodProxies>>,
     /// Services' endpoint choice (`/config_dump` shows why one is skipped).
-    pub routing: Arc<crate::proxy::outbound::Routing>,
+    pub routing: Arc<crate::proxy::routing::Routing>,
     /// `/config_dump` shows what the certificate source holds.
     pub certificates: Arc<dyn crate::tls::CertSource>,
     /// `drains.default_grace`: the grace of a `shutdown-starting` without `?grace=`.

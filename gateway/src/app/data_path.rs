@@ -14,7 +14,8 @@ use crate::inpod::pods::DataPath as PodDataPath;
 use crate::proxy::endpoints::{EndpointMetrics, EndpointPicker, Skips};
 use crate::proxy::inbound::limits::{Caps, ConnectionLimits};
 use crate::proxy::inbound::{Inbound, InboundMetrics, OwnPorts};
-use crate::proxy::outbound::{Outbound, Routing};
+use crate::proxy::outbound::Outbound;
+use crate::proxy::routing::Routing;
 
 pub(super) struct DataPath {
     pub inbound: Arc<Inbound>,

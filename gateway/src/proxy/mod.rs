@@ -1,7 +1,9 @@
 //! The data path: the listeners, the tunnels and the bytes.
 //!
 //! - [`outbound`]: the capture listener (15001), one pooled CONNECT stream per connection.
-//! - [`endpoints`]: a Service's endpoint for a new connection, drain-aware.
+//! - [`routing`]: what routes a connection to no workload IP (Services, the
+//!   cluster's ranges) and its counters; [`endpoints`]: a Service's endpoint
+//!   for a new connection, drain-aware.
 //! - [`pool`]: outbound HBONE tunnels per (peer, identity), reused and evicted.
 //! - [`inbound`]: the HBONE listener (15008); routes, authorizes and dials each CONNECT.
 //! - [`tunnels`]: the live inbound tunnels per workload (admin dump, drain engine).
@@ -26,5 +28,6 @@ pub mod outbound;
 pub mod plaintext;
 pub mod pool;
 pub mod port_holder;
+pub mod routing;
 pub mod tunnels;
 pub mod waypoint;

@@ -9,9 +9,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info_span, Instrument};
 
@@ -19,10 +16,10 @@ use crate::identity::SpiffeId;
 use crate::metrics::{AccessLog, ProxyMetrics};
 use crate::proxy::congestion::Congestion;
 use crate::proxy::copy::{copy_bidirectional, copy_tcp, Transferred};
-use crate::proxy::endpoints::EndpointPicker;
 use crate::proxy::istio_tcp::{self, Flags, IstioTcpMetrics, Report, Reporter, ServiceRef};
 use crate::proxy::origin::Origin;
 use crate::proxy::pool::{Pool, PoolError, PoolKey};
+use crate::proxy::routing::Routing;
 use crate::proxy::waypoint::{self, WaypointError};
 use crate::shutdown::{ActiveStreams, ShutdownWatch, StreamGuard};
 use crate::workloads::services::Service;
@@ -84,105 +81,6 @@ pub struct Outbound {
     listen_addr: std::sync::OnceLock<SocketAddr>,
     origin: Origin,
     routing: Arc<Routing>,
-}
-
-/// How destinations that are no workload IP are routed: Services, and the
-/// cluster's ranges.
-pub struct Routing {
-    pub picker: EndpointPicker,
-    pub cluster_cidrs: Vec<crate::config::Cidr>,
-    pub unknown_in_cluster: crate::config::UnknownInCluster,
-    /// How long an unknown address inside the ranges waits for discovery.
-    pub unknown_wait: std::time::Duration,
-    /// `tidegate_outbound_unknown_in_cluster_waits_total{result}`: waits
-    /// for discovery that ended with the address `learned` or `refused`.
-    waits: Family<ResultLabel, Counter>,
-    /// `tidegate_outbound_unknown_in_cluster_waiting`: connections waiting now.
-    waiting: prometheus_client::metrics::gauge::Gauge,
-    /// `tidegate_outbound_waypoint_total{result}`: connections to a
-    /// destination with a waypoint, or on another network.
-    waypoints: Family<ResultLabel, Counter>,
-    /// `tidegate_outbound_passthrough_total`: connections sent on in plain
-    /// TCP to their original destination (no workload, no Service).
-    pub passthrough: prometheus_client::metrics::counter::Counter,
-    /// `outbound.connect_attempts`.
-    pub connect_attempts: u32,
-    /// `tidegate_outbound_connect_retries_total{result}`: connections to a
-    /// Service tried on another endpoint after a failed connect, by how
-    /// they ended (`connected`, `failed`).
-    retries: Family<ResultLabel, Counter>,
-}
-
-impl Routing {
-    fn waited(&self, result: &'static str) {
-        self.waits.get_or_create(&ResultLabel { result }).inc();
-    }
-
-    fn waypoint(&self, result: &'static str) {
-        self.waypoints.get_or_create(&ResultLabel { result }).inc();
-    }
-
-    fn retried(&self, result: &'static str) {
-        self.retries.get_or_create(&ResultLabel { result }).inc();
-    }
-
-    pub fn new(
-        picker: EndpointPicker,
-        cfg: &crate::config::OutboundConfig,
-        registry: &mut prometheus_client::registry::Registry,
-    ) -> Arc<Self> {
-        let passthrough = prometheus_client::metrics::counter::Counter::default();
-        registry.register(
-            "outbound_passthrough",
-            "Captured connections passed through in plain TCP (destination is no workload and no Service)",
-            passthrough.clone(),
-        );
-        let waits = Family::default();
-        registry.register(
-            "outbound_unknown_in_cluster_waits",
-            "Connections to an unknown address inside the cluster's ranges that waited for \
-             discovery, by result (learned: it became known; refused: it did not in time)",
-            waits.clone(),
-        );
-        let waypoints = Family::default();
-        registry.register(
-            "outbound_waypoint",
-            "Connections to a destination with a waypoint, by result (routed: through it; \
-             from_waypoint: the source is the waypoint, sent straight on; waypoint_*: refused, \
-             never sent around it; other_network: a destination on another network, refused)",
-            waypoints.clone(),
-        );
-        let retries = Family::default();
-        registry.register(
-            "outbound_connect_retries",
-            "Connections to a Service tried on another endpoint after an endpoint's connect failed \
-             (outbound.connect_attempts), by result (connected, failed)",
-            retries.clone(),
-        );
-        let waiting = prometheus_client::metrics::gauge::Gauge::default();
-        registry.register(
-            "outbound_unknown_in_cluster_waiting",
-            "Connections waiting now for discovery to learn their address",
-            waiting.clone(),
-        );
-        Arc::new(Routing {
-            picker,
-            cluster_cidrs: cfg.cluster_cidrs.clone(),
-            unknown_in_cluster: cfg.unknown_in_cluster,
-            unknown_wait: cfg.unknown_in_cluster_wait,
-            waits,
-            waypoints,
-            waiting,
-            passthrough,
-            connect_attempts: cfg.connect_attempts,
-            retries,
-        })
-    }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ResultLabel {
-    result: &'static str,
 }
 
 /// Where a connection goes once routed.
