@@ -302,22 +302,6 @@ impl Outbound {
                 service,
             };
             let (target, hbone_ip, authority, service, also) = match route {
-                Route::Passthrough => {
-                    let report = seen(None, None).open(&self.metrics.istio, false);
-                    // Boxed, as the connect below.
-                    return Box::pin(self.passthrough(tcp, (src, dst), dst, started, ids, report))
-                        .await;
-                }
-                Route::Tcp {
-                    to,
-                    target,
-                    service,
-                } => {
-                    let report =
-                        seen(Some(&target), service.as_deref()).open(&self.metrics.istio, false);
-                    return Box::pin(self.passthrough(tcp, (src, dst), to, started, ids, report))
-                        .await;
-                }
                 Route::Hbone {
                     target,
                     hbone_ip,
@@ -325,6 +309,20 @@ impl Outbound {
                     service,
                     also,
                 } => (target, hbone_ip, authority, service, also),
+                plain => {
+                    let (to, report) = match &plain {
+                        Route::Tcp {
+                            to,
+                            target,
+                            service,
+                        } => (*to, seen(Some(target), service.as_deref())),
+                        _ => (dst, seen(None, None)),
+                    };
+                    let report = report.open(&self.metrics.istio, false);
+                    // Boxed, as the connect below.
+                    return Box::pin(self.passthrough(tcp, (src, dst), to, started, ids, report))
+                        .await;
+                }
             };
             ids.dst = Some(target.identity.clone());
             let report = seen(Some(&target), service.as_deref()).open(&self.metrics.istio, true);
