@@ -31,7 +31,8 @@
 //! instead (any HBONE gateway a command line starts; `--pair tidegate` is
 //! the built-in line): see [`pair`]; with `--restart` as well, what a
 //! stop-and-start and a `kill -9` of node B's gateway cost new connections,
-//! pair by pair. With `-- --authorization`, how long a
+//! pair by pair; with `--rollout`, what a rolling restart and a crash of
+//! the replicas behind a Service VIP cost the clients. With `-- --authorization`, how long a
 //! policy change takes to close the streams it refuses among 10,000 live
 //! ones: see [`authorization`].
 
@@ -80,6 +81,10 @@ const RATE_CONCURRENCY: usize = 8;
 const MEM_CONNS: usize = 10_000;
 const MEM_STREAMS_PER_TUNNEL: usize = 100;
 const MEM_TUNNEL_CONNS: usize = 1_000;
+/// The same idle connections spread over this many destination workloads
+/// (`127.<NS_OCTET>.1.<1..=N>`, one echo process on `NS_DESTS_PORT`).
+const MEM_DESTINATIONS: u8 = 100;
+const NS_DESTS_PORT: u16 = 8081;
 const MEM_CONCURRENCY: usize = 200;
 const MEM_PHASE_MAX_TIME: Duration = Duration::from_secs(60);
 /// Any single network operation.
@@ -1040,11 +1045,12 @@ async fn memory_phase(
     dir: &Path,
     n: usize,
     max_streams: usize,
+    dests: &[SocketAddr],
 ) -> anyhow::Result<MemResult> {
     let b = start_gateway(bin, dir, "node-b", "node-b", &NODE_B, max_streams).await?;
     let a = start_gateway(bin, dir, "node-a", "node-a", &NODE_A, max_streams).await?;
     let client_ip = ip(NS_OCTET, 3);
-    let echo = SocketAddr::new(ip(NS_OCTET, 2), NS_ECHO_PORT);
+    let echo = dests[0];
 
     // One-time costs (certificates minted, TLS configs, the first tunnel,
     // runtime warm-up) belong to the baseline, not to the connections.
@@ -1067,6 +1073,7 @@ async fn memory_phase(
     let mut launched = 0;
     while (launched < n || !inflight.is_empty()) && start.elapsed() < MEM_PHASE_MAX_TIME {
         while launched < n && inflight.len() < MEM_CONCURRENCY {
+            let echo = dests[launched % dests.len()];
             launched += 1;
             inflight.spawn(async move {
                 let mut c = connect_from(Some(client_ip), echo).await?;
@@ -1132,6 +1139,7 @@ struct Processes {
     warm_tg: Lat,
     mem: MemResult,
     mem_tunnel: MemResult,
+    mem_dests: MemResult,
 }
 
 /// `DATAPLANE_PERF=<file>`: record a `perf` profile of both gateways
@@ -1195,12 +1203,41 @@ async fn processes(bin: PathBuf) -> anyhow::Result<Processes> {
             &NODE_A.outbound.to_string(),
         ],
     )?;
-    let dir = tempfile::tempdir()?;
-    std::fs::write(
-        dir.path().join("workloads.yaml"),
-        workloads_yaml(NS_OCTET, "echo"),
+    // ... and its connections to the destination workloads of [4''].
+    run(
+        "iptables",
+        &[
+            "-w",
+            "-t",
+            "nat",
+            "-A",
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "-s",
+            &client,
+            "-d",
+            &format!("127.{NS_OCTET}.1.0/24"),
+            "--dport",
+            &NS_DESTS_PORT.to_string(),
+            "-j",
+            "REDIRECT",
+            "--to-ports",
+            &NODE_A.outbound.to_string(),
+        ],
     )?;
+    let dir = tempfile::tempdir()?;
+    let mut workloads = workloads_yaml(NS_OCTET, "echo");
+    for d in destinations() {
+        workloads += &format!(
+            "- {{uid: dest-{ip}, name: dest-{ip}, namespace: demo, service_account: echo, ips: [{ip}], node: node-b}}\n",
+            ip = d.ip()
+        );
+    }
+    std::fs::write(dir.path().join("workloads.yaml"), workloads)?;
     let _echo = spawn_echo_child(SocketAddr::new(ip(NS_OCTET, 2), NS_ECHO_PORT))?;
+    let _dests_echo =
+        spawn_echo_child(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), NS_DESTS_PORT))?;
     let sink_l = TcpListener::bind(SocketAddr::new(ip(NS_OCTET, 2), NS_SINK_PORT)).await?;
     let mut sink_rx = sink_backend(sink_l);
     let client_ip = ip(NS_OCTET, 3);
@@ -1274,12 +1311,36 @@ async fn processes(bin: PathBuf) -> anyhow::Result<Processes> {
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     println!("\n[4] memory: {MEM_CONNS} idle application connections, pool.max_streams_per_tunnel={MEM_STREAMS_PER_TUNNEL}  [processes+netns, iptables REDIRECT]");
-    out.mem = memory_phase(&bin, dir.path(), MEM_CONNS, MEM_STREAMS_PER_TUNNEL).await?;
+    out.mem = memory_phase(
+        &bin,
+        dir.path(),
+        MEM_CONNS,
+        MEM_STREAMS_PER_TUNNEL,
+        &[echo_addr],
+    )
+    .await?;
     print_mem(&out.mem);
     println!("\n[4'] memory per tunnel in isolation: {MEM_TUNNEL_CONNS} idle connections, pool.max_streams_per_tunnel=1  [processes+netns]");
-    out.mem_tunnel = memory_phase(&bin, dir.path(), MEM_TUNNEL_CONNS, 1).await?;
+    out.mem_tunnel = memory_phase(&bin, dir.path(), MEM_TUNNEL_CONNS, 1, &[echo_addr]).await?;
     print_mem(&out.mem_tunnel);
+    println!("\n[4''] {MEM_CONNS} idle connections to {MEM_DESTINATIONS} destination workloads, pool.max_streams_per_tunnel={MEM_STREAMS_PER_TUNNEL}  [processes+netns]");
+    out.mem_dests = memory_phase(
+        &bin,
+        dir.path(),
+        MEM_CONNS,
+        MEM_STREAMS_PER_TUNNEL,
+        &destinations(),
+    )
+    .await?;
+    print_mem(&out.mem_dests);
     Ok(out)
+}
+
+/// The destination workloads of [4''].
+fn destinations() -> Vec<SocketAddr> {
+    (1..=MEM_DESTINATIONS)
+        .map(|h| SocketAddr::new(Ipv4Addr::new(127, NS_OCTET, 1, h).into(), NS_DESTS_PORT))
+        .collect()
 }
 
 fn print_mem(m: &MemResult) {
@@ -1413,8 +1474,12 @@ fn main() -> anyhow::Result<()> {
         return echo_process(&addr);
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_some_and(|a| a == "app-server") {
+        // `--rollout`'s replicas: the drain lab's app, run by this program.
+        return pair::app_server(&args[1..]);
+    }
     if let Some(pairs) = pair::parse_args(&args)? {
-        return pair::run(pairs, args.iter().any(|a| a == "--restart"));
+        return pair::run(pairs, pair::Mode::of(&args));
     }
     if args.iter().any(|a| a == "--authorization") {
         let nofile = raise_nofile(65_536);
@@ -1589,6 +1654,22 @@ fn main() -> anyhow::Result<()> {
             "-".into(),
             "-",
             None,
+        ));
+        let d = &p.mem_dests;
+        rows.push(row(
+            &format!(
+                "idle conns to {MEM_DESTINATIONS} destinations: failed, tunnels, RSS per conn A+B KiB"
+            ),
+            format!(
+                "{} of {MEM_CONNS}, {} tunnels, {:.2}",
+                MEM_CONNS - d.conns,
+                d.tunnels,
+                d.per_conn_kib()
+            ),
+            "-".into(),
+            "-".into(),
+            "0 failed",
+            Some(d.conns == MEM_CONNS),
         ));
         let t = &p.mem_tunnel;
         let k = MEM_STREAMS_PER_TUNNEL as f64;

@@ -202,6 +202,26 @@ impl XdsDouble {
         }
     }
 
+    /// Waits until `n` clients have replied to `nonce` (every gateway
+    /// of a node pair applied one push); the first NACK's message if one
+    /// refused it.
+    pub async fn replied_by(&self, nonce: &str, n: usize) -> Result<(), String> {
+        let mut events = self.events.clone();
+        loop {
+            {
+                let held = self.state.held.lock().unwrap();
+                let mut to = held.replies.iter().filter(|r| r.nonce == nonce);
+                if let Some(nack) = to.clone().find_map(|r| r.nack.clone()) {
+                    return Err(nack);
+                }
+                if to.by_ref().count() >= n {
+                    return Ok(());
+                }
+            }
+            events.changed().await.map_err(|e| e.to_string())?;
+        }
+    }
+
     /// Waits until `n` streams have been opened.
     pub async fn opened_at_least(&self, n: usize) -> Vec<Opened> {
         let mut events = self.events.clone();

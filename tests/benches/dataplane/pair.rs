@@ -24,13 +24,17 @@
 //! | `DP_CA_ADDRESS` | an Istio CA (`tidegate-ca` in this process over the Kubernetes API double; trusts `tidegate-system/tidegate`) |
 //! | `DP_CA_ROOT` | its root certificate (PEM) |
 //! | `DP_TOKEN` | a token file the CA accepts for this node's gateway |
+//! | `DP_XDS_ADDRESS` / `DP_XDS_ROOT` | istiod's delta ADS (the xDS double: workloads, and the Service of `--rollout`) and its root (ztunnel's `XDS_ADDRESS`, `XDS_ROOT_CA`) |
 //! | `DP_TRUST_DOMAIN` / `DP_CLUSTER_ID` | `cluster.local` / `Kubernetes` |
 //! | `DP_DIR` | `workloads.yaml` (tidegate's workload file) and `local-xds.yaml` (the same two pods in ztunnel's `LOCAL_XDS_PATH` format) |
 //! | `DP_LOG` | a file for the gateway's log (access logs on) |
 //!
 //! `--pair tidegate` (no `=`) is the built-in line: the release `tidegate
 //! run` in `capture.mode: inpod` with `zds_socket: $DP_ZDS` and
-//! `certificates.source: istio-ca`.
+//! `certificates.source: istio-ca`; its workloads come from the file, or
+//! with `--rollout` from the xDS double (with the `recommended` policy).
+//! `--rollout` needs every pair to take its workloads from
+//! `DP_XDS_ADDRESS`: the replicas change during the run.
 //!
 //! A pair is up when both have ACKed their pod's `AddWorkload` and the ZDS
 //! snapshot, and a 1-byte round trip from pod A to pod B has gone through.
@@ -63,19 +67,28 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use prost::Message as _;
 use serde_json::json;
 use tidegate_e2e::ca::{ca_config, gateway_pod};
 use tidegate_e2e::inpod::InpodTopology;
 use tidegate_e2e::kube_api::{FakeApiServer, Kind};
+use tidegate_e2e::lab::app_server::APP_PORT;
 use tidegate_e2e::measure::{
     idle_conns, measure, median, new_conns, servers, throughput, warm_rr, Figures, RR_WARMUP,
 };
 use tidegate_e2e::netns::NsThread;
+use tidegate_e2e::xds_double::XdsDouble;
 use tidegate_e2e::zds_double::{expect_ack, PodSpec, ZdsConn, ZdsDouble};
+use tidegate_xds::client::ADDRESS;
+use tidegate_xds::workload::{
+    address, Address, Port, PortList, TunnelProtocol, Workload, WorkloadStatus,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[path = "pair_restart.rs"]
 mod restart;
+#[path = "pair_rollout.rs"]
+mod rollout;
 
 /// Rounds unless `DATAPLANE_ROUNDS` says otherwise.
 const ROUNDS: usize = 3;
@@ -87,6 +100,10 @@ const UP_WITHIN: Duration = Duration::from_secs(30);
 const PHASE_WITHIN: Duration = Duration::from_secs(90);
 const CA_PORT: u16 = 15012;
 const NS: &str = "bench";
+/// `--rollout`'s Service: `echo.bench.svc.cluster.local`, port 80 → the
+/// replicas' app.
+const SERVICE_HOST: &str = "echo.bench.svc.cluster.local";
+const SERVICE_PORT: u16 = 80;
 
 /// One gateway pair to measure.
 pub struct PairSpec {
@@ -144,12 +161,36 @@ struct Env {
     pod_a: NsThread,
     pod_b: NsThread,
     ca_addr: SocketAddr,
+    /// istiod (the xDS double) on node A, reached by node B over the link.
+    xds: XdsDouble,
     bin: Option<PathBuf>,
     /// The CA and the API double (their runtime lives on this thread).
     _na: NsThread,
 }
 
-pub fn run(pairs: Vec<PairSpec>, restart: bool) -> anyhow::Result<()> {
+/// What a `--pair` run measures.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The data path's figures (the default).
+    DataPath,
+    /// `--restart`: node B's gateway restarted under load.
+    Restart,
+    /// `--rollout`: replicas behind a Service VIP replaced and crashed.
+    Rollout,
+}
+
+impl Mode {
+    pub fn of(args: &[String]) -> Mode {
+        let has = |flag: &str| args.iter().any(|a| a == flag);
+        match (has("--rollout"), has("--restart")) {
+            (true, _) => Mode::Rollout,
+            (false, true) => Mode::Restart,
+            (false, false) => Mode::DataPath,
+        }
+    }
+}
+
+pub fn run(pairs: Vec<PairSpec>, mode: Mode) -> anyhow::Result<()> {
     let rounds = tidegate_e2e::env_count("DATAPLANE_ROUNDS", ROUNDS, MAX_ROUNDS)
         .map_err(anyhow::Error::msg)?;
     // SAFETY: geteuid has no preconditions.
@@ -162,10 +203,10 @@ pub fn run(pairs: Vec<PairSpec>, restart: bool) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(bench(pairs, rounds, restart))
+    rt.block_on(bench(pairs, rounds, mode))
 }
 
-async fn bench(pairs: Vec<PairSpec>, rounds: usize, restart: bool) -> anyhow::Result<()> {
+async fn bench(pairs: Vec<PairSpec>, rounds: usize, mode: Mode) -> anyhow::Result<()> {
     let topo = InpodTopology::new("dp", 0);
     let _guard = topo.build();
     let dir = tempfile::tempdir()?;
@@ -173,9 +214,11 @@ async fn bench(pairs: Vec<PairSpec>, rounds: usize, restart: bool) -> anyhow::Re
         true => Some(super::gateway_binary()?),
         false => None,
     };
-    let env = setup(topo, dir.path(), bin).await?;
-    if restart {
-        return restart::bench(&env, &pairs, rounds).await;
+    let env = setup(topo, dir.path(), bin, mode).await?;
+    match mode {
+        Mode::Restart => return restart::bench(&env, &pairs, rounds).await,
+        Mode::Rollout => return rollout::bench(&env, &pairs, rounds).await,
+        Mode::DataPath => {}
     }
     println!(
         "gateway pairs side by side: {} rounds, interleaved; pod A {} → pod B {} (in-pod capture, HBONE across two nodes); load {}",
@@ -221,7 +264,12 @@ async fn bench(pairs: Vec<PairSpec>, rounds: usize, restart: bool) -> anyhow::Re
 }
 
 /// The namespaces' servers, the CA, and the files every pair reads.
-async fn setup(topo: InpodTopology, dir: &Path, bin: Option<PathBuf>) -> anyhow::Result<Env> {
+async fn setup(
+    topo: InpodTopology,
+    dir: &Path,
+    bin: Option<PathBuf>,
+    mode: Mode,
+) -> anyhow::Result<Env> {
     let pod_a = NsThread::idle(&topo.pa);
     let pod_b = NsThread::idle(&topo.pb);
     servers(&pod_b).await;
@@ -293,6 +341,46 @@ async fn setup(topo: InpodTopology, dir: &Path, bin: Option<PathBuf>) -> anyhow:
         .await
         .map_err(|e| anyhow::anyhow!("tidegate-ca: {e}"))?;
     std::fs::write(dir.join("ca-root.pem"), root_pem)?;
+    // istiod on node A's loopback; node B routes to it over the node link.
+    let istiod = topo.addr(141, 1);
+    super::run(
+        "ip",
+        &[
+            "-n",
+            &topo.na,
+            "addr",
+            "add",
+            &format!("{istiod}/32"),
+            "dev",
+            "lo",
+        ],
+    )?;
+    super::run(
+        "ip",
+        &[
+            "-n",
+            &topo.nb,
+            "route",
+            "add",
+            &format!("{istiod}/32"),
+            "via",
+            &topo.addr(0, 1).to_string(),
+        ],
+    )?;
+    let xds = na
+        .run("xds double", PHASE_WITHIN, async move {
+            Ok::<_, String>(XdsDouble::start_on(istiod.into()).await)
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("xds double: {e}"))?;
+    std::fs::write(dir.join("xds-root.pem"), &xds.root_pem)?;
+    for (name, ip, node) in [("client", a_ip, "node-a"), ("server", b_ip, "node-b")] {
+        xds.set(
+            ADDRESS,
+            &xds_uid(name),
+            encode_workload(&xds_workload(name, node, ip, true, false)),
+        );
+    }
     for node in ["a", "b"] {
         std::fs::write(
             dir.join(format!("node-{node}.token")),
@@ -301,22 +389,22 @@ async fn setup(topo: InpodTopology, dir: &Path, bin: Option<PathBuf>) -> anyhow:
     }
     let pods = [("client", a_ip, "node-a"), ("server", b_ip, "node-b")];
     let mut wl = String::from("workloads:\n");
-    let mut xds = String::from("workloads:\n");
+    let mut local_xds = String::from("workloads:\n");
     for (name, ip, node) in pods {
         wl += &format!(
             "- {{uid: {name}-uid, name: {name}, namespace: {NS}, service_account: {name}, ips: [{ip}], node: {node}}}\n"
         );
-        xds += &format!(
+        local_xds += &format!(
             "- {{uid: {name}-uid, name: {name}, namespace: {NS}, serviceAccount: {name}, workloadIps: [\"{ip}\"], protocol: HBONE, node: {node}, network: \"\", trustDomain: cluster.local, services: {{}}}}\n"
         );
     }
     std::fs::write(dir.join("workloads.yaml"), wl)?;
-    std::fs::write(dir.join("local-xds.yaml"), xds)?;
+    std::fs::write(dir.join("local-xds.yaml"), local_xds)?;
     if bin.is_some() {
         for node in ["node-a", "node-b"] {
             std::fs::write(
                 dir.join(format!("tidegate-{node}.yaml")),
-                tidegate_config(dir, node, ca_addr),
+                tidegate_config(dir, node, ca_addr, &topo, xds.addr, mode),
             )?;
         }
     }
@@ -326,22 +414,103 @@ async fn setup(topo: InpodTopology, dir: &Path, bin: Option<PathBuf>) -> anyhow:
         pod_a,
         pod_b,
         ca_addr,
+        xds,
         bin,
         _na: na,
     })
 }
 
-fn tidegate_config(dir: &Path, node: &str, ca: SocketAddr) -> String {
+fn tidegate_config(
+    dir: &Path,
+    node: &str,
+    ca: SocketAddr,
+    topo: &InpodTopology,
+    istiod: SocketAddr,
+    mode: Mode,
+) -> String {
     let d = dir.display();
-    format!(
+    let mut yaml = format!(
         "node_name: {node}
 trust_domain: cluster.local
 capture: {{mode: inpod, zds_socket: {d}/{node}.sock, state_dir: {d}/{node}-pods}}
 certificates: {{source: istio-ca, address: 'https://{ca}', roots: {d}/ca-root.pem, token: {d}/{node}.token, validity: 24h}}
-workloads: {{file: {d}/workloads.yaml, reload_interval: 1s}}
 shutdown: {{deadline: 1s}}
 "
-    )
+    );
+    if mode != Mode::Rollout {
+        yaml += &format!("workloads: {{file: {d}/workloads.yaml, reload_interval: 1s}}\n");
+        return yaml;
+    }
+    // The rollout: workloads and the Service from istiod, as on an Istio
+    // node, and the recommended policy (the drain lab's settings).
+    let node_ip = if node == "node-a" {
+        topo.addr(0, 1)
+    } else {
+        topo.addr(0, 2)
+    };
+    yaml += &format!(
+        "workloads:
+  source: istio
+  istio: {{address: 'https://{istiod}', roots: {d}/xds-root.pem, token: {d}/{node}.token, pod_ip: {node_ip}, pod_name: tidegate-{node}}}
+policies:
+  default: recommended
+  fallback: keepalive-only
+  plugins:
+    recommended: {{file: {}, config: {{hold-ms: 10000, failure-threshold: 3}}}}
+",
+        tidegate_e2e::plugin("recommended").display()
+    );
+    yaml
+}
+
+/// istiod's uid of a pod: `<cluster>//Pod/<namespace>/<name>`.
+fn xds_uid(name: &str) -> String {
+    format!("Kubernetes//Pod/{NS}/{name}")
+}
+
+/// A pod as istiod's WDS sends it; `ready` is its readiness (a pod not
+/// ready or being deleted is UNHEALTHY); `in_service`: an endpoint of the
+/// Service `echo`.
+fn xds_workload(name: &str, node: &str, ip: Ipv4Addr, ready: bool, in_service: bool) -> Workload {
+    let services = match in_service {
+        true => [(
+            format!("{NS}/{SERVICE_HOST}"),
+            PortList {
+                ports: vec![Port {
+                    service_port: u32::from(SERVICE_PORT),
+                    target_port: u32::from(APP_PORT),
+                    app_protocol: 0,
+                }],
+            },
+        )]
+        .into(),
+        false => Default::default(),
+    };
+    Workload {
+        uid: xds_uid(name),
+        name: name.into(),
+        namespace: NS.into(),
+        addresses: vec![ip.octets().to_vec().into()],
+        tunnel_protocol: TunnelProtocol::Hbone as i32,
+        trust_domain: "cluster.local".into(),
+        service_account: name.split('-').next().unwrap_or(name).into(),
+        node: node.into(),
+        cluster_id: "Kubernetes".into(),
+        status: match ready {
+            true => WorkloadStatus::Healthy,
+            false => WorkloadStatus::Unhealthy,
+        } as i32,
+        services,
+        ..Default::default()
+    }
+}
+
+fn encode_workload(w: &Workload) -> bytes::Bytes {
+    Address {
+        r#type: Some(address::Type::Workload(w.clone())),
+    }
+    .encode_to_vec()
+    .into()
 }
 
 fn iptables(ns: &str, args: &[&str]) -> anyhow::Result<String> {
@@ -421,6 +590,8 @@ impl NodeProc {
             .env("DP_ZDS", dir.join(format!("{node}.sock")))
             .env("DP_CA_ADDRESS", format!("https://{}", env.ca_addr))
             .env("DP_CA_ROOT", dir.join("ca-root.pem"))
+            .env("DP_XDS_ADDRESS", format!("https://{}", env.xds.addr))
+            .env("DP_XDS_ROOT", dir.join("xds-root.pem"))
             .env("DP_TOKEN", dir.join(format!("{node}.token")))
             .env("DP_TRUST_DOMAIN", "cluster.local")
             .env("DP_CLUSTER_ID", "Kubernetes")
@@ -537,10 +708,10 @@ fn rss_kib(pids: &[u32]) -> u64 {
     pids.iter().filter_map(|p| super::vm_rss_kib(*p).ok()).sum()
 }
 
-/// Serves one node's ZDS socket: hands over `pod` (its namespace by
-/// descriptor) and the snapshot end, and returns the connection (dropping it
-/// would tell the gateway the node agent went away).
-async fn node_agent(zds: &ZdsDouble, pod: PodSpec, netns: String) -> anyhow::Result<ZdsConn> {
+/// Serves one node's ZDS socket: hands over `pods` (each namespace by
+/// descriptor) and the snapshot end, and returns the connection (dropping
+/// it would tell the gateway the node agent went away).
+async fn node_agent(zds: &ZdsDouble, pods: Vec<(PodSpec, String)>) -> anyhow::Result<ZdsConn> {
     let conn = tokio::time::timeout(UP_WITHIN, zds.accept())
         .await
         .with_context(|| {
@@ -549,8 +720,10 @@ async fn node_agent(zds: &ZdsDouble, pod: PodSpec, netns: String) -> anyhow::Res
                 zds.path.display()
             )
         })??;
-    let fd = std::fs::File::open(&netns).with_context(|| format!("open {netns}"))?;
-    expect_ack("AddWorkload", conn.add(pod, fd.into()).await?)?;
+    for (pod, netns) in pods {
+        let fd = std::fs::File::open(&netns).with_context(|| format!("open {netns}"))?;
+        expect_ack("AddWorkload", conn.add(pod, fd.into()).await?)?;
+    }
     expect_ack("SnapshotSent", conn.snapshot_sent().await?)?;
     Ok(conn)
 }
@@ -560,8 +733,23 @@ fn pod_spec(name: &str) -> PodSpec {
         uid: format!("{name}-uid"),
         name: name.into(),
         namespace: NS.into(),
-        service_account: name.into(),
+        service_account: name.split('-').next().unwrap_or(name).into(),
     }
+}
+
+/// `app-server --name NAME --app-drain-ms MS`: a replica's app (the drain
+/// lab's), started by `--rollout` in the replica's namespace.
+pub fn app_server(args: &[String]) -> anyhow::Result<()> {
+    let arg = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .with_context(|| format!("app-server: {flag} missing"))
+    };
+    let name = arg("--name")?;
+    let drain: u64 = arg("--app-drain-ms")?.parse().context("--app-drain-ms")?;
+    tidegate_e2e::lab::app_server::serve(name, Duration::from_millis(drain))
+        .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
@@ -573,13 +761,11 @@ async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
         let agents = tokio::try_join!(
             node_agent(
                 &zds_a,
-                pod_spec("client"),
-                InpodTopology::netns_path(&env.topo.pa)
+                vec![(pod_spec("client"), InpodTopology::netns_path(&env.topo.pa))]
             ),
             node_agent(
                 &zds_b,
-                pod_spec("server"),
-                InpodTopology::netns_path(&env.topo.pb)
+                vec![(pod_spec("server"), InpodTopology::netns_path(&env.topo.pb))]
             ),
         )?;
         first_round_trip(env).await?;

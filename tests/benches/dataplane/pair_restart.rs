@@ -137,10 +137,9 @@ async fn once(env: &Env, pair: &PairSpec, variant: Variant) -> anyhow::Result<Me
         let agents = tokio::try_join!(
             node_agent(
                 &zds_a,
-                pod_spec("client"),
-                InpodTopology::netns_path(&env.topo.pa)
+                vec![(pod_spec("client"), InpodTopology::netns_path(&env.topo.pa))]
             ),
-            node_agent(&zds_b, server, netns),
+            node_agent(&zds_b, vec![(server, netns)]),
         )?;
         first_round_trip(env).await?;
         Ok::<_, anyhow::Error>(agents)
@@ -172,7 +171,7 @@ async fn once(env: &Env, pair: &PairSpec, variant: Variant) -> anyhow::Result<Me
     drop(agent_b);
     let new_b = NodeProc::start(env, pair, "node-b", &env.topo.nb)?;
     let (server, netns) = pod_b();
-    let readopted = node_agent(&zds_b, server, netns).await;
+    let readopted = node_agent(&zds_b, vec![(server, netns)]).await;
     if let Err(e) = readopted {
         bail!(
             "the new node-B gateway took no pod: {e:#}\n--- its log ---\n{}",
