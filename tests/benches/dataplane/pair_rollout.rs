@@ -36,7 +36,7 @@ use tidegate_e2e::inpod::InpodTopology;
 use tidegate_e2e::lab::app_server::AppPod;
 use tidegate_e2e::lab::load::{Counts, Load};
 use tidegate_e2e::measure::median;
-use tidegate_e2e::netns::{run, veth, NetnsGuard};
+use tidegate_e2e::netns::{run, veth};
 use tidegate_e2e::zds_double::{expect_ack, ZdsConn, ZdsDouble};
 use tidegate_xds::client::ADDRESS;
 use tidegate_xds::workload::{address, Address, NetworkAddress, Port, Service};
@@ -247,7 +247,7 @@ struct Run<'a> {
     pair: &'a PairSpec,
     agent_b: ZdsConn,
     replicas: Vec<Replica>,
-    guard: NetnsGuard,
+    guard: PodsGuard,
     load: Option<Load>,
 }
 
@@ -338,21 +338,24 @@ impl Run<'_> {
 /// container runtime, then the rules of the CNI ADD).
 fn create_pod_netns(
     t: &InpodTopology,
-    guard: &mut NetnsGuard,
+    guard: &mut PodsGuard,
     gen: u8,
     index: u8,
 ) -> anyhow::Result<Replica> {
     let r = Replica::of(t, gen, index);
     let s = subnet(gen, index);
+    let link = format!("r{gen}{index}");
+    // A namespace of the last run may outlive its file while the kernel
+    // frees it; its link on node B goes with this.
     let _ = std::process::Command::new("ip")
-        .args(["netns", "del", &r.ns])
+        .args(["-n", &t.nb, "link", "del", &link])
         .output();
     run(&format!("ip netns add {}", r.ns));
-    guard.push(&r.ns);
+    guard.0.push(r.ns.clone());
     run(&format!("ip -n {} link set lo up", r.ns));
     veth(
         &t.nb,
-        &format!("r{gen}{index}"),
+        &link,
         &format!("{}/24", t.addr(s, 1)),
         &r.ns,
         "eth0",
@@ -381,6 +384,22 @@ fn create_pod_netns(
     Ok(r)
 }
 
+/// Deletes the replicas' namespaces still there when dropped.
+#[derive(Default)]
+struct PodsGuard(Vec<String>);
+
+impl Drop for PodsGuard {
+    fn drop(&mut self) {
+        for ns in &self.0 {
+            if Path::new(&InpodTopology::netns_path(ns)).exists() {
+                let _ = std::process::Command::new("ip")
+                    .args(["netns", "del", ns])
+                    .output();
+            }
+        }
+    }
+}
+
 fn delete_pod_netns(t: &InpodTopology, r: &Replica) {
     let s = r.ip.octets()[2];
     let _ = std::process::Command::new("ip")
@@ -400,7 +419,7 @@ async fn start_app(env: &Env, pair: &PairSpec, r: &Replica) -> anyhow::Result<Ap
 
 /// One pair started afresh, one variant applied under the load.
 async fn once(env: &Env, pair: &PairSpec, variant: Variant) -> anyhow::Result<Measured> {
-    let mut guard = NetnsGuard::default();
+    let mut guard = PodsGuard::default();
     let mut first = Vec::new();
     for index in 0..REPLICAS {
         let mut r = create_pod_netns(&env.topo, &mut guard, 0, index)?;
@@ -497,10 +516,10 @@ async fn once(env: &Env, pair: &PairSpec, variant: Variant) -> anyhow::Result<Me
             b.log_tail()
         );
     }
+    drop((a, b));
     for r in &run.replicas {
         delete_pod_netns(&env.topo, r);
     }
-    drop((a, b));
     Ok(Measured::of(&counts, took))
 }
 
