@@ -18,7 +18,8 @@
 //!   answering `Connection: close`), `ENDPOINT_LAG` later it is listed
 //!   not ready (istiod's reading of a pod being deleted); its app exits,
 //!   then CNI DEL over ZDS, then it leaves istiod. At 50 and 500 new
-//!   connections/s.
+//!   connections/s; and at 50/s with an app that stops accepting at
+//!   SIGTERM (no `preStop` sleep: istio/istio#58514's case).
 //! - **crash**: a replica's app is SIGKILLed (no termination event at
 //!   all) and the pod is deleted `CRASH_DELETED_AFTER` later; then its
 //!   replacement comes up. Each replica in turn, at 200 new connections/s.
@@ -64,27 +65,55 @@ const SETTLE: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Copy)]
 enum Variant {
-    Rollout { rate: u32 },
-    Crash { rate: u32 },
+    /// `drains`: the app serves `APP_DRAIN` after SIGTERM; otherwise it
+    /// stops accepting at once (an app without a `preStop` sleep).
+    Rollout {
+        rate: u32,
+        drains: bool,
+    },
+    Crash {
+        rate: u32,
+    },
 }
 
 impl Variant {
     fn name(self) -> String {
         match self {
-            Variant::Rollout { rate } => format!("rolling restart, {rate}/s"),
+            Variant::Rollout { rate, drains: true } => format!("rolling restart, {rate}/s"),
+            Variant::Rollout {
+                rate,
+                drains: false,
+            } => format!("rolling restart, {rate}/s, app exits at SIGTERM"),
             Variant::Crash { rate } => format!("crash, {rate}/s"),
         }
     }
     fn rate(self) -> u32 {
         match self {
-            Variant::Rollout { rate } | Variant::Crash { rate } => rate,
+            Variant::Rollout { rate, .. } | Variant::Crash { rate } => rate,
+        }
+    }
+    /// How long the replicas' app serves after SIGTERM.
+    fn app_drain(self) -> Duration {
+        match self {
+            Variant::Rollout { drains: false, .. } => Duration::ZERO,
+            _ => APP_DRAIN,
         }
     }
 }
 
-const VARIANTS: [Variant; 3] = [
-    Variant::Rollout { rate: 50 },
-    Variant::Rollout { rate: 500 },
+const VARIANTS: [Variant; 4] = [
+    Variant::Rollout {
+        rate: 50,
+        drains: true,
+    },
+    Variant::Rollout {
+        rate: 500,
+        drains: true,
+    },
+    Variant::Rollout {
+        rate: 50,
+        drains: false,
+    },
     Variant::Crash { rate: 200 },
 ];
 
@@ -245,6 +274,7 @@ fn subnet(gen: u8, index: u8) -> u8 {
 struct Run<'a> {
     env: &'a Env,
     pair: &'a PairSpec,
+    app_drain: Duration,
     agent_b: ZdsConn,
     replicas: Vec<Replica>,
     guard: PodsGuard,
@@ -279,7 +309,7 @@ impl Run<'_> {
             .context("CNI ADD: no ZDS answer")??;
         expect_ack("AddWorkload", ack)?;
         self.tell("created", self.list(&r, false)).await?;
-        r.app = Some(start_app(self.env, self.pair, &r).await?);
+        r.app = Some(start_app(self.env, self.pair, &r, self.app_drain).await?);
         self.tell("ready", self.list(&r, true)).await?;
         self.replicas.push(r);
         Ok(())
@@ -410,9 +440,14 @@ fn delete_pod_netns(t: &InpodTopology, r: &Replica) {
         .output();
 }
 
-async fn start_app(env: &Env, pair: &PairSpec, r: &Replica) -> anyhow::Result<AppPod> {
+async fn start_app(
+    env: &Env,
+    pair: &PairSpec,
+    r: &Replica,
+    drain: Duration,
+) -> anyhow::Result<AppPod> {
     let log = env.dir.join(format!("app-{}-{}.log", pair.name, r.name));
-    AppPod::start(&r.ns, &r.name, APP_DRAIN, &log)
+    AppPod::start(&r.ns, &r.name, drain, &log)
         .await
         .map_err(|e| anyhow::anyhow!("{}: {e}", r.name))
 }
@@ -423,7 +458,7 @@ async fn once(env: &Env, pair: &PairSpec, variant: Variant) -> anyhow::Result<Me
     let mut first = Vec::new();
     for index in 0..REPLICAS {
         let mut r = create_pod_netns(&env.topo, &mut guard, 0, index)?;
-        r.app = Some(start_app(env, pair, &r).await?);
+        r.app = Some(start_app(env, pair, &r, variant.app_drain()).await?);
         env.xds.set(
             ADDRESS,
             &xds_uid(&r.name),
@@ -464,6 +499,7 @@ async fn once(env: &Env, pair: &PairSpec, variant: Variant) -> anyhow::Result<Me
     let mut run = Run {
         env,
         pair,
+        app_drain: variant.app_drain(),
         agent_b,
         replicas: first,
         guard,
