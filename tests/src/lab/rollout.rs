@@ -187,11 +187,14 @@ impl Lab {
     }
 }
 
-/// Whether the dump lists `uid` among the endpoints of a Service.
+/// Whether the dump lists `uid` as a ready endpoint of a Service.
 fn is_endpoint(dump: &serde_json::Value, uid: &str) -> bool {
     dump["services"].as_array().is_some_and(|services| {
-        services
-            .iter()
-            .any(|s| s.to_string().contains(&format!("\"{uid}\"")))
+        services.iter().any(|s| {
+            s["endpoints"].as_array().is_some_and(|e| {
+                e.iter()
+                    .any(|e| e["workload_uid"] == uid && e["conditions"]["ready"] == true)
+            })
+        })
     })
 }
