@@ -81,6 +81,11 @@ const RATE_CONCURRENCY: usize = 8;
 const MEM_CONNS: usize = 10_000;
 const MEM_STREAMS_PER_TUNNEL: usize = 100;
 const MEM_TUNNEL_CONNS: usize = 1_000;
+/// Inbound connections node B takes from the one client identity. The
+/// default cap is a quarter of the inbound share of the descriptors: at
+/// this bench's 20,000-descriptor limit ~3,680, fewer than `MEM_CONNS`
+/// (at a node's usual 1,048,576, ~196,000).
+const MEM_PER_IDENTITY: u32 = 12_000;
 /// The same idle connections spread over this many destination workloads
 /// (`127.<NS_OCTET>.1.<1..=N>`, one echo process on `NS_DESTS_PORT`).
 const MEM_DESTINATIONS: u8 = 100;
@@ -952,6 +957,7 @@ workloads:
   reload_interval: 1s
 hbone:
   port: {}
+  max_connections_per_identity: {MEM_PER_IDENTITY}
 pool:
   max_streams_per_tunnel: {max_streams}
 shutdown:
