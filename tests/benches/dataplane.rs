@@ -1183,55 +1183,38 @@ async fn processes(bin: PathBuf) -> anyhow::Result<Processes> {
     run("ip", &["link", "set", "lo", "up"])?;
     let client = ip(NS_OCTET, 3).to_string();
     let echo = ip(NS_OCTET, 2).to_string();
-    let dports = format!("{NS_ECHO_PORT},{NS_SINK_PORT}");
-    // Capture: the client workload's connections to the echo workload go to node A's outbound.
-    run(
-        "iptables",
-        &[
-            "-w",
-            "-t",
-            "nat",
-            "-A",
-            "OUTPUT",
-            "-p",
-            "tcp",
-            "-s",
-            &client,
-            "-d",
-            &echo,
-            "-m",
-            "multiport",
-            "--dports",
-            &dports,
-            "-j",
-            "REDIRECT",
-            "--to-ports",
-            &NODE_A.outbound.to_string(),
-        ],
-    )?;
-    // ... and its connections to the destination workloads of [4''].
-    run(
-        "iptables",
-        &[
-            "-w",
-            "-t",
-            "nat",
-            "-A",
-            "OUTPUT",
-            "-p",
-            "tcp",
-            "-s",
-            &client,
-            "-d",
-            &format!("127.{NS_OCTET}.1.0/24"),
-            "--dport",
-            &NS_DESTS_PORT.to_string(),
-            "-j",
-            "REDIRECT",
-            "--to-ports",
-            &NODE_A.outbound.to_string(),
-        ],
-    )?;
+    // Capture: the client workload's connections to the echo workload go
+    // to node A's outbound, and so do those to the destination workloads
+    // of [4''].
+    for (dst, dports) in [
+        (echo, format!("{NS_ECHO_PORT},{NS_SINK_PORT}")),
+        (format!("127.{NS_OCTET}.1.0/24"), NS_DESTS_PORT.to_string()),
+    ] {
+        run(
+            "iptables",
+            &[
+                "-w",
+                "-t",
+                "nat",
+                "-A",
+                "OUTPUT",
+                "-p",
+                "tcp",
+                "-s",
+                &client,
+                "-d",
+                &dst,
+                "-m",
+                "multiport",
+                "--dports",
+                &dports,
+                "-j",
+                "REDIRECT",
+                "--to-ports",
+                &NODE_A.outbound.to_string(),
+            ],
+        )?;
+    }
     let dir = tempfile::tempdir()?;
     let mut workloads = workloads_yaml(NS_OCTET, "echo");
     for d in destinations() {

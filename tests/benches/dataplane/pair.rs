@@ -263,6 +263,36 @@ async fn bench(pairs: Vec<PairSpec>, rounds: usize, mode: Mode) -> anyhow::Resul
     Ok(())
 }
 
+/// Runs `once` for every round, pair and variant: each round starts one
+/// pair later, each pair runs every variant in turn, and `print` shows
+/// each result as it comes. The results by pair, then by variant.
+async fn interleaved<V: Copy, M>(
+    pairs: &[PairSpec],
+    variants: &[V],
+    rounds: usize,
+    name: impl Fn(V) -> String,
+    once: impl AsyncFn(&PairSpec, V) -> anyhow::Result<M>,
+    print: impl Fn(usize, &PairSpec, V, &M),
+) -> anyhow::Result<Vec<Vec<Vec<M>>>> {
+    let mut results: Vec<Vec<Vec<M>>> = pairs
+        .iter()
+        .map(|_| variants.iter().map(|_| Vec::new()).collect())
+        .collect();
+    for round in 0..rounds {
+        for k in 0..pairs.len() {
+            let i = (k + round) % pairs.len();
+            for (v, variant) in variants.iter().enumerate() {
+                let m = once(&pairs[i], *variant).await.with_context(|| {
+                    format!("{}, {}, round {round}", pairs[i].name, name(*variant))
+                })?;
+                print(round, &pairs[i], *variant, &m);
+                results[i][v].push(m);
+            }
+        }
+    }
+    Ok(results)
+}
+
 /// The namespaces' servers, the CA, and the files every pair reads.
 async fn setup(
     topo: InpodTopology,

@@ -17,7 +17,9 @@ use anyhow::{bail, Context};
 use tidegate_e2e::measure::{connection_every, median, Restart, ECHO};
 use tidegate_e2e::zds_double::ZdsDouble;
 
-use super::{first_round_trip, node_agent, pod_spec, Env, NodeProc, PairSpec, UP_WITHIN};
+use super::{
+    first_round_trip, interleaved, node_agent, pod_spec, Env, NodeProc, PairSpec, UP_WITHIN,
+};
 use tidegate_e2e::inpod::InpodTopology;
 
 const EVERY: Duration = Duration::from_millis(10);
@@ -61,32 +63,27 @@ pub(super) async fn bench(env: &Env, pairs: &[PairSpec], rounds: usize) -> anyho
         EVERY.as_millis()
     );
     let variants = [Variant::StopAndStart, Variant::Kill];
-    let mut results: Vec<Vec<Vec<Measured>>> = pairs
-        .iter()
-        .map(|_| variants.iter().map(|_| Vec::new()).collect())
-        .collect();
-    for round in 0..rounds {
-        for k in 0..pairs.len() {
-            let i = (k + round) % pairs.len();
-            for (v, variant) in variants.iter().enumerate() {
-                let m = once(env, &pairs[i], *variant).await.with_context(|| {
-                    format!("{}, {}, round {round}", pairs[i].name, variant.name())
-                })?;
-                println!(
-                    "round {round}: {:<10} {:<25} {} of {} failed, gap {:.0} ms, old gone → served {:.0} ms (shutdown {:.0} ms{})",
-                    pairs[i].name,
-                    variant.name(),
-                    m.restart.failed,
-                    m.restart.connections,
-                    ms(m.restart.gap),
-                    ms(m.restart.served_after),
-                    ms(m.shutdown),
-                    if m.shut_down_by_itself { "" } else { ", killed at the bound" }
-                );
-                results[i][v].push(m);
-            }
-        }
-    }
+    let results = interleaved(
+        pairs,
+        &variants,
+        rounds,
+        |v: Variant| v.name().to_owned(),
+        async |pair, variant| once(env, pair, variant).await,
+        |round, pair, variant, m: &Measured| {
+            println!(
+                "round {round}: {:<10} {:<25} {} of {} failed, gap {:.0} ms, old gone → served {:.0} ms (shutdown {:.0} ms{})",
+                pair.name,
+                variant.name(),
+                m.restart.failed,
+                m.restart.connections,
+                ms(m.restart.gap),
+                ms(m.restart.served_after),
+                ms(m.shutdown),
+                if m.shut_down_by_itself { "" } else { ", killed at the bound" }
+            )
+        },
+    )
+    .await?;
     println!("\n| pair | restart | failed of ~{} (median, range) | gap pod A saw (median) | old gateway gone → pod B served (median) | old gateway's shutdown (median) |", (BEFORE + AFTER).as_millis() / EVERY.as_millis());
     println!("|---|---|---|---|---|---|");
     for (i, p) in pairs.iter().enumerate() {

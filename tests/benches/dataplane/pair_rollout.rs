@@ -44,8 +44,8 @@ use tidegate_xds::workload::{address, Address, NetworkAddress, Port, Service};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{
-    encode_workload, first_round_trip, node_agent, pod_spec, xds_uid, xds_workload, Env, NodeProc,
-    PairSpec, NS, SERVICE_HOST, SERVICE_PORT, UP_WITHIN,
+    encode_workload, first_round_trip, interleaved, node_agent, pod_spec, xds_uid, xds_workload,
+    Env, NodeProc, PairSpec, NS, SERVICE_HOST, SERVICE_PORT, UP_WITHIN,
 };
 
 const REPLICAS: u8 = 3;
@@ -147,32 +147,27 @@ pub(super) async fn bench(env: &Env, pairs: &[PairSpec], rounds: usize) -> anyho
         APP_DRAIN,
     );
     env.xds.set(ADDRESS, &service_name(), service(&env.topo));
-    let mut results: Vec<Vec<Vec<Measured>>> = pairs
-        .iter()
-        .map(|_| VARIANTS.iter().map(|_| Vec::new()).collect())
-        .collect();
-    for round in 0..rounds {
-        for k in 0..pairs.len() {
-            let i = (k + round) % pairs.len();
-            for (v, variant) in VARIANTS.iter().enumerate() {
-                let m = once(env, &pairs[i], *variant).await.with_context(|| {
-                    format!("{}, {}, round {round}", pairs[i].name, variant.name())
-                })?;
-                println!(
-                    "round {round}: {:<10} {:<24} short {} of {} failed, long-stream {} of {} failed ({:.1} s){}",
-                    pairs[i].name,
-                    variant.name(),
-                    m.short_failed,
-                    m.short_ok + m.short_failed,
-                    m.long_failed,
-                    m.long_ok + m.long_failed,
-                    m.took.as_secs_f64(),
-                    first_failures(&m.failures),
-                );
-                results[i][v].push(m);
-            }
-        }
-    }
+    let results = interleaved(
+        pairs,
+        &VARIANTS,
+        rounds,
+        Variant::name,
+        async |pair, variant| once(env, pair, variant).await,
+        |round, pair, variant, m: &Measured| {
+            println!(
+                "round {round}: {:<10} {:<24} short {} of {} failed, long-stream {} of {} failed ({:.1} s){}",
+                pair.name,
+                variant.name(),
+                m.short_failed,
+                m.short_ok + m.short_failed,
+                m.long_failed,
+                m.long_ok + m.long_failed,
+                m.took.as_secs_f64(),
+                first_failures(&m.failures),
+            )
+        },
+    )
+    .await?;
     println!("\nfailed requests per replaced or crashed pod ({REPLICAS} per run): median of the rounds (range)");
     println!("| pair | variant | new connections failed per pod | keep-alive requests failed per pod | requests per run (new / keep-alive) |");
     println!("|---|---|---|---|---|");
