@@ -273,7 +273,6 @@ struct Run<'a> {
     agent_b: ZdsConn,
     replicas: Vec<Replica>,
     guard: PodsGuard,
-    load: Option<Load>,
 }
 
 impl Run<'_> {
@@ -287,11 +286,7 @@ impl Run<'_> {
     }
 
     fn list(&self, r: &Replica, ready: bool) -> Option<String> {
-        self.env.xds.set(
-            ADDRESS,
-            &xds_uid(&r.name),
-            encode_workload(&xds_workload(&r.name, "node-b", r.ip, ready, true)),
-        )
+        list(self.env, r, ready)
     }
 
     /// A new replica: created (CNI ADD, listed not ready), its app
@@ -357,6 +352,16 @@ impl Run<'_> {
         self.tell("deleted", self.env.xds.remove(ADDRESS, &xds_uid(&r.name)))
             .await
     }
+}
+
+/// Pushes `r` as istiod lists it (an endpoint of the Service, `ready` or
+/// not); the push's nonce, `None` when no gateway is subscribed yet.
+fn list(env: &Env, r: &Replica, ready: bool) -> Option<String> {
+    env.xds.set(
+        ADDRESS,
+        &xds_uid(&r.name),
+        encode_workload(&xds_workload(&r.name, "node-b", r.ip, ready, true)),
+    )
 }
 
 /// A pod's namespace, link, routes and istio-cni's in-pod rules (a
@@ -454,11 +459,8 @@ async fn once(env: &Env, pair: &PairSpec, variant: Variant) -> anyhow::Result<Me
     for index in 0..REPLICAS {
         let mut r = create_pod_netns(&env.topo, &mut guard, 0, index)?;
         r.app = Some(start_app(env, pair, &r, variant.app_drain()).await?);
-        env.xds.set(
-            ADDRESS,
-            &xds_uid(&r.name),
-            encode_workload(&xds_workload(&r.name, "node-b", r.ip, true, true)),
-        );
+        // Held for the gateways about to start: nobody to wait for yet.
+        let _ = list(env, &r, true);
         first.push(r);
     }
     let zds_a = ZdsDouble::bind(&env.dir.join("node-a.sock"))?;
@@ -498,7 +500,6 @@ async fn once(env: &Env, pair: &PairSpec, variant: Variant) -> anyhow::Result<Me
         agent_b,
         replicas: first,
         guard,
-        load: None,
     };
     let dst = SocketAddr::new(vip(&env.topo).into(), SERVICE_PORT);
     let load = Load::start(
@@ -508,7 +509,6 @@ async fn once(env: &Env, pair: &PairSpec, variant: Variant) -> anyhow::Result<Me
         LONG_STREAMS,
     );
     let started = Instant::now();
-    run.load = Some(load);
     let steps = async {
         tokio::time::sleep(SETTLE).await;
         for index in 0..REPLICAS {
@@ -527,13 +527,9 @@ async fn once(env: &Env, pair: &PairSpec, variant: Variant) -> anyhow::Result<Me
         Ok::<_, anyhow::Error>(())
     };
     let stepped = steps.await;
-    let load = run.load.take().expect("started above");
     let counts = load.stop().await;
     let took = started.elapsed();
-    // The next run starts from the same istiod: these pods are gone.
-    for r in &run.replicas {
-        env.xds.remove_quietly(ADDRESS, &xds_uid(&r.name));
-    }
+    // The next run starts from the same istiod: every replica is gone.
     for gen in 0..2 {
         for index in 0..REPLICAS {
             env.xds
