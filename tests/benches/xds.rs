@@ -2,16 +2,18 @@
 //!
 //! ```text
 //! cargo bench --profile dev -p tidegate-e2e --bench xds
+//! XDS_WORKLOADS=100000 cargo bench -p tidegate-e2e --bench xds
 //! ```
 //!
 //! A gateway with `workloads.source: istio` against the xDS server double
 //! (delta ADS over gRPC/TLS on loopback, in this process). The double holds
-//! 10,000 workloads and 2,000 Services before the gateway starts: each
-//! workload is an endpoint of one Service (five per Service, a port mapping
-//! 80 → 8080 each), pods spread over 100 nodes, 20 of them on the gateway's
+//! `XDS_WORKLOADS` workloads (1,000 to 100,000; default 10,000) and a fifth
+//! as many Services before the gateway starts: each workload is an
+//! endpoint of one Service (five per Service, a port mapping 80 → 8080
+//! each), pods spread over 1,000 nodes, about 30 of them on the gateway's
 //! own node (their certificates come from the dev CA as they would from
-//! istiod's). Addresses: workloads 10.137.0.1–10.137.39.250, VIPs
-//! 10.137.200.1–10.137.207.250; nothing dials them.
+//! istiod's). Addresses: workloads from 10.64.0.0, VIPs from 172.16.0.0;
+//! nothing dials them.
 //!
 //! - **Time to ready**: `tidegate::app::build` → `/healthz/ready` answering
 //!   200 (polled every 5 ms), and, inside it, stream open (the double's
@@ -42,7 +44,14 @@
 //!   max, beside the same on a gateway of 100 workloads and 20 Services
 //!   (blocks of 100 interleaved). The in-process handler's figure for the
 //!   same updates, and `assemble` and `publish_istio` of the full set
-//!   alone, say where the time goes.
+//!   alone, say where the time goes. CPU per update: the process's CPU
+//!   time (user + system, the double's share included) over the updates.
+//! - **Churn**: updates pushed at a rate without waiting for ACKs — 50
+//!   single-workload updates per second, then 10 pushes per second of 5
+//!   workloads each — for `XDS_CHURN_SECS` (default 20); per push, push →
+//!   its ACK. The largest is the ACK lag: bounded when the gateway keeps
+//!   up, growing through the phase when it does not (the ACKs still
+//!   missing 30 s after the last push are counted).
 //!
 //! `XDS_UPDATES` (1 to 10,000, default 1,000) sets the update count; each
 //! update phase also stops after 60 s.
@@ -72,13 +81,11 @@ use tidegate_xds::{Handler, Update};
 #[global_allocator]
 static ALLOCATOR: tidegate::Allocator = tidegate::ALLOCATOR;
 
-const WORKLOADS: usize = 10_000;
-const SERVICES: usize = 2_000;
 const SMALL_WORKLOADS: usize = 100;
 const SMALL_SERVICES: usize = 20;
-const NODES: usize = 100;
-/// Every 500th workload is on the gateway's node: 20 of 10,000.
-const LOCAL_EVERY: usize = 500;
+const NODES: usize = 1000;
+/// About this many workloads are on the gateway's node.
+const LOCAL_PODS: usize = 30;
 const GATEWAY_NODE: &str = "node-000";
 const NAMESPACES: usize = 20;
 const BLOCK: usize = 100;
@@ -129,10 +136,10 @@ impl Set {
     }
 
     fn node_of(&self, i: usize) -> String {
-        if i % LOCAL_EVERY == 0 {
+        if i % self.local_every() == 0 {
             GATEWAY_NODE.to_owned()
         } else {
-            format!("node-{:03}", 1 + i % (NODES - 1))
+            format!("node-{:04}", 1 + i % (NODES - 1))
         }
     }
 
@@ -141,19 +148,23 @@ impl Set {
         format!("Kubernetes//Pod/{ns}/pod-{i}")
     }
 
+    fn local_every(&self) -> usize {
+        (self.workloads / LOCAL_PODS).max(1)
+    }
+
     fn pod_ip(i: usize) -> Ipv4Addr {
-        Ipv4Addr::new(10, 137, (i / 250) as u8, (i % 250 + 1) as u8)
+        Ipv4Addr::new(10, 64 + (i >> 16) as u8, (i >> 8) as u8, i as u8)
     }
 
     fn vip(svc: usize) -> Ipv4Addr {
-        Ipv4Addr::new(10, 137, 200 + (svc / 250) as u8, (svc % 250 + 1) as u8)
+        Ipv4Addr::new(172, 16, (svc >> 8) as u8, svc as u8)
     }
 
     /// Remote workloads (the update phase's targets: a local one going
     /// unhealthy would drain).
     fn remote(&self) -> Vec<usize> {
         (0..self.workloads)
-            .filter(|i| i % LOCAL_EVERY != 0)
+            .filter(|i| i % self.local_every() != 0)
             .collect()
     }
 
@@ -266,10 +277,6 @@ impl Set {
     }
 }
 
-const BIG: Set = Set {
-    workloads: WORKLOADS,
-    services: SERVICES,
-};
 const SMALL: Set = Set {
     workloads: SMALL_WORKLOADS,
     services: SMALL_SERVICES,
@@ -357,11 +364,7 @@ async fn start(double: &Arc<XdsDouble>, set: Set) -> Started {
     let open_to_ack = tokio::time::timeout(WAIT, watcher).await.unwrap().unwrap();
     let snap = app.workloads.snapshot();
     assert_eq!(snap.len(), set.workloads, "every workload published");
-    assert_eq!(
-        snap.services().len(),
-        set.services,
-        "every Service published"
-    );
+    assert_eq!(snap.services_len(), set.services, "every Service published");
     drop(snap);
     Started {
         app,
@@ -370,6 +373,19 @@ async fn start(double: &Arc<XdsDouble>, set: Set) -> Started {
         open_to_ack,
         _dir: dir,
     }
+}
+
+/// This process's CPU time so far (user + system).
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    // The fields after the command name, which ends with the last ')'.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_secs_f64(ticks as f64 / hz as f64)
 }
 
 /// Pushes updates `from..to` of `set` one at a time; push → ACK, ms.
@@ -406,6 +422,7 @@ fn updates_of(items: Vec<(String, Bytes)>) -> Vec<Update> {
 /// Address answer's time and the time of both.
 fn handler_apply(
     items: &[(String, Bytes)],
+    set: Set,
 ) -> (Arc<WorkloadStore>, IstioSource, Duration, Duration) {
     let store = WorkloadStore::new("cluster.local", GATEWAY_NODE);
     let mut source = IstioSource::new(store.clone());
@@ -415,17 +432,17 @@ fn handler_apply(
     let address = t.elapsed();
     assert!(source.handle(AUTHORIZATION, vec![], vec![]).is_empty());
     let both = t.elapsed();
-    assert_eq!(store.snapshot().len(), WORKLOADS);
+    assert_eq!(store.snapshot().len(), set.workloads);
     (store, source, address, both)
 }
 
-fn file_apply(yaml: &str) -> Duration {
+fn file_apply(yaml: &str, set: Set) -> Duration {
     let store = WorkloadStore::new("cluster.local", GATEWAY_NODE);
     let t = Instant::now();
     let parsed = tidegate::workloads::parse_file(yaml).expect("bench workload file");
     store.publish_file(parsed);
     let took = t.elapsed();
-    assert_eq!(store.snapshot().len(), WORKLOADS);
+    assert_eq!(store.snapshot().len(), set.workloads);
     took
 }
 
@@ -466,21 +483,81 @@ fn republish_parts(items: &[(String, Bytes)]) -> (f64, f64, f64) {
     (median(assemble), median(publish), median(drop_old))
 }
 
+/// Push → ACK of every push of a churn phase (ms), and how many were
+/// still not acknowledged 30 s after the last push.
+struct Churn {
+    lags: Vec<f64>,
+    missing: usize,
+    pushes: usize,
+}
+
+/// Pushes `per_push` updates at a time, `rate` pushes per second, for
+/// `secs`, without waiting for ACKs (updates `from..` of `set`).
+async fn churn(
+    double: &Arc<XdsDouble>,
+    set: Set,
+    from: usize,
+    rate: u32,
+    per_push: usize,
+    secs: u64,
+) -> Churn {
+    let remote = set.remote();
+    let mut ticks = tokio::time::interval(Duration::from_secs(1) / rate);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let pushes = (u64::from(rate) * secs) as usize;
+    let mut waiters = Vec::with_capacity(pushes);
+    for p in 0..pushes {
+        ticks.tick().await;
+        let batch: Vec<(String, Bytes)> = (0..per_push)
+            .map(|j| set.update(&remote, from + p * per_push + j))
+            .collect();
+        let t = Instant::now();
+        let nonce = double.set_all(ADDRESS, batch).expect("subscribed");
+        let double = double.clone();
+        waiters.push(tokio::spawn(async move {
+            double.reply(&nonce).await;
+            ms(t.elapsed())
+        }));
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut lags = Vec::with_capacity(pushes);
+    let mut missing = 0;
+    for w in waiters {
+        match tokio::time::timeout_at(deadline, w).await {
+            Ok(Ok(lag)) => lags.push(lag),
+            _ => missing += 1,
+        }
+    }
+    Churn {
+        lags,
+        missing,
+        pushes,
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let updates = env_count("XDS_UPDATES", 1000, 10_000).map_err(anyhow::Error::msg)?;
+    let workloads = env_count("XDS_WORKLOADS", 10_000, 100_000).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(workloads >= 1000, "XDS_WORKLOADS: at least 1,000");
+    let churn_secs = env_count("XDS_CHURN_SECS", 20, 60).map_err(anyhow::Error::msg)? as u64;
+    let big = Set {
+        workloads,
+        services: workloads / 5,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(run(updates))
+    rt.block_on(run(updates, big, churn_secs))
 }
 
-async fn run(updates: usize) -> anyhow::Result<()> {
+async fn run(updates: usize, set: Set, churn_secs: u64) -> anyhow::Result<()> {
     tidegate_e2e::raise_fd_limit();
+    let (workloads, services) = (set.workloads, set.services);
     println!(
-        "xDS apply benchmark: {WORKLOADS} workloads, {SERVICES} Services (the xDS double, delta ADS over gRPC/TLS on loopback)\n"
+        "xDS apply benchmark: {workloads} workloads, {services} Services (the xDS double, delta ADS over gRPC/TLS on loopback)\n"
     );
-    let big_items = BIG.resources();
+    let big_items = set.resources();
     let small_items = SMALL.resources();
     let bytes: usize = big_items.iter().map(|(n, v)| n.len() + v.len()).sum();
     let big_double = Arc::new(XdsDouble::start().await);
@@ -498,49 +575,54 @@ async fn run(updates: usize) -> anyhow::Result<()> {
     let small = start(&small_double, SMALL).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mem1 = memory();
-    let big = start(&big_double, BIG).await;
+    let big = start(&big_double, set).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mem2 = memory();
 
     // ---- per update, interleaved blocks ----
     let (mut big_lat, mut small_lat) = (Vec::new(), Vec::new());
     let (mut big_time, mut small_time) = (Duration::ZERO, Duration::ZERO);
+    let (mut big_cpu, mut small_cpu) = (Duration::ZERO, Duration::ZERO);
     let mut k = 0;
     while k < updates && big_time < PHASE_MAX && small_time < PHASE_MAX {
         let to = (k + BLOCK).min(updates);
-        let t = Instant::now();
-        big_lat.extend(push_updates(&big_double, BIG, k, to).await);
-        big_time += t.elapsed();
-        let t = Instant::now();
+        let (t, c) = (Instant::now(), cpu_time());
+        big_lat.extend(push_updates(&big_double, set, k, to).await);
+        (big_time, big_cpu) = (big_time + t.elapsed(), big_cpu + (cpu_time() - c));
+        let (t, c) = (Instant::now(), cpu_time());
         small_lat.extend(push_updates(&small_double, SMALL, k, to).await);
-        small_time += t.elapsed();
+        (small_time, small_cpu) = (small_time + t.elapsed(), small_cpu + (cpu_time() - c));
         k = to;
     }
     let done = k;
+
+    // ---- churn: updates at a rate, ACKs not awaited ----
+    let single = churn(&big_double, set, done, 50, 1, churn_secs).await;
+    let batched = churn(&big_double, set, done + single.pushes, 10, 5, churn_secs).await;
     let xds_metrics = big.app.metrics_text();
 
     // ---- baselines in process (the gateways idle) ----
-    let yaml = BIG.yaml();
+    let yaml = set.yaml();
     let (mut handler_ms, mut address_ms) = (Vec::new(), Vec::new());
     let mut held = None;
     for _ in 0..REPEATS {
         // The previous run's set freed before the next is built.
         drop(held.take());
-        let (store, source, address, both) = handler_apply(&big_items);
+        let (store, source, address, both) = handler_apply(&big_items, set);
         address_ms.push(ms(address));
         handler_ms.push(ms(both));
         held = Some((store, source));
     }
     let (store, mut source) = held.unwrap();
-    let file_ms: Vec<f64> = (0..REPEATS).map(|_| ms(file_apply(&yaml))).collect();
-    let remote = BIG.remote();
+    let file_ms: Vec<f64> = (0..REPEATS).map(|_| ms(file_apply(&yaml, set))).collect();
+    let remote = set.remote();
     let mut inproc_lat = Vec::new();
     let t = Instant::now();
     for k in 0..done {
         if t.elapsed() > PHASE_MAX {
             break;
         }
-        let (name, value) = BIG.update(&remote, k);
+        let (name, value) = set.update(&remote, k);
         let u = updates_of(vec![(name, value)]);
         // Held, and dropped after the timing: in the gateway, the drain
         // engine holds the previous snapshot and drops it on its own task.
@@ -558,8 +640,8 @@ async fn run(updates: usize) -> anyhow::Result<()> {
     let open_to_ack = ms(big.open_to_ack);
     println!(
         "time to ready ({} workloads, {} Services, {:.1} MB of encoded resources):",
-        WORKLOADS,
-        SERVICES,
+        workloads,
+        services,
         bytes as f64 / 1e6
     );
     println!("| path | ms | baseline (same set, same run) | × baseline |\n|---|---|---|---|");
@@ -592,7 +674,7 @@ async fn run(updates: usize) -> anyhow::Result<()> {
     };
     let (small_alloc, small_rss) = delta(mem0, mem1);
     let (big_alloc, big_rss) = delta(mem1, mem2);
-    let marginal = (WORKLOADS - SMALL_WORKLOADS) as f64;
+    let marginal = (workloads - SMALL_WORKLOADS) as f64;
     println!("\nmemory (jemalloc allocated / RSS; the double's copy of the encoded set was already held):");
     println!("| | allocated | RSS |\n|---|---|---|");
     println!(
@@ -606,14 +688,14 @@ async fn run(updates: usize) -> anyhow::Result<()> {
         small_rss / (1 << 20) as f64
     );
     println!(
-        "| + gateway of {WORKLOADS} workloads, {SERVICES} Services (ready) | +{:.1} MiB | +{:.1} MiB |",
+        "| + gateway of {workloads} workloads, {services} Services (ready) | +{:.1} MiB | +{:.1} MiB |",
         big_alloc / (1 << 20) as f64,
         big_rss / (1 << 20) as f64
     );
     println!(
-        "| per workload (÷ {WORKLOADS}, Services included) | {:.2} KiB | {:.2} KiB |",
-        big_alloc / WORKLOADS as f64 / 1024.0,
-        big_rss / WORKLOADS as f64 / 1024.0
+        "| per workload (÷ {workloads}, Services included) | {:.2} KiB | {:.2} KiB |",
+        big_alloc / workloads as f64 / 1024.0,
+        big_rss / workloads as f64 / 1024.0
     );
     println!(
         "| per workload, marginal ((big − small) ÷ {marginal:.0}) | {:.2} KiB | {:.2} KiB |",
@@ -629,11 +711,11 @@ async fn run(updates: usize) -> anyhow::Result<()> {
     );
     println!("| set | p50 | p99 | max |\n|---|---|---|---|");
     println!(
-        "| {WORKLOADS} workloads, {SERVICES} Services (xDS) | {b50:.2} | {b99:.2} | {bmax:.2} |"
+        "| {workloads} workloads, {services} Services (xDS) | {b50:.2} | {b99:.2} | {bmax:.2} |"
     );
     println!("| {SMALL_WORKLOADS} workloads, {SMALL_SERVICES} Services (xDS) | {s50:.2} | {s99:.2} | {smax:.2} |");
     println!(
-        "| {WORKLOADS} workloads, in-process `handle`, the replaced snapshot dropped after ({inproc_n} updates) | {i50:.2} | {i99:.2} | {imax:.2} |"
+        "| {workloads} workloads, in-process `handle`, the replaced snapshot dropped after ({inproc_n} updates) | {i50:.2} | {i99:.2} | {imax:.2} |"
     );
     println!(
         "full set / small set: p50 {:.1}×, p99 {:.1}×; in-process / xDS p50: {:.2}",
@@ -646,9 +728,29 @@ async fn run(updates: usize) -> anyhow::Result<()> {
         assemble_ms + publish_ms,
         (assemble_ms + publish_ms) / b50 * 100.0
     );
+    println!(
+        "CPU per update (the process, the double's share included): {:.3} ms at {workloads} workloads, {:.3} ms at {SMALL_WORKLOADS} ({:.1}×)",
+        ms(big_cpu) / done as f64,
+        ms(small_cpu) / done as f64,
+        big_cpu.as_secs_f64() / small_cpu.as_secs_f64().max(1e-9)
+    );
+    println!(
+        "\nchurn at {workloads} workloads, ACKs not awaited, {churn_secs} s each (push → ACK, ms):"
+    );
+    println!("| pushes | p50 | p99 | max (the ACK lag) | not ACKed 30 s after the last push |\n|---|---|---|---|---|");
+    for (label, c) in [
+        ("50/s, 1 workload each", &single),
+        ("10/s, 5 workloads each", &batched),
+    ] {
+        let (p50, p99, max) = summary(c.lags.clone());
+        println!(
+            "| {label} ({} pushes) | {p50:.2} | {p99:.2} | {max:.2} | {} |",
+            c.pushes, c.missing
+        );
+    }
     let sum = |name: &str| tidegate_e2e::metric_sum(&xds_metrics, name);
     println!(
-        "(the {WORKLOADS}-workload gateway: {:.0} xDS responses, {:.1} MB, {:.0} streams ended)",
+        "(the {workloads}-workload gateway: {:.0} xDS responses, {:.1} MB, {:.0} streams ended)",
         sum("istio_xds_message_total"),
         sum("istio_xds_message_bytes_total") / 1e6,
         sum("istio_xds_connection_terminations_total").abs()

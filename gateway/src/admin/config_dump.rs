@@ -32,7 +32,6 @@ pub(super) async fn dump(state: &AdminState) -> Value {
 fn services(state: &AdminState, snapshot: &crate::workloads::WorkloadSnapshot) -> Vec<Value> {
     snapshot
         .services()
-        .iter()
         .map(|svc| {
             json!({
                 "name": svc.spec.name,

@@ -134,8 +134,8 @@ fn local_identities(
     let wanted = |store: &WorkloadStore| -> BTreeSet<SpiffeId> {
         store
             .snapshot()
-            .iter()
-            .filter(|w| w.local && w.spec.protocol == Protocol::Hbone)
+            .locals()
+            .filter(|w| w.spec.protocol == Protocol::Hbone)
             .map(|w| w.identity.clone())
             .collect()
     };

@@ -86,7 +86,7 @@ impl DrainEngine {
     pub fn on_gateway_shutdown(self: &Arc<Self>, deadline: Duration) -> Vec<String> {
         let snapshot = self.workloads.snapshot();
         let mut by_policy: BTreeMap<String, (Selection, Vec<Arc<Workload>>)> = BTreeMap::new();
-        for w in snapshot.iter().filter(|w| w.local) {
+        for w in snapshot.locals() {
             let sel = self.policies.select(w);
             by_policy
                 .entry(sel.name.clone())

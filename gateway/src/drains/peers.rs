@@ -125,7 +125,7 @@ impl DrainEngine {
             }
             // Pooled tunnels are shared by the local workloads of one
             // identity: one of them that overrides speaks for them all.
-            let mut locals = snapshot.iter().filter(|w| w.local && w.identity == *src);
+            let mut locals = snapshot.locals().filter(|w| w.identity == *src);
             let Some(first) = locals.next() else { continue };
             let client = std::iter::once(first)
                 .chain(locals)

@@ -183,10 +183,6 @@ pub(super) struct DrainBook {
     /// Peers' drains as this gateway (their client) handled them, by peer
     /// uid (or destination address for a connect-failing one).
     pub(super) peers: super::peer_book::PeerBook,
-    /// The workload uid each IP was last seen with (kept for a vanished IP
-    /// while the pool still holds tunnels to it): a new uid at the IP means
-    /// a new workload, and tunnels pooled for the old one must not carry it.
-    pub(super) ip_owners: HashMap<std::net::IpAddr, String>,
     /// In-pod mode: the pods the node agent handed over (`workload-added`
     /// waits for both the handover and discovery), by uid and by
     /// `namespace/name` ([`PodKey::name_key`]).

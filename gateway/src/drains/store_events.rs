@@ -19,7 +19,7 @@ use super::engine::{
 use super::state::PodKey;
 use crate::shutdown::ShutdownWatch;
 use crate::sync::Locked;
-use crate::workloads::{LifecycleState, Workload, WorkloadSnapshot};
+use crate::workloads::{LifecycleState, Workload, WorkloadChange, WorkloadSnapshot};
 
 impl DrainEngine {
     /// Raises lifecycle events from workload-store changes until drained: a
@@ -49,29 +49,49 @@ impl DrainEngine {
         }
     }
 
-    /// Raises the events between two consecutive snapshots.
+    /// Raises the events between two snapshots, from their difference
+    /// ([`WorkloadSnapshot::changes_from`]: what changed, not what is
+    /// held).
     pub(super) fn on_snapshot(
         self: &Arc<Self>,
         previous: &WorkloadSnapshot,
         current: &WorkloadSnapshot,
         trigger: Trigger,
     ) {
-        self.remember_removed(previous, current);
-        self.peer_events(previous, current);
-        self.local_events(previous, current, trigger);
+        let changes: Vec<WorkloadChange<'_>> = current.changes_from(previous).collect();
+        if changes.is_empty() {
+            return;
+        }
+        self.remember_removed(&changes);
         // Local workloads that appeared (all of them in the first snapshot);
         // in-pod mode, only those their node agent handed over already.
         let by_agent = self.added_by_node_agent.load(Ordering::Acquire);
-        for w in current
-            .iter()
-            .filter(|w| w.local && previous.by_uid(w.uid()).is_none())
-        {
-            self.forget_earlier_incarnation(w.uid());
-            if !by_agent || self.book.locked().was_handed_over(w) {
-                self.on_added(w);
+        for (old, new) in &changes {
+            match (old, new) {
+                (Some(old), None) if old.local => self.local_gone(old, trigger),
+                (Some(old), None) => {
+                    self.on_peer(old, true);
+                }
+                (Some(old), Some(w)) if became_terminating(old, w) => {
+                    if old.local {
+                        self.shutdown_started(w, trigger);
+                    } else {
+                        self.on_peer(old, false);
+                    }
+                }
+                (None, Some(w)) if w.local => {
+                    if w.spec.state == LifecycleState::Terminating {
+                        self.shutdown_started(w, trigger);
+                    }
+                    self.forget_earlier_incarnation(w.uid());
+                    if !by_agent || self.book.locked().was_handed_over(w) {
+                        self.on_added(w);
+                    }
+                }
+                _ => {}
             }
         }
-        self.retire_reused_ips(current);
+        self.retire_reused_ips(&changes);
         self.forget_old(current);
     }
 
@@ -81,7 +101,14 @@ impl DrainEngine {
     /// the store can be opened any more, so an action about one has nothing
     /// to act on, and keeping them held every workload of a set that shrank
     /// (200,000 of them: ~250 MB) for [`RETAIN`].
-    fn remember_removed(&self, previous: &WorkloadSnapshot, current: &WorkloadSnapshot) {
+    fn remember_removed(&self, changes: &[WorkloadChange<'_>]) {
+        let mut gone = changes
+            .iter()
+            .filter_map(|(old, new)| old.filter(|_| new.is_none()))
+            .peekable();
+        if gone.peek().is_none() {
+            return;
+        }
         let tunneled: HashSet<String> = self
             .pool
             .tunnels()
@@ -91,73 +118,36 @@ impl DrainEngine {
             .collect();
         let now = Instant::now();
         let mut book = self.book.locked();
-        for old in previous.iter() {
-            if current.by_uid(old.uid()).is_none() && (old.local || tunneled.contains(old.uid())) {
+        for old in gone {
+            if old.local || tunneled.contains(old.uid()) {
                 book.removed
-                    .insert(old.uid().to_owned(), (old.clone(), now));
+                    .insert(old.uid().to_owned(), ((*old).clone(), now));
             }
         }
     }
 
-    /// Peers (workloads of other nodes) that started terminating or are gone.
-    fn peer_events(self: &Arc<Self>, previous: &WorkloadSnapshot, current: &WorkloadSnapshot) {
-        for old in previous.iter().filter(|w| !w.local) {
-            let deleted = match current.by_uid(old.uid()) {
-                None => true,
-                Some(w) if became_terminating(old, w) => false,
-                _ => continue,
-            };
-            self.on_peer(old, deleted);
-        }
+    /// A local workload is gone from the store: a deleted event, about its
+    /// last known facts (if it comes back before the event is handled, the
+    /// event is dropped).
+    fn local_gone(self: &Arc<Self>, old: &Arc<Workload>, trigger: Trigger) {
+        let uid = old.uid();
+        let record = self
+            .book
+            .locked()
+            .drains
+            .entry(uid.to_owned())
+            .or_insert_with(|| DrainState::new(old.clone(), self.policies.select(old), trigger))
+            .record;
+        self.raise(uid, Lifecycle::Deleted, trigger, Record::Only(record));
     }
 
-    /// Local workloads that started terminating (known before or new in
-    /// `current` already terminating) or are gone: each a lifecycle event
-    /// on a task of its own.
-    fn local_events(
-        self: &Arc<Self>,
-        previous: &WorkloadSnapshot,
-        current: &WorkloadSnapshot,
-        trigger: Trigger,
-    ) {
-        for old in previous.iter().filter(|w| w.local) {
-            let uid = old.uid();
-            let (what, record) = match current.by_uid(uid) {
-                None => {
-                    // Keep the last known facts for the deleted event, which
-                    // is about this record only: if the workload comes back
-                    // before the event is handled, the event is dropped.
-                    let record = self
-                        .book
-                        .locked()
-                        .drains
-                        .entry(uid.to_owned())
-                        .or_insert_with(|| {
-                            DrainState::new(old.clone(), self.policies.select(old), trigger)
-                        })
-                        .record;
-                    (Lifecycle::Deleted, Record::Only(record))
-                }
-                Some(w) if became_terminating(old, w) => {
-                    let grace = self.grace_of(w);
-                    (Lifecycle::ShutdownStarted { grace }, Record::Current)
-                }
-                _ => continue,
-            };
-            self.raise(uid, what, trigger, record);
-        }
-        // Newly terminating workloads that were not known before.
-        for w in current
-            .iter()
-            .filter(|w| w.local && w.spec.state == LifecycleState::Terminating)
-        {
-            if previous.by_uid(w.uid()).is_none() {
-                let what = Lifecycle::ShutdownStarted {
-                    grace: self.grace_of(w),
-                };
-                self.raise(w.uid(), what, trigger, Record::Current);
-            }
-        }
+    /// A local workload started terminating (known before, or new and
+    /// already terminating).
+    fn shutdown_started(self: &Arc<Self>, w: &Workload, trigger: Trigger) {
+        let what = Lifecycle::ShutdownStarted {
+            grace: self.grace_of(w),
+        };
+        self.raise(w.uid(), what, trigger, Record::Current);
     }
 
     /// Handles a lifecycle event from the store on one of the engine's tasks.
@@ -231,43 +221,37 @@ impl DrainEngine {
     /// reused by another pod), pooled tunnels to that IP take no new streams
     /// and close once idle — whatever the policy — so the new workload never
     /// rides a tunnel opened for the old one. Streams already open finish.
-    fn retire_reused_ips(&self, current: &WorkloadSnapshot) {
-        let mut book = self.book.locked();
-        let owners = &mut book.ip_owners;
-        let mut retired = Vec::new();
-        for ip in current.iter().flat_map(|w| w.spec.ips.iter()) {
-            let Some(owner) = current.by_ip(*ip) else {
-                continue;
-            };
-            match owners.get_mut(ip) {
-                Some(known) if known == owner.uid() => {}
-                Some(known) => {
-                    let old = std::mem::replace(known, owner.uid().to_owned());
-                    retired.push((*ip, old, owner.uid()));
+    ///
+    /// Read from the changes alone: an address a workload gained (new, or
+    /// new to it) retires the pooled tunnels to that address opened for any
+    /// other uid — including one that left the store in an earlier
+    /// snapshot while its tunnels stayed pooled.
+    fn retire_reused_ips(&self, changes: &[WorkloadChange<'_>]) {
+        let gained = changes.iter().filter_map(|(old, new)| {
+            let new = (*new)?;
+            let fresh = new
+                .spec
+                .ips
+                .iter()
+                .filter(move |ip| !old.is_some_and(|o| o.spec.ips.contains(ip)));
+            Some(fresh.map(move |ip| (*ip, new.uid())))
+        });
+        for (ip, owner) in gained.flatten() {
+            let old_uids = std::cell::RefCell::new(Vec::new());
+            let n = self.pool.evict_matching(false, |k| {
+                let stale = k.dst_addr.ip() == ip && k.dst_uid != owner;
+                if stale {
+                    old_uids.borrow_mut().push(k.dst_uid.clone());
                 }
-                None => {
-                    owners.insert(*ip, owner.uid().to_owned());
-                }
-            }
-        }
-        for (ip, old, new) in retired {
-            let n = self
-                .pool
-                .evict_matching(false, |k| k.dst_addr.ip() == ip && k.dst_uid == old);
+                stale
+            });
             if n > 0 {
+                let old_uids = old_uids.into_inner();
                 self.metrics.action("evict-reused-ip", "executed");
-                info!(%ip, old_uid = %old, new_uid = new, tunnels = n,
+                info!(%ip, old_uid = ?old_uids, new_uid = owner, tunnels = n,
                     "IP now belongs to another workload: its pooled tunnels are retired");
             }
         }
-        let pooled: HashSet<std::net::IpAddr> = self
-            .pool
-            .tunnels()
-            .iter()
-            .map(|t| t.key.dst_addr.ip())
-            .collect();
-        owners.retain(|ip, _| current.by_ip(*ip).is_some() || pooled.contains(ip));
-        shrink_if_sparse(owners);
     }
 
     /// Time left until a terminating workload's deadline (Kubernetes:
@@ -326,7 +310,6 @@ mod tests {
 
     use super::super::engine::Trigger;
     use super::super::tests::{engine, spec};
-    use crate::sync::Locked;
     use crate::workloads::{WorkloadSnapshot, WorkloadStore};
 
     /// A local workload `local-uid` on `n1` and `peers` peers on `n2`,
@@ -370,23 +353,6 @@ mod tests {
         assert!(
             engine.any_workload("local-uid").is_some(),
             "a removed local workload stays nameable by actions"
-        );
-    }
-
-    /// The IP index of a set that shrank gives its table back.
-    #[tokio::test]
-    async fn a_shrunk_set_gives_the_ip_index_back() {
-        let (engine, store) = engine();
-        let big = large_set(&engine, &store, 1000);
-        assert!(engine.book.locked().ip_owners.capacity() >= 1001);
-        store.publish(vec![spec("local-uid", "n1", [10, 0, 0, 1])]);
-        engine.on_snapshot(&big, &store.snapshot(), Trigger::WorkloadFile);
-        let book = engine.book.locked();
-        assert_eq!(book.ip_owners.len(), 1);
-        assert!(
-            book.ip_owners.capacity() < 64,
-            "capacity {} kept for 1 IP",
-            book.ip_owners.capacity()
         );
     }
 }

@@ -82,7 +82,7 @@ fn web(ready: [bool; 2]) -> Arc<Service> {
         vec![workload("a", "10.0.0.1"), workload("b", "10.0.0.2")],
         vec![spec],
     );
-    store.snapshot().services()[0].clone()
+    store.snapshot().services().next().unwrap().clone()
 }
 
 /// How many of `n` picks land on b.

@@ -98,7 +98,7 @@ pub fn resolve(
         WaypointAddress::Hostname {
             namespace,
             hostname,
-        } => snapshot.services().iter().find(|s| {
+        } => snapshot.services().find(|s| {
             s.spec.namespace == *namespace && s.spec.hostname.as_deref() == Some(hostname)
         }),
     };

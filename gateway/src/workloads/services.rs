@@ -1,7 +1,8 @@
 //! Services: a VIP and ports in front of endpoints (workloads), as the
-//! workload file, Kubernetes discovery or istiod gives them. Resolved once per
-//! publish into what the data path needs: VIP:port → the Service and, per
-//! endpoint, the target port and its conditions.
+//! workload file, Kubernetes discovery or istiod gives them. Resolved when
+//! it or one of its endpoints changes ([`resolve_one`]) into what the data
+//! path needs: VIP:port → the Service and, per endpoint, the target port
+//! and its conditions.
 //!
 //! - A workload joins a Service by naming it (`services: [<name>]` or
 //!   `<namespace>/<name>` in the workload file). Kubernetes discovery lists
@@ -22,7 +23,7 @@
 //!   gateway knows is terminating (its pod's deletionTimestamp, which can
 //!   arrive before the slice update) is never `ready`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -263,108 +264,85 @@ fn cumulative(list: &[Endpoint]) -> Option<Vec<u64>> {
     )
 }
 
-/// Whether workload `w` names the Service `svc` (`name` in its own
-/// namespace, or `namespace/name`).
-fn member(w: &Workload, svc: &ServiceSpec) -> bool {
-    w.spec.services.iter().any(|s| match s.split_once('/') {
-        Some((ns, name)) => ns == svc.namespace && name == svc.name,
-        None => w.spec.namespace == svc.namespace && *s == svc.name,
-    })
-}
-
-/// VIP:port → its Service.
-pub type VipIndex = HashMap<(IpAddr, u16), Arc<Service>>;
-
-/// Resolves every Service against the workloads; indexes VIP:port.
-pub fn resolve(
-    specs: Vec<ServiceSpec>,
-    workloads: &BTreeMap<String, Arc<Workload>>,
-) -> (Vec<Arc<Service>>, VipIndex) {
-    let mut services = Vec::new();
-    let mut by_vip = HashMap::new();
-    for spec in specs {
-        // Explicit endpoints whose pod is no workload (host network, no IP
-        // yet, or not known yet): listed as unresolved.
-        let mut strangers = Vec::new();
-        let members: Vec<(&Arc<Workload>, Conditions)> = match &spec.endpoints {
-            Some(eps) => eps
-                .iter()
-                .filter_map(|(uid, c)| match workloads.get(uid) {
-                    Some(w) => Some((w, c.for_workload(w))),
-                    None => {
-                        strangers.push(uid);
-                        None
-                    }
-                })
-                .collect(),
-            None => workloads
-                .values()
-                .filter(|w| member(w, &spec))
-                .map(|w| (w, Conditions::of(w)))
-                .collect(),
-        };
-        let mut endpoints = BTreeMap::new();
-        let mut cumulative_capacity = BTreeMap::new();
-        let mut unresolved = Vec::new();
-        for p in spec.ports.iter().filter(|p| p.protocol == "TCP") {
-            for uid in &strangers {
-                unresolved.push(((*uid).clone(), p.port, "not_a_workload"));
-            }
-            let mut list = Vec::new();
-            for (w, conditions) in &members {
-                let own = spec.endpoint_targets.get(w.uid());
-                let target = match (own.and_then(|o| o.ports.get(&p.port)), &p.target_port) {
-                    (Some(n), _) if *n > 0 => Ok(*n),
-                    (_, None) => Ok(p.port),
-                    (_, Some(TargetPort::Number(n))) => Ok(*n),
-                    (_, Some(TargetPort::Name(name))) => {
-                        w.spec.ports.get(name).copied().ok_or("no_named_port")
-                    }
-                    (_, Some(TargetPort::PerEndpoint)) => Err("no_target_port"),
-                };
-                let target_port = match target {
-                    Ok(port) => port,
-                    Err(reason) => {
-                        unresolved.push((w.uid().to_owned(), p.port, reason));
-                        continue;
-                    }
-                };
-                let ips = match own {
-                    Some(o) if !o.ips.is_empty() => &o.ips,
-                    _ => &w.spec.ips,
-                };
-                let family = spec.vips.first().is_none_or(|v| v.is_ipv4());
-                let Some(ip) = ips.iter().find(|ip| ip.is_ipv4() == family).copied() else {
-                    unresolved.push((w.uid().to_owned(), p.port, "no_address_of_the_vip_family"));
+/// Resolves one Service: its endpoints from `spec.endpoints` (looked up
+/// with `workload`) or, without explicit endpoints, `named` (the workloads
+/// naming it, in uid order); per TCP port, each endpoint's target port,
+/// address and conditions.
+pub fn resolve_one<'a>(
+    spec: ServiceSpec,
+    workload: impl Fn(&str) -> Option<&'a Arc<Workload>>,
+    named: &'a [Arc<Workload>],
+) -> Service {
+    // Explicit endpoints whose pod is no workload (host network, no IP
+    // yet, or not known yet): listed as unresolved.
+    let mut strangers = Vec::new();
+    let members: Vec<(&Arc<Workload>, Conditions)> = match &spec.endpoints {
+        Some(eps) => eps
+            .iter()
+            .filter_map(|(uid, c)| match workload(uid) {
+                Some(w) => Some((w, c.for_workload(w))),
+                None => {
+                    strangers.push(uid);
+                    None
+                }
+            })
+            .collect(),
+        None => named.iter().map(|w| (w, Conditions::of(w))).collect(),
+    };
+    let mut endpoints = BTreeMap::new();
+    let mut cumulative_capacity = BTreeMap::new();
+    let mut unresolved = Vec::new();
+    for p in spec.ports.iter().filter(|p| p.protocol == "TCP") {
+        for uid in &strangers {
+            unresolved.push(((*uid).clone(), p.port, "not_a_workload"));
+        }
+        let mut list = Vec::new();
+        for (w, conditions) in &members {
+            let own = spec.endpoint_targets.get(w.uid());
+            let target = match (own.and_then(|o| o.ports.get(&p.port)), &p.target_port) {
+                (Some(n), _) if *n > 0 => Ok(*n),
+                (_, None) => Ok(p.port),
+                (_, Some(TargetPort::Number(n))) => Ok(*n),
+                (_, Some(TargetPort::Name(name))) => {
+                    w.spec.ports.get(name).copied().ok_or("no_named_port")
+                }
+                (_, Some(TargetPort::PerEndpoint)) => Err("no_target_port"),
+            };
+            let target_port = match target {
+                Ok(port) => port,
+                Err(reason) => {
+                    unresolved.push((w.uid().to_owned(), p.port, reason));
                     continue;
-                };
-                list.push(Endpoint {
-                    workload: (*w).clone(),
-                    ip,
-                    target_port,
-                    conditions: *conditions,
-                    capacity: own.map_or(1, |o| o.capacity),
-                });
-            }
-            if let Some(totals) = cumulative(&list) {
-                cumulative_capacity.insert(p.port, totals);
-            }
-            endpoints.insert(p.port, list);
+                }
+            };
+            let ips = match own {
+                Some(o) if !o.ips.is_empty() => &o.ips,
+                _ => &w.spec.ips,
+            };
+            let family = spec.vips.first().is_none_or(|v| v.is_ipv4());
+            let Some(ip) = ips.iter().find(|ip| ip.is_ipv4() == family).copied() else {
+                unresolved.push((w.uid().to_owned(), p.port, "no_address_of_the_vip_family"));
+                continue;
+            };
+            list.push(Endpoint {
+                workload: (*w).clone(),
+                ip,
+                target_port,
+                conditions: *conditions,
+                capacity: own.map_or(1, |o| o.capacity),
+            });
         }
-        let svc = Arc::new(Service {
-            spec,
-            endpoints,
-            cumulative_capacity,
-            unresolved,
-        });
-        for vip in &svc.spec.vips {
-            for p in svc.spec.ports.iter().filter(|p| p.protocol == "TCP") {
-                by_vip.insert((*vip, p.port), svc.clone());
-            }
+        if let Some(totals) = cumulative(&list) {
+            cumulative_capacity.insert(p.port, totals);
         }
-        services.push(svc);
+        endpoints.insert(p.port, list);
     }
-    (services, by_vip)
+    Service {
+        spec,
+        endpoints,
+        cumulative_capacity,
+        unresolved,
+    }
 }
 
 #[cfg(test)]
@@ -485,7 +463,7 @@ mod tests {
         let store = WorkloadStore::new("cluster.local", "n");
         store.publish_all(vec![a, spec_of("b", "10.0.0.2")], vec![spec]);
         let snap = store.snapshot();
-        let svc = snap.services()[0].clone();
+        let svc = snap.services().next().unwrap().clone();
         let eps = svc.endpoints[&port]
             .iter()
             .map(|e| (e.workload.uid().to_owned(), e.ip, e.target_port, e.capacity))
@@ -571,7 +549,7 @@ mod tests {
             vec![spec_of("a", "10.0.0.1"), spec_of("b", "10.0.0.2")],
             vec![spec],
         );
-        store.snapshot().services()[0].clone()
+        store.snapshot().services().next().unwrap().clone()
     }
 
     #[test]

@@ -508,11 +508,6 @@ pub fn assemble(
     for w in &workloads {
         let mut spec = w.spec.clone();
         spec.services.clear();
-        let conditions = Conditions {
-            ready: w.healthy,
-            serving: true,
-            terminating: !w.healthy,
-        };
         for (key, ports) in &w.services {
             let Some(&i) = by_host.get(key.as_str()) else {
                 continue;
@@ -521,16 +516,8 @@ pub fn assemble(
             spec.services.push(svc.key());
             svc.endpoints
                 .get_or_insert_with(BTreeMap::new)
-                .insert(spec.uid.clone(), conditions);
-            let target = EndpointTarget {
-                ports: ports.clone(),
-                ips: if w.host_network {
-                    w.addresses.clone()
-                } else {
-                    Vec::new()
-                },
-                capacity: w.capacity,
-            };
+                .insert(spec.uid.clone(), conditions(w));
+            let target = endpoint_target(w, ports);
             if target != EndpointTarget::default() {
                 svc.endpoint_targets.insert(spec.uid.clone(), target);
             }
@@ -543,18 +530,45 @@ pub fn assemble(
     (specs, out_services)
 }
 
+/// A workload's conditions as an endpoint: from its status.
+pub(super) fn conditions(w: &IstioWorkload) -> Conditions {
+    Conditions {
+        ready: w.healthy,
+        serving: true,
+        terminating: !w.healthy,
+    }
+}
+
+/// What a workload brings of its own as an endpoint of one Service
+/// (`ports`: its mapping for that Service).
+pub(super) fn endpoint_target(w: &IstioWorkload, ports: &BTreeMap<u16, u16>) -> EndpointTarget {
+    EndpointTarget {
+        ports: ports.clone(),
+        ips: if w.host_network {
+            w.addresses.clone()
+        } else {
+            Vec::new()
+        },
+        capacity: w.capacity,
+    }
+}
+
+/// Which of two workloads claiming one address has it: the higher rank
+/// (a pod over another kind, HBONE over plain TCP, healthy over not, then
+/// the greater uid).
+pub(super) fn rank(w: &IstioWorkload) -> (bool, bool, bool, &str) {
+    (
+        w.spec.uid.contains("//Pod/"),
+        w.spec.protocol == Protocol::Hbone,
+        w.healthy,
+        &w.spec.uid,
+    )
+}
+
 /// Leaves each address in one spec's `ips` (see [`assemble`]).
 /// `specs[i]` is `workloads[i]`'s.
 fn resolve_shared_addresses(specs: &mut [WorkloadSpec], workloads: &[&IstioWorkload]) {
-    let rank = |i: usize| {
-        let w = workloads[i];
-        (
-            w.spec.uid.contains("//Pod/"),
-            w.spec.protocol == Protocol::Hbone,
-            w.healthy,
-            &w.spec.uid,
-        )
-    };
+    let rank = |i: usize| rank(workloads[i]);
     let mut owner: HashMap<IpAddr, usize> = HashMap::with_capacity(specs.len());
     let mut shared = false;
     for (i, spec) in specs.iter().enumerate() {

@@ -5,9 +5,11 @@
 //! ztunnel sends). The client is `tidegate_xds`'s; this module converts
 //! what it delivers ([`convert`]) and publishes it ([`source`]).
 
+mod assembly;
 pub mod convert;
 pub mod source;
 
+pub use assembly::Assembly;
 pub use source::IstioSource;
 
 use tidegate_xds::channel::Target;

@@ -1,7 +1,8 @@
 //! The istiod source: holds what the delta ADS stream delivered — every
 //! `istio.workload.Address` (a Workload or a Service) and every
-//! `istio.security.Authorization`, by resource name — and publishes the
-//! whole set to the [`WorkloadStore`] after each response.
+//! `istio.security.Authorization`, by resource name — and applies what
+//! each response changed to the [`WorkloadStore`]: the resources it names
+//! and what they touch ([`Assembly`]), never the whole set.
 //!
 //! Each resource is decoded and converted on its own ([`convert`]); one
 //! that does not read is refused (the client NACKs it, naming it and the
@@ -16,7 +17,7 @@
 //! subscribed type has been applied (readiness waits for it, as
 //! ztunnel's does).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use prost::Message as _;
@@ -27,15 +28,16 @@ use tidegate_xds::{Handler, Rejected, Update};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::convert::{self, IstioWorkload};
-use crate::workloads::services::ServiceSpec;
+use super::assembly::Assembly;
+use super::convert;
 use crate::workloads::WorkloadStore;
 
 pub struct IstioSource {
     store: Arc<WorkloadStore>,
-    workloads: BTreeMap<String, IstioWorkload>,
-    services: BTreeMap<String, ServiceSpec>,
+    held: Assembly,
     policies: PolicyStore,
+    /// The policies changed since the last publish.
+    policies_changed: bool,
     answered: BTreeSet<String>,
     synced: watch::Sender<bool>,
 }
@@ -44,9 +46,9 @@ impl IstioSource {
     pub fn new(store: Arc<WorkloadStore>) -> IstioSource {
         IstioSource {
             store,
-            workloads: BTreeMap::new(),
-            services: BTreeMap::new(),
+            held: Assembly::default(),
             policies: PolicyStore::default(),
+            policies_changed: false,
             answered: BTreeSet::new(),
             synced: watch::channel(false).0,
         }
@@ -77,17 +79,11 @@ impl IstioSource {
                 Some(address::Type::Workload(w)) => match convert::workload(&w)
                     .and_then(|c| c.check_trust_domain(self.store.trust_domain()).map(|()| c))
                 {
-                    Ok(c) => {
-                        self.services.remove(&u.name);
-                        self.workloads.insert(u.name, c);
-                    }
+                    Ok(c) => self.held.put_workload(u.name, c),
                     Err(e) => rejected.push(refuse(e.to_string())),
                 },
                 Some(address::Type::Service(s)) => match convert::service(&s) {
-                    Ok(c) => {
-                        self.workloads.remove(&u.name);
-                        self.services.insert(u.name, c);
-                    }
+                    Ok(c) => self.held.put_service(u.name, c),
                     Err(e) => rejected.push(refuse(e.to_string())),
                 },
                 None => rejected.push(refuse(
@@ -96,7 +92,7 @@ impl IstioSource {
             }
         }
         for name in removed {
-            if self.workloads.remove(&name).is_none() && self.services.remove(&name).is_none() {
+            if !self.held.remove(&name) {
                 warn!(%name, "istiod removed an address that was not held");
             }
         }
@@ -105,6 +101,7 @@ impl IstioSource {
 
     fn authorizations(&mut self, updates: Vec<Update>, removed: Vec<String>) -> Vec<Rejected> {
         let mut rejected = Vec::new();
+        self.policies_changed = true;
         for u in updates {
             let converted = tidegate_authz::xds::decode(u.value.as_ref())
                 .map_err(|e| {
@@ -138,10 +135,13 @@ impl IstioSource {
         rejected
     }
 
-    fn publish(&self) {
-        let (specs, services) = convert::assemble(&self.workloads, &self.services);
-        self.store
-            .publish_istio(specs, services, Arc::new(self.policies.clone()));
+    /// Applies what changed since the last publish.
+    fn publish(&mut self) {
+        let mut delta = self.held.take_delta();
+        if std::mem::take(&mut self.policies_changed) {
+            delta.policies = Some(Arc::new(self.policies.clone()));
+        }
+        self.store.apply(delta);
     }
 }
 
@@ -160,8 +160,8 @@ impl Handler for IstioSource {
         self.publish();
         if self.answered.insert(type_url.to_owned()) && self.answered.len() == 2 {
             info!(
-                workloads = self.workloads.len(),
-                services = self.services.len(),
+                workloads = self.held.workloads_len(),
+                services = self.held.services_len(),
                 policies = self.policies.len(),
                 "istiod's first answers applied"
             );

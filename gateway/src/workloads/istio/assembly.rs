@@ -1,0 +1,244 @@
+//! istiod's converted resources, held by resource name and assembled as
+//! they change: what [`convert::assemble`] makes of a whole set, made for
+//! the part an update touched ([`Assembly::take_delta`]).
+//!
+//! A Service lists no endpoints; each workload names the Services it is an
+//! endpoint of. So a workload's change touches the Services it names or
+//! named (their endpoint lists), and a Service appearing or leaving
+//! touches the workloads naming it (their `services`). Two workloads
+//! claiming one address touch each other: the address goes to one of them
+//! by [`convert`]'s rule. Everything else stays as the store holds it.
+//! Indexes: host (`namespace/hostname`) → the Service held under it and
+//! the workloads naming it; address → the workloads claiming it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+
+use super::convert::{self, IstioWorkload};
+use crate::workloads::services::{EndpointTarget, ServiceSpec};
+use crate::workloads::{Delta, WorkloadSpec};
+
+#[derive(Debug, Default)]
+pub struct Assembly {
+    workloads: HashMap<String, IstioWorkload>,
+    services: HashMap<String, ServiceSpec>,
+    /// Host → the resource name of the Service held under it.
+    hosts: HashMap<String, String>,
+    /// Host → the workloads (resource names) naming it, held or not.
+    naming: HashMap<String, BTreeSet<String>>,
+    /// Address → the workloads (resource names) claiming it.
+    claims: HashMap<IpAddr, BTreeSet<String>>,
+    /// Changed since the last [`Assembly::take_delta`]: workloads (by
+    /// resource name) and hosts to assemble again, and what left.
+    dirty_workloads: BTreeSet<String>,
+    dirty_hosts: BTreeSet<String>,
+    removed_workloads: Vec<String>,
+    removed_services: Vec<String>,
+}
+
+/// A Service's host: how workloads name it (`namespace/hostname`).
+fn host(s: &ServiceSpec) -> Option<String> {
+    Some(format!("{}/{}", s.namespace, s.hostname.as_deref()?))
+}
+
+impl Assembly {
+    pub fn workloads_len(&self) -> usize {
+        self.workloads.len()
+    }
+
+    pub fn services_len(&self) -> usize {
+        self.services.len()
+    }
+
+    /// Holds `w` under resource `name` (replacing a Service of that name).
+    pub fn put_workload(&mut self, name: String, w: IstioWorkload) {
+        self.remove_service(&name);
+        if self.workloads.get(&name) == Some(&w) {
+            return;
+        }
+        if let Some(old) = self.workloads.remove(&name) {
+            self.index(&name, &old, false);
+            if old.spec.uid != w.spec.uid {
+                self.removed_workloads.push(old.spec.uid);
+            }
+        }
+        self.index(&name, &w, true);
+        self.workloads.insert(name.clone(), w);
+        self.dirty_workloads.insert(name);
+    }
+
+    /// Holds `s` under resource `name` (replacing a workload of that name).
+    pub fn put_service(&mut self, name: String, s: ServiceSpec) {
+        self.remove_workload(&name);
+        let old = match self.services.get(&name) {
+            Some(old) if *old == s => return,
+            Some(old) => Some((host(old), old.key())),
+            None => None,
+        };
+        let new_host = host(&s);
+        if let Some((old_host, old_key)) = old {
+            if old_key != s.key() {
+                self.removed_services.push(old_key);
+            }
+            if old_host != new_host {
+                if let Some(h) = old_host {
+                    self.unhost(&name, h);
+                }
+            }
+        }
+        if let Some(h) = new_host {
+            if self.hosts.get(&h) != Some(&name) {
+                self.hosts.insert(h.clone(), name.clone());
+                self.touch_naming(&h);
+            }
+            self.dirty_hosts.insert(h);
+        }
+        self.services.insert(name, s);
+    }
+
+    /// Drops resource `name`, a workload or a Service; false when neither
+    /// was held.
+    pub fn remove(&mut self, name: &str) -> bool {
+        self.remove_workload(name) | self.remove_service(name)
+    }
+
+    fn remove_workload(&mut self, name: &str) -> bool {
+        let Some(old) = self.workloads.remove(name) else {
+            return false;
+        };
+        self.index(name, &old, false);
+        self.removed_workloads.push(old.spec.uid);
+        true
+    }
+
+    fn remove_service(&mut self, name: &str) -> bool {
+        let Some(old) = self.services.remove(name) else {
+            return false;
+        };
+        self.removed_services.push(old.key());
+        if let Some(h) = host(&old) {
+            self.unhost(name, h);
+        }
+        true
+    }
+
+    /// Service `name` no longer holds host `h`: the workloads naming it
+    /// lose it.
+    fn unhost(&mut self, name: &str, h: String) {
+        if self.hosts.get(&h).is_some_and(|n| n == name) {
+            self.hosts.remove(&h);
+            self.touch_naming(&h);
+        }
+    }
+
+    /// The workloads naming host `h` are assembled again.
+    fn touch_naming(&mut self, h: &str) {
+        if let Some(names) = self.naming.get(h) {
+            self.dirty_workloads.extend(names.iter().cloned());
+        }
+    }
+
+    /// Adds (`add`) or drops workload `name`'s entries in the indexes,
+    /// marking what they touch.
+    fn index(&mut self, name: &str, w: &IstioWorkload, add: bool) {
+        for h in w.services.keys() {
+            let names = self.naming.entry(h.clone()).or_default();
+            if add {
+                names.insert(name.to_owned());
+            } else {
+                names.remove(name);
+                if names.is_empty() {
+                    self.naming.remove(h);
+                }
+            }
+            self.dirty_hosts.insert(h.clone());
+        }
+        for ip in &w.spec.ips {
+            let names = self.claims.entry(*ip).or_default();
+            if add {
+                names.insert(name.to_owned());
+            } else {
+                names.remove(name);
+            }
+            self.dirty_workloads.extend(names.iter().cloned());
+            if names.is_empty() {
+                self.claims.remove(ip);
+            }
+        }
+    }
+
+    /// What changed since the last call, assembled: the workloads and
+    /// Services to put (as [`convert::assemble`] would give them) and the
+    /// ones that left.
+    pub fn take_delta(&mut self) -> Delta {
+        let mut delta = Delta {
+            removed_workloads: std::mem::take(&mut self.removed_workloads),
+            removed_services: std::mem::take(&mut self.removed_services),
+            ..Default::default()
+        };
+        for name in std::mem::take(&mut self.dirty_workloads) {
+            if let Some(spec) = self.workload_spec(&name) {
+                delta.workloads.push(spec);
+            }
+        }
+        for h in std::mem::take(&mut self.dirty_hosts) {
+            if let Some(spec) = self.service_spec(&h) {
+                delta.services.push(spec);
+            }
+        }
+        delta
+    }
+
+    /// Workload `name` as the store takes it: the held Services it names,
+    /// the addresses it owns.
+    fn workload_spec(&self, name: &str) -> Option<WorkloadSpec> {
+        let w = self.workloads.get(name)?;
+        let mut spec = w.spec.clone();
+        spec.services = w
+            .services
+            .keys()
+            .filter_map(|h| Some(self.services.get(self.hosts.get(h)?)?.key()))
+            .collect();
+        spec.ips.retain(|ip| self.owner(ip) == Some(name));
+        Some(spec)
+    }
+
+    /// Which of the workloads claiming `ip` has it ([`convert::rank`]).
+    fn owner(&self, ip: &IpAddr) -> Option<&str> {
+        self.claims
+            .get(ip)?
+            .iter()
+            .filter_map(|n| Some((n, self.workloads.get(n)?)))
+            .max_by(|(_, a), (_, b)| convert::rank(a).cmp(&convert::rank(b)))
+            .map(|(n, _)| n.as_str())
+    }
+
+    /// The Service held under host `h`, its endpoints the workloads
+    /// naming it.
+    fn service_spec(&self, h: &str) -> Option<ServiceSpec> {
+        let mut spec = self.services.get(self.hosts.get(h)?)?.clone();
+        let mut endpoints = BTreeMap::new();
+        for w in self
+            .naming
+            .get(h)
+            .into_iter()
+            .flatten()
+            .filter_map(|n| self.workloads.get(n))
+        {
+            let Some(ports) = w.services.get(h) else {
+                continue;
+            };
+            endpoints.insert(w.spec.uid.clone(), convert::conditions(w));
+            let target = convert::endpoint_target(w, ports);
+            if target != EndpointTarget::default() {
+                spec.endpoint_targets.insert(w.spec.uid.clone(), target);
+            }
+        }
+        spec.endpoints = Some(endpoints);
+        Some(spec)
+    }
+}
+
+#[cfg(test)]
+#[path = "assembly_tests.rs"]
+mod tests;

@@ -1,0 +1,251 @@
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tidegate_xds::workload as wds;
+
+use super::*;
+use crate::workloads::istio::convert::{self as cv, IstioWorkload};
+use crate::workloads::{WorkloadSnapshot, WorkloadStore};
+
+fn ipb(ip: IpAddr) -> Bytes {
+    match ip {
+        IpAddr::V4(v4) => Bytes::copy_from_slice(&v4.octets()),
+        IpAddr::V6(v6) => Bytes::copy_from_slice(&v6.octets()),
+    }
+}
+
+fn host(svc: usize) -> String {
+    format!("shop/s{svc}.shop.svc.cluster.local")
+}
+
+/// Pod `i` at `ip`, on node `node-{i % 3}` (node-0 is the gateway's),
+/// healthy or not, an endpoint of the Services `services`.
+fn pod(i: usize, ip: IpAddr, healthy: bool, plain: bool, services: &[usize]) -> IstioWorkload {
+    let uid = format!("Kubernetes//Pod/shop/p{i}");
+    let w = wds::Workload {
+        uid: uid.clone(),
+        name: format!("p{i}"),
+        namespace: "shop".into(),
+        addresses: vec![ipb(ip)],
+        tunnel_protocol: if plain {
+            wds::TunnelProtocol::None
+        } else {
+            wds::TunnelProtocol::Hbone
+        } as i32,
+        service_account: "web".into(),
+        node: format!("node-{}", i % 3),
+        status: if healthy {
+            wds::WorkloadStatus::Healthy
+        } else {
+            wds::WorkloadStatus::Unhealthy
+        } as i32,
+        workload_type: wds::WorkloadType::Pod as i32,
+        cluster_id: "Kubernetes".into(),
+        services: services
+            .iter()
+            .map(|s| {
+                let port = wds::Port {
+                    service_port: 80,
+                    target_port: 8080 + *s as u32,
+                    app_protocol: 0,
+                };
+                (host(*s), wds::PortList { ports: vec![port] })
+            })
+            .collect(),
+        ..Default::default()
+    };
+    cv::workload(&w).unwrap()
+}
+
+fn service(i: usize, vip_generation: u8) -> crate::workloads::services::ServiceSpec {
+    let s = wds::Service {
+        name: format!("s{i}"),
+        namespace: "shop".into(),
+        hostname: format!("s{i}.shop.svc.cluster.local"),
+        addresses: vec![wds::NetworkAddress {
+            network: String::new(),
+            address: ipb(IpAddr::from([10, 96, vip_generation, i as u8])),
+            length: None,
+        }],
+        ports: vec![wds::Port {
+            service_port: 80,
+            target_port: 0,
+            app_protocol: 0,
+        }],
+        ..Default::default()
+    };
+    cv::service(&s).unwrap()
+}
+
+/// What a snapshot holds, compared whole: every workload's spec and
+/// identity, the address index, every Service's spec and resolved
+/// endpoints, the VIP index, the local pods' membership.
+fn held(s: &WorkloadSnapshot) -> String {
+    let mut out = String::new();
+    for w in s.iter() {
+        out += &format!("W {:?} {} local={}\n", w.spec, w.identity, w.local);
+        for ip in &w.spec.ips {
+            let owner = s.by_ip(*ip).map(|o| o.uid());
+            out += &format!("  ip {ip} -> {owner:?}\n");
+        }
+        out += &format!("  member {:?}\n", s.membership(w.uid()));
+    }
+    for svc in s.services() {
+        out += &format!("S {:?}\n", svc.spec);
+        for (port, eps) in &svc.endpoints {
+            for e in eps {
+                out += &format!(
+                    "  {port} -> {} {} {} {:?} {}\n",
+                    e.workload.uid(),
+                    e.ip,
+                    e.target_port,
+                    e.conditions,
+                    e.capacity
+                );
+            }
+        }
+        for vip in &svc.spec.vips {
+            let at = s.service_by_vip(*vip, 80).map(|x| x.key());
+            out += &format!("  vip {vip} -> {at:?}\n");
+        }
+        out += &format!("  unresolved {:?}\n", svc.unresolved);
+    }
+    let locals: Vec<&str> = s.locals().map(|w| w.uid()).collect();
+    out += &format!("locals {locals:?}\n");
+    out
+}
+
+/// The whole-set path: `assemble` of everything held, published whole.
+fn whole(
+    workloads: &BTreeMap<String, IstioWorkload>,
+    services: &BTreeMap<String, crate::workloads::services::ServiceSpec>,
+) -> Arc<WorkloadSnapshot> {
+    let store = WorkloadStore::new("cluster.local", "node-0");
+    let (specs, services) = cv::assemble(workloads, services);
+    store.publish_istio(specs, services, Default::default());
+    store.snapshot()
+}
+
+/// Random updates — pods added, changed (health, protocol, Services
+/// named, an address taken from another pod), removed; Services added,
+/// moved to another VIP, removed — applied one response at a time
+/// through the assembly, match after every response what `assemble` of
+/// the whole set gives.
+#[test]
+fn updates_applied_as_deltas_match_the_whole_set_assembled() {
+    let mut rng = fastrand::Rng::with_seed(52);
+    let store = WorkloadStore::new("cluster.local", "node-0");
+    let mut assembly = Assembly::default();
+    let mut workloads = BTreeMap::new();
+    let mut services = BTreeMap::new();
+    let mut deltas_seen = 0;
+    for response in 0..300 {
+        for _ in 0..rng.usize(1..6) {
+            let i = rng.usize(0..40);
+            match rng.u8(0..10) {
+                0..=5 => {
+                    // Few addresses for many pods: claims collide.
+                    let ip = IpAddr::from([10, 0, 0, rng.u8(1..30)]);
+                    let named: Vec<usize> = (0..rng.usize(0..3)).map(|_| rng.usize(0..8)).collect();
+                    let w = pod(i, ip, rng.bool(), rng.u8(0..5) == 0, &named);
+                    let name = w.spec.uid.clone();
+                    assembly.put_workload(name.clone(), w.clone());
+                    services.remove(&name);
+                    workloads.insert(name, w);
+                }
+                6 => {
+                    let name = format!("Kubernetes//Pod/shop/p{i}");
+                    assert_eq!(assembly.remove(&name), workloads.remove(&name).is_some());
+                }
+                7 | 8 => {
+                    let s = rng.usize(0..8);
+                    let spec = service(s, rng.u8(0..2));
+                    let name = host(s);
+                    assembly.put_service(name.clone(), spec.clone());
+                    services.insert(name, spec);
+                }
+                _ => {
+                    let name = host(rng.usize(0..8));
+                    assert_eq!(assembly.remove(&name), services.remove(&name).is_some());
+                }
+            }
+        }
+        let delta = assembly.take_delta();
+        deltas_seen += delta.workloads.len() + delta.services.len();
+        store.apply(delta);
+        let expected = whole(&workloads, &services);
+        assert_eq!(
+            held(&store.snapshot()),
+            held(&expected),
+            "after response {response}"
+        );
+    }
+    assert!(deltas_seen > 0);
+}
+
+/// One pod's update puts that pod and the Services it names, nothing
+/// else: the delta is the size of the change, not of the set.
+#[test]
+fn a_pods_update_touches_only_it_and_its_services() {
+    let mut assembly = Assembly::default();
+    for s in 0..100 {
+        assembly.put_service(host(s), service(s, 0));
+    }
+    for i in 0..1000 {
+        let ip = IpAddr::from([10, 1, (i / 256) as u8, (i % 256) as u8]);
+        assembly.put_workload(
+            format!("Kubernetes//Pod/shop/p{i}"),
+            pod(i, ip, true, false, &[i % 100]),
+        );
+    }
+    let first = assembly.take_delta();
+    assert_eq!((first.workloads.len(), first.services.len()), (1000, 100));
+    assert!(assembly.take_delta().is_empty(), "nothing changed since");
+
+    let ip = IpAddr::from([10, 1, 0, 7]);
+    assembly.put_workload(
+        "Kubernetes//Pod/shop/p7".into(),
+        pod(7, ip, false, false, &[7]),
+    );
+    let delta = assembly.take_delta();
+    let uids: Vec<&str> = delta.workloads.iter().map(|w| w.uid.as_str()).collect();
+    let keys: Vec<String> = delta.services.iter().map(|s| s.key()).collect();
+    assert_eq!(uids, ["Kubernetes//Pod/shop/p7"]);
+    assert_eq!(keys, ["shop/s7"]);
+    let eps = delta.services[0].endpoints.as_ref().unwrap();
+    assert_eq!(eps.len(), 10, "the Service's ten endpoints, one changed");
+    assert!(!eps["Kubernetes//Pod/shop/p7"].ready);
+
+    // The same update again changes nothing.
+    assembly.put_workload(
+        "Kubernetes//Pod/shop/p7".into(),
+        pod(7, ip, false, false, &[7]),
+    );
+    assert!(assembly.take_delta().is_empty());
+}
+
+/// A Service arriving after the pods naming it makes them its endpoints
+/// (and names it in their specs); leaving, it is removed and they no
+/// longer name it.
+#[test]
+fn a_service_arriving_late_gathers_the_pods_naming_it() {
+    let mut assembly = Assembly::default();
+    let ip = IpAddr::from([10, 1, 0, 1]);
+    assembly.put_workload("p1".into(), pod(1, ip, true, false, &[3]));
+    let delta = assembly.take_delta();
+    assert!(delta.workloads[0].services.is_empty(), "not held yet");
+    assert!(delta.services.is_empty());
+
+    assembly.put_service(host(3), service(3, 0));
+    let delta = assembly.take_delta();
+    assert_eq!(delta.workloads[0].services, ["shop/s3"]);
+    let eps = delta.services[0].endpoints.as_ref().unwrap();
+    assert!(eps.contains_key("Kubernetes//Pod/shop/p1"));
+
+    assert!(assembly.remove(&host(3)));
+    let delta = assembly.take_delta();
+    assert_eq!(delta.removed_services, ["shop/s3"]);
+    assert!(delta.workloads[0].services.is_empty());
+}

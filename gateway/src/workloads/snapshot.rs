@@ -1,0 +1,452 @@
+//! The published view of every workload and Service: persistent maps, so a
+//! publish shares every unchanged entry with the snapshot before it and
+//! costs what changed, not what is held.
+//!
+//! - A publish starts from the current snapshot (an O(1) copy of its maps)
+//!   and writes only what changed: a workload whose spec differs gets a new
+//!   allocation, one whose spec is equal keeps the one it had. An update
+//!   of one workload ([`Delta`]) touches that workload, its addresses and
+//!   the Services it names or named; a source that only has whole sets
+//!   (the workload file, Kubernetes) hands those over and the unchanged
+//!   entries are still kept ([`WorkloadSnapshot::replaced`]).
+//! - Two snapshots diff in O(change) ([`WorkloadSnapshot::changes_from`]):
+//!   the maps skip the subtrees they share. Consumers that compare
+//!   consecutive snapshots (the drain engine) stay level-triggered — a
+//!   transition missed between two looks is still in the diff — without
+//!   walking the cluster.
+//! - The data path reads a snapshot after one lock-free load of the store
+//!   and never writes it.
+//!
+//! Each address belongs to one workload: every source gives an address
+//! one owner (the workload file refuses a second, Kubernetes discovery and
+//! istiod's assembly pick one), and the index is kept under that rule.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use imbl::{HashMap as SharedHashMap, OrdMap};
+use tidegate_authz::PolicyStore;
+
+use super::membership::{self, Membership};
+use super::services::{self, Service, ServiceSpec};
+use super::{Protocol, Workload, WorkloadSpec};
+use crate::config::Cidr;
+use crate::identity::SpiffeId;
+
+/// A workload as the snapshot's maps hold it: equal only to itself (the
+/// same allocation), which is what lets two snapshots diff by skipping
+/// what they share.
+#[derive(Clone, Debug)]
+struct Held(Arc<Workload>);
+
+impl PartialEq for Held {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// One workload's change between two snapshots: (before, now).
+pub type WorkloadChange<'a> = (Option<&'a Arc<Workload>>, Option<&'a Arc<Workload>>);
+
+/// An immutable view of all workloads.
+#[derive(Clone, Debug, Default)]
+pub struct WorkloadSnapshot {
+    by_uid: OrdMap<String, Held>,
+    by_ip: SharedHashMap<IpAddr, Arc<Workload>>,
+    /// This node's workloads by uid.
+    local: OrdMap<String, Arc<Workload>>,
+    /// This node's workloads by (namespace, name): how a pod handed over
+    /// under its Kubernetes uid finds its workload when the source keys
+    /// workloads otherwise (istiod: `<cluster>//Pod/<ns>/<name>`).
+    local_by_name: SharedHashMap<(String, String), Arc<Workload>>,
+    /// Services by key (`namespace/name`).
+    services: OrdMap<String, Arc<Service>>,
+    by_vip: SharedHashMap<(IpAddr, u16), Arc<Service>>,
+    /// The mesh membership of each pod on this node, by uid — pods without
+    /// an address yet included (a pod's CNI ADD comes before its IP). What
+    /// the gateway answers `tidegate-cni` ADD with.
+    members: OrdMap<String, Membership>,
+    /// The authorization policies, published with the workloads so a
+    /// decision reads one consistent view.
+    pub policies: Arc<PolicyStore>,
+    /// The cluster's pod and Service ranges the workload source learned
+    /// (beside `outbound.cluster_cidrs`).
+    pub cluster_ranges: Arc<Vec<Cidr>>,
+    /// Bumped on every publish.
+    pub generation: u64,
+}
+
+/// What changed for one source update: workloads and Services put
+/// (whole, as the source now has them) or removed, and the authorization
+/// policies when they changed. Applied by [`super::WorkloadStore::apply`].
+#[derive(Debug, Default)]
+pub struct Delta {
+    pub workloads: Vec<WorkloadSpec>,
+    /// Workload uids.
+    pub removed_workloads: Vec<String>,
+    pub services: Vec<ServiceSpec>,
+    /// Service keys (`namespace/name`).
+    pub removed_services: Vec<String>,
+    pub policies: Option<Arc<PolicyStore>>,
+}
+
+impl Delta {
+    pub fn is_empty(&self) -> bool {
+        self.workloads.is_empty()
+            && self.removed_workloads.is_empty()
+            && self.services.is_empty()
+            && self.removed_services.is_empty()
+            && self.policies.is_none()
+    }
+}
+
+/// Who the snapshot is built for: the workload's identity and locality
+/// are derived from them.
+pub(super) struct Node<'a> {
+    pub trust_domain: &'a str,
+    pub name: &'a str,
+}
+
+impl Node<'_> {
+    fn workload(&self, spec: WorkloadSpec) -> Arc<Workload> {
+        let identity = SpiffeId::new(self.trust_domain, &spec.namespace, &spec.service_account);
+        Arc::new(Workload {
+            local: spec.node == self.name,
+            identity,
+            spec,
+        })
+    }
+}
+
+impl WorkloadSnapshot {
+    pub fn by_ip(&self, ip: IpAddr) -> Option<&Arc<Workload>> {
+        self.by_ip.get(&ip)
+    }
+
+    pub fn by_uid(&self, uid: &str) -> Option<&Arc<Workload>> {
+        self.by_uid.get(uid).map(|h| &h.0)
+    }
+
+    /// The workload of the pod a node agent handed over as `uid`
+    /// (`namespace`/`name`): the local workload of that uid — the
+    /// Kubernetes source keys workloads by the pod's uid — else the local
+    /// workload of that namespace and name (istiod keys them by
+    /// `<cluster>//Pod/<namespace>/<name>`: the uids differ).
+    pub fn pod_workload(&self, uid: &str, namespace: &str, name: &str) -> Option<&Arc<Workload>> {
+        self.local.get(uid).or_else(|| {
+            self.local_by_name
+                .get(&(namespace.to_owned(), name.to_owned()))
+        })
+    }
+
+    /// The Service with `vip` as an address and `port` as a port.
+    pub fn service_by_vip(&self, vip: IpAddr, port: u16) -> Option<&Arc<Service>> {
+        self.by_vip.get(&(vip, port))
+    }
+
+    /// The Service of key `namespace/name`.
+    pub fn service(&self, key: &str) -> Option<&Arc<Service>> {
+        self.services.get(key)
+    }
+
+    /// Every Service, by key.
+    pub fn services(&self) -> impl Iterator<Item = &Arc<Service>> + '_ {
+        self.services.values()
+    }
+
+    pub fn services_len(&self) -> usize {
+        self.services.len()
+    }
+
+    /// Every workload, by uid.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Workload>> + '_ {
+        self.by_uid.values().map(|h| &h.0)
+    }
+
+    /// This node's workloads, by uid (without walking the others).
+    pub fn locals(&self) -> impl Iterator<Item = &Arc<Workload>> + '_ {
+        self.local.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_uid.len()
+    }
+
+    /// The mesh membership of the local pod `uid`, when its source knows it.
+    pub fn membership(&self, uid: &str) -> Option<Membership> {
+        self.members.get(uid).copied()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_uid.is_empty()
+    }
+
+    /// The workloads that differ between `previous` and this snapshot, as
+    /// (before, now) pairs by uid: added `(None, Some)`, removed
+    /// `(Some, None)`, republished with another spec `(Some, Some)`. A
+    /// workload republished with an equal spec keeps its allocation and is
+    /// not listed. O(change) between snapshots of one store; any two
+    /// snapshots compare correctly (one that shares nothing costs a walk).
+    pub fn changes_from<'a>(
+        &'a self,
+        previous: &'a WorkloadSnapshot,
+    ) -> impl Iterator<Item = WorkloadChange<'a>> + 'a {
+        previous.by_uid.diff(&self.by_uid).map(|d| match d {
+            imbl::ordmap::DiffItem::Add(_, w) => (None, Some(&w.0)),
+            imbl::ordmap::DiffItem::Remove(_, w) => (Some(&w.0), None),
+            imbl::ordmap::DiffItem::Update { old, new } => (Some(&old.1 .0), Some(&new.1 .0)),
+        })
+    }
+
+    /// The next generation: this snapshot's maps, shared.
+    fn next(&self) -> WorkloadSnapshot {
+        WorkloadSnapshot {
+            generation: self.generation + 1,
+            ..self.clone()
+        }
+    }
+
+    /// Puts `w` in place of whatever was held under its uid; the one it
+    /// replaced.
+    fn put(&mut self, w: Arc<Workload>) -> Option<Arc<Workload>> {
+        let old = self
+            .by_uid
+            .insert(w.spec.uid.clone(), Held(w.clone()))
+            .map(|h| h.0);
+        if let Some(old) = &old {
+            self.unindex(old);
+        }
+        for ip in &w.spec.ips {
+            self.by_ip.insert(*ip, w.clone());
+        }
+        if w.local {
+            let key = (w.spec.namespace.clone(), w.spec.name.clone());
+            self.local_by_name.insert(key, w.clone());
+            self.local.insert(w.spec.uid.clone(), w.clone());
+        }
+        old
+    }
+
+    fn take(&mut self, uid: &str) -> Option<Arc<Workload>> {
+        let old = self.by_uid.remove(uid)?.0;
+        self.unindex(&old);
+        Some(old)
+    }
+
+    /// Drops `old`'s index entries that are still its own.
+    fn unindex(&mut self, old: &Arc<Workload>) {
+        let own = |w: Option<&Arc<Workload>>| w.is_some_and(|w| Arc::ptr_eq(w, old));
+        for ip in &old.spec.ips {
+            if own(self.by_ip.get(ip)) {
+                self.by_ip.remove(ip);
+            }
+        }
+        if old.local {
+            let key = (old.spec.namespace.clone(), old.spec.name.clone());
+            if own(self.local_by_name.get(&key)) {
+                self.local_by_name.remove(&key);
+            }
+            if own(self.local.get(&old.spec.uid)) {
+                self.local.remove(&old.spec.uid);
+            }
+        }
+    }
+
+    fn put_service(&mut self, svc: Arc<Service>) {
+        if let Some(old) = self.services.insert(svc.key(), svc.clone()) {
+            self.unindex_service(&old);
+        }
+        for vip in &svc.spec.vips {
+            for p in svc.spec.ports.iter().filter(|p| p.protocol == "TCP") {
+                self.by_vip.insert((*vip, p.port), svc.clone());
+            }
+        }
+    }
+
+    fn take_service(&mut self, key: &str) -> Option<Arc<Service>> {
+        let old = self.services.remove(key)?;
+        self.unindex_service(&old);
+        Some(old)
+    }
+
+    fn unindex_service(&mut self, old: &Arc<Service>) {
+        for vip in &old.spec.vips {
+            for p in &old.spec.ports {
+                let key = (*vip, p.port);
+                if self.by_vip.get(&key).is_some_and(|s| Arc::ptr_eq(s, old)) {
+                    self.by_vip.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// The next snapshot holding exactly `specs` and `services` (a source's
+    /// whole set): entries whose spec did not change keep their allocation,
+    /// so the diff from this snapshot is what changed. Every Service is
+    /// resolved again (O(endpoints)).
+    pub(super) fn replaced(
+        &self,
+        node: &Node<'_>,
+        specs: Vec<WorkloadSpec>,
+        services: Vec<ServiceSpec>,
+        members: BTreeMap<String, Membership>,
+        policies: Arc<PolicyStore>,
+    ) -> WorkloadSnapshot {
+        let mut next = self.next();
+        let listed: std::collections::HashSet<String> =
+            specs.iter().map(|s| s.uid.clone()).collect();
+        let gone: Vec<String> = self
+            .by_uid
+            .keys()
+            .filter(|uid| !listed.contains(uid.as_str()))
+            .cloned()
+            .collect();
+        for uid in gone {
+            next.take(&uid);
+        }
+        for spec in specs {
+            if !self.by_uid(&spec.uid).is_some_and(|w| w.spec == spec) {
+                next.put(node.workload(spec));
+            }
+        }
+        next.members = members.into_iter().collect();
+        next.policies = policies;
+        next.services = OrdMap::new();
+        next.by_vip = SharedHashMap::new();
+        let naming = services
+            .iter()
+            .any(|s| s.endpoints.is_none())
+            .then(|| naming(&next));
+        for spec in services {
+            let named = naming
+                .as_ref()
+                .and_then(|n| n.get(&spec.key()))
+                .map_or(&[][..], Vec::as_slice);
+            let svc = services::resolve_one(spec, |uid| next.by_uid(uid), named);
+            next.put_service(Arc::new(svc));
+        }
+        next
+    }
+
+    /// The next snapshot with `delta` applied: each workload put or
+    /// removed, the Services put or removed, and every Service that one of
+    /// the changed workloads names or named resolved again against the
+    /// new workloads. With a `reason` (a source's update), the local
+    /// workloads' membership follows their protocol; without (a removal by
+    /// the node agent or the admin API, a restore), it stays as it was.
+    pub(super) fn applied(
+        &self,
+        node: &Node<'_>,
+        delta: Delta,
+        reason: Option<membership::Reason>,
+    ) -> WorkloadSnapshot {
+        let mut next = self.next();
+        // Services to resolve again: those a changed workload names or named.
+        let mut dirty: BTreeSet<String> = BTreeSet::new();
+        let touched = |w: &Workload, dirty: &mut BTreeSet<String>| {
+            dirty.extend(w.spec.services.iter().map(|s| service_key(w, s)));
+        };
+        for uid in &delta.removed_workloads {
+            if let Some(old) = next.take(uid) {
+                touched(&old, &mut dirty);
+            }
+            // Also when the node agent removed it first.
+            if reason.is_some() {
+                next.members.remove(uid);
+            }
+        }
+        for spec in delta.workloads {
+            if self.by_uid(&spec.uid).is_some_and(|w| w.spec == spec) {
+                continue;
+            }
+            let w = node.workload(spec);
+            if let Some(old) = next.put(w.clone()) {
+                touched(&old, &mut dirty);
+                if old.local && !w.local && reason.is_some() {
+                    next.members.remove(&old.spec.uid);
+                }
+            }
+            touched(&w, &mut dirty);
+            if let (true, Some(reason)) = (w.local, reason) {
+                let m = Membership {
+                    member: w.spec.protocol == Protocol::Hbone,
+                    reason,
+                };
+                next.members.insert(w.spec.uid.clone(), m);
+            }
+        }
+        for key in &delta.removed_services {
+            next.take_service(key);
+            dirty.remove(key);
+        }
+        let mut put: HashMap<String, ServiceSpec> = HashMap::new();
+        for spec in delta.services {
+            let key = spec.key();
+            if !self.service(&key).is_some_and(|s| s.spec == spec) {
+                dirty.insert(key.clone());
+            }
+            put.insert(key, spec);
+        }
+        for key in dirty {
+            let spec = match put.remove(&key) {
+                Some(spec) => spec,
+                None => match next.service(&key) {
+                    Some(svc) => svc.spec.clone(),
+                    None => continue,
+                },
+            };
+            let named: Vec<Arc<Workload>> = if spec.endpoints.is_none() {
+                // Members by name (the workload file): found by a walk.
+                next.iter().filter(|w| names(w, &spec)).cloned().collect()
+            } else {
+                Vec::new()
+            };
+            let svc = services::resolve_one(spec, |uid| next.by_uid(uid), &named);
+            next.put_service(Arc::new(svc));
+        }
+        if let Some(policies) = delta.policies {
+            next.policies = policies;
+        }
+        next
+    }
+
+    /// The same snapshot, learned ranges replaced.
+    pub(super) fn with_ranges(mut self, ranges: Arc<Vec<Cidr>>) -> WorkloadSnapshot {
+        self.cluster_ranges = ranges;
+        self
+    }
+}
+
+/// The key of the Service that workload `w` names as `named` (`name` in
+/// its own namespace, or `namespace/name`).
+fn service_key(w: &Workload, named: &str) -> String {
+    if named.contains('/') {
+        named.to_owned()
+    } else {
+        format!("{}/{named}", w.spec.namespace)
+    }
+}
+
+/// Whether workload `w` names the Service `svc`.
+fn names(w: &Workload, svc: &ServiceSpec) -> bool {
+    w.spec.services.iter().any(|s| match s.split_once('/') {
+        Some((ns, name)) => ns == svc.namespace && name == svc.name,
+        None => w.spec.namespace == svc.namespace && *s == svc.name,
+    })
+}
+
+/// Service key → the workloads naming it, in uid order.
+fn naming(snapshot: &WorkloadSnapshot) -> HashMap<String, Vec<Arc<Workload>>> {
+    let mut out: HashMap<String, Vec<Arc<Workload>>> = HashMap::new();
+    for w in snapshot.iter() {
+        for s in &w.spec.services {
+            let list = out.entry(service_key(w, s)).or_default();
+            // Named twice: one endpoint.
+            if !list.last().is_some_and(|l| Arc::ptr_eq(l, w)) {
+                list.push(w.clone());
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,296 @@
+//! The single place workloads are published ([`WorkloadStore`]): one writer
+//! at a time builds the next [`WorkloadSnapshot`] from the current one and
+//! swaps it in; readers load the current one without a lock.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use tidegate_authz::PolicyStore;
+
+use super::membership::{self, Membership};
+use super::services::ServiceSpec;
+use super::snapshot::{Delta, Node, WorkloadSnapshot};
+use super::{file, Protocol, WorkloadSpec};
+use crate::config::Cidr;
+use crate::sync::Locked;
+
+/// The single place workloads are published. Readers call [`WorkloadStore::snapshot`].
+#[derive(Debug)]
+pub struct WorkloadStore {
+    current: ArcSwap<WorkloadSnapshot>,
+    trust_domain: String,
+    node: String,
+    changed: tokio::sync::watch::Sender<u64>,
+    /// The cluster's ranges a source learned; the next publish carries them.
+    learned_ranges: std::sync::Mutex<Arc<Vec<Cidr>>>,
+    /// Workloads removed ([`WorkloadStore::remove`]: the admin API, the
+    /// node agent) that the source still lists, with the source's latest
+    /// spec: left out of every publish until the source drops them too, or
+    /// the node agent hands the pod over again ([`WorkloadStore::restore`]).
+    removed: std::sync::Mutex<BTreeMap<String, Option<WorkloadSpec>>>,
+    /// Held for a whole publish: the source and a removal never publish
+    /// over each other.
+    publishing: std::sync::Mutex<()>,
+}
+
+impl WorkloadStore {
+    pub fn new(trust_domain: &str, node: &str) -> Arc<Self> {
+        Arc::new(WorkloadStore {
+            current: ArcSwap::from_pointee(WorkloadSnapshot::default()),
+            trust_domain: trust_domain.to_owned(),
+            node: node.to_owned(),
+            learned_ranges: Default::default(),
+            removed: Default::default(),
+            publishing: Default::default(),
+            changed: tokio::sync::watch::channel(0).0,
+        })
+    }
+
+    pub fn trust_domain(&self) -> &str {
+        &self.trust_domain
+    }
+
+    pub fn snapshot(&self) -> Arc<WorkloadSnapshot> {
+        self.current.load_full()
+    }
+
+    /// Notified with the generation after every publish.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    fn node(&self) -> Node<'_> {
+        Node {
+            trust_domain: &self.trust_domain,
+            name: &self.node,
+        }
+    }
+
+    /// Replaces the workloads, keeping the Services (resolved again
+    /// against the new workloads). The specs were validated by their
+    /// source (the file parser; Kubernetes discovery gives each IP one owner).
+    pub fn publish(&self, specs: Vec<WorkloadSpec>) {
+        let services = self
+            .current
+            .load()
+            .services()
+            .map(|s| s.spec.clone())
+            .collect();
+        self.publish_all(specs, services);
+    }
+
+    /// Replaces the workloads and the Services together. The membership of
+    /// each local workload is its `protocol` (the workload file's rule:
+    /// HBONE is a member).
+    pub fn publish_all(&self, specs: Vec<WorkloadSpec>, services: Vec<ServiceSpec>) {
+        let members = self.members_by_protocol(&specs, membership::Reason::WorkloadFile);
+        let policies = self.current.load().policies.clone();
+        self.publish_with_members(specs, services, members, policies);
+    }
+
+    /// The local workloads' membership from their protocol (HBONE is a
+    /// member), for sources that say nothing else of it.
+    fn members_by_protocol(
+        &self,
+        specs: &[WorkloadSpec],
+        reason: membership::Reason,
+    ) -> BTreeMap<String, Membership> {
+        specs
+            .iter()
+            .filter(|s| s.node == self.node)
+            .map(|s| {
+                let m = Membership {
+                    member: s.protocol == Protocol::Hbone,
+                    reason,
+                };
+                (s.uid.clone(), m)
+            })
+            .collect()
+    }
+
+    /// Replaces the workloads, the Services, the local pods' mesh
+    /// membership and the authorization policies together (Kubernetes
+    /// discovery: [`membership::decide`]).
+    pub fn publish_with_members(
+        &self,
+        specs: Vec<WorkloadSpec>,
+        services: Vec<ServiceSpec>,
+        members: BTreeMap<String, Membership>,
+        policies: Arc<PolicyStore>,
+    ) {
+        let _one = self.publishing.locked();
+        let specs = self.without_removed(specs);
+        let current = self.current.load_full();
+        let next = current.replaced(&self.node(), specs, services, members, policies);
+        self.swap_in(next);
+    }
+
+    /// Replaces the workloads, the Services and the authorization policies
+    /// together (the workload file).
+    pub fn publish_file(&self, file: file::Parsed) {
+        let members = self.members_by_protocol(&file.workloads, membership::Reason::WorkloadFile);
+        self.publish_with_members(
+            file.workloads,
+            file.services,
+            members,
+            Arc::new(file.policies),
+        );
+    }
+
+    /// Replaces the workloads, the Services and the authorization policies
+    /// together from a whole set (istiod's delta xDS is applied with
+    /// [`WorkloadStore::apply`]; this is the whole-set form, for tests and
+    /// baselines).
+    pub fn publish_istio(
+        &self,
+        specs: Vec<WorkloadSpec>,
+        services: Vec<ServiceSpec>,
+        policies: Arc<PolicyStore>,
+    ) {
+        let members = self.members_by_protocol(&specs, membership::Reason::Istio);
+        self.publish_with_members(specs, services, members, policies);
+    }
+
+    /// Applies what changed (istiod's updates): only the workloads and
+    /// Services in `delta`, and the Services the changed workloads name or
+    /// named, are touched; the rest is shared with the current snapshot.
+    /// The local workloads' membership follows their protocol.
+    pub fn apply(&self, mut delta: Delta) {
+        let _one = self.publishing.locked();
+        {
+            let mut removed = self.removed.locked();
+            if !removed.is_empty() {
+                delta
+                    .workloads
+                    .retain(|spec| match removed.get_mut(&spec.uid) {
+                        Some(latest) => {
+                            *latest = Some(spec.clone());
+                            false
+                        }
+                        None => true,
+                    });
+                for uid in &delta.removed_workloads {
+                    removed.remove(uid);
+                }
+            }
+        }
+        self.apply_unlocked(delta, Some(membership::Reason::Istio));
+    }
+
+    fn apply_unlocked(&self, delta: Delta, reason: Option<membership::Reason>) {
+        let current = self.current.load_full();
+        let next = current.applied(&self.node(), delta, reason);
+        self.swap_in(next);
+    }
+
+    /// The cluster's ranges as the source now knows them; published with
+    /// its next snapshot.
+    pub fn learn_cluster_ranges(&self, ranges: Vec<Cidr>) {
+        *self.learned_ranges.locked() = Arc::new(ranges);
+    }
+
+    /// Removes workload `uid` from the published set now, whatever its
+    /// source still says: every Service loses it as an endpoint in the
+    /// same publish. It stays out until the source no longer lists it (or
+    /// [`WorkloadStore::restore`]). `false`: not listed.
+    pub fn remove(&self, uid: &str) -> bool {
+        let _one = self.publishing.locked();
+        let current = self.current.load_full();
+        let Some(w) = current.by_uid(uid) else {
+            return false;
+        };
+        self.removed
+            .locked()
+            .insert(uid.to_owned(), Some(w.spec.clone()));
+        self.apply_unlocked(
+            Delta {
+                removed_workloads: vec![uid.to_owned()],
+                ..Default::default()
+            },
+            None,
+        );
+        true
+    }
+
+    /// The pod `uid` (`namespace`/`name`) is back — its node agent handed
+    /// it over again — and with it its workload, if removed: published
+    /// again as its source last listed it (matched as
+    /// [`WorkloadSnapshot::pod_workload`] matches).
+    pub fn restore(&self, uid: &str, namespace: &str, name: &str) {
+        let _one = self.publishing.locked();
+        let spec = {
+            let mut removed = self.removed.locked();
+            let key = removed
+                .iter()
+                .find(|(k, spec)| {
+                    *k == uid
+                        || spec.as_ref().is_some_and(|s| {
+                            s.node == self.node && s.namespace == namespace && s.name == name
+                        })
+                })
+                .map(|(k, _)| k.clone());
+            key.and_then(|k| removed.remove(&k)).flatten()
+        };
+        if let Some(spec) = spec {
+            self.apply_unlocked(
+                Delta {
+                    workloads: vec![spec],
+                    ..Default::default()
+                },
+                None,
+            );
+        }
+    }
+
+    /// `specs` (a source's whole set) less the removed workloads, whose
+    /// latest spec is kept; removed workloads the source no longer lists
+    /// are forgotten.
+    fn without_removed(&self, specs: Vec<WorkloadSpec>) -> Vec<WorkloadSpec> {
+        let mut removed = self.removed.locked();
+        if removed.is_empty() {
+            return specs;
+        }
+        // One pass over the source's set, not one per removal.
+        let listed: std::collections::HashSet<&str> =
+            specs.iter().map(|s| s.uid.as_str()).collect();
+        removed.retain(|uid, _| listed.contains(uid.as_str()));
+        let mut kept = Vec::with_capacity(specs.len());
+        for spec in specs {
+            match removed.get_mut(&spec.uid) {
+                Some(latest) => *latest = Some(spec),
+                None => kept.push(spec),
+            }
+        }
+        kept
+    }
+
+    fn swap_in(&self, next: WorkloadSnapshot) {
+        let generation = next.generation;
+        let next = next.with_ranges(self.learned_ranges.locked().clone());
+        self.current.store(Arc::new(next));
+        self.changed.send_replace(generation);
+    }
+
+    /// The mesh membership of the local pod `uid`, waiting up to `wait` for
+    /// its source to learn of it (a pod's CNI ADD can come before the pod
+    /// watch delivers it). `None`: still unknown.
+    pub async fn membership(&self, uid: &str, wait: std::time::Duration) -> Option<Membership> {
+        // Subscribed before the first look: a publish in between is seen.
+        let mut changed = self.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if let Some(m) = self.snapshot().membership(uid) {
+                return Some(m);
+            }
+            match tokio::time::timeout_at(deadline, changed.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return None,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "store_tests.rs"]
+mod tests;

@@ -1,0 +1,233 @@
+use super::*;
+use crate::policy::AsSubject;
+use crate::workloads::{services, LifecycleState};
+use std::net::IpAddr;
+use std::time::Duration;
+
+fn spec(uid: &str, node: &str, protocol: Protocol) -> WorkloadSpec {
+    WorkloadSpec {
+        uid: uid.into(),
+        name: uid.into(),
+        namespace: "ns".into(),
+        service_account: "sa".into(),
+        ips: vec![],
+        node: node.into(),
+        protocol,
+        state: LifecycleState::Running,
+        labels: Default::default(),
+        annotations: Default::default(),
+        allow: vec![],
+        authorization_policies: vec![],
+        workload_name: None,
+        waypoint: None,
+        other_network: false,
+        oci_backend_draining: false,
+        namespace_policy: None,
+        deletion_deadline_unix_ms: None,
+        services: vec![],
+        ports: Default::default(),
+    }
+}
+
+#[test]
+fn a_workload_lends_the_policy_host_what_resolves_its_policy() {
+    let mut s = spec("u", "n1", Protocol::Hbone);
+    s.name = "w".into();
+    s.labels.insert("app".into(), "web".into());
+    s.annotations
+        .insert(crate::policy::POLICY_ANNOTATION.into(), "a".into());
+    s.namespace_policy = Some("d".into());
+    let store = WorkloadStore::new("td", "n1");
+    store.publish(vec![s.clone()]);
+    let snap = store.snapshot();
+    let w = snap.by_uid("u").unwrap();
+    let got = w.subject();
+    assert_eq!(
+        (got.uid, got.name, got.namespace, got.namespace_policy),
+        ("u", "w", "ns", Some("d"))
+    );
+    assert_eq!(got.labels, &s.labels);
+    assert_eq!(got.annotations, &s.annotations);
+}
+
+#[test]
+fn a_workload_files_local_members_are_its_hbone_workloads() {
+    let store = WorkloadStore::new("td", "n1");
+    store.publish(vec![
+        spec("a", "n1", Protocol::Hbone),
+        spec("b", "n1", Protocol::Tcp),
+        spec("c", "n2", Protocol::Hbone),
+    ]);
+    let snap = store.snapshot();
+    assert_eq!(snap.membership("a").map(|m| m.member), Some(true));
+    assert_eq!(snap.membership("b").map(|m| m.member), Some(false));
+    assert_eq!(snap.membership("c"), None, "another node's pod");
+}
+
+#[tokio::test]
+async fn membership_waits_for_the_pod_to_be_published_and_no_longer() {
+    let store = WorkloadStore::new("td", "n1");
+    assert_eq!(store.membership("a", Duration::ZERO).await, None);
+    let waiting = {
+        let store = store.clone();
+        tokio::spawn(async move { store.membership("a", Duration::from_secs(60)).await })
+    };
+    // Published once the waiter is subscribed or not: either way it sees it.
+    store.publish(vec![spec("other", "n1", Protocol::Hbone)]);
+    store.publish(vec![spec("a", "n1", Protocol::Hbone)]);
+    let got = waiting.await.unwrap().expect("published while waiting");
+    assert!(got.member);
+    assert_eq!(got.reason, membership::Reason::WorkloadFile);
+}
+
+#[test]
+fn a_removed_workload_leaves_its_services_now_and_stays_out_while_its_source_lists_it() {
+    use services::{ServicePort, ServiceSpec};
+    let store = WorkloadStore::new("td", "n1");
+    let mut a = spec("a", "n1", Protocol::Hbone);
+    a.ips = vec![IpAddr::from([10, 0, 0, 1])];
+    a.services = vec!["web".into()];
+    let mut b = spec("b", "n2", Protocol::Hbone);
+    b.ips = vec![IpAddr::from([10, 0, 0, 2])];
+    b.services = vec!["web".into()];
+    let web = ServiceSpec {
+        name: "web".into(),
+        namespace: "ns".into(),
+        vips: vec![IpAddr::from([10, 96, 0, 1])],
+        ports: vec![ServicePort {
+            port: 80,
+            target_port: None,
+            protocol: "TCP".into(),
+        }],
+        endpoints: None,
+        endpoint_targets: Default::default(),
+        hostname: None,
+        subject_alt_names: vec![],
+        waypoints: vec![],
+    };
+    store.publish_all(vec![a.clone(), b.clone()], vec![web.clone()]);
+    let endpoints = |store: &WorkloadStore| -> Vec<String> {
+        let snap = store.snapshot();
+        let svc = snap
+            .service_by_vip(IpAddr::from([10, 96, 0, 1]), 80)
+            .unwrap();
+        svc.endpoints[&80]
+            .iter()
+            .map(|e| e.workload.uid().to_owned())
+            .collect()
+    };
+    assert_eq!(endpoints(&store), ["a", "b"]);
+    assert!(store.remove("a"));
+    assert!(!store.remove("nobody"));
+    assert_eq!(
+        endpoints(&store),
+        ["b"],
+        "out of the Service in the same publish"
+    );
+    // The source still lists it (a changed spec): it stays out, its
+    // latest spec kept.
+    let mut a2 = a.clone();
+    a2.labels.insert("v".into(), "2".into());
+    store.publish_all(vec![a2.clone(), b.clone()], vec![web.clone()]);
+    assert_eq!(endpoints(&store), ["b"]);
+    // Handed over again: back, as the source last listed it.
+    store.restore("other-uid", "ns", "a");
+    assert_eq!(endpoints(&store), ["a", "b"]);
+    assert_eq!(store.snapshot().by_uid("a").unwrap().spec.labels, a2.labels);
+    // Removed again, then the source drops it: forgotten (listed
+    // again later, it is a new workload and published).
+    assert!(store.remove("a"));
+    store.publish_all(vec![b.clone()], vec![web.clone()]);
+    store.publish_all(vec![a.clone(), b.clone()], vec![web]);
+    assert_eq!(endpoints(&store), ["a", "b"]);
+}
+
+/// An update of one workload among many shares every other entry with
+/// the snapshot before it: the diff lists that one workload, and the
+/// others are the same allocations.
+#[test]
+fn an_update_shares_everything_it_does_not_change() {
+    let store = WorkloadStore::new("td", "n1");
+    let specs: Vec<WorkloadSpec> = (0..2000u16)
+        .map(|i| {
+            let mut s = spec(&format!("w{i}"), "n2", Protocol::Hbone);
+            let [hi, lo] = i.to_be_bytes();
+            s.ips = vec![IpAddr::from([10, 0, hi, lo])];
+            s
+        })
+        .collect();
+    store.publish(specs.clone());
+    let before = store.snapshot();
+
+    let mut changed = specs[7].clone();
+    changed.state = LifecycleState::Terminating;
+    store.apply(Delta {
+        workloads: vec![changed.clone(), specs[8].clone()],
+        removed_workloads: vec!["w9".into()],
+        ..Default::default()
+    });
+    let after = store.snapshot();
+    let diff: Vec<(Option<&str>, Option<&str>)> = after
+        .changes_from(&before)
+        .map(|(o, n)| (o.map(|w| w.uid()), n.map(|w| w.uid())))
+        .collect();
+    assert_eq!(
+        diff,
+        [(Some("w7"), Some("w7")), (Some("w9"), None)],
+        "an equal spec (w8) is not a change"
+    );
+    assert!(Arc::ptr_eq(
+        before.by_uid("w100").unwrap(),
+        after.by_uid("w100").unwrap()
+    ));
+    assert_eq!(
+        after.by_ip(IpAddr::from([10, 0, 0, 9])).map(|w| w.uid()),
+        None
+    );
+    assert_eq!(
+        after.by_ip(IpAddr::from([10, 0, 0, 7])).unwrap().spec.state,
+        LifecycleState::Terminating
+    );
+
+    // A whole set republished with one change: the same diff, the same sharing.
+    let mut again = specs.clone();
+    again[7] = changed;
+    again.remove(9);
+    let w11 = again.iter_mut().find(|s| s.uid == "w11").unwrap();
+    w11.labels.insert("v".into(), "2".into());
+    store.publish(again);
+    let whole = store.snapshot();
+    let diff: Vec<&str> = whole
+        .changes_from(&after)
+        .map(|(o, _)| o.unwrap().uid())
+        .collect();
+    assert_eq!(diff, ["w11"]);
+    assert!(Arc::ptr_eq(
+        after.by_uid("w7").unwrap(),
+        whole.by_uid("w7").unwrap()
+    ));
+}
+
+/// A pod removed by its node agent keeps its mesh membership (a new
+/// sandbox's ADD asks for it) until its source says otherwise.
+#[test]
+fn a_removed_pod_keeps_its_membership() {
+    let store = WorkloadStore::new("td", "n1");
+    store.apply(Delta {
+        workloads: vec![spec("a", "n1", Protocol::Hbone)],
+        ..Default::default()
+    });
+    assert_eq!(
+        store.snapshot().membership("a").map(|m| m.reason),
+        Some(membership::Reason::Istio)
+    );
+    assert!(store.remove("a"));
+    assert!(store.snapshot().by_uid("a").is_none());
+    assert!(store.snapshot().membership("a").is_some_and(|m| m.member));
+    // The source removes it: its membership goes with it.
+    store.apply(Delta {
+        removed_workloads: vec!["a".into()],
+        ..Default::default()
+    });
+    assert_eq!(store.snapshot().membership("a"), None);
+}
