@@ -160,10 +160,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Preface<S> {
         }
         Poll::Ready(Err(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
-            format!(
-                "no HTTP/2 frame from the server within {:?} of the TLS handshake",
-                this.after
-            ),
+            format!("{NO_PREFACE} {:?} of the TLS handshake", this.after),
         )))
     }
 }
@@ -196,6 +193,27 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Preface<S> {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.io).poll_shutdown(cx)
     }
+}
+
+/// How the error that closes a connection whose server sent no HTTP/2
+/// frame after TLS begins. h2 keeps an I/O error's kind and text, not its
+/// type, so the text is what identifies it.
+const NO_PREFACE: &str = "no HTTP/2 frame from the server within";
+
+/// The message of `e`'s (or a wrapped error's) closing of a connection
+/// whose server sent no HTTP/2 frame within [`Pulse::handshake_timeout`].
+pub fn no_preface(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            let message = io.to_string();
+            if io.kind() == std::io::ErrorKind::TimedOut && message.starts_with(NO_PREFACE) {
+                return Some(message);
+            }
+        }
+        next = e.source();
+    }
+    None
 }
 
 /// Whether `e` (or an error it wraps) is a connection attempt's timeout.

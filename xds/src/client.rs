@@ -118,10 +118,9 @@ pub enum StreamError {
     Connect(String),
     #[error("istiod answered {code:?}: {message}")]
     Status { code: Code, message: String },
-    /// The connection stopped answering: no HTTP/2 frame after TLS, or a
-    /// PING unanswered.
+    /// istiod completed TLS, then sent nothing.
     #[error("istiod stopped answering: {0}")]
-    Stalled(String),
+    NoPreface(String),
     #[error("istiod sent no response within {after:?} of the stream being requested; check istiod's load and logs")]
     NoAnswer { after: Duration },
 }
@@ -132,7 +131,7 @@ impl StreamError {
             StreamError::Address(_) | StreamError::Token { .. } | StreamError::Connect(_) => {
                 Termination::ConnectionError
             }
-            StreamError::Stalled(_) | StreamError::NoAnswer { .. } => Termination::Timeout,
+            StreamError::NoPreface(_) | StreamError::NoAnswer { .. } => Termination::Timeout,
             StreamError::Status { code, message } => {
                 let routine = matches!(
                     code,
@@ -153,8 +152,8 @@ impl StreamError {
 
 impl From<tonic::Status> for StreamError {
     fn from(s: tonic::Status) -> Self {
-        if channel::timed_out(&s) {
-            return StreamError::Stalled(s.message().to_owned());
+        if let Some(message) = channel::no_preface(&s) {
+            return StreamError::NoPreface(message);
         }
         StreamError::Status {
             code: s.code(),

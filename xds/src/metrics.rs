@@ -22,9 +22,10 @@ pub enum Termination {
     Reconnect,
     /// The server ended the stream cleanly after at least one response.
     Complete,
-    /// The connection or the stream stopped answering: no HTTP/2 frame
-    /// after TLS, a PING unanswered, or no response within the bound on a
-    /// stream's first answer (the project's own reason).
+    /// istiod stopped answering: no HTTP/2 frame after TLS, or no
+    /// response within the bound on a stream's first answer (the project's
+    /// own reason). A connection dropped for an unanswered PING ends its
+    /// stream as the transport reports it (`Unknown`: `Reconnect`).
     Timeout,
     /// The server ended the stream, cleanly or the routine way, before any
     /// response: a failure for the backoff (the project's own reason).
