@@ -88,12 +88,19 @@ pub struct CaClient {
 impl CaClient {
     pub fn new(cfg: CaClientConfig) -> Result<CaClient, CaClientError> {
         // The whole call is bounded in `create_certificate`; the connection
-        // attempt, which runs on the channel's own task, is bounded here.
+        // attempt and the server's HTTP/2 preface, which run on the
+        // channel's own task, are bounded here, so a CA that stopped
+        // answering is dropped and the next call connects again (so is one
+        // whose PINGs go unanswered).
         let channel = channel::connect_lazy(&channel::Target {
             address: cfg.address.clone(),
             roots: cfg.roots.clone(),
             server_name: cfg.server_name.clone(),
             connect_timeout: cfg.timeout,
+            pulse: channel::Pulse {
+                handshake_timeout: cfg.timeout,
+                ..channel::Pulse::default()
+            },
         })
         .map_err(|e| CaClientError::Address {
             address: e.address,

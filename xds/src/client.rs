@@ -17,10 +17,18 @@
 //! type not subscribed is logged and ACKed.
 //!
 //! A stream that ends is reconnected with a backoff from 10 ms doubling to
-//! 15 s; a clean end, or the way istiod routinely closes streams (its
-//! maximum connection age: GOAWAY, `Unknown`, `Cancelled`,
-//! `DeadlineExceeded`), starts the backoff over. The token is read again
-//! for every stream.
+//! 15 s. Only a stream that delivered at least one response and then ended
+//! cleanly, or the way istiod routinely closes streams (its maximum
+//! connection age: GOAWAY, `Unknown`, `Cancelled`, `DeadlineExceeded`),
+//! starts the backoff over; a stream that ends before any response counts
+//! as a failure whatever its status, so a server that ends every stream at
+//! once is not asked again every 10 ms with megabytes of
+//! `initial_resource_versions`. The token is read again for every stream.
+//!
+//! A stream with no response within `first_answer_timeout` of being
+//! requested (connecting included) is given up and counts as a failure;
+//! the channel's pulse ([`channel::Pulse`]) notices a connection that went
+//! silent after that.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -45,6 +53,10 @@ pub const AUTHORIZATION: &str = "type.googleapis.com/istio.security.Authorizatio
 /// answer is one message).
 pub const MAX_MESSAGE: usize = 200 << 20;
 
+/// How long a new stream may wait for its first response, connecting
+/// included: a large mesh's first answer takes istiod seconds to build.
+pub const FIRST_ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+
 const BACKOFF_FIRST: Duration = Duration::from_millis(10);
 const BACKOFF_MAX: Duration = Duration::from_secs(15);
 
@@ -58,6 +70,9 @@ pub struct ClientConfig {
     pub node: Node,
     /// The type URLs subscribed, wildcard.
     pub types: Vec<String>,
+    /// A stream with no response this long after it was requested is
+    /// failed and opened again ([`FIRST_ANSWER_TIMEOUT`] by default).
+    pub first_answer_timeout: Duration,
 }
 
 /// A resource of a response, to apply.
@@ -103,6 +118,11 @@ pub enum StreamError {
     Connect(String),
     #[error("istiod answered {code:?}: {message}")]
     Status { code: Code, message: String },
+    /// istiod completed TLS, then sent nothing.
+    #[error("istiod stopped answering: {0}")]
+    NoPreface(String),
+    #[error("istiod sent no response within {after:?} of the stream being requested; check istiod's load and logs")]
+    NoAnswer { after: Duration },
 }
 
 impl StreamError {
@@ -111,6 +131,7 @@ impl StreamError {
             StreamError::Address(_) | StreamError::Token { .. } | StreamError::Connect(_) => {
                 Termination::ConnectionError
             }
+            StreamError::NoPreface(_) | StreamError::NoAnswer { .. } => Termination::Timeout,
             StreamError::Status { code, message } => {
                 let routine = matches!(
                     code,
@@ -131,6 +152,9 @@ impl StreamError {
 
 impl From<tonic::Status> for StreamError {
     fn from(s: tonic::Status) -> Self {
+        if let Some(message) = channel::no_preface(&s) {
+            return StreamError::NoPreface(message);
+        }
         StreamError::Status {
             code: s.code(),
             message: s.message().to_owned(),
@@ -168,34 +192,44 @@ impl AdsClient {
         };
         let mut backoff = BACKOFF_FIRST;
         loop {
-            let ended = self.stream(channel.clone(), handler).await;
+            let mut answered = false;
+            let ended = self.stream(channel.clone(), handler, &mut answered).await;
             self.metrics.connected.set(0);
             let reason = match &ended {
                 Ok(()) => Termination::Complete,
                 Err(e) => e.termination(),
             };
+            let routine = matches!(reason, Termination::Complete | Termination::Reconnect);
+            let reason = if routine && !answered {
+                Termination::Unanswered
+            } else {
+                reason
+            };
             self.metrics.terminated(reason);
-            match (&ended, reason) {
-                (Ok(()), _) | (_, Termination::Reconnect) => {
-                    info!(address = %self.cfg.target.address, ?reason, "xDS stream ended; reconnecting");
-                    backoff = BACKOFF_FIRST;
-                }
-                (Err(e), _) => {
-                    warn!(address = %self.cfg.target.address, error = %e, retry_in = ?backoff, "xDS stream failed");
-                }
+            if routine && answered {
+                info!(address = %self.cfg.target.address, ?reason, "xDS stream ended; reconnecting");
+                backoff = BACKOFF_FIRST;
+            } else {
+                let error = match &ended {
+                    Ok(()) => "ended before any response".to_owned(),
+                    Err(e) if routine => format!("ended before any response: {e}"),
+                    Err(e) => e.to_string(),
+                };
+                warn!(address = %self.cfg.target.address, ?reason, %error, retry_in = ?backoff, "xDS stream failed");
             }
             tokio::time::sleep(backoff).await;
-            if !matches!(reason, Termination::Complete | Termination::Reconnect) {
+            if !(routine && answered) {
                 backoff = (backoff * 2).min(BACKOFF_MAX);
             }
         }
     }
 
-    /// One stream, until it ends.
+    /// One stream, until it ends; `answered` is set once a response arrived.
     async fn stream(
         &mut self,
         channel: tonic::transport::Channel,
         handler: &mut dyn Handler,
+        answered: &mut bool,
     ) -> Result<(), StreamError> {
         let (tx, rx) = mpsc::unbounded::<DeltaDiscoveryRequest>();
         for type_url in &self.cfg.types {
@@ -232,21 +266,34 @@ impl AdsClient {
             .map_err(|e| StreamError::Connect(e.to_string()))?;
         let codec =
             tonic_prost::ProstCodec::<DeltaDiscoveryRequest, DeltaDiscoveryResponse>::default();
-        let mut responses = grpc
-            .streaming(
+        // Connecting happens inside the call (the channel is lazy): the
+        // bound on the first answer covers it.
+        let after = self.cfg.first_answer_timeout;
+        let deadline = tokio::time::Instant::now() + after;
+        let no_answer = |_| StreamError::NoAnswer { after };
+        let mut responses = tokio::time::timeout_at(
+            deadline,
+            grpc.streaming(
                 request,
                 http::uri::PathAndQuery::from_static(DELTA_ADS),
                 codec,
-            )
-            .await?
-            .into_inner();
+            ),
+        )
+        .await
+        .map_err(no_answer)??
+        .into_inner();
         self.metrics.connected.set(1);
         info!(address = %self.cfg.target.address, "xDS stream open");
-        while let Some(response) = responses.message().await? {
+        let mut next = tokio::time::timeout_at(deadline, responses.message())
+            .await
+            .map_err(no_answer)??;
+        while let Some(response) = next {
+            *answered = true;
             let reply = self.apply(response, handler);
             if tx.unbounded_send(reply).is_err() {
                 break;
             }
+            next = responses.message().await?;
         }
         Ok(())
     }

@@ -17,10 +17,19 @@ pub enum Termination {
     /// The stream failed.
     Error,
     /// The server ended the stream the way istiod routinely does (its
-    /// maximum connection age, a GOAWAY): reconnect at once.
+    /// maximum connection age, a GOAWAY) after at least one response:
+    /// reconnect at once.
     Reconnect,
-    /// The server ended the stream cleanly.
+    /// The server ended the stream cleanly after at least one response.
     Complete,
+    /// istiod stopped answering: no HTTP/2 frame after TLS, or no
+    /// response within the bound on a stream's first answer (the project's
+    /// own reason). A connection dropped for an unanswered PING ends its
+    /// stream as the transport reports it (`Unknown`: `Reconnect`).
+    Timeout,
+    /// The server ended the stream, cleanly or the routine way, before any
+    /// response: a failure for the backoff (the project's own reason).
+    Unanswered,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -9,8 +9,8 @@ use std::time::Duration;
 use prometheus_client::registry::Registry;
 use tidegate_e2e::xds_double::XdsDouble;
 use tidegate_e2e::{init_tracing, metric};
-use tidegate_xds::channel::Target;
-use tidegate_xds::client::{ClientConfig, ADDRESS, AUTHORIZATION};
+use tidegate_xds::channel::{Pulse, Target};
+use tidegate_xds::client::{ClientConfig, ADDRESS, AUTHORIZATION, FIRST_ANSWER_TIMEOUT};
 use tidegate_xds::envelope::{Kind, Node, Struct, Value};
 use tidegate_xds::{AdsClient, Handler, Rejected, Update, XdsMetrics};
 
@@ -86,11 +86,13 @@ fn start(double: &XdsDouble) -> Running {
                 roots,
                 server_name: None,
                 connect_timeout: Duration::from_secs(5),
+                pulse: Pulse::default(),
             },
             token: Some(token),
             cluster_id: "c1".into(),
             node,
             types: vec![ADDRESS.into(), AUTHORIZATION.into()],
+            first_answer_timeout: FIRST_ANSWER_TIMEOUT,
         },
         XdsMetrics::register(&mut registry),
     );

@@ -12,8 +12,8 @@ pub mod source;
 pub use assembly::Assembly;
 pub use source::IstioSource;
 
-use tidegate_xds::channel::Target;
-use tidegate_xds::client::{ClientConfig, ADDRESS, AUTHORIZATION};
+use tidegate_xds::channel::{Pulse, Target};
+use tidegate_xds::client::{ClientConfig, ADDRESS, AUTHORIZATION, FIRST_ANSWER_TIMEOUT};
 use tidegate_xds::envelope::{Node, Struct, Value};
 use tidegate_xds::{AdsClient, XdsMetrics};
 
@@ -56,11 +56,13 @@ pub fn client(
                 roots: cfg.roots.clone(),
                 server_name: cfg.server_name.clone(),
                 connect_timeout: cfg.connect_timeout,
+                pulse: Pulse::default(),
             },
             token: cfg.token.clone(),
             cluster_id: cluster_id.to_owned(),
             node: node(cfg, node_name, cluster_id),
             types: vec![ADDRESS.to_owned(), AUTHORIZATION.to_owned()],
+            first_answer_timeout: FIRST_ANSWER_TIMEOUT,
         },
         metrics,
     )
