@@ -42,6 +42,13 @@ pub enum OutboundError {
     NoHealthyEndpoint { service: String, port: u16 },
     #[error("{0} is inside the cluster's ranges but no known workload or Service (outbound.unknown_in_cluster: refuse)")]
     UnknownInCluster(std::net::IpAddr),
+    /// An address the mesh has known that nothing claims now: refused
+    /// whatever `outbound.unknown_in_cluster` says, never plaintext.
+    #[error("{ip} is the mesh's ({known}) and no workload or Service claims it now: refused, never sent in plaintext")]
+    FormerlyKnown {
+        ip: std::net::IpAddr,
+        known: crate::workloads::FormerlyKnown,
+    },
     #[error("endpoint {addr} unreachable: {source}")]
     Endpoint {
         addr: SocketAddr,
@@ -66,6 +73,10 @@ impl OutboundError {
             OutboundError::Passthrough { .. } => "passthrough_connect",
             OutboundError::NoHealthyEndpoint { .. } => "no_healthy_endpoint",
             OutboundError::UnknownInCluster(_) => "unknown_in_cluster",
+            OutboundError::FormerlyKnown { known, .. } => match known {
+                crate::workloads::FormerlyKnown::Departed { .. } => "departed_address",
+                crate::workloads::FormerlyKnown::Refused { .. } => "refused_address",
+            },
             OutboundError::Endpoint { .. } => "endpoint_connect",
             OutboundError::Waypoint(e) => e.reason(),
         }
@@ -286,7 +297,9 @@ impl Outbound {
                 failed.as_deref(),
             );
             let route = match routed {
-                Err(OutboundError::UnknownInCluster(_)) if !self.routing.unknown_wait.is_zero() => {
+                Err(OutboundError::UnknownInCluster(_) | OutboundError::FormerlyKnown { .. })
+                    if !self.routing.unknown_wait.is_zero() =>
+                {
                     drop(snapshot);
                     Box::pin(self.await_discovery(dst)).await?
                 }
@@ -400,7 +413,9 @@ impl Outbound {
     }
 
     /// Where `dst` goes: a workload IP first, then a Service VIP:port (an
-    /// endpoint chosen, drain-aware); neither: passthrough — unless it is
+    /// endpoint chosen, drain-aware); neither: refused if the mesh has
+    /// known the address (a workload gave it up recently, or discovery
+    /// refused the resource naming it), else passthrough — unless it is
     /// inside the cluster's ranges and `unknown_in_cluster` refuses.
     /// `avoid`: a Service's endpoint whose connect failed for this
     /// connection, chosen again only when nothing else is left.
@@ -472,6 +487,9 @@ impl Outbound {
                 },
             });
         }
+        if let Some(known) = snapshot.formerly_known(dst.ip()) {
+            return Err(OutboundError::FormerlyKnown { ip: dst.ip(), known });
+        }
         let in_cluster = self
             .routing
             .cluster_cidrs
@@ -520,26 +538,27 @@ impl Outbound {
         OutboundError::Waypoint(e)
     }
 
-    /// An unknown address inside the cluster's ranges (a pod just started,
-    /// an address reused) waits up to `outbound.unknown_in_cluster_wait`
-    /// for discovery to learn it, then is refused: never plaintext.
+    /// An unknown address inside the cluster's ranges, or one the mesh
+    /// has known (a pod just started, an address reused), waits up to
+    /// `outbound.unknown_in_cluster_wait` for discovery to learn it, then
+    /// is refused: never plaintext.
     async fn await_discovery(&self, dst: SocketAddr) -> Result<Route, OutboundError> {
         // Subscribed before the look: a publish in between is seen.
         let mut changed = self.workloads.subscribe();
         let deadline = tokio::time::Instant::now() + self.routing.unknown_wait;
         self.routing.waiting.inc();
         let routed = loop {
-            match self.route(&self.workloads.snapshot(), dst, None, None) {
-                Err(OutboundError::UnknownInCluster(_)) => {}
+            let refused = match self.route(&self.workloads.snapshot(), dst, None, None) {
+                Err(e @ (OutboundError::UnknownInCluster(_) | OutboundError::FormerlyKnown { .. })) => e,
                 r => {
                     self.routing.waited("learned");
                     break r;
                 }
-            }
+            };
             let published = tokio::time::timeout_at(deadline, changed.changed()).await;
             if !matches!(published, Ok(Ok(()))) {
                 self.routing.waited("refused");
-                break Err(OutboundError::UnknownInCluster(dst.ip()));
+                break Err(refused);
             }
         };
         self.routing.waiting.dec();

@@ -20,7 +20,9 @@ mod snapshot;
 mod store;
 pub mod waypoint;
 
-pub use snapshot::{Delta, WorkloadChange, WorkloadSnapshot};
+pub use snapshot::{
+    Delta, FormerlyKnown, WorkloadChange, WorkloadSnapshot, DEPARTED_MAX, DEPARTED_RETENTION,
+};
 pub use store::WorkloadStore;
 
 pub use file::{

@@ -20,12 +20,19 @@
 //! Each address belongs to one workload: every source gives an address
 //! one owner (the workload file refuses a second, Kubernetes discovery and
 //! istiod's assembly pick one), and the index is kept under that rule.
+//!
+//! Addresses the mesh has known stay known as such ([`FormerlyKnown`]):
+//! one a workload gave up (removed, replaced, its address moved) for
+//! [`DEPARTED_RETENTION`] (at most [`DEPARTED_MAX`] of them, the oldest
+//! forgotten first), and the addresses of a resource discovery refused for
+//! as long as it is refused. The data path never sends them plaintext.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use imbl::{HashMap as SharedHashMap, OrdMap};
+use imbl::{HashMap as SharedHashMap, OrdMap, Vector};
 use tidegate_authz::PolicyStore;
 
 use super::membership::{self, Membership};
@@ -43,6 +50,42 @@ struct Held(Arc<Workload>);
 impl PartialEq for Held {
     fn eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// How long an address a workload gave up is held as formerly known.
+pub const DEPARTED_RETENTION: Duration = Duration::from_secs(600);
+/// At most this many departed addresses are held (the oldest go first).
+pub const DEPARTED_MAX: usize = 131_072;
+
+/// Why an address no workload holds now is still the mesh's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FormerlyKnown {
+    /// A workload held it until `ago`.
+    Departed { uid: Arc<str>, ago: Duration },
+    /// Discovery refused the resource that names it.
+    Refused { resource: Arc<str> },
+}
+
+impl FormerlyKnown {
+    pub fn label(&self) -> &'static str {
+        match self {
+            FormerlyKnown::Departed { .. } => "departed",
+            FormerlyKnown::Refused { .. } => "refused",
+        }
+    }
+}
+
+impl std::fmt::Display for FormerlyKnown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FormerlyKnown::Departed { uid, ago } => {
+                write!(f, "workload {uid} held it until {}s ago", ago.as_secs())
+            }
+            FormerlyKnown::Refused { resource } => {
+                write!(f, "discovery refused {resource}, which names it")
+            }
+        }
     }
 }
 
@@ -67,6 +110,14 @@ pub struct WorkloadSnapshot {
     /// an address yet included (a pod's CNI ADD comes before its IP). What
     /// the gateway answers `tidegate-cni` ADD with.
     members: OrdMap<String, Membership>,
+    /// Addresses workloads gave up: when, and whose.
+    departed: SharedHashMap<IpAddr, (Instant, Arc<str>)>,
+    /// The same, oldest first (entries whose address was claimed again
+    /// or departed again later are skipped when they come up).
+    departures: Vector<(Instant, IpAddr)>,
+    /// Addresses of refused resources, and the resources by name.
+    refused: SharedHashMap<IpAddr, Arc<str>>,
+    refused_by_name: OrdMap<String, Vec<IpAddr>>,
     /// The authorization policies, published with the workloads so a
     /// decision reads one consistent view.
     pub policies: Arc<PolicyStore>,
@@ -89,6 +140,10 @@ pub struct Delta {
     /// Service keys (`namespace/name`).
     pub removed_services: Vec<String>,
     pub policies: Option<Arc<PolicyStore>>,
+    /// Resources discovery refused with nothing held under their name, by
+    /// name, with the addresses they name (held closed); an empty list:
+    /// no longer refused.
+    pub refused: Vec<(String, Vec<IpAddr>)>,
 }
 
 impl Delta {
@@ -98,6 +153,7 @@ impl Delta {
             && self.services.is_empty()
             && self.removed_services.is_empty()
             && self.policies.is_none()
+            && self.refused.is_empty()
     }
 }
 
@@ -182,6 +238,28 @@ impl WorkloadSnapshot {
         self.by_uid.is_empty()
     }
 
+    /// Why `ip`, which no workload holds, is still the mesh's: a workload
+    /// gave it up less than [`DEPARTED_RETENTION`] ago, or a refused
+    /// resource names it. `None`: never known (or long gone).
+    pub fn formerly_known(&self, ip: IpAddr) -> Option<FormerlyKnown> {
+        if let Some(resource) = self.refused.get(&ip) {
+            return Some(FormerlyKnown::Refused {
+                resource: resource.clone(),
+            });
+        }
+        let (at, uid) = self.departed.get(&ip)?;
+        let ago = at.elapsed();
+        (ago < DEPARTED_RETENTION).then(|| FormerlyKnown::Departed {
+            uid: uid.clone(),
+            ago,
+        })
+    }
+
+    /// How many addresses are held as formerly known (departed, refused).
+    pub fn formerly_known_len(&self) -> (usize, usize) {
+        (self.departed.len(), self.refused.len())
+    }
+
     /// The workloads that differ between `previous` and this snapshot, as
     /// (before, now) pairs by uid: added `(None, Some)`, removed
     /// `(Some, None)`, republished with another spec `(Some, Some)`. A
@@ -199,12 +277,23 @@ impl WorkloadSnapshot {
         })
     }
 
-    /// The next generation: this snapshot's maps, shared.
+    /// The next generation: this snapshot's maps, shared; departed
+    /// addresses past their retention (or over the bound) forgotten.
     fn next(&self) -> WorkloadSnapshot {
-        WorkloadSnapshot {
+        let mut next = WorkloadSnapshot {
             generation: self.generation + 1,
             ..self.clone()
+        };
+        while let Some((at, ip)) = next.departures.front().copied() {
+            if at.elapsed() < DEPARTED_RETENTION && next.departures.len() <= DEPARTED_MAX {
+                break;
+            }
+            next.departures.pop_front();
+            if next.departed.get(&ip).is_some_and(|(t, _)| *t == at) {
+                next.departed.remove(&ip);
+            }
         }
+        next
     }
 
     /// Puts `w` in place of whatever was held under its uid; the one it
@@ -215,10 +304,11 @@ impl WorkloadSnapshot {
             .insert(w.spec.uid.clone(), Held(w.clone()))
             .map(|h| h.0);
         if let Some(old) = &old {
-            self.unindex(old);
+            self.unindex(old, &w.spec.ips);
         }
         for ip in &w.spec.ips {
             self.by_ip.insert(*ip, w.clone());
+            self.departed.remove(ip);
         }
         if w.local {
             let key = (w.spec.namespace.clone(), w.spec.name.clone());
@@ -230,16 +320,23 @@ impl WorkloadSnapshot {
 
     fn take(&mut self, uid: &str) -> Option<Arc<Workload>> {
         let old = self.by_uid.remove(uid)?.0;
-        self.unindex(&old);
+        self.unindex(&old, &[]);
         Some(old)
     }
 
-    /// Drops `old`'s index entries that are still its own.
-    fn unindex(&mut self, old: &Arc<Workload>) {
+    /// Drops `old`'s index entries that are still its own; its addresses
+    /// other than `kept` (those its next version holds) departed.
+    fn unindex(&mut self, old: &Arc<Workload>, kept: &[IpAddr]) {
         let own = |w: Option<&Arc<Workload>>| w.is_some_and(|w| Arc::ptr_eq(w, old));
+        let now = Instant::now();
         for ip in &old.spec.ips {
             if own(self.by_ip.get(ip)) {
                 self.by_ip.remove(ip);
+                if !kept.contains(ip) {
+                    self.departed
+                        .insert(*ip, (now, Arc::from(old.spec.uid.as_str())));
+                    self.departures.push_back((now, *ip));
+                }
             }
         }
         if old.local {
@@ -408,7 +505,30 @@ impl WorkloadSnapshot {
         if let Some(policies) = delta.policies {
             next.policies = policies;
         }
+        for (name, ips) in delta.refused {
+            next.refuse(name, ips);
+        }
         next
+    }
+
+    /// Holds the addresses `ips` of refused resource `name` closed (empty:
+    /// it is no longer refused).
+    fn refuse(&mut self, name: String, ips: Vec<IpAddr>) {
+        if let Some(old) = self.refused_by_name.remove(&name) {
+            for ip in old {
+                if self.refused.get(&ip).is_some_and(|r| **r == *name) {
+                    self.refused.remove(&ip);
+                }
+            }
+        }
+        if ips.is_empty() {
+            return;
+        }
+        let resource: Arc<str> = Arc::from(name.as_str());
+        for ip in &ips {
+            self.refused.insert(*ip, resource.clone());
+        }
+        self.refused_by_name.insert(name, ips);
     }
 
     /// The same snapshot, learned ranges replaced.

@@ -1,6 +1,6 @@
 use super::*;
 use crate::policy::AsSubject;
-use crate::workloads::{services, LifecycleState};
+use crate::workloads::{services, FormerlyKnown, LifecycleState};
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -230,4 +230,84 @@ fn a_removed_pod_keeps_its_membership() {
         ..Default::default()
     });
     assert_eq!(store.snapshot().membership("a"), None);
+}
+
+/// An address a workload gave up is formerly known until another claims
+/// it; a refused resource's addresses are held until it is lifted.
+#[test]
+fn departed_and_refused_addresses_are_formerly_known() {
+    let store = WorkloadStore::new("td", "n1");
+    let at = |last: u8| IpAddr::from([10, 0, 0, last]);
+    let mut a = spec("a", "n2", Protocol::Hbone);
+    a.ips = vec![at(1), at(2)];
+    store.apply(Delta {
+        workloads: vec![a.clone()],
+        ..Default::default()
+    });
+    assert_eq!(store.snapshot().formerly_known(at(1)), None);
+    // a keeps .2 and gives .1 up: .1 departed.
+    a.ips = vec![at(2)];
+    store.apply(Delta {
+        workloads: vec![a.clone()],
+        ..Default::default()
+    });
+    let snap = store.snapshot();
+    assert!(matches!(
+        snap.formerly_known(at(1)),
+        Some(FormerlyKnown::Departed { ref uid, .. }) if &**uid == "a"
+    ));
+    assert_eq!(snap.formerly_known(at(2)), None, "still held");
+    // Removed: .2 departed too; b claims .1 again: no longer departed.
+    let mut b = spec("b", "n2", Protocol::Hbone);
+    b.ips = vec![at(1)];
+    store.apply(Delta {
+        workloads: vec![b],
+        removed_workloads: vec!["a".into()],
+        ..Default::default()
+    });
+    let snap = store.snapshot();
+    assert_eq!(snap.formerly_known(at(1)), None);
+    assert_eq!(snap.by_ip(at(1)).map(|w| w.uid()), Some("b"));
+    assert_eq!(snap.formerly_known(at(2)).map(|k| k.label()), Some("departed"));
+    assert_eq!(snap.formerly_known_len(), (1, 0));
+
+    // Refused: held under the resource's name until lifted.
+    store.apply(Delta {
+        refused: vec![("bad".into(), vec![at(9)])],
+        ..Default::default()
+    });
+    assert_eq!(
+        store.snapshot().formerly_known(at(9)),
+        Some(FormerlyKnown::Refused {
+            resource: Arc::from("bad")
+        })
+    );
+    store.apply(Delta {
+        refused: vec![("bad".into(), vec![])],
+        ..Default::default()
+    });
+    assert_eq!(store.snapshot().formerly_known(at(9)), None);
+}
+
+/// Departed addresses are bounded: past [`DEPARTED_MAX`] the oldest go.
+#[test]
+fn departed_addresses_are_bounded() {
+    let store = WorkloadStore::new("td", "n1");
+    let ip = |i: usize| IpAddr::from((0x0a00_0000u32 + i as u32).to_be_bytes());
+    let total = crate::workloads::DEPARTED_MAX + 10;
+    let specs: Vec<WorkloadSpec> = (0..total)
+        .map(|i| {
+            let mut s = spec(&format!("w{i}"), "n2", Protocol::Hbone);
+            s.ips = vec![ip(i)];
+            s
+        })
+        .collect();
+    store.publish(specs);
+    store.publish(vec![]);
+    // One more publish forgets what is over the bound.
+    store.publish(vec![]);
+    let snap = store.snapshot();
+    assert_eq!(snap.formerly_known_len().0, crate::workloads::DEPARTED_MAX);
+    assert_eq!(snap.formerly_known(ip(0)), None, "the oldest forgotten");
+    assert!(snap.formerly_known(ip(total - 1)).is_some());
 }

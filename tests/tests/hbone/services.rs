@@ -349,6 +349,48 @@ async fn two_services_share_a_pod_an_empty_vip_resets_and_unknown_addresses_foll
     );
 }
 
+/// With the defaults (no `cluster_cidrs`: unknown addresses pass through),
+/// the address of a workload that left discovery is still the mesh's: a
+/// connection to it waits for discovery, is refused and counted, and never
+/// leaves in plaintext — though something answers there in plaintext.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_departed_workloads_address_never_leaves_in_plaintext() {
+    let octet = 147;
+    let s = Svc::start_with(octet, Options::default(), 4).await;
+    let listening = tidegate_e2e::echo_server(ip(octet, 13)).await;
+    // e3 leaves the client's discovery; something plaintext answers at its address.
+    s.set_states("client", &["running", "running", "running"])
+        .await;
+    assert!(s.nodes.client.workloads.snapshot().by_uid("e3").is_none());
+    let cap = Capture::start(s.nodes.client.outbound.clone(), listening).await;
+    let r = match cap.try_connect(s.nodes.client_ip).await {
+        Ok(mut tcp) => round_trip(&mut tcp, b"x").await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    assert!(r.is_err(), "a departed workload's address was passed through");
+    let failed = || {
+        s.client_metric(
+            r#"tidegate_connections_failed_total{direction="outbound",reason="departed_address"}"#,
+        )
+    };
+    eventually("departed_address counted", Duration::from_secs(5), || {
+        failed() == 1.0
+    })
+    .await;
+    assert_eq!(
+        metric_or_zero(
+            &s.nodes.client.metrics_text(),
+            "tidegate_outbound_passthrough_total"
+        ),
+        0.0
+    );
+    // An address the mesh never knew still passes through (the default).
+    let never = tidegate_e2e::echo_server(ip(octet, 200)).await;
+    let cap = Capture::start(s.nodes.client.outbound.clone(), never).await;
+    let mut tcp = cap.connect(s.nodes.client_ip).await;
+    assert_eq!(round_trip(&mut tcp, b"out").await.unwrap(), b"out");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endpoint_churn_drops_none_of_a_thousand_open_connections() {
     let s = Svc::start(124, Options::default()).await;

@@ -34,6 +34,11 @@ pub struct Assembly {
     dirty_hosts: BTreeSet<String>,
     removed_workloads: Vec<String>,
     removed_services: Vec<String>,
+    /// Refused resources with nothing held under their name: the
+    /// addresses they name, held closed by the store.
+    refused: HashMap<String, Vec<IpAddr>>,
+    /// Refusals to tell the store of (an empty list: lifted).
+    refusals: BTreeMap<String, Vec<IpAddr>>,
 }
 
 /// A Service's host: how workloads name it (`namespace/hostname`).
@@ -50,8 +55,34 @@ impl Assembly {
         self.services.len()
     }
 
+    /// Resource `name` was refused: with nothing held under its name, the
+    /// addresses it names are held closed until it is accepted or removed
+    /// (a refused resource makes its addresses more closed, never less).
+    /// With a version held, that version stays and nothing changes.
+    pub fn refuse(&mut self, name: String, addresses: Vec<IpAddr>) {
+        let held = self.workloads.contains_key(&name) || self.services.contains_key(&name);
+        if held || addresses.is_empty() || self.refused.get(&name) == Some(&addresses) {
+            return;
+        }
+        self.refused.insert(name.clone(), addresses.clone());
+        self.refusals.insert(name, addresses);
+    }
+
+    /// Held addresses of refused resources, as `(resources, addresses)`.
+    pub fn refused_len(&self) -> (usize, usize) {
+        (self.refused.len(), self.refused.values().map(Vec::len).sum())
+    }
+
+    /// Resource `name` is no longer refused (accepted or removed).
+    fn lift(&mut self, name: &str) {
+        if self.refused.remove(name).is_some() {
+            self.refusals.insert(name.to_owned(), Vec::new());
+        }
+    }
+
     /// Holds `w` under resource `name` (replacing a Service of that name).
     pub fn put_workload(&mut self, name: String, w: IstioWorkload) {
+        self.lift(&name);
         self.remove_service(&name);
         if self.workloads.get(&name) == Some(&w) {
             return;
@@ -69,6 +100,7 @@ impl Assembly {
 
     /// Holds `s` under resource `name` (replacing a workload of that name).
     pub fn put_service(&mut self, name: String, s: ServiceSpec) {
+        self.lift(&name);
         self.remove_workload(&name);
         let old = match self.services.get(&name) {
             Some(old) if *old == s => return,
@@ -99,7 +131,9 @@ impl Assembly {
     /// Drops resource `name`, a workload or a Service; false when neither
     /// was held.
     pub fn remove(&mut self, name: &str) -> bool {
-        self.remove_workload(name) | self.remove_service(name)
+        let refused = self.refused.contains_key(name);
+        self.lift(name);
+        self.remove_workload(name) | self.remove_service(name) | refused
     }
 
     fn remove_workload(&mut self, name: &str) -> bool {
@@ -174,6 +208,7 @@ impl Assembly {
         let mut delta = Delta {
             removed_workloads: std::mem::take(&mut self.removed_workloads),
             removed_services: std::mem::take(&mut self.removed_services),
+            refused: std::mem::take(&mut self.refusals).into_iter().collect(),
             ..Default::default()
         };
         for name in std::mem::take(&mut self.dirty_workloads) {

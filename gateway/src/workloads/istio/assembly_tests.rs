@@ -249,3 +249,31 @@ fn a_service_arriving_late_gathers_the_pods_naming_it() {
     assert_eq!(delta.removed_services, ["shop/s3"]);
     assert!(delta.workloads[0].services.is_empty());
 }
+
+/// A refused resource with nothing held under its name holds its
+/// addresses closed until it is accepted or removed; with a version held,
+/// nothing changes (that version stays).
+#[test]
+fn a_refused_resource_holds_its_addresses_closed_until_lifted() {
+    let mut assembly = Assembly::default();
+    let ip = IpAddr::from([10, 1, 0, 1]);
+    assembly.refuse("p1".into(), vec![ip]);
+    assert_eq!(assembly.take_delta().refused, [("p1".to_owned(), vec![ip])]);
+    assert_eq!(assembly.refused_len(), (1, 1));
+    // Refused again the same way: nothing new to say.
+    assembly.refuse("p1".into(), vec![ip]);
+    assert!(assembly.take_delta().is_empty());
+    // Accepted: lifted in the same delta that puts it.
+    assembly.put_workload("p1".into(), pod(1, ip, true, false, &[]));
+    let delta = assembly.take_delta();
+    assert_eq!(delta.refused, [("p1".to_owned(), vec![])]);
+    assert_eq!(delta.workloads.len(), 1);
+    // Refused while a version is held: that version stays, nothing closed.
+    assembly.refuse("p1".into(), vec![ip]);
+    assert!(assembly.take_delta().is_empty());
+    // Refused with nothing held, then removed by istiod: lifted.
+    assembly.refuse("p2".into(), vec![IpAddr::from([10, 1, 0, 2])]);
+    assembly.take_delta();
+    assert!(assembly.remove("p2"), "a refused name is held");
+    assert_eq!(assembly.take_delta().refused, [("p2".to_owned(), vec![])]);
+}

@@ -475,6 +475,18 @@ fn waypoint(g: &wds::GatewayAddress, network: &str, weight: u32) -> Option<Waypo
     })
 }
 
+/// The well-formed addresses among `raw` (4 or 16 bytes each), whatever
+/// else is wrong with the resource naming them.
+pub fn addresses_named(raw: &[bytes::Bytes]) -> Vec<IpAddr> {
+    raw.iter()
+        .filter_map(|b| match b.len() {
+            4 => <[u8; 4]>::try_from(b.as_ref()).ok().map(IpAddr::from),
+            16 => <[u8; 16]>::try_from(b.as_ref()).ok().map(IpAddr::from),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The workload set and the Services to publish, from the converted
 /// resources held: each workload becomes an explicit endpoint of every
 /// held Service its `services` names, with its port mapping, its

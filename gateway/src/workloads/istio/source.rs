@@ -80,11 +80,24 @@ impl IstioSource {
                     .and_then(|c| c.check_trust_domain(self.store.trust_domain()).map(|()| c))
                 {
                     Ok(c) => self.held.put_workload(u.name, c),
-                    Err(e) => rejected.push(refuse(e.to_string())),
+                    Err(e) => {
+                        let addresses = convert::addresses_named(&w.addresses);
+                        warn!(name = %u.name, reason = %e, ?addresses,
+                            "workload refused; its addresses are held closed unless a version is held");
+                        self.held.refuse(u.name.clone(), addresses);
+                        rejected.push(refuse(e.to_string()));
+                    }
                 },
                 Some(address::Type::Service(s)) => match convert::service(&s) {
                     Ok(c) => self.held.put_service(u.name, c),
-                    Err(e) => rejected.push(refuse(e.to_string())),
+                    Err(e) => {
+                        let vips = s.addresses.iter().map(|a| a.address.clone());
+                        let addresses = convert::addresses_named(&vips.collect::<Vec<_>>());
+                        warn!(name = %u.name, reason = %e, ?addresses,
+                            "Service refused; its addresses are held closed unless a version is held");
+                        self.held.refuse(u.name.clone(), addresses);
+                        rejected.push(refuse(e.to_string()));
+                    }
                 },
                 None => rejected.push(refuse(
                     "an Address with neither a workload nor a service".into(),
@@ -168,5 +181,62 @@ impl Handler for IstioSource {
             self.synced.send_replace(true);
         }
         rejected
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use tidegate_xds::workload::{Workload, WorkloadStatus, WorkloadType};
+
+    use super::*;
+    use crate::workloads::FormerlyKnown;
+
+    fn pod(trust_domain: &str) -> Update {
+        let w = Workload {
+            uid: "Kubernetes//Pod/shop/web-1".into(),
+            name: "web-1".into(),
+            namespace: "shop".into(),
+            addresses: vec![Bytes::from_static(&[10, 9, 0, 1])],
+            trust_domain: trust_domain.into(),
+            service_account: "web".into(),
+            node: "node-b".into(),
+            status: WorkloadStatus::Healthy as i32,
+            workload_type: WorkloadType::Pod as i32,
+            ..Default::default()
+        };
+        let value = Address {
+            r#type: Some(address::Type::Workload(w)),
+        };
+        Update {
+            name: "Kubernetes//Pod/shop/web-1".into(),
+            version: "1".into(),
+            value: value.encode_to_vec().into(),
+        }
+    }
+
+    /// A workload only tidegate refuses (another trust domain) makes its
+    /// address more closed, never less: refused, not unknown; accepted
+    /// later, it is routed; removed, it stays the mesh's as departed.
+    #[test]
+    fn a_refused_workloads_address_is_held_closed() {
+        let store = WorkloadStore::new("cluster.local", "node-a");
+        let mut source = IstioSource::new(store.clone());
+        let ip = std::net::IpAddr::from([10, 9, 0, 1]);
+        let rejected = source.handle(ADDRESS, vec![pod("other.domain")], vec![]);
+        assert_eq!(rejected.len(), 1, "NACKed");
+        let known = store.snapshot().formerly_known(ip);
+        assert!(
+            matches!(&known, Some(FormerlyKnown::Refused { resource }) if resource.contains("web-1")),
+            "{known:?}"
+        );
+        assert!(source.handle(ADDRESS, vec![pod("")], vec![]).is_empty());
+        let snap = store.snapshot();
+        assert_eq!(snap.formerly_known(ip), None);
+        assert!(snap.by_ip(ip).is_some());
+        let gone = vec!["Kubernetes//Pod/shop/web-1".to_owned()];
+        assert!(source.handle(ADDRESS, vec![], gone).is_empty());
+        let label = store.snapshot().formerly_known(ip).map(|k| k.label());
+        assert_eq!(label, Some("departed"));
     }
 }
