@@ -361,7 +361,10 @@ async fn a_departed_workloads_address_never_leaves_in_plaintext() {
     // e3 leaves the client's discovery; something plaintext answers at its address.
     s.set_states("client", &["running", "running", "running"])
         .await;
-    assert!(s.nodes.client.workloads.snapshot().by_uid("e3").is_none());
+    eventually("e3 left the client's discovery", Duration::from_secs(10), || {
+        s.nodes.client.workloads.snapshot().by_uid("e3").is_none()
+    })
+    .await;
     let cap = Capture::start(s.nodes.client.outbound.clone(), listening).await;
     let r = match cap.try_connect(s.nodes.client_ip).await {
         Ok(mut tcp) => round_trip(&mut tcp, b"x").await.map(|_| ()),
@@ -378,7 +381,7 @@ async fn a_departed_workloads_address_never_leaves_in_plaintext() {
     })
     .await;
     assert_eq!(
-        metric_or_zero(
+        tidegate_e2e::metric(
             &s.nodes.client.metrics_text(),
             "tidegate_outbound_passthrough_total"
         ),
