@@ -1,8 +1,9 @@
 //! `GET /config_dump`: the node, every workload (a local one with its real
 //! lifecycle phase and its policy: name, version, source, why), the inbound
 //! tunnels, the outbound pool, the certificates held (an `istio-ca`
-//! source: identity, serial, not-after, state) and (in-pod mode) the pods served in their
-//! own namespaces.
+//! source: identity, serial, not-after, state), what becomes of unknown
+//! addresses (the cluster's ranges, the addresses held as the mesh's) and
+//! (in-pod mode) the pods served in their own namespaces.
 
 use serde_json::{json, Value};
 
@@ -19,10 +20,38 @@ pub(super) async fn dump(state: &AdminState) -> Value {
         "inbound_tunnels": state.registry.dump(),
         "pool": state.pool.dump(),
         "services": services(state, &snapshot),
+        "outbound": outbound(state, &snapshot),
         "certificates": state.certificates.dump(),
         "capture": match &state.pods {
             None => json!({"mode": "node"}),
             Some(pods) => json!({"mode": "inpod", "pods": pods.dump().await}),
+        },
+    })
+}
+
+/// What becomes of addresses that are no workload or Service: the
+/// cluster's ranges (configured and learned), whether an unknown address
+/// can leave in plaintext, and the addresses held as the mesh's (departed,
+/// refused), which never do.
+fn outbound(state: &AdminState, snapshot: &crate::workloads::WorkloadSnapshot) -> Value {
+    let routing = &state.routing;
+    let ranges: Vec<String> = routing
+        .cluster_cidrs
+        .iter()
+        .chain(snapshot.cluster_ranges.iter())
+        .map(ToString::to_string)
+        .collect();
+    let (departed, refused) = snapshot.formerly_known_len();
+    json!({
+        "cluster_ranges": ranges,
+        "unknown_in_cluster": routing.unknown_in_cluster,
+        "unknown_outside_ranges": "passthrough",
+        "plaintext_to_unknown": ranges.is_empty()
+            || routing.unknown_in_cluster == crate::config::UnknownInCluster::Passthrough,
+        "formerly_known": {
+            "departed": departed,
+            "refused": refused,
+            "retention_secs": crate::workloads::DEPARTED_RETENTION.as_secs(),
         },
     })
 }

@@ -29,6 +29,7 @@ pub(super) async fn start(
     store: &Arc<WorkloadStore>,
     w: &mut Wiring,
 ) -> anyhow::Result<Option<watch::Receiver<bool>>> {
+    warn_if_plaintext_to_unknown(config);
     if config.workloads.source == WorkloadSourceKind::Kubernetes {
         let k = &config.workloads.kubernetes;
         let client = kubernetes::client_for(k).await?;
@@ -69,6 +70,27 @@ pub(super) async fn start(
         None => load_workloads(config, store)?,
     }
     Ok(None)
+}
+
+/// Says at start when an address no workload or Service holds (and that
+/// the mesh never held) can leave in plaintext: no cluster ranges are
+/// configured and the source learns none, or `unknown_in_cluster` passes
+/// them. Addresses the mesh has known are refused either way.
+fn warn_if_plaintext_to_unknown(config: &Config) {
+    let o = &config.outbound;
+    let learns =
+        config.workloads.source == WorkloadSourceKind::Kubernetes && o.learn_cluster_ranges;
+    if o.unknown_in_cluster == crate::config::UnknownInCluster::Passthrough {
+        tracing::warn!(
+            setting = "outbound.unknown_in_cluster",
+            "passthrough: a connection to an address inside the cluster's ranges that no workload or Service holds leaves in plaintext (addresses the mesh has known are still refused)"
+        );
+    } else if o.cluster_cidrs.is_empty() && !learns {
+        tracing::warn!(
+            setting = "outbound.cluster_cidrs",
+            "empty, and the workload source learns no ranges: a connection to an address no workload or Service has held leaves in plaintext; set the cluster's pod and Service ranges to refuse those (addresses the mesh has known are refused either way)"
+        );
+    }
 }
 
 /// Loads the configured workload file once (or the embedded set).

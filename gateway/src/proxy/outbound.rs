@@ -488,7 +488,10 @@ impl Outbound {
             });
         }
         if let Some(known) = snapshot.formerly_known(dst.ip()) {
-            return Err(OutboundError::FormerlyKnown { ip: dst.ip(), known });
+            return Err(OutboundError::FormerlyKnown {
+                ip: dst.ip(),
+                known,
+            });
         }
         let in_cluster = self
             .routing
@@ -549,7 +552,9 @@ impl Outbound {
         self.routing.waiting.inc();
         let routed = loop {
             let refused = match self.route(&self.workloads.snapshot(), dst, None, None) {
-                Err(e @ (OutboundError::UnknownInCluster(_) | OutboundError::FormerlyKnown { .. })) => e,
+                Err(
+                    e @ (OutboundError::UnknownInCluster(_) | OutboundError::FormerlyKnown { .. }),
+                ) => e,
                 r => {
                     self.routing.waited("learned");
                     break r;

@@ -268,7 +268,10 @@ fn departed_and_refused_addresses_are_formerly_known() {
     let snap = store.snapshot();
     assert_eq!(snap.formerly_known(at(1)), None);
     assert_eq!(snap.by_ip(at(1)).map(|w| w.uid()), Some("b"));
-    assert_eq!(snap.formerly_known(at(2)).map(|k| k.label()), Some("departed"));
+    assert_eq!(
+        snap.formerly_known(at(2)).map(|k| k.label()),
+        Some("departed")
+    );
     assert_eq!(snap.formerly_known_len(), (1, 0));
 
     // Refused: held under the resource's name until lifted.

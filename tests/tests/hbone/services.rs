@@ -361,16 +361,21 @@ async fn a_departed_workloads_address_never_leaves_in_plaintext() {
     // e3 leaves the client's discovery; something plaintext answers at its address.
     s.set_states("client", &["running", "running", "running"])
         .await;
-    eventually("e3 left the client's discovery", Duration::from_secs(10), || {
-        s.nodes.client.workloads.snapshot().by_uid("e3").is_none()
-    })
+    eventually(
+        "e3 left the client's discovery",
+        Duration::from_secs(10),
+        || s.nodes.client.workloads.snapshot().by_uid("e3").is_none(),
+    )
     .await;
     let cap = Capture::start(s.nodes.client.outbound.clone(), listening).await;
     let r = match cap.try_connect(s.nodes.client_ip).await {
         Ok(mut tcp) => round_trip(&mut tcp, b"x").await.map(|_| ()),
         Err(e) => Err(e),
     };
-    assert!(r.is_err(), "a departed workload's address was passed through");
+    assert!(
+        r.is_err(),
+        "a departed workload's address was passed through"
+    );
     let failed = || {
         s.client_metric(
             r#"tidegate_connections_failed_total{direction="outbound",reason="departed_address"}"#,
@@ -387,6 +392,13 @@ async fn a_departed_workloads_address_never_leaves_in_plaintext() {
         ),
         0.0
     );
+    // The dump says so: unknown addresses can pass, this one is held.
+    let (status, body) = tidegate_e2e::http_get(s.nodes.client.addrs.admin, "/config_dump").await;
+    assert_eq!(status, 200, "{body}");
+    let dump: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let outbound = &dump["outbound"];
+    assert_eq!(outbound["plaintext_to_unknown"], true, "{outbound}");
+    assert_eq!(outbound["formerly_known"]["departed"], 1, "{outbound}");
     // An address the mesh never knew still passes through (the default).
     let never = tidegate_e2e::echo_server(ip(octet, 200)).await;
     let cap = Capture::start(s.nodes.client.outbound.clone(), never).await;

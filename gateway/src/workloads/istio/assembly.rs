@@ -70,7 +70,10 @@ impl Assembly {
 
     /// Held addresses of refused resources, as `(resources, addresses)`.
     pub fn refused_len(&self) -> (usize, usize) {
-        (self.refused.len(), self.refused.values().map(Vec::len).sum())
+        (
+            self.refused.len(),
+            self.refused.values().map(Vec::len).sum(),
+        )
     }
 
     /// Resource `name` is no longer refused (accepted or removed).
