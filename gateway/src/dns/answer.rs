@@ -33,7 +33,6 @@
 //! name: a pod is reached through its Services (a headless Service gives
 //! its endpoints' own addresses).
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
@@ -67,11 +66,13 @@ pub enum Lookup {
     Answer(Vec<Record>),
 }
 
-/// Services by lowercase hostname, built once per published snapshot.
+/// Services by lowercase hostname, for one published snapshot: brought
+/// up to date from the previous one by what changed (a persistent map:
+/// the copy is O(1), the update O(changed Services)).
 struct Index {
     generation: u64,
     snapshot: Arc<WorkloadSnapshot>,
-    by_host: HashMap<String, Vec<Arc<Service>>>,
+    by_host: imbl::HashMap<String, Vec<Arc<Service>>>,
 }
 
 /// The store's names, as pods query them.
@@ -112,11 +113,16 @@ impl Names {
         {
             return i.clone();
         }
-        let mut by_host: HashMap<String, Vec<Arc<Service>>> = HashMap::new();
-        for svc in snapshot.services() {
-            let host = service_hostname(&svc.spec, &self.domain).to_ascii_lowercase();
-            by_host.entry(host).or_default().push(svc.clone());
-        }
+        let by_host = match cached.as_ref() {
+            Some(before) => self.updated(before, &snapshot),
+            None => {
+                let mut by_host: imbl::HashMap<String, Vec<Arc<Service>>> = Default::default();
+                for svc in snapshot.services() {
+                    by_host.entry(self.host(svc)).or_default().push(svc.clone());
+                }
+                by_host
+            }
+        };
         let i = Arc::new(Index {
             generation: snapshot.generation,
             snapshot,
@@ -124,6 +130,37 @@ impl Names {
         });
         *cached = Some(i.clone());
         i
+    }
+
+    fn host(&self, svc: &Service) -> String {
+        service_hostname(&svc.spec, &self.domain).to_ascii_lowercase()
+    }
+
+    /// `before`'s index with the Services changed since applied: each
+    /// host's list stays in key order, as a full build gives it.
+    fn updated(
+        &self,
+        before: &Index,
+        now: &WorkloadSnapshot,
+    ) -> imbl::HashMap<String, Vec<Arc<Service>>> {
+        let mut by_host = before.by_host.clone();
+        for (old, new) in now.service_changes_from(&before.snapshot) {
+            if let Some(old) = old {
+                let host = self.host(old);
+                if let Some(list) = by_host.get_mut(&host) {
+                    list.retain(|s| !Arc::ptr_eq(s, old));
+                    if list.is_empty() {
+                        by_host.remove(&host);
+                    }
+                }
+            }
+            if let Some(new) = new {
+                let list = by_host.entry(self.host(new)).or_default();
+                list.push(new.clone());
+                list.sort_by_key(|s| s.key());
+            }
+        }
+        by_host
     }
 
     /// Answers `query` from a pod of `namespace`.

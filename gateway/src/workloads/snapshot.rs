@@ -41,13 +41,19 @@ use super::{Protocol, Workload, WorkloadSpec};
 use crate::config::Cidr;
 use crate::identity::SpiffeId;
 
-/// A workload as the snapshot's maps hold it: equal only to itself (the
-/// same allocation), which is what lets two snapshots diff by skipping
-/// what they share.
-#[derive(Clone, Debug)]
-struct Held(Arc<Workload>);
+/// A workload or Service as the snapshot's maps hold it: equal only to
+/// itself (the same allocation), which is what lets two snapshots diff by
+/// skipping what they share.
+#[derive(Debug)]
+struct Held<T>(Arc<T>);
 
-impl PartialEq for Held {
+impl<T> Clone for Held<T> {
+    fn clone(&self) -> Self {
+        Held(self.0.clone())
+    }
+}
+
+impl<T> PartialEq for Held<T> {
     fn eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
     }
@@ -95,7 +101,7 @@ pub type WorkloadChange<'a> = (Option<&'a Arc<Workload>>, Option<&'a Arc<Workloa
 /// An immutable view of all workloads.
 #[derive(Clone, Debug, Default)]
 pub struct WorkloadSnapshot {
-    by_uid: OrdMap<String, Held>,
+    by_uid: OrdMap<String, Held<Workload>>,
     by_ip: SharedHashMap<IpAddr, Arc<Workload>>,
     /// This node's workloads by uid.
     local: OrdMap<String, Arc<Workload>>,
@@ -104,7 +110,7 @@ pub struct WorkloadSnapshot {
     /// workloads otherwise (istiod: `<cluster>//Pod/<ns>/<name>`).
     local_by_name: SharedHashMap<(String, String), Arc<Workload>>,
     /// Services by key (`namespace/name`).
-    services: OrdMap<String, Arc<Service>>,
+    services: OrdMap<String, Held<Service>>,
     by_vip: SharedHashMap<(IpAddr, u16), Arc<Service>>,
     /// The mesh membership of each pod on this node, by uid — pods without
     /// an address yet included (a pod's CNI ADD comes before its IP). What
@@ -203,12 +209,12 @@ impl WorkloadSnapshot {
 
     /// The Service of key `namespace/name`.
     pub fn service(&self, key: &str) -> Option<&Arc<Service>> {
-        self.services.get(key)
+        self.services.get(key).map(|h| &h.0)
     }
 
     /// Every Service, by key.
     pub fn services(&self) -> impl Iterator<Item = &Arc<Service>> + '_ {
-        self.services.values()
+        self.services.values().map(|h| &h.0)
     }
 
     pub fn services_len(&self) -> usize {
@@ -273,6 +279,19 @@ impl WorkloadSnapshot {
         previous.by_uid.diff(&self.by_uid).map(|d| match d {
             imbl::ordmap::DiffItem::Add(_, w) => (None, Some(&w.0)),
             imbl::ordmap::DiffItem::Remove(_, w) => (Some(&w.0), None),
+            imbl::ordmap::DiffItem::Update { old, new } => (Some(&old.1 .0), Some(&new.1 .0)),
+        })
+    }
+
+    /// The Services that differ between `previous` and this snapshot, as
+    /// (before, now) pairs by key; O(change), as [`Self::changes_from`].
+    pub fn service_changes_from<'a>(
+        &'a self,
+        previous: &'a WorkloadSnapshot,
+    ) -> impl Iterator<Item = (Option<&'a Arc<Service>>, Option<&'a Arc<Service>>)> + 'a {
+        previous.services.diff(&self.services).map(|d| match d {
+            imbl::ordmap::DiffItem::Add(_, s) => (None, Some(&s.0)),
+            imbl::ordmap::DiffItem::Remove(_, s) => (Some(&s.0), None),
             imbl::ordmap::DiffItem::Update { old, new } => (Some(&old.1 .0), Some(&new.1 .0)),
         })
     }
@@ -351,8 +370,8 @@ impl WorkloadSnapshot {
     }
 
     fn put_service(&mut self, svc: Arc<Service>) {
-        if let Some(old) = self.services.insert(svc.key(), svc.clone()) {
-            self.unindex_service(&old);
+        if let Some(old) = self.services.insert(svc.key(), Held(svc.clone())) {
+            self.unindex_service(&old.0);
         }
         for vip in &svc.spec.vips {
             for p in svc.spec.ports.iter().filter(|p| p.protocol == "TCP") {
@@ -362,7 +381,7 @@ impl WorkloadSnapshot {
     }
 
     fn take_service(&mut self, key: &str) -> Option<Arc<Service>> {
-        let old = self.services.remove(key)?;
+        let old = self.services.remove(key)?.0;
         self.unindex_service(&old);
         Some(old)
     }
