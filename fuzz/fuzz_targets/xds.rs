@@ -2,10 +2,10 @@
 //! `DeltaDiscoveryResponse` or, failing that, one resource, applied as an
 //! `istio.workload.Address` and as an `istio.security.Authorization`.
 //! Never a panic; every refusal names a resource of the response and
-//! says why; no more workloads are published than were accepted.
+//! says why; no more workloads are published than were accepted; the same
+//! response applied again changes no workload (an update is applied as
+//! what it changed, and it changed nothing the second time).
 #![no_main]
-
-use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
 use prost::Message as _;
@@ -14,11 +14,6 @@ use tidegate::workloads::WorkloadStore;
 use tidegate_xds::client::{ADDRESS, AUTHORIZATION};
 use tidegate_xds::envelope::DeltaDiscoveryResponse;
 use tidegate_xds::{Handler, Update};
-
-fn store() -> &'static Arc<WorkloadStore> {
-    static STORE: OnceLock<Arc<WorkloadStore>> = OnceLock::new();
-    STORE.get_or_init(|| WorkloadStore::new("cluster.local", "node-a"))
-}
 
 fuzz_target!(|data: &[u8]| {
     let (updates, removed) = match DeltaDiscoveryResponse::decode(data) {
@@ -43,7 +38,8 @@ fuzz_target!(|data: &[u8]| {
         ),
     };
     for type_url in [ADDRESS, AUTHORIZATION] {
-        let mut source = IstioSource::new(store().clone());
+        let store = WorkloadStore::new("cluster.local", "node-a");
+        let mut source = IstioSource::new(store.clone());
         let refused = source.handle(type_url, updates.clone(), removed.clone());
         for r in &refused {
             assert!(
@@ -56,7 +52,16 @@ fuzz_target!(|data: &[u8]| {
         if type_url == ADDRESS {
             // Only what was accepted is published.
             let accepted = updates.len() - refused.len();
-            assert!(store().snapshot().len() <= accepted);
+            assert!(store.snapshot().len() <= accepted);
         }
+        let before = store.snapshot();
+        let again = source.handle(type_url, updates.clone(), removed.clone());
+        assert_eq!(again.len(), refused.len(), "refused differently the second time");
+        let after = store.snapshot();
+        assert_eq!(
+            after.changes_from(&before).count(),
+            0,
+            "the same response again changed workloads"
+        );
     }
 });

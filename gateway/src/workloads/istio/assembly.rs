@@ -224,6 +224,14 @@ impl Assembly {
                 delta.services.push(spec);
             }
         }
+        // Removed, then put again under the same uid or key (a resource
+        // renamed, or named twice in one response): a put, nothing removed.
+        let put: BTreeSet<&str> = delta.workloads.iter().map(|w| w.uid.as_str()).collect();
+        delta
+            .removed_workloads
+            .retain(|uid| !put.contains(uid.as_str()));
+        let put: BTreeSet<String> = delta.services.iter().map(|s| s.key()).collect();
+        delta.removed_services.retain(|key| !put.contains(key));
         delta
     }
 

@@ -277,3 +277,26 @@ fn a_refused_resource_holds_its_addresses_closed_until_lifted() {
     assert!(assembly.remove("p2"), "a refused name is held");
     assert_eq!(assembly.take_delta().refused, [("p2".to_owned(), vec![])]);
 }
+
+/// A resource named twice in one response, with two uids: applied again,
+/// the same response changes nothing (the uid put is not also removed).
+#[test]
+fn a_response_applied_twice_changes_nothing_the_second_time() {
+    let store = WorkloadStore::new("cluster.local", "node-0");
+    let mut assembly = Assembly::default();
+    let ip = IpAddr::from([10, 1, 0, 1]);
+    let response = |assembly: &mut Assembly| {
+        assembly.put_workload("x".into(), pod(1, ip, true, false, &[2]));
+        assembly.put_workload("x".into(), pod(2, ip, false, false, &[2]));
+        assembly.put_service(host(2), service(2, 0));
+        assembly.take_delta()
+    };
+    store.apply(response(&mut assembly));
+    let before = store.snapshot();
+    assert_eq!(before.len(), 1);
+    let delta = response(&mut assembly);
+    let held = "Kubernetes//Pod/shop/p2".to_owned();
+    assert!(!delta.removed_workloads.contains(&held), "{delta:?}");
+    store.apply(delta);
+    assert_eq!(store.snapshot().changes_from(&before).count(), 0);
+}
