@@ -94,6 +94,26 @@ impl Serialize for Upstream {
     }
 }
 
+/// Whether each upstream is a server the proxy can forward to: not port
+/// 0, not an unspecified address, and not the proxy itself (a loopback
+/// address on [`DNS_CAPTURE_PORT`]: every forwarded query would come back).
+pub(super) fn check_upstreams(upstreams: &[Upstream]) -> Result<(), String> {
+    for Upstream(addr) in upstreams {
+        if addr.port() == 0 {
+            return Err(format!("{addr}: port 0 is no DNS server"));
+        }
+        if addr.ip().is_unspecified() {
+            return Err(format!("{addr}: an unspecified address is no DNS server"));
+        }
+        if addr.ip().is_loopback() && addr.port() == DNS_CAPTURE_PORT {
+            return Err(format!(
+                "{addr} is the DNS proxy itself: every forwarded query would come back to it"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Whether `domain` is a DNS name the proxy can serve below (letters,
 /// digits, `-`, dots between labels).
 pub(super) fn check_cluster_domain(domain: &str) -> Result<(), String> {
@@ -134,6 +154,25 @@ mod tests {
         );
         let e = "kube-dns".parse::<Upstream>().unwrap_err();
         assert!(e.contains("10.96.0.10:53"), "{e}");
+    }
+
+    #[test]
+    fn an_upstream_that_cannot_answer_or_is_the_proxy_itself_is_refused() {
+        let check = |list: &[&str]| {
+            let parsed: Vec<Upstream> = list.iter().map(|s| s.parse().unwrap()).collect();
+            check_upstreams(&parsed)
+        };
+        check(&["10.96.0.10", "[fd00::a]:5353", "127.0.0.53"]).unwrap();
+        for (bad, says) in [
+            ("1.2.3.4:0", "port 0"),
+            ("0.0.0.0", "unspecified"),
+            ("[::]:53", "unspecified"),
+            ("127.0.0.1:15053", "the DNS proxy itself"),
+            ("[::1]:15053", "the DNS proxy itself"),
+        ] {
+            let e = check(&["10.96.0.10", bad]).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -274,6 +274,10 @@ impl Config {
         }
         dns::check_cluster_domain(&self.dns.cluster_domain)
             .map_err(|m| invalid("dns.cluster_domain", m))?;
+        dns::check_upstreams(&self.dns.upstream).map_err(|m| invalid("dns.upstream", m))?;
+        if let CertificatesConfig::IstioCa(ca) = &self.certificates {
+            check_https_address("certificates.address", &ca.address)?;
+        }
         let k = &self.workloads.kubernetes;
         if self.workloads.source == WorkloadSourceKind::Kubernetes {
             if self.workloads.file.is_some() {
@@ -335,6 +339,36 @@ impl Config {
     }
 }
 
+/// An istiod address (xDS or CA): `https://host[:port]`, the port (443
+/// when absent) one a connection can be made to.
+fn check_https_address(key: &str, address: &str) -> Result<(), ConfigError> {
+    let uri = address
+        .parse::<http::Uri>()
+        .ok()
+        .filter(|u| u.scheme_str() == Some("https") && u.host().is_some());
+    let Some(uri) = uri else {
+        return Err(invalid(
+            key,
+            format!(
+                "{address:?} is not an https:// URL like https://istiod.istio-system.svc:15012 (never plaintext)"
+            ),
+        ));
+    };
+    // The port as written (`Uri::port` is `None` for one past 65535): after
+    // the host, and after an IPv6 literal's `]`.
+    let authority = uri.authority().map_or("", |a| a.as_str());
+    let after_host = authority.rsplit(']').next().unwrap_or(authority);
+    if let Some((_, port)) = after_host.rsplit_once(':') {
+        if !port.parse::<u16>().is_ok_and(|p| p > 0) {
+            return Err(invalid(
+                key,
+                format!("{address:?}: port {port} is not 1 to 65535"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl Config {
     /// `workloads.source: istio`: an `https` address, a pod to name the node after.
     fn check_istio(&self) -> Result<(), ConfigError> {
@@ -345,19 +379,7 @@ impl Config {
                 "cannot be combined with workloads.source: istio",
             ));
         }
-        if !i
-            .address
-            .parse::<http::Uri>()
-            .is_ok_and(|u| u.scheme_str() == Some("https") && u.host().is_some())
-        {
-            return Err(invalid(
-                "workloads.istio.address",
-                format!(
-                    "{:?} is not an https:// URL like https://istiod.istio-system.svc:15012 (never plaintext)",
-                    i.address
-                ),
-            ));
-        }
+        check_https_address("workloads.istio.address", &i.address)?;
         if i.pod_ip.parse::<std::net::IpAddr>().is_err() {
             return Err(invalid(
                 "workloads.istio.pod_ip",
@@ -440,6 +462,49 @@ mod tests {
         assert_eq!(c.hbone.stream_window, 4 << 20);
         assert_eq!(c.hbone.connection_window, 16 << 20);
         assert_eq!(c.pool.max_streams_per_tunnel, 100);
+    }
+
+    /// An istiod address whose port no connection can be made to is
+    /// refused at load, naming the key (it would dial 443 instead); so is
+    /// a DNS upstream that cannot answer or is the proxy itself.
+    #[test]
+    fn addresses_that_cannot_work_are_refused_naming_the_key() {
+        let istio = |address: &str| {
+            load(
+                &format!(
+                    "workloads: {{source: istio, istio: {{address: '{address}', pod_ip: 10.0.0.1, pod_name: p, pod_namespace: n}}}}"
+                ),
+                &[],
+                &[],
+            )
+        };
+        istio("https://istiod.istio-system.svc:15012").unwrap();
+        istio("https://10.0.0.2").unwrap();
+        istio("https://[fd00::2]:15012").unwrap();
+        for bad in [
+            "https://127.0.0.1:99999",
+            "https://127.0.0.1:0",
+            "https://[fd00::2]:65536",
+            "http://istiod:15012",
+        ] {
+            let e = istio(bad).unwrap_err().to_string();
+            assert!(e.contains("workloads.istio.address"), "{bad}: {e}");
+        }
+        let e = load(
+            "certificates: {source: istio-ca, address: 'https://istiod:70000'}",
+            &[],
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("certificates.address") && e.contains("70000"),
+            "{e}"
+        );
+        let e = load("", &[], &["dns.upstream=[127.0.0.1:15053]"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("dns.upstream") && e.contains("itself"), "{e}");
     }
 
     #[test]
