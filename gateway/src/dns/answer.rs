@@ -470,6 +470,55 @@ pub(crate) mod tests {
         v
     }
 
+    /// The index kept across publishes (updated from what changed) answers
+    /// as one built afresh from the same snapshot, after Services come, move
+    /// to other VIPs and go.
+    #[test]
+    fn the_name_index_follows_service_changes_as_a_fresh_one_would() {
+        let store = WorkloadStore::new("cluster.local", "n");
+        let kept = Names::new(store.clone(), "cluster.local");
+        let answer = |n: &Names, ns: &str, name: &str| match n.lookup(ns, &q(name, RecordType::A)) {
+            Lookup::NotOurs => vec!["not ours".to_owned()],
+            l => lines(l),
+        };
+        let asked = [
+            ("shop", "web."),
+            ("blog", "web."),
+            ("x", "web.shop.svc.cluster.local."),
+            ("x", "api.blog.svc.cluster.local."),
+            ("shop", "db."),
+        ];
+        let steps: Vec<Vec<ServiceSpec>> = vec![
+            vec![service("web", "shop", &["10.134.0.1"])],
+            vec![
+                service("web", "shop", &["10.134.0.1"]),
+                service("web", "blog", &["10.134.0.2"]),
+                service("api", "blog", &["10.134.0.3"]),
+            ],
+            vec![
+                service("web", "shop", &["10.134.0.9"]),
+                service("api", "blog", &["10.134.0.3"]),
+            ],
+            vec![service("api", "blog", &["10.134.0.4"])],
+            vec![],
+        ];
+        for (i, services) in steps.into_iter().enumerate() {
+            store.publish_all(vec![], services);
+            let fresh = Names::new(store.clone(), "cluster.local");
+            for (ns, name) in asked {
+                assert_eq!(
+                    answer(&kept, ns, name),
+                    answer(&fresh, ns, name),
+                    "step {i}: {name} from {ns}"
+                );
+            }
+        }
+        assert_eq!(
+            answer(&kept, "x", "api.blog.svc.cluster.local."),
+            ["not ours"]
+        );
+    }
+
     #[test]
     fn the_service_hostname_is_name_namespace_svc_domain() {
         let s = service("web", "shop", &[]);
