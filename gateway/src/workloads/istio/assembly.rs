@@ -14,6 +14,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
+use tracing::{info, warn};
+
 use super::convert::{self, IstioWorkload};
 use crate::workloads::services::{EndpointTarget, ServiceSpec};
 use crate::workloads::{Delta, WorkloadSpec};
@@ -32,10 +34,12 @@ pub struct Assembly {
     /// resource name) and hosts to assemble again, and what left.
     dirty_workloads: BTreeSet<String>,
     dirty_hosts: BTreeSet<String>,
+    dirty_ips: BTreeSet<IpAddr>,
     removed_workloads: Vec<String>,
     removed_services: Vec<String>,
-    /// Refused resources with nothing held under their name: the
-    /// addresses they name, held closed by the store.
+    /// Refused resources with nothing held under their name (and
+    /// addresses in conflict, as `address <ip>`): the addresses they name,
+    /// held closed by the store.
     refused: HashMap<String, Vec<IpAddr>>,
     /// Refusals to tell the store of (an empty list: lifted).
     refusals: BTreeMap<String, Vec<IpAddr>>,
@@ -201,6 +205,7 @@ impl Assembly {
             if names.is_empty() {
                 self.claims.remove(ip);
             }
+            self.dirty_ips.insert(*ip);
         }
     }
 
@@ -208,6 +213,9 @@ impl Assembly {
     /// Services to put (as [`convert::assemble`] would give them) and the
     /// ones that left.
     pub fn take_delta(&mut self) -> Delta {
+        for ip in std::mem::take(&mut self.dirty_ips) {
+            self.check_conflict(ip);
+        }
         let mut delta = Delta {
             removed_workloads: std::mem::take(&mut self.removed_workloads),
             removed_services: std::mem::take(&mut self.removed_services),
@@ -249,14 +257,42 @@ impl Assembly {
         Some(spec)
     }
 
-    /// Which of the workloads claiming `ip` has it ([`convert::rank`]).
+    /// Which of the workloads claiming `ip` has it ([`convert::owner`]):
+    /// none when two of the same standing claim it.
     fn owner(&self, ip: &IpAddr) -> Option<&str> {
-        self.claims
+        let claimants = self
+            .claims
             .get(ip)?
             .iter()
-            .filter_map(|n| Some((n, self.workloads.get(n)?)))
-            .max_by(|(_, a), (_, b)| convert::rank(a).cmp(&convert::rank(b)))
-            .map(|(n, _)| n.as_str())
+            .filter_map(|n| Some((n.as_str(), self.workloads.get(n)?)));
+        convert::owner(claimants)
+    }
+
+    /// An address two workloads of the same standing claim: neither has
+    /// it, and the store holds it closed until istiod resolves it (one of
+    /// them leaves it, or is being deleted). Says so once, when it starts
+    /// and when it ends.
+    fn check_conflict(&mut self, ip: IpAddr) {
+        let name = format!("address {ip}");
+        let claimants: Vec<&str> = self
+            .claims
+            .get(&ip)
+            .map(|c| c.iter().map(String::as_str).collect())
+            .unwrap_or_default();
+        let conflict = claimants.len() > 1 && self.owner(&ip).is_none();
+        match (conflict, self.refused.contains_key(&name)) {
+            (true, false) => {
+                warn!(%ip, workloads = ?claimants,
+                    "an address claimed by two workloads of the same standing: neither is served on it until istiod resolves it");
+                self.refused.insert(name.clone(), vec![ip]);
+                self.refusals.insert(name, vec![ip]);
+            }
+            (false, true) => {
+                info!(%ip, "an address's conflict is resolved");
+                self.lift(&name);
+            }
+            _ => {}
+        }
     }
 
     /// The Service held under host `h`, its endpoints the workloads

@@ -300,3 +300,34 @@ fn a_response_applied_twice_changes_nothing_the_second_time() {
     store.apply(delta);
     assert_eq!(store.snapshot().changes_from(&before).count(), 0);
 }
+
+/// Two healthy HBONE pods on one address: neither is indexed there, the
+/// address is held closed (refused) until one of them gives way.
+#[test]
+fn an_address_in_conflict_is_held_closed_until_resolved() {
+    let store = WorkloadStore::new("cluster.local", "node-0");
+    let mut assembly = Assembly::default();
+    let ip = IpAddr::from([10, 1, 0, 9]);
+    assembly.put_workload("a".into(), pod(1, ip, true, false, &[]));
+    store.apply(assembly.take_delta());
+    assert_eq!(
+        store.snapshot().by_ip(ip).map(|w| w.uid()),
+        Some("Kubernetes//Pod/shop/p1")
+    );
+
+    assembly.put_workload("b".into(), pod(2, ip, true, false, &[]));
+    store.apply(assembly.take_delta());
+    let snap = store.snapshot();
+    assert!(snap.by_ip(ip).is_none(), "neither has the address");
+    assert_eq!(snap.formerly_known(ip).map(|k| k.label()), Some("refused"));
+
+    // The first one is being deleted: the second has it, the refusal lifted.
+    assembly.put_workload("a".into(), pod(1, ip, false, false, &[]));
+    store.apply(assembly.take_delta());
+    let snap = store.snapshot();
+    assert_eq!(
+        snap.by_ip(ip).map(|w| w.uid()),
+        Some("Kubernetes//Pod/shop/p2")
+    );
+    assert_eq!(snap.formerly_known(ip), None);
+}

@@ -498,8 +498,10 @@ pub fn addresses_named(raw: &[bytes::Bytes]) -> Vec<IpAddr> {
 ///
 /// An address held by several workloads goes to one, as ztunnel chooses
 /// (a pod over anything else, then HBONE over plain TCP), then a healthy
-/// one over an unhealthy one, then the greatest uid; the others keep
-/// their other addresses.
+/// one over an unhealthy one (the one being deleted gives way); the others
+/// keep their other addresses. Two of the same standing (two healthy HBONE
+/// pods, say) is a conflict only istiod can resolve: neither has the
+/// address ([`owner`]), never the one whose name sorts last.
 ///
 /// The inputs are the converted resources held, by resource name (the
 /// caller converts each resource once, when it arrives). Workloads come
@@ -565,43 +567,57 @@ pub(super) fn endpoint_target(w: &IstioWorkload, ports: &BTreeMap<u16, u16>) -> 
     }
 }
 
-/// Which of two workloads claiming one address has it: the higher rank
-/// (a pod over another kind, HBONE over plain TCP, healthy over not, then
-/// the greater uid).
-pub(super) fn rank(w: &IstioWorkload) -> (bool, bool, bool, &str) {
+/// A workload's standing for an address it shares: a pod over another
+/// kind, HBONE over plain TCP, healthy over not.
+fn standing(w: &IstioWorkload) -> (bool, bool, bool) {
     (
         w.spec.uid.contains("//Pod/"),
         w.spec.protocol == Protocol::Hbone,
         w.healthy,
-        &w.spec.uid,
     )
 }
 
-/// Leaves each address in one spec's `ips` (see [`assemble`]).
-/// `specs[i]` is `workloads[i]`'s.
-fn resolve_shared_addresses(specs: &mut [WorkloadSpec], workloads: &[&IstioWorkload]) {
-    let rank = |i: usize| rank(workloads[i]);
-    let mut owner: HashMap<IpAddr, usize> = HashMap::with_capacity(specs.len());
-    let mut shared = false;
-    for (i, spec) in specs.iter().enumerate() {
-        for ip in &spec.ips {
-            match owner.get(ip) {
-                Some(&j) => {
-                    shared = true;
-                    if rank(i) > rank(j) {
-                        owner.insert(*ip, i);
-                    }
-                }
-                None => {
-                    owner.insert(*ip, i);
-                }
+/// Who has an address among those claiming it: the one of the highest
+/// standing; `None` when two share the highest (a conflict).
+pub(super) fn owner<'a, K>(
+    claimants: impl IntoIterator<Item = (K, &'a IstioWorkload)>,
+) -> Option<K> {
+    let mut best: Option<(K, (bool, bool, bool))> = None;
+    let mut tied = false;
+    for (k, w) in claimants {
+        let s = standing(w);
+        match &best {
+            Some((_, b)) if s < *b => {}
+            Some((_, b)) if s == *b => tied = true,
+            _ => {
+                best = Some((k, s));
+                tied = false;
             }
         }
     }
-    if shared {
-        for (i, spec) in specs.iter_mut().enumerate() {
-            spec.ips.retain(|ip| owner.get(ip) == Some(&i));
+    best.filter(|_| !tied).map(|(k, _)| k)
+}
+
+/// Leaves each address in at most one spec's `ips` ([`owner`]; see
+/// [`assemble`]). `specs[i]` is `workloads[i]`'s.
+fn resolve_shared_addresses(specs: &mut [WorkloadSpec], workloads: &[&IstioWorkload]) {
+    let mut claims: HashMap<IpAddr, Vec<usize>> = HashMap::with_capacity(specs.len());
+    for (i, spec) in specs.iter().enumerate() {
+        for ip in &spec.ips {
+            claims.entry(*ip).or_default().push(i);
         }
+    }
+    claims.retain(|_, c| c.len() > 1);
+    if claims.is_empty() {
+        return;
+    }
+    let owners: HashMap<IpAddr, Option<usize>> = claims
+        .iter()
+        .map(|(ip, c)| (*ip, owner(c.iter().map(|&i| (i, workloads[i])))))
+        .collect();
+    for (i, spec) in specs.iter_mut().enumerate() {
+        spec.ips
+            .retain(|ip| owners.get(ip).is_none_or(|o| *o == Some(i)));
     }
 }
 

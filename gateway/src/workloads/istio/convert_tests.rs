@@ -724,6 +724,31 @@ fn a_shared_address_goes_to_a_pod_then_hbone_then_a_healthy_one() {
     assert!(got["web-plain"].is_empty());
 }
 
+/// Two workloads of the same standing on one address (a second healthy
+/// HBONE pod on echo's address, another service account): neither has
+/// it — whichever name sorts last never decides whose identity the
+/// address presents. The one being deleted gives way.
+#[test]
+fn two_workloads_of_the_same_standing_on_one_address_get_neither() {
+    let echo = pod("Kubernetes//Pod/shop/echo", "10.0.0.9");
+    let mut evil = pod("Kubernetes//Pod/shop/zz-evil", "10.0.0.9");
+    evil.service_account = "evil".into();
+    evil.addresses.push(ipb("10.0.0.10"));
+    let ips = |workloads: &[wds::Workload]| -> BTreeMap<String, Vec<IpAddr>> {
+        let (specs, _) = assemble(&held(workloads), &BTreeMap::new());
+        specs.into_iter().map(|s| (s.name, s.ips)).collect()
+    };
+    let got = ips(&[echo.clone(), evil.clone()]);
+    assert!(got["echo"].is_empty(), "{got:?}");
+    assert_eq!(got["zz-evil"], [ipa("10.0.0.10")], "keeps its own address");
+    // echo being deleted (UNHEALTHY): the other has it.
+    let mut leaving = echo;
+    leaving.status = wds::WorkloadStatus::Unhealthy as i32;
+    let got = ips(&[leaving, evil]);
+    assert_eq!(got["zz-evil"], [ipa("10.0.0.9"), ipa("10.0.0.10")]);
+    assert!(got["echo"].is_empty());
+}
+
 #[test]
 fn ten_thousand_workloads_across_two_thousand_services() {
     let services: BTreeMap<String, ServiceSpec> = (0..2000u32)
