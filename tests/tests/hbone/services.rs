@@ -56,6 +56,13 @@ fn services_yaml(octet: u8, port: u16, states: &[&str]) -> String {
     y
 }
 
+/// One byte round trip through `cap` from `client`: `Err` when the
+/// connection is refused or reset before the answer.
+async fn exchange(cap: &Capture, client: IpAddr) -> std::io::Result<()> {
+    let mut tcp = cap.try_connect(client).await?;
+    round_trip(&mut tcp, b"x").await.map(|_| ())
+}
+
 struct Svc {
     nodes: TwoNodes,
     port: u16,
@@ -304,10 +311,7 @@ async fn two_services_share_a_pod_an_empty_vip_resets_and_unknown_addresses_foll
         SocketAddr::new(ip(octet, EMPTY_VIP_HOST), 80),
     )
     .await;
-    let r = match empty.try_connect(s.nodes.client_ip).await {
-        Ok(mut tcp) => round_trip(&mut tcp, b"x").await.map(|_| ()),
-        Err(e) => Err(e),
-    };
+    let r = exchange(&empty, s.nodes.client_ip).await;
     assert!(r.is_err(), "a VIP without endpoints answered");
     let failed = |reason: &str| {
         s.client_metric(&format!(
@@ -323,10 +327,7 @@ async fn two_services_share_a_pod_an_empty_vip_resets_and_unknown_addresses_foll
     // An unknown address inside the cluster's range: refused, never plaintext.
     let inside = tidegate_e2e::echo_server(ip(octet, 200)).await;
     let cap = Capture::start(s.nodes.client.outbound.clone(), inside).await;
-    let r = match cap.try_connect(s.nodes.client_ip).await {
-        Ok(mut tcp) => round_trip(&mut tcp, b"x").await.map(|_| ()),
-        Err(e) => Err(e),
-    };
+    let r = exchange(&cap, s.nodes.client_ip).await;
     assert!(
         r.is_err(),
         "an unknown in-cluster address was passed through"
@@ -368,10 +369,7 @@ async fn a_departed_workloads_address_never_leaves_in_plaintext() {
     )
     .await;
     let cap = Capture::start(s.nodes.client.outbound.clone(), listening).await;
-    let r = match cap.try_connect(s.nodes.client_ip).await {
-        Ok(mut tcp) => round_trip(&mut tcp, b"x").await.map(|_| ()),
-        Err(e) => Err(e),
-    };
+    let r = exchange(&cap, s.nodes.client_ip).await;
     assert!(
         r.is_err(),
         "a departed workload's address was passed through"
