@@ -293,6 +293,12 @@ impl AdsClient {
             if tx.unbounded_send(reply).is_err() {
                 break;
             }
+            // Responses already received are ready at once, and applying
+            // one never waits: without a yield, a backlog would be applied
+            // to its end before whoever holds this future (the gateway's
+            // shutdown) is polled again. A backlog never holds the exit;
+            // istiod resends what was not acknowledged on the next stream.
+            tokio::task::yield_now().await;
             next = responses.message().await?;
         }
         Ok(())

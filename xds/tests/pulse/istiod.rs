@@ -36,7 +36,12 @@ pub enum Misbehaviour {
     /// One response, then ends the stream with UNKNOWN (istiod's maximum
     /// connection age).
     AnswersThenCloses,
+    /// [`FLOOD`] responses at once on every stream, left open: a backlog.
+    Floods,
 }
+
+/// The responses [`Misbehaviour::Floods`] sends at once.
+pub const FLOOD: usize = 500;
 
 #[derive(Clone, Debug, Default)]
 pub struct Seen {
@@ -155,6 +160,10 @@ async fn connection(
             Misbehaviour::AnswersThenFreezes => freezes.then_some((true, None)),
             Misbehaviour::EndsAtOnce => Some((false, Some(if index % 2 == 0 { 0 } else { 2 }))),
             Misbehaviour::AnswersThenCloses => Some((true, Some(2))),
+            Misbehaviour::Floods => {
+                held.push((request, None, Some(flood(respond))));
+                continue;
+            }
         };
         match answer {
             None => held.push((request, Some(respond), None)),
@@ -196,6 +205,23 @@ fn answer_stream(
         }
         None => Some(send),
     }
+}
+
+/// Answers a stream with [`FLOOD`] responses in one go and leaves it open.
+fn flood(mut respond: h2::server::SendResponse<Bytes>) -> h2::SendStream<Bytes> {
+    let head = http::Response::builder()
+        .status(200)
+        .header("content-type", "application/grpc")
+        .body(())
+        .unwrap();
+    let mut send = respond.send_response(head, false).unwrap();
+    let mut all = BytesMut::new();
+    for _ in 0..FLOOD {
+        all.put_slice(&grpc_frame());
+    }
+    send.reserve_capacity(all.len());
+    send.send_data(all.freeze(), false).unwrap();
+    send
 }
 
 /// One `DeltaDiscoveryResponse` of Address, nothing in it, gRPC-framed.

@@ -14,7 +14,7 @@ use tidegate_xds::envelope::Node;
 use tidegate_xds::{AdsClient, Handler, Rejected, Update, XdsMetrics};
 use tokio::sync::watch;
 
-use istiod::{Istiod, Misbehaviour};
+use istiod::{Istiod, Misbehaviour, FLOOD};
 
 /// Generous: only a client that never notices breaks it.
 const WAIT: Duration = Duration::from_secs(10);
@@ -63,26 +63,32 @@ impl Running {
     }
 }
 
+fn config(server: &Istiod, pulse: Pulse) -> ClientConfig {
+    ClientConfig {
+        target: Target {
+            address: format!("https://{}", server.addr),
+            roots: server.roots.clone(),
+            server_name: None,
+            connect_timeout: Duration::from_secs(5),
+            pulse,
+        },
+        token: None,
+        cluster_id: "c1".into(),
+        node: Node {
+            id: "ztunnel~10.0.0.9~tidegate-x.istio-system~istio-system.svc.cluster.local".into(),
+            ..Default::default()
+        },
+        types: vec![ADDRESS.into()],
+        first_answer_timeout: FIRST_ANSWER_TIMEOUT,
+    }
+}
+
 fn start(server: &Istiod, pulse: Pulse, first_answer_timeout: Duration) -> Running {
     let mut registry = Registry::default();
     let client = AdsClient::new(
         ClientConfig {
-            target: Target {
-                address: format!("https://{}", server.addr),
-                roots: server.roots.clone(),
-                server_name: None,
-                connect_timeout: Duration::from_secs(5),
-                pulse,
-            },
-            token: None,
-            cluster_id: "c1".into(),
-            node: Node {
-                id: "ztunnel~10.0.0.9~tidegate-x.istio-system~istio-system.svc.cluster.local"
-                    .into(),
-                ..Default::default()
-            },
-            types: vec![ADDRESS.into()],
             first_answer_timeout,
+            ..config(server, pulse)
         },
         XdsMetrics::register(&mut registry),
     );
@@ -218,4 +224,51 @@ async fn a_routine_close_after_a_response_reconnects_at_once() {
     })
     .await;
     assert_eq!(c.terminations("Unanswered"), 0.0);
+}
+
+/// Stops the run (as the gateway's shutdown does) from the first
+/// response it applies.
+struct StopAtFirst {
+    applied: usize,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Handler for StopAtFirst {
+    fn handle(&mut self, _: &str, _: Vec<Update>, _: Vec<String>) -> Vec<Rejected> {
+        self.applied += 1;
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        vec![]
+    }
+}
+
+/// A backlog never holds the exit: with hundreds of responses received
+/// and not yet applied, a shutdown ends the run after the response being
+/// applied, not after the backlog (istiod resends on the next stream).
+#[tokio::test]
+async fn a_shutdown_does_not_wait_for_a_backlog_of_responses() {
+    let server = Istiod::start(Misbehaviour::Floods).await;
+    let mut registry = Registry::default();
+    let client = AdsClient::new(
+        config(&server, Pulse::default()),
+        XdsMetrics::register(&mut registry),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let mut handler = StopAtFirst {
+        applied: 0,
+        stop: Some(stop),
+    };
+    let run = async {
+        tokio::select! {
+            _ = client.run(&mut handler) => {}
+            _ = stopped => {}
+        }
+    };
+    tokio::time::timeout(WAIT, run).await.expect("the run ends");
+    assert!(
+        handler.applied <= 2,
+        "{} of {FLOOD} queued responses applied after the shutdown",
+        handler.applied
+    );
 }
