@@ -436,6 +436,22 @@ fn handler_apply(
     (store, source, address, both)
 }
 
+/// What the source and the store each hold for the whole set, in
+/// jemalloc's live bytes: `handle` of the set into a fresh pair, then the
+/// source dropped (its held resources and indexes), then the store (the
+/// snapshot).
+fn memory_by_layer(items: &[(String, Bytes)], set: Set) -> (f64, f64) {
+    let (store, source, _, _) = handler_apply(items, set);
+    let both = memory().0;
+    drop(source);
+    let store_only = memory().0;
+    drop(store);
+    (
+        both as f64 - store_only as f64,
+        store_only as f64 - memory().0 as f64,
+    )
+}
+
 fn file_apply(yaml: &str, set: Set) -> Duration {
     let store = WorkloadStore::new("cluster.local", GATEWAY_NODE);
     let t = Instant::now();
@@ -614,6 +630,7 @@ async fn run(updates: usize, set: Set, churn_secs: u64) -> anyhow::Result<()> {
         held = Some((store, source));
     }
     let (store, mut source) = held.unwrap();
+    let (source_bytes, store_bytes) = memory_by_layer(&big_items, set);
     let file_ms: Vec<f64> = (0..REPEATS).map(|_| ms(file_apply(&yaml, set))).collect();
     let remote = set.remote();
     let mut inproc_lat = Vec::new();
@@ -701,6 +718,12 @@ async fn run(updates: usize, set: Set, churn_secs: u64) -> anyhow::Result<()> {
         "| per workload, marginal ((big − small) ÷ {marginal:.0}) | {:.2} KiB | {:.2} KiB |",
         (big_alloc - small_alloc) / marginal / 1024.0,
         (big_rss - small_rss) / marginal / 1024.0
+    );
+
+    println!(
+        "| of which, in process: the source's held resources and indexes / the store's snapshot (÷ {workloads}) | {:.2} / {:.2} KiB | |",
+        source_bytes / workloads as f64 / 1024.0,
+        store_bytes / workloads as f64 / 1024.0
     );
 
     let (b50, b99, bmax) = summary(big_lat);

@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 use crate::identity::SpiffeId;
 use crate::policy::{AsSubject, Subject};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize, Default)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Protocol {
     /// The workload's node runs an HBONE gateway: tunnel to it.
@@ -48,7 +48,7 @@ pub enum Protocol {
     Tcp,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum LifecycleState {
     #[default]
@@ -57,7 +57,7 @@ pub enum LifecycleState {
 }
 
 /// One workload, from the workload file or from Kubernetes discovery.
-#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Hash, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkloadSpec {
     pub uid: String,

@@ -137,7 +137,7 @@ pub struct WorkloadSnapshot {
 /// What changed for one source update: workloads and Services put
 /// (whole, as the source now has them) or removed, and the authorization
 /// policies when they changed. Applied by [`super::WorkloadStore::apply`].
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Delta {
     pub workloads: Vec<WorkloadSpec>,
     /// Workload uids.

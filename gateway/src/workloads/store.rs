@@ -55,6 +55,17 @@ impl WorkloadStore {
         self.current.load_full()
     }
 
+    /// Workload `uid`'s spec as its source last published it: from the
+    /// snapshot, or — removed ([`WorkloadStore::remove`]) while the source
+    /// still lists it — the latest the source gave. What a source that
+    /// does not keep its own copy assembles a workload again from.
+    pub fn spec(&self, uid: &str) -> Option<WorkloadSpec> {
+        if let Some(w) = self.current.load().by_uid(uid) {
+            return Some(w.spec.clone());
+        }
+        self.removed.locked().get(uid).cloned().flatten()
+    }
+
     /// Notified with the generation after every publish.
     pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
         self.changed.subscribe()

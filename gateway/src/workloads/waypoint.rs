@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use serde::Serialize;
 
 /// Where a destination's waypoint is.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WaypointAddress {
     /// A Service VIP (the waypoint's Service: one of its endpoints is
@@ -21,7 +21,7 @@ pub enum WaypointAddress {
 }
 
 /// A destination's waypoint.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct Waypoint {
     pub address: WaypointAddress,
     /// The waypoint's HBONE port as istiod gives it (`hbone_mtls_port`).

@@ -12,24 +12,29 @@
 //! the workloads naming it; address → the workloads claiming it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::BuildHasher;
 use std::net::IpAddr;
 
 use tracing::{info, warn};
 
-use super::convert::{self, IstioWorkload};
+use super::convert::{self, IstioWorkload, Standing};
 use crate::workloads::services::{EndpointTarget, ServiceSpec};
 use crate::workloads::{Delta, WorkloadSpec};
 
 #[derive(Debug, Default)]
 pub struct Assembly {
-    workloads: HashMap<String, IstioWorkload>,
+    workloads: HashMap<String, Kept>,
+    /// Converted specs the store has not taken yet, by resource name
+    /// ([`Assembly::take_delta`] hands them over and lets them go).
+    pending: HashMap<String, WorkloadSpec>,
     services: HashMap<String, ServiceSpec>,
     /// Host → the resource name of the Service held under it.
     hosts: HashMap<String, String>,
     /// Host → the workloads (resource names) naming it, held or not.
     naming: HashMap<String, BTreeSet<String>>,
-    /// Address → the workloads (resource names) claiming it.
-    claims: HashMap<IpAddr, BTreeSet<String>>,
+    /// Address → the workloads (resource names) claiming it; almost
+    /// always one.
+    claims: HashMap<IpAddr, Vec<String>>,
     /// Changed since the last [`Assembly::take_delta`]: workloads (by
     /// resource name) and hosts to assemble again, and what left.
     dirty_workloads: BTreeSet<String>,
@@ -43,6 +48,62 @@ pub struct Assembly {
     refused: HashMap<String, Vec<IpAddr>>,
     /// Refusals to tell the store of (an empty list: lifted).
     refusals: BTreeMap<String, Vec<IpAddr>>,
+    /// Keys the digests (per process: not computable from outside).
+    digests: std::collections::hash_map::RandomState,
+}
+
+/// What the assembly keeps of a workload: what its indexes, its address
+/// claims and its Services' endpoints need. The rest of its spec is held
+/// once, by the store, and read back from it when the workload is
+/// assembled again ([`Assembly::take_delta`]'s `held`); a spec the store
+/// has not taken yet waits in `pending`.
+#[derive(Debug)]
+struct Kept {
+    uid: String,
+    standing: Standing,
+    healthy: bool,
+    host_network: bool,
+    /// Its addresses, whatever its network mode.
+    addresses: Vec<IpAddr>,
+    /// Host (`namespace/hostname`) → its port mapping for that Service.
+    services: Vec<(String, BTreeMap<u16, u16>)>,
+    capacity: u32,
+    /// The converted resource's digest (SipHash, keyed per process): an
+    /// update that converts to the same workload changes nothing.
+    digest: u64,
+}
+
+impl Kept {
+    /// Splits a converted workload into what is kept and its spec.
+    fn split(w: IstioWorkload, digest: u64) -> (Kept, WorkloadSpec) {
+        let kept = Kept {
+            uid: w.spec.uid.clone(),
+            standing: w.standing(),
+            healthy: w.healthy,
+            host_network: w.host_network,
+            addresses: w.addresses,
+            services: w.services.into_iter().collect(),
+            capacity: w.capacity,
+            digest,
+        };
+        (kept, w.spec)
+    }
+
+    /// The addresses it is indexed by: none for a HOST_NETWORK workload
+    /// (its node's).
+    fn claims(&self) -> &[IpAddr] {
+        if self.host_network {
+            &[]
+        } else {
+            &self.addresses
+        }
+    }
+
+    fn ports(&self, host: &str) -> Option<&BTreeMap<u16, u16>> {
+        self.services
+            .iter()
+            .find_map(|(h, p)| (h == host).then_some(p))
+    }
 }
 
 /// A Service's host: how workloads name it (`namespace/hostname`).
@@ -91,17 +152,24 @@ impl Assembly {
     pub fn put_workload(&mut self, name: String, w: IstioWorkload) {
         self.lift(&name);
         self.remove_service(&name);
-        if self.workloads.get(&name) == Some(&w) {
+        let digest = self.digests.hash_one(&w);
+        if self
+            .workloads
+            .get(&name)
+            .is_some_and(|k| k.digest == digest)
+        {
             return;
         }
+        let (kept, spec) = Kept::split(w, digest);
         if let Some(old) = self.workloads.remove(&name) {
             self.index(&name, &old, false);
-            if old.spec.uid != w.spec.uid {
-                self.removed_workloads.push(old.spec.uid);
+            if old.uid != kept.uid {
+                self.removed_workloads.push(old.uid);
             }
         }
-        self.index(&name, &w, true);
-        self.workloads.insert(name.clone(), w);
+        self.index(&name, &kept, true);
+        self.workloads.insert(name.clone(), kept);
+        self.pending.insert(name.clone(), spec);
         self.dirty_workloads.insert(name);
     }
 
@@ -147,8 +215,9 @@ impl Assembly {
         let Some(old) = self.workloads.remove(name) else {
             return false;
         };
+        self.pending.remove(name);
         self.index(name, &old, false);
-        self.removed_workloads.push(old.spec.uid);
+        self.removed_workloads.push(old.uid);
         true
     }
 
@@ -181,8 +250,8 @@ impl Assembly {
 
     /// Adds (`add`) or drops workload `name`'s entries in the indexes,
     /// marking what they touch.
-    fn index(&mut self, name: &str, w: &IstioWorkload, add: bool) {
-        for h in w.services.keys() {
+    fn index(&mut self, name: &str, w: &Kept, add: bool) {
+        for (h, _) in &w.services {
             let names = self.naming.entry(h.clone()).or_default();
             if add {
                 names.insert(name.to_owned());
@@ -194,12 +263,14 @@ impl Assembly {
             }
             self.dirty_hosts.insert(h.clone());
         }
-        for ip in &w.spec.ips {
+        for ip in w.claims() {
             let names = self.claims.entry(*ip).or_default();
-            if add {
-                names.insert(name.to_owned());
-            } else {
-                names.remove(name);
+            match names.binary_search_by(|n| n.as_str().cmp(name)) {
+                Err(at) if add => names.insert(at, name.to_owned()),
+                Ok(at) if !add => {
+                    names.remove(at);
+                }
+                _ => {}
             }
             self.dirty_workloads.extend(names.iter().cloned());
             if names.is_empty() {
@@ -211,8 +282,11 @@ impl Assembly {
 
     /// What changed since the last call, assembled: the workloads and
     /// Services to put (as [`convert::assemble`] would give them) and the
-    /// ones that left.
-    pub fn take_delta(&mut self) -> Delta {
+    /// ones that left. `held` gives a workload's spec as the store holds
+    /// it, by uid ([`crate::workloads::WorkloadStore::spec`]): a workload
+    /// assembled again because something else changed (a Service it
+    /// names, an address it shares) is rebuilt from it.
+    pub fn take_delta(&mut self, held: impl Fn(&str) -> Option<WorkloadSpec>) -> Delta {
         for ip in std::mem::take(&mut self.dirty_ips) {
             self.check_conflict(ip);
         }
@@ -222,10 +296,17 @@ impl Assembly {
             refused: std::mem::take(&mut self.refusals).into_iter().collect(),
             ..Default::default()
         };
+        let mut pending = std::mem::take(&mut self.pending);
         for name in std::mem::take(&mut self.dirty_workloads) {
-            if let Some(spec) = self.workload_spec(&name) {
-                delta.workloads.push(spec);
-            }
+            let Some(k) = self.workloads.get(&name) else {
+                continue;
+            };
+            let Some(base) = pending.remove(&name).or_else(|| held(&k.uid)) else {
+                warn!(%name, uid = %k.uid,
+                    "a workload to assemble again is not in the store; it is published at its next update");
+                continue;
+            };
+            delta.workloads.push(self.workload_spec(&name, k, base));
         }
         for h in std::mem::take(&mut self.dirty_hosts) {
             if let Some(spec) = self.service_spec(&h) {
@@ -243,18 +324,21 @@ impl Assembly {
         delta
     }
 
-    /// Workload `name` as the store takes it: the held Services it names,
-    /// the addresses it owns.
-    fn workload_spec(&self, name: &str) -> Option<WorkloadSpec> {
-        let w = self.workloads.get(name)?;
-        let mut spec = w.spec.clone();
-        spec.services = w
+    /// Workload `name` (`k`, its spec `base`) as the store takes it: the
+    /// held Services it names, the addresses it owns.
+    fn workload_spec(&self, name: &str, k: &Kept, mut spec: WorkloadSpec) -> WorkloadSpec {
+        spec.services = k
             .services
-            .keys()
-            .filter_map(|h| Some(self.services.get(self.hosts.get(h)?)?.key()))
+            .iter()
+            .filter_map(|(h, _)| Some(self.services.get(self.hosts.get(h)?)?.key()))
             .collect();
-        spec.ips.retain(|ip| self.owner(ip) == Some(name));
-        Some(spec)
+        spec.ips = k
+            .claims()
+            .iter()
+            .copied()
+            .filter(|ip| self.owner(ip) == Some(name))
+            .collect();
+        spec
     }
 
     /// Which of the workloads claiming `ip` has it ([`convert::owner`]):
@@ -264,7 +348,7 @@ impl Assembly {
             .claims
             .get(ip)?
             .iter()
-            .filter_map(|n| Some((n.as_str(), self.workloads.get(n)?)));
+            .filter_map(|n| Some((n.as_str(), self.workloads.get(n)?.standing)));
         convert::owner(claimants)
     }
 
@@ -307,13 +391,13 @@ impl Assembly {
             .flatten()
             .filter_map(|n| self.workloads.get(n))
         {
-            let Some(ports) = w.services.get(h) else {
+            let Some(ports) = w.ports(h) else {
                 continue;
             };
-            endpoints.insert(w.spec.uid.clone(), convert::conditions(w));
-            let target = convert::endpoint_target(w, ports);
+            endpoints.insert(w.uid.clone(), convert::conditions(w.healthy));
+            let target = convert::endpoint_target(w.host_network, &w.addresses, w.capacity, ports);
             if target != EndpointTarget::default() {
-                spec.endpoint_targets.insert(w.spec.uid.clone(), target);
+                spec.endpoint_targets.insert(w.uid.clone(), target);
             }
         }
         spec.endpoints = Some(endpoints);

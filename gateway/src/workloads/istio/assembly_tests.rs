@@ -128,6 +128,14 @@ fn whole(
     store.snapshot()
 }
 
+/// Takes the assembly's delta, rebuilding from `store`, and applies it
+/// there (as the istiod source does); returns what was applied.
+fn take(assembly: &mut Assembly, store: &WorkloadStore) -> Delta {
+    let delta = assembly.take_delta(|uid| store.spec(uid));
+    store.apply(delta.clone());
+    delta
+}
+
 /// Random updates — pods added, changed (health, protocol, Services
 /// named, an address taken from another pod), removed; Services added,
 /// moved to another VIP, removed — applied one response at a time
@@ -172,9 +180,8 @@ fn updates_applied_as_deltas_match_the_whole_set_assembled() {
                 }
             }
         }
-        let delta = assembly.take_delta();
+        let delta = take(&mut assembly, &store);
         deltas_seen += delta.workloads.len() + delta.services.len();
-        store.apply(delta);
         let expected = whole(&workloads, &services);
         assert_eq!(
             held(&store.snapshot()),
@@ -189,6 +196,7 @@ fn updates_applied_as_deltas_match_the_whole_set_assembled() {
 /// else: the delta is the size of the change, not of the set.
 #[test]
 fn a_pods_update_touches_only_it_and_its_services() {
+    let store = WorkloadStore::new("cluster.local", "node-0");
     let mut assembly = Assembly::default();
     for s in 0..100 {
         assembly.put_service(host(s), service(s, 0));
@@ -200,16 +208,19 @@ fn a_pods_update_touches_only_it_and_its_services() {
             pod(i, ip, true, false, &[i % 100]),
         );
     }
-    let first = assembly.take_delta();
+    let first = take(&mut assembly, &store);
     assert_eq!((first.workloads.len(), first.services.len()), (1000, 100));
-    assert!(assembly.take_delta().is_empty(), "nothing changed since");
+    assert!(
+        take(&mut assembly, &store).is_empty(),
+        "nothing changed since"
+    );
 
     let ip = IpAddr::from([10, 1, 0, 7]);
     assembly.put_workload(
         "Kubernetes//Pod/shop/p7".into(),
         pod(7, ip, false, false, &[7]),
     );
-    let delta = assembly.take_delta();
+    let delta = take(&mut assembly, &store);
     let uids: Vec<&str> = delta.workloads.iter().map(|w| w.uid.as_str()).collect();
     let keys: Vec<String> = delta.services.iter().map(|s| s.key()).collect();
     assert_eq!(uids, ["Kubernetes//Pod/shop/p7"]);
@@ -223,7 +234,7 @@ fn a_pods_update_touches_only_it_and_its_services() {
         "Kubernetes//Pod/shop/p7".into(),
         pod(7, ip, false, false, &[7]),
     );
-    assert!(assembly.take_delta().is_empty());
+    assert!(take(&mut assembly, &store).is_empty());
 }
 
 /// A Service arriving after the pods naming it makes them its endpoints
@@ -231,21 +242,22 @@ fn a_pods_update_touches_only_it_and_its_services() {
 /// longer name it.
 #[test]
 fn a_service_arriving_late_gathers_the_pods_naming_it() {
+    let store = WorkloadStore::new("cluster.local", "node-0");
     let mut assembly = Assembly::default();
     let ip = IpAddr::from([10, 1, 0, 1]);
     assembly.put_workload("p1".into(), pod(1, ip, true, false, &[3]));
-    let delta = assembly.take_delta();
+    let delta = take(&mut assembly, &store);
     assert!(delta.workloads[0].services.is_empty(), "not held yet");
     assert!(delta.services.is_empty());
 
     assembly.put_service(host(3), service(3, 0));
-    let delta = assembly.take_delta();
+    let delta = take(&mut assembly, &store);
     assert_eq!(delta.workloads[0].services, ["shop/s3"]);
     let eps = delta.services[0].endpoints.as_ref().unwrap();
     assert!(eps.contains_key("Kubernetes//Pod/shop/p1"));
 
     assert!(assembly.remove(&host(3)));
-    let delta = assembly.take_delta();
+    let delta = take(&mut assembly, &store);
     assert_eq!(delta.removed_services, ["shop/s3"]);
     assert!(delta.workloads[0].services.is_empty());
 }
@@ -255,27 +267,34 @@ fn a_service_arriving_late_gathers_the_pods_naming_it() {
 /// nothing changes (that version stays).
 #[test]
 fn a_refused_resource_holds_its_addresses_closed_until_lifted() {
+    let store = WorkloadStore::new("cluster.local", "node-0");
     let mut assembly = Assembly::default();
     let ip = IpAddr::from([10, 1, 0, 1]);
     assembly.refuse("p1".into(), vec![ip]);
-    assert_eq!(assembly.take_delta().refused, [("p1".to_owned(), vec![ip])]);
+    assert_eq!(
+        take(&mut assembly, &store).refused,
+        [("p1".to_owned(), vec![ip])]
+    );
     assert_eq!(assembly.refused_len(), (1, 1));
     // Refused again the same way: nothing new to say.
     assembly.refuse("p1".into(), vec![ip]);
-    assert!(assembly.take_delta().is_empty());
+    assert!(take(&mut assembly, &store).is_empty());
     // Accepted: lifted in the same delta that puts it.
     assembly.put_workload("p1".into(), pod(1, ip, true, false, &[]));
-    let delta = assembly.take_delta();
+    let delta = take(&mut assembly, &store);
     assert_eq!(delta.refused, [("p1".to_owned(), vec![])]);
     assert_eq!(delta.workloads.len(), 1);
     // Refused while a version is held: that version stays, nothing closed.
     assembly.refuse("p1".into(), vec![ip]);
-    assert!(assembly.take_delta().is_empty());
+    assert!(take(&mut assembly, &store).is_empty());
     // Refused with nothing held, then removed by istiod: lifted.
     assembly.refuse("p2".into(), vec![IpAddr::from([10, 1, 0, 2])]);
-    assembly.take_delta();
+    take(&mut assembly, &store);
     assert!(assembly.remove("p2"), "a refused name is held");
-    assert_eq!(assembly.take_delta().refused, [("p2".to_owned(), vec![])]);
+    assert_eq!(
+        take(&mut assembly, &store).refused,
+        [("p2".to_owned(), vec![])]
+    );
 }
 
 /// A resource named twice in one response, with two uids: applied again,
@@ -289,7 +308,7 @@ fn a_response_applied_twice_changes_nothing_the_second_time() {
         assembly.put_workload("x".into(), pod(1, ip, true, false, &[2]));
         assembly.put_workload("x".into(), pod(2, ip, false, false, &[2]));
         assembly.put_service(host(2), service(2, 0));
-        assembly.take_delta()
+        assembly.take_delta(|uid| store.spec(uid))
     };
     store.apply(response(&mut assembly));
     let before = store.snapshot();
@@ -309,21 +328,21 @@ fn an_address_in_conflict_is_held_closed_until_resolved() {
     let mut assembly = Assembly::default();
     let ip = IpAddr::from([10, 1, 0, 9]);
     assembly.put_workload("a".into(), pod(1, ip, true, false, &[]));
-    store.apply(assembly.take_delta());
+    take(&mut assembly, &store);
     assert_eq!(
         store.snapshot().by_ip(ip).map(|w| w.uid()),
         Some("Kubernetes//Pod/shop/p1")
     );
 
     assembly.put_workload("b".into(), pod(2, ip, true, false, &[]));
-    store.apply(assembly.take_delta());
+    take(&mut assembly, &store);
     let snap = store.snapshot();
     assert!(snap.by_ip(ip).is_none(), "neither has the address");
     assert_eq!(snap.formerly_known(ip).map(|k| k.label()), Some("refused"));
 
     // The first one is being deleted: the second has it, the refusal lifted.
     assembly.put_workload("a".into(), pod(1, ip, false, false, &[]));
-    store.apply(assembly.take_delta());
+    take(&mut assembly, &store);
     let snap = store.snapshot();
     assert_eq!(
         snap.by_ip(ip).map(|w| w.uid()),

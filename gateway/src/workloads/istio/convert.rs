@@ -103,7 +103,7 @@ pub enum Problem {
 
 /// A converted workload: the spec the store takes, and what the workload
 /// says that the spec has no field for (kept for [`assemble`]).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Hash)]
 pub struct IstioWorkload {
     /// `ips` is empty for a HOST_NETWORK workload (see `addresses`);
     /// `services` holds the Service keys as istiod gives them
@@ -530,8 +530,8 @@ pub fn assemble(
             spec.services.push(svc.key());
             svc.endpoints
                 .get_or_insert_with(BTreeMap::new)
-                .insert(spec.uid.clone(), conditions(w));
-            let target = endpoint_target(w, ports);
+                .insert(spec.uid.clone(), conditions(w.healthy));
+            let target = endpoint_target(w.host_network, &w.addresses, w.capacity, ports);
             if target != EndpointTarget::default() {
                 svc.endpoint_targets.insert(spec.uid.clone(), target);
             }
@@ -544,48 +544,55 @@ pub fn assemble(
     (specs, out_services)
 }
 
-/// A workload's conditions as an endpoint: from its status.
-pub(super) fn conditions(w: &IstioWorkload) -> Conditions {
+/// A workload's conditions as an endpoint: from its status (HEALTHY).
+pub(super) fn conditions(healthy: bool) -> Conditions {
     Conditions {
-        ready: w.healthy,
+        ready: healthy,
         serving: true,
-        terminating: !w.healthy,
+        terminating: !healthy,
     }
 }
 
 /// What a workload brings of its own as an endpoint of one Service
-/// (`ports`: its mapping for that Service).
-pub(super) fn endpoint_target(w: &IstioWorkload, ports: &BTreeMap<u16, u16>) -> EndpointTarget {
+/// (`ports`: its mapping for that Service): a HOST_NETWORK workload is
+/// reached at its `addresses`.
+pub(super) fn endpoint_target(
+    host_network: bool,
+    addresses: &[IpAddr],
+    capacity: u32,
+    ports: &BTreeMap<u16, u16>,
+) -> EndpointTarget {
     EndpointTarget {
         ports: ports.clone(),
-        ips: if w.host_network {
-            w.addresses.clone()
+        ips: if host_network {
+            addresses.to_vec()
         } else {
             Vec::new()
         },
-        capacity: w.capacity,
+        capacity,
     }
 }
 
 /// A workload's standing for an address it shares: a pod over another
 /// kind, HBONE over plain TCP, healthy over not.
-fn standing(w: &IstioWorkload) -> (bool, bool, bool) {
-    (
-        w.spec.uid.contains("//Pod/"),
-        w.spec.protocol == Protocol::Hbone,
-        w.healthy,
-    )
+pub(super) type Standing = (bool, bool, bool);
+
+pub(super) fn standing(uid: &str, protocol: Protocol, healthy: bool) -> Standing {
+    (uid.contains("//Pod/"), protocol == Protocol::Hbone, healthy)
+}
+
+impl IstioWorkload {
+    pub(super) fn standing(&self) -> Standing {
+        standing(&self.spec.uid, self.spec.protocol, self.healthy)
+    }
 }
 
 /// Who has an address among those claiming it: the one of the highest
 /// standing; `None` when two share the highest (a conflict).
-pub(super) fn owner<'a, K>(
-    claimants: impl IntoIterator<Item = (K, &'a IstioWorkload)>,
-) -> Option<K> {
-    let mut best: Option<(K, (bool, bool, bool))> = None;
+pub(super) fn owner<K>(claimants: impl IntoIterator<Item = (K, Standing)>) -> Option<K> {
+    let mut best: Option<(K, Standing)> = None;
     let mut tied = false;
-    for (k, w) in claimants {
-        let s = standing(w);
+    for (k, s) in claimants {
         match &best {
             Some((_, b)) if s < *b => {}
             Some((_, b)) if s == *b => tied = true,
@@ -613,7 +620,7 @@ fn resolve_shared_addresses(specs: &mut [WorkloadSpec], workloads: &[&IstioWorkl
     }
     let owners: HashMap<IpAddr, Option<usize>> = claims
         .iter()
-        .map(|(ip, c)| (*ip, owner(c.iter().map(|&i| (i, workloads[i])))))
+        .map(|(ip, c)| (*ip, owner(c.iter().map(|&i| (i, workloads[i].standing())))))
         .collect();
     for (i, spec) in specs.iter_mut().enumerate() {
         spec.ips

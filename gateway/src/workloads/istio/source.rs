@@ -150,7 +150,8 @@ impl IstioSource {
 
     /// Applies what changed since the last publish.
     fn publish(&mut self) {
-        let mut delta = self.held.take_delta();
+        let store = &self.store;
+        let mut delta = self.held.take_delta(|uid| store.spec(uid));
         if std::mem::take(&mut self.policies_changed) {
             delta.policies = Some(Arc::new(self.policies.clone()));
         }
