@@ -158,7 +158,7 @@ impl DrainEngine {
                 name: w.spec.name.clone(),
                 namespace: w.spec.namespace.clone(),
                 identity: w.identity.to_string(),
-                labels: w.spec.labels.clone(),
+                labels: (*w.spec.labels).clone(),
                 annotations: w.spec.annotations.clone(),
             },
             inbound_tunnels: tunnels.len() as u32,

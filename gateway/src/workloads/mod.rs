@@ -32,6 +32,7 @@ pub use file::{
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -72,8 +73,10 @@ pub struct WorkloadSpec {
     pub protocol: Protocol,
     #[serde(default)]
     pub state: LifecycleState,
-    #[serde(default)]
-    pub labels: BTreeMap<String, String>,
+    /// Shared between workloads with the same labels where the source
+    /// interns them (istiod's: replicas carry the same canonical labels).
+    #[serde(default, with = "shared_map")]
+    pub labels: Arc<BTreeMap<String, String>>,
     #[serde(default)]
     pub annotations: BTreeMap<String, String>,
     /// Inbound authorization: SPIFFE ids (a trailing `*` matches a prefix)
@@ -126,6 +129,27 @@ pub struct WorkloadSpec {
         skip_serializing_if = "std::ops::Not::not"
     )]
     pub other_network: bool,
+}
+
+/// A shared map, read and written as the map itself.
+mod shared_map {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        map: &Arc<BTreeMap<String, String>>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        map.as_ref().serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Arc<BTreeMap<String, String>>, D::Error> {
+        BTreeMap::deserialize(d).map(Arc::new)
+    }
 }
 
 fn default_namespace() -> String {

@@ -143,6 +143,23 @@ impl ServiceSpec {
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
+
+    /// Whether the Service maps `service_port` to `target` by itself (a
+    /// numeric target port, or none: the same number), on every entry of
+    /// that port: an endpoint's own mapping of it to `target` adds nothing.
+    pub fn maps_to(&self, service_port: u16, target: u16) -> bool {
+        let mut entries = self
+            .ports
+            .iter()
+            .filter(|p| p.port == service_port)
+            .peekable();
+        entries.peek().is_some()
+            && entries.all(|p| match &p.target_port {
+                None => service_port == target,
+                Some(TargetPort::Number(n)) => *n == target,
+                Some(_) => false,
+            })
+    }
 }
 
 /// An endpoint's conditions (EndpointSlice `conditions`).

@@ -33,7 +33,7 @@ fn spec(uid: &str, node: &str, protocol: Protocol) -> WorkloadSpec {
 fn a_workload_lends_the_policy_host_what_resolves_its_policy() {
     let mut s = spec("u", "n1", Protocol::Hbone);
     s.name = "w".into();
-    s.labels.insert("app".into(), "web".into());
+    Arc::make_mut(&mut s.labels).insert("app".into(), "web".into());
     s.annotations
         .insert(crate::policy::POLICY_ANNOTATION.into(), "a".into());
     s.namespace_policy = Some("d".into());
@@ -46,7 +46,7 @@ fn a_workload_lends_the_policy_host_what_resolves_its_policy() {
         (got.uid, got.name, got.namespace, got.namespace_policy),
         ("u", "w", "ns", Some("d"))
     );
-    assert_eq!(got.labels, &s.labels);
+    assert_eq!(got.labels, &*s.labels);
     assert_eq!(got.annotations, &s.annotations);
 }
 
@@ -127,7 +127,7 @@ fn a_removed_workload_leaves_its_services_now_and_stays_out_while_its_source_lis
     // The source still lists it (a changed spec): it stays out, its
     // latest spec kept.
     let mut a2 = a.clone();
-    a2.labels.insert("v".into(), "2".into());
+    Arc::make_mut(&mut a2.labels).insert("v".into(), "2".into());
     store.publish_all(vec![a2.clone(), b.clone()], vec![web.clone()]);
     assert_eq!(endpoints(&store), ["b"]);
     // Handed over again: back, as the source last listed it.
@@ -194,7 +194,7 @@ fn an_update_shares_everything_it_does_not_change() {
     again[7] = changed;
     again.remove(9);
     let w11 = again.iter_mut().find(|s| s.uid == "w11").unwrap();
-    w11.labels.insert("v".into(), "2".into());
+    Arc::make_mut(&mut w11.labels).insert("v".into(), "2".into());
     store.publish(again);
     let whole = store.snapshot();
     let diff: Vec<&str> = whole

@@ -11,9 +11,10 @@
 //! Indexes: host (`namespace/hostname`) → the Service held under it and
 //! the workloads naming it; address → the workloads claiming it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use tracing::{info, warn};
 
@@ -50,6 +51,33 @@ pub struct Assembly {
     refusals: BTreeMap<String, Vec<IpAddr>>,
     /// Keys the digests (per process: not computable from outside).
     digests: std::collections::hash_map::RandomState,
+    /// Label sets, shared by the workloads that carry the same (a
+    /// Deployment's replicas: istiod gives each its canonical name and
+    /// revision).
+    labels: Interned,
+}
+
+/// Label sets held once however many workloads carry them. A set no
+/// workload holds any more is let go when the table has doubled since it
+/// was last swept (amortised O(1) a workload).
+#[derive(Debug, Default)]
+struct Interned {
+    sets: HashSet<Arc<BTreeMap<String, String>>>,
+    swept_at: usize,
+}
+
+impl Interned {
+    fn share(&mut self, labels: Arc<BTreeMap<String, String>>) -> Arc<BTreeMap<String, String>> {
+        if let Some(held) = self.sets.get(&labels) {
+            return held.clone();
+        }
+        if self.sets.len() >= 2 * self.swept_at + 1024 {
+            self.sets.retain(|l| Arc::strong_count(l) > 1);
+            self.swept_at = self.sets.len();
+        }
+        self.sets.insert(labels.clone());
+        labels
+    }
 }
 
 /// What the assembly keeps of a workload: what its indexes, its address
@@ -160,7 +188,8 @@ impl Assembly {
         {
             return;
         }
-        let (kept, spec) = Kept::split(w, digest);
+        let (kept, mut spec) = Kept::split(w, digest);
+        spec.labels = self.labels.share(spec.labels);
         if let Some(old) = self.workloads.remove(&name) {
             self.index(&name, &old, false);
             if old.uid != kept.uid {
@@ -395,7 +424,8 @@ impl Assembly {
                 continue;
             };
             endpoints.insert(w.uid.clone(), convert::conditions(w.healthy));
-            let target = convert::endpoint_target(w.host_network, &w.addresses, w.capacity, ports);
+            let target =
+                convert::endpoint_target(w.host_network, &w.addresses, w.capacity, ports, &spec);
             if target != EndpointTarget::default() {
                 spec.endpoint_targets.insert(w.uid.clone(), target);
             }

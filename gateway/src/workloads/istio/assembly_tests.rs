@@ -350,3 +350,55 @@ fn an_address_in_conflict_is_held_closed_until_resolved() {
     );
     assert_eq!(snap.formerly_known(ip), None);
 }
+
+/// Replicas with the same labels share one label set, in the store too;
+/// a set no workload holds any more is let go.
+#[test]
+fn workloads_with_the_same_labels_share_one_set() {
+    let store = WorkloadStore::new("cluster.local", "node-0");
+    let mut assembly = Assembly::default();
+    let labelled = |i: usize, name: &str| {
+        let mut w = pod(i, IpAddr::from([10, 2, 0, i as u8]), true, false, &[]);
+        w.spec.labels = Arc::new(BTreeMap::from([("app".to_owned(), name.to_owned())]));
+        w
+    };
+    for i in 0..3 {
+        let w = labelled(i, "web");
+        assembly.put_workload(w.spec.uid.clone(), w);
+    }
+    let w = labelled(3, "db");
+    assembly.put_workload(w.spec.uid.clone(), w);
+    take(&mut assembly, &store);
+    let snap = store.snapshot();
+    let labels = |i: usize| {
+        snap.by_uid(&format!("Kubernetes//Pod/shop/p{i}"))
+            .unwrap()
+            .spec
+            .labels
+            .clone()
+    };
+    assert!(Arc::ptr_eq(&labels(0), &labels(1)) && Arc::ptr_eq(&labels(1), &labels(2)));
+    assert!(!Arc::ptr_eq(&labels(0), &labels(3)));
+    assert_eq!(labels(3)["app"], "db");
+    drop(snap);
+
+    // Past the sweep point, the sets nobody holds are let go.
+    assembly.remove("Kubernetes//Pod/shop/p3");
+    take(&mut assembly, &store);
+    for i in 0..1100 {
+        let w = labelled(i % 200, &format!("app-{i}"));
+        assembly.put_workload(w.spec.uid.clone(), w);
+        take(&mut assembly, &store);
+    }
+    // Without the sweep, all 1,102 sets would be held.
+    assert!(
+        assembly.labels.sets.len() < 500,
+        "{} label sets held for 200 workloads",
+        assembly.labels.sets.len()
+    );
+    assert!(!assembly
+        .labels
+        .sets
+        .iter()
+        .any(|l| l.get("app").is_some_and(|a| a == "db")));
+}

@@ -283,7 +283,7 @@ pub fn workload(w: &wds::Workload) -> Result<IstioWorkload, ConvertError> {
         } else {
             LifecycleState::Terminating
         },
-        labels,
+        labels: labels.into(),
         annotations: BTreeMap::new(),
         allow: Vec::new(),
         authorization_policies: w.authorization_policies.clone(),
@@ -531,7 +531,7 @@ pub fn assemble(
             svc.endpoints
                 .get_or_insert_with(BTreeMap::new)
                 .insert(spec.uid.clone(), conditions(w.healthy));
-            let target = endpoint_target(w.host_network, &w.addresses, w.capacity, ports);
+            let target = endpoint_target(w.host_network, &w.addresses, w.capacity, ports, svc);
             if target != EndpointTarget::default() {
                 svc.endpoint_targets.insert(spec.uid.clone(), target);
             }
@@ -553,17 +553,23 @@ pub(super) fn conditions(healthy: bool) -> Conditions {
     }
 }
 
-/// What a workload brings of its own as an endpoint of one Service
-/// (`ports`: its mapping for that Service): a HOST_NETWORK workload is
-/// reached at its `addresses`.
+/// What a workload brings of its own as an endpoint of `service`
+/// (`ports`: its mapping for that Service, less what the Service maps the
+/// same way by itself — most endpoints bring nothing but their weight): a
+/// HOST_NETWORK workload is reached at its `addresses`.
 pub(super) fn endpoint_target(
     host_network: bool,
     addresses: &[IpAddr],
     capacity: u32,
     ports: &BTreeMap<u16, u16>,
+    service: &ServiceSpec,
 ) -> EndpointTarget {
     EndpointTarget {
-        ports: ports.clone(),
+        ports: ports
+            .iter()
+            .filter(|(sp, tp)| !service.maps_to(**sp, **tp))
+            .map(|(sp, tp)| (*sp, *tp))
+            .collect(),
         ips: if host_network {
             addresses.to_vec()
         } else {

@@ -342,7 +342,7 @@ fn pod_spec(
         } else {
             LifecycleState::Running
         },
-        labels,
+        labels: labels.into(),
         annotations: meta.annotations.clone().unwrap_or_default(),
         allow: Vec::new(),
         authorization_policies: Vec::new(),
