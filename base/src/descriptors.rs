@@ -18,7 +18,8 @@ pub struct Usage {
 impl Usage {
     /// Counts `/proc/self/fd`: its size where the kernel reports the count
     /// there (Linux 6.2 and later; no descriptor needed, and no listing:
-    /// at 16,000 descriptors listing took ~17 ms an added pod), else its
+    /// re-adopting 1,000 pods beside 16,000 descriptors took 17.3 s with
+    /// the listing at every pod, 184 ms without), else its
     /// entries. When the listing fails for want of a descriptor (EMFILE,
     /// ENFILE), the table is full: `open` is the limit.
     pub fn now() -> io::Result<Usage> {
