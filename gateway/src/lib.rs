@@ -15,7 +15,8 @@
 //!
 //! [`app`] wires everything; [`config`] is the one typed configuration;
 //! [`control_plane`] holds the limits the admin, metrics, readiness and CNI
-//! listeners share.
+//! listeners share; [`descriptor_budget`] splits the open-file limit
+//! between them, the pods, the inbound caps and the outbound side.
 
 #![forbid(unsafe_code)]
 
@@ -26,6 +27,7 @@ pub mod authorization;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod descriptor_budget;
 pub mod dns;
 pub mod drains;
 pub mod fd_passing;

@@ -29,12 +29,22 @@
 //!   with no policy plugin and once with the deploy config's six: failed
 //!   connections, the gap pod A saw, and from the old gateway's exit to
 //!   pod B served again — the plugins compile while pods are served.
-//! - **a node of N pods** (`-- --pods N`, that section alone, N ≤ 2,000):
-//!   N more pods enrolled on node B one after another: ADD p50/p99 and the
-//!   whole; RSS and descriptors per pod; this process's CPU and wake-ups
-//!   (context switches of every thread) over 10 s idle, before and after;
-//!   then node B's gateway stopped and a new one started: how long it took
-//!   to re-adopt every pod from the state directory.
+//! - **a node of N pods** (`-- --pods N`, that section alone, N ≤ 2,000;
+//!   `--pods 999` is 1,000 pods on node B with pod B, the default
+//!   `capture.max_pods`): the time to create the N namespaces; N more pods
+//!   enrolled on node B one after another: ADD p50/p99 and the whole; RSS
+//!   and descriptors per pod; this process's CPU and wake-ups (context
+//!   switches of every thread) over 10 s idle, before and after; then node
+//!   B's gateway replaced as on an upgrade — a new one started beside it
+//!   (same ports, `SO_REUSEPORT`), re-adopting every pod from the state
+//!   directory, then the old one stopped — while pod A opens a new
+//!   connection to pod B every 10 ms: how long the re-adoption took, and
+//!   the connections that failed. Both of node B's gateways live in this
+//!   process for the hand-over, sharing its one open-file limit (on a node
+//!   they are two processes, each with its own): node B's inbound cap is
+//!   set to 1,000 in this section so that the new gateway's descriptor
+//!   backstop, which counts the whole process's descriptors, does not take
+//!   the old one's pods for its own.
 //!
 //! Every loop is bounded in count and time; the whole run takes about a
 //! minute. Needs root, `ip` and `iptables`; skipped with a note otherwise.
@@ -93,6 +103,17 @@ fn pod_subnet(pod: char) -> u8 {
 }
 
 fn build(net: &Net) -> NetnsGuard {
+    let started = Instant::now();
+    let guard = build_namespaces(net);
+    println!(
+        "  {} namespaces and their links made in {:.1} s",
+        6 + net.pods,
+        started.elapsed().as_secs_f64()
+    );
+    guard
+}
+
+fn build_namespaces(net: &Net) -> NetnsGuard {
     let mut guard = NetnsGuard::default();
     let (na, nb) = (net.ns("na"), net.ns("nb"));
     let mut all = vec![na.clone(), nb.clone()];
@@ -366,6 +387,38 @@ async fn restart(
     (new, Restart::from_load(&seen, gone))
 }
 
+/// Starts a gateway from `config` beside `old` (it re-adopts the pods
+/// from the state directory before it returns), then stops `old`, while
+/// pod A's thread opens a connection to `dst` every 10 ms; how long the
+/// new one took to start.
+async fn handover(
+    pod_a: &NsThread,
+    dst: SocketAddr,
+    old: Gateway,
+    ns: &str,
+    config: tidegate::config::Config,
+) -> (Gateway, Restart, Duration) {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let load = pod_a.run("upgrade load", Duration::from_secs(120), async move {
+        connection_every(dst, Duration::from_millis(10), stop_rx).await
+    });
+    let upgrade = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let t0 = Instant::now();
+        let new = Gateway::start("node-b", ns, config).await;
+        let readopted = t0.elapsed();
+        // Blocks this thread until the old gateway's thread is joined:
+        // the load runs on pod A's own thread meanwhile.
+        drop(old);
+        let gone = Instant::now();
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let _ = stop_tx.send(true);
+        (new, gone, readopted)
+    };
+    let (seen, (new, gone, readopted)) = tokio::join!(load, upgrade);
+    (new, Restart::from_load(&seen, gone), readopted)
+}
+
 fn vm_rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -438,9 +491,10 @@ async fn bench() -> anyhow::Result<()> {
         pods: many.unwrap_or(PODS),
     };
     if many.is_some() {
-        // Each pod holds eight descriptors and the pods' share is an eighth
-        // of the limit: raise it as a node's is (usually 1,048,576), where
-        // the process may.
+        // Each pod holds eight descriptors, and both gateways of node B
+        // hold them all during the hand-over: raise the limit as a node's
+        // is (usually 1,048,576) where the process may; here the hard
+        // limit (20,000) stays.
         raise_nofile(1 << 20);
     }
     println!(
@@ -463,8 +517,23 @@ async fn bench() -> anyhow::Result<()> {
         )
     };
     let node = |name: &'static str| node_with(name, "");
+    // Node B of the many-pods section: see the module doc.
+    let many_b = || {
+        let mut c = node("node-b");
+        c.hbone.max_connections = 1_000;
+        c
+    };
     let gw_a = Gateway::start("node-a", &net.ns("na"), node("node-a")).await;
-    let gw_b = Gateway::start("node-b", &net.ns("nb"), node("node-b")).await;
+    let gw_b = Gateway::start(
+        "node-b",
+        &net.ns("nb"),
+        if many.is_some() {
+            many_b()
+        } else {
+            node("node-b")
+        },
+    )
+    .await;
     let shell = |n: &str| NsThread::idle(&net.ns(n));
     let (sh_a, sh_b) = (shell("na"), shell("nb"));
     let pods: Vec<NsThread> = "abcd".chars().map(|p| shell(&format!("p{p}"))).collect();
@@ -523,17 +592,26 @@ async fn bench() -> anyhow::Result<()> {
             idle1.wakeups_per_s,
             n + 2
         );
-        // Re-adoption: node B's gateway stops; a new one re-adopts every
-        // pod from the state directory before it returns.
-        drop(gw_b);
-        let t0 = Instant::now();
-        gw_b = Gateway::start("node-b", &net.ns("nb"), node("node-b")).await;
-        let readopted = t0.elapsed();
-        let served = tidegate_e2e::metric(&gw_b.metrics().await, "tidegate_inpod_pods");
+        // The upgrade: a new gateway beside the old one re-adopts every
+        // pod from the state directory before it returns; then the old
+        // one stops. Pod A connects to pod B all along.
+        let dst = SocketAddr::new(net.pod_ip('b').into(), ECHO);
+        let (new_b, r, readopted) = handover(&pods[0], dst, gw_b, &net.ns("nb"), many_b()).await;
+        gw_b = new_b;
+        let m = gw_b.metrics().await;
+        let served = tidegate_e2e::metric(&m, "tidegate_inpod_pods");
+        let refused: f64 = m
+            .lines()
+            .filter(|l| l.starts_with("tidegate_inpod_refusals_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
         println!(
-            "  restart: {served} pods re-adopted from the state directory in {:.0} ms ({:.2} ms a pod)",
+            "  upgrade (a new gateway beside the old, then the old stopped): {served} pods re-adopted from the state directory in {:.0} ms ({:.2} ms a pod), {refused} refused; pod A → pod B, a new connection every 10 ms: {} connections, {} failed, gap {:.0} ms",
             readopted.as_secs_f64() * 1e3,
-            readopted.as_secs_f64() * 1e3 / served.max(1.0)
+            readopted.as_secs_f64() * 1e3 / served.max(1.0),
+            r.connections,
+            r.failed,
+            r.gap.as_secs_f64() * 1e3
         );
         drop(pods);
         drop((sh_a, sh_b, gw_a, gw_b));

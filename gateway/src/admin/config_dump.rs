@@ -3,7 +3,8 @@
 //! tunnels, the outbound pool, the certificates held (an `istio-ca`
 //! source: identity, serial, not-after, state), what becomes of unknown
 //! addresses (the cluster's ranges, the addresses held as the mesh's) and
-//! (in-pod mode) the pods served in their own namespaces.
+//! (in-pod mode) the pods served in their own namespaces, and the split
+//! of the open-file limit (`descriptors`, see `descriptor_budget.rs`).
 
 use serde_json::{json, Value};
 
@@ -26,6 +27,7 @@ pub(super) async fn dump(state: &AdminState) -> Value {
             None => json!({"mode": "node"}),
             Some(pods) => json!({"mode": "inpod", "pods": pods.dump().await}),
         },
+        "descriptors": state.descriptors,
     })
 }
 

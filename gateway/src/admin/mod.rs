@@ -49,6 +49,8 @@ pub struct AdminState {
     pub certificates: Arc<dyn crate::tls::CertSource>,
     /// `drains.default_grace`: the grace of a `shutdown-starting` without `?grace=`.
     pub default_grace: std::time::Duration,
+    /// The split of the open-file limit (`None`: the limit is unknown).
+    pub descriptors: Option<crate::descriptor_budget::DescriptorBudget>,
     pub metrics: prometheus_client::registry::Registry,
     pub ready: AtomicBool,
 }

@@ -16,6 +16,7 @@ use super::node_agents::ReadyWhen;
 use super::Wiring;
 use crate::admin::{self, AdminState};
 use crate::config::Config;
+use crate::descriptor_budget::DescriptorBudget;
 use crate::inpod::pods::PodProxies;
 use crate::shutdown::ShutdownWatch;
 
@@ -25,6 +26,7 @@ pub(super) fn state(
     core: &Core,
     pods: Option<Arc<PodProxies>>,
     paths: &DataPath,
+    descriptors: Option<DescriptorBudget>,
     metrics: Registry,
 ) -> Arc<AdminState> {
     Arc::new(AdminState {
@@ -38,6 +40,7 @@ pub(super) fn state(
         routing: paths.routing.clone(),
         certificates: core.tls.source().clone(),
         default_grace: config.drains.default_grace,
+        descriptors,
         metrics,
         ready: Default::default(),
     })

@@ -4,12 +4,13 @@
 
 use std::sync::Arc;
 
-use tracing::info;
+use tracing::{info, warn};
 
 use super::core::Core;
 use super::Wiring;
 use crate::authorization::{AuthorizationMetrics, Authorizer};
 use crate::config::Config;
+use crate::descriptor_budget::DescriptorBudget;
 use crate::inpod::pods::DataPath as PodDataPath;
 use crate::proxy::endpoints::{EndpointMetrics, EndpointPicker, Skips};
 use crate::proxy::inbound::limits::{Caps, ConnectionLimits};
@@ -23,20 +24,31 @@ pub(super) struct DataPath {
     pub routing: Arc<Routing>,
 }
 
-/// The node's data path over `core`; `descriptors`: what the control
-/// plane leaves the data path (the inbound caps derive from them).
+/// The node's data path over `core`; `budget`: the split of the
+/// descriptors (the inbound caps derive from its inbound share).
 pub(super) fn build(
     config: &Config,
     p: &Core,
     own_ports: &OwnPorts,
-    descriptors: Option<u64>,
+    budget: Option<&DescriptorBudget>,
     w: &mut Wiring,
 ) -> DataPath {
-    let caps = Caps::derive(&config.hbone, descriptors);
+    let share = budget.map(|b| b.inbound);
+    let caps = Caps::derive(&config.hbone, share);
+    let configured = config.hbone.max_connections as usize;
+    if configured != 0 && caps.connections < configured {
+        warn!(
+            configured,
+            connections = caps.connections,
+            "hbone.max_connections is above the inbound share of the descriptor budget; lowered to \
+             it (the rest is the pods', the outbound side's and the files')"
+        );
+    }
     info!(
         tunnels = caps.tunnels,
         connections = caps.connections,
         per_identity = caps.per_identity,
+        inbound_share = share,
         "inbound connection caps"
     );
     let authorizer = Authorizer::new(

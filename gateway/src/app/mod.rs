@@ -18,6 +18,7 @@ use tracing::info;
 
 use crate::admin::AdminState;
 use crate::config::Config;
+use crate::descriptor_budget::{DescriptorBudget, PodWants};
 use crate::inpod::pods::PodProxies;
 use crate::policy::PolicyEngine;
 use crate::proxy::outbound::Outbound;
@@ -123,10 +124,14 @@ impl Wiring {
 /// meanwhile). The policy plugins compile while pods and listeners serve
 /// already; it returns, and turns ready, once they are in.
 pub async fn build(config: Config) -> anyhow::Result<App> {
-    let descriptors = control_plane::reserve_descriptors(control_plane::budget(
-        &config.control_plane,
-        config.drains.cni_socket.is_some(),
-    ))?;
+    let control_plane_budget =
+        control_plane::budget(&config.control_plane, config.drains.cni_socket.is_some());
+    let wants = PodWants::of(&config);
+    let budget = control_plane::reserve_descriptors(control_plane_budget)?
+        .map(|d| DescriptorBudget::derive(d, control_plane_budget, wants));
+    if let Some(b) = &budget {
+        b.log(wants);
+    }
     let (trigger, drain) = shutdown::channel();
     let mut w = Wiring::new(drain);
     let control = ControlMetrics::register(w.registry());
@@ -136,26 +141,18 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let listeners = Listeners::bind(&config, &core.tcp)?;
     let capture = listeners::capture_ports(&config);
     let own_ports = listeners.own_ports(&config, &capture);
-    let paths = data_path::build(&config, &core, &own_ports, descriptors, &mut w);
+    let paths = data_path::build(&config, &core, &own_ports, budget.as_ref(), &mut w);
     let source_gate = match config.workloads.source {
         crate::config::WorkloadSourceKind::Istio => "istiod's first answer of each type",
         _ => "Kubernetes discovery's first full sync",
     };
     let mut ready_when = Vec::from_iter(source_synced.map(|s| (source_gate, s)));
     let pod_path = paths.for_pods(&core, own_ports);
-    let pods = node_agents::pods(
-        &config,
-        pod_path,
-        capture,
-        descriptors,
-        &mut ready_when,
-        &mut w,
-    )
-    .await;
+    let pods = node_agents::pods(&config, pod_path, capture, budget, &mut ready_when, &mut w).await;
     node_agents::cni_socket(&config, &core.drains, pods.as_ref(), &control, &mut w)?;
     let addrs = listeners.addrs(demo_echo(&config, &mut w).await?)?;
     let metrics = std::mem::take(&mut w.root);
-    let admin = control::state(&config, &core, pods.clone(), &paths, metrics);
+    let admin = control::state(&config, &core, pods.clone(), &paths, budget, metrics);
     let serving = Serving::start(&config, listeners, &paths, &admin, &control, &mut w);
     // Pods and listeners serve already (an event meanwhile is decided by
     // the fallback); readiness, and the caller, get the plugins in.

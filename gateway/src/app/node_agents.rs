@@ -11,6 +11,7 @@ use tracing::info;
 
 use super::Wiring;
 use crate::config::{CaptureMode, Config};
+use crate::descriptor_budget::DescriptorBudget;
 use crate::dns::DnsProxy;
 use crate::drains::cni::{CniLimits, PodHandover};
 use crate::drains::DrainEngine;
@@ -28,7 +29,7 @@ pub(super) async fn pods(
     config: &Config,
     mut data_path: DataPath,
     capture: CapturePorts,
-    descriptors: Option<u64>,
+    budget: Option<DescriptorBudget>,
     ready_when: &mut Vec<ReadyWhen>,
     w: &mut Wiring,
 ) -> Option<Arc<PodProxies>> {
@@ -37,8 +38,14 @@ pub(super) async fn pods(
     }
     data_path.drains.added_by_node_agent();
     if config.dns.enabled {
+        // The DNS proxy's node-wide bounds, as the pods' share holds them.
+        let mut dns = config.dns.clone();
+        if let Some(b) = &budget {
+            dns.max_in_flight = u32::try_from(b.dns_forwards).unwrap_or(u32::MAX);
+            dns.max_tcp_connections = u32::try_from(b.dns_tcp).unwrap_or(u32::MAX);
+        }
         data_path.dns = Some(DnsProxy::new(
-            &config.dns,
+            &dns,
             data_path.workloads.clone(),
             w.registry(),
         ));
@@ -46,7 +53,7 @@ pub(super) async fn pods(
     let limits = PodLimits {
         max_pods: config.capture.max_pods as usize,
         membership_wait: config.capture.membership_wait,
-        data_path_descriptors: descriptors,
+        budget,
     };
     let pods = PodProxies::new(data_path, capture, limits, w.drain.clone(), &mut w.root);
     if let Some(dir) = &config.capture.state_dir {

@@ -35,7 +35,9 @@ pub struct CaptureConfig {
     /// over is refused (ZDS NACK, CNI ADD error) naming the limit. Each
     /// pod holds eight descriptors (its namespace, three listeners, the DNS
     /// proxy's four on 15053: UDP and TCP on 127.0.0.1 and ::1), four with
-    /// `dns.enabled: false`.
+    /// `dns.enabled: false`: the pods' share of the open-file limit is
+    /// sized from it (see `descriptor_budget.rs`), and a limit too low for
+    /// it serves fewer (`tidegate_inpod_max_pods`).
     pub max_pods: u32,
     /// `tidegate-cni` ADD: how long the gateway waits for its workload
     /// source to learn of the pod (the pod watch can trail the kubelet)

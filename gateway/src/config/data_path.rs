@@ -69,8 +69,10 @@ pub struct HboneConfig {
     pub max_wasted_dials_per_second_per_tunnel: u32,
     /// Inbound connections held at once — tunnels, and the connections
     /// their streams opened to workloads; tunnels alone at most half of it.
-    /// 0 (the default): three quarters of the descriptors the control plane
-    /// leaves (see `proxy/inbound/limits.rs`).
+    /// 0 (the default): the inbound share of the descriptor budget, three
+    /// quarters of what the control plane and the pods' share leave of the
+    /// open-file limit (see `descriptor_budget.rs`); a larger value is
+    /// lowered to it.
     pub max_connections: u32,
     /// The same for one peer identity; 0 (the default): a quarter of
     /// `max_connections`.

@@ -35,10 +35,15 @@ pub struct DnsConfig {
     /// Forwarded queries in flight at once, all pods together (each holds
     /// one socket); past it a query is answered REFUSED.
     pub max_in_flight: u32,
-    /// Forwarded queries in flight at once from one pod, and the most TCP
-    /// connections one pod keeps open to 15053; past it REFUSED (a
-    /// connection: closed at once).
+    /// Forwarded queries in flight at once from one pod; past it REFUSED.
     pub max_in_flight_per_pod: u32,
+    /// TCP connections to 15053 open at once, all pods together (each
+    /// holds a descriptor, counted in the pods' share: see
+    /// `descriptor_budget.rs`); one past it is closed at accept.
+    pub max_tcp_connections: u32,
+    /// The most TCP connections one pod keeps open to 15053; one past it
+    /// is closed at accept.
+    pub max_tcp_connections_per_pod: u32,
     /// The cluster's DNS domain: Services are `<name>.<namespace>.svc.<cluster_domain>`.
     pub cluster_domain: String,
 }
@@ -52,6 +57,8 @@ impl Default for DnsConfig {
             timeout: Duration::from_secs(5),
             max_in_flight: 512,
             max_in_flight_per_pod: 64,
+            max_tcp_connections: 256,
+            max_tcp_connections_per_pod: 16,
             cluster_domain: "cluster.local".into(),
         }
     }

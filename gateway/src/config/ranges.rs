@@ -91,7 +91,7 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
             0,
             MAX_INBOUND_CONNECTIONS,
         )
-        .because("0: derived from the open-file limit"),
+        .because("0: three quarters of what the control plane and the pods' share leave; a larger value is lowered to that"),
         count(
             "hbone.max_connections_per_identity",
             h.max_connections_per_identity.into(),
@@ -284,7 +284,7 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
             1,
             super::MAX_PODS_LIMIT,
         )
-        .because("each pod holds eight descriptors (four without the DNS proxy) for as long as it is served"),
+        .because("each pod holds eight descriptors (four without the DNS proxy), counted in the pods' share of the open-file limit"),
         dur("dns.timeout", c.dns.timeout, millis(10), MIN)
             .because("a pod's stub resolver waits 5s a try (glibc's default), then asks again"),
         count(
@@ -293,7 +293,7 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
             1,
             1_000_000,
         )
-        .because("each forwarded query in flight holds a socket"),
+        .because("each forwarded query in flight holds a socket out of the pods' share"),
         count(
             "dns.max_in_flight_per_pod",
             c.dns.max_in_flight_per_pod.into(),
@@ -301,6 +301,20 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
             1_000_000,
         )
         .because("one pod's flood must not take every other pod's share"),
+        count(
+            "dns.max_tcp_connections",
+            c.dns.max_tcp_connections.into(),
+            1,
+            1_000_000,
+        )
+        .because("each holds a descriptor out of the pods' share, beside every pod's listeners"),
+        count(
+            "dns.max_tcp_connections_per_pod",
+            c.dns.max_tcp_connections_per_pod.into(),
+            1,
+            1_000_000,
+        )
+        .because("one pod's idle connections must not take every other pod's"),
         count(
             "control_plane.cni_max_connections",
             cp.cni_max_connections.into(),

@@ -8,9 +8,13 @@
 //! out upstream holds at most its own share: the store's answers, and
 //! other pods' queries, go on. A UDP forward runs as a task of its own
 //! (the loop keeps reading); a TCP connection handles its queries in turn.
-//! A pod keeps at most `dns.max_in_flight_per_pod` TCP connections open,
-//! each closed after `dns.timeout` without a query; one past that is
-//! closed at once.
+//! A pod keeps at most `dns.max_tcp_connections_per_pod` TCP connections
+//! open, and all pods together `dns.max_tcp_connections` (each holds a
+//! descriptor out of the pods' share, `descriptor_budget.rs`), each closed
+//! after `dns.timeout` without a query; one past either is closed at
+//! accept, counted (`pod_tcp`, `gateway_tcp`) and logged naming the pod (at
+//! most ten lines a second). A failed accept (EMFILE) pauses the loop
+//! instead of spinning on it.
 
 use std::sync::Arc;
 
@@ -18,7 +22,7 @@ use hickory_proto::op::ResponseCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tracing::{debug, debug_span, Instrument as _};
+use tracing::{debug, debug_span, info, Instrument as _};
 
 use super::forward::Place;
 use super::handler::{self, Action, Forward, Transport};
@@ -50,6 +54,22 @@ impl Drop for Permits {
     }
 }
 
+/// The places a TCP connection holds until it closes.
+struct TcpPermits {
+    _pod: OwnedSemaphorePermit,
+    _gateway: OwnedSemaphorePermit,
+    gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl Drop for TcpPermits {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+/// A failed accept on 15053/tcp waits this long before the next.
+const ACCEPT_ERROR_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// The first step of a query.
 enum Step {
     /// Send this (nothing: dropped).
@@ -62,12 +82,12 @@ impl PodDns {
     pub(super) fn new(proxy: Arc<DnsProxy>, uid: &str, namespace: &str, place: Place) -> Arc<Self> {
         let per_pod = proxy.per_pod;
         Arc::new(PodDns {
-            proxy,
             uid: uid.to_owned(),
             namespace: namespace.to_owned(),
             place,
             in_flight: Arc::new(Semaphore::new(per_pod)),
-            tcp: Arc::new(Semaphore::new(per_pod)),
+            tcp: Arc::new(Semaphore::new(proxy.tcp_per_pod)),
+            proxy,
         })
     }
 
@@ -216,20 +236,49 @@ impl PodDns {
                     Ok((s, _)) => s,
                     Err(e) => {
                         debug!(pod = %self.uid, error = %e, "DNS: accept on 15053/tcp");
-                        continue;
+                        // EMFILE does not clear by retrying at once.
+                        tokio::select! {
+                            _ = stop.signaled() => return,
+                            _ = tokio::time::sleep(ACCEPT_ERROR_PAUSE) => continue,
+                        }
                     }
                 },
             };
-            let Ok(permit) = self.tcp.clone().try_acquire_owned() else {
-                self.proxy.metrics.refused("pod_tcp");
+            let Some(permits) = self.admit_tcp() else {
                 continue;
             };
             let (me, stop) = (self.clone(), stop.clone());
             tokio::spawn(async move {
                 me.connection(stream, stop).await;
-                drop(permit);
+                drop(permits);
             });
         }
+    }
+
+    /// A place for a TCP connection just accepted, under the pod's bound
+    /// and the gateway's; `None` (counted, logged): the caller closes it.
+    fn admit_tcp(&self) -> Option<TcpPermits> {
+        let limit = match self.tcp.clone().try_acquire_owned() {
+            Err(_) => "pod_tcp",
+            Ok(pod) => match self.proxy.tcp.clone().try_acquire_owned() {
+                Err(_) => "gateway_tcp",
+                Ok(gateway) => {
+                    let gauge = self.proxy.metrics.tcp_open.clone();
+                    gauge.inc();
+                    return Some(TcpPermits {
+                        _pod: pod,
+                        _gateway: gateway,
+                        gauge,
+                    });
+                }
+            },
+        };
+        self.proxy.metrics.refused(limit);
+        if let Some(left_out) = self.proxy.tcp_refusals_log.admit() {
+            info!(pod = %self.uid, namespace = %self.namespace, limit, left_out,
+                "DNS TCP connection closed at accept: TCP connections to 15053 at their cap (dns.max_tcp_connections_per_pod, dns.max_tcp_connections)");
+        }
+        None
     }
 
     /// One TCP connection: length-prefixed queries, answered in turn.
@@ -625,6 +674,74 @@ mod tests {
         })
         .await
         .expect("the forwards in flight ended with the listeners");
+    }
+
+    /// Whether the proxy closed `c` (EOF or reset) within 10 s.
+    async fn closed_by_proxy(c: &mut TcpStream) -> bool {
+        let mut b = [0u8; 1];
+        matches!(
+            tokio::time::timeout(Duration::from_secs(10), c.read(&mut b)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+
+    #[tokio::test]
+    async fn idle_tcp_connections_are_closed_at_accept_past_the_pods_bound_and_the_gateways() {
+        let up = upstream().await;
+        let config = DnsConfig {
+            timeout: Duration::from_secs(60),
+            max_tcp_connections: 3,
+            max_tcp_connections_per_pod: 2,
+            ..Default::default()
+        };
+        let s = serve(&proxy(config, up.addr), 2).await;
+        let (first, second) = (s.pods[0].0, s.pods[1].0);
+        let refused = |limit| {
+            s.proxy
+                .metrics
+                .refused
+                .get_or_create(&LimitLabel { limit })
+                .get()
+        };
+        // The first pod holds its two; a third of its own is closed.
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut c = TcpStream::connect(first).await.unwrap();
+            ask_tcp(&mut c, &query("web.", false)).await;
+            held.push(c);
+        }
+        let mut over = TcpStream::connect(first).await.unwrap();
+        assert!(closed_by_proxy(&mut over).await);
+        assert_eq!(refused("pod_tcp"), 1);
+        // The second pod takes the gateway's last place; its next is
+        // closed by the gateway's bound, not its own.
+        let mut c = TcpStream::connect(second).await.unwrap();
+        ask_tcp(&mut c, &query("web.", false)).await;
+        held.push(c);
+        assert_eq!(s.proxy.metrics.tcp_open.get(), 3);
+        let mut over = TcpStream::connect(second).await.unwrap();
+        assert!(closed_by_proxy(&mut over).await);
+        assert_eq!(refused("gateway_tcp"), 1);
+        // UDP is answered all along.
+        assert_eq!(
+            ips(&ask_udp(second, &query("web.", false)).await),
+            ["10.134.0.1"]
+        );
+        // A connection closed gives its places back.
+        drop(held.remove(0));
+        let gauge = s.proxy.metrics.tcp_open.clone();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while gauge.get() != 2 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the closed connection's places are given back");
+        let mut c = TcpStream::connect(second).await.unwrap();
+        assert_eq!(
+            ips(&ask_tcp(&mut c, &query("web.", false)).await),
+            ["10.134.0.1"]
+        );
     }
 
     #[tokio::test]

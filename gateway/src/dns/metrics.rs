@@ -27,8 +27,9 @@ pub(super) struct ReasonLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct LimitLabel {
-    /// `pod` (`dns.max_in_flight_per_pod`), `gateway` (`dns.max_in_flight`)
-    /// or `pod_tcp` (a TCP connection past the pod's share).
+    /// `pod` (`dns.max_in_flight_per_pod`), `gateway` (`dns.max_in_flight`),
+    /// `pod_tcp` (a TCP connection past `dns.max_tcp_connections_per_pod`)
+    /// or `gateway_tcp` (past `dns.max_tcp_connections`, all pods).
     pub limit: &'static str,
 }
 
@@ -40,6 +41,7 @@ pub struct DnsMetrics {
     pub(super) dropped: Family<ReasonLabel, Counter>,
     pub(super) truncated: Counter,
     pub(super) in_flight: Gauge,
+    pub(super) tcp_open: Gauge,
 }
 
 impl DnsMetrics {
@@ -59,7 +61,7 @@ impl DnsMetrics {
         );
         r.register(
             "refused",
-            "Queries answered REFUSED, and TCP connections closed at once, for capacity, by limit (pod, gateway, pod_tcp)",
+            "Queries answered REFUSED, and TCP connections closed at accept, for capacity, by limit (pod, gateway, pod_tcp, gateway_tcp)",
             m.refused.clone(),
         );
         r.register(
@@ -76,6 +78,11 @@ impl DnsMetrics {
             "forwards_in_flight",
             "Forwarded queries waiting for an upstream server",
             m.in_flight.clone(),
+        );
+        r.register(
+            "tcp_connections",
+            "TCP connections open to 15053, all pods (at most dns.max_tcp_connections, inside the pods' descriptor share)",
+            m.tcp_open.clone(),
         );
         m
     }

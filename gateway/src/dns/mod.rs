@@ -14,8 +14,9 @@
 //! - [`forward`]: everything else to the upstream servers, from the pod's
 //!   namespace, with a timeout (SERVFAIL past it).
 //! - [`listener`]: the per-pod UDP and TCP loops, and the caps on
-//!   forwarded queries in flight (per pod, and for the gateway; REFUSED
-//!   past either, counted).
+//!   forwarded queries in flight and on TCP connections (per pod, and for
+//!   the gateway, both inside the pods' descriptor share; REFUSED or
+//!   closed at accept past either, counted).
 //! - [`metrics`], the `tidegate_dns_*` families.
 
 pub mod answer;
@@ -51,6 +52,12 @@ pub struct DnsProxy {
     in_flight: Arc<Semaphore>,
     /// `dns.max_in_flight_per_pod`.
     per_pod: usize,
+    /// `dns.max_tcp_connections`: every pod's TCP connections to 15053.
+    tcp: Arc<Semaphore>,
+    /// `dns.max_tcp_connections_per_pod`.
+    tcp_per_pod: usize,
+    /// Connections closed at accept are logged at most ten times a second.
+    tcp_refusals_log: crate::proxy::log_limit::LogLimit,
     /// How long a TCP connection may stay quiet (`dns.timeout`).
     idle: Duration,
 }
@@ -80,7 +87,8 @@ impl DnsProxy {
                 "no upstream DNS server (dns.upstream is empty and the file names none): names the store does not have get SERVFAIL");
         }
         info!(upstreams = ?upstreams, cluster_domain = %config.cluster_domain,
-            timeout = ?config.timeout, "DNS proxy on 15053 in every captured pod");
+            timeout = ?config.timeout, max_in_flight = config.max_in_flight,
+            max_tcp_connections = config.max_tcp_connections, "DNS proxy on 15053 in every captured pod");
         Self::with(config, upstreams, workloads, DnsMetrics::register(registry))
     }
 
@@ -97,6 +105,9 @@ impl DnsProxy {
             metrics,
             in_flight: Arc::new(Semaphore::new(config.max_in_flight as usize)),
             per_pod: config.max_in_flight_per_pod as usize,
+            tcp: Arc::new(Semaphore::new(config.max_tcp_connections as usize)),
+            tcp_per_pod: config.max_tcp_connections_per_pod as usize,
+            tcp_refusals_log: crate::proxy::log_limit::LogLimit::per_second(),
             idle: config.timeout,
         })
     }

@@ -15,26 +15,27 @@
 //!    frees its namespace.
 //! 3. At most `capture.max_pods` pods (a re-created sandbox takes its old
 //!    one's place).
-//! 4. **The pods' descriptor share.** A served pod holds
-//!    [`DESCRIPTORS_PER_POD`] descriptors: its namespace, its three capture
-//!    listeners and the DNS proxy's four on 15053 (UDP, TCP; 127.0.0.1
-//!    and ::1); four with `dns.enabled: false` ([`listeners_per_pod`]). The DNS proxy's
-//!    passing descriptors — a socket per forwarded query in flight (at most
-//!    `dns.max_in_flight` for the gateway) and the TCP connections pods
-//!    open to 15053 (at most `dns.max_in_flight_per_pod` each, closed after
-//!    `dns.timeout` idle) — are not a pod's share: they come out of the
-//!    half left to the outbound side and the files, like outbound dials.
-//!    Of the descriptors the control plane leaves to the data path (`D`,
-//!    see `control/src/limits.rs`), the derived inbound caps take three quarters
-//!    (`proxy/inbound/limits.rs`); of the last quarter, half is the pods'
-//!    (`D / 8`, so at most `D / 32` pods) and half stays with the outbound
-//!    side and the files. Each bounded by its own share, the pods cannot
-//!    take a descriptor the inbound caps may claim, nor the inbound side
-//!    one a pod holds.
+//! 4. **The pods' descriptor share** ([`crate::descriptor_budget`]). A
+//!    served pod holds [`DESCRIPTORS_PER_POD`] descriptors: its namespace,
+//!    its three capture listeners and the DNS proxy's four on 15053 (UDP,
+//!    TCP; 127.0.0.1 and ::1); four with `dns.enabled: false`
+//!    ([`listeners_per_pod`]). The pods' share is sized at start from
+//!    `capture.max_pods` × that, beside the DNS proxy's passing
+//!    descriptors (forwarded queries in flight, `dns.max_in_flight`, and
+//!    TCP connections to 15053, `dns.max_tcp_connections`, each bounded by
+//!    its own semaphore), all within half of the descriptors the control
+//!    plane leaves to the data path (`D`, see `control/src/limits.rs`). The
+//!    inbound caps take three quarters of what the pods' share leaves
+//!    (`proxy/inbound/limits.rs`), the outbound side and the files the last
+//!    quarter. When `D / 2` does not hold `capture.max_pods` pods (a low
+//!    open-file limit), fewer are served, and a pod past them is refused
+//!    here. Each bounded by its own share, the pods cannot take a
+//!    descriptor the inbound caps may claim, nor the inbound side one a
+//!    pod holds.
 //! 5. **A backstop, on the kernel's count**: a pod is refused when the free
 //!    descriptors (the open-file limit less those open now) would not cover
 //!    its listeners and what the inbound caps may still claim (their cap,
-//!    at most `3 D / 4`, less the inbound connections open). Inbound load
+//!    at most their share, less the inbound connections open). Inbound load
 //!    never refuses a pod this way (an open connection leaves the free
 //!    count and the claim alike); something past its share (a limit
 //!    lowered at run time, the outbound side) does.
@@ -44,9 +45,10 @@
 
 use std::sync::Arc;
 
+use crate::descriptor_budget::DescriptorBudget;
 use crate::descriptors::Usage;
 use crate::netns::NetnsId;
-use crate::proxy::inbound::limits::{inbound_share, ConnectionLimits};
+use crate::proxy::inbound::limits::ConnectionLimits;
 
 /// The capture listeners of a pod: 15001, 15006, 15008.
 pub const CAPTURE_LISTENERS: u64 = 3;
@@ -73,11 +75,6 @@ pub fn listeners_per_pod(dns: bool) -> u64 {
     }
 }
 
-/// The pods' share of the data path's descriptors `data_path`: an eighth.
-pub fn pods_share(data_path: u64) -> u64 {
-    data_path / 8
-}
-
 /// The pod that already has a namespace.
 #[derive(Clone, Debug)]
 pub struct Owner {
@@ -94,12 +91,10 @@ pub enum Refusal {
     NetnsTaken { id: NetnsId, owner: Owner },
     #[error("pod limit reached ({served} pods on this node; capture.max_pods is {max})")]
     PodLimit { served: usize, max: usize },
-    #[error("the pods' descriptor share is used up: {served} pods hold {} of the {} descriptors kept for pods (an eighth of the {data_path} the control plane leaves to the data path; the inbound caps take three quarters); raise the gateway's open-file limit (LimitNOFILE, ulimit -n)", *served as u64 * (listeners + 1), pods_share(*data_path))]
+    #[error("the pods' descriptor share is used up: {served} pods hold {} descriptors, all it keeps for pods' listeners ({} pods of {}; with the DNS proxy's {}, half of the {} descriptors the control plane leaves of the open-file limit {}; capture.max_pods asks more); raise the gateway's open-file limit (LimitNOFILE, ulimit -n)", *served as u64 * budget.per_pod, budget.max_pods, budget.per_pod, budget.dns_forwards + budget.dns_tcp, budget.data_path, budget.limit)]
     DescriptorShare {
         served: usize,
-        data_path: u64,
-        /// A pod's listeners.
-        listeners: u64,
+        budget: DescriptorBudget,
     },
     #[error("out of file descriptors ({usage}): its listeners need {listeners} and the inbound connection caps may still claim {inbound}; raise the gateway's open-file limit (LimitNOFILE, ulimit -n) or lower capture.max_pods")]
     Descriptors {
@@ -128,14 +123,14 @@ impl Refusal {
 pub struct InboundClaim {
     pub limits: Arc<ConnectionLimits>,
     /// The cap counted: `hbone.max_connections` or its derived value, at
-    /// most [`inbound_share`] of the data path's descriptors.
+    /// most the budget's inbound share.
     pub cap: u64,
 }
 
 impl InboundClaim {
-    pub fn new(limits: Arc<ConnectionLimits>, data_path: Option<u64>) -> InboundClaim {
+    pub fn new(limits: Arc<ConnectionLimits>, budget: Option<&DescriptorBudget>) -> InboundClaim {
         let cap = limits.caps().connections as u64;
-        let cap = data_path.map_or(cap, |d| cap.min(inbound_share(d)));
+        let cap = budget.map_or(cap, |b| cap.min(b.inbound));
         InboundClaim { limits, cap }
     }
 
@@ -155,9 +150,9 @@ pub struct Admission {
     pub listeners: u64,
     /// `capture.max_pods`.
     pub max_pods: usize,
-    /// The descriptors the control plane leaves to the data path (`None`:
-    /// the open-file limit is unknown, and only `max_pods` bounds the pods).
-    pub data_path: Option<u64>,
+    /// The split of the descriptors (`None`: the open-file limit is
+    /// unknown, and only `max_pods` bounds the pods).
+    pub budget: Option<DescriptorBudget>,
     /// For the backstop (`None`: no inbound claim is counted).
     pub inbound: Option<InboundClaim>,
 }
@@ -177,9 +172,8 @@ pub struct Candidate<'a> {
 impl Admission {
     /// The most pods the descriptor share holds (`None`: unbounded).
     pub fn share_pods(&self) -> Option<usize> {
-        let per_pod = self.listeners + 1;
-        self.data_path
-            .map(|d| usize::try_from(pods_share(d) / per_pod).unwrap_or(usize::MAX))
+        self.budget
+            .map(|b| usize::try_from(b.max_pods).unwrap_or(usize::MAX))
     }
 
     /// The most pods served at once: `capture.max_pods`, or less when the
@@ -219,12 +213,11 @@ impl Admission {
                 max: self.max_pods,
             });
         }
-        if let (Some(data_path), Some(share)) = (self.data_path, self.share_pods()) {
+        if let (Some(budget), Some(share)) = (self.budget, self.share_pods()) {
             if !pod.replacing && pod.served >= share {
                 return Err(Refusal::DescriptorShare {
                     served: pod.served,
-                    data_path,
-                    listeners: self.listeners,
+                    budget,
                 });
             }
         }
@@ -244,6 +237,7 @@ impl Admission {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::descriptor_budget::PodWants;
 
     const NS: NetnsId = NetnsId { dev: 4, ino: 40 };
     const OWN: NetnsId = NetnsId { dev: 4, ino: 1 };
@@ -257,12 +251,12 @@ mod tests {
         }
     }
 
-    fn admission(max_pods: usize, data_path: Option<u64>) -> Admission {
+    fn admission(max_pods: usize, budget: Option<DescriptorBudget>) -> Admission {
         Admission {
             own_netns: Some(OWN),
             listeners: LISTENERS_PER_POD,
             max_pods,
-            data_path,
+            budget,
             inbound: None,
         }
     }
@@ -318,50 +312,59 @@ mod tests {
         a.check_with(&replacing, None, 0).unwrap();
     }
 
-    #[test]
-    fn the_pods_share_is_an_eighth_of_the_data_paths_descriptors() {
-        // 1,024 − 416 (the default control-plane budget) = 608 left to the
-        // data path: 456 for the inbound caps, 76 for pods (9 of them at
-        // eight descriptors: the namespace, 15001, 15006, 15008, and 15053
-        // UDP and TCP on 127.0.0.1 and ::1).
-        let a = admission(1_000, Some(608));
-        assert_eq!(inbound_share(608), 456);
-        assert_eq!((a.share_pods(), a.effective_max()), (Some(9), 9));
-        a.check_with(&pod(8), None, 0).unwrap();
-        let e = refusal(&a, &pod(9));
-        assert_eq!(e.reason(), "descriptor_share");
-        assert!(
-            e.to_string().starts_with(
-                "the pods' descriptor share is used up: 9 pods hold 72 of the 76 descriptors kept for pods (an eighth of the 608 "
-            ),
-            "{e}"
-        );
-        // Without the DNS proxy a pod holds four: 19 of them.
-        let without_dns = Admission {
-            listeners: listeners_per_pod(false),
-            ..admission(1_000, Some(608))
+    /// The budget of `limit` with the default control plane (416) and DNS
+    /// bounds, for `max_pods` pods of `per_pod` descriptors.
+    fn budget(limit: u64, max_pods: u64, per_pod: u64) -> DescriptorBudget {
+        let dns = per_pod == DESCRIPTORS_PER_POD;
+        let wants = PodWants {
+            max_pods,
+            per_pod,
+            dns_forwards: if dns { 512 } else { 0 },
+            dns_tcp: if dns { 256 } else { 0 },
         };
-        assert_eq!(without_dns.share_pods(), Some(19));
-        let e = refusal(&without_dns, &pod(19));
-        assert!(
-            e.to_string()
-                .contains("19 pods hold 76 of the 76 descriptors kept for pods"),
-            "{e}"
-        );
-        // The shares never overlap: inbound, pods, and what is left.
-        for d in [0, 7, 608, 1_048_160, u64::from(u32::MAX)] {
-            let pods = a_pods(d) * DESCRIPTORS_PER_POD;
-            assert!(inbound_share(d) + pods <= d - d / 8, "{d}");
-        }
-        // A node's hard limit today (1,048,576): the default max_pods holds.
-        let a = admission(1_000, Some(1_048_576 - 416));
-        assert_eq!(a.effective_max(), 1_000);
-        // Unknown limit: only max_pods bounds.
-        assert_eq!(admission(1_000, None).effective_max(), 1_000);
+        DescriptorBudget::derive(limit - 416, 416, wants)
     }
 
-    fn a_pods(d: u64) -> u64 {
-        admission(usize::MAX, Some(d)).share_pods().unwrap() as u64
+    #[test]
+    fn a_thousand_pods_are_served_at_20_000_and_the_next_is_refused_by_the_pod_limit() {
+        let a = admission(1_000, Some(budget(20_000, 1_000, DESCRIPTORS_PER_POD)));
+        assert_eq!((a.share_pods(), a.effective_max()), (Some(1_000), 1_000));
+        a.check_with(&pod(999), None, 0).unwrap();
+        assert_eq!(refusal(&a, &pod(1_000)).reason(), "pod_limit");
+    }
+
+    #[test]
+    fn past_what_the_pods_share_holds_a_pod_is_refused_naming_the_share() {
+        // 2,048: the share holds 76 pods of eight (the DNS proxy keeps 204).
+        let a = admission(1_000, Some(budget(2_048, 1_000, DESCRIPTORS_PER_POD)));
+        assert_eq!((a.share_pods(), a.effective_max()), (Some(76), 76));
+        a.check_with(&pod(75), None, 0).unwrap();
+        let e = refusal(&a, &pod(76));
+        assert_eq!(e.reason(), "descriptor_share");
+        assert_eq!(
+            e.to_string(),
+            "the pods' descriptor share is used up: 76 pods hold 608 descriptors, all it keeps for pods' listeners (76 pods of 8; with the DNS proxy's 204, half of the 1632 descriptors the control plane leaves of the open-file limit 2048; capture.max_pods asks more); raise the gateway's open-file limit (LimitNOFILE, ulimit -n)"
+        );
+        // A re-created sandbox takes its old one's place.
+        let replacing = Candidate {
+            replacing: true,
+            ..pod(76)
+        };
+        a.check_with(&replacing, None, 0).unwrap();
+        // Without the DNS proxy a pod holds four, and nothing is kept for DNS.
+        let without_dns = Admission {
+            listeners: listeners_per_pod(false),
+            ..admission(1_000, Some(budget(2_048, 1_000, 4)))
+        };
+        assert_eq!(without_dns.share_pods(), Some(204));
+        let e = refusal(&without_dns, &pod(204));
+        assert!(
+            e.to_string()
+                .contains("204 pods hold 816 descriptors, all it keeps for pods' listeners (204 pods of 4; with the DNS proxy's 0"),
+            "{e}"
+        );
+        // Unknown limit: only max_pods bounds.
+        assert_eq!(admission(1_000, None).effective_max(), 1_000);
     }
 
     #[test]

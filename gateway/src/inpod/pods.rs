@@ -38,6 +38,7 @@ use tracing::{debug, info, warn};
 use super::admission::{listeners_per_pod, Admission, Candidate, InboundClaim, Owner, Refusal};
 use super::capture::CapturePorts;
 use crate::config::DNS_CAPTURE_PORT;
+use crate::descriptor_budget::DescriptorBudget;
 use crate::dns::{DnsProxy, Place};
 use crate::drains::{DrainEngine, Lifecycle, PodKey, Trigger};
 use crate::metrics::ProxyMetrics;
@@ -179,7 +180,7 @@ impl PodMetrics {
         );
         r.register(
             "max_pods",
-            "The most pods served at once: capture.max_pods, or fewer when the pods' descriptor share (an eighth of the data path's descriptors, six a pod with the DNS proxy, four without) holds fewer",
+            "The most pods served at once: capture.max_pods, or fewer when the pods' descriptor share (at most half of the descriptors the control plane leaves, beside the DNS proxy's; eight a pod with the DNS proxy, four without) holds fewer",
             m.max_pods.clone(),
         );
         r.register(
@@ -321,9 +322,9 @@ pub struct PodLimits {
     pub max_pods: usize,
     /// `capture.membership_wait`.
     pub membership_wait: Duration,
-    /// The descriptors the control plane leaves to the data path (`None`:
-    /// the open-file limit is unknown); the pods get an eighth.
-    pub data_path_descriptors: Option<u64>,
+    /// The split of the descriptors (`None`: the open-file limit is
+    /// unknown); the pods' share bounds them.
+    pub budget: Option<DescriptorBudget>,
 }
 
 impl PodProxies {
@@ -339,23 +340,29 @@ impl PodProxies {
         let own_netns = crate::netns::current_id()
             .inspect_err(|e| warn!(error = %e, "cannot read the gateway's own network namespace; a pod handed it would not be refused"))
             .ok();
-        let data_path = limits.data_path_descriptors;
+        let budget = limits.budget;
         let admission = Admission {
             own_netns,
             listeners: listeners_per_pod(data.dns.is_some()),
             max_pods: limits.max_pods,
-            data_path,
-            inbound: Some(InboundClaim::new(data.inbound.limits().clone(), data_path)),
+            budget,
+            inbound: Some(InboundClaim::new(
+                data.inbound.limits().clone(),
+                budget.as_ref(),
+            )),
         };
         let max = admission.effective_max();
         if max < limits.max_pods {
-            warn!(max_pods = limits.max_pods, served_at_most = max, data_path_descriptors = data_path,
-                "capture.max_pods is above what the pods' descriptor share holds (an eighth of the \
-                 data path's descriptors, six a pod with the DNS proxy, four without); raise the open-file limit (LimitNOFILE) to serve more");
+            // The descriptor budget's own warning says why, with its figures.
+            warn!(
+                max_pods = limits.max_pods,
+                served_at_most = max,
+                "capture.max_pods is above what the pods' descriptor share holds; raise the open-file limit (LimitNOFILE) to serve more"
+            );
         } else {
             info!(
                 max_pods = max,
-                data_path_descriptors = data_path,
+                pods_descriptors = budget.map(|b| b.pods),
                 "in-pod pod limit"
             );
         }

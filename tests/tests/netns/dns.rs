@@ -339,3 +339,145 @@ async fn inpod_dns_a_query_flood_leaves_store_answers_and_other_pods_answered() 
         })
         .await;
 }
+
+const TCP_FLOOD_CHILD: &str = "TIDEGATE_TEST_INPOD_DNS_TCP_FLOOD";
+
+/// At an open-file limit of 2,048, pod C opens 1,500 idle TCP connections
+/// to its nameserver (15053) — within its own bound, raised for the test:
+/// the node-wide bound, inside the pods' descriptor share, holds what the
+/// budget gives the DNS proxy and closes the rest at accept, so pod A's
+/// connections to pod B (an inbound tunnel at node B's gateway, in this
+/// same process) go on, the workload file is read again, and the store
+/// still answers. Before the bound, 24 pods' idle connections took the
+/// descriptors an inbound peer's tunnels needed (EMFILE). The limit is the
+/// whole process's, so this runs in a child process.
+#[tokio::test]
+async fn inpod_dns_idle_tcp_connections_stay_inside_the_pods_share() {
+    if skip() {
+        return;
+    }
+    if tidegate_e2e::rerun::is_child(TCP_FLOOD_CHILD) {
+        return tcp_flood().await;
+    }
+    tidegate_e2e::rerun::alone(
+        "inpod::dns::inpod_dns_idle_tcp_connections_stay_inside_the_pods_share",
+        TCP_FLOOD_CHILD,
+        "child: DNS TCP flood held inside the pods' share",
+    );
+}
+
+async fn tcp_flood() {
+    const FLOOD: usize = 1_500;
+    rlimit::setrlimit(rlimit::Resource::NOFILE, 2_048, 2_048).unwrap();
+    let (s, _seen) = start(
+        13,
+        "  timeout: 30s\n  max_tcp_connections_per_pod: 100000\n",
+    )
+    .await;
+    let ns = nameserver(&s.t);
+    let dump = s.gw_a.admin_ok("GET", "/config_dump").await;
+    let bound = dump["descriptors"]["dns_tcp"].as_u64().unwrap() as usize;
+    assert!(
+        (1..FLOOD / 10).contains(&bound),
+        "the DNS proxy's TCP bound at this limit: {}",
+        dump["descriptors"]
+    );
+    ok(
+        "ADD pod B",
+        &s.b.cni("ADD", pb_pod(&s.t), s.t.pod_b().into()).await,
+    );
+    ten_round_trips(&s, 200).await;
+    // The flood: each connection asks once; those the gateway keeps are
+    // answered and held idle, the rest are closed at accept.
+    let held =
+        s.pc.run("the flood", Duration::from_secs(120), async move {
+            let mut held = Vec::new();
+            let q = query("web.").to_vec().unwrap();
+            for _ in 0..FLOOD {
+                let Ok(mut c) = tokio::net::TcpStream::connect(ns).await else {
+                    continue;
+                };
+                let mut framed = (q.len() as u16).to_be_bytes().to_vec();
+                framed.extend_from_slice(&q);
+                let answered = tokio::time::timeout(STEP, async {
+                    c.write_all(&framed).await?;
+                    let len = c.read_u16().await?;
+                    let mut r = vec![0u8; len.into()];
+                    c.read_exact(&mut r).await
+                })
+                .await;
+                if matches!(answered, Ok(Ok(_))) {
+                    held.push(c.into_std().unwrap());
+                }
+            }
+            held
+        })
+        .await;
+    let refused = |m: &str| metric_or_zero(m, r#"tidegate_dns_refused_total{limit="gateway_tcp"}"#);
+    let m = s
+        .gw_a
+        .wait_metrics("every connection past the bound closed", |m| {
+            refused(m) == (FLOOD - bound) as f64
+        })
+        .await;
+    assert_eq!(held.len(), bound);
+    assert_eq!(
+        tidegate_e2e::metric(&m, "tidegate_dns_tcp_connections"),
+        bound as f64,
+        "{m}"
+    );
+    // While they are held: pod A reaches pod B through a new inbound
+    // tunnel's streams, the store answers, and the workload file is read.
+    ten_round_trips(&s, 220).await;
+    let vip = web_vip(&s.t);
+    assert_eq!(addresses(&ask(&s.pa, ns, "web.", false).await), [vip]);
+    assert_eq!(addresses(&ask(&s.pc, ns, "web.", false).await), [vip]);
+    // Over TCP the node-wide bound is full: another pod's connection is
+    // closed at accept too (each pod's own bound, 16 by default, keeps one
+    // pod from filling it alone).
+    let q = query("web.");
+    let tcp =
+        s.pa.run("pod A over TCP", STEP, async move { ask_tcp(ns, &q).await })
+            .await;
+    assert!(tcp.is_err(), "{tcp:?}");
+    s.gw_a
+        .wait_metrics("pod A's TCP connection closed at accept", |m| {
+            refused(m) == (FLOOD - bound + 1) as f64
+        })
+        .await;
+    let file = s.dir.path().join("workloads.yaml");
+    let mut yaml = std::fs::read_to_string(&file).unwrap();
+    yaml = yaml.replacen(
+        "\nservices:",
+        &format!(
+            "\n- {{uid: late-uid, name: late, namespace: demo, service_account: late, ips: [{}], node: node-b}}\nservices:",
+            s.t.addr(2, 9)
+        ),
+        1,
+    );
+    tidegate_e2e::write_atomically(&file, &yaml);
+    tidegate_e2e::wait_for("the workload file read again", STEP, || async {
+        let dump = s.gw_a.admin_ok("GET", "/config_dump").await;
+        dump["workloads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["uid"] == "late-uid")
+            .then_some(())
+    })
+    .await;
+    for gw in [&s.gw_a, &s.gw_b] {
+        let m = gw.metrics().await;
+        for l in m.lines().filter(|l| {
+            l.starts_with("tidegate_workload_file_rejected_total")
+                || l.starts_with("tidegate_inbound_limit_refusals_total")
+        }) {
+            assert!(l.ends_with(" 0"), "{}: {l}", gw.name);
+        }
+    }
+    drop(held);
+    println!(
+        "child: DNS TCP flood held inside the pods' share ({bound} held, {} closed at accept)",
+        FLOOD - bound
+    );
+}

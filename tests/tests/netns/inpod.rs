@@ -1134,3 +1134,145 @@ async fn descriptors_short() {
     assert_eq!(listeners(&s.t.pc, 15008), 1);
     println!("child: refused for descriptors ({nack})");
 }
+
+const SHARE_CHILD: &str = "TIDEGATE_TEST_INPOD_DESCRIPTOR_SHARE";
+
+/// With an open-file limit too low for `capture.max_pods` (1,024 here,
+/// the control plane's budget raised to nearly half of it), node B's
+/// gateway serves the pods its descriptor share holds, says so in
+/// `tidegate_inpod_max_pods` and `/config_dump`, and refuses the next pod
+/// over ZDS naming the share; the pods served go on. The limit is the
+/// whole process's and set before the gateways start, so this runs in a
+/// child process.
+#[tokio::test]
+async fn inpod_zds_a_pod_past_the_descriptor_share_is_refused_naming_it() {
+    if skip() {
+        return;
+    }
+    if tidegate_e2e::rerun::is_child(SHARE_CHILD) {
+        return descriptor_share().await;
+    }
+    tidegate_e2e::rerun::alone(
+        "inpod::inpod_zds_a_pod_past_the_descriptor_share_is_refused_naming_it",
+        SHARE_CHILD,
+        "child: refused past the descriptor share",
+    );
+}
+
+async fn descriptor_share() {
+    use tidegate_e2e::zds_double::{expect_ack, PodSpec, ZdsDouble};
+    // Soft and hard: the gateway raises the soft limit to the hard one.
+    rlimit::setrlimit(rlimit::Resource::NOFILE, 1_024, 1_024).unwrap();
+    let zds_dir = tempfile::tempdir().unwrap();
+    let socket = zds_dir.path().join("ztunnel.sock");
+    let double = ZdsDouble::bind(&socket).unwrap();
+    let s = Scenario::start_with(12, |b| {
+        b.zds = Some(socket.clone());
+        // 3 × 149 + 64 = 511 for the control plane: 513 left to the data path.
+        b.extra = "control_plane:\n  max_connections: 149\n".into();
+    })
+    .await;
+    ok(
+        "ADD pod A",
+        &s.a.cni("ADD", pa_pod(&s.t), s.t.pod_a().into()).await,
+    );
+    let dump = s.gw_b.admin_ok("GET", "/config_dump").await;
+    let budget = &dump["descriptors"];
+    assert_eq!(budget["limit"], 1_024, "{budget}");
+    assert_eq!(budget["control_plane"], 511, "{budget}");
+    let share = budget["max_pods"].as_u64().unwrap();
+    let data_path = budget["data_path"].as_u64().unwrap();
+    // Eight descriptors a pod, within half of the data path's with the DNS proxy's part.
+    assert!(
+        share > 1
+            && share * 8
+                + budget["dns_forwards"].as_u64().unwrap()
+                + budget["dns_tcp"].as_u64().unwrap()
+                <= data_path / 2,
+        "{budget}"
+    );
+    let m = s.gw_b.metrics().await;
+    assert_eq!(
+        tidegate_e2e::metric(&m, "tidegate_inpod_max_pods"),
+        share as f64,
+        "{m}"
+    );
+    let conn = tokio::time::timeout(STEP, double.accept())
+        .await
+        .expect("the gateway connects to the node agent")
+        .expect("hello V1");
+    let open = |ns: &str| {
+        std::os::fd::OwnedFd::from(std::fs::File::open(InpodTopology::netns_path(ns)).unwrap())
+    };
+    let pod = |uid: String| PodSpec {
+        name: uid.clone(),
+        uid,
+        namespace: "demo".into(),
+        service_account: "echo".into(),
+    };
+    conn.snapshot(vec![(pod(SERVER_UID.into()), open(&s.t.pb))], &[])
+        .await
+        .expect("snapshot acked");
+    let pb_path = InpodTopology::netns_path(&s.t.pb);
+    s.b.shell
+        .run("istio-cni's rules in pod B", STEP, async move {
+            tidegate::inpod::capture::install(
+                Path::new(&pb_path),
+                tidegate::inpod::capture::CapturePorts::default(),
+            )
+        })
+        .await
+        .expect("rules installed");
+    ten_round_trips(&s, 160).await;
+    // Pods in namespaces of their own until the share is full, and one more.
+    let mut guard = NetnsGuard::default();
+    let names: Vec<String> = (0..share).map(|i| format!("{}x{i}", s.t.pb)).collect();
+    for ns in &names {
+        guard.push(ns);
+        tidegate_e2e::netns::run(&format!("ip netns add {ns}"));
+        tidegate_e2e::netns::run(&format!("ip -n {ns} link set lo up"));
+    }
+    for (i, ns) in names[..names.len() - 1].iter().enumerate() {
+        expect_ack(
+            &format!("add pod {i}"),
+            conn.add(pod(format!("x{i}")), open(ns)).await.unwrap(),
+        )
+        .unwrap();
+    }
+    let nack = conn
+        .add(pod("past".into()), open(names.last().unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(
+        nack,
+        format!(
+            "pod past refused: the pods' descriptor share is used up: {share} pods hold {} descriptors, all it keeps for pods' listeners ({share} pods of 8; with the DNS proxy's {}, half of the {data_path} descriptors the control plane leaves of the open-file limit 1024; capture.max_pods asks more); raise the gateway's open-file limit (LimitNOFILE, ulimit -n)",
+            share * 8,
+            budget["dns_forwards"].as_u64().unwrap() + budget["dns_tcp"].as_u64().unwrap(),
+        )
+    );
+    assert_eq!(listeners(names.last().unwrap(), 15008), 0);
+    assert_eq!(listeners(&names[0], 15008), 1);
+    // Pod B goes on; the refusal is counted.
+    ten_round_trips(&s, 180).await;
+    let m = s.gw_b.metrics().await;
+    assert_eq!(
+        tidegate_e2e::metric(&m, "tidegate_inpod_pods"),
+        share as f64,
+        "{m}"
+    );
+    assert_eq!(refusals(&m, "descriptor_share"), 1.0, "{m}");
+    assert_eq!(refusals(&m, "descriptors"), 0.0, "{m}");
+    // A served pod removed frees its place.
+    expect_ack("del x0", conn.del("x0").await.unwrap()).unwrap();
+    expect_ack(
+        "add past",
+        conn.add(pod("past".into()), open(names.last().unwrap()))
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    drop(conn);
+    drop(guard);
+    println!("child: refused past the descriptor share ({nack})");
+}

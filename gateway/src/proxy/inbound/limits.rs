@@ -6,12 +6,14 @@
 //!
 //! Three caps, checked before the descriptor is spent:
 //!
-//! - **connections** (`hbone.max_connections`; 0, the default: three
-//!   quarters of the descriptors the control plane leaves — the open-file
-//!   limit less its budget, see `control/src/limits.rs`): tunnels and upstream
-//!   connections of all peers together. The last quarter stays with the
-//!   outbound side (captured connections, pooled tunnels), the files and
-//!   the in-pod listeners.
+//! - **connections** (`hbone.max_connections`; 0, the default: the
+//!   inbound share of the descriptor budget — three quarters of what the
+//!   control plane's budget and the pods' share leave of the open-file
+//!   limit, see `descriptor_budget.rs`; a configured value above the share
+//!   is lowered to it, warned at start): tunnels and upstream connections
+//!   of all peers together. The last quarter stays with the outbound side
+//!   (captured connections, pooled tunnels) and the files; the pods'
+//!   listeners and the DNS proxy's descriptors have a share of their own.
 //! - **tunnels**: at most half of it, so that the streams of the tunnels
 //!   already open always find descriptors to dial with.
 //! - **per identity** (`hbone.max_connections_per_identity`; 0, the
@@ -145,23 +147,15 @@ pub struct Caps {
 /// was configured.
 const UNBOUNDED: usize = usize::MAX / 2;
 
-/// What the derived connections cap takes of the descriptors the control
-/// plane leaves to the data path: three quarters (the last quarter is the
-/// in-pod listeners' and the outbound side's: `inpod/admission.rs`).
-pub fn inbound_share(data_path: u64) -> u64 {
-    data_path / 4 * 3 + data_path % 4 * 3 / 4
-}
-
 impl Caps {
-    /// `data_path`: the descriptors the control plane leaves (`None`:
-    /// unknown). A configured value (not 0) wins over the derived one.
-    pub fn derive(cfg: &HboneConfig, data_path: Option<u64>) -> Caps {
-        let derived = data_path.map_or(UNBOUNDED, |d| {
-            usize::try_from(inbound_share(d)).unwrap_or(UNBOUNDED)
-        });
+    /// `share`: the budget's inbound share of the descriptors (`None`:
+    /// unknown). A configured value (not 0) wins over the derived one, up
+    /// to the share.
+    pub fn derive(cfg: &HboneConfig, share: Option<u64>) -> Caps {
+        let share = share.map_or(UNBOUNDED, |s| usize::try_from(s).unwrap_or(UNBOUNDED));
         let connections = match cfg.max_connections {
-            0 => derived,
-            n => n as usize,
+            0 => share,
+            n => (n as usize).min(share),
         }
         .max(2);
         let per_identity = match cfg.max_connections_per_identity {

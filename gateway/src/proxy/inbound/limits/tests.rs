@@ -22,24 +22,24 @@ fn encoded(registry: &Registry) -> String {
 }
 
 #[test]
-fn caps_are_derived_from_the_descriptors_the_control_plane_leaves() {
-    // 20,000 descriptors less the default control-plane budget of 416.
-    let caps = Caps::derive(&cfg(0, 0), Some(20_000 - 416));
+fn caps_are_derived_from_the_budgets_inbound_share() {
+    // This machine's 20,000 in in-pod mode with 1,000 pods: 8,112 (see
+    // descriptor_budget.rs).
+    let caps = Caps::derive(&cfg(0, 0), Some(8_112));
     assert_eq!(
         caps,
         Caps {
-            connections: 14_688,
-            tunnels: 7_344,
-            per_identity: 3_672
+            connections: 8_112,
+            tunnels: 4_056,
+            per_identity: 2_028
         }
     );
-    // A common hard limit: no overflow, same shares.
-    let caps = Caps::derive(&cfg(0, 0), Some(1_048_576 - 416));
-    assert_eq!(caps.connections, 786_120);
-    // An infinite or unknown limit: no cap.
-    assert!(Caps::derive(&cfg(0, 0), Some(u64::MAX)).tunnels > 1 << 40);
+    // No overflow at the largest share.
+    let caps = Caps::derive(&cfg(0, 0), Some(u64::MAX));
+    assert!(caps.tunnels > 1 << 40);
+    // An unknown limit: no cap.
     assert!(Caps::derive(&cfg(0, 0), None).tunnels > 1 << 40);
-    // Configured values win.
+    // Configured values win, up to the share.
     let caps = Caps::derive(&cfg(10, 3), Some(20_000));
     assert_eq!(
         caps,
@@ -49,6 +49,12 @@ fn caps_are_derived_from_the_descriptors_the_control_plane_leaves() {
             per_identity: 3
         }
     );
+    let caps = Caps::derive(&cfg(16_000, 0), Some(8_112));
+    assert_eq!(
+        caps.connections, 8_112,
+        "no configuration takes the pods' descriptors"
+    );
+    assert_eq!(Caps::derive(&cfg(16_000, 0), None).connections, 16_000);
 }
 
 #[test]
