@@ -35,7 +35,7 @@ use crate::proxy::copy::{copy_bidirectional, Transferred};
 use crate::proxy::istio_tcp::{self, Flags, Report, Reporter};
 use crate::proxy::origin::Origin;
 use crate::proxy::tunnels::InboundTunnel;
-use crate::shutdown::ActiveStreams;
+use crate::shutdown::{ActiveStreams, StreamGuard};
 use crate::workloads::{Workload, WorkloadSnapshot, WorkloadStore};
 
 /// What every CONNECT on every inbound tunnel needs; shared by all of them.
@@ -202,8 +202,11 @@ impl StreamHandler for ConnectHandler {
         req: Request<RecvStream>,
         respond: SendResponse<Bytes>,
     ) -> impl Future<Output = ()> + Send + 'static {
-        // Counted from acceptance, so a drain waiting for idle sees it at once.
+        // Counted from acceptance, so a drain waiting for idle sees it at
+        // once — the tunnel's and the gateway's (a shutdown that begins
+        // while the stream's task has not run yet counts it open).
         let count = self.tunnel.stream_started();
+        let guard = self.deps.active.track();
         let stream = Stream {
             deps: self.deps.clone(),
             ctx: self.ctx.clone(),
@@ -213,7 +216,7 @@ impl StreamHandler for ConnectHandler {
         };
         let span = info_span!("stream", authority = %req.uri());
         async move {
-            stream.serve(req, respond).await;
+            stream.serve(req, respond, guard).await;
             drop(count);
         }
         .instrument(span)
@@ -283,10 +286,14 @@ impl From<OverLimit> for Failed {
 }
 
 impl Stream {
-    async fn serve(self, req: Request<RecvStream>, mut respond: SendResponse<Bytes>) {
+    async fn serve(
+        self,
+        req: Request<RecvStream>,
+        mut respond: SendResponse<Bytes>,
+        mut guard: StreamGuard,
+    ) {
         let started = Instant::now();
         let deps = &*self.deps;
-        let mut guard = deps.active.track();
         // The access line names the app port asked for, refused or not.
         let asked = asked_for(&req, &self.ctx);
         // Boxed: the routing and dial state lives only while they run, not
