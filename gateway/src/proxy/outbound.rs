@@ -18,7 +18,7 @@ use crate::proxy::congestion::Congestion;
 use crate::proxy::copy::{copy_bidirectional, copy_tcp, Transferred};
 use crate::proxy::istio_tcp::{self, Flags, IstioTcpMetrics, Report, Reporter, ServiceRef};
 use crate::proxy::origin::Origin;
-use crate::proxy::pool::{Pool, PoolError, PoolKey};
+use crate::proxy::pool::{OnBackoff, Pool, PoolError, PoolKey};
 use crate::proxy::routing::Routing;
 use crate::proxy::waypoint::{self, WaypointError};
 use crate::shutdown::{ActiveStreams, ShutdownWatch, StreamGuard};
@@ -105,6 +105,9 @@ enum Route {
         /// Identities the target may present beside its own: its
         /// Service's `subject_alt_names` (usually none).
         also: Vec<SpiffeId>,
+        /// Under a backoff: fail at once (another endpoint may take the
+        /// connection) or go through its probe (none can).
+        on_backoff: OnBackoff,
     },
     /// Plain TCP to this address (a workload outside the mesh, or a
     /// non-mesh Service endpoint).
@@ -314,14 +317,15 @@ impl Outbound {
                 target,
                 service,
             };
-            let (target, hbone_ip, authority, service, also) = match route {
+            let (target, hbone_ip, authority, service, also, on_backoff) = match route {
                 Route::Hbone {
                     target,
                     hbone_ip,
                     authority,
                     service,
                     also,
-                } => (target, hbone_ip, authority, service, also),
+                    on_backoff,
+                } => (target, hbone_ip, authority, service, also, on_backoff),
                 plain => {
                     let (to, report) = match &plain {
                         Route::Tcp {
@@ -349,12 +353,14 @@ impl Outbound {
             };
             // Boxed: the connect's state lives only while it runs, not in
             // every proxied connection's task for its whole life.
-            let connected =
-                Box::pin(
-                    self.pool
-                        .connect_from(&key, authority, &self.origin, baggage.clone()),
-                )
-                .await;
+            let connected = Box::pin(self.pool.connect_from(
+                &key,
+                authority,
+                &self.origin,
+                baggage.clone(),
+                on_backoff,
+            ))
+            .await;
             match connected {
                 Ok(s) => {
                     if attempt > 1 {
@@ -445,6 +451,7 @@ impl Outbound {
                     authority: dst,
                     service: None,
                     also: Vec::new(),
+                    on_backoff: OnBackoff::Probe,
                 },
                 Protocol::Tcp => Route::Tcp {
                     to: dst,
@@ -462,10 +469,16 @@ impl Outbound {
                 }
             }
             let picked = self.routing.picker.pick_avoiding(svc, dst.port(), avoid);
-            let e = picked.ok_or_else(|| OutboundError::NoHealthyEndpoint {
+            let picked = picked.ok_or_else(|| OutboundError::NoHealthyEndpoint {
                 service: svc.key(),
                 port: dst.port(),
             })?;
+            let e = picked.endpoint;
+            let on_backoff = if picked.last_resort {
+                OnBackoff::Probe
+            } else {
+                OnBackoff::FailFast
+            };
             if e.workload.spec.other_network {
                 return Err(self.refused(WaypointError::DestinationOnOtherNetwork {
                     destination: e.workload.spec.uid.clone(),
@@ -479,6 +492,7 @@ impl Outbound {
                     authority: addr,
                     also: svc.spec.subject_alt_names.clone(),
                     service: Some(svc.clone()),
+                    on_backoff,
                 },
                 Protocol::Tcp => Route::Tcp {
                     to: addr,
@@ -526,6 +540,7 @@ impl Outbound {
                     authority: dst,
                     service: service.cloned(),
                     also: via.also,
+                    on_backoff: OnBackoff::Probe,
                 }))
             }
             Ok(None) => {
