@@ -570,6 +570,8 @@ fn log(
         result,
         error,
         drained_by,
+        endpoint: None,
+        refused_tries: None,
     }
     .emit();
 }
