@@ -443,17 +443,33 @@ impl Pool {
         );
     }
 
-    /// Closes tunnels idle for longer than the idle timeout. Runs until drained.
+    /// Closes tunnels idle for longer than the idle timeout until drained.
+    ///
+    /// Drain contract: when `drain` fires, idle eviction stops (shutdown
+    /// evicts every tunnel itself, [`Pool::evict_all`]); at its deadline
+    /// every tunnel still open, pooled or draining, is closed at once, so
+    /// the streams it still carries are cut as a reset at both ends: the
+    /// outbound copy resets the application's connection (TCP RST), and
+    /// the peer gateway, its tunnel gone, resets the workload's. Without
+    /// this the streams ran on past the deadline and ended as the process
+    /// exited: a FIN at the client, which looks like a clean end.
     pub async fn evict_idle(self: Arc<Self>, mut drain: ShutdownWatch) {
         let period =
             (self.cfg.idle_timeout / 4).clamp(Duration::from_millis(5), Duration::from_secs(30));
         let mut tick = tokio::time::interval(period);
-        loop {
+        let deadline = loop {
             tokio::select! {
                 _ = tick.tick() => self.evict_idle_once(),
-                _ = drain.signaled() => return,
+                at = drain.signaled() => break at,
             }
+        };
+        tokio::time::sleep_until(deadline).await;
+        let open = self.tunnels().len() + self.draining.locked().len();
+        if open > 0 {
+            debug!(tunnels = open, "drain deadline: closing outbound tunnels");
         }
+        // Pooled and draining tunnels alike (`tunnels_closed{reason="evicted_now"}`).
+        self.evict_matching(true, |_| true);
     }
 
     fn evict_idle_once(&self) {
