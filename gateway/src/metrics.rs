@@ -158,6 +158,12 @@ pub struct AccessLog<'a> {
     pub error: Option<&'a str>,
     /// The drain that asked the stream's tunnel to go away, if one did.
     pub drained_by: Option<&'a str>,
+    /// Outbound to a Service: the endpoint the connection went to last
+    /// (`<workload uid> at <ip:port>`).
+    pub endpoint: Option<&'a str>,
+    /// Outbound to a Service: the endpoints tried before it whose connect
+    /// failed (`<uid> at <ip:port>: <reason>`, `; `-separated).
+    pub refused_tries: Option<&'a str>,
 }
 
 impl AccessLog<'_> {
@@ -175,6 +181,8 @@ impl AccessLog<'_> {
             result = self.result,
             error = self.error,
             drained_by = self.drained_by,
+            endpoint = self.endpoint,
+            refused_tries = self.refused_tries,
             "stream ended"
         );
     }

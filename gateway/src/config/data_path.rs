@@ -72,10 +72,11 @@ pub struct HboneConfig {
     /// 0 (the default): the inbound share of the descriptor budget, three
     /// quarters of what the control plane and the pods' share leave of the
     /// open-file limit (see `descriptor_budget.rs`); a larger value is
-    /// lowered to it.
+    /// lowered to it. 1 is refused at load: a stream holds two (its tunnel
+    /// and its upstream connection).
     pub max_connections: u32,
     /// The same for one peer identity; 0 (the default): a quarter of
-    /// `max_connections`.
+    /// `max_connections`. 1, or 0 with a quarter below 2, is refused at load.
     pub max_connections_per_identity: u32,
 }
 
@@ -108,7 +109,52 @@ impl Default for HboneConfig {
     }
 }
 
+/// The inbound connections one stream holds, under `hbone.max_connections`
+/// and under its peer identity's cap alike: its tunnel and its connection
+/// to the workload (`proxy/inbound/limits.rs`: a tunnel takes one of each
+/// cap, and each of its streams' dials one more).
+pub const CONNECTIONS_PER_STREAM: u32 = 2;
+
 impl HboneConfig {
+    /// The connection caps that could never carry a stream, refused at
+    /// load as (key, why): each takes 0 (derived) or at least
+    /// [`CONNECTIONS_PER_STREAM`], and a derived per-identity cap (a
+    /// quarter of `max_connections`) must come to that much too.
+    pub fn check_connection_caps(&self) -> Result<(), (&'static str, String)> {
+        let need = CONNECTIONS_PER_STREAM;
+        let because = "because a stream holds two inbound connections: its tunnel and its connection to the workload";
+        let below = |key: &'static str, what: &str, n: u32| {
+            let message = format!(
+                "{n} can carry no stream: {what} must be 0 or at least {need} ({because}; \
+                 with fewer every CONNECT is refused)"
+            );
+            Err((key, message))
+        };
+        if (1..need).contains(&self.max_connections) {
+            let what = "the inbound connection cap (0: derived from the open-file limit)";
+            return below("hbone.max_connections", what, self.max_connections);
+        }
+        let per_identity = self.max_connections_per_identity;
+        if (1..need).contains(&per_identity) {
+            let what = "the cap of one peer identity (0: a quarter of hbone.max_connections)";
+            return below("hbone.max_connections_per_identity", what, per_identity);
+        }
+        let quarter = self.max_connections / 4;
+        if per_identity == 0 && self.max_connections != 0 && quarter < need {
+            return Err((
+                "hbone.max_connections_per_identity",
+                format!(
+                    "0 takes a quarter of hbone.max_connections ({}): {quarter}, which can carry \
+                     no stream ({because}; with fewer every CONNECT is refused): set it to at \
+                     least {need}, or hbone.max_connections to at least {}",
+                    self.max_connections,
+                    need * 4
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// What each tunnel is built with (the protocol layer's share of this
     /// section).
     pub fn settings(&self) -> crate::hbone::Settings {
@@ -236,6 +282,85 @@ impl Default for OutboundConfig {
             goaway_skip: Duration::from_secs(10),
             failing_skip: Duration::from_secs(5),
             connect_attempts: 2,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    fn load(sets: &[&str]) -> Result<Config, String> {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        Config::load(None, Vec::new(), &sets).map_err(|e| e.to_string())
+    }
+
+    /// A cap that cannot hold a stream's two connections (its tunnel and
+    /// its upstream connection) is refused naming its key and why.
+    #[test]
+    fn connection_caps_that_carry_no_stream_are_refused_naming_the_key() {
+        for (sets, key, says) in [
+            (
+                &["hbone.max_connections=1"][..],
+                "hbone.max_connections",
+                "1 can carry no stream",
+            ),
+            (
+                &[
+                    "hbone.max_connections=100",
+                    "hbone.max_connections_per_identity=1",
+                ],
+                "hbone.max_connections_per_identity",
+                "1 can carry no stream",
+            ),
+            // The derived per-identity cap: a quarter of 7 is 1.
+            (
+                &["hbone.max_connections=7"],
+                "hbone.max_connections_per_identity",
+                "a quarter of hbone.max_connections (7): 1",
+            ),
+            (
+                &["hbone.max_connections=2"],
+                "hbone.max_connections_per_identity",
+                "hbone.max_connections to at least 8",
+            ),
+        ] {
+            let e = load(sets).expect_err("refused");
+            assert!(
+                e.starts_with(&format!("config key `{key}`: ")),
+                "{sets:?}: {e}"
+            );
+            assert!(e.contains(says), "{sets:?}: {e}");
+            assert!(
+                e.contains("its tunnel and its connection to the workload"),
+                "{sets:?}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_smallest_caps_that_carry_a_stream_are_accepted() {
+        for sets in [
+            &[][..],
+            &[
+                "hbone.max_connections=2",
+                "hbone.max_connections_per_identity=2",
+            ][..],
+            &["hbone.max_connections=8"][..],
+            &["hbone.max_connections_per_identity=2"][..],
+            // Per identity above the whole cap: the whole cap binds first.
+            &[
+                "hbone.max_connections=2",
+                "hbone.max_connections_per_identity=50",
+            ][..],
+        ] {
+            let c = load(sets).unwrap_or_else(|e| panic!("{sets:?}: {e}"));
+            let caps = crate::proxy::inbound::limits::Caps::derive(&c.hbone, Some(1_000));
+            // One stream fits: a tunnel and a dial under every cap.
+            assert!(
+                caps.tunnels >= 1 && caps.connections >= 2 && caps.per_identity >= 2,
+                "{sets:?}: {caps:?}"
+            );
         }
     }
 }

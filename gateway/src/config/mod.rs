@@ -223,6 +223,9 @@ impl Config {
         self.oci
             .check()
             .map_err(|(key, message)| invalid(key, message))?;
+        self.hbone
+            .check_connection_caps()
+            .map_err(|(key, message)| invalid(key, message))?;
         // Every duration, size, count and port against its range (ranges.rs).
         if let Some((key, message)) = ranges::rows(self)
             .iter()

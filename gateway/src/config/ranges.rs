@@ -91,14 +91,14 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
             0,
             MAX_INBOUND_CONNECTIONS,
         )
-        .because("0: three quarters of what the control plane and the pods' share leave; a larger value is lowered to that"),
+        .because("0: three quarters of what the control plane and the pods' share leave; a larger value is lowered to that; 1 is refused, a stream holds 2"),
         count(
             "hbone.max_connections_per_identity",
             h.max_connections_per_identity.into(),
             0,
             MAX_INBOUND_CONNECTIONS,
         )
-        .because("0: a quarter of hbone.max_connections"),
+        .because("0: a quarter of hbone.max_connections; 1 is refused, a stream holds 2"),
         bytes(
             "hbone.max_header_list_size",
             h.max_header_list_size,

@@ -27,7 +27,9 @@
 //! terminating, neither backing off nor failing — so a Service whose every
 //! pod is terminating still answers; then any endpoint at all (counted
 //! `last_resort`): skipping never empties a Service. Streams already open
-//! are never moved.
+//! are never moved. A last-resort endpoint under a policy's backoff is
+//! probed, one connection at a time (`pool/probe.rs`): the Service has no
+//! alternative, as a pod address has none.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -142,7 +144,7 @@ impl EndpointPicker {
     /// find usable ones in a Service of thousands at constant cost); only
     /// when sampling finds too few does a full pass build the tiers.
     pub fn pick<'s>(&self, svc: &'s Service, port: u16) -> Option<&'s Endpoint> {
-        self.pick_avoiding(svc, port, None)
+        self.pick_avoiding(svc, port, None).map(|p| p.endpoint)
     }
 
     /// [`EndpointPicker::pick`], passing over the workload `avoid` as
@@ -154,7 +156,7 @@ impl EndpointPicker {
         svc: &'s Service,
         port: u16,
         avoid: Option<&str>,
-    ) -> Option<&'s Endpoint> {
+    ) -> Option<Picked<'s>> {
         let all = svc.endpoints.get(&port).map(Vec::as_slice).unwrap_or(&[]);
         let skip_reason = |e: &Endpoint| {
             if avoid == Some(e.workload.uid()) {
@@ -195,17 +197,21 @@ impl EndpointPicker {
                 .choices
                 .get_or_create(&Label { reason: "ready" })
                 .inc();
-            return match found {
-                [Some(a), Some(b)] => Some(self.lighter(a, b)),
-                [Some(a), None] => Some(a),
-                _ => None,
+            let endpoint = match found {
+                [Some(a), Some(b)] => self.lighter(a, b),
+                [Some(a), None] => a,
+                _ => return None,
             };
+            return Some(Picked {
+                endpoint,
+                last_resort: false,
+            });
         }
         self.pick_by_pass(all, avoid)
     }
 
     /// The full pass: every endpoint checked, the first non-empty tier used.
-    fn pick_by_pass<'s>(&self, all: &'s [Endpoint], avoid: Option<&str>) -> Option<&'s Endpoint> {
+    fn pick_by_pass<'s>(&self, all: &'s [Endpoint], avoid: Option<&str>) -> Option<Picked<'s>> {
         let avoided = |e: &&Endpoint| avoid == Some(e.workload.uid());
         let mut usable: Vec<&Endpoint> = Vec::with_capacity(all.len());
         for e in all {
@@ -261,7 +267,10 @@ impl EndpointPicker {
             .choices
             .get_or_create(&Label { reason: tier })
             .inc();
-        Some(self.choose(&usable))
+        Some(Picked {
+            endpoint: self.choose(&usable),
+            last_resort: tier == "last_resort",
+        })
     }
 
     fn choose<'s>(&self, from: &[&'s Endpoint]) -> &'s Endpoint {
@@ -306,6 +315,16 @@ impl EndpointPicker {
             })
             .collect()
     }
+}
+
+/// The endpoint chosen for a new connection.
+#[derive(Clone, Copy, Debug)]
+pub struct Picked<'s> {
+    pub endpoint: &'s Endpoint,
+    /// Chosen although passed over (every endpoint was): the connection has
+    /// no alternative, so under a backoff it goes through the backoff's
+    /// probe rather than failing at once.
+    pub last_resort: bool,
 }
 
 /// The index of one of `from` (not `except`), in proportion to capacity.

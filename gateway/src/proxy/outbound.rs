@@ -18,7 +18,7 @@ use crate::proxy::congestion::Congestion;
 use crate::proxy::copy::{copy_bidirectional, copy_tcp, Transferred};
 use crate::proxy::istio_tcp::{self, Flags, IstioTcpMetrics, Report, Reporter, ServiceRef};
 use crate::proxy::origin::Origin;
-use crate::proxy::pool::{Pool, PoolError, PoolKey};
+use crate::proxy::pool::{OnBackoff, Pool, PoolError, PoolKey};
 use crate::proxy::routing::Routing;
 use crate::proxy::waypoint::{self, WaypointError};
 use crate::shutdown::{ActiveStreams, ShutdownWatch, StreamGuard};
@@ -105,6 +105,9 @@ enum Route {
         /// Identities the target may present beside its own: its
         /// Service's `subject_alt_names` (usually none).
         also: Vec<SpiffeId>,
+        /// Under a backoff: fail at once (another endpoint may take the
+        /// connection) or go through its probe (none can).
+        on_backoff: OnBackoff,
     },
     /// Plain TCP to this address (a workload outside the mesh, or a
     /// non-mesh Service endpoint).
@@ -235,9 +238,9 @@ impl Outbound {
             let started = Instant::now();
             let _ = tcp.set_nodelay(true);
             let mut guard = self.streams.track();
-            let mut ids = Identities::default();
+            let mut known = Known::default();
             match self
-                .proxy_inner(&tcp, src, dst, started, &mut ids, &mut guard)
+                .proxy_inner(&tcp, src, dst, started, &mut known, &mut guard)
                 .await
             {
                 Ok(()) => {}
@@ -245,14 +248,8 @@ impl Outbound {
                     debug!(error = %e, "outbound connection failed");
                     self.metrics.connection_failed(e.reason());
                     self.metrics.stream_ended(e.reason());
-                    access_log(
-                        (&ids.src(), &ids.dst()),
-                        src,
-                        dst,
-                        Transferred::default(),
-                        started,
-                        e.reason(),
-                    );
+                    let line = known.line(src, dst);
+                    line.emit(Transferred::default(), started, e.reason());
                     // Reset rather than FIN: the application must not mistake a
                     // failed connect for an empty response.
                     let _ =
@@ -265,15 +262,15 @@ impl Outbound {
         .await
     }
 
-    /// Proxies one connection; `ids` gets each identity as it is learned,
-    /// so the access line of a failure names those it knew.
+    /// Proxies one connection; `known` gets each identity and endpoint as
+    /// it is learned, so the access line of a failure names those it knew.
     async fn proxy_inner(
         &self,
         tcp: &TcpStream,
         src: SocketAddr,
         dst: SocketAddr,
         started: Instant,
-        ids: &mut Identities,
+        known: &mut Known,
         guard: &mut StreamGuard,
     ) -> Result<(), OutboundError> {
         if self.is_own_listener(dst) {
@@ -282,7 +279,7 @@ impl Outbound {
         let snapshot = self.workloads.snapshot();
         let (source, source_workload) = self.source_of(&snapshot, src)?;
         drop(snapshot);
-        ids.src = Some(source.clone());
+        known.src = Some(source.clone());
         let baggage = source_workload
             .as_deref()
             .and_then(|w| self.metrics.istio.baggage(w));
@@ -314,14 +311,15 @@ impl Outbound {
                 target,
                 service,
             };
-            let (target, hbone_ip, authority, service, also) = match route {
+            let (target, hbone_ip, authority, service, also, on_backoff) = match route {
                 Route::Hbone {
                     target,
                     hbone_ip,
                     authority,
                     service,
                     also,
-                } => (target, hbone_ip, authority, service, also),
+                    on_backoff,
+                } => (target, hbone_ip, authority, service, also, on_backoff),
                 plain => {
                     let (to, report) = match &plain {
                         Route::Tcp {
@@ -333,11 +331,23 @@ impl Outbound {
                     };
                     let report = report.open(&self.metrics.istio, false);
                     // Boxed, as the connect below.
-                    return Box::pin(self.passthrough(tcp, (src, dst), to, started, ids, report))
-                        .await;
+                    known.dst = None;
+                    if let Route::Tcp {
+                        target,
+                        service: Some(_),
+                        ..
+                    } = &plain
+                    {
+                        known.trying(target.uid(), to);
+                    }
+                    let line = known.line(src, dst);
+                    return Box::pin(self.passthrough(tcp, dst, to, started, line, report)).await;
                 }
             };
-            ids.dst = Some(target.identity.clone());
+            known.dst = Some(target.identity.clone());
+            if service.is_some() {
+                known.trying(target.uid(), authority);
+            }
             let report = seen(Some(&target), service.as_deref()).open(&self.metrics.istio, true);
             let key = PoolKey {
                 src: source.clone(),
@@ -349,12 +359,14 @@ impl Outbound {
             };
             // Boxed: the connect's state lives only while it runs, not in
             // every proxied connection's task for its whole life.
-            let connected =
-                Box::pin(
-                    self.pool
-                        .connect_from(&key, authority, &self.origin, baggage.clone()),
-                )
-                .await;
+            let connected = Box::pin(self.pool.connect_from(
+                &key,
+                authority,
+                &self.origin,
+                baggage.clone(),
+                on_backoff,
+            ))
+            .await;
             match connected {
                 Ok(s) => {
                     if attempt > 1 {
@@ -373,6 +385,7 @@ impl Outbound {
                 {
                     report.close(Flags::of_pool_error(&e));
                     debug!(error = %e, endpoint = target.uid(), attempt, "endpoint connect failed; choosing another");
+                    known.refused(e.reason());
                     failed = Some(target.uid().to_owned());
                     attempt += 1;
                 }
@@ -407,7 +420,7 @@ impl Outbound {
         }
         guard.finished(result.is_ok());
         self.metrics.stream_ended(outcome);
-        access_log((&ids.src(), &ids.dst()), src, dst, moved, started, outcome);
+        known.line(src, dst).emit(moved, started, outcome);
         drop(stream.slot);
         Ok(())
     }
@@ -445,6 +458,7 @@ impl Outbound {
                     authority: dst,
                     service: None,
                     also: Vec::new(),
+                    on_backoff: OnBackoff::Probe,
                 },
                 Protocol::Tcp => Route::Tcp {
                     to: dst,
@@ -462,10 +476,16 @@ impl Outbound {
                 }
             }
             let picked = self.routing.picker.pick_avoiding(svc, dst.port(), avoid);
-            let e = picked.ok_or_else(|| OutboundError::NoHealthyEndpoint {
+            let picked = picked.ok_or_else(|| OutboundError::NoHealthyEndpoint {
                 service: svc.key(),
                 port: dst.port(),
             })?;
+            let e = picked.endpoint;
+            let on_backoff = if picked.last_resort {
+                OnBackoff::Probe
+            } else {
+                OnBackoff::FailFast
+            };
             if e.workload.spec.other_network {
                 return Err(self.refused(WaypointError::DestinationOnOtherNetwork {
                     destination: e.workload.spec.uid.clone(),
@@ -479,6 +499,7 @@ impl Outbound {
                     authority: addr,
                     also: svc.spec.subject_alt_names.clone(),
                     service: Some(svc.clone()),
+                    on_backoff,
                 },
                 Protocol::Tcp => Route::Tcp {
                     to: addr,
@@ -526,6 +547,7 @@ impl Outbound {
                     authority: dst,
                     service: service.cloned(),
                     also: via.also,
+                    on_backoff: OnBackoff::Probe,
                 }))
             }
             Ok(None) => {
@@ -625,10 +647,10 @@ impl Outbound {
     async fn passthrough(
         &self,
         tcp: &TcpStream,
-        (src, dst): (SocketAddr, SocketAddr),
+        dst: SocketAddr,
         to: SocketAddr,
         started: Instant,
-        ids: &Identities,
+        line: AccessLine<'_>,
         report: Report,
     ) -> Result<(), OutboundError> {
         let connected = self
@@ -668,21 +690,26 @@ impl Outbound {
             tcp_to_h2: up,
             h2_to_tcp: down,
         };
-        access_log((&ids.src(), ""), src, dst, moved, started, outcome);
+        line.emit(moved, started, outcome);
         Ok(())
     }
 }
 
-/// The identities of one outbound connection, as far as they are known.
+/// What the access line of one outbound connection says beyond its
+/// addresses, as far as it is known.
 #[derive(Debug, Default)]
-struct Identities {
-    /// The source workload's, once it was found.
+struct Known {
+    /// The source workload's identity, once it was found.
     src: Option<SpiffeId>,
-    /// The destination's, once the connection was routed over HBONE.
+    /// The destination's identity, once the connection was routed over HBONE.
     dst: Option<SpiffeId>,
+    /// To a Service: the endpoint tried last (`<uid> at <ip:port>`).
+    endpoint: Option<String>,
+    /// To a Service: the endpoints tried before it and why each failed.
+    refused_tries: Vec<String>,
 }
 
-impl Identities {
+impl Known {
     fn src(&self) -> String {
         self.src
             .as_ref()
@@ -696,30 +723,57 @@ impl Identities {
             .map(ToString::to_string)
             .unwrap_or_default()
     }
+
+    /// The connection goes to `uid` at `addr`, an endpoint of a Service.
+    fn trying(&mut self, uid: &str, addr: SocketAddr) {
+        self.endpoint = Some(format!("{uid} at {addr}"));
+    }
+
+    /// The endpoint being tried failed its connect with `reason`; another
+    /// is chosen.
+    fn refused(&mut self, reason: &str) {
+        if let Some(e) = self.endpoint.take() {
+            self.refused_tries.push(format!("{e}: {reason}"));
+        }
+    }
+
+    fn line(&self, src: SocketAddr, dst: SocketAddr) -> AccessLine<'_> {
+        AccessLine {
+            known: self,
+            src,
+            dst,
+        }
+    }
 }
 
-/// The access-log line of one outbound connection (an identity is empty
-/// when it was not known: refused before the source was found, or the
-/// destination of plain TCP).
-fn access_log(
-    (src_identity, dst_identity): (&str, &str),
+/// One outbound connection's access line, but for how it ended.
+struct AccessLine<'a> {
+    known: &'a Known,
     src: SocketAddr,
     dst: SocketAddr,
-    moved: Transferred,
-    started: Instant,
-    result: &str,
-) {
-    AccessLog {
-        direction: "outbound",
-        src_identity,
-        dst_identity,
-        src_addr: src,
-        dst_addr: dst,
-        moved,
-        duration: started.elapsed(),
-        result,
-        error: None,
-        drained_by: None,
+}
+
+impl AccessLine<'_> {
+    /// Emits the line (an identity is empty when it was not known:
+    /// refused before the source was found, or the destination of plain
+    /// TCP).
+    fn emit(&self, moved: Transferred, started: Instant, result: &str) {
+        let k = self.known;
+        let refused = (!k.refused_tries.is_empty()).then(|| k.refused_tries.join("; "));
+        AccessLog {
+            direction: "outbound",
+            src_identity: &k.src(),
+            dst_identity: &k.dst(),
+            src_addr: self.src,
+            dst_addr: self.dst,
+            moved,
+            duration: started.elapsed(),
+            result,
+            error: None,
+            drained_by: None,
+            endpoint: k.endpoint.as_deref(),
+            refused_tries: refused.as_deref(),
+        }
+        .emit();
     }
-    .emit();
 }

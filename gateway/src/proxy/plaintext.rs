@@ -181,6 +181,8 @@ impl PlaintextInbound {
                 result: outcome,
                 error: error.as_deref(),
                 drained_by: None,
+                endpoint: None,
+                refused_tries: None,
             }
             .emit();
             self.metrics.connections_closed.inc();

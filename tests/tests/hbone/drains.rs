@@ -491,10 +491,23 @@ async fn evict_on_delete_closes_pooled_tunnels_to_a_deleted_peer() {
     );
 }
 
+/// One connection through the capture: `Ok` when its round trip came
+/// back, `Err` when it was refused or reset.
+async fn exchange(capture: &tidegate_e2e::Capture, src: std::net::IpAddr) -> std::io::Result<()> {
+    let mut tcp = capture.try_connect(src).await?;
+    round_trip(&mut tcp, b"x").await.map(|_| ())
+}
+
+/// Node B's gateway goes away, and the policy backs off its HBONE address
+/// after two refused dials. A pod address has no other endpoint, so the
+/// backoff is probed, one connection at a time: while B is down each
+/// probe fails (the connections waiting on it with it) and no dial goes
+/// out but the probes; once B serves again, the first probe connects, the
+/// backoff ends, and every connection waiting on it goes through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn repeated_connect_failures_back_off_and_fail_fast() {
+async fn a_backoff_to_a_pod_is_probed_and_ends_when_the_peer_serves_again() {
     let TwoNodes {
-        dir: _dir,
+        dir,
         server,
         client,
         capture,
@@ -504,51 +517,61 @@ async fn repeated_connect_failures_back_off_and_fail_fast() {
         66,
         Options {
             client_yaml: format!(
-                "policies:\n  default: p\n  plugins:\n    p:\n      file: {}\n      config: '{{\"failure-threshold\": 2, \"backoff-initial-ms\": 60000, \"backoff-max-ms\": 60000}}'\n",
+                "policies:\n  default: p\n  plugins:\n    p:\n      file: {}\n      config: '{{\"failure-threshold\": 2, \"backoff-initial-ms\": 200, \"backoff-max-ms\": 60000, \"backoff-jitter\": 0.0}}'\n",
                 plugin("evict-on-delete").display()
             ),
             ..Default::default()
         },
     )
     .await;
+    let port = server.addrs.inbound.expect("node listeners").port();
     // The destination's gateway goes away: dials are refused.
     server.shutdown().await;
-    let dial_failures = |m: &str| {
+    let m = || client.metrics_text();
+    let dials_failed = |m: &str| {
         metric(
             m,
             r#"tidegate_pool_dial_failures_total{reason="connect_refused"}"#,
         )
     };
+    let probes = |m: &str, outcome: &str| {
+        metric_or_zero(
+            m,
+            &format!(r#"tidegate_pool_backoff_probes_total{{outcome="{outcome}"}}"#),
+        )
+    };
+    let fast_failed = |m: &str| metric(m, "tidegate_pool_backoff_fast_failures_total");
     for i in 1..=2 {
-        if let Ok(mut tcp) = capture.try_connect(client_ip).await {
-            let mut rest = Vec::new();
-            let _ = tcp.read_to_end(&mut rest).await;
-        }
+        assert!(exchange(&capture, client_ip).await.is_err());
         eventually("dial failure counted", Duration::from_secs(5), || {
-            dial_failures(&client.metrics_text()) == i as f64
+            dials_failed(&m()) == i as f64
         })
         .await;
     }
     eventually("the policy set a backoff", Duration::from_secs(5), || {
-        metric(
-            &client.metrics_text(),
-            "tidegate_pool_backoff_activations_total",
-        ) == 1.0
+        metric(&m(), "tidegate_pool_backoff_activations_total") >= 1.0
     })
     .await;
-    // While backing off, application connections fail at once, without a dial.
-    if let Ok(mut tcp) = capture.try_connect(client_ip).await {
-        let mut rest = Vec::new();
-        let _ = tcp.read_to_end(&mut rest).await;
-        assert!(rest.is_empty());
+    // Still down: connections fail as before; each round of them costs
+    // one dial, its probe's, whoever waited on it.
+    for round in 1..=2 {
+        let tries: Vec<_> = (0..5).map(|_| exchange(&capture, client_ip)).collect();
+        let results = futures::future::join_all(tries).await;
+        assert!(results.iter().all(Result::is_err), "round {round}");
+        let m = m();
+        assert_eq!(
+            dials_failed(&m),
+            2.0 + probes(&m, "failed"),
+            "round {round}: a dial that was no probe"
+        );
+        assert!(probes(&m, "failed") >= f64::from(round), "{m}");
+        assert_eq!(
+            probes(&m, "failed") + fast_failed(&m),
+            5.0 * f64::from(round),
+            "round {round}: each connection probed or waited on a probe"
+        );
     }
-    eventually("fast failure counted", Duration::from_secs(5), || {
-        metric(
-            &client.metrics_text(),
-            "tidegate_pool_backoff_fast_failures_total",
-        ) == 1.0
-    })
-    .await;
+    let failed_probes = probes(&m(), "failed");
     // The backoff shows in GET /drains, under the peer it was decided about.
     let peers = client.drains.peer_drains();
     let failing: Vec<_> = peers
@@ -556,20 +579,43 @@ async fn repeated_connect_failures_back_off_and_fail_fast() {
         .flat_map(|p| p.decisions.iter().map(move |d| (p.peer.as_str(), d)))
         .filter(|(_, d)| d.event == "connect-failing")
         .collect();
-    assert_eq!(failing.len(), 1, "{peers:?}");
-    assert_eq!(failing[0].0, "echo-uid", "{peers:?}");
+    assert!(!failing.is_empty(), "{peers:?}");
+    assert!(
+        failing.iter().all(|(peer, _)| *peer == "echo-uid"),
+        "{peers:?}"
+    );
     assert!(
         failing[0].1.actions[0].starts_with("backoff for "),
         "{peers:?}"
     );
-    let m = client.metrics_text();
-    assert_eq!(dial_failures(&m), 2.0, "no dial while backing off");
+
+    // B serves again (a new gateway on its port); the backoff still runs.
+    let mut cfg = tidegate_e2e::gateway_config(
+        "node-b",
+        &dir.path().join("ca"),
+        &dir.path().join("server-workloads.yaml"),
+        15008,
+        "",
+    );
+    cfg.listeners.inbound = SocketAddr::from(([0, 0, 0, 0], port));
+    let _back = tidegate::app::build(cfg).await.unwrap();
+    let tries: Vec<_> = (0..10).map(|_| exchange(&capture, client_ip)).collect();
+    let results = futures::future::join_all(tries).await;
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    assert_eq!(failed, 0, "{results:?}");
+    let m = m();
+    assert_eq!(probes(&m, "succeeded"), 1.0, "{m}");
+    assert_eq!(
+        probes(&m, "failed"),
+        failed_probes,
+        "no probe failed once B was back"
+    );
     assert_eq!(
         metric(
             &m,
             r#"tidegate_connections_failed_total{direction="outbound",reason="backing_off"}"#
         ),
-        1.0
+        fast_failed(&m)
     );
 }
 

@@ -317,3 +317,76 @@ async fn a_second_gateway_takes_new_connections_while_the_first_drains() {
         .unwrap();
     assert_eq!(round_trip(&mut fresh, b"after").await.unwrap(), b"after");
 }
+
+/// How a read on a stream that was cut ended: `eof` (a clean-looking
+/// end), `reset`, or the error.
+async fn end_of(tcp: &mut TcpStream) -> String {
+    let mut rest = Vec::new();
+    match tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut rest)).await {
+        Err(_) => "still open".into(),
+        Ok(Ok(_)) => "eof".into(),
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => "reset".into(),
+        Ok(Err(e)) => format!("{e}"),
+    }
+}
+
+/// A long stream the shutdown deadline cuts ends the same way at both
+/// ends — the client application's and the server application's — when
+/// either gateway shuts down: reset (a TCP RST, carried between the
+/// gateways as RST_STREAM(CANCEL)), never an end of stream that looks
+/// clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_at_the_shutdown_deadline_is_reset_at_both_ends() {
+    for (octet, which) in [(172, "server"), (173, "client")] {
+        let deadline = "shutdown:\n  deadline: 300ms\n".to_string();
+        let opts = if which == "server" {
+            Options {
+                server_yaml: deadline,
+                ..Default::default()
+            }
+        } else {
+            Options {
+                client_yaml: deadline,
+                ..Default::default()
+            }
+        };
+        let nodes = TwoNodes::with(octet, opts).await;
+        // The server application: answers once, then reports how its
+        // connection ended.
+        let app = tokio::net::TcpListener::bind(SocketAddr::new(ip(octet, 2), 0))
+            .await
+            .unwrap();
+        let app_addr = app.local_addr().unwrap();
+        let server_end = tokio::spawn(async move {
+            let (mut tcp, _) = app.accept().await.unwrap();
+            let mut buf = [0u8; 3];
+            tcp.read_exact(&mut buf).await.unwrap();
+            tcp.write_all(&buf).await.unwrap();
+            end_of(&mut tcp).await
+        });
+        let capture = tidegate_e2e::Capture::start(nodes.client.outbound.clone(), app_addr).await;
+        let mut client = capture.connect(nodes.client_ip).await;
+        assert_eq!(round_trip(&mut client, b"one").await.unwrap(), b"one");
+        let TwoNodes {
+            dir: _dir,
+            server,
+            client: client_gw,
+            ..
+        } = nodes;
+        let (stopping, _other) = if which == "server" {
+            (server, client_gw)
+        } else {
+            (client_gw, server)
+        };
+        tokio::time::timeout(Duration::from_secs(10), stopping.shutdown())
+            .await
+            .expect("shutdown is bounded by its deadline");
+        let client_end = end_of(&mut client).await;
+        let server_end = server_end.await.unwrap();
+        assert_eq!(
+            (client_end.as_str(), server_end.as_str()),
+            ("reset", "reset"),
+            "{which} gateway shut down: client and server applications"
+        );
+    }
+}

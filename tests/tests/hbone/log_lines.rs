@@ -197,3 +197,56 @@ fn the_inbound_access_line_names_the_app_port_refused_or_not() {
         }
     })
 }
+
+/// A connection to a Service whose first endpoint refused the CONNECT
+/// (no application behind it: 503) and went to another: its access line
+/// names the VIP, the refused try with its reason, and the endpoint that
+/// took it.
+#[test]
+fn a_connection_retried_on_another_endpoint_names_both_in_its_access_line() {
+    Logs::run(|logs| async move {
+        let octet = 171;
+        let opts = Options {
+            client_yaml:
+                "outbound:\n  failing_skip: 0s\n  endpoint_choice: random\n  connect_attempts: 2\n"
+                    .into(),
+            ..Default::default()
+        };
+        // e3 has no application: its gateway answers every CONNECT 503.
+        let s = super::services::Svc::start_with(octet, opts, 4).await;
+        let refused = format!(
+            "refused_tries=\"e3 at {}: status_503\"",
+            SocketAddr::new(ip(octet, 13), s.port)
+        );
+        // A random choice: e3 comes first in one connection of four.
+        for _ in 0..80 {
+            s.call().await.expect("retried on another endpoint");
+            if logs.line_with(&[&refused]).is_some() {
+                break;
+            }
+        }
+        let line = logs
+            .wait_line(&["tidegate::access", "direction=\"outbound\"", &refused])
+            .await;
+        assert!(
+            line.contains(&format!("dst.addr={}:80 ", ip(octet, 100))),
+            "{line}"
+        );
+        assert!(line.contains("result=\"ok\""), "{line}");
+        let took = (0..3).any(|i| {
+            let addr = SocketAddr::new(ip(octet, 10 + i), s.port);
+            line.contains(&format!("endpoint=\"e{i} at {addr}\""))
+        });
+        assert!(took, "the endpoint that took it: {line}");
+        // Every connection through the VIP names the endpoint it went to.
+        let text = logs.text();
+        let outbound: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("tidegate::access") && l.contains("direction=\"outbound\""))
+            .collect();
+        assert!(!outbound.is_empty());
+        for l in outbound {
+            assert!(l.contains("endpoint=\"e"), "{l}");
+        }
+    })
+}

@@ -63,9 +63,9 @@ async fn exchange(cap: &Capture, client: IpAddr) -> std::io::Result<()> {
     round_trip(&mut tcp, b"x").await.map(|_| ())
 }
 
-struct Svc {
-    nodes: TwoNodes,
-    port: u16,
+pub(super) struct Svc {
+    pub(super) nodes: TwoNodes,
+    pub(super) port: u16,
     counts: Vec<Arc<AtomicUsize>>,
     vip: Capture,
 }
@@ -77,7 +77,7 @@ impl Svc {
 
     /// `endpoints` endpoints, of which the first three have an application
     /// (an echo server): the others accept nothing.
-    async fn start_with(octet: u8, opts: Options, endpoints: usize) -> Svc {
+    pub(super) async fn start_with(octet: u8, opts: Options, endpoints: usize) -> Svc {
         let (first, c0) = counting_echo(SocketAddr::new(ip(octet, 10), 0), Duration::ZERO).await;
         let port = first.port();
         let mut counts = vec![c0];
@@ -115,7 +115,7 @@ impl Svc {
     }
 
     /// One short connection through the VIP: a round trip, then close.
-    async fn call(&self) -> std::io::Result<()> {
+    pub(super) async fn call(&self) -> std::io::Result<()> {
         let mut tcp = self.vip.try_connect(self.nodes.client_ip).await?;
         let back = round_trip(&mut tcp, b"ping").await?;
         assert_eq!(back, b"ping");

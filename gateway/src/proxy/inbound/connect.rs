@@ -577,6 +577,8 @@ fn log(
         result,
         error,
         drained_by,
+        endpoint: None,
+        refused_tries: None,
     }
     .emit();
 }

@@ -52,6 +52,10 @@ pub struct BackoffParams {
     pub jitter: f64,
 }
 
+/// The longest wait between two probes of a backoff (whatever the
+/// policy's wait): a destination that serves again is found within this.
+pub(super) const PROBE_GAP_MAX: Duration = Duration::from_secs(1);
+
 #[derive(Debug)]
 struct DestState {
     consecutive: u32,
@@ -60,6 +64,19 @@ struct DestState {
     /// Retries attempted under the current backoff.
     attempt: u32,
     until: Option<Instant>,
+    probe: Probe,
+}
+
+/// The half-open side of a backoff: one connection at a time may try a
+/// destination that has no alternative while its backoff runs.
+#[derive(Debug)]
+struct Probe {
+    in_flight: bool,
+    /// No probe starts before this: the policy's wait, at most
+    /// [`PROBE_GAP_MAX`], from the backoff's start or the last failed probe.
+    next_at: Instant,
+    /// Probes that ended and left the backoff running.
+    failed: u64,
 }
 
 impl DestState {
@@ -70,8 +87,42 @@ impl DestState {
             backoff: None,
             attempt: 0,
             until: None,
+            probe: Probe {
+                in_flight: false,
+                next_at: now,
+                failed: 0,
+            },
         }
     }
+
+    /// When the next probe may start: at the backoff's end, or
+    /// [`PROBE_GAP_MAX`] from `now`, whichever is sooner.
+    fn next_probe(&self, now: Instant) -> Instant {
+        let until = self.until.unwrap_or(now);
+        until.min(now + PROBE_GAP_MAX)
+    }
+}
+
+/// What a new connection to a destination does about its backoff.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Turn {
+    /// No backoff runs: connect.
+    Clear,
+    /// Connect, as the backoff's probe.
+    Probe(SocketAddr),
+    /// Fail at once (the caller has another endpoint to try).
+    FailFast {
+        addr: SocketAddr,
+        remaining: Duration,
+    },
+    /// Wait for the probe in flight, or for the next one to start at
+    /// `next_at`; `failed` tells whether one failed meanwhile.
+    Wait {
+        addr: SocketAddr,
+        remaining: Duration,
+        failed: u64,
+        next_at: Option<Instant>,
+    },
 }
 
 /// The pool's knowledge of its destinations (the pool's `book`; taken
@@ -249,6 +300,69 @@ impl Book {
         d.backoff = Some(params);
         d.attempt = 1;
         d.until = Some(now + backoff_wait(params, 1));
+        d.probe.next_at = d.next_probe(now);
+    }
+
+    /// What a new connection to `addrs` (the HBONE address, the
+    /// application's) does about a backoff on either. With an alternative
+    /// it fails while the policy's wait runs; without (`may_probe`) the
+    /// backoff runs until a connect succeeds, and its retries are probes,
+    /// one at a time. A probe turn marks the probe in flight: the caller
+    /// reports its end with [`Book::probe_ended`].
+    pub(super) fn turn(&mut self, addrs: [SocketAddr; 2], may_probe: bool) -> Turn {
+        if !may_probe {
+            return match addrs
+                .into_iter()
+                .find_map(|a| Some((a, self.backing_off(a)?)))
+            {
+                Some((addr, remaining)) => Turn::FailFast { addr, remaining },
+                None => Turn::Clear,
+            };
+        }
+        let now = Instant::now();
+        let Some((addr, d)) = addrs.into_iter().find_map(|a| {
+            let d = self.dests.get(&a).filter(|d| d.backoff.is_some())?;
+            Some((a, d))
+        }) else {
+            return Turn::Clear;
+        };
+        let remaining = d
+            .until
+            .and_then(|u| u.checked_duration_since(now))
+            .unwrap_or_default();
+        let p = &mut self.dests.get_mut(&addr).expect("found above").probe;
+        if !p.in_flight && now >= p.next_at {
+            p.in_flight = true;
+            return Turn::Probe(addr);
+        }
+        Turn::Wait {
+            addr,
+            remaining,
+            failed: p.failed,
+            next_at: (!p.in_flight).then_some(p.next_at),
+        }
+    }
+
+    /// The probe of `addr`'s backoff ended: a success ends the backoff
+    /// (the WIT's "ends at the first successful connect"); a failure
+    /// leaves it running, waiting longer (once per probe: a failure the
+    /// pool recorded has already), and the next probe waits its gap.
+    pub(super) fn probe_ended(&mut self, addr: SocketAddr, succeeded: bool) {
+        if succeeded {
+            self.dests.remove(&addr);
+            return;
+        }
+        let Some(d) = self.dests.get_mut(&addr) else {
+            return;
+        };
+        let now = Instant::now();
+        if let (Some(b), true) = (d.backoff, d.until.is_none_or(|u| u <= now)) {
+            d.attempt += 1;
+            d.until = Some(now + backoff_wait(b, d.attempt));
+        }
+        d.probe.in_flight = false;
+        d.probe.failed += 1;
+        d.probe.next_at = d.next_probe(now);
     }
 
     /// How long new tunnels to `addr` still fail fast.

@@ -11,6 +11,11 @@ pub(super) struct ReasonLabel {
     pub(super) reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct OutcomeLabel {
+    pub(super) outcome: &'static str,
+}
+
 #[derive(Clone, Debug, Default)]
 pub(super) struct PoolMetrics {
     pub(super) tunnels: Gauge,
@@ -21,6 +26,7 @@ pub(super) struct PoolMetrics {
     pub(super) closed: Family<ReasonLabel, Counter>,
     pub(super) backoffs: Counter,
     pub(super) fast_failed: Counter,
+    pub(super) probes: Family<OutcomeLabel, Counter>,
 }
 
 impl PoolMetrics {
@@ -64,8 +70,15 @@ impl PoolMetrics {
         );
         r.register(
             "backoff_fast_failures",
-            "Application connections refused at once because their destination backs off",
+            "Application connections failed by their destination's backoff without a dial of their own: \
+             at once when another endpoint may take them, else once the probe they waited for failed",
             m.fast_failed.clone(),
+        );
+        r.register(
+            "backoff_probes",
+            "Connections let through a backoff to a destination with no alternative, one at a time, \
+             by outcome (succeeded: the backoff ended; failed: it runs on)",
+            m.probes.clone(),
         );
         m
     }

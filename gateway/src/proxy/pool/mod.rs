@@ -39,10 +39,12 @@ use crate::tls::TlsContext;
 mod book;
 mod dump;
 mod metrics;
+mod probe;
 mod tunnel;
 
 pub use book::{BackoffParams, ConnectFailure};
 pub use dump::TunnelDump;
+pub use probe::OnBackoff;
 pub use tunnel::{StreamSlot, Tunnel};
 
 use book::Book;
@@ -131,6 +133,8 @@ pub struct Pool {
     book: Arc<Mutex<Book>>,
     /// Whether the book holds a failing workload (written under its lock).
     any_failing: AtomicBool,
+    /// Notified when a backoff's probe ends (`probe.rs`).
+    probe_ended: Arc<tokio::sync::Notify>,
 }
 
 /// An established CONNECT stream on a pooled tunnel.
@@ -159,6 +163,7 @@ impl Pool {
             draining: Mutex::new(Vec::new()),
             book: Default::default(),
             any_failing: AtomicBool::new(false),
+            probe_ended: Default::default(),
         })
     }
 
@@ -230,33 +235,40 @@ impl Pool {
         key: &PoolKey,
         authority: SocketAddr,
     ) -> Result<PooledStream, PoolError> {
-        self.connect_from(key, authority, &Origin::Node, None).await
+        let origin = &Origin::Node;
+        self.connect_from(key, authority, origin, None, OnBackoff::Probe)
+            .await
     }
 
     /// [`Pool::connect`], dialing a new tunnel from `origin`'s namespace
-    /// (`key.src_netns` must name the same one).
+    /// (`key.src_netns` must name the same one). Under a backoff on the
+    /// pod's HBONE address (its dials failed) or on the application's (its
+    /// CONNECTs were refused), `on_backoff` says whether the connection
+    /// fails at once or goes through the backoff's probe (`probe.rs`).
     pub async fn connect_from(
         self: &Arc<Self>,
         key: &PoolKey,
         authority: SocketAddr,
         origin: &Origin,
         baggage: Option<HeaderValue>,
+        on_backoff: OnBackoff,
     ) -> Result<PooledStream, PoolError> {
-        // A backoff on the pod's HBONE address (its dials failed) or on
-        // the application's (its CONNECTs were refused).
-        let backing_off = {
-            let book = self.book.locked();
-            [key.dst_addr, authority]
-                .into_iter()
-                .find_map(|a| Some((a, book.backing_off(a)?)))
-        };
-        if let Some((addr, remaining)) = backing_off {
-            self.metrics.fast_failed.inc();
-            return Err(PoolError::BackingOff {
-                addr,
-                remaining_ms: remaining.as_millis() as u64,
-            });
+        let probe = self.through_backoff(key, authority, on_backoff).await?;
+        let connected = self.connect_now(key, authority, origin, baggage).await;
+        if let Some(p) = probe {
+            p.finish(connected.is_ok());
         }
+        connected
+    }
+
+    /// A stream on a pooled tunnel, or on one dialed now.
+    async fn connect_now(
+        self: &Arc<Self>,
+        key: &PoolKey,
+        authority: SocketAddr,
+        origin: &Origin,
+        baggage: Option<HeaderValue>,
+    ) -> Result<PooledStream, PoolError> {
         let entry = self.entry(key);
         // A tunnel may turn out to have received GOAWAY between checkout and
         // use; such a stream never reached the peer, so retry a few times.
@@ -431,17 +443,33 @@ impl Pool {
         );
     }
 
-    /// Closes tunnels idle for longer than the idle timeout. Runs until drained.
+    /// Closes tunnels idle for longer than the idle timeout until drained.
+    ///
+    /// Drain contract: when `drain` fires, idle eviction stops (shutdown
+    /// evicts every tunnel itself, [`Pool::evict_all`]); at its deadline
+    /// every tunnel still open, pooled or draining, is closed at once, so
+    /// the streams it still carries are cut as a reset at both ends: the
+    /// outbound copy resets the application's connection (TCP RST), and
+    /// the peer gateway, its tunnel gone, resets the workload's. Without
+    /// this the streams ran on past the deadline and ended as the process
+    /// exited: a FIN at the client, which looks like a clean end.
     pub async fn evict_idle(self: Arc<Self>, mut drain: ShutdownWatch) {
         let period =
             (self.cfg.idle_timeout / 4).clamp(Duration::from_millis(5), Duration::from_secs(30));
         let mut tick = tokio::time::interval(period);
-        loop {
+        let deadline = loop {
             tokio::select! {
                 _ = tick.tick() => self.evict_idle_once(),
-                _ = drain.signaled() => return,
+                at = drain.signaled() => break at,
             }
+        };
+        tokio::time::sleep_until(deadline).await;
+        let open = self.tunnels().len() + self.draining.locked().len();
+        if open > 0 {
+            debug!(tunnels = open, "drain deadline: closing outbound tunnels");
         }
+        // Pooled and draining tunnels alike (`tunnels_closed{reason="evicted_now"}`).
+        self.evict_matching(true, |_| true);
     }
 
     fn evict_idle_once(&self) {
@@ -486,8 +514,10 @@ impl Pool {
         self.book.locked().failures = Some(tx);
     }
 
-    /// Starts (or replaces) a backoff for `addr`: new application connections
-    /// to it fail at once until the wait is over; a successful connect ends it.
+    /// Starts (or replaces) a backoff for `addr`: until the wait is over, new
+    /// application connections to it fail at once when they have another
+    /// endpoint, else go through its probe (`probe.rs`); a successful
+    /// connect ends it.
     pub fn set_backoff(&self, addr: SocketAddr, params: BackoffParams) {
         self.book.locked().set_backoff(addr, params);
         self.metrics.backoffs.inc();
