@@ -349,7 +349,7 @@ fn gateway_workload(policy: &str) -> Workload {
             node: "node-a".into(),
             protocol: Default::default(),
             state: Default::default(),
-            labels,
+            labels: labels.into(),
             annotations,
             allow: Vec::new(),
             authorization_policies: Vec::new(),
