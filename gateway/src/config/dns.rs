@@ -41,6 +41,29 @@ pub struct DnsConfig {
     pub max_in_flight_per_pod: u32,
     /// The cluster's DNS domain: Services are `<name>.<namespace>.svc.<cluster_domain>`.
     pub cluster_domain: String,
+    /// `dns.cache`: forwarded answers kept for their TTL, per pod.
+    pub cache: DnsCacheConfig,
+}
+
+/// `dns.cache`: each pod's cache of forwarded answers ([`crate::dns::cache`]).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DnsCacheConfig {
+    /// Answers one pod's cache holds (the least recently used goes first
+    /// past it); `0` turns the cache off.
+    pub max_entries: u32,
+    /// The longest an answer is kept, whatever its TTL says.
+    #[serde(with = "duration")]
+    pub max_ttl: Duration,
+}
+
+impl Default for DnsCacheConfig {
+    fn default() -> Self {
+        DnsCacheConfig {
+            max_entries: 256,
+            max_ttl: Duration::from_secs(3600),
+        }
+    }
 }
 
 impl Default for DnsConfig {
@@ -53,6 +76,7 @@ impl Default for DnsConfig {
             max_in_flight: 512,
             max_in_flight_per_pod: 64,
             cluster_domain: "cluster.local".into(),
+            cache: DnsCacheConfig::default(),
         }
     }
 }

@@ -12,33 +12,43 @@
 //! - [`handler`]: one query as bytes → an answer, a forward, FORMERR, or a
 //!   counted drop. No I/O (the `dns` fuzz target).
 //! - [`forward`]: everything else to the upstream servers, from the pod's
-//!   namespace, with a timeout (SERVFAIL past it).
+//!   namespace, with a timeout (SERVFAIL past it); a query of its own that
+//!   comes back (a forwarding loop) is SERVFAIL at once.
+//! - [`cache`]: each pod's forwarded answers, kept for their TTL.
+//! - [`tcp`]: DNS over TCP's framing, with the time each step may take.
 //! - [`listener`]: the per-pod UDP and TCP loops, and the caps on
 //!   forwarded queries in flight (per pod, and for the gateway; REFUSED
 //!   past either, counted).
 //! - [`metrics`], the `tidegate_dns_*` families.
 
 pub mod answer;
+pub mod cache;
 pub mod forward;
 pub mod handler;
 pub mod listener;
 pub mod metrics;
+mod tcp;
+#[cfg(test)]
+mod tests;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hickory_proto::op::ResponseCode;
 use prometheus_client::registry::Registry;
 use tokio::sync::Semaphore;
-use tracing::{info, warn};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
 
 pub use answer::{service_hostname, Names};
+pub use cache::Cache;
 pub use forward::{Forwarder, Place};
-pub use handler::{Action, Transport};
+pub use handler::{Action, Forward, Transport};
 pub use listener::PodDns;
 pub use metrics::DnsMetrics;
 
-use crate::config::DnsConfig;
+use crate::config::{DnsCacheConfig, DnsConfig};
 use crate::workloads::WorkloadStore;
 
 /// What every pod's DNS proxy shares: the names, the upstream servers, the
@@ -53,6 +63,8 @@ pub struct DnsProxy {
     per_pod: usize,
     /// How long a TCP connection may stay quiet (`dns.timeout`).
     idle: Duration,
+    /// Each pod's cache (`dns.cache`).
+    cache: DnsCacheConfig,
 }
 
 impl DnsProxy {
@@ -98,7 +110,44 @@ impl DnsProxy {
             in_flight: Arc::new(Semaphore::new(config.max_in_flight as usize)),
             per_pod: config.max_in_flight_per_pod as usize,
             idle: config.timeout,
+            cache: config.cache.clone(),
         })
+    }
+
+    /// A new pod's cache.
+    pub fn cache(&self) -> Cache {
+        Cache::new(&self.cache, &self.metrics)
+    }
+
+    /// The answer to `f`, a query to forward from pod `pod`, when it needs
+    /// no upstream server: SERVFAIL when it is this proxy's own query come
+    /// back (a loop), else the pod's kept answer (cut for a UDP client's
+    /// buffer). Counted.
+    pub fn answer_here(
+        &self,
+        pod: &str,
+        cache: &Cache,
+        f: &Forward,
+        t: Transport,
+    ) -> Option<Vec<u8>> {
+        let m = &self.metrics;
+        if let Some(upstream) = self.forwarder.came_back(&f.bytes, f.question_end) {
+            m.forward_failed("loop");
+            self.forwarder.warn_loop(upstream, pod);
+            return Some(handler::error_to(&f.query, ResponseCode::ServFail));
+        }
+        let kept = cache.answer(f.key.as_ref(), &f.bytes, f.question_end, Instant::now())?;
+        let (bytes, truncated) = handler::relay(kept, &f.query, t);
+        if truncated {
+            m.truncated.inc();
+        }
+        let rcode = handler::rcode_label(handler::rcode_of(&bytes));
+        m.answered("forwarded", rcode, t);
+        debug!(
+            pod,
+            rcode, truncated, "DNS query answered from the pod's cache"
+        );
+        Some(bytes)
     }
 
     /// What to do with `bytes`, a query from a pod of `namespace` (no I/O).
