@@ -18,17 +18,21 @@
 //! The reply is relayed as it came, only its id changed back.
 //!
 //! **Loops.** The id and question of every query on its way upstream are
-//! remembered until its attempt ends, for all pods of the gateway. A query
-//! arriving on any pod's 15053 with an id and question of one of them is
-//! this proxy's own query come back — the upstream server, or what it
-//! forwards to, leads back to a captured pod's port 53 or to the proxy
-//! itself — and is answered SERVFAIL at once ([`Forwarder::came_back`])
-//! instead of being forwarded again: the loop ends after one round, where
-//! it used to go on until the pod's in-flight cap (65 forwards a name).
-//! A resolver on the way that asks again with an id of its own is not
+//! remembered until its attempt ends, for all pods of the gateway
+//! ([`Forwarder::came_back`]). A query arriving on any pod's 15053 with
+//! the id and question of one of them is, most likely, this proxy's own
+//! query come back: the upstream server, or what it forwards to, leads back
+//! to a captured pod's port 53 or to the proxy itself. But a pod's own
+//! query for the same name draws the same id 1 time in 65,536 for each
+//! such query in flight (a pod asking one name 16 at a time would meet it
+//! every 4,000 queries), so the first return is forwarded once more,
+//! marked; if that one comes back too, it is a loop, answered SERVFAIL at
+//! once instead of being forwarded again. A loop ends after two rounds,
+//! where it used to go on until the pod's in-flight cap (65 forwards a
+//! name); a pod's query is failed only if two ids in a row collide. A
+//! resolver on the way that asks again with an id of its own is not
 //! recognised this way; its loop still ends at the in-flight caps and
-//! `dns.timeout`. A pod's own query with the same question takes the same
-//! id with odds of 1 in 65,536 a query in flight, and gets SERVFAIL once.
+//! `dns.timeout`.
 
 use std::collections::HashMap;
 use std::io;
@@ -140,9 +144,9 @@ pub struct Forwarder {
     upstreams: Vec<SocketAddr>,
     timeout: Duration,
     rng: SystemRandom,
-    /// Queries sent and not yet answered → the server asked, and how many
-    /// share the key.
-    sent: Mutex<HashMap<SentKey, (SocketAddr, usize)>>,
+    /// Queries sent and not yet answered → the server asked, the
+    /// query's [`Forward::returns`], and how many share the key.
+    sent: Mutex<HashMap<SentKey, (SocketAddr, u8, usize)>>,
     /// When a loop was last logged.
     loop_logged: Mutex<Option<Instant>>,
 }
@@ -156,7 +160,7 @@ struct Sent<'a> {
 impl Drop for Sent<'_> {
     fn drop(&mut self) {
         let mut sent = self.forwarder.sent.locked();
-        if let Some((_, n)) = sent.get_mut(&self.key) {
+        if let Some((_, _, n)) = sent.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
                 sent.remove(&self.key);
@@ -176,13 +180,17 @@ impl Forwarder {
         }
     }
 
-    /// The server a query with these bytes (its question ending at
-    /// `question_end`) was sent to, when it is one this proxy sent and is
-    /// still waiting for: a forwarding loop.
-    pub fn came_back(&self, query: &[u8], question_end: usize) -> Option<SocketAddr> {
+    /// When a query with these bytes (its question ending at
+    /// `question_end`) has the id and question of one this proxy sent and
+    /// is still waiting for: the server it was sent to, and how many times
+    /// that one had already come back ([`Forward::returns`]).
+    pub fn came_back(&self, query: &[u8], question_end: usize) -> Option<(SocketAddr, u8)> {
         let question = query.get(HEADER_LEN..question_end)?;
         let key: SentKey = ([query[0], query[1]], question.into());
-        self.sent.locked().get(&key).map(|(upstream, _)| *upstream)
+        self.sent
+            .locked()
+            .get(&key)
+            .map(|&(upstream, returns, _)| (upstream, returns))
     }
 
     /// Logs a loop through `upstream`, once a minute at most.
@@ -204,8 +212,8 @@ impl Forwarder {
         self.sent
             .locked()
             .entry(key.clone())
-            .or_insert((upstream, 0))
-            .1 += 1;
+            .or_insert((upstream, f.returns, 0))
+            .2 += 1;
         Sent {
             forwarder: self,
             key,

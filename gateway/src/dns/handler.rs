@@ -75,6 +75,10 @@ pub struct Forward {
     pub question_end: usize,
     /// What the pod's cache keeps its answer under (`None`: not cached).
     pub key: Option<Key>,
+    /// How many times this query had been sent upstream by the proxy and
+    /// come back (see [`super::forward`]: a loop, or a pod's query that drew
+    /// the id of one in flight).
+    pub returns: u8,
 }
 
 /// Handles `bytes`, a query from a pod of `namespace` over `transport`.
@@ -112,6 +116,7 @@ pub fn handle(names: &Names, namespace: &str, bytes: &[u8], transport: Transport
                 bytes: bytes.to_vec(),
                 question_end,
                 key: cache::key(bytes, question_end),
+                returns: 0,
             })
         }
     }

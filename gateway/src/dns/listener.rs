@@ -90,8 +90,8 @@ impl PodDns {
                 m.answered(r.source, handler::rcode_label(r.rcode), t);
                 Step::Done(Some(r.bytes))
             }
-            Action::Forward(f) => {
-                if let Some(bytes) = self.proxy.answer_here(&self.uid, &self.cache, &f, t) {
+            Action::Forward(mut f) => {
+                if let Some(bytes) = self.proxy.answer_here(&self.uid, &self.cache, &mut f, t) {
                     return Step::Done(Some(bytes));
                 }
                 let limit = match self.in_flight.clone().try_acquire_owned() {

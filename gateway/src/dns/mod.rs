@@ -121,20 +121,24 @@ impl DnsProxy {
 
     /// The answer to `f`, a query to forward from pod `pod`, when it needs
     /// no upstream server: SERVFAIL when it is this proxy's own query come
-    /// back (a loop), else the pod's kept answer (cut for a UDP client's
-    /// buffer). Counted.
+    /// back a second time (a loop, [`forward`]), else the pod's kept answer
+    /// (cut for a UDP client's buffer). Counted. A first return is marked
+    /// in `f` and forwarded.
     pub fn answer_here(
         &self,
         pod: &str,
         cache: &Cache,
-        f: &Forward,
+        f: &mut Forward,
         t: Transport,
     ) -> Option<Vec<u8>> {
         let m = &self.metrics;
-        if let Some(upstream) = self.forwarder.came_back(&f.bytes, f.question_end) {
-            m.forward_failed("loop");
-            self.forwarder.warn_loop(upstream, pod);
-            return Some(handler::error_to(&f.query, ResponseCode::ServFail));
+        if let Some((upstream, returns)) = self.forwarder.came_back(&f.bytes, f.question_end) {
+            if returns > 0 {
+                m.forward_failed("loop");
+                self.forwarder.warn_loop(upstream, pod);
+                return Some(handler::error_to(&f.query, ResponseCode::ServFail));
+            }
+            f.returns = returns + 1;
         }
         let kept = cache.answer(f.key.as_ref(), &f.bytes, f.question_end, Instant::now())?;
         let (bytes, truncated) = handler::relay(kept, &f.query, t);

@@ -65,7 +65,7 @@ async fn relay_to(to: Arc<Mutex<Option<SocketAddr>>>) -> Relay {
 }
 
 #[tokio::test]
-async fn a_query_the_proxy_sent_that_comes_back_is_servfail_at_once() {
+async fn a_query_the_proxy_sent_that_comes_back_twice_is_servfail_at_once() {
     let target = Arc::new(Mutex::new(None));
     let relay = relay_to(target.clone()).await;
     let p = proxy(DnsConfig::default(), relay.addr);
@@ -80,18 +80,15 @@ async fn a_query_the_proxy_sent_that_comes_back_is_servfail_at_once() {
             ask_udp(pods[0].0, &q).await
         };
         assert_eq!(m.metadata.response_code, ResponseCode::ServFail);
-        assert_eq!(
-            relay.got.load(Ordering::SeqCst),
-            n,
-            "forwarded once, not again"
-        );
+        // Once, once more marked (it might have been a pod's query), no more.
+        assert_eq!(relay.got.load(Ordering::SeqCst), 2 * n, "two rounds");
         assert_eq!(by_reason(&p.metrics.forward_failures, "loop"), n as u64);
     }
     // Through another pod's 15053: the gateway's queries are one set.
     *target.locked() = Some(pods[1].0);
     let m = ask_udp(pods[0].0, &query("outside.example.")).await;
     assert_eq!(m.metadata.response_code, ResponseCode::ServFail);
-    assert_eq!(relay.got.load(Ordering::SeqCst), 3);
+    assert_eq!(relay.got.load(Ordering::SeqCst), 6);
     assert_eq!(by_reason(&p.metrics.forward_failures, "loop"), 3);
     eventually("no forward left in flight", || {
         p.metrics.in_flight.get() == 0
@@ -106,9 +103,8 @@ async fn a_query_the_proxy_sent_that_comes_back_is_servfail_at_once() {
 }
 
 #[tokio::test]
-async fn a_pods_own_query_with_the_same_question_is_forwarded() {
-    // Two pods asking one name at once (the upstream holding both) are not
-    // a loop: only the id and question the proxy itself sent are.
+async fn a_pods_query_that_draws_the_id_of_one_in_flight_is_forwarded() {
+    // The upstream holds every query under `blackhole.`.
     let up = upstream_with(Arc::new(|q: &Message| {
         let name = q.queries[0].name().to_ascii();
         (!name.ends_with("blackhole.")).then(|| usual_answer(q))
@@ -121,15 +117,21 @@ async fn a_pods_own_query_with_the_same_question_is_forwarded() {
     let p = proxy(config, up.addr);
     let pods = serve(&p, 2).await;
     let c = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let held = query("x.blackhole.");
-    c.send_to(&held.to_vec().unwrap(), pods[0].0).await.unwrap();
-    eventually("pod 0's query upstream", || up.asked("x.blackhole.") == 1).await;
-    // The same query bytes (its id too) from pod 1.
-    let c1 = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    c1.send_to(&held.to_vec().unwrap(), pods[1].0)
+    c.send_to(&query("x.blackhole.").to_vec().unwrap(), pods[0].0)
         .await
         .unwrap();
+    eventually("pod 0's query upstream", || up.asked("x.blackhole.") == 1).await;
+    // Pod 1 asks the same name with the very id the proxy sent upstream.
+    let mut same = query("x.blackhole.");
+    same.metadata.id = up.ids("x.blackhole.")[0];
+    c.send_to(&same.to_vec().unwrap(), pods[1].0).await.unwrap();
     eventually("pod 1's query upstream", || up.asked("x.blackhole.") == 2).await;
     assert_eq!(by_reason(&p.metrics.forward_failures, "loop"), 0);
     assert_eq!(p.metrics.in_flight.get(), 2);
+    // And a third, with the id the proxy gave pod 1's: two in a row.
+    let mut third = query("x.blackhole.");
+    third.metadata.id = up.ids("x.blackhole.")[1];
+    let m = ask_udp(pods[0].0, &third).await;
+    assert_eq!(m.metadata.response_code, ResponseCode::ServFail);
+    assert_eq!(by_reason(&p.metrics.forward_failures, "loop"), 1);
 }

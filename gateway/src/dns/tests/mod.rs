@@ -29,16 +29,20 @@ use crate::workloads::WorkloadStore;
 /// How an upstream double answers a query (`None`: never).
 type Answerer = Arc<dyn Fn(&Message) -> Option<Message> + Send + Sync>;
 
-/// A fake upstream server on 127.0.0.1, UDP and TCP on one port, counting
-/// the queries it got by name (lowercase).
+/// A fake upstream server on 127.0.0.1, UDP and TCP on one port, keeping
+/// the ids of the queries it got by name (lowercase).
 struct Upstream {
     addr: SocketAddr,
-    asked: Arc<Mutex<HashMap<String, usize>>>,
+    asked: Arc<Mutex<HashMap<String, Vec<u16>>>>,
 }
 
 impl Upstream {
     fn asked(&self, name: &str) -> usize {
-        self.asked.locked().get(name).copied().unwrap_or(0)
+        self.ids(name).len()
+    }
+
+    fn ids(&self, name: &str) -> Vec<u16> {
+        self.asked.locked().get(name).cloned().unwrap_or_default()
     }
 }
 
@@ -56,12 +60,12 @@ async fn bind_pair() -> (TcpListener, UdpSocket) {
 async fn upstream_with(answer: Answerer) -> Upstream {
     let (tcp, udp) = bind_pair().await;
     let addr = tcp.local_addr().unwrap();
-    let asked: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let asked: Arc<Mutex<HashMap<String, Vec<u16>>>> = Arc::default();
     let count = {
         let asked = asked.clone();
         move |q: &Message| {
             let name = q.queries[0].name().to_ascii().to_ascii_lowercase();
-            *asked.locked().entry(name).or_default() += 1;
+            asked.locked().entry(name).or_default().push(q.metadata.id);
         }
     };
     let (udp_answer, udp_count) = (answer.clone(), count.clone());
