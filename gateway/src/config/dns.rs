@@ -129,7 +129,8 @@ pub(super) fn check_upstreams(upstreams: &[Upstream]) -> Result<(), String> {
         if addr.ip().is_unspecified() {
             return Err(format!("{addr}: an unspecified address is no DNS server"));
         }
-        if addr.ip().is_loopback() && addr.port() == DNS_CAPTURE_PORT {
+        // `::ffff:127.0.0.1` reaches 127.0.0.1 from a dual-stack socket.
+        if addr.ip().to_canonical().is_loopback() && addr.port() == DNS_CAPTURE_PORT {
             return Err(format!(
                 "{addr} is the DNS proxy itself: every forwarded query would come back to it"
             ));
@@ -193,6 +194,7 @@ mod tests {
             ("[::]:53", "unspecified"),
             ("127.0.0.1:15053", "the DNS proxy itself"),
             ("[::1]:15053", "the DNS proxy itself"),
+            ("[::ffff:127.0.0.1]:15053", "the DNS proxy itself"),
         ] {
             let e = check(&["10.96.0.10", bad]).unwrap_err();
             assert!(e.contains(says), "{bad}: {e}");
