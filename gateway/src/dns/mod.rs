@@ -29,6 +29,7 @@ pub mod listener;
 pub mod metrics;
 mod tcp;
 #[cfg(test)]
+#[path = "tests/proxy_tests.rs"]
 mod tests;
 
 use std::net::SocketAddr;

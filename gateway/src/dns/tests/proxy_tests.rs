@@ -4,8 +4,11 @@
 //! ([`hostile`], beside the bad-input tests of `handler.rs` and
 //! `listener.rs`).
 
+#[path = "cache_tests.rs"]
 mod cache;
+#[path = "hostile_tests.rs"]
 mod hostile;
+#[path = "loops_tests.rs"]
 mod loops;
 
 use std::collections::HashMap;
