@@ -2,6 +2,12 @@
 //! answered, forwarded or dropped, never a panic; an answer is a response
 //! to the very query (its id, QR set), a forward carries the bytes as they
 //! came, and only what has no DNS header is dropped unanswered.
+//!
+//! A forwarded query's bytes, QR set, are then fed to a pod's cache as the
+//! upstream server's answer to itself (`dns::cache`: its record walk, the
+//! RFC 2308 SOA rule, compression pointers that loop or run off the end):
+//! never a panic, and a kept answer comes back the length it went in, with
+//! the query's id and question.
 #![no_main]
 
 use std::sync::{Arc, OnceLock};
@@ -9,8 +15,8 @@ use std::sync::{Arc, OnceLock};
 use hickory_proto::op::{Header, Message, MessageType};
 use hickory_proto::serialize::binary::BinDecodable;
 use libfuzzer_sys::fuzz_target;
-use tidegate::config::DnsConfig;
-use tidegate::dns::{Action, DnsMetrics, DnsProxy, Transport};
+use tidegate::config::{DnsCacheConfig, DnsConfig};
+use tidegate::dns::{cache, Action, Cache, DnsMetrics, DnsProxy, Transport};
 use tidegate::workloads::{parse_file, WorkloadStore};
 
 const WORKLOADS: &str = "workloads:
@@ -58,6 +64,22 @@ fuzz_target!(|data: &[u8]| {
         Action::Forward(f) => {
             assert_eq!(f.bytes, query, "forwarded as it came");
             assert!(f.question_end > 12 && f.question_end <= query.len());
+            // The question alone asks; the whole input, QR set, answers.
+            let mut asked = query[..f.question_end].to_vec();
+            asked[6..12].fill(0);
+            let key = cache::key(&asked, f.question_end);
+            assert!(key.is_some(), "a lone question is keyed");
+            let mut reply = query.to_vec();
+            reply[2] |= 0x80;
+            let c = Cache::new(&DnsCacheConfig::default(), &DnsMetrics::default());
+            let now = tokio::time::Instant::now();
+            c.store(key.as_ref(), &reply, f.question_end, now);
+            let later = now + std::time::Duration::from_secs(u64::from(pick));
+            if let Some(kept) = c.answer(key.as_ref(), &asked, f.question_end, later) {
+                assert_eq!(kept.len(), reply.len());
+                assert_eq!(kept[..2], asked[..2], "the asker's id");
+                assert_eq!(kept[12..f.question_end], asked[12..]);
+            }
         }
         Action::Drop(reason) => {
             let header = Header::from_bytes(query);

@@ -15,12 +15,17 @@
 //! - **store via 15053**: `web.demo.svc.cluster.local.` to port 53 of the
 //!   upstream's address, redirected to the pod's 15053, answered by the
 //!   proxy from the workload store;
-//! - **forwarded via 15053**: `outside.example.` the same way, forwarded by
-//!   the proxy from pod A's namespace (a new marked socket per query) to
-//!   the double, its reply relayed;
-//! - **direct**, the baseline: the same two queries straight to the double
-//!   from the same pod, on a socket carrying the mesh mark so the redirect
-//!   lets it through (the double knows both names).
+//! - **forwarded via 15053, cached**: `outside.example.` (TTL 5) the same
+//!   way: forwarded by the proxy from pod A's namespace to the double once,
+//!   then answered from pod A's cache until the TTL runs out (one forward
+//!   each 5 s);
+//! - **forwarded via 15053, TTL 0**: `outside.nocache.`, which the double
+//!   answers with TTL 0, so no cache keeps it: every query forwarded (a new
+//!   marked socket per query) and its reply relayed — the proxy without a
+//!   cache, in the same run;
+//! - **direct**, the baseline: the same three queries straight to the
+//!   double from the same pod, on a socket carrying the mesh mark so the
+//!   redirect lets it through (the double knows every name).
 //!
 //! The client accepts a reply from any source, as the DNS e2e tests do:
 //! the proxy's replies leave from the pod's address and port 15053, not
@@ -61,6 +66,8 @@ const MESH_MARK: u32 = 0x539;
 
 const SERVICE: &str = "web.demo.svc.cluster.local.";
 const OUTSIDE: &str = "outside.example.";
+/// Answered with TTL 0 by the double: never cached.
+const NOCACHE: &str = "outside.nocache.";
 
 fn vip(t: &InpodTopology) -> Ipv4Addr {
     t.addr(135, 10)
@@ -217,30 +224,42 @@ struct Path {
     base: usize,
 }
 
-const PATHS: [Path; 4] = [
+const PATHS: [Path; 6] = [
     Path {
         what: "store via 15053",
         name: SERVICE,
         mark: None,
-        base: 2,
+        base: 3,
     },
     Path {
-        what: "forwarded via 15053",
+        what: "forwarded via 15053, cached",
         name: OUTSIDE,
         mark: None,
-        base: 3,
+        base: 4,
+    },
+    Path {
+        what: "forwarded via 15053, TTL 0",
+        name: NOCACHE,
+        mark: None,
+        base: 5,
     },
     Path {
         what: "direct, Service name",
         name: SERVICE,
         mark: Some(MESH_MARK),
-        base: 2,
+        base: 3,
     },
     Path {
         what: "direct, outside name",
         name: OUTSIDE,
         mark: Some(MESH_MARK),
-        base: 3,
+        base: 4,
+    },
+    Path {
+        what: "direct, TTL-0 name",
+        name: NOCACHE,
+        mark: Some(MESH_MARK),
+        base: 5,
     },
 ];
 
@@ -307,6 +326,7 @@ async fn bench() -> anyhow::Result<()> {
     let addr = upstream(&t);
     let table = HashMap::from([
         (OUTSIDE.to_owned(), vec![outside(&t)]),
+        (NOCACHE.to_owned(), vec![outside(&t)]),
         (SERVICE.to_owned(), vec![vip(&t)]),
     ]);
     // What the double saw is not needed: its reports are dropped.
@@ -345,15 +365,18 @@ async fn bench() -> anyhow::Result<()> {
         let m = ask_udp(addr, &query(SERVICE)).await.unwrap();
         assert!(m.metadata.authoritative, "the store answered");
         assert_eq!(addresses(&m), [service_vip]);
-        let m = ask_udp(addr, &query(OUTSIDE)).await.unwrap();
-        assert!(!m.metadata.authoritative, "the upstream answered");
-        assert_eq!(addresses(&m), [outside_ip]);
+        for name in [OUTSIDE, NOCACHE] {
+            let m = ask_udp(addr, &query(name)).await.unwrap();
+            assert!(!m.metadata.authoritative, "the upstream answered");
+            assert_eq!(addresses(&m), [outside_ip]);
+        }
     })
     .await;
     let before = gw.metrics().await;
-    let (store0, fwd0) = (
+    let (store0, fwd0, hits0) = (
         queries_total(&before, "store"),
         queries_total(&before, "forwarded"),
+        tidegate_e2e::metric(&before, "tidegate_dns_cache_hits_total"),
     );
 
     let mut results: Vec<Vec<Figures>> = PATHS.iter().map(|_| Vec::new()).collect();
@@ -373,9 +396,10 @@ async fn bench() -> anyhow::Result<()> {
     }
     let elapsed = started.elapsed();
     let after = gw.metrics().await;
-    let (store, fwd) = (
+    let (store, fwd, hits) = (
         queries_total(&after, "store") - store0,
         queries_total(&after, "forwarded") - fwd0,
+        tidegate_e2e::metric(&after, "tidegate_dns_cache_hits_total") - hits0,
     );
 
     println!(
@@ -423,14 +447,21 @@ async fn bench() -> anyhow::Result<()> {
             .unwrap_or_default();
         println!("  {} queries/s per round: {}{from}", p.what, per_round(i));
     }
+    let qps = |i: usize| med(&results[i], |f| f.qps);
     println!(
-        "store via 15053 / direct: {:.2}×; forwarded via 15053 / direct: {:.2}× (queries/s)",
-        med(&results[0], |f| f.qps) / med(&results[2], |f| f.qps),
-        med(&results[1], |f| f.qps) / med(&results[3], |f| f.qps),
+        "store via 15053 / direct: {:.2}×; forwarded, cached / direct: {:.2}×; \
+         forwarded, TTL 0 / direct: {:.2}× (queries/s)",
+        qps(0) / qps(3),
+        qps(1) / qps(4),
+        qps(2) / qps(5),
+    );
+    println!(
+        "a repeated forwarded name, cached / not cached (TTL 0), same run: {:.2}× (queries/s)",
+        qps(1) / qps(2),
     );
     println!(
         "the gateway counted {store} store and {fwd} forwarded NOERROR answers over UDP \
-         during the load ({} sent each way)",
+         during the load, {hits} of them from the cache ({} sent each way)",
         ROUNDS * queries
     );
     drop(pod);

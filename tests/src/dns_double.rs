@@ -1,7 +1,9 @@
 //! A fake upstream DNS server for the DNS proxy's end-to-end tests: UDP
-//! and TCP on one address, answering A queries from a fixed table, never
-//! answering names under `blackhole.` (a server that went quiet), and
-//! reporting every query it got — who asked, and what.
+//! and TCP on one address, answering A queries from a fixed table (TTL 5;
+//! names under `nocache.` TTL 0, which no cache keeps), never answering
+//! names under `blackhole.` (a server that went quiet), and reporting every
+//! query it got — who asked, and what. [`relay`] is a resolver that sends
+//! every query on, id and all.
 //!
 //! Bind it from a thread inside the namespace it serves in
 //! ([`crate::netns::NsThread`]).
@@ -86,6 +88,43 @@ pub async fn serve(addr: SocketAddr, table: Table) -> mpsc::UnboundedReceiver<Se
     rx
 }
 
+/// A resolver on `addr` (UDP) that sends each query it gets, unchanged
+/// (its id too), to `to` from a socket of its own and returns what comes
+/// back. Every query's name is sent on the returned channel before it is
+/// sent on. Bind it from a thread inside the namespace it serves in.
+pub async fn relay(addr: SocketAddr, to: SocketAddr) -> mpsc::UnboundedReceiver<String> {
+    let udp = std::sync::Arc::new(UdpSocket::bind(addr).await.expect("DNS relay: bind UDP"));
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_535];
+        while let Ok((n, from)) = udp.recv_from(&mut buf).await {
+            let query = buf[..n].to_vec();
+            let Some(question) = Message::from_vec(&query)
+                .ok()
+                .and_then(|q| q.queries.first().cloned())
+            else {
+                continue;
+            };
+            let _ = tx.send(question.name().to_ascii().to_ascii_lowercase());
+            let udp = udp.clone();
+            tokio::spawn(async move {
+                let any: SocketAddr = "0.0.0.0:0".parse().unwrap();
+                let Ok(s) = UdpSocket::bind(any).await else {
+                    return;
+                };
+                if s.send_to(&query, to).await.is_err() {
+                    return;
+                }
+                let mut reply = vec![0u8; 65_535];
+                if let Ok((n, _)) = s.recv_from(&mut reply).await {
+                    let _ = udp.send_to(&reply[..n], from).await;
+                }
+            });
+        }
+    });
+    rx
+}
+
 /// The name asked and the reply (`None`: a black-holed name); `None` for
 /// what is not a query.
 fn answer(table: &Table, query: &[u8]) -> Option<(String, Option<Vec<u8>>)> {
@@ -101,10 +140,11 @@ fn answer(table: &Table, query: &[u8]) -> Option<(String, Option<Vec<u8>>)> {
     m.add_query(question.clone());
     match table.get(&name) {
         Some(ips) if question.query_type() == RecordType::A => {
+            let ttl = if name.ends_with("nocache.") { 0 } else { 5 };
             for ip in ips {
                 m.add_answer(Record::from_rdata(
                     question.name().clone(),
-                    5,
+                    ttl,
                     RData::A(A(*ip)),
                 ));
             }

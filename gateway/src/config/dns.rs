@@ -46,6 +46,29 @@ pub struct DnsConfig {
     pub max_tcp_connections_per_pod: u32,
     /// The cluster's DNS domain: Services are `<name>.<namespace>.svc.<cluster_domain>`.
     pub cluster_domain: String,
+    /// `dns.cache`: forwarded answers kept for their TTL, per pod.
+    pub cache: DnsCacheConfig,
+}
+
+/// `dns.cache`: each pod's cache of forwarded answers ([`crate::dns::cache`]).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DnsCacheConfig {
+    /// Answers one pod's cache holds (the least recently used goes first
+    /// past it); `0` turns the cache off.
+    pub max_entries: u32,
+    /// The longest an answer is kept, whatever its TTL says.
+    #[serde(with = "duration")]
+    pub max_ttl: Duration,
+}
+
+impl Default for DnsCacheConfig {
+    fn default() -> Self {
+        DnsCacheConfig {
+            max_entries: 256,
+            max_ttl: Duration::from_secs(3600),
+        }
+    }
 }
 
 impl Default for DnsConfig {
@@ -60,6 +83,7 @@ impl Default for DnsConfig {
             max_tcp_connections: 256,
             max_tcp_connections_per_pod: 16,
             cluster_domain: "cluster.local".into(),
+            cache: DnsCacheConfig::default(),
         }
     }
 }
@@ -112,7 +136,8 @@ pub(super) fn check_upstreams(upstreams: &[Upstream]) -> Result<(), String> {
         if addr.ip().is_unspecified() {
             return Err(format!("{addr}: an unspecified address is no DNS server"));
         }
-        if addr.ip().is_loopback() && addr.port() == DNS_CAPTURE_PORT {
+        // `::ffff:127.0.0.1` reaches 127.0.0.1 from a dual-stack socket.
+        if addr.ip().to_canonical().is_loopback() && addr.port() == DNS_CAPTURE_PORT {
             return Err(format!(
                 "{addr} is the DNS proxy itself: every forwarded query would come back to it"
             ));
@@ -176,6 +201,7 @@ mod tests {
             ("[::]:53", "unspecified"),
             ("127.0.0.1:15053", "the DNS proxy itself"),
             ("[::1]:15053", "the DNS proxy itself"),
+            ("[::ffff:127.0.0.1]:15053", "the DNS proxy itself"),
         ] {
             let e = check(&["10.96.0.10", bad]).unwrap_err();
             assert!(e.contains(says), "{bad}: {e}");

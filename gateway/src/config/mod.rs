@@ -32,7 +32,7 @@ pub use certificates::{CertificatesConfig, IstioCaConfig};
 pub use data_path::{
     EndpointChoice, HboneConfig, Listeners, OutboundConfig, PoolConfig, TcpConfig, UnknownInCluster,
 };
-pub use dns::{DnsConfig, Upstream, DNS_CAPTURE_PORT};
+pub use dns::{DnsCacheConfig, DnsConfig, Upstream, DNS_CAPTURE_PORT};
 pub use drains::{DrainsConfig, ShutdownConfig};
 pub use oci::{Cidr, OciAuth, OciConfig, OptIn, OCI_BACKEND_LIMIT};
 pub use ranges::{key_ranges, KeyRange};

@@ -316,6 +316,15 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
         )
         .because("one pod's idle connections must not take every other pod's"),
         count(
+            "dns.cache.max_entries",
+            c.dns.cache.max_entries.into(),
+            0,
+            100_000,
+        )
+        .because("per pod; each answer kept is at most 1232 bytes"),
+        dur("dns.cache.max_ttl", c.dns.cache.max_ttl, secs(1), DAY)
+            .because("the cap of common resolvers (Unbound, hickory): a day"),
+        count(
             "control_plane.cni_max_connections",
             cp.cni_max_connections.into(),
             1,

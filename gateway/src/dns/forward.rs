@@ -16,10 +16,28 @@
 //!   yet; past `dns.timeout` in all, SERVFAIL.
 //!
 //! The reply is relayed as it came, only its id changed back.
+//!
+//! **Loops.** The id and question of every query on its way upstream are
+//! remembered until its attempt ends, for all pods of the gateway
+//! ([`Forwarder::came_back`]). A query arriving on any pod's 15053 with
+//! the id and question of one of them is, most likely, this proxy's own
+//! query come back: the upstream server, or what it forwards to, leads back
+//! to a captured pod's port 53 or to the proxy itself. But a pod's own
+//! query for the same name draws the same id 1 time in 65,536 for each
+//! such query in flight (a pod asking one name 16 at a time would meet it
+//! every 4,000 queries), so the first return is forwarded once more,
+//! marked; if that one comes back too, it is a loop, answered SERVFAIL at
+//! once instead of being forwarded again. A loop ends after two rounds,
+//! where it used to go on until the pod's in-flight cap (65 forwards a
+//! name); a pod's query is failed only if two ids in a row collide. A
+//! resolver on the way that asks again with an id of its own is not
+//! recognised this way; its loop still ends at the in-flight caps and
+//! `dns.timeout`.
 
+use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hickory_proto::op::{Header, MessageType};
@@ -28,9 +46,14 @@ use ring::rand::{SecureRandom, SystemRandom};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 use tokio::time::{timeout_at, Instant};
+use tracing::warn;
 
 use super::handler::{is_truncated, Forward, Transport, HEADER_LEN};
 use crate::netns::{DialOpts, NetnsSockets, PodNetns, MESH_MARK};
+use crate::sync::Locked;
+
+/// How often a forwarding loop is logged at most.
+const LOOP_WARNING_EVERY: Duration = Duration::from_secs(60);
 
 /// Where the sockets of forwarded queries are made.
 #[derive(Clone)]
@@ -113,11 +136,37 @@ enum Attempt {
     Failed(io::Error),
 }
 
+/// A query on its way upstream: its id and question bytes.
+type SentKey = ([u8; 2], Box<[u8]>);
+
 /// Sends queries to the upstream servers.
 pub struct Forwarder {
     upstreams: Vec<SocketAddr>,
     timeout: Duration,
     rng: SystemRandom,
+    /// Queries sent and not yet answered → the server asked, the
+    /// query's [`Forward::returns`], and how many share the key.
+    sent: Mutex<HashMap<SentKey, (SocketAddr, u8, usize)>>,
+    /// When a loop was last logged.
+    loop_logged: Mutex<Option<Instant>>,
+}
+
+/// A query remembered as sent until dropped.
+struct Sent<'a> {
+    forwarder: &'a Forwarder,
+    key: SentKey,
+}
+
+impl Drop for Sent<'_> {
+    fn drop(&mut self) {
+        let mut sent = self.forwarder.sent.locked();
+        if let Some((_, _, n)) = sent.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                sent.remove(&self.key);
+            }
+        }
+    }
 }
 
 impl Forwarder {
@@ -126,6 +175,48 @@ impl Forwarder {
             upstreams,
             timeout,
             rng: SystemRandom::new(),
+            sent: Mutex::new(HashMap::new()),
+            loop_logged: Mutex::new(None),
+        }
+    }
+
+    /// When a query with these bytes (its question ending at
+    /// `question_end`) has the id and question of one this proxy sent and
+    /// is still waiting for: the server it was sent to, and how many times
+    /// that one had already come back ([`Forward::returns`]).
+    pub fn came_back(&self, query: &[u8], question_end: usize) -> Option<(SocketAddr, u8)> {
+        let question = query.get(HEADER_LEN..question_end)?;
+        let key: SentKey = ([query[0], query[1]], question.into());
+        self.sent
+            .locked()
+            .get(&key)
+            .map(|&(upstream, returns, _)| (upstream, returns))
+    }
+
+    /// Logs a loop through `upstream`, once a minute at most.
+    pub fn warn_loop(&self, upstream: SocketAddr, pod: &str) {
+        let now = Instant::now();
+        {
+            let mut last = self.loop_logged.locked();
+            if last.is_some_and(|at| now < at + LOOP_WARNING_EVERY) {
+                return;
+            }
+            *last = Some(now);
+        }
+        warn!(%upstream, pod,
+            "DNS forwarding loop: a query the proxy sent to this upstream server came back to it (answered SERVFAIL); dns.upstream, or the nameserver of dns.resolv_conf, leads back to a captured pod's port 53 or to 15053 (logged once a minute; tidegate_dns_forward_failures_total{{reason=\"loop\"}} counts them)");
+    }
+
+    fn remember(&self, id: [u8; 2], f: &Forward, upstream: SocketAddr) -> Sent<'_> {
+        let key: SentKey = (id, f.bytes[HEADER_LEN..f.question_end].into());
+        self.sent
+            .locked()
+            .entry(key.clone())
+            .or_insert((upstream, f.returns, 0))
+            .2 += 1;
+        Sent {
+            forwarder: self,
+            key,
         }
     }
 
@@ -203,6 +294,7 @@ impl Forwarder {
 
     async fn udp(&self, f: &Forward, place: &Place, upstream: SocketAddr) -> io::Result<Vec<u8>> {
         let (bytes, id) = self.with_new_id(f)?;
+        let _sent = self.remember(id, f, upstream);
         let socket = place.udp(upstream)?;
         // Connected: the kernel drops datagrams from anyone else.
         socket.connect(upstream).await?;
@@ -219,6 +311,7 @@ impl Forwarder {
 
     async fn tcp(&self, f: &Forward, place: &Place, upstream: SocketAddr) -> io::Result<Vec<u8>> {
         let (bytes, id) = self.with_new_id(f)?;
+        let _sent = self.remember(id, f, upstream);
         let mut stream = place.tcp(upstream).await?;
         let len = u16::try_from(bytes.len()).map_err(io::Error::other)?;
         let mut framed = Vec::with_capacity(bytes.len() + 2);

@@ -20,6 +20,7 @@ use hickory_proto::rr::Record;
 use hickory_proto::serialize::binary::{BinDecodable, BinDecoder};
 
 use super::answer::{Lookup, Names};
+use super::cache::{self, Key};
 
 /// The EDNS payload size the proxy announces (the DNS Flag Day 2020 size:
 /// no IP fragmentation on common paths).
@@ -72,6 +73,12 @@ pub struct Forward {
     /// Where its question ends: an upstream reply must carry the same bytes
     /// from the header's end to here.
     pub question_end: usize,
+    /// What the pod's cache keeps its answer under (`None`: not cached).
+    pub key: Option<Key>,
+    /// How many times this query had been sent upstream by the proxy and
+    /// come back (see [`super::forward`]: a loop, or a pod's query that drew
+    /// the id of one in flight).
+    pub returns: u8,
 }
 
 /// Handles `bytes`, a query from a pod of `namespace` over `transport`.
@@ -108,6 +115,8 @@ pub fn handle(names: &Names, namespace: &str, bytes: &[u8], transport: Transport
                 query,
                 bytes: bytes.to_vec(),
                 question_end,
+                key: cache::key(bytes, question_end),
+                returns: 0,
             })
         }
     }

@@ -15,18 +15,21 @@
 //! accept, counted (`pod_tcp`, `gateway_tcp`) and logged naming the pod (at
 //! most ten lines a second). A failed accept (EMFILE) pauses the loop
 //! instead of spinning on it.
+//! A query to forward is first looked for in the pod's cache, and
+//! checked for a loop ([`DnsProxy::answer_here`]); each step of a TCP
+//! connection is bounded by `dns.timeout` ([`super::tcp`]).
 
 use std::sync::Arc;
 
 use hickory_proto::op::ResponseCode;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, debug_span, info, Instrument as _};
 
+use super::cache::Cache;
 use super::forward::Place;
 use super::handler::{self, Action, Forward, Transport};
-use super::DnsProxy;
+use super::{tcp, DnsProxy};
 use crate::shutdown::ShutdownWatch;
 
 /// The DNS proxy of one pod.
@@ -39,6 +42,8 @@ pub struct PodDns {
     in_flight: Arc<Semaphore>,
     /// TCP connections open from this pod.
     tcp: Arc<Semaphore>,
+    /// Its forwarded answers.
+    cache: Cache,
 }
 
 /// The places a forwarded query holds until it is answered.
@@ -81,12 +86,14 @@ enum Step {
 impl PodDns {
     pub(super) fn new(proxy: Arc<DnsProxy>, uid: &str, namespace: &str, place: Place) -> Arc<Self> {
         let per_pod = proxy.per_pod;
+        let cache = proxy.cache();
         Arc::new(PodDns {
             uid: uid.to_owned(),
             namespace: namespace.to_owned(),
             place,
             in_flight: Arc::new(Semaphore::new(per_pod)),
             tcp: Arc::new(Semaphore::new(proxy.tcp_per_pod)),
+            cache,
             proxy,
         })
     }
@@ -104,7 +111,10 @@ impl PodDns {
                 m.answered(r.source, handler::rcode_label(r.rcode), t);
                 Step::Done(Some(r.bytes))
             }
-            Action::Forward(f) => {
+            Action::Forward(mut f) => {
+                if let Some(bytes) = self.proxy.answer_here(&self.uid, &self.cache, &mut f, t) {
+                    return Step::Done(Some(bytes));
+                }
                 let limit = match self.in_flight.clone().try_acquire_owned() {
                     Err(_) => "pod",
                     Ok(pod) => match self.proxy.in_flight.clone().try_acquire_owned() {
@@ -135,6 +145,9 @@ impl PodDns {
         drop(permits);
         match result {
             Ok(reply) => {
+                let now = tokio::time::Instant::now();
+                self.cache
+                    .store(f.key.as_ref(), &reply, f.question_end, now);
                 let (bytes, truncated) = handler::relay(reply, &f.query, t);
                 if truncated {
                     m.truncated.inc();
@@ -284,19 +297,17 @@ impl PodDns {
     /// One TCP connection: length-prefixed queries, answered in turn.
     async fn connection(&self, mut stream: TcpStream, mut stop: ShutdownWatch) {
         let idle = self.proxy.idle;
+        let closed = |reason| {
+            self.proxy.metrics.tcp_closed(reason);
+            debug!(pod = %self.uid, reason, "DNS: TCP connection to 15053 closed");
+        };
         loop {
-            let read = async {
-                let len = stream.read_u16().await?;
-                let mut query = vec![0u8; usize::from(len)];
-                stream.read_exact(&mut query).await?;
-                Ok::<_, std::io::Error>(query)
-            };
             let query = tokio::select! {
                 _ = stop.signaled() => return,
-                r = tokio::time::timeout(idle, read) => match r {
-                    Ok(Ok(q)) => q,
-                    // Closed, reset, or quiet for dns.timeout.
-                    _ => return,
+                r = tcp::read_query(&mut stream, idle) => match r {
+                    Ok(Some(q)) => q,
+                    Ok(None) => return,
+                    Err(reason) => return closed(reason),
                 },
             };
             let reply = match self.start(&query, Transport::Tcp) {
@@ -310,14 +321,10 @@ impl PodDns {
                     }
                 }
             };
-            let Ok(len) = u16::try_from(reply.len()) else {
-                return;
-            };
-            let mut framed = Vec::with_capacity(reply.len() + 2);
-            framed.extend_from_slice(&len.to_be_bytes());
-            framed.extend_from_slice(&reply);
-            if stream.write_all(&framed).await.is_err() {
-                return;
+            match tcp::write_answer(&mut stream, &reply, idle).await {
+                Ok(()) => {}
+                Err(Some(reason)) => return closed(reason),
+                Err(None) => return,
             }
         }
     }
@@ -331,6 +338,7 @@ mod tests {
     use hickory_proto::op::{Edns, Message, Query};
     use hickory_proto::rr::rdata::A;
     use hickory_proto::rr::{Name, RData, Record, RecordType};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::sync::mpsc;
 
     use super::*;

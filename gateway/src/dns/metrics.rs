@@ -11,7 +11,8 @@ use super::handler::Transport;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct QueryLabels {
     /// Who answered: `store` (the workload store), `forwarded` (the
-    /// upstream server, or the proxy when forwarding failed or was refused)
+    /// upstream server, now or earlier through the pod's cache, or the
+    /// proxy when forwarding failed or was refused)
     /// or `invalid` (a query the proxy could not take: FORMERR, NOTIMP).
     pub source: &'static str,
     /// The response code the pod got, lowercase (`noerror`, `nxdomain`, …).
@@ -42,6 +43,12 @@ pub struct DnsMetrics {
     pub(super) truncated: Counter,
     pub(super) in_flight: Gauge,
     pub(super) tcp_open: Gauge,
+    pub(super) cache_hits: Counter,
+    pub(super) cache_misses: Counter,
+    pub(super) cache_evictions: Family<ReasonLabel, Counter>,
+    pub(super) cache_not_stored: Family<ReasonLabel, Counter>,
+    pub(super) cache_entries: Gauge,
+    pub(super) tcp_closed: Family<ReasonLabel, Counter>,
 }
 
 impl DnsMetrics {
@@ -56,7 +63,7 @@ impl DnsMetrics {
         );
         r.register(
             "forward_failures",
-            "Forwarded queries no upstream server answered, by reason (timeout, network, no_upstream); each answered SERVFAIL",
+            "Forwarded queries no upstream server answered, by reason (timeout, network, no_upstream; loop: a query this proxy forwarded came back to it); each answered SERVFAIL",
             m.forward_failures.clone(),
         );
         r.register(
@@ -84,7 +91,53 @@ impl DnsMetrics {
             "TCP connections open to 15053, all pods (at most dns.max_tcp_connections, inside the pods' descriptor share)",
             m.tcp_open.clone(),
         );
+        r.register(
+            "cache_hits",
+            "Forwarded queries answered from the pod's cache of upstream answers",
+            m.cache_hits.clone(),
+        );
+        r.register(
+            "cache_misses",
+            "Forwarded queries the pod's cache had no answer for (asked upstream)",
+            m.cache_misses.clone(),
+        );
+        r.register(
+            "cache_evictions",
+            "Answers dropped from a pod's cache, by reason (capacity: past dns.cache.max_entries, the least recently used; expired: past its TTL)",
+            m.cache_evictions.clone(),
+        );
+        r.register(
+            "cache_not_stored",
+            "Upstream answers not kept, by reason (rcode: not NOERROR or NXDOMAIN; truncated; too_large; no_soa: a negative answer without an SOA; zero_ttl; malformed; query: a query the cache does not key)",
+            m.cache_not_stored.clone(),
+        );
+        r.register(
+            "cache_entries",
+            "Answers held in the pods' caches, all pods together",
+            m.cache_entries.clone(),
+        );
+        r.register(
+            "tcp_closed",
+            "TCP connections to 15053 closed by the proxy, by reason (idle: no query within dns.timeout; stalled: a message begun and not finished within dns.timeout; incomplete: the client closed mid-message; oversized: a length prefix past 4096 bytes; slow_reader: an answer not taken within dns.timeout)",
+            m.tcp_closed.clone(),
+        );
         m
+    }
+
+    pub(super) fn cache_evicted(&self, reason: &'static str) {
+        self.cache_evictions
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    pub(super) fn cache_not_stored(&self, reason: &'static str) {
+        self.cache_not_stored
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    pub(super) fn tcp_closed(&self, reason: &'static str) {
+        self.tcp_closed.get_or_create(&ReasonLabel { reason }).inc();
     }
 
     pub(super) fn answered(&self, source: &'static str, rcode: &'static str, t: Transport) {

@@ -12,7 +12,10 @@
 //! - [`handler`]: one query as bytes → an answer, a forward, FORMERR, or a
 //!   counted drop. No I/O (the `dns` fuzz target).
 //! - [`forward`]: everything else to the upstream servers, from the pod's
-//!   namespace, with a timeout (SERVFAIL past it).
+//!   namespace, with a timeout (SERVFAIL past it); a query of its own that
+//!   comes back (a forwarding loop) is SERVFAIL at once.
+//! - [`cache`]: each pod's forwarded answers, kept for their TTL.
+//! - [`tcp`]: DNS over TCP's framing, with the time each step may take.
 //! - [`listener`]: the per-pod UDP and TCP loops, and the caps on
 //!   forwarded queries in flight and on TCP connections (per pod, and for
 //!   the gateway, both inside the pods' descriptor share; REFUSED or
@@ -20,26 +23,34 @@
 //! - [`metrics`], the `tidegate_dns_*` families.
 
 pub mod answer;
+pub mod cache;
 pub mod forward;
 pub mod handler;
 pub mod listener;
 pub mod metrics;
+mod tcp;
+#[cfg(test)]
+#[path = "tests/proxy_tests.rs"]
+mod tests;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hickory_proto::op::ResponseCode;
 use prometheus_client::registry::Registry;
 use tokio::sync::Semaphore;
-use tracing::{info, warn};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
 
 pub use answer::{service_hostname, Names};
+pub use cache::Cache;
 pub use forward::{Forwarder, Place};
-pub use handler::{Action, Transport};
+pub use handler::{Action, Forward, Transport};
 pub use listener::PodDns;
 pub use metrics::DnsMetrics;
 
-use crate::config::DnsConfig;
+use crate::config::{DnsCacheConfig, DnsConfig};
 use crate::workloads::WorkloadStore;
 
 /// What every pod's DNS proxy shares: the names, the upstream servers, the
@@ -60,6 +71,8 @@ pub struct DnsProxy {
     tcp_refusals_log: crate::proxy::log_limit::LogLimit,
     /// How long a TCP connection may stay quiet (`dns.timeout`).
     idle: Duration,
+    /// Each pod's cache (`dns.cache`).
+    cache: DnsCacheConfig,
 }
 
 impl DnsProxy {
@@ -109,7 +122,48 @@ impl DnsProxy {
             tcp_per_pod: config.max_tcp_connections_per_pod as usize,
             tcp_refusals_log: crate::proxy::log_limit::LogLimit::per_second(),
             idle: config.timeout,
+            cache: config.cache.clone(),
         })
+    }
+
+    /// A new pod's cache.
+    pub fn cache(&self) -> Cache {
+        Cache::new(&self.cache, &self.metrics)
+    }
+
+    /// The answer to `f`, a query to forward from pod `pod`, when it needs
+    /// no upstream server: SERVFAIL when it is this proxy's own query come
+    /// back a second time (a loop, [`forward`]), else the pod's kept answer
+    /// (cut for a UDP client's buffer). Counted. A first return is marked
+    /// in `f` and forwarded.
+    pub fn answer_here(
+        &self,
+        pod: &str,
+        cache: &Cache,
+        f: &mut Forward,
+        t: Transport,
+    ) -> Option<Vec<u8>> {
+        let m = &self.metrics;
+        if let Some((upstream, returns)) = self.forwarder.came_back(&f.bytes, f.question_end) {
+            if returns > 0 {
+                m.forward_failed("loop");
+                self.forwarder.warn_loop(upstream, pod);
+                return Some(handler::error_to(&f.query, ResponseCode::ServFail));
+            }
+            f.returns = returns + 1;
+        }
+        let kept = cache.answer(f.key.as_ref(), &f.bytes, f.question_end, Instant::now())?;
+        let (bytes, truncated) = handler::relay(kept, &f.query, t);
+        if truncated {
+            m.truncated.inc();
+        }
+        let rcode = handler::rcode_label(handler::rcode_of(&bytes));
+        m.answered("forwarded", rcode, t);
+        debug!(
+            pod,
+            rcode, truncated, "DNS query answered from the pod's cache"
+        );
+        Some(bytes)
     }
 
     /// What to do with `bytes`, a query from a pod of `namespace` (no I/O).

@@ -70,9 +70,18 @@ pub(crate) fn redirect_dns(ns: &str) {
 /// Node A's gateway with `dns` settings, the upstream double in node A,
 /// pods A and C enrolled with the DNS redirect.
 async fn start(k: u8, dns: &str) -> (Scenario, mpsc::UnboundedReceiver<Seen>) {
+    start_to(k, dns, upstream).await
+}
+
+/// [`start`], with `dns.upstream` at `to` (the double still at [`upstream`]).
+async fn start_to(
+    k: u8,
+    dns: &str,
+    to: fn(&InpodTopology) -> SocketAddr,
+) -> (Scenario, mpsc::UnboundedReceiver<Seen>) {
     let t = InpodTopology::new("ip", k);
     let yaml = workloads_with_a_service(&t);
-    let extra = format!("dns:\n{dns}  upstream: [{}]\n", upstream(&t));
+    let extra = format!("dns:\n{dns}  upstream: [{}]\n", to(&t));
     let s = Scenario::start_with_both(
         k,
         |a| {
@@ -91,7 +100,10 @@ async fn start(k: u8, dns: &str) -> (Scenario, mpsc::UnboundedReceiver<Seen>) {
     ));
     let (addr, table) = (
         upstream(&s.t),
-        HashMap::from([("outside.example.".to_owned(), vec![outside(&s.t)])]),
+        HashMap::from([
+            ("outside.example.".to_owned(), vec![outside(&s.t)]),
+            ("tcp.example.".to_owned(), vec![outside(&s.t)]),
+        ]),
     );
     let seen =
         s.a.shell
@@ -205,14 +217,14 @@ async fn inpod_dns_a_pod_resolves_services_from_the_store_and_the_rest_upstream(
     let m = ask(&s.pa, ns, "web.demo.demo.svc.cluster.local.", false).await;
     assert_eq!(addresses(&m), [vip]);
     assert_eq!(m.answers[0].data.to_string(), "web.demo.");
-    // An outside name: forwarded from pod A, with the mesh mark (the
+    // Outside names: forwarded from pod A, with the mesh mark (the
     // redirect lets it through to the upstream), over UDP and TCP.
-    for tcp in [false, true] {
-        let m = ask(&s.pa, ns, "outside.example.", tcp).await;
+    for (name, tcp) in [("outside.example.", false), ("tcp.example.", true)] {
+        let m = ask(&s.pa, ns, name, tcp).await;
         assert_eq!(addresses(&m), [outside(&s.t)]);
         assert!(!m.metadata.authoritative);
         let got = seen.recv().await.unwrap();
-        assert_eq!(got.name, "outside.example.");
+        assert_eq!(got.name, name);
         assert_eq!(got.tcp, tcp);
         assert_eq!(
             got.from.ip(),
@@ -220,15 +232,40 @@ async fn inpod_dns_a_pod_resolves_services_from_the_store_and_the_rest_upstream(
             "forwarded from pod A's own namespace"
         );
     }
+    // Asked again, over UDP and TCP: from pod A's cache. The double
+    // reports a query before it answers, so one asked would be seen.
+    for tcp in [false, true] {
+        let m = ask(&s.pa, ns, "outside.example.", tcp).await;
+        assert_eq!(addresses(&m), [outside(&s.t)]);
+        assert!(
+            m.answers[0].ttl <= 5,
+            "the double's TTL, less the time held"
+        );
+    }
+    assert!(seen.try_recv().is_err(), "the upstream was not asked again");
     let m = ask(&s.pa, ns, "nowhere.example.", false).await;
     assert_eq!(m.metadata.response_code, ResponseCode::NXDomain);
     assert_eq!(seen.recv().await.unwrap().name, "nowhere.example.");
     let m = s.gw_a.metrics().await;
     assert_eq!(dns_queries(&m, "store", "noerror", "udp"), 4.0, "{m}");
     assert_eq!(dns_queries(&m, "store", "noerror", "tcp"), 1.0, "{m}");
-    assert_eq!(dns_queries(&m, "forwarded", "noerror", "udp"), 1.0, "{m}");
-    assert_eq!(dns_queries(&m, "forwarded", "noerror", "tcp"), 1.0, "{m}");
+    assert_eq!(dns_queries(&m, "forwarded", "noerror", "udp"), 2.0, "{m}");
+    assert_eq!(dns_queries(&m, "forwarded", "noerror", "tcp"), 2.0, "{m}");
     assert_eq!(dns_queries(&m, "forwarded", "nxdomain", "udp"), 1.0, "{m}");
+    assert_eq!(
+        tidegate_e2e::metric(&m, "tidegate_dns_cache_hits_total"),
+        2.0,
+        "{m}"
+    );
+    // The double's NXDOMAIN has no SOA: not kept (RFC 2308).
+    assert_eq!(
+        metric_or_zero(
+            &m,
+            r#"tidegate_dns_cache_not_stored_total{reason="no_soa"}"#
+        ),
+        1.0,
+        "{m}"
+    );
     // What an IPv6 query redirected in the pod reaches: [::1]:15053, UDP
     // and TCP, answered from the store (the answer from ::1, where the
     // resolver asked: `ask_udp` refuses any other source).
@@ -338,6 +375,59 @@ async fn inpod_dns_a_query_flood_leaves_store_answers_and_other_pods_answered() 
             tidegate_e2e::metric(m, "tidegate_dns_forwards_in_flight") == 0.0
         })
         .await;
+}
+
+/// A resolver in pod C (a captured pod) that sends every query on, id and
+/// all, to its nameserver; pod C's port 53 is redirected to its 15053.
+fn relay_in_pod_c(t: &InpodTopology) -> SocketAddr {
+    SocketAddr::new(t.pod_c().into(), 53)
+}
+
+/// `dns.upstream` is a resolver in a captured pod of the node, which sends
+/// each query on to its own nameserver: redirected to that pod's 15053, the
+/// query comes back to the proxy that sent it. Forwarded once more, marked
+/// (a pod's query may draw the id of one in flight), it comes back again
+/// and is answered SERVFAIL there at once: the pod asking gets SERVFAIL
+/// after two rounds, not after the in-flight cap's 65 forwards; the
+/// gateway says so.
+#[tokio::test]
+async fn inpod_dns_a_query_that_loops_back_through_a_captured_pod_ends_in_two_rounds() {
+    if skip() {
+        return;
+    }
+    let (s, mut seen) = start_to(12, "", relay_in_pod_c).await;
+    let (at, to) = (relay_in_pod_c(&s.t), nameserver(&s.t));
+    let mut relayed =
+        s.pc.run("the relay in pod C", STEP, async move {
+            dns_double::relay(at, to).await
+        })
+        .await;
+    let m = ask(&s.pa, nameserver(&s.t), "loop.example.", false).await;
+    assert_eq!(m.metadata.response_code, ResponseCode::ServFail);
+    for _ in 0..2 {
+        assert_eq!(relayed.recv().await.unwrap(), "loop.example.");
+    }
+    assert!(relayed.try_recv().is_err(), "relayed twice, not again");
+    assert!(
+        seen.try_recv().is_err(),
+        "the loop never reached the double"
+    );
+    let m = s
+        .gw_a
+        .wait_metrics("the loop counted", |m| {
+            metric_or_zero(m, r#"tidegate_dns_forward_failures_total{reason="loop"}"#) == 1.0
+        })
+        .await;
+    assert_eq!(
+        tidegate_e2e::metric(&m, "tidegate_dns_forwards_in_flight"),
+        0.0,
+        "{m}"
+    );
+    // The pods' store names are still answered.
+    for pod in [&s.pa, &s.pc] {
+        let m = ask(pod, nameserver(&s.t), "web.", false).await;
+        assert_eq!(addresses(&m), [web_vip(&s.t)]);
+    }
 }
 
 const TCP_FLOOD_CHILD: &str = "TIDEGATE_TEST_INPOD_DNS_TCP_FLOOD";
