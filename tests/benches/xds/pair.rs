@@ -24,7 +24,9 @@
 //! answers 200 in the namespace (ztunnel's readiness, which waits for
 //! both subscriptions' answers to be ACKed and the ZDS snapshot). Read
 //! from /proc for the command's process tree: its RSS (`VmRSS`) and its
-//! CPU time (user + system). A NACK from it stops the bench with its
+//! CPU time (user + system at ready, in clock ticks, exited threads
+//! included; over the update phase, its threads' run time in
+//! nanoseconds). A NACK from it stops the bench with its
 //! message.
 
 use std::net::SocketAddr;
@@ -112,9 +114,10 @@ pub struct PairStarted {
 }
 
 impl PairStarted {
-    /// The command's CPU time so far.
+    /// The command's CPU time so far, to the nanosecond: its live
+    /// threads' run time (/proc/<pid>/task/*/schedstat).
     pub fn cpu(&self) -> Duration {
-        tree_cpu(&self.tree)
+        tree_run_time(&self.tree)
     }
 
     /// Lines of its log that say WARN or ERROR: how many, and the first.
@@ -373,6 +376,18 @@ fn tree_cpu(tree: &[u32]) -> Duration {
         .map(|f| f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0))
         .sum();
     Duration::from_secs_f64(ticks as f64 / hz)
+}
+
+/// The run time of every live thread of the processes of `tree`.
+fn tree_run_time(tree: &[u32]) -> Duration {
+    let ns: u64 = tree
+        .iter()
+        .filter_map(|p| std::fs::read_dir(format!("/proc/{p}/task")).ok())
+        .flat_map(|tasks| tasks.flatten())
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    Duration::from_nanos(ns)
 }
 
 /// `VmRSS` of the processes of `tree`, bytes.
