@@ -55,6 +55,18 @@
 //!
 //! `XDS_UPDATES` (1 to 10,000, default 1,000) sets the update count; each
 //! update phase also stops after 60 s.
+//!
+//! With `-- --pair NAME=COMMAND` another gateway, started by the command
+//! line in a network namespace of its own and fed by a second double
+//! holding the same set, is measured beside tidegate (see [`pair`]): spawn
+//! → ready, stream open → ACK, its CPU time at ready, its RSS at ready
+//! (and the marginal per workload over the same gateway started with the
+//! 100-workload set), push → ACK per update (its blocks interleaved with
+//! tidegate's), its CPU per update, and both churn phases (each right
+//! after tidegate's). The table gives tidegate / the other gateway.
+
+#[path = "xds/pair.rs"]
+mod pair;
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -334,6 +346,8 @@ async fn ready(app: &App) -> bool {
 struct Started {
     app: App,
     to_ready: Duration,
+    /// This process's CPU time over build → ready (the double's share included).
+    cpu: Duration,
     to_built: Duration,
     open_to_ack: Duration,
     _dir: tempfile::TempDir,
@@ -354,13 +368,14 @@ async fn start(double: &Arc<XdsDouble>, set: Set) -> Started {
             opened.elapsed()
         })
     };
-    let t0 = Instant::now();
+    let (t0, c0) = (Instant::now(), cpu_time());
     let app = tidegate::app::build(cfg).await.unwrap();
     let to_built = t0.elapsed();
     poll_within(WAIT, || async { ready(&app).await.then_some(()) })
         .await
         .expect("the gateway became ready");
     let to_ready = t0.elapsed();
+    let cpu = cpu_time() - c0;
     let open_to_ack = tokio::time::timeout(WAIT, watcher).await.unwrap().unwrap();
     let snap = app.workloads.snapshot();
     assert_eq!(snap.len(), set.workloads, "every workload published");
@@ -369,23 +384,24 @@ async fn start(double: &Arc<XdsDouble>, set: Set) -> Started {
     Started {
         app,
         to_ready,
+        cpu,
         to_built,
         open_to_ack,
         _dir: dir,
     }
 }
 
-/// This process's CPU time so far (user + system).
+/// This process's CPU time so far (user + system, every thread, to the
+/// nanosecond: /proc's clock ticks are 10 ms, a thousand updates' worth).
 fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-    // The fields after the command name, which ends with the last ')'.
-    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..]
-        .split_whitespace()
-        .collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-    Duration::from_secs_f64(ticks as f64 / hz as f64)
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_PROCESS_CPUTIME_ID)");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// Pushes updates `from..to` of `set` one at a time; push → ACK, ms.
@@ -504,6 +520,8 @@ fn republish_parts(items: &[(String, Bytes)]) -> (f64, f64, f64) {
 struct Churn {
     lags: Vec<f64>,
     missing: usize,
+    /// Pushes answered with a NACK.
+    nacks: usize,
     pushes: usize,
 }
 
@@ -531,22 +549,26 @@ async fn churn(
         let nonce = double.set_all(ADDRESS, batch).expect("subscribed");
         let double = double.clone();
         waiters.push(tokio::spawn(async move {
-            double.reply(&nonce).await;
-            ms(t.elapsed())
+            let reply = double.reply(&nonce).await;
+            (ms(t.elapsed()), reply.nack.is_some())
         }));
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let mut lags = Vec::with_capacity(pushes);
-    let mut missing = 0;
+    let (mut missing, mut nacks) = (0, 0);
     for w in waiters {
         match tokio::time::timeout_at(deadline, w).await {
-            Ok(Ok(lag)) => lags.push(lag),
+            Ok(Ok((lag, nack))) => {
+                lags.push(lag);
+                nacks += usize::from(nack);
+            }
             _ => missing += 1,
         }
     }
     Churn {
         lags,
         missing,
+        nacks,
         pushes,
     }
 }
@@ -556,6 +578,13 @@ fn main() -> anyhow::Result<()> {
     let workloads = env_count("XDS_WORKLOADS", 10_000, 100_000).map_err(anyhow::Error::msg)?;
     anyhow::ensure!(workloads >= 1000, "XDS_WORKLOADS: at least 1,000");
     let churn_secs = env_count("XDS_CHURN_SECS", 20, 60).map_err(anyhow::Error::msg)? as u64;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let pair = pair::parse_args(&args)?;
+    // SAFETY: geteuid has no preconditions.
+    if pair.is_some() && unsafe { libc::geteuid() } != 0 {
+        println!("SKIPPED: --pair needs root (a network namespace)");
+        return Ok(());
+    }
     let big = Set {
         workloads,
         services: workloads / 5,
@@ -564,10 +593,15 @@ fn main() -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(run(updates, big, churn_secs))
+    rt.block_on(run(updates, big, churn_secs, pair))
 }
 
-async fn run(updates: usize, set: Set, churn_secs: u64) -> anyhow::Result<()> {
+async fn run(
+    updates: usize,
+    set: Set,
+    churn_secs: u64,
+    pair: Option<pair::PairSpec>,
+) -> anyhow::Result<()> {
     tidegate_e2e::raise_fd_limit();
     let (workloads, services) = (set.workloads, set.services);
     println!(
@@ -584,6 +618,22 @@ async fn run(updates: usize, set: Set, churn_secs: u64) -> anyhow::Result<()> {
     for (name, value) in &small_items {
         small_double.set_quietly(ADDRESS, name, value.clone());
     }
+    // The other gateway's namespace and doubles, set up before the first
+    // memory reading.
+    let mut other = match pair {
+        Some(spec) => {
+            let env = pair::PairEnv::new(spec).await?;
+            let (big, small) = (env.double().await, env.double().await);
+            for (name, value) in &big_items {
+                big.set_quietly(ADDRESS, name, value.clone());
+            }
+            for (name, value) in &small_items {
+                small.set_quietly(ADDRESS, name, value.clone());
+            }
+            Some((env, big, small))
+        }
+        None => None,
+    };
 
     // ---- time to ready, memory ----
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -595,12 +645,41 @@ async fn run(updates: usize, set: Set, churn_secs: u64) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mem2 = memory();
 
+    // ---- the other gateway: the small set, then the full one (kept) ----
+    let other = match &mut other {
+        Some((env, big_double, small_double)) => {
+            let name = env.spec.name.clone();
+            let small = env.start(small_double).await?;
+            let (small_rss, small_ready) = (small.rss, small.to_ready);
+            drop(small);
+            let big = env.start(big_double).await?;
+            println!(
+                "{name} ready: {:.0} ms at {SMALL_WORKLOADS} workloads, {:.0} ms at {workloads}",
+                ms(small_ready),
+                ms(big.to_ready)
+            );
+            Some(Other {
+                name,
+                double: big_double.clone(),
+                small_rss,
+                small_ready,
+                big,
+            })
+        }
+        None => None,
+    };
+
     // ---- per update, interleaved blocks ----
     let (mut big_lat, mut small_lat) = (Vec::new(), Vec::new());
     let (mut big_time, mut small_time) = (Duration::ZERO, Duration::ZERO);
     let (mut big_cpu, mut small_cpu) = (Duration::ZERO, Duration::ZERO);
+    let mut other_upd = OtherUpdates::default();
     let mut k = 0;
-    while k < updates && big_time < PHASE_MAX && small_time < PHASE_MAX {
+    while k < updates
+        && big_time < PHASE_MAX
+        && small_time < PHASE_MAX
+        && other_upd.time < PHASE_MAX
+    {
         let to = (k + BLOCK).min(updates);
         let (t, c) = (Instant::now(), cpu_time());
         big_lat.extend(push_updates(&big_double, set, k, to).await);
@@ -608,13 +687,26 @@ async fn run(updates: usize, set: Set, churn_secs: u64) -> anyhow::Result<()> {
         let (t, c) = (Instant::now(), cpu_time());
         small_lat.extend(push_updates(&small_double, SMALL, k, to).await);
         (small_time, small_cpu) = (small_time + t.elapsed(), small_cpu + (cpu_time() - c));
+        if let Some(o) = &other {
+            other_upd.block(o, set, k, to).await;
+        }
         k = to;
     }
     let done = k;
 
     // ---- churn: updates at a rate, ACKs not awaited ----
+    // Each of the other gateway's phases right after tidegate's, the same
+    // updates in the same order.
     let single = churn(&big_double, set, done, 50, 1, churn_secs).await;
+    let other_single = match &other {
+        Some(o) => Some(churn(&o.double, set, done, 50, 1, churn_secs).await),
+        None => None,
+    };
     let batched = churn(&big_double, set, done + single.pushes, 10, 5, churn_secs).await;
+    let other_batched = match &other {
+        Some(o) => Some(churn(&o.double, set, done + single.pushes, 10, 5, churn_secs).await),
+        None => None,
+    };
     let xds_metrics = big.app.metrics_text();
 
     // ---- baselines in process (the gateways idle) ----
@@ -770,6 +862,7 @@ async fn run(updates: usize, set: Set, churn_secs: u64) -> anyhow::Result<()> {
             "| {label} ({} pushes) | {p50:.2} | {p99:.2} | {max:.2} | {} |",
             c.pushes, c.missing
         );
+        assert_eq!(c.nacks, 0, "tidegate NACKed none of the churn's pushes");
     }
     let sum = |name: &str| tidegate_e2e::metric_sum(&xds_metrics, name);
     println!(
@@ -778,6 +871,193 @@ async fn run(updates: usize, set: Set, churn_secs: u64) -> anyhow::Result<()> {
         sum("istio_xds_message_bytes_total") / 1e6,
         sum("istio_xds_connection_terminations_total").abs()
     );
-    drop((big, small));
+    if let (Some(o), Some(os), Some(ob)) = (&other, &other_single, &other_batched) {
+        let side = Side {
+            set,
+            big: &big,
+            mem: [mem0, mem1, mem2],
+            lat: (b50, b99),
+            cpu_per_update: big_cpu / done as u32,
+            churn: [&single, &batched],
+        };
+        print_side_by_side(&side, o, &other_upd, [os, ob]);
+    }
+    drop((big, small, other));
     Ok(())
+}
+
+/// The other gateway of `--pair`, started with the full set.
+struct Other {
+    name: String,
+    double: Arc<XdsDouble>,
+    /// Its RSS and spawn → ready with the 100-workload set.
+    small_rss: u64,
+    small_ready: Duration,
+    big: pair::PairStarted,
+}
+
+/// The other gateway's per-update phase.
+#[derive(Default)]
+struct OtherUpdates {
+    lat: Vec<f64>,
+    time: Duration,
+    /// Its own CPU time.
+    cpu: Duration,
+    /// This process's over the same blocks (the double's share).
+    double_cpu: Duration,
+}
+
+impl OtherUpdates {
+    async fn block(&mut self, o: &Other, set: Set, from: usize, to: usize) {
+        let own = o.big.cpu();
+        let (t, c) = (Instant::now(), cpu_time());
+        self.lat
+            .extend(push_updates(&o.double, set, from, to).await);
+        self.time += t.elapsed();
+        self.double_cpu += cpu_time() - c;
+        self.cpu += o.big.cpu() - own;
+    }
+}
+
+/// tidegate's figures of the run, for the side-by-side table.
+struct Side<'a> {
+    set: Set,
+    big: &'a Started,
+    /// Before the gateways, with the small one, with both.
+    mem: [(u64, u64); 3],
+    /// Per update p50, p99 (ms).
+    lat: (f64, f64),
+    /// The process's, the double's share included.
+    cpu_per_update: Duration,
+    churn: [&'a Churn; 2],
+}
+
+fn print_side_by_side(t: &Side<'_>, o: &Other, upd: &OtherUpdates, churns: [&Churn; 2]) {
+    let n = t.set.workloads;
+    let name = &o.name;
+    let kib = |b: f64| b / 1024.0;
+    let marginal = (n - SMALL_WORKLOADS) as f64;
+    let rss_t = (
+        t.mem[2].1 as f64 - t.mem[1].1 as f64,
+        t.mem[1].1 as f64 - t.mem[0].1 as f64,
+    );
+    let per_wl_t = (rss_t.0 - rss_t.1) / marginal;
+    let per_wl_o = (o.big.rss as f64 - o.small_rss as f64) / marginal;
+    let updates = upd.lat.len();
+    let (o50, o99, omax) = summary(upd.lat.clone());
+    let cpu_upd_o = upd.cpu.as_secs_f64() * 1e3 / updates as f64;
+    let double_upd = upd.double_cpu.as_secs_f64() * 1e3 / updates as f64;
+    let cpu_upd_t = ms(t.cpu_per_update);
+    let ready_cpu_o = o.big.cpu_at_ready.as_secs_f64();
+    let ready_double = o.big.double_cpu.as_secs_f64();
+    let ready_cpu_t = t.big.cpu.as_secs_f64();
+    println!(
+        "
+side by side at {n} workloads, {} Services: tidegate (in process) / {name} (a process in its own namespace), each fed by its own double holding the same set",
+        t.set.services
+    );
+    println!(
+        "| figure | tidegate | {name} | tidegate / {name} |
+|---|---|---|---|"
+    );
+    let row = |what: &str, a: f64, b: f64, unit: &str, prec: usize| {
+        println!(
+            "| {what} | {a:.prec$} {unit} | {b:.prec$} {unit} | {:.2} |",
+            a / b
+        );
+    };
+    row(
+        "start → ready (tidegate: `app::build` → 200; the other: spawn → 200)",
+        ms(t.big.to_ready),
+        ms(o.big.to_ready),
+        "ms",
+        0,
+    );
+    row(
+        "stream open → Address answer ACKed",
+        ms(t.big.open_to_ack),
+        ms(o.big.open_to_ack),
+        "ms",
+        0,
+    );
+    row(
+        "CPU at ready, the double's share included (tidegate: the process over build → ready; the other: its own + this process's over spawn → ready)",
+        ready_cpu_t,
+        ready_cpu_o + ready_double,
+        "s",
+        2,
+    );
+    row(
+        "CPU at ready, the gateway alone (tidegate: less the other's double share, ≈)",
+        ready_cpu_t - ready_double,
+        ready_cpu_o,
+        "s",
+        2,
+    );
+    println!(
+        "| RSS at ready (tidegate: the process's growth; the other: its VmRSS) | +{:.1} MiB | {:.1} MiB | – |",
+        rss_t.0 / (1 << 20) as f64,
+        o.big.rss as f64 / (1 << 20) as f64
+    );
+    println!(
+        "| the same with {SMALL_WORKLOADS} workloads (the fixed part) | +{:.1} MiB | {:.1} MiB | – |",
+        rss_t.1 / (1 << 20) as f64,
+        o.small_rss as f64 / (1 << 20) as f64
+    );
+    row(
+        &format!(
+            "RSS per workload, marginal ((full − {SMALL_WORKLOADS}-workload) ÷ {marginal:.0})"
+        ),
+        kib(per_wl_t),
+        kib(per_wl_o),
+        "KiB",
+        2,
+    );
+    row(
+        &format!("per update, push → ACK p50 ({updates} updates, blocks interleaved)"),
+        t.lat.0,
+        o50,
+        "ms",
+        2,
+    );
+    row("per update, push → ACK p99", t.lat.1, o99, "ms", 2);
+    row(
+        "CPU per update, the double's share included",
+        cpu_upd_t,
+        cpu_upd_o + double_upd,
+        "ms",
+        3,
+    );
+    row(
+        "CPU per update, the gateway alone (tidegate: less the other's double share, ≈)",
+        cpu_upd_t - double_upd,
+        cpu_upd_o,
+        "ms",
+        3,
+    );
+    for (label, (a, b)) in [
+        "churn, 50/s single-workload pushes",
+        "churn, 10/s pushes of 5 workloads",
+    ]
+    .into_iter()
+    .zip(t.churn.into_iter().zip(churns))
+    {
+        let (a50, a99, amax) = summary(a.lags.clone());
+        let (b50, b99, bmax) = summary(b.lags.clone());
+        println!(
+            "| {label}: p50 / p99 / max (not ACKed) | {a50:.2} / {a99:.2} / {amax:.2} ms ({}) | {b50:.2} / {b99:.2} / {bmax:.2} ms ({}) | {:.2} / {:.2} / {:.2} |",
+            a.missing,
+            b.missing,
+            a50 / b50,
+            a99 / b99,
+            amax / bmax
+        );
+    }
+    let nacks: usize = churns.iter().map(|c| c.nacks).sum();
+    let (warnings, first) = o.big.log_warnings();
+    println!(
+        "({name}: per update max {omax:.2} ms; {SMALL_WORKLOADS}-workload start {:.0} ms; NACKs: none at start or per update (checked), {nacks} in churn; {warnings} warning/error lines in its log{})",
+        ms(o.small_ready),
+        first.map(|l| format!(", the first: {l}")).unwrap_or_default()
+    );
 }

@@ -25,7 +25,7 @@ use tokio::net::TcpListener;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Answer {
     /// A leaf for the CSR's key and the asked identity, from the
-    /// configured root, valid [`CaDouble::VALIDITY`], the root last.
+    /// configured root, valid [`CaDouble::VALIDITY`] (or as started), the root last.
     Good,
     /// The same, but for a key of the double's own.
     OtherKey,
@@ -55,6 +55,7 @@ struct State {
     root_pem: String,
     other: Issuer<'static, KeyPair>,
     other_pem: String,
+    validity: Duration,
 }
 
 impl CaDouble {
@@ -63,6 +64,12 @@ impl CaDouble {
     pub const VALIDITY: Duration = Duration::from_secs(2);
 
     pub async fn start(answer: Answer) -> CaDouble {
+        Self::start_valid_for(answer, Self::VALIDITY).await
+    }
+
+    /// The same, a good leaf valid `validity` (a client that renews
+    /// at half-life stays quiet for that long).
+    pub async fn start_valid_for(answer: Answer, validity: Duration) -> CaDouble {
         let (root, root_pem) = ca("configured root");
         let (other, other_pem) = ca("unconfigured root");
         let tls = serving_tls(&root, &root_pem);
@@ -75,6 +82,7 @@ impl CaDouble {
             root_pem: root_pem.clone(),
             other,
             other_pem: other_pem.clone(),
+            validity,
         });
         tokio::spawn(serve(listener, tls, state.clone()));
         CaDouble {
@@ -209,7 +217,7 @@ fn chain(state: &State, answer: Answer, identity: &str, csr_pem: &str) -> Vec<St
     let hour = Duration::from_secs(3600);
     let (from, to) = match answer {
         Answer::Expired => (now - 2 * hour, now - hour),
-        _ => (now - Duration::from_secs(1), now + CaDouble::VALIDITY),
+        _ => (now - Duration::from_secs(1), now + state.validity),
     };
     let der = CertificateSigningRequestDer::from_pem_slice(csr_pem.as_bytes()).unwrap();
     let mut request = CertificateSigningRequestParams::from_der(&der).unwrap();
