@@ -353,21 +353,26 @@ struct Started {
     _dir: tempfile::TempDir,
 }
 
+/// The next stream `double` opens: stream open → the client's ACK (or
+/// NACK) of its Address answer, and the NACK's text if it was one.
+fn watch_next_stream(
+    double: &Arc<XdsDouble>,
+) -> tokio::task::JoinHandle<(Duration, Option<String>)> {
+    let streams = double.opened().len();
+    let double = double.clone();
+    tokio::spawn(async move {
+        double.opened_at_least(streams + 1).await;
+        let opened = Instant::now();
+        let nonce = double.answered(streams, ADDRESS).await;
+        let reply = double.reply(&nonce).await;
+        (opened.elapsed(), reply.nack)
+    })
+}
+
 async fn start(double: &Arc<XdsDouble>, set: Set) -> Started {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), double);
-    let streams = double.opened().len();
-    let watcher = {
-        let double = double.clone();
-        tokio::spawn(async move {
-            double.opened_at_least(streams + 1).await;
-            let opened = Instant::now();
-            let nonce = double.answered(streams, ADDRESS).await;
-            let reply = double.reply(&nonce).await;
-            assert_eq!(reply.nack, None, "the set is accepted");
-            opened.elapsed()
-        })
-    };
+    let watcher = watch_next_stream(double);
     let (t0, c0) = (Instant::now(), cpu_time());
     let app = tidegate::app::build(cfg).await.unwrap();
     let to_built = t0.elapsed();
@@ -376,7 +381,8 @@ async fn start(double: &Arc<XdsDouble>, set: Set) -> Started {
         .expect("the gateway became ready");
     let to_ready = t0.elapsed();
     let cpu = cpu_time() - c0;
-    let open_to_ack = tokio::time::timeout(WAIT, watcher).await.unwrap().unwrap();
+    let (open_to_ack, nack) = tokio::time::timeout(WAIT, watcher).await.unwrap().unwrap();
+    assert_eq!(nack, None, "the set is accepted");
     let snap = app.workloads.snapshot();
     assert_eq!(snap.len(), set.workloads, "every workload published");
     assert_eq!(snap.services_len(), set.services, "every Service published");

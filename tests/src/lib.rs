@@ -12,6 +12,7 @@ pub mod lab;
 pub mod measure;
 pub mod netns;
 pub mod oci_double;
+pub mod procfs;
 pub mod rerun;
 pub mod xds_double;
 pub mod zds_double;

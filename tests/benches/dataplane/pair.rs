@@ -77,6 +77,7 @@ use tidegate_e2e::measure::{
     idle_conns, measure, median, new_conns, servers, throughput, warm_rr, Figures, RR_WARMUP,
 };
 use tidegate_e2e::netns::NsThread;
+use tidegate_e2e::procfs::process_tree;
 use tidegate_e2e::xds_double::XdsDouble;
 use tidegate_e2e::zds_double::{expect_ack, PodSpec, ZdsConn, ZdsDouble};
 use tidegate_xds::client::ADDRESS;
@@ -697,35 +698,6 @@ fn alive(pid: u32) -> bool {
             .and_then(|s| s[s.rfind(')')? + 2..].chars().next())
             .is_some_and(|state| state != 'Z' && state != 'X')
     })
-}
-
-/// `pid` and every descendant (from /proc/*/stat's ppid).
-fn process_tree(pid: u32) -> Vec<u32> {
-    let mut parent = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        if let Some(pp) = stat_fields(p).and_then(|f| f.get(1).and_then(|x| x.parse::<u32>().ok()))
-        {
-            parent.push((p, pp));
-        }
-    }
-    let mut tree = vec![pid];
-    let mut i = 0;
-    while i < tree.len() {
-        let p = tree[i];
-        tree.extend(parent.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
-        i += 1;
-    }
-    tree
-}
-
-/// The fields of /proc/<pid>/stat after the command name (state first).
-fn stat_fields(pid: u32) -> Option<Vec<String>> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &s[s.rfind(')')? + 2..];
-    Some(after.split_whitespace().map(str::to_owned).collect())
 }
 
 /// CPU seconds of every process in `pids` (NaN if one is gone).

@@ -39,9 +39,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use tidegate_e2e::ca_double::{Answer, CaDouble};
 use tidegate_e2e::netns::{NetnsGuard, NsThread};
+use tidegate_e2e::procfs::{process_tree, stat_fields};
 use tidegate_e2e::xds_double::XdsDouble;
 use tidegate_e2e::zds_double::ZdsDouble;
-use tidegate_xds::client::ADDRESS;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// ztunnel's readiness port (not configurable there).
@@ -193,17 +193,7 @@ impl PairEnv {
             std::future::pending::<()>().await;
             drop((conn, zds));
         });
-        let streams = double.opened().len();
-        let watcher = {
-            let double = double.clone();
-            tokio::spawn(async move {
-                double.opened_at_least(streams + 1).await;
-                let opened = Instant::now();
-                let nonce = double.answered(streams, ADDRESS).await;
-                let reply = double.reply(&nonce).await;
-                (opened.elapsed(), reply.nack)
-            })
-        };
+        let watcher = super::watch_next_stream(double);
         let log = d.join(format!("{}-{n}.log", self.spec.name));
         let c0 = super::cpu_time();
         let t0 = Instant::now();
@@ -336,34 +326,6 @@ async fn ready_200(addr: SocketAddr) -> bool {
     let mut out = Vec::new();
     let _ = tcp.read_to_end(&mut out).await;
     out.starts_with(b"HTTP/1.1 200")
-}
-
-/// `pid` and its descendants.
-fn process_tree(pid: u32) -> Vec<u32> {
-    let mut parent: Vec<(u32, u32)> = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        if let Some(pp) = stat_fields(p).and_then(|f| f.get(1).and_then(|x| x.parse().ok())) {
-            parent.push((p, pp));
-        }
-    }
-    let mut tree = vec![pid];
-    let mut i = 0;
-    while i < tree.len() {
-        let p = tree[i];
-        tree.extend(parent.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
-        i += 1;
-    }
-    tree
-}
-
-/// The fields of /proc/<pid>/stat after the command name (state first).
-fn stat_fields(pid: u32) -> Option<Vec<String>> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &s[s.rfind(')')? + 2..];
-    Some(after.split_whitespace().map(str::to_owned).collect())
 }
 
 /// User + system CPU time of the processes of `tree`.

@@ -876,13 +876,55 @@ fn refusals(m: &str, reason: &str) -> f64 {
     )
 }
 
+/// An open descriptor of network namespace `ns`, as istio-cni hands one over.
+fn netns_fd(ns: &str) -> std::os::fd::OwnedFd {
+    std::os::fd::OwnedFd::from(std::fs::File::open(InpodTopology::netns_path(ns)).unwrap())
+}
+
+/// A pod of `demo` with `echo`'s service account, as ZDS names it.
+fn zds_pod(uid: &str, name: &str) -> tidegate_e2e::zds_double::PodSpec {
+    tidegate_e2e::zds_double::PodSpec {
+        uid: uid.into(),
+        name: name.into(),
+        namespace: "demo".into(),
+        service_account: "echo".into(),
+    }
+}
+
+/// Node B's gateway connected to `double`: pod B handed over in the
+/// snapshot (as `name`) and istio-cni's rules installed in it.
+async fn zds_serve_pod_b(
+    s: &Scenario,
+    double: &tidegate_e2e::zds_double::ZdsDouble,
+    name: &str,
+) -> tidegate_e2e::zds_double::ZdsConn {
+    let conn = tokio::time::timeout(STEP, double.accept())
+        .await
+        .expect("the gateway connects to the node agent")
+        .expect("hello V1");
+    conn.snapshot(vec![(zds_pod(SERVER_UID, name), netns_fd(&s.t.pb))], &[])
+        .await
+        .expect("snapshot acked");
+    let pb_path = InpodTopology::netns_path(&s.t.pb);
+    s.b.shell
+        .run("istio-cni's rules in pod B", STEP, async move {
+            tidegate::inpod::capture::install(
+                Path::new(&pb_path),
+                tidegate::inpod::capture::CapturePorts::default(),
+            )
+        })
+        .await
+        .expect("rules installed");
+    conn
+}
+
 /// Over ZDS: a second uid handed pod B's namespace is NACKed naming pod B,
 /// the node's own namespace is NACKed, and past `capture.max_pods` (1 here)
 /// a new pod is NACKed naming the limit; pod B keeps being served by one
 /// set of listeners.
 #[tokio::test]
 async fn inpod_zds_refuses_a_taken_namespace_the_gateways_own_and_pods_past_the_limit() {
-    use tidegate_e2e::zds_double::{PodSpec, ZdsDouble};
+    use tidegate_e2e::zds_double::ZdsDouble;
     if skip() {
         return;
     }
@@ -898,32 +940,9 @@ async fn inpod_zds_refuses_a_taken_namespace_the_gateways_own_and_pods_past_the_
         "ADD pod A",
         &s.a.cni("ADD", pa_pod(&s.t), s.t.pod_a().into()).await,
     );
-    let open = |ns: &str| {
-        std::os::fd::OwnedFd::from(std::fs::File::open(InpodTopology::netns_path(ns)).unwrap())
-    };
-    let pod = |uid: &str| PodSpec {
-        uid: uid.into(),
-        name: "echo".into(),
-        namespace: "demo".into(),
-        service_account: "echo".into(),
-    };
-    let conn = tokio::time::timeout(STEP, double.accept())
-        .await
-        .expect("the gateway connects to the node agent")
-        .expect("hello V1");
-    conn.snapshot(vec![(pod(SERVER_UID), open(&s.t.pb))], &[])
-        .await
-        .expect("snapshot acked");
-    let pb_path = InpodTopology::netns_path(&s.t.pb);
-    s.b.shell
-        .run("istio-cni's rules in pod B", STEP, async move {
-            tidegate::inpod::capture::install(
-                Path::new(&pb_path),
-                tidegate::inpod::capture::CapturePorts::default(),
-            )
-        })
-        .await
-        .expect("rules installed");
+    let open = netns_fd;
+    let pod = |uid: &str| zds_pod(uid, "echo");
+    let conn = zds_serve_pod_b(&s, &double, "echo").await;
     ten_round_trips(&s, 20).await;
     // Pod B's namespace under another uid.
     let nack = conn.add(pod("intruder"), open(&s.t.pb)).await.unwrap();
@@ -1063,7 +1082,7 @@ async fn inpod_zds_a_pod_is_refused_when_descriptors_run_short_and_served_pods_g
 }
 
 async fn descriptors_short() {
-    use tidegate_e2e::zds_double::{expect_ack, PodSpec, ZdsDouble};
+    use tidegate_e2e::zds_double::{expect_ack, ZdsDouble};
     let zds_dir = tempfile::tempdir().unwrap();
     let socket = zds_dir.path().join("ztunnel.sock");
     let double = ZdsDouble::bind(&socket).unwrap();
@@ -1072,32 +1091,9 @@ async fn descriptors_short() {
         "ADD pod A",
         &s.a.cni("ADD", pa_pod(&s.t), s.t.pod_a().into()).await,
     );
-    let open = |ns: &str| {
-        std::os::fd::OwnedFd::from(std::fs::File::open(InpodTopology::netns_path(ns)).unwrap())
-    };
-    let pod = |uid: &str| PodSpec {
-        uid: uid.into(),
-        name: uid.into(),
-        namespace: "demo".into(),
-        service_account: "echo".into(),
-    };
-    let conn = tokio::time::timeout(STEP, double.accept())
-        .await
-        .expect("the gateway connects to the node agent")
-        .expect("hello V1");
-    conn.snapshot(vec![(pod(SERVER_UID), open(&s.t.pb))], &[])
-        .await
-        .expect("snapshot acked");
-    let pb_path = InpodTopology::netns_path(&s.t.pb);
-    s.b.shell
-        .run("istio-cni's rules in pod B", STEP, async move {
-            tidegate::inpod::capture::install(
-                Path::new(&pb_path),
-                tidegate::inpod::capture::CapturePorts::default(),
-            )
-        })
-        .await
-        .expect("rules installed");
+    let open = netns_fd;
+    let pod = |uid: &str| zds_pod(uid, uid);
+    let conn = zds_serve_pod_b(&s, &double, SERVER_UID).await;
     ten_round_trips(&s, 120).await;
     // A quarter of what is open left free: far less than the inbound caps
     // (derived from the limit at start) may still claim.
@@ -1160,7 +1156,7 @@ async fn inpod_zds_a_pod_past_the_descriptor_share_is_refused_naming_it() {
 }
 
 async fn descriptor_share() {
-    use tidegate_e2e::zds_double::{expect_ack, PodSpec, ZdsDouble};
+    use tidegate_e2e::zds_double::{expect_ack, ZdsDouble};
     // Soft and hard: the gateway raises the soft limit to the hard one.
     rlimit::setrlimit(rlimit::Resource::NOFILE, 1_024, 1_024).unwrap();
     let zds_dir = tempfile::tempdir().unwrap();
@@ -1197,32 +1193,9 @@ async fn descriptor_share() {
         share as f64,
         "{m}"
     );
-    let conn = tokio::time::timeout(STEP, double.accept())
-        .await
-        .expect("the gateway connects to the node agent")
-        .expect("hello V1");
-    let open = |ns: &str| {
-        std::os::fd::OwnedFd::from(std::fs::File::open(InpodTopology::netns_path(ns)).unwrap())
-    };
-    let pod = |uid: String| PodSpec {
-        name: uid.clone(),
-        uid,
-        namespace: "demo".into(),
-        service_account: "echo".into(),
-    };
-    conn.snapshot(vec![(pod(SERVER_UID.into()), open(&s.t.pb))], &[])
-        .await
-        .expect("snapshot acked");
-    let pb_path = InpodTopology::netns_path(&s.t.pb);
-    s.b.shell
-        .run("istio-cni's rules in pod B", STEP, async move {
-            tidegate::inpod::capture::install(
-                Path::new(&pb_path),
-                tidegate::inpod::capture::CapturePorts::default(),
-            )
-        })
-        .await
-        .expect("rules installed");
+    let open = netns_fd;
+    let pod = |uid: String| zds_pod(&uid, &uid);
+    let conn = zds_serve_pod_b(&s, &double, SERVER_UID).await;
     ten_round_trips(&s, 160).await;
     // Pods in namespaces of their own until the share is full, and one more.
     let mut guard = NetnsGuard::default();
