@@ -46,7 +46,9 @@ pub struct PodDns {
     cache: Cache,
 }
 
-/// The places a forwarded query holds until it is answered.
+/// The places a forwarded query holds until it is answered, or a TCP
+/// connection until it closes: the pod's, the gateway's, and its count in
+/// `gauge`.
 struct Permits {
     _pod: OwnedSemaphorePermit,
     _gateway: OwnedSemaphorePermit,
@@ -54,19 +56,6 @@ struct Permits {
 }
 
 impl Drop for Permits {
-    fn drop(&mut self) {
-        self.gauge.dec();
-    }
-}
-
-/// The places a TCP connection holds until it closes.
-struct TcpPermits {
-    _pod: OwnedSemaphorePermit,
-    _gateway: OwnedSemaphorePermit,
-    gauge: prometheus_client::metrics::gauge::Gauge,
-}
-
-impl Drop for TcpPermits {
     fn drop(&mut self) {
         self.gauge.dec();
     }
@@ -270,7 +259,7 @@ impl PodDns {
 
     /// A place for a TCP connection just accepted, under the pod's bound
     /// and the gateway's; `None` (counted, logged): the caller closes it.
-    fn admit_tcp(&self) -> Option<TcpPermits> {
+    fn admit_tcp(&self) -> Option<Permits> {
         let limit = match self.tcp.clone().try_acquire_owned() {
             Err(_) => "pod_tcp",
             Ok(pod) => match self.proxy.tcp.clone().try_acquire_owned() {
@@ -278,7 +267,7 @@ impl PodDns {
                 Ok(gateway) => {
                     let gauge = self.proxy.metrics.tcp_open.clone();
                     gauge.inc();
-                    return Some(TcpPermits {
+                    return Some(Permits {
                         _pod: pod,
                         _gateway: gateway,
                         gauge,
