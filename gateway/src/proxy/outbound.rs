@@ -338,7 +338,7 @@ impl Outbound {
                         ..
                     } = &plain
                     {
-                        known.trying(target.uid(), to);
+                        known.trying(target, to);
                     }
                     let line = known.line(src, dst);
                     return Box::pin(self.passthrough(tcp, dst, to, started, line, report)).await;
@@ -346,7 +346,7 @@ impl Outbound {
             };
             known.dst = Some(target.identity.clone());
             if service.is_some() {
-                known.trying(target.uid(), authority);
+                known.trying(&target, authority);
             }
             let report = seen(Some(&target), service.as_deref()).open(&self.metrics.istio, true);
             let key = PoolKey {
@@ -703,8 +703,9 @@ struct Known {
     src: Option<SpiffeId>,
     /// The destination's identity, once the connection was routed over HBONE.
     dst: Option<SpiffeId>,
-    /// To a Service: the endpoint tried last (`<uid> at <ip:port>`).
-    endpoint: Option<String>,
+    /// To a Service: the endpoint tried last (formatted only for the
+    /// access line).
+    endpoint: Option<(Arc<Workload>, SocketAddr)>,
     /// To a Service: the endpoints tried before it and why each failed.
     refused_tries: Vec<String>,
 }
@@ -724,15 +725,22 @@ impl Known {
             .unwrap_or_default()
     }
 
-    /// The connection goes to `uid` at `addr`, an endpoint of a Service.
-    fn trying(&mut self, uid: &str, addr: SocketAddr) {
-        self.endpoint = Some(format!("{uid} at {addr}"));
+    /// The connection goes to `w` at `addr`, an endpoint of a Service.
+    fn trying(&mut self, w: &Arc<Workload>, addr: SocketAddr) {
+        self.endpoint = Some((w.clone(), addr));
+    }
+
+    /// The endpoint tried last, as the access line names it.
+    fn endpoint(&self) -> Option<String> {
+        let (w, addr) = self.endpoint.as_ref()?;
+        Some(format!("{} at {addr}", w.uid()))
     }
 
     /// The endpoint being tried failed its connect with `reason`; another
     /// is chosen.
     fn refused(&mut self, reason: &str) {
-        if let Some(e) = self.endpoint.take() {
+        if let Some(e) = self.endpoint() {
+            self.endpoint = None;
             self.refused_tries.push(format!("{e}: {reason}"));
         }
     }
@@ -760,6 +768,7 @@ impl AccessLine<'_> {
     fn emit(&self, moved: Transferred, started: Instant, result: &str) {
         let k = self.known;
         let refused = (!k.refused_tries.is_empty()).then(|| k.refused_tries.join("; "));
+        let endpoint = k.endpoint();
         AccessLog {
             direction: "outbound",
             src_identity: &k.src(),
@@ -771,7 +780,7 @@ impl AccessLine<'_> {
             result,
             error: None,
             drained_by: None,
-            endpoint: k.endpoint.as_deref(),
+            endpoint: endpoint.as_deref(),
             refused_tries: refused.as_deref(),
         }
         .emit();
