@@ -3,13 +3,18 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
-/// A workload identity. Cheap to clone; compared by value.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// A workload identity. Cheap to clone (one shared allocation holding its
+/// URI); compared by value; ordered by trust domain, namespace, then
+/// service account.
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct SpiffeId {
-    trust_domain: String,
-    namespace: String,
-    service_account: String,
+    /// `spiffe://<trust-domain>/ns/<namespace>/sa/<service-account>`.
+    uri: Arc<str>,
+    /// Where the trust domain and the namespace end in `uri`.
+    trust_domain_end: u32,
+    namespace_end: u32,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -19,25 +24,60 @@ pub struct SpiffeIdError {
     reason: &'static str,
 }
 
+const SCHEME: &str = "spiffe://";
+const NS: &str = "/ns/";
+const SA: &str = "/sa/";
+
 impl SpiffeId {
     pub fn new(trust_domain: &str, namespace: &str, service_account: &str) -> Self {
+        let uri = format!("{SCHEME}{trust_domain}{NS}{namespace}{SA}{service_account}");
+        let trust_domain_end = SCHEME.len() + trust_domain.len();
+        let namespace_end = trust_domain_end + NS.len() + namespace.len();
         SpiffeId {
-            trust_domain: trust_domain.to_owned(),
-            namespace: namespace.to_owned(),
-            service_account: service_account.to_owned(),
+            uri: Arc::from(uri),
+            // An identity's parts are DNS labels and names (at most 253
+            // bytes each); saturating keeps a nonsense input harmless.
+            trust_domain_end: u32::try_from(trust_domain_end).unwrap_or(u32::MAX),
+            namespace_end: u32::try_from(namespace_end).unwrap_or(u32::MAX),
         }
     }
 
     pub fn trust_domain(&self) -> &str {
-        &self.trust_domain
+        &self.uri[SCHEME.len()..self.trust_domain_end as usize]
     }
 
     pub fn namespace(&self) -> &str {
-        &self.namespace
+        &self.uri[self.trust_domain_end as usize + NS.len()..self.namespace_end as usize]
     }
 
     pub fn service_account(&self) -> &str {
-        &self.service_account
+        &self.uri[self.namespace_end as usize + SA.len()..]
+    }
+
+    /// The URI, as [`fmt::Display`] writes it, without formatting.
+    pub fn as_str(&self) -> &str {
+        &self.uri
+    }
+}
+
+impl Ord for SpiffeId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        fn parts(id: &SpiffeId) -> (&str, &str, &str) {
+            (id.trust_domain(), id.namespace(), id.service_account())
+        }
+        parts(self).cmp(&parts(other))
+    }
+}
+
+impl PartialOrd for SpiffeId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl fmt::Debug for SpiffeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("SpiffeId").field(&&*self.uri).finish()
     }
 }
 
@@ -74,11 +114,7 @@ impl FromStr for SpiffeId {
 
 impl fmt::Display for SpiffeId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "spiffe://{}/ns/{}/sa/{}",
-            self.trust_domain, self.namespace, self.service_account
-        )
+        f.write_str(&self.uri)
     }
 }
 
@@ -99,6 +135,19 @@ mod tests {
         assert_eq!(id.namespace(), "default");
         assert_eq!(id.service_account(), "echo");
         assert_eq!(id.to_string(), "spiffe://cluster.local/ns/default/sa/echo");
+        assert_eq!(id.as_str(), "spiffe://cluster.local/ns/default/sa/echo");
+        assert_eq!(id, SpiffeId::new("cluster.local", "default", "echo"));
+    }
+
+    /// Ordered by its parts, not by its URI ("a" before "a-b", where the
+    /// URIs' '/' sorts after '-').
+    #[test]
+    fn orders_by_parts() {
+        let a = SpiffeId::new("td", "a", "x");
+        let ab = SpiffeId::new("td", "a-b", "x");
+        assert!(a < ab);
+        assert!(a.as_str() > ab.as_str());
+        assert!(SpiffeId::new("td", "a", "y") > a);
     }
 
     #[test]

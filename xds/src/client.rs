@@ -30,7 +30,7 @@
 //! the channel's pulse ([`channel::Pulse`]) notices a connection that went
 //! silent after that.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -167,7 +167,8 @@ impl From<tonic::Status> for StreamError {
 pub struct AdsClient {
     cfg: ClientConfig,
     metrics: XdsMetrics,
-    held: HashMap<String, HashMap<String, String>>,
+    /// Type → resource name → version.
+    held: HashMap<String, foldhash::HashMap<String, String>>,
 }
 
 impl AdsClient {
@@ -233,7 +234,11 @@ impl AdsClient {
     ) -> Result<(), StreamError> {
         let (tx, rx) = mpsc::unbounded::<DeltaDiscoveryRequest>();
         for type_url in &self.cfg.types {
-            let held = self.held.get(type_url).cloned().unwrap_or_default();
+            let held = self.held.get(type_url).map_or_else(HashMap::new, |held| {
+                held.iter()
+                    .map(|(name, version)| (name.clone(), version.clone()))
+                    .collect()
+            });
             let _ = tx.unbounded_send(DeltaDiscoveryRequest {
                 node: Some(self.cfg.node.clone()),
                 type_url: type_url.clone(),
@@ -355,7 +360,7 @@ impl AdsClient {
             held.remove(name);
         }
         rejected.extend(handler.handle(&url, updates, removed));
-        let refused: HashSet<&str> = rejected.iter().map(|r| r.name.as_str()).collect();
+        let refused: foldhash::HashSet<&str> = rejected.iter().map(|r| r.name.as_str()).collect();
         for (name, version) in versions {
             if !refused.contains(name.as_str()) {
                 held.insert(name, version);

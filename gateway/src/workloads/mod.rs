@@ -117,9 +117,10 @@ pub struct WorkloadSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload_name: Option<String>,
     /// Its waypoint (istiod only): traffic addressed to the workload goes
-    /// through it. Not a workload-file key.
+    /// through it. Not a workload-file key. Boxed: few workloads have one,
+    /// and every workload would otherwise carry its size.
     #[serde(default, skip_deserializing, skip_serializing_if = "Option::is_none")]
-    pub waypoint: Option<waypoint::Waypoint>,
+    pub waypoint: Option<Box<waypoint::Waypoint>>,
     /// Reachable only through a network gateway (istiod's
     /// `network_gateway`: another network): refused, never sent in
     /// plaintext. Not a workload-file key.
@@ -180,7 +181,7 @@ impl Workload {
         if self.spec.allow.is_empty() {
             return true;
         }
-        let peer = peer.to_string();
+        let peer = peer.as_str();
         self.spec.allow.iter().any(|p| match p.strip_suffix('*') {
             Some(prefix) => peer.starts_with(prefix),
             None => *p == peer,

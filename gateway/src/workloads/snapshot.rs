@@ -27,7 +27,7 @@
 //! forgotten first), and the addresses of a resource discovery refused for
 //! as long as it is refused. The data path never sends them plaintext.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -459,8 +459,8 @@ impl WorkloadSnapshot {
     ) -> WorkloadSnapshot {
         let mut next = self.next();
         // Services to resolve again: those a changed workload names or named.
-        let mut dirty: BTreeSet<String> = BTreeSet::new();
-        let touched = |w: &Workload, dirty: &mut BTreeSet<String>| {
+        let mut dirty: foldhash::HashSet<String> = Default::default();
+        let touched = |w: &Workload, dirty: &mut foldhash::HashSet<String>| {
             dirty.extend(w.spec.services.iter().map(|s| service_key(w, s)));
         };
         for uid in &delta.removed_workloads {

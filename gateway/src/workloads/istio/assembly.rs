@@ -10,35 +10,43 @@
 //! by [`convert`]'s rule. Everything else stays as the store holds it.
 //! Indexes: host (`namespace/hostname`) → the Service held under it and
 //! the workloads naming it; address → the workloads claiming it.
+//!
+//! A workload's resource name is allocated once ([`Name`]) and shared by
+//! every index that holds it (and by its uid, which istiod makes the
+//! same); a host once, shared by the workloads naming it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use foldhash::{HashMap, HashSet};
 use tracing::{info, warn};
 
 use super::convert::{self, IstioWorkload, Standing};
 use crate::workloads::services::{EndpointTarget, ServiceSpec};
 use crate::workloads::{Delta, WorkloadSpec};
 
+/// A resource name or a host, shared by everything that holds it.
+type Name = Arc<str>;
+
 #[derive(Debug, Default)]
 pub struct Assembly {
-    workloads: HashMap<String, Kept>,
+    workloads: HashMap<Name, Kept>,
     /// Converted specs the store has not taken yet, by resource name
     /// ([`Assembly::take_delta`] hands them over and lets them go).
-    pending: HashMap<String, WorkloadSpec>,
+    pending: HashMap<Name, WorkloadSpec>,
     services: HashMap<String, ServiceSpec>,
     /// Host → the resource name of the Service held under it.
     hosts: HashMap<String, String>,
     /// Host → the workloads (resource names) naming it, held or not.
-    naming: HashMap<String, BTreeSet<String>>,
+    naming: HashMap<Name, BTreeSet<Name>>,
     /// Address → the workloads (resource names) claiming it; almost
     /// always one.
-    claims: HashMap<IpAddr, Vec<String>>,
+    claims: HashMap<IpAddr, Vec<Name>>,
     /// Changed since the last [`Assembly::take_delta`]: workloads (by
     /// resource name) and hosts to assemble again, and what left.
-    dirty_workloads: BTreeSet<String>,
+    dirty_workloads: HashSet<Name>,
     dirty_hosts: BTreeSet<String>,
     dirty_ips: BTreeSet<IpAddr>,
     removed_workloads: Vec<String>,
@@ -47,6 +55,8 @@ pub struct Assembly {
     /// addresses in conflict, as `address <ip>`): the addresses they name,
     /// held closed by the store.
     refused: HashMap<String, Vec<IpAddr>>,
+    /// The addresses in conflict (held in `refused` as `address <ip>`).
+    conflicts: HashSet<IpAddr>,
     /// Refusals to tell the store of (an empty list: lifted).
     refusals: BTreeMap<String, Vec<IpAddr>>,
     /// Keys the digests (per process: not computable from outside).
@@ -87,14 +97,15 @@ impl Interned {
 /// has not taken yet waits in `pending`.
 #[derive(Debug)]
 struct Kept {
-    uid: String,
+    /// The resource's name when istiod makes the uid the same (it does).
+    uid: Name,
     standing: Standing,
     healthy: bool,
     host_network: bool,
     /// Its addresses, whatever its network mode.
     addresses: Vec<IpAddr>,
     /// Host (`namespace/hostname`) → its port mapping for that Service.
-    services: Vec<(String, BTreeMap<u16, u16>)>,
+    services: Vec<(Name, BTreeMap<u16, u16>)>,
     capacity: u32,
     /// The converted resource's digest (SipHash, keyed per process): an
     /// update that converts to the same workload changes nothing.
@@ -102,15 +113,26 @@ struct Kept {
 }
 
 impl Kept {
-    /// Splits a converted workload into what is kept and its spec.
-    fn split(w: IstioWorkload, digest: u64) -> (Kept, WorkloadSpec) {
+    /// Splits a converted workload, held under `name`, into what is kept
+    /// and its spec; `host` gives each Service host's shared allocation.
+    fn split(
+        name: &Name,
+        w: IstioWorkload,
+        digest: u64,
+        mut host: impl FnMut(String) -> Name,
+    ) -> (Kept, WorkloadSpec) {
+        let uid = if *w.spec.uid == **name {
+            name.clone()
+        } else {
+            Name::from(w.spec.uid.as_str())
+        };
         let kept = Kept {
-            uid: w.spec.uid.clone(),
+            uid,
             standing: w.standing(),
             healthy: w.healthy,
             host_network: w.host_network,
             addresses: w.addresses,
-            services: w.services.into_iter().collect(),
+            services: w.services.into_iter().map(|(h, p)| (host(h), p)).collect(),
             capacity: w.capacity,
             digest,
         };
@@ -130,7 +152,7 @@ impl Kept {
     fn ports(&self, host: &str) -> Option<&BTreeMap<u16, u16>> {
         self.services
             .iter()
-            .find_map(|(h, p)| (h == host).then_some(p))
+            .find_map(|(h, p)| (**h == *host).then_some(p))
     }
 }
 
@@ -153,7 +175,7 @@ impl Assembly {
     /// (a refused resource makes its addresses more closed, never less).
     /// With a version held, that version stays and nothing changes.
     pub fn refuse(&mut self, name: String, addresses: Vec<IpAddr>) {
-        let held = self.workloads.contains_key(&name) || self.services.contains_key(&name);
+        let held = self.workloads.contains_key(name.as_str()) || self.services.contains_key(&name);
         if held || addresses.is_empty() || self.refused.get(&name) == Some(&addresses) {
             return;
         }
@@ -181,19 +203,22 @@ impl Assembly {
         self.lift(&name);
         self.remove_service(&name);
         let digest = self.digests.hash_one(&w);
-        if self
-            .workloads
-            .get(&name)
-            .is_some_and(|k| k.digest == digest)
-        {
-            return;
-        }
-        let (kept, mut spec) = Kept::split(w, digest);
+        let name = match self.workloads.get_key_value(name.as_str()) {
+            Some((_, k)) if k.digest == digest => return,
+            Some((held, _)) => held.clone(),
+            None => Name::from(name),
+        };
+        let naming = &self.naming;
+        let (kept, mut spec) = Kept::split(&name, w, digest, |h| {
+            naming
+                .get_key_value(h.as_str())
+                .map_or_else(|| Name::from(h), |(held, _)| held.clone())
+        });
         spec.labels = self.labels.share(spec.labels);
         if let Some(old) = self.workloads.remove(&name) {
             self.index(&name, &old, false);
             if old.uid != kept.uid {
-                self.removed_workloads.push(old.uid);
+                self.removed_workloads.push(old.uid.to_string());
             }
         }
         self.index(&name, &kept, true);
@@ -241,12 +266,12 @@ impl Assembly {
     }
 
     fn remove_workload(&mut self, name: &str) -> bool {
-        let Some(old) = self.workloads.remove(name) else {
+        let Some((name, old)) = self.workloads.remove_entry(name) else {
             return false;
         };
-        self.pending.remove(name);
-        self.index(name, &old, false);
-        self.removed_workloads.push(old.uid);
+        self.pending.remove(&name);
+        self.index(&name, &old, false);
+        self.removed_workloads.push(old.uid.to_string());
         true
     }
 
@@ -279,23 +304,23 @@ impl Assembly {
 
     /// Adds (`add`) or drops workload `name`'s entries in the indexes,
     /// marking what they touch.
-    fn index(&mut self, name: &str, w: &Kept, add: bool) {
+    fn index(&mut self, name: &Name, w: &Kept, add: bool) {
         for (h, _) in &w.services {
             let names = self.naming.entry(h.clone()).or_default();
             if add {
-                names.insert(name.to_owned());
+                names.insert(name.clone());
             } else {
                 names.remove(name);
                 if names.is_empty() {
                     self.naming.remove(h);
                 }
             }
-            self.dirty_hosts.insert(h.clone());
+            self.dirty_hosts.insert(h.to_string());
         }
         for ip in w.claims() {
             let names = self.claims.entry(*ip).or_default();
-            match names.binary_search_by(|n| n.as_str().cmp(name)) {
-                Err(at) if add => names.insert(at, name.to_owned()),
+            match names.binary_search(name) {
+                Err(at) if add => names.insert(at, name.clone()),
                 Ok(at) if !add => {
                     names.remove(at);
                 }
@@ -344,12 +369,16 @@ impl Assembly {
         }
         // Removed, then put again under the same uid or key (a resource
         // renamed, or named twice in one response): a put, nothing removed.
-        let put: BTreeSet<&str> = delta.workloads.iter().map(|w| w.uid.as_str()).collect();
-        delta
-            .removed_workloads
-            .retain(|uid| !put.contains(uid.as_str()));
-        let put: BTreeSet<String> = delta.services.iter().map(|s| s.key()).collect();
-        delta.removed_services.retain(|key| !put.contains(key));
+        if !delta.removed_workloads.is_empty() {
+            let put: HashSet<&str> = delta.workloads.iter().map(|w| w.uid.as_str()).collect();
+            delta
+                .removed_workloads
+                .retain(|uid| !put.contains(uid.as_str()));
+        }
+        if !delta.removed_services.is_empty() {
+            let put: HashSet<String> = delta.services.iter().map(|s| s.key()).collect();
+            delta.removed_services.retain(|key| !put.contains(key));
+        }
         delta
     }
 
@@ -359,7 +388,7 @@ impl Assembly {
         spec.services = k
             .services
             .iter()
-            .filter_map(|(h, _)| Some(self.services.get(self.hosts.get(h)?)?.key()))
+            .filter_map(|(h, _)| Some(self.services.get(self.hosts.get(&**h)?)?.key()))
             .collect();
         spec.ips = k
             .claims()
@@ -377,7 +406,7 @@ impl Assembly {
             .claims
             .get(ip)?
             .iter()
-            .filter_map(|n| Some((n.as_str(), self.workloads.get(n)?.standing)));
+            .filter_map(|n| Some((&**n, self.workloads.get(n)?.standing)));
         convert::owner(claimants)
     }
 
@@ -386,25 +415,30 @@ impl Assembly {
     /// them leaves it, or is being deleted). Says so once, when it starts
     /// and when it ends.
     fn check_conflict(&mut self, ip: IpAddr) {
+        let shared = self.claims.get(&ip).is_some_and(|c| c.len() > 1);
+        let conflict = shared && self.owner(&ip).is_none();
+        if !conflict && !self.conflicts.contains(&ip) {
+            return;
+        }
         let name = format!("address {ip}");
-        let claimants: Vec<&str> = self
-            .claims
-            .get(&ip)
-            .map(|c| c.iter().map(String::as_str).collect())
-            .unwrap_or_default();
-        let conflict = claimants.len() > 1 && self.owner(&ip).is_none();
         match (conflict, self.refused.contains_key(&name)) {
             (true, false) => {
+                let claimants: Vec<&str> = self.claims[&ip].iter().map(|n| &**n).collect();
                 warn!(%ip, workloads = ?claimants,
                     "an address claimed by two workloads of the same standing: neither is served on it until istiod resolves it");
+                self.conflicts.insert(ip);
                 self.refused.insert(name.clone(), vec![ip]);
                 self.refusals.insert(name, vec![ip]);
             }
             (false, true) => {
                 info!(%ip, "an address's conflict is resolved");
+                self.conflicts.remove(&ip);
                 self.lift(&name);
             }
-            _ => {}
+            (false, false) => {
+                self.conflicts.remove(&ip);
+            }
+            (true, true) => {}
         }
     }
 
@@ -423,11 +457,11 @@ impl Assembly {
             let Some(ports) = w.ports(h) else {
                 continue;
             };
-            endpoints.insert(w.uid.clone(), convert::conditions(w.healthy));
+            endpoints.insert(w.uid.to_string(), convert::conditions(w.healthy));
             let target =
                 convert::endpoint_target(w.host_network, &w.addresses, w.capacity, ports, &spec);
             if target != EndpointTarget::default() {
-                spec.endpoint_targets.insert(w.uid.clone(), target);
+                spec.endpoint_targets.insert(w.uid.to_string(), target);
             }
         }
         spec.endpoints = Some(endpoints);

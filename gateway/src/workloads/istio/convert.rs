@@ -293,7 +293,11 @@ pub fn workload(w: &wds::Workload) -> Result<IstioWorkload, ConvertError> {
         services: services.keys().cloned().collect(),
         ports: BTreeMap::new(),
         workload_name: non_empty(&w.workload_name),
-        waypoint: w.waypoint.as_ref().and_then(|g| waypoint(g, &w.network, 1)),
+        waypoint: w
+            .waypoint
+            .as_ref()
+            .and_then(|g| waypoint(g, &w.network, 1))
+            .map(Box::new),
         other_network: w.network_gateway.is_some(),
     };
     Ok(IstioWorkload {
