@@ -17,5 +17,5 @@ pub mod envelope;
 pub mod metrics;
 pub mod workload;
 
-pub use client::{AdsClient, ClientConfig, Handler, Rejected, Update};
+pub use client::{AdsClient, ClientConfig, Handler, Limits, Rejected, Update};
 pub use metrics::XdsMetrics;
