@@ -36,7 +36,8 @@
 //! A stream with no response within `first_answer_timeout` of being
 //! requested (connecting included) is given up and counts as a failure;
 //! the channel's pulse ([`channel::Pulse`]) notices a connection that went
-//! silent after that.
+//! silent after that, and a stream stopped half-way through a message
+//! fails after the pulse's `message_timeout` ([`mid_message`]).
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -51,6 +52,7 @@ use tracing::{debug, info, warn};
 use crate::channel::{self, Target};
 use crate::envelope::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Node, Status, DELTA_ADS};
 use crate::metrics::{Oversized, Termination, XdsMetrics};
+use crate::mid_message::{self, MidMessage};
 
 /// `istio.workload.Address`: workloads and Services.
 pub const ADDRESS: &str = "type.googleapis.com/istio.workload.Address";
@@ -161,6 +163,9 @@ pub enum StreamError {
     /// istiod completed TLS, then sent nothing.
     #[error("istiod stopped answering: {0}")]
     NoPreface(String),
+    /// istiod stopped half-way through a message.
+    #[error("{0}; the stream is opened again")]
+    Stalled(String),
     #[error("istiod sent no response within {after:?} of the stream being requested; check istiod's load and logs")]
     NoAnswer { after: Duration },
     /// A response's length prefix past [`Limits::max_message`]: refused
@@ -175,7 +180,9 @@ impl StreamError {
             StreamError::Address(_) | StreamError::Token { .. } | StreamError::Connect(_) => {
                 Termination::ConnectionError
             }
-            StreamError::NoPreface(_) | StreamError::NoAnswer { .. } => Termination::Timeout,
+            StreamError::NoPreface(_) | StreamError::NoAnswer { .. } | StreamError::Stalled(_) => {
+                Termination::Timeout
+            }
             StreamError::TooLarge(_) => Termination::Error,
             StreamError::Status { code, message } => {
                 let routine = matches!(
@@ -199,6 +206,9 @@ impl From<tonic::Status> for StreamError {
     fn from(s: tonic::Status) -> Self {
         if let Some(message) = channel::no_preface(&s) {
             return StreamError::NoPreface(message);
+        }
+        if s.message().starts_with(mid_message::STALLED) {
+            return StreamError::Stalled(s.message().to_owned());
         }
         // tonic's refusal of a length prefix past the decoding limit.
         if s.code() == Code::OutOfRange && s.message().contains("message length too large") {
@@ -314,6 +324,12 @@ impl AdsClient {
         if let Ok(v) = self.cfg.cluster_id.parse() {
             md.insert("clusterid", v);
         }
+        let stalled = self.cfg.target.pulse.message_timeout;
+        let channel = tower::ServiceBuilder::new()
+            .map_response(move |r: http::Response<tonic::body::Body>| {
+                r.map(|body| MidMessage::new(body, stalled))
+            })
+            .service(channel);
         let mut grpc = tonic::client::Grpc::new(channel)
             .max_decoding_message_size(self.cfg.limits.max_message);
         grpc.ready()

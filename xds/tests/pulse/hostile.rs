@@ -2,7 +2,9 @@
 //! outcome, and the client keeps everything it held and the stream (or a
 //! new one) serving — oversized messages and resources, 100,000
 //! resources in one response, the same bad resource again and again,
-//! types never subscribed, stalls after the headers and mid-message.
+//! types never subscribed, stalls after the headers and mid-message
+//! (a first answer, and a later one on a connection that still answers
+//! PINGs).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -112,6 +114,15 @@ impl Drop for Client {
 
 impl Client {
     fn start(server: &Scripted, limits: Limits, first_answer_timeout: Duration) -> Client {
+        Client::start_with(server, limits, first_answer_timeout, Pulse::default())
+    }
+
+    fn start_with(
+        server: &Scripted,
+        limits: Limits,
+        first_answer_timeout: Duration,
+        pulse: Pulse,
+    ) -> Client {
         let mut registry = Registry::default();
         let cfg = ClientConfig {
             target: Target {
@@ -119,7 +130,7 @@ impl Client {
                 roots: server.roots.clone(),
                 server_name: None,
                 connect_timeout: Duration::from_secs(5),
-                pulse: Pulse::default(),
+                pulse,
             },
             token: None,
             cluster_id: "c1".into(),
@@ -455,4 +466,34 @@ async fn a_first_answer_stalled_after_headers_or_mid_message_is_given_up_and_ope
         })
         .await;
     }
+}
+
+/// A later message stalls half-way on a connection that still answers
+/// PINGs (the keepalive sees nothing wrong, the first answer came long
+/// ago): the stream fails after `message_timeout` without a byte, is
+/// opened again with what was held, and the new stream applies.
+#[tokio::test]
+async fn a_later_message_stalled_mid_way_fails_the_stream_which_is_opened_again() {
+    let mut half = prefix(100);
+    half.put_slice(&[0x22; 10]);
+    let server = Scripted::start(first_then(Says::Raw(half.freeze()))).await;
+    let pulse = Pulse {
+        message_timeout: Duration::from_millis(300),
+        ..Pulse::default()
+    };
+    let c = Client::start_with(&server, Limits::default(), FIRST_ANSWER_TIMEOUT, pulse);
+    let (stream, _) = reply_to(&server, "3").await;
+    assert_eq!(stream, 1);
+    let all = server.received.borrow().clone();
+    let (_, reopened) = all.iter().find(|(s, _)| *s == 1).unwrap();
+    assert_eq!(
+        reopened.initial_resource_versions,
+        [("a".to_owned(), "1".to_owned())].into()
+    );
+    let held: Vec<String> = c.held().resources.into_keys().collect();
+    assert_eq!(held, ["a", "b"]);
+    assert_eq!(
+        c.metric("istio_xds_connection_terminations_total{reason=\"Timeout\"}"),
+        1.0
+    );
 }
