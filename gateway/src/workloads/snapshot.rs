@@ -550,6 +550,27 @@ impl WorkloadSnapshot {
         self.refused_by_name.insert(name, ips);
     }
 
+    /// Holds exactly `refused` closed (a whole set, by name): names held
+    /// and not in it are lifted, the others held as they now read.
+    pub(super) fn refuse_all(&mut self, refused: Vec<(String, Vec<IpAddr>)>) {
+        let listed: std::collections::HashSet<&str> =
+            refused.iter().map(|(n, _)| n.as_str()).collect();
+        let lifted: Vec<String> = self
+            .refused_by_name
+            .keys()
+            .filter(|n| !listed.contains(n.as_str()))
+            .cloned()
+            .collect();
+        for name in lifted {
+            self.refuse(name, Vec::new());
+        }
+        for (name, ips) in refused {
+            if self.refused_by_name.get(&name) != Some(&ips) {
+                self.refuse(name, ips);
+            }
+        }
+    }
+
     /// The same snapshot, learned ranges replaced.
     pub(super) fn with_ranges(mut self, ranges: Arc<Vec<Cidr>>) -> WorkloadSnapshot {
         self.cluster_ranges = ranges;
