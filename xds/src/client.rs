@@ -41,7 +41,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::channel::mpsc;
@@ -395,7 +395,10 @@ impl AdsClient {
         };
         if !self.cfg.types.contains(&url) {
             let message = format!("a response of type {url:?}, not subscribed");
-            if let Some(repeated) = self.repeats.log(&format!("unsubscribed {url}"), &message) {
+            if let Some(repeated) =
+                self.repeats
+                    .log(&format!("unsubscribed {url}"), &message, Instant::now())
+            {
                 warn!(type_url = %url, repeated, "xDS response of a type not subscribed; acknowledged and ignored");
             }
             return ack;
@@ -427,14 +430,13 @@ impl AdsClient {
         if !rejected.is_empty() {
             XdsMetrics::url(&self.metrics.rejected, &url, rejected.len() as u64);
             let message = nack_message(&rejected);
-            if let Some(repeated) = self.repeats.log(&url, &message) {
+            if let Some(repeated) = self.repeats.log(&url, &message, Instant::now()) {
                 warn!(type_url = %url, refused = rejected.len(), repeated, %message, "xDS resources refused (NACK); the others are applied");
             } else {
                 debug!(type_url = %url, refused = rejected.len(), "xDS resources refused again, for the same reasons (NACK)");
             }
             ack.error_detail = Some(Status { code: 0, message });
         } else {
-            self.repeats.clear(&url);
             debug!(type_url = %url, "xDS response applied");
         }
         ack
@@ -518,7 +520,7 @@ struct Repeats {
 #[derive(Debug)]
 struct Repeat {
     message: String,
-    logged_at: tokio::time::Instant,
+    logged_at: Instant,
     /// Repeats not logged since `logged_at`.
     unlogged: u64,
 }
@@ -527,8 +529,7 @@ impl Repeats {
     /// `Some(repeats not logged)` when `message` under `key` is to be
     /// logged now: new, or the same as before and not logged for
     /// [`REPEAT_LOG_INTERVAL`].
-    fn log(&mut self, key: &str, message: &str) -> Option<u64> {
-        let now = tokio::time::Instant::now();
+    fn log(&mut self, key: &str, message: &str, now: Instant) -> Option<u64> {
         match self.last.get_mut(key) {
             Some(r)
                 if r.message == message
@@ -555,8 +556,38 @@ impl Repeats {
             }
         }
     }
+}
 
-    fn clear(&mut self, key: &str) {
-        self.last.remove(key);
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeated_message_is_logged_once_an_interval_with_the_repeats_counted() {
+        let mut r = Repeats::default();
+        let t0 = Instant::now();
+        assert_eq!(r.log("t", "m", t0), Some(0));
+        for i in 1..=3 {
+            assert_eq!(r.log("t", "m", t0 + Duration::from_secs(i)), None);
+        }
+        assert_eq!(r.log("u", "m", t0), Some(0), "another key");
+        let later = t0 + REPEAT_LOG_INTERVAL;
+        assert_eq!(r.log("t", "m", later), Some(3));
+        assert_eq!(r.log("t", "m", later), None);
+        assert_eq!(r.log("t", "other", later), Some(0), "another message");
+    }
+
+    #[test]
+    fn a_nack_lists_the_first_hundred_refusals_and_counts_the_rest() {
+        let rejected: Vec<Rejected> = (0..LISTED_REFUSALS + 7)
+            .map(|i| Rejected {
+                name: format!("r{i}"),
+                reason: "bad".into(),
+            })
+            .collect();
+        let m = nack_message(&rejected);
+        assert!(m.starts_with("r0: bad; r1: bad"), "{m}");
+        assert!(m.ends_with("r99: bad; and 7 more refused"), "{m}");
+        assert_eq!(nack_message(&rejected[..1]), "r0: bad");
     }
 }
