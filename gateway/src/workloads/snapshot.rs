@@ -17,9 +17,11 @@
 //! - The data path reads a snapshot after one lock-free load of the store
 //!   and never writes it.
 //!
-//! Each address belongs to one workload: every source gives an address
-//! one owner (the workload file refuses a second, Kubernetes discovery and
-//! istiod's assembly pick one), and the index is kept under that rule.
+//! Each address belongs to at most one workload: every source gives an
+//! address one owner or none (the workload file refuses a second;
+//! Kubernetes discovery and istiod's assembly pick the one of the highest
+//! standing, and hold the address closed when two share it), and the index
+//! is kept under that rule.
 //!
 //! Addresses the mesh has known stay known as such ([`FormerlyKnown`]):
 //! one a workload gave up (removed, replaced, its address moved) for

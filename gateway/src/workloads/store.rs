@@ -81,7 +81,7 @@ impl WorkloadStore {
 
     /// Replaces the workloads, keeping the Services (resolved again
     /// against the new workloads). The specs were validated by their
-    /// source (the file parser; Kubernetes discovery gives each IP one owner).
+    /// source (the file parser; Kubernetes discovery gives each IP at most one owner).
     pub fn publish(&self, specs: Vec<WorkloadSpec>) {
         let services = self
             .current
