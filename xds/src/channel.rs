@@ -54,6 +54,11 @@ pub struct Pulse {
     /// RFC 9113 §3.4 has it send first) must arrive within this, else the
     /// connection is closed.
     pub handshake_timeout: Duration,
+    /// An xDS stream inside a message (its length prefix begun, the
+    /// message not whole) with no byte for this long fails and is opened
+    /// again ([`crate::mid_message`]); between messages a stream may rest
+    /// indefinitely. The CA client's calls are bounded as a whole instead.
+    pub message_timeout: Duration,
 }
 
 impl Default for Pulse {
@@ -62,6 +67,7 @@ impl Default for Pulse {
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(10),
             handshake_timeout: Duration::from_secs(10),
+            message_timeout: Duration::from_secs(60),
         }
     }
 }

@@ -14,7 +14,15 @@
 //! refused name with its reason (`<name>: <reason>; …`). A refused
 //! resource keeps whatever version was held before (its version is not
 //! recorded, so istiod sends it again on the next stream). A response of a
-//! type not subscribed is logged and ACKed.
+//! type not subscribed is logged and ACKed, never applied.
+//!
+//! What a hostile or broken istiod can send is bounded ([`Limits`]): a
+//! response past `max_message` is refused from its gRPC length prefix,
+//! before its body is read (the stream fails and is opened again;
+//! nothing held is lost), and a resource past `max_resource` is refused on
+//! its own (NACKed naming the limit). A NACK repeated with the same
+//! reason (istiod sending the same bad resource again and again) is
+//! logged once a minute with the count of repeats, not once per response.
 //!
 //! A stream that ends is reconnected with a backoff from 10 ms doubling to
 //! 15 s. Only a stream that delivered at least one response and then ended
@@ -28,11 +36,12 @@
 //! A stream with no response within `first_answer_timeout` of being
 //! requested (connecting included) is given up and counts as a failure;
 //! the channel's pulse ([`channel::Pulse`]) notices a connection that went
-//! silent after that.
+//! silent after that, and a stream stopped half-way through a message
+//! fails after the pulse's `message_timeout` ([`mid_message`]).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::channel::mpsc;
@@ -42,16 +51,48 @@ use tracing::{debug, info, warn};
 
 use crate::channel::{self, Target};
 use crate::envelope::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Node, Status, DELTA_ADS};
-use crate::metrics::{Termination, XdsMetrics};
+use crate::metrics::{Oversized, Termination, XdsMetrics};
+use crate::mid_message::{self, MidMessage};
 
 /// `istio.workload.Address`: workloads and Services.
 pub const ADDRESS: &str = "type.googleapis.com/istio.workload.Address";
 /// `istio.security.Authorization`: L4 authorization policies.
 pub const AUTHORIZATION: &str = "type.googleapis.com/istio.security.Authorization";
 
-/// The largest response accepted (ztunnel's limit: a large mesh's first
-/// answer is one message).
+/// The largest response accepted by default (ztunnel's limit: a large
+/// mesh's first answer is one message).
 pub const MAX_MESSAGE: usize = 200 << 20;
+
+/// The largest single resource accepted by default: a Workload is a few
+/// hundred bytes, and each resource is converted from one Kubernetes
+/// object (at most 1.5 MiB by default).
+pub const MAX_RESOURCE: usize = 4 << 20;
+
+/// A NACK with the reason of the previous one of its type is logged at
+/// most this often (with the count of repeats).
+pub const REPEAT_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// At most this many refusals are listed in a NACK's `error_detail` and
+/// its log line; the rest are counted (`… and N more`).
+pub const LISTED_REFUSALS: usize = 100;
+
+/// What one response and one resource may weigh.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// A response past this is refused from its length prefix, unread.
+    pub max_message: usize,
+    /// A resource past this (its encoded message) is refused on its own.
+    pub max_resource: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_message: MAX_MESSAGE,
+            max_resource: MAX_RESOURCE,
+        }
+    }
+}
 
 /// How long a new stream may wait for its first response, connecting
 /// included: a large mesh's first answer takes istiod seconds to build.
@@ -73,6 +114,7 @@ pub struct ClientConfig {
     /// A stream with no response this long after it was requested is
     /// failed and opened again ([`FIRST_ANSWER_TIMEOUT`] by default).
     pub first_answer_timeout: Duration,
+    pub limits: Limits,
 }
 
 /// A resource of a response, to apply.
@@ -121,8 +163,15 @@ pub enum StreamError {
     /// istiod completed TLS, then sent nothing.
     #[error("istiod stopped answering: {0}")]
     NoPreface(String),
+    /// istiod stopped half-way through a message.
+    #[error("{0}; the stream is opened again")]
+    Stalled(String),
     #[error("istiod sent no response within {after:?} of the stream being requested; check istiod's load and logs")]
     NoAnswer { after: Duration },
+    /// A response's length prefix past [`Limits::max_message`]: refused
+    /// before its body was read.
+    #[error("istiod sent a response past the size limit (max_message_size), refused unread: {0}")]
+    TooLarge(String),
 }
 
 impl StreamError {
@@ -131,7 +180,10 @@ impl StreamError {
             StreamError::Address(_) | StreamError::Token { .. } | StreamError::Connect(_) => {
                 Termination::ConnectionError
             }
-            StreamError::NoPreface(_) | StreamError::NoAnswer { .. } => Termination::Timeout,
+            StreamError::NoPreface(_) | StreamError::NoAnswer { .. } | StreamError::Stalled(_) => {
+                Termination::Timeout
+            }
+            StreamError::TooLarge(_) => Termination::Error,
             StreamError::Status { code, message } => {
                 let routine = matches!(
                     code,
@@ -155,6 +207,13 @@ impl From<tonic::Status> for StreamError {
         if let Some(message) = channel::no_preface(&s) {
             return StreamError::NoPreface(message);
         }
+        if s.message().starts_with(mid_message::STALLED) {
+            return StreamError::Stalled(s.message().to_owned());
+        }
+        // tonic's refusal of a length prefix past the decoding limit.
+        if s.code() == Code::OutOfRange && s.message().contains("message length too large") {
+            return StreamError::TooLarge(s.message().to_owned());
+        }
         StreamError::Status {
             code: s.code(),
             message: s.message().to_owned(),
@@ -169,6 +228,7 @@ pub struct AdsClient {
     metrics: XdsMetrics,
     /// Type → resource name → version.
     held: HashMap<String, foldhash::HashMap<String, String>>,
+    repeats: Repeats,
 }
 
 impl AdsClient {
@@ -177,6 +237,7 @@ impl AdsClient {
             cfg,
             metrics,
             held: HashMap::new(),
+            repeats: Repeats::default(),
         }
     }
 
@@ -196,6 +257,9 @@ impl AdsClient {
             let mut answered = false;
             let ended = self.stream(channel.clone(), handler, &mut answered).await;
             self.metrics.connected.set(0);
+            if let Err(StreamError::TooLarge(_)) = &ended {
+                self.metrics.oversized(Oversized::Message);
+            }
             let reason = match &ended {
                 Ok(()) => Termination::Complete,
                 Err(e) => e.termination(),
@@ -265,7 +329,14 @@ impl AdsClient {
         if let Ok(v) = self.cfg.cluster_id.parse() {
             md.insert("clusterid", v);
         }
-        let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_MESSAGE);
+        let stalled = self.cfg.target.pulse.message_timeout;
+        let channel = tower::ServiceBuilder::new()
+            .map_response(move |r: http::Response<tonic::body::Body>| {
+                r.map(|body| MidMessage::new(body, stalled))
+            })
+            .service(channel);
+        let mut grpc = tonic::client::Grpc::new(channel)
+            .max_decoding_message_size(self.cfg.limits.max_message);
         grpc.ready()
             .await
             .map_err(|e| StreamError::Connect(e.to_string()))?;
@@ -324,37 +395,32 @@ impl AdsClient {
         );
         let mut ack = DeltaDiscoveryRequest {
             type_url: url.clone(),
-            response_nonce: response.nonce,
+            response_nonce: response.nonce.clone(),
             ..Default::default()
         };
         if !self.cfg.types.contains(&url) {
-            warn!(type_url = %url, "xDS response of a type not subscribed; acknowledged and ignored");
+            let message = format!("a response of type {url:?}, not subscribed");
+            if let Some(repeated) =
+                self.repeats
+                    .log(&format!("unsubscribed {url}"), &message, Instant::now())
+            {
+                warn!(type_url = %url, repeated, "xDS response of a type not subscribed; acknowledged and ignored");
+            }
             return ack;
         }
-        let mut rejected = Vec::new();
-        let mut updates = Vec::with_capacity(response.resources.len());
-        for r in response.resources {
-            match r.resource {
-                Some(any) if any.type_url == url => updates.push(Update {
-                    name: r.name,
-                    version: r.version,
-                    value: any.value,
-                }),
-                Some(any) => rejected.push(Rejected {
-                    name: r.name,
-                    reason: format!("carries a {}, not a {url}", any.type_url),
-                }),
-                None => rejected.push(Rejected {
-                    name: r.name,
-                    reason: "no resource in the update".into(),
-                }),
-            }
+        let Triage {
+            updates,
+            removed,
+            mut rejected,
+            oversized,
+        } = triage(response, self.cfg.limits);
+        for _ in 0..oversized {
+            self.metrics.oversized(Oversized::Resource);
         }
         let versions: Vec<(String, String)> = updates
             .iter()
             .map(|u| (u.name.clone(), u.version.clone()))
             .collect();
-        let removed = response.removed_resources;
         let held = self.held.entry(url.clone()).or_default();
         for name in &removed {
             held.remove(name);
@@ -368,16 +434,165 @@ impl AdsClient {
         }
         if !rejected.is_empty() {
             XdsMetrics::url(&self.metrics.rejected, &url, rejected.len() as u64);
-            let message = rejected
-                .iter()
-                .map(|r| format!("{}: {}", r.name, r.reason))
-                .collect::<Vec<_>>()
-                .join("; ");
-            warn!(type_url = %url, refused = rejected.len(), %message, "xDS resources refused (NACK); the others are applied");
+            let message = nack_message(&rejected);
+            if let Some(repeated) = self.repeats.log(&url, &message, Instant::now()) {
+                warn!(type_url = %url, refused = rejected.len(), repeated, %message, "xDS resources refused (NACK); the others are applied");
+            } else {
+                debug!(type_url = %url, refused = rejected.len(), "xDS resources refused again, for the same reasons (NACK)");
+            }
             ack.error_detail = Some(Status { code: 0, message });
         } else {
             debug!(type_url = %url, "xDS response applied");
         }
         ack
+    }
+}
+
+/// A response sorted: the resources to apply, the names removed, the
+/// resources refused before they reach the handler (no resource, another
+/// type than the response's, past [`Limits::max_resource`]) and how many
+/// of those were past the limit.
+#[derive(Debug, Default)]
+pub struct Triage {
+    pub updates: Vec<Update>,
+    pub removed: Vec<String>,
+    pub rejected: Vec<Rejected>,
+    pub oversized: usize,
+}
+
+/// Sorts `response`'s resources (see [`Triage`]). Public for the fuzz
+/// target, which drives the handler the way the client does.
+pub fn triage(response: DeltaDiscoveryResponse, limits: Limits) -> Triage {
+    let url = response.type_url;
+    let mut t = Triage {
+        updates: Vec::with_capacity(response.resources.len()),
+        removed: response.removed_resources,
+        ..Default::default()
+    };
+    for r in response.resources {
+        let refuse = |reason: String| Rejected {
+            name: r.name.clone(),
+            reason,
+        };
+        match r.resource {
+            Some(any) if any.type_url != url => t
+                .rejected
+                .push(refuse(format!("carries a {}, not a {url}", any.type_url))),
+            Some(any) if any.value.len() > limits.max_resource => {
+                t.oversized += 1;
+                t.rejected.push(refuse(format!(
+                    "{} bytes, past the limit of {} bytes on one resource (max_resource_size)",
+                    any.value.len(),
+                    limits.max_resource
+                )));
+            }
+            Some(any) => t.updates.push(Update {
+                name: r.name,
+                version: r.version,
+                value: any.value,
+            }),
+            None => t.rejected.push(refuse("no resource in the update".into())),
+        }
+    }
+    t
+}
+
+/// A NACK's `error_detail`: `<name>: <reason>; …`, the first
+/// [`LISTED_REFUSALS`] listed and the rest counted.
+fn nack_message(rejected: &[Rejected]) -> String {
+    let mut message = rejected
+        .iter()
+        .take(LISTED_REFUSALS)
+        .map(|r| format!("{}: {}", r.name, r.reason))
+        .collect::<Vec<_>>()
+        .join("; ");
+    if rejected.len() > LISTED_REFUSALS {
+        message.push_str(&format!(
+            "; and {} more refused",
+            rejected.len() - LISTED_REFUSALS
+        ));
+    }
+    message
+}
+
+/// The last message logged per key (a type URL), to log a repeat of it
+/// at most once per [`REPEAT_LOG_INTERVAL`].
+#[derive(Debug, Default)]
+struct Repeats {
+    last: HashMap<String, Repeat>,
+}
+
+#[derive(Debug)]
+struct Repeat {
+    message: String,
+    logged_at: Instant,
+    /// Repeats not logged since `logged_at`.
+    unlogged: u64,
+}
+
+impl Repeats {
+    /// `Some(repeats not logged)` when `message` under `key` is to be
+    /// logged now: new, or the same as before and not logged for
+    /// [`REPEAT_LOG_INTERVAL`].
+    fn log(&mut self, key: &str, message: &str, now: Instant) -> Option<u64> {
+        match self.last.get_mut(key) {
+            Some(r)
+                if r.message == message
+                    && now.duration_since(r.logged_at) < REPEAT_LOG_INTERVAL =>
+            {
+                r.unlogged += 1;
+                None
+            }
+            Some(r) if r.message == message => {
+                let repeated = std::mem::take(&mut r.unlogged);
+                r.logged_at = now;
+                Some(repeated)
+            }
+            _ => {
+                self.last.insert(
+                    key.to_owned(),
+                    Repeat {
+                        message: message.to_owned(),
+                        logged_at: now,
+                        unlogged: 0,
+                    },
+                );
+                Some(0)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeated_message_is_logged_once_an_interval_with_the_repeats_counted() {
+        let mut r = Repeats::default();
+        let t0 = Instant::now();
+        assert_eq!(r.log("t", "m", t0), Some(0));
+        for i in 1..=3 {
+            assert_eq!(r.log("t", "m", t0 + Duration::from_secs(i)), None);
+        }
+        assert_eq!(r.log("u", "m", t0), Some(0), "another key");
+        let later = t0 + REPEAT_LOG_INTERVAL;
+        assert_eq!(r.log("t", "m", later), Some(3));
+        assert_eq!(r.log("t", "m", later), None);
+        assert_eq!(r.log("t", "other", later), Some(0), "another message");
+    }
+
+    #[test]
+    fn a_nack_lists_the_first_hundred_refusals_and_counts_the_rest() {
+        let rejected: Vec<Rejected> = (0..LISTED_REFUSALS + 7)
+            .map(|i| Rejected {
+                name: format!("r{i}"),
+                reason: "bad".into(),
+            })
+            .collect();
+        let m = nack_message(&rejected);
+        assert!(m.starts_with("r0: bad; r1: bad"), "{m}");
+        assert!(m.ends_with("r99: bad; and 7 more refused"), "{m}");
+        assert_eq!(nack_message(&rejected[..1]), "r0: bad");
     }
 }

@@ -7,6 +7,7 @@
 //!   reconnect with the versions held;
 //! - [`workload`]: `istio.workload.Address` and what it carries
 //!   (Workload, Service), hand-written with prost's derives;
+//! - [`mid_message`]: a stream stopped half-way through a message fails;
 //! - [`metrics`]: `istio_xds_*` (ztunnel's names) and `tidegate_xds_*`.
 
 #![forbid(unsafe_code)]
@@ -15,7 +16,8 @@ pub mod channel;
 pub mod client;
 pub mod envelope;
 pub mod metrics;
+pub mod mid_message;
 pub mod workload;
 
-pub use client::{AdsClient, ClientConfig, Handler, Rejected, Update};
+pub use client::{AdsClient, ClientConfig, Handler, Limits, Rejected, Update};
 pub use metrics::XdsMetrics;

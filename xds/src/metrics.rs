@@ -32,6 +32,22 @@ pub enum Termination {
     Unanswered,
 }
 
+/// What was past its size limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Oversized {
+    /// A response past `max_message_size`: refused unread, the stream
+    /// opened again.
+    Message,
+    /// A resource past `max_resource_size`: NACKed, the others applied.
+    Resource,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OversizedLabels {
+    /// `message` or `resource`.
+    pub kind: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: Termination,
@@ -48,6 +64,7 @@ pub struct XdsMetrics {
     pub(crate) messages: Family<UrlLabels, Counter>,
     pub(crate) message_bytes: Family<UrlLabels, Counter>,
     pub(crate) rejected: Family<UrlLabels, Counter>,
+    pub(crate) oversized: Family<OversizedLabels, Counter>,
     pub(crate) connected: Gauge,
 }
 
@@ -77,6 +94,12 @@ impl XdsMetrics {
             m.rejected.clone(),
         );
         root.register(
+            "tidegate_xds_oversized",
+            "xDS responses (kind=message: refused unread, the stream opened again) and resources \
+             (kind=resource: NACKed) past their size limit",
+            m.oversized.clone(),
+        );
+        root.register(
             "tidegate_xds_connected",
             "1 while a delta ADS stream to istiod is open",
             m.connected.clone(),
@@ -87,6 +110,16 @@ impl XdsMetrics {
     pub(crate) fn terminated(&self, reason: Termination) {
         self.terminations
             .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub(crate) fn oversized(&self, kind: Oversized) {
+        let kind = match kind {
+            Oversized::Message => "message",
+            Oversized::Resource => "resource",
+        };
+        self.oversized
+            .get_or_create(&OversizedLabels { kind })
             .inc();
     }
 

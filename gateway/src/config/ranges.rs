@@ -150,6 +150,20 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
             MIN,
         )
         .because("0 would fail every connection to istiod"),
+        bytes(
+            "workloads.istio.max_message_size",
+            w.istio.max_message_size,
+            64 * KIB,
+            1 << 30,
+        )
+        .because("a mesh's first answer is one message; the bound is memory"),
+        bytes(
+            "workloads.istio.max_resource_size",
+            w.istio.max_resource_size,
+            4 * KIB,
+            64 * MIB,
+        )
+        .because("a resource is converted from one Kubernetes object"),
         dur("shutdown.deadline", c.shutdown.deadline, millis(100), HOUR)
             .because("0 would cut every stream at SIGTERM"),
         dur("policies.call_deadline", p.call_deadline, MS, secs(10))

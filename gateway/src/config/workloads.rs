@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::certificates::default_reload_interval;
-use super::duration;
+use super::{duration, size};
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -128,6 +128,18 @@ pub struct IstioConfig {
     pub pod_ip: String,
     pub pod_name: String,
     pub pod_namespace: String,
+    /// The largest response accepted from istiod (ztunnel's: 200MiB; a
+    /// large mesh's first answer is one message). A larger one is refused
+    /// from its length prefix, before it is read; the stream is opened
+    /// again and everything held stays.
+    #[serde(deserialize_with = "size::deserialize_u32")]
+    pub max_message_size: u32,
+    /// The largest single resource accepted (a Workload is a few hundred
+    /// bytes; one Kubernetes object, which each resource is converted
+    /// from, is at most 1.5MiB by default). A larger one is refused
+    /// (NACKed naming the limit); its previous version stays.
+    #[serde(deserialize_with = "size::deserialize_u32")]
+    pub max_resource_size: u32,
 }
 
 impl Default for IstioConfig {
@@ -141,6 +153,8 @@ impl Default for IstioConfig {
             pod_ip: "1.1.1.1".into(),
             pod_name: "tidegate".into(),
             pod_namespace: "istio-system".into(),
+            max_message_size: tidegate_xds::client::MAX_MESSAGE as u32,
+            max_resource_size: tidegate_xds::client::MAX_RESOURCE as u32,
         }
     }
 }

@@ -17,9 +17,11 @@
 //! - The data path reads a snapshot after one lock-free load of the store
 //!   and never writes it.
 //!
-//! Each address belongs to one workload: every source gives an address
-//! one owner (the workload file refuses a second, Kubernetes discovery and
-//! istiod's assembly pick one), and the index is kept under that rule.
+//! Each address belongs to at most one workload: every source gives an
+//! address one owner or none (the workload file refuses a second;
+//! Kubernetes discovery and istiod's assembly pick the one of the highest
+//! standing, and hold the address closed when two share it), and the index
+//! is kept under that rule.
 //!
 //! Addresses the mesh has known stay known as such ([`FormerlyKnown`]):
 //! one a workload gave up (removed, replaced, its address moved) for
@@ -548,6 +550,27 @@ impl WorkloadSnapshot {
             self.refused.insert(*ip, resource.clone());
         }
         self.refused_by_name.insert(name, ips);
+    }
+
+    /// Holds exactly `refused` closed (a whole set, by name): names held
+    /// and not in it are lifted, the others held as they now read.
+    pub(super) fn refuse_all(&mut self, refused: Vec<(String, Vec<IpAddr>)>) {
+        let listed: std::collections::HashSet<&str> =
+            refused.iter().map(|(n, _)| n.as_str()).collect();
+        let lifted: Vec<String> = self
+            .refused_by_name
+            .keys()
+            .filter(|n| !listed.contains(n.as_str()))
+            .cloned()
+            .collect();
+        for name in lifted {
+            self.refuse(name, Vec::new());
+        }
+        for (name, ips) in refused {
+            if self.refused_by_name.get(&name) != Some(&ips) {
+                self.refuse(name, ips);
+            }
+        }
     }
 
     /// The same snapshot, learned ranges replaced.

@@ -3,6 +3,7 @@
 //! swaps it in; readers load the current one without a lock.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -80,7 +81,7 @@ impl WorkloadStore {
 
     /// Replaces the workloads, keeping the Services (resolved again
     /// against the new workloads). The specs were validated by their
-    /// source (the file parser; Kubernetes discovery gives each IP one owner).
+    /// source (the file parser; Kubernetes discovery gives each IP at most one owner).
     pub fn publish(&self, specs: Vec<WorkloadSpec>) {
         let services = self
             .current
@@ -130,10 +131,40 @@ impl WorkloadStore {
         members: BTreeMap<String, Membership>,
         policies: Arc<PolicyStore>,
     ) {
+        self.publish_replaced(specs, services, members, policies, None);
+    }
+
+    /// [`WorkloadStore::publish_with_members`], and the addresses held
+    /// closed replaced by `held_closed` (name → addresses: Kubernetes
+    /// discovery's addresses two running pods claim, under the istio
+    /// source's name for a conflict, `address <ip>`). A whole set, like
+    /// the rest: a name not in it is no longer held closed.
+    pub fn publish_whole(
+        &self,
+        specs: Vec<WorkloadSpec>,
+        services: Vec<ServiceSpec>,
+        members: BTreeMap<String, Membership>,
+        policies: Arc<PolicyStore>,
+        held_closed: Vec<(String, Vec<IpAddr>)>,
+    ) {
+        self.publish_replaced(specs, services, members, policies, Some(held_closed));
+    }
+
+    fn publish_replaced(
+        &self,
+        specs: Vec<WorkloadSpec>,
+        services: Vec<ServiceSpec>,
+        members: BTreeMap<String, Membership>,
+        policies: Arc<PolicyStore>,
+        held_closed: Option<Vec<(String, Vec<IpAddr>)>>,
+    ) {
         let _one = self.publishing.locked();
         let specs = self.without_removed(specs);
         let current = self.current.load_full();
-        let next = current.replaced(&self.node(), specs, services, members, policies);
+        let mut next = current.replaced(&self.node(), specs, services, members, policies);
+        if let Some(held_closed) = held_closed {
+            next.refuse_all(held_closed);
+        }
         self.swap_in(next);
     }
 

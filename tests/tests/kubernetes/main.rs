@@ -296,6 +296,52 @@ async fn namespace_label_binds_policy_below_the_pod_annotation() {
     app.shutdown().await;
 }
 
+/// Two running pods on one IP: neither is served on it, the address is
+/// held closed (counted, in `/config_dump`), until one starts terminating.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_running_pods_on_one_ip_hold_it_closed_until_one_terminates() {
+    use tidegate::workloads::FormerlyKnown;
+    let api = FakeApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    api.apply(Kind::Namespace, namespace("demo", json!({})));
+    api.apply(Kind::Pod, pod("old", "uid-old", "node-b", ip(63, 7)));
+    let app = start(&api, dir.path(), "").await;
+    until_ready(&app).await;
+    api.apply(Kind::Pod, pod("new", "uid-new", "node-b", ip(63, 7)));
+    eventually("the address held closed", WAIT, || {
+        matches!(
+            app.workloads.snapshot().formerly_known(ip(63, 7)),
+            Some(FormerlyKnown::Refused { .. })
+        )
+    })
+    .await;
+    let snap = app.workloads.snapshot();
+    assert!(snap.by_ip(ip(63, 7)).is_none(), "neither pod has it");
+    assert!(snap.by_uid("uid-old").unwrap().spec.ips.is_empty());
+    assert!(snap.by_uid("uid-new").unwrap().spec.ips.is_empty());
+    assert_eq!(
+        metric(&app.metrics_text(), "tidegate_kubernetes_address_conflicts"),
+        1.0
+    );
+    let (_, dump) = http_get(app.addrs.admin, "/config_dump").await;
+    let dump: Value = serde_json::from_str(&dump).unwrap();
+    assert_eq!(dump["outbound"]["formerly_known"]["refused"], 1, "{dump}");
+    api.start_pod_deletion("demo", "old", Duration::from_secs(30));
+    eventually("the running pod has the address", WAIT, || {
+        app.workloads
+            .snapshot()
+            .by_ip(ip(63, 7))
+            .is_some_and(|w| w.uid() == "uid-new")
+    })
+    .await;
+    assert_eq!(
+        metric(&app.metrics_text(), "tidegate_kubernetes_address_conflicts"),
+        0.0
+    );
+    assert_eq!(app.workloads.snapshot().formerly_known(ip(63, 7)), None);
+    app.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ip_reuse_goes_to_the_running_pod() {
     let api = FakeApiServer::start().await;

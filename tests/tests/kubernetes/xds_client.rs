@@ -93,6 +93,7 @@ fn start(double: &XdsDouble) -> Running {
             node,
             types: vec![ADDRESS.into(), AUTHORIZATION.into()],
             first_answer_timeout: FIRST_ANSWER_TIMEOUT,
+            limits: Default::default(),
         },
         XdsMetrics::register(&mut registry),
     );

@@ -241,7 +241,7 @@ fn grpc_frame() -> Bytes {
 
 /// A serving certificate for 127.0.0.1 (ALPN `h2`) and the PEM root
 /// that issued it.
-fn serving_tls() -> (tokio_rustls::TlsAcceptor, String) {
+pub fn serving_tls() -> (tokio_rustls::TlsAcceptor, String) {
     let root_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
     let mut root = CertificateParams::default();
     root.distinguished_name = DistinguishedName::new();

@@ -3,7 +3,9 @@
 //! connected to again; a server that ends every stream at once is not
 //! asked again every 10 ms.
 
+mod hostile;
 mod istiod;
+mod scripted;
 
 use std::time::Duration;
 
@@ -17,7 +19,7 @@ use tokio::sync::watch;
 use istiod::{Istiod, Misbehaviour, FLOOD};
 
 /// Generous: only a client that never notices breaks it.
-const WAIT: Duration = Duration::from_secs(10);
+pub const WAIT: Duration = Duration::from_secs(10);
 
 /// Counts the responses applied.
 struct Count(watch::Sender<usize>);
@@ -48,12 +50,8 @@ impl Running {
         s
     }
 
-    /// A series' value; 0 when a labelled series was never used.
     fn metric(&self, series: &str) -> f64 {
-        self.metrics()
-            .lines()
-            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or(0.0)
+        metric(&self.registry, series)
     }
 
     fn terminations(&self, reason: &str) -> f64 {
@@ -61,6 +59,15 @@ impl Running {
             "istio_xds_connection_terminations_total{{reason=\"{reason}\"}}"
         ))
     }
+}
+
+/// A series' value in `registry`; 0 when a labelled series was never used.
+pub fn metric(registry: &Registry, series: &str) -> f64 {
+    let mut s = String::new();
+    prometheus_client::encoding::text::encode(&mut s, registry).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
 }
 
 fn config(server: &Istiod, pulse: Pulse) -> ClientConfig {
@@ -80,6 +87,7 @@ fn config(server: &Istiod, pulse: Pulse) -> ClientConfig {
         },
         types: vec![ADDRESS.into()],
         first_answer_timeout: FIRST_ANSWER_TIMEOUT,
+        limits: Default::default(),
     }
 }
 
@@ -102,7 +110,7 @@ fn start(server: &Istiod, pulse: Pulse, first_answer_timeout: Duration) -> Runni
 }
 
 /// Polls `check` until it holds; panics naming `what` after [`WAIT`].
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + WAIT;
     while !check() {
         assert!(

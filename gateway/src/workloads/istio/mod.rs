@@ -15,7 +15,7 @@ pub use source::IstioSource;
 use tidegate_xds::channel::{Pulse, Target};
 use tidegate_xds::client::{ClientConfig, ADDRESS, AUTHORIZATION, FIRST_ANSWER_TIMEOUT};
 use tidegate_xds::envelope::{Node, Struct, Value};
-use tidegate_xds::{AdsClient, XdsMetrics};
+use tidegate_xds::{AdsClient, Limits, XdsMetrics};
 
 use crate::config::IstioConfig;
 use crate::shutdown::ShutdownWatch;
@@ -63,6 +63,10 @@ pub fn client(
             node: node(cfg, node_name, cluster_id),
             types: vec![ADDRESS.to_owned(), AUTHORIZATION.to_owned()],
             first_answer_timeout: FIRST_ANSWER_TIMEOUT,
+            limits: Limits {
+                max_message: cfg.max_message_size as usize,
+                max_resource: cfg.max_resource_size as usize,
+            },
         },
         metrics,
     )

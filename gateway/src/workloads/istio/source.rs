@@ -104,10 +104,14 @@ impl IstioSource {
                 )),
             }
         }
-        for name in removed {
-            if !self.held.remove(&name) {
-                warn!(%name, "istiod removed an address that was not held");
-            }
+        let not_held: Vec<String> = removed
+            .into_iter()
+            .filter(|name| !self.held.remove(name))
+            .collect();
+        if !not_held.is_empty() {
+            // One line a response, however many names it removes.
+            warn!(count = not_held.len(), first = ?&not_held[..not_held.len().min(5)],
+                "istiod removed addresses that were not held");
         }
         rejected
     }

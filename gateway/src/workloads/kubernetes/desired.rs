@@ -43,6 +43,27 @@ pub struct Desired {
     /// skew: the slice arrived before the pod, or after it went). They are
     /// ignored until the pod shows up; counted and logged by the caller.
     pub unknown_endpoints: Vec<String>,
+    /// Addresses two pods of the same standing claim (two running pods):
+    /// neither has the address, which is held closed until one leaves it
+    /// ([`resolve_ip_reuse`]). Sorted by address.
+    pub conflicts: Vec<IpConflict>,
+}
+
+/// An address two or more pods of the same standing claim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IpConflict {
+    pub ip: IpAddr,
+    /// `namespace/name (uid)` of each claimant, sorted.
+    pub pods: Vec<String>,
+}
+
+impl IpConflict {
+    /// The name the store holds the address closed under: the istio
+    /// source's name for a conflict (`address <ip>`), so `/config_dump`
+    /// and the refusal read the same whichever source found it.
+    pub fn resource(&self) -> String {
+        format!("address {}", self.ip)
+    }
 }
 
 /// What the EndpointSlices say about one pod.
@@ -128,7 +149,7 @@ pub fn build(stores: &Stores, cfg: &KubernetesConfig, authorization: &Conversion
         unknown: unknown_endpoints,
     } = slice_facts(stores, &pod_uids);
 
-    let mut specs: Vec<(WorkloadSpec, i64)> = stores
+    let mut specs: Vec<WorkloadSpec> = stores
         .pods
         .iter()
         .filter_map(|p| {
@@ -136,17 +157,11 @@ pub fn build(stores: &Stores, cfg: &KubernetesConfig, authorization: &Conversion
             let ns = p.metadata.namespace.as_deref().unwrap_or("default");
             let mut spec = pod_spec(p, facts.get(uid), ns_labels.get(ns).copied().flatten(), cfg)?;
             spec.authorization_policies = authorization.policies_for(ns, &spec.labels);
-            let created = p
-                .metadata
-                .creation_timestamp
-                .as_ref()
-                .map_or(0, |t| t.0.as_millisecond());
-            Some((spec, created))
+            Some(spec)
         })
         .collect();
-    resolve_ip_reuse(&mut specs);
-    let mut specs: Vec<WorkloadSpec> = specs.into_iter().map(|(s, _)| s).collect();
     specs.sort_by(|a, b| a.uid.cmp(&b.uid));
+    let conflicts = resolve_ip_reuse(&mut specs);
     let mut services: Vec<ServiceSpec> = stores
         .services
         .iter()
@@ -157,6 +172,7 @@ pub fn build(stores: &Stores, cfg: &KubernetesConfig, authorization: &Conversion
         specs,
         services,
         unknown_endpoints,
+        conflicts,
     }
 }
 
@@ -438,32 +454,53 @@ fn primary_first<'a>(primary: Option<&str>, all: impl Iterator<Item = &'a str>) 
 }
 
 /// An IP held by two pods (reused after the first terminated, or seen
-/// before the old pod's removal arrived) belongs to one: a running pod over
-/// a terminating one, then the newer. The others keep their other IPs and
-/// stay in the set (a terminating pod still drains), so the IP never
-/// resolves to the old pod's identity or tunnels.
-fn resolve_ip_reuse(specs: &mut [(WorkloadSpec, i64)]) {
-    let mut owner: HashMap<IpAddr, usize> = HashMap::new();
-    for i in 0..specs.len() {
-        for ip in specs[i].0.ips.clone() {
-            match owner.get(&ip) {
-                Some(&j) if !prefer(&specs[i], &specs[j]) => {}
-                _ => {
-                    owner.insert(ip, i);
-                }
-            }
+/// before the old pod's removal arrived) belongs to one only when one
+/// stands above the others: a running pod over a terminating one (a pod
+/// whose containers all ended or that was deleted is no workload at all).
+/// Two of the same standing — two running pods — is a conflict only the
+/// cluster can resolve: neither has the address (never the newer, never
+/// the uid that sorts last), and it is returned to be held closed until
+/// one of them leaves it. The pods keep their other IPs and stay in the
+/// set (a terminating pod still drains), so the IP never resolves to an
+/// identity it may not be.
+fn resolve_ip_reuse(specs: &mut [WorkloadSpec]) -> Vec<IpConflict> {
+    let mut claims: HashMap<IpAddr, Vec<usize>> = HashMap::new();
+    for (i, spec) in specs.iter().enumerate() {
+        for ip in &spec.ips {
+            claims.entry(*ip).or_default().push(i);
         }
     }
-    for (i, (spec, _)) in specs.iter_mut().enumerate() {
-        spec.ips.retain(|ip| owner.get(ip) == Some(&i));
+    claims.retain(|_, c| c.len() > 1);
+    let running = |s: &WorkloadSpec| s.state == LifecycleState::Running;
+    let mut conflicts = Vec::new();
+    let mut owners: HashMap<IpAddr, Option<usize>> = HashMap::with_capacity(claims.len());
+    for (ip, claimants) in claims {
+        let best = claimants.iter().any(|&i| running(&specs[i]));
+        let top: Vec<usize> = claimants
+            .into_iter()
+            .filter(|&i| running(&specs[i]) == best)
+            .collect();
+        if let [only] = top[..] {
+            owners.insert(ip, Some(only));
+            continue;
+        }
+        owners.insert(ip, None);
+        let mut pods: Vec<String> = top
+            .iter()
+            .map(|&i| {
+                let s = &specs[i];
+                format!("{}/{} ({})", s.namespace, s.name, s.uid)
+            })
+            .collect();
+        pods.sort();
+        conflicts.push(IpConflict { ip, pods });
     }
-}
-
-fn prefer(a: &(WorkloadSpec, i64), b: &(WorkloadSpec, i64)) -> bool {
-    let key = |(s, created): &(WorkloadSpec, i64)| {
-        (s.state == LifecycleState::Running, *created, s.uid.clone())
-    };
-    key(a) > key(b)
+    for (i, spec) in specs.iter_mut().enumerate() {
+        spec.ips
+            .retain(|ip| owners.get(ip).is_none_or(|owner| *owner == Some(i)));
+    }
+    conflicts.sort_by_key(|c| c.ip);
+    conflicts
 }
 
 #[cfg(test)]

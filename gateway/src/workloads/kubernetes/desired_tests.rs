@@ -76,23 +76,130 @@ fn pods_become_workloads_with_mesh_and_namespace_policy() {
     assert_eq!(b.ips, ["10.0.0.2".parse::<IpAddr>().unwrap()]);
 }
 
+fn terminating(name: &str, uid: &str, ip: &str, created: &str) -> Arc<Pod> {
+    let mut p = (*running(name, uid, ip, created)).clone();
+    p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        "2026-01-03T00:00:00Z".parse().unwrap(),
+    ));
+    Arc::new(p)
+}
+
+fn build_pods(pods: Vec<Arc<Pod>>) -> Desired {
+    build(
+        &Stores {
+            pods,
+            ..Default::default()
+        },
+        &cfg(),
+        &Default::default(),
+    )
+}
+
+fn ips_of<'a>(d: &'a Desired, uid: &str) -> &'a [IpAddr] {
+    &d.specs.iter().find(|s| s.uid == uid).unwrap().ips
+}
+
+/// Two running pods on one IP: neither has it — not the newer, not the
+/// uid that sorts last, whatever order the watch gave them — and the
+/// address is a conflict naming both. Each keeps its other addresses.
 #[test]
-fn a_reused_ip_belongs_to_the_newer_running_pod() {
+fn two_running_pods_on_one_ip_are_a_conflict_neither_has_it() {
+    let ip: IpAddr = "10.0.0.9".parse().unwrap();
     let old = running("old", "u-old", "10.0.0.9", "2026-01-01T00:00:00Z");
-    let new = running("new", "u-new", "10.0.0.9", "2026-01-02T00:00:00Z");
-    for pods in [vec![old.clone(), new.clone()], vec![new, old]] {
-        let d = build(
-            &Stores {
-                pods,
-                ..Default::default()
-            },
-            &cfg(),
-            &Default::default(),
+    let mut new = (*running("new", "u-new", "10.0.0.9", "2026-01-02T00:00:00Z")).clone();
+    new.status.as_mut().unwrap().pod_ips = Some(vec![
+        k8s_openapi::api::core::v1::PodIP {
+            ip: "10.0.0.9".into(),
+        },
+        k8s_openapi::api::core::v1::PodIP {
+            ip: "fd00::9".into(),
+        },
+    ]);
+    let new = Arc::new(new);
+    for pods in [
+        vec![old.clone(), new.clone()],
+        vec![new.clone(), old.clone()],
+    ] {
+        let d = build_pods(pods);
+        assert!(ips_of(&d, "u-old").is_empty());
+        assert_eq!(ips_of(&d, "u-new"), ["fd00::9".parse::<IpAddr>().unwrap()]);
+        assert_eq!(
+            d.conflicts,
+            [IpConflict {
+                ip,
+                pods: vec!["ns/new (u-new)".into(), "ns/old (u-old)".into()],
+            }]
         );
-        let by_uid = |u: &str| d.specs.iter().find(|s| s.uid == u).unwrap();
-        assert!(by_uid("u-old").ips.is_empty());
-        assert_eq!(by_uid("u-new").ips.len(), 1);
+        assert_eq!(d.conflicts[0].resource(), "address 10.0.0.9");
     }
+}
+
+/// A running pod over a terminating one, whichever is newer: the address
+/// is reused the way Kubernetes reuses it, no conflict.
+#[test]
+fn a_reused_ip_belongs_to_the_running_pod_over_a_terminating_one() {
+    let cases = [
+        (
+            terminating("old", "u-old", "10.0.0.9", "2026-01-01T00:00:00Z"),
+            running("new", "u-new", "10.0.0.9", "2026-01-02T00:00:00Z"),
+        ),
+        (
+            running("old", "u-old", "10.0.0.9", "2026-01-01T00:00:00Z"),
+            terminating("new", "u-new", "10.0.0.9", "2026-01-02T00:00:00Z"),
+        ),
+    ];
+    for (i, (a, b)) in cases.into_iter().enumerate() {
+        let winner = if i == 0 { "u-new" } else { "u-old" };
+        let loser = if i == 0 { "u-old" } else { "u-new" };
+        let d = build_pods(vec![a, b]);
+        assert_eq!(ips_of(&d, winner).len(), 1, "case {i}");
+        assert!(ips_of(&d, loser).is_empty(), "case {i}");
+        assert!(d.conflicts.is_empty(), "case {i}: {:?}", d.conflicts);
+    }
+}
+
+/// Published, a conflict is held closed the way the istio source holds
+/// one (the same name, the same refusal): no workload on the address, the
+/// address the mesh's (never plaintext); once one pod is terminating, the
+/// other has it and nothing is held.
+#[test]
+fn a_published_conflict_is_held_closed_until_one_pod_leaves() {
+    let ip: IpAddr = "10.0.0.9".parse().unwrap();
+    let store = crate::workloads::WorkloadStore::new("cluster.local", "n1");
+    let publish = |d: Desired| {
+        let closed = d
+            .conflicts
+            .iter()
+            .map(|c| (c.resource(), vec![c.ip]))
+            .collect();
+        store.publish_whole(
+            d.specs,
+            d.services,
+            Default::default(),
+            Default::default(),
+            closed,
+        );
+    };
+    publish(build_pods(vec![
+        running("old", "u-old", "10.0.0.9", "2026-01-01T00:00:00Z"),
+        running("new", "u-new", "10.0.0.9", "2026-01-02T00:00:00Z"),
+    ]));
+    let snap = store.snapshot();
+    assert!(snap.by_ip(ip).is_none());
+    let known = snap.formerly_known(ip);
+    assert!(
+        matches!(&known, Some(crate::workloads::FormerlyKnown::Refused { resource }) if &**resource == "address 10.0.0.9"),
+        "{known:?}"
+    );
+    assert_eq!(snap.formerly_known_len().1, 1, "what /config_dump counts");
+    publish(build_pods(vec![
+        terminating("old", "u-old", "10.0.0.9", "2026-01-01T00:00:00Z"),
+        running("new", "u-new", "10.0.0.9", "2026-01-02T00:00:00Z"),
+    ]));
+    let snap = store.snapshot();
+    assert_eq!(snap.by_ip(ip).map(|w| w.uid()), Some("u-new"));
+    assert_eq!(snap.formerly_known(ip), None);
+    assert_eq!(snap.formerly_known_len().1, 0);
 }
 
 #[test]

@@ -29,6 +29,7 @@ pub struct KubernetesMetrics {
     pub(super) services: Gauge,
     pub(super) publishes: Counter,
     pub(super) unknown_endpoints: Gauge,
+    pub(super) address_conflicts: Gauge,
     pub(super) synced: Gauge,
     pub(super) authorization_resources: Family<OutcomeLabels, Gauge>,
 }
@@ -43,6 +44,7 @@ impl KubernetesMetrics {
             services: Gauge::default(),
             publishes: Counter::default(),
             unknown_endpoints: Gauge::default(),
+            address_conflicts: Gauge::default(),
             synced: Gauge::default(),
             authorization_resources: Family::default(),
         };
@@ -81,6 +83,12 @@ impl KubernetesMetrics {
             "unknown_endpoints",
             "EndpointSlice endpoints naming a pod UID the pod watches do not hold (informer skew)",
             m.unknown_endpoints.clone(),
+        );
+        r.register(
+            "address_conflicts",
+            "Addresses two running pods claim: neither is served on them, and they are held \
+             closed (connections refused, reason refused_address) until one pod leaves",
+            m.address_conflicts.clone(),
         );
         r.register(
             "synced",

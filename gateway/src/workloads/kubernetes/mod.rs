@@ -299,12 +299,20 @@ impl KubernetesSource {
                     .set(desired.unknown_endpoints.len() as i64);
                 last_unknown = desired.unknown_endpoints;
             }
+            report_conflicts(
+                last.as_ref().map_or(&[][..], |l| &l.5[..]),
+                &desired.conflicts,
+            );
+            self.metrics
+                .address_conflicts
+                .set(desired.conflicts.len() as i64);
             let set = (
                 desired.specs,
                 desired.services,
                 members,
                 conversion.policies,
                 ranges,
+                desired.conflicts,
             );
             if last.as_ref() != Some(&set) {
                 if last.as_ref().is_none_or(|l| l.4 != set.4) {
@@ -315,11 +323,12 @@ impl KubernetesSource {
                 self.metrics.workloads.set(set.0.len() as i64);
                 self.metrics.services.set(set.1.len() as i64);
                 self.metrics.publishes.inc();
-                self.store.publish_with_members(
+                self.store.publish_whole(
                     set.0.clone(),
                     set.1.clone(),
                     set.2.clone(),
                     Arc::new(set.3.clone()),
+                    set.5.iter().map(|c| (c.resource(), vec![c.ip])).collect(),
                 );
                 if last.is_none() {
                     info!(
@@ -340,14 +349,28 @@ impl KubernetesSource {
 }
 
 /// What the publisher last published: workloads, Services, local pods'
-/// mesh membership, authorization policies, the cluster's ranges.
+/// mesh membership, authorization policies, the cluster's ranges, the
+/// addresses in conflict (held closed).
 type Published = (
     Vec<super::WorkloadSpec>,
     Vec<super::services::ServiceSpec>,
     BTreeMap<String, super::membership::Membership>,
     PolicyStore,
     Vec<crate::config::Cidr>,
+    Vec<desired::IpConflict>,
 );
+
+/// Says so once when an address comes into conflict (naming the pods)
+/// and once when it leaves it, not on every rebuild.
+fn report_conflicts(before: &[desired::IpConflict], now: &[desired::IpConflict]) {
+    for c in now.iter().filter(|c| !before.contains(c)) {
+        warn!(ip = %c.ip, pods = ?c.pods,
+            "an address two running pods claim: neither is served on it, and connections to it are refused, until one of them leaves it");
+    }
+    for c in before.iter().filter(|c| !now.iter().any(|n| n.ip == c.ip)) {
+        info!(ip = %c.ip, pods = ?c.pods, "an address's conflict is resolved");
+    }
+}
 
 /// Starts watch tasks; each returns the reader of its store.
 struct Watches<'a> {
