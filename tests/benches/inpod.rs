@@ -39,12 +39,14 @@
 //!   (same ports, `SO_REUSEPORT`), re-adopting every pod from the state
 //!   directory, then the old one stopped — while pod A opens a new
 //!   connection to pod B every 10 ms: how long the re-adoption took, and
-//!   the connections that failed. Both of node B's gateways live in this
-//!   process for the hand-over, sharing its one open-file limit (on a node
-//!   they are two processes, each with its own): node B's inbound cap is
-//!   set to 1,000 in this section so that the new gateway's descriptor
-//!   backstop, which counts the whole process's descriptors, does not take
-//!   the old one's pods for its own.
+//!   the connections that failed (each with its error and when it started,
+//!   and node A's failure counters that moved). Both of node B's gateways
+//!   live in this process for the hand-over, sharing its one open-file
+//!   limit (on a node they are two processes, each with its own; the old
+//!   one stays until its tunnels' GOAWAY exchange is done): node B's
+//!   inbound cap is set to 1,000 in this section so that the new gateway's
+//!   descriptor backstop, which counts the whole process's descriptors,
+//!   does not take the old one's pods for its own.
 //!
 //! Every loop is bounded in count and time; the whole run takes about a
 //! minute. Needs root, `ip` and `iptables`; skipped with a note otherwise.
@@ -633,7 +635,8 @@ async fn bench() -> anyhow::Result<()> {
             .lines()
             .filter(|l| l.starts_with("tidegate_inpod_refusals_total{"))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum();
+            .sum::<f64>()
+            + 0.0; // an empty sum is -0
         println!(
             "  upgrade (a new gateway beside the old, then the old stopped): {served} pods re-adopted from the state directory in {:.0} ms ({:.2} ms a pod), {refused} refused; pod A → pod B, a new connection every 10 ms: {} connections, {} failed, gap {:.0} ms",
             readopted.as_secs_f64() * 1e3,
