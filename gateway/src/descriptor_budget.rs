@@ -37,7 +37,31 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use crate::config::{CaptureMode, Config};
-use crate::inpod::admission::listeners_per_pod;
+
+/// The capture listeners of a pod: 15001, 15006, 15008.
+pub const CAPTURE_LISTENERS: u64 = 3;
+
+/// The DNS proxy's listeners of a pod: 15053 UDP and TCP on 127.0.0.1 and
+/// on ::1 (a pod without IPv6 takes two fewer).
+pub const DNS_LISTENERS: u64 = 4;
+
+/// Descriptors a pod's listeners take (15001, 15006, 15008, and 15053 UDP
+/// and TCP on both loopback addresses) with the DNS proxy on, the default;
+/// its namespace descriptor is open already when it is checked.
+pub const LISTENERS_PER_POD: u64 = CAPTURE_LISTENERS + DNS_LISTENERS;
+
+/// Descriptors a served pod holds with the DNS proxy on: its namespace and
+/// its listeners.
+pub const DESCRIPTORS_PER_POD: u64 = LISTENERS_PER_POD + 1;
+
+/// The listeners of a pod, with the DNS proxy (`dns.enabled`) or without.
+pub fn listeners_per_pod(dns: bool) -> u64 {
+    if dns {
+        LISTENERS_PER_POD
+    } else {
+        CAPTURE_LISTENERS
+    }
+}
 
 /// What the pods ask of the budget.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

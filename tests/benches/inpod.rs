@@ -39,12 +39,14 @@
 //!   (same ports, `SO_REUSEPORT`), re-adopting every pod from the state
 //!   directory, then the old one stopped — while pod A opens a new
 //!   connection to pod B every 10 ms: how long the re-adoption took, and
-//!   the connections that failed. Both of node B's gateways live in this
-//!   process for the hand-over, sharing its one open-file limit (on a node
-//!   they are two processes, each with its own): node B's inbound cap is
-//!   set to 1,000 in this section so that the new gateway's descriptor
-//!   backstop, which counts the whole process's descriptors, does not take
-//!   the old one's pods for its own.
+//!   the connections that failed (each with its error and when it started,
+//!   and node A's failure counters that moved). Both of node B's gateways
+//!   live in this process for the hand-over, sharing its one open-file
+//!   limit (on a node they are two processes, each with its own; the old
+//!   one stays until its tunnels' GOAWAY exchange is done): node B's
+//!   inbound cap is set to 1,000 in this section so that the new gateway's
+//!   descriptor backstop, which counts the whole process's descriptors,
+//!   does not take the old one's pods for its own.
 //!
 //! Every loop is bounded in count and time; the whole run takes about a
 //! minute. Needs root, `ip` and `iptables`; skipped with a note otherwise.
@@ -55,7 +57,7 @@ use std::time::{Duration, Instant};
 
 use tidegate_e2e::cni::{inpod_conf, CniPod};
 use tidegate_e2e::measure::{
-    connection_every, measure, median, pct, servers, Figures, Restart, ECHO,
+    connection_every, connection_every_why, measure, median, pct, servers, Figures, Restart, ECHO,
 };
 use tidegate_e2e::netns::{
     enter_netns, gateway_config, run, tool_missing, Gateway, NetnsGuard, NsThread, STEP,
@@ -390,33 +392,59 @@ async fn restart(
 /// Starts a gateway from `config` beside `old` (it re-adopts the pods
 /// from the state directory before it returns), then stops `old`, while
 /// pod A's thread opens a connection to `dst` every 10 ms; how long the
-/// new one took to start.
+/// new one took to start, and each failed connection's error with when it
+/// started against the old gateway's stop (ms, negative: before).
 async fn handover(
     pod_a: &NsThread,
     dst: SocketAddr,
     old: Gateway,
     ns: &str,
     config: tidegate::config::Config,
-) -> (Gateway, Restart, Duration) {
+) -> (Gateway, Restart, Duration, Vec<(f64, String)>) {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let load = pod_a.run("upgrade load", Duration::from_secs(120), async move {
-        connection_every(dst, Duration::from_millis(10), stop_rx).await
+        connection_every_why(dst, Duration::from_millis(10), stop_rx).await
     });
     let upgrade = async {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let t0 = Instant::now();
         let new = Gateway::start("node-b", ns, config).await;
         let readopted = t0.elapsed();
+        let stopping = Instant::now();
         // Blocks this thread until the old gateway's thread is joined:
         // the load runs on pod A's own thread meanwhile.
         drop(old);
         let gone = Instant::now();
         tokio::time::sleep(Duration::from_millis(1000)).await;
         let _ = stop_tx.send(true);
-        (new, gone, readopted)
+        (new, stopping, gone, readopted)
     };
-    let (seen, (new, gone, readopted)) = tokio::join!(load, upgrade);
-    (new, Restart::from_load(&seen, gone), readopted)
+    let (seen, (new, stopping, gone, readopted)) = tokio::join!(load, upgrade);
+    let ms = |at: Instant| match at.checked_duration_since(stopping) {
+        Some(d) => d.as_secs_f64() * 1e3,
+        None => -(stopping.duration_since(at).as_secs_f64() * 1e3),
+    };
+    let failures = seen
+        .iter()
+        .filter_map(|(at, r)| r.as_ref().err().map(|e| (ms(*at), e.clone())))
+        .collect();
+    let seen: Vec<(Instant, bool)> = seen.iter().map(|(at, r)| (*at, r.is_ok())).collect();
+    (new, Restart::from_load(&seen, gone), readopted, failures)
+}
+
+/// A gateway's metric lines that count failures (to compare before and after).
+fn failure_lines(metrics: &str) -> Vec<String> {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            ["failed", "refus", "tunnels_closed", "dials", "goaway"]
+                .iter()
+                .any(|w| l.contains(w))
+        })
+        .filter(|l| !l.ends_with(" 0"))
+        .map(str::to_owned)
+        .collect()
 }
 
 fn vm_rss_kib() -> u64 {
@@ -473,6 +501,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn bench() -> anyhow::Result<()> {
+    tidegate_e2e::init_tracing();
     let pid = std::process::id();
     let args: Vec<String> = std::env::args().collect();
     let many = args
@@ -596,7 +625,9 @@ async fn bench() -> anyhow::Result<()> {
         // pod from the state directory before it returns; then the old
         // one stops. Pod A connects to pod B all along.
         let dst = SocketAddr::new(net.pod_ip('b').into(), ECHO);
-        let (new_b, r, readopted) = handover(&pods[0], dst, gw_b, &net.ns("nb"), many_b()).await;
+        let failed_a0 = failure_lines(&gw_a.metrics().await);
+        let (new_b, r, readopted, failures) =
+            handover(&pods[0], dst, gw_b, &net.ns("nb"), many_b()).await;
         gw_b = new_b;
         let m = gw_b.metrics().await;
         let served = tidegate_e2e::metric(&m, "tidegate_inpod_pods");
@@ -604,7 +635,8 @@ async fn bench() -> anyhow::Result<()> {
             .lines()
             .filter(|l| l.starts_with("tidegate_inpod_refusals_total{"))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum();
+            .sum::<f64>()
+            + 0.0; // an empty sum is -0
         println!(
             "  upgrade (a new gateway beside the old, then the old stopped): {served} pods re-adopted from the state directory in {:.0} ms ({:.2} ms a pod), {refused} refused; pod A → pod B, a new connection every 10 ms: {} connections, {} failed, gap {:.0} ms",
             readopted.as_secs_f64() * 1e3,
@@ -613,6 +645,13 @@ async fn bench() -> anyhow::Result<()> {
             r.failed,
             r.gap.as_secs_f64() * 1e3
         );
+        for (at, e) in &failures {
+            println!("    failed, started {at:+.0} ms from the old gateway's stop: {e}");
+        }
+        let failed_a1 = failure_lines(&gw_a.metrics().await);
+        for l in failed_a1.iter().filter(|l| !failed_a0.contains(l)) {
+            println!("    node A's gateway after the upgrade: {l}");
+        }
         drop(pods);
         drop((sh_a, sh_b, gw_a, gw_b));
         drop(guard);

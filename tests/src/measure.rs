@@ -259,8 +259,22 @@ pub async fn idle_conns(
 pub async fn connection_every(
     dst: SocketAddr,
     every: Duration,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) -> Vec<(Instant, bool)> {
+    connection_every_why(dst, every, stop)
+        .await
+        .into_iter()
+        .map(|(at, r)| (at, r.is_ok()))
+        .collect()
+}
+
+/// [`connection_every`], keeping each failure's error: which step failed
+/// (`connect`, `write`, `read`, or the 1 s `timeout`) and the OS error.
+pub async fn connection_every_why(
+    dst: SocketAddr,
+    every: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<(Instant, Result<(), String>)> {
     let mut tick = tokio::time::interval(every);
     let mut conns = tokio::task::JoinSet::new();
     while !*stop.borrow() {
@@ -270,15 +284,19 @@ pub async fn connection_every(
         }
         conns.spawn(async move {
             let at = Instant::now();
-            let ok = tokio::time::timeout(Duration::from_secs(1), async {
-                let mut t = TcpStream::connect(dst).await?;
-                t.write_all(b"x").await?;
+            let tried = tokio::time::timeout(Duration::from_secs(1), async {
+                let mut t = TcpStream::connect(dst)
+                    .await
+                    .map_err(|e| format!("connect: {e}"))?;
+                t.write_all(b"x").await.map_err(|e| format!("write: {e}"))?;
                 let mut b = [0u8; 1];
-                t.read_exact(&mut b).await?;
-                std::io::Result::Ok(())
+                t.read_exact(&mut b)
+                    .await
+                    .map_err(|e| format!("read: {e}"))?;
+                Ok::<_, String>(())
             })
             .await;
-            (at, matches!(ok, Ok(Ok(()))))
+            (at, tried.unwrap_or_else(|_| Err("timeout".to_owned())))
         });
     }
     let mut seen = Vec::new();

@@ -250,7 +250,10 @@ impl App {
 
     /// Drains and stops: listeners close at once, inbound tunnels get a
     /// graceful GOAWAY, pooled tunnels are evicted (GOAWAY once their streams
-    /// end); returns when no stream is left or at the deadline, whichever first.
+    /// end); returns when no stream and no inbound tunnel is left (each
+    /// tunnel's GOAWAY exchange done, so a stream its peer sent before it
+    /// read the GOAWAY is served, not reset) or at the deadline, whichever
+    /// first.
     pub async fn shutdown(mut self) {
         // Listeners close first: once they are gone, a peer told to go away
         // can only reach a gateway that takes new connections (a new one
@@ -280,6 +283,17 @@ impl App {
         // close at once): counted for the last line, not waited on longer.
         const CUT_SETTLE: Duration = Duration::from_millis(500);
         self.streams.drain(deadline, CUT_SETTLE).await.log();
+        // No stream open is not yet no stream coming: a peer may have sent
+        // one on a tunnel before it read this gateway's GOAWAY (late when
+        // closing thousands of pod listeners held the runtime). Each tunnel
+        // closes when its GOAWAY exchange is done; at the deadline, at once.
+        let tunnels = self.tunnels.len();
+        let left = self.tunnels.wait_closed(deadline + CUT_SETTLE).await;
+        if tunnels > 0 {
+            info!(tunnels, left, "inbound tunnels closed");
+        }
+        // Streams accepted on them meanwhile end before the gateway goes.
+        let _ = tokio::time::timeout_at(deadline + CUT_SETTLE, self.streams.idle()).await;
         self.serving.stop_admin.start(Duration::ZERO);
         self.drains.shutdown().await;
         self.tasks.abort_all();

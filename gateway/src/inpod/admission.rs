@@ -16,11 +16,11 @@
 //! 3. At most `capture.max_pods` pods (a re-created sandbox takes its old
 //!    one's place).
 //! 4. **The pods' descriptor share** ([`crate::descriptor_budget`]). A
-//!    served pod holds [`DESCRIPTORS_PER_POD`] descriptors: its namespace,
-//!    its three capture listeners and the DNS proxy's four on 15053 (UDP,
-//!    TCP; 127.0.0.1 and ::1); four with `dns.enabled: false`
-//!    ([`listeners_per_pod`]). The pods' share is sized at start from
-//!    `capture.max_pods` × that, beside the DNS proxy's passing
+//!    served pod holds its namespace, its three capture listeners and the
+//!    DNS proxy's four on 15053 (UDP, TCP; 127.0.0.1 and ::1); four with
+//!    `dns.enabled: false` ([`crate::descriptor_budget::per_pod`], where
+//!    the per-pod listener counts are defined). The pods' share is sized
+//!    at start from `capture.max_pods` × that, beside the DNS proxy's passing
 //!    descriptors (forwarded queries in flight, `dns.max_in_flight`, and
 //!    TCP connections to 15053, `dns.max_tcp_connections`, each bounded by
 //!    its own semaphore), all within half of the descriptors the control
@@ -49,31 +49,6 @@ use crate::descriptor_budget::DescriptorBudget;
 use crate::descriptors::Usage;
 use crate::netns::NetnsId;
 use crate::proxy::inbound::limits::ConnectionLimits;
-
-/// The capture listeners of a pod: 15001, 15006, 15008.
-pub const CAPTURE_LISTENERS: u64 = 3;
-
-/// The DNS proxy's listeners of a pod: 15053 UDP and TCP on 127.0.0.1 and
-/// on ::1 (a pod without IPv6 takes two fewer).
-pub const DNS_LISTENERS: u64 = 4;
-
-/// Descriptors a pod's listeners take (15001, 15006, 15008, and 15053 UDP
-/// and TCP on both loopback addresses) with the DNS proxy on, the default;
-/// its namespace descriptor is open already when it is checked.
-pub const LISTENERS_PER_POD: u64 = CAPTURE_LISTENERS + DNS_LISTENERS;
-
-/// Descriptors a served pod holds with the DNS proxy on: its namespace and
-/// its listeners.
-pub const DESCRIPTORS_PER_POD: u64 = LISTENERS_PER_POD + 1;
-
-/// The listeners of a pod, with the DNS proxy (`dns.enabled`) or without.
-pub fn listeners_per_pod(dns: bool) -> u64 {
-    if dns {
-        LISTENERS_PER_POD
-    } else {
-        CAPTURE_LISTENERS
-    }
-}
 
 /// The pod that already has a namespace.
 #[derive(Clone, Debug)]
@@ -146,7 +121,7 @@ impl InboundClaim {
 pub struct Admission {
     /// The gateway's own namespace (`None` when it could not be read).
     pub own_netns: Option<NetnsId>,
-    /// A pod's listeners ([`listeners_per_pod`]).
+    /// A pod's listeners ([`crate::descriptor_budget::listeners_per_pod`]).
     pub listeners: u64,
     /// `capture.max_pods`.
     pub max_pods: usize,
@@ -237,7 +212,9 @@ impl Admission {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::descriptor_budget::PodWants;
+    use crate::descriptor_budget::{
+        listeners_per_pod, PodWants, DESCRIPTORS_PER_POD, LISTENERS_PER_POD,
+    };
 
     const NS: NetnsId = NetnsId { dev: 4, ino: 40 };
     const OWN: NetnsId = NetnsId { dev: 4, ino: 1 };

@@ -35,9 +35,10 @@ use serde::Serialize;
 use tidegate_netns::pod_records::PodRecord;
 use tracing::{debug, info, warn};
 
-use super::admission::{listeners_per_pod, Admission, Candidate, InboundClaim, Owner, Refusal};
+use super::admission::{Admission, Candidate, InboundClaim, Owner, Refusal};
 use super::capture::CapturePorts;
 use crate::config::DNS_CAPTURE_PORT;
+use crate::descriptor_budget::listeners_per_pod;
 use crate::descriptor_budget::DescriptorBudget;
 use crate::dns::{DnsProxy, Place};
 use crate::drains::{DrainEngine, Lifecycle, PodKey, Trigger};

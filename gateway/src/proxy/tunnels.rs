@@ -140,6 +140,7 @@ pub struct Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         self.registry.tunnels.locked().remove(&self.tunnel.id);
+        self.registry.ended.notify_waiters();
     }
 }
 
@@ -309,6 +310,29 @@ impl InboundTunnels {
             tokio::select! {
                 _ = ended => {}
                 _ = tokio::time::sleep_until(until) => return self.streams_of(uid) == 0,
+            }
+        }
+    }
+
+    /// Waits until no inbound tunnel is left or `until` passes; returns
+    /// how many are still open. A gateway stopping waits here after its
+    /// streams: a tunnel told to go away (graceful GOAWAY, RFC 9113 §6.8)
+    /// closes once its peer has answered the GOAWAY's PING and the streams
+    /// the peer opened before it have ended. A stream the peer sent before
+    /// it read the GOAWAY is still served; leaving earlier would reset the
+    /// tunnel under it, a failure the peer cannot retry.
+    pub async fn wait_closed(&self, until: Instant) -> usize {
+        loop {
+            let ended = self.ended.notified();
+            tokio::pin!(ended);
+            // Registered before the check, so no closing tunnel is missed.
+            ended.as_mut().enable();
+            if self.is_empty() {
+                return 0;
+            }
+            tokio::select! {
+                _ = ended => {}
+                _ = tokio::time::sleep_until(until) => return self.len(),
             }
         }
     }

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::raw_h2::{self, DATA, GOAWAY, HEADERS, PING, RST_STREAM};
 use tidegate::hbone::client::{connect_stream, dial};
 use tidegate::hbone::Settings;
 use tidegate::identity::SpiffeId;
@@ -238,6 +239,68 @@ async fn shutdown_refuses_new_connections_and_waits_for_open_streams() {
         .expect("shutdown returns when the last stream ends")
         .unwrap();
     drop(client);
+}
+
+/// A stream a peer sends on a tunnel after the gateway began to stop, but
+/// before the peer read its GOAWAY, is served; and shutdown returns only
+/// once that tunnel's GOAWAY exchange is done (RFC 9113 §6.8: the GOAWAY,
+/// its PING answered, the last stream id, the streams up to it ended), not
+/// as soon as no stream is open. A gateway that returned earlier exits
+/// under the tunnel and resets the stream, which the peer cannot retry
+/// (re-adopting 1,000 pods, the old gateway's GOAWAY left 128 ms late and
+/// 12 of the peer's connections failed so; docs/performance.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_serves_a_stream_sent_before_the_peer_read_the_goaway() {
+    let nodes = TwoNodes::start(47).await;
+    let echo = nodes.echo.to_string();
+    let mut raw = raw_h2::connect(&nodes).await;
+    let tunnels = nodes.server.tunnels.clone();
+    eventually("the tunnel registered", Duration::from_secs(5), || {
+        tunnels.len() == 1
+    })
+    .await;
+    let TwoNodes {
+        dir: _dir,
+        server,
+        client: _client,
+        ..
+    } = nodes;
+    let left_at_return = {
+        let tunnels = tunnels.clone();
+        tokio::spawn(async move {
+            server.shutdown().await;
+            tunnels.len()
+        })
+    };
+    let goaway = raw.until("the graceful GOAWAY", |f| f.kind == GOAWAY).await;
+    assert_eq!(goaway.error_code(), Some(0), "{goaway:?}");
+    let ping = raw.until("the GOAWAY's PING", |f| f.kind == PING).await;
+    // As if sent before the GOAWAY arrived: within its last stream id.
+    let id = raw
+        .open(&[(":method", "CONNECT"), (":authority", &echo)])
+        .await;
+    raw.ping_ack(&ping.payload).await;
+    let answer = raw
+        .until("the stream's answer", |f| {
+            f.stream == id && (f.kind == HEADERS || f.kind == RST_STREAM)
+        })
+        .await;
+    // 0x88: `:status: 200`, HPACK static table entry 8.
+    assert_eq!(
+        (answer.kind, answer.payload.first()),
+        (HEADERS, Some(&0x88)),
+        "the stream is answered 200, not reset: {answer:?}"
+    );
+    raw.data(id, b"x", true).await;
+    raw.until("the echo", |f| {
+        f.stream == id && f.kind == DATA && f.payload == b"x"
+    })
+    .await;
+    let left = tokio::time::timeout(Duration::from_secs(10), left_at_return)
+        .await
+        .expect("shutdown returns once the tunnel has closed")
+        .unwrap();
+    assert_eq!(left, 0, "shutdown returned with the tunnel still open");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

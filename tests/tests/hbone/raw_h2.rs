@@ -12,8 +12,10 @@ use tidegate_e2e::TwoNodes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, WriteHalf};
 use tokio::sync::mpsc;
 
+pub const DATA: u8 = 0x0;
 pub const HEADERS: u8 = 0x1;
 pub const RST_STREAM: u8 = 0x3;
+pub const PING: u8 = 0x6;
 pub const GOAWAY: u8 = 0x7;
 pub const PROTOCOL_ERROR: u32 = 0x1;
 pub const REFUSED_STREAM: u32 = 0x7;
@@ -139,6 +141,16 @@ impl RawH2 {
         self.send_frame(HEADERS, 0x4, id, &header_block(fields))
             .await;
         id
+    }
+
+    /// DATA on stream `id` (END_STREAM when `end`).
+    pub async fn data(&mut self, id: u32, bytes: &[u8], end: bool) {
+        self.send_frame(DATA, u8::from(end), id, bytes).await;
+    }
+
+    /// Answers the server's PING (ACK, the same 8 bytes).
+    pub async fn ping_ack(&mut self, payload: &[u8]) {
+        self.send_frame(PING, 0x1, 0, payload).await;
     }
 
     /// Many streams in one write; returns how many were written before the
