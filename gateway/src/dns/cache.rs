@@ -53,8 +53,8 @@ use std::time::Duration;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::time::Instant;
 
-use super::handler::{EDNS_PAYLOAD, HEADER_LEN};
 use super::metrics::DnsMetrics;
+use super::wire::{EDNS_PAYLOAD, HEADER_LEN};
 use crate::config::DnsCacheConfig;
 use crate::sync::Locked;
 

@@ -48,7 +48,8 @@ use tokio::net::{TcpStream, UdpSocket};
 use tokio::time::{timeout_at, Instant};
 use tracing::warn;
 
-use super::handler::{is_truncated, Forward, Transport, HEADER_LEN};
+use super::handler::{is_truncated, Forward};
+use super::wire::{Transport, HEADER_LEN};
 use crate::netns::{DialOpts, NetnsSockets, PodNetns, MESH_MARK};
 use crate::sync::Locked;
 

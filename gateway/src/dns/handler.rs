@@ -21,28 +21,7 @@ use hickory_proto::serialize::binary::{BinDecodable, BinDecoder};
 
 use super::answer::{Lookup, Names};
 use super::cache::{self, Key};
-
-/// The EDNS payload size the proxy announces (the DNS Flag Day 2020 size:
-/// no IP fragmentation on common paths).
-pub const EDNS_PAYLOAD: u16 = 1232;
-
-/// The length of a DNS header.
-pub const HEADER_LEN: usize = 12;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Transport {
-    Udp,
-    Tcp,
-}
-
-impl Transport {
-    pub fn label(self) -> &'static str {
-        match self {
-            Transport::Udp => "udp",
-            Transport::Tcp => "tcp",
-        }
-    }
-}
+use super::wire::{Transport, EDNS_PAYLOAD, HEADER_LEN};
 
 /// What to do with a query.
 #[derive(Debug)]

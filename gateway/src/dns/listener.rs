@@ -28,7 +28,8 @@ use tracing::{debug, debug_span, info, Instrument as _};
 
 use super::cache::Cache;
 use super::forward::Place;
-use super::handler::{self, Action, Forward, Transport};
+use super::handler::{self, Action, Forward};
+use super::wire::Transport;
 use super::{tcp, DnsProxy};
 use crate::shutdown::ShutdownWatch;
 

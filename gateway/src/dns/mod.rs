@@ -21,6 +21,8 @@
 //!   the gateway, both inside the pods' descriptor share; REFUSED or
 //!   closed at accept past either, counted).
 //! - [`metrics`], the `tidegate_dns_*` families.
+//! - [`wire`]: the header's length, the EDNS payload announced, the two
+//!   transports: what the others share, below all of them.
 
 pub mod answer;
 pub mod cache;
@@ -32,6 +34,7 @@ mod tcp;
 #[cfg(test)]
 #[path = "tests/proxy_tests.rs"]
 mod tests;
+pub mod wire;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -46,9 +49,10 @@ use tracing::{debug, info, warn};
 pub use answer::{service_hostname, Names};
 pub use cache::Cache;
 pub use forward::{Forwarder, Place};
-pub use handler::{Action, Forward, Transport};
+pub use handler::{Action, Forward};
 pub use listener::PodDns;
 pub use metrics::DnsMetrics;
+pub use wire::Transport;
 
 use crate::config::{DnsCacheConfig, DnsConfig};
 use crate::workloads::WorkloadStore;
