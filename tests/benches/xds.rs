@@ -69,7 +69,6 @@
 mod pair;
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -80,13 +79,11 @@ use tidegate::app::App;
 use tidegate::config::Config;
 use tidegate::workloads::istio::{convert, IstioSource};
 use tidegate::workloads::WorkloadStore;
+use tidegate_e2e::synthetic_cluster::{Set, GATEWAY_NODE};
 use tidegate_e2e::xds_double::XdsDouble;
 use tidegate_e2e::{env_count, http_get, poll_within};
 use tidegate_xds::client::{ADDRESS, AUTHORIZATION};
-use tidegate_xds::workload::{
-    address, Address, NetworkAddress, Port, PortList, Service, TunnelProtocol, Workload,
-    WorkloadStatus, WorkloadType,
-};
+use tidegate_xds::workload::{address, Address};
 use tidegate_xds::{Handler, Update};
 
 /// What the gateway runs on: jemalloc (its stats are the memory figure).
@@ -95,11 +92,6 @@ static ALLOCATOR: tidegate::Allocator = tidegate::ALLOCATOR;
 
 const SMALL_WORKLOADS: usize = 100;
 const SMALL_SERVICES: usize = 20;
-const NODES: usize = 1000;
-/// About this many workloads are on the gateway's node.
-const LOCAL_PODS: usize = 30;
-const GATEWAY_NODE: &str = "node-000";
-const NAMESPACES: usize = 20;
 const BLOCK: usize = 100;
 const PHASE_MAX: Duration = Duration::from_secs(60);
 const WAIT: Duration = Duration::from_secs(60);
@@ -125,168 +117,6 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn summary(mut v: Vec<f64>) -> (f64, f64, f64) {
     v.sort_by(f64::total_cmp);
     (pct(&v, 0.5), pct(&v, 0.99), *v.last().unwrap_or(&f64::NAN))
-}
-
-/// A set of `workloads` pods over `services` Services.
-#[derive(Clone, Copy)]
-struct Set {
-    workloads: usize,
-    services: usize,
-}
-
-impl Set {
-    fn namespace(&self, svc: usize) -> String {
-        format!("ns-{}", svc % NAMESPACES)
-    }
-
-    fn hostname(&self, svc: usize) -> String {
-        format!("svc-{svc}.{}.svc.cluster.local", self.namespace(svc))
-    }
-
-    fn service_of(&self, i: usize) -> usize {
-        i % self.services
-    }
-
-    fn node_of(&self, i: usize) -> String {
-        if i % self.local_every() == 0 {
-            GATEWAY_NODE.to_owned()
-        } else {
-            format!("node-{:04}", 1 + i % (NODES - 1))
-        }
-    }
-
-    fn uid(&self, i: usize) -> String {
-        let ns = self.namespace(self.service_of(i));
-        format!("Kubernetes//Pod/{ns}/pod-{i}")
-    }
-
-    fn local_every(&self) -> usize {
-        (self.workloads / LOCAL_PODS).max(1)
-    }
-
-    fn pod_ip(i: usize) -> Ipv4Addr {
-        Ipv4Addr::new(10, 64 + (i >> 16) as u8, (i >> 8) as u8, i as u8)
-    }
-
-    fn vip(svc: usize) -> Ipv4Addr {
-        Ipv4Addr::new(172, 16, (svc >> 8) as u8, svc as u8)
-    }
-
-    /// Remote workloads (the update phase's targets: a local one going
-    /// unhealthy would drain).
-    fn remote(&self) -> Vec<usize> {
-        (0..self.workloads)
-            .filter(|i| i % self.local_every() != 0)
-            .collect()
-    }
-
-    fn workload(&self, i: usize, healthy: bool) -> Bytes {
-        let svc = self.service_of(i);
-        let ns = self.namespace(svc);
-        let ports = PortList {
-            ports: vec![Port {
-                service_port: 80,
-                target_port: 8080,
-                app_protocol: 0,
-            }],
-        };
-        let status = if healthy {
-            WorkloadStatus::Healthy
-        } else {
-            WorkloadStatus::Unhealthy
-        };
-        let w = Workload {
-            uid: self.uid(i),
-            name: format!("pod-{i}"),
-            namespace: ns.clone(),
-            addresses: vec![Bytes::copy_from_slice(&Self::pod_ip(i).octets())],
-            tunnel_protocol: TunnelProtocol::Hbone as i32,
-            trust_domain: "cluster.local".into(),
-            service_account: format!("sa-{svc}"),
-            node: self.node_of(i),
-            canonical_name: format!("svc-{svc}"),
-            canonical_revision: "v1".into(),
-            workload_type: WorkloadType::Deployment as i32,
-            workload_name: format!("deploy-{svc}"),
-            services: [(format!("{ns}/{}", self.hostname(svc)), ports)].into(),
-            status: status as i32,
-            cluster_id: "Kubernetes".into(),
-            ..Default::default()
-        };
-        Address {
-            r#type: Some(address::Type::Workload(w)),
-        }
-        .encode_to_vec()
-        .into()
-    }
-
-    fn service(&self, svc: usize) -> Bytes {
-        Address {
-            r#type: Some(address::Type::Service(Service {
-                name: format!("svc-{svc}"),
-                namespace: self.namespace(svc),
-                hostname: self.hostname(svc),
-                addresses: vec![NetworkAddress {
-                    network: String::new(),
-                    address: Bytes::copy_from_slice(&Self::vip(svc).octets()),
-                    length: None,
-                }],
-                ports: vec![Port {
-                    service_port: 80,
-                    target_port: 8080,
-                    app_protocol: 0,
-                }],
-                ..Default::default()
-            })),
-        }
-        .encode_to_vec()
-        .into()
-    }
-
-    /// Every resource, by the name istiod gives it (a workload's uid, a
-    /// Service's `namespace/hostname`).
-    fn resources(&self) -> Vec<(String, Bytes)> {
-        let services = (0..self.services).map(|s| {
-            (
-                format!("{}/{}", self.namespace(s), self.hostname(s)),
-                self.service(s),
-            )
-        });
-        let workloads = (0..self.workloads).map(|i| (self.uid(i), self.workload(i, true)));
-        services.chain(workloads).collect()
-    }
-
-    /// The same set as a workload file.
-    fn yaml(&self) -> String {
-        let mut y = String::from("workloads:\n");
-        for i in 0..self.workloads {
-            let svc = self.service_of(i);
-            y += &format!(
-                "- {{uid: '{}', name: pod-{i}, namespace: {}, service_account: sa-{svc}, ips: [{}], node: {}, services: [svc-{svc}], workload_name: deploy-{svc}}}\n",
-                self.uid(i),
-                self.namespace(svc),
-                Self::pod_ip(i),
-                self.node_of(i),
-            );
-        }
-        y += "services:\n";
-        for s in 0..self.services {
-            y += &format!(
-                "- {{name: svc-{s}, namespace: {}, vips: [{}], ports: [{{port: 80, target_port: 8080}}]}}\n",
-                self.namespace(s),
-                Self::vip(s)
-            );
-        }
-        y
-    }
-
-    /// The `k`-th update: a remote workload turning unhealthy (then back,
-    /// once every remote one has been updated).
-    fn update(&self, remote: &[usize], k: usize) -> (String, Bytes) {
-        let i = remote[k % remote.len()];
-        let healthy = (k / remote.len()) % 2 == 1;
-        (self.uid(i), self.workload(i, healthy))
-    }
 }
 
 const SMALL: Set = Set {

@@ -14,6 +14,7 @@ pub mod netns;
 pub mod oci_double;
 pub mod procfs;
 pub mod rerun;
+pub mod synthetic_cluster;
 pub mod xds_double;
 pub mod zds_double;
 

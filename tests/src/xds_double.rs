@@ -12,6 +12,8 @@
 //! - Every later request is the reply to a nonce: recorded as an
 //!   [`Reply`] (ACK, or NACK with its `error_detail`), awaited by tests
 //!   with [`XdsDouble::reply`].
+//! - [`XdsDouble::push_to_reply`]: how long after a push each stream
+//!   replied to it.
 //! - [`XdsDouble::cut`] ends every open stream (istiod restarting or
 //!   closing at its maximum connection age).
 //!
@@ -21,6 +23,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use bytes::Bytes;
 use futures::channel::mpsc;
@@ -38,6 +41,10 @@ pub struct Reply {
     pub nonce: String,
     /// `Some`: a NACK, with its `error_detail.message`.
     pub nack: Option<String>,
+    /// The stream it came on (0: the first opened; [`XdsDouble::opened`]).
+    pub stream: usize,
+    /// When the double read it.
+    pub at: Instant,
 }
 
 /// A stream as it opened.
@@ -70,6 +77,8 @@ struct Held {
     replies: Vec<Reply>,
     opened: Vec<Opened>,
     version: u64,
+    /// When each push was sent (by nonce).
+    pushed: HashMap<String, Instant>,
 }
 
 struct Stream {
@@ -258,6 +267,32 @@ impl XdsDouble {
     pub fn replies(&self) -> Vec<Reply> {
         self.state.held.lock().unwrap().replies.clone()
     }
+
+    /// When the push of `nonce` was sent ([`XdsDouble::set`],
+    /// [`XdsDouble::remove`]; not a subscription's answer).
+    pub fn pushed_at(&self, nonce: &str) -> Option<Instant> {
+        self.state.held.lock().unwrap().pushed.get(nonce).copied()
+    }
+
+    /// The push of `nonce` → each stream's reply to it: (stream, time,
+    /// whether it was a NACK).
+    pub fn push_to_reply(&self, nonce: &str) -> Vec<(usize, std::time::Duration, bool)> {
+        let held = self.state.held.lock().unwrap();
+        let Some(&pushed) = held.pushed.get(nonce) else {
+            return Vec::new();
+        };
+        held.replies
+            .iter()
+            .filter(|r| r.nonce == nonce)
+            .map(|r| {
+                (
+                    r.stream,
+                    r.at.saturating_duration_since(pushed),
+                    r.nack.is_some(),
+                )
+            })
+            .collect()
+    }
 }
 
 fn resource(type_url: &str, name: &str, version: &str, value: Bytes) -> Resource {
@@ -281,6 +316,7 @@ fn push(
 ) -> Option<String> {
     held.nonce += 1;
     let nonce = held.nonce.to_string();
+    let at = Instant::now();
     let mut sent = false;
     held.streams.retain(|s| {
         if !s.types.iter().any(|t| t == type_url) {
@@ -297,6 +333,9 @@ fn push(
         sent |= open;
         open
     });
+    if sent {
+        held.pushed.insert(nonce.clone(), at);
+    }
     sent.then_some(nonce)
 }
 
@@ -434,6 +473,8 @@ async fn requests(
                 type_url: req.type_url,
                 nonce: req.response_nonce,
                 nack: req.error_detail.map(|e| e.message),
+                stream: index,
+                at: Instant::now(),
             });
         }
         drop(held);

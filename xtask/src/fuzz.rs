@@ -31,13 +31,14 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 
 /// Every target of `fuzz/Cargo.toml`, in the order they run.
-pub const TARGETS: [&str; 10] = [
+pub const TARGETS: [&str; 11] = [
     "connect_route",
     "config",
     "workload_file",
     "cni_stdin",
     "cni_socket",
     "admin_workloads",
+    "admin_dump_query",
     "wit_convert",
     "authorization",
     "dns",

@@ -31,6 +31,9 @@ const SMOKE_ARGS: &[&str] = &[
 /// What the second smoke run adds to [`SMOKE_ARGS`]: a rolling restart of
 /// two replicas.
 const ROLLOUT_SMOKE: &[&str] = &["--scenario", "rollout", "--replicas", "2"];
+/// What the third adds to the second: the gateways fed by the istiod
+/// double, 1,000 background workloads, 10 updates/s of churn (about 10 s).
+const ISTIO_SMOKE: &[&str] = &["--source", "istio", "--background", "1000", "--churn", "10"];
 /// Bound on the smoke run (SIGTERM, then SIGKILL 10 s later): the lab
 /// cleans up its namespaces on SIGTERM.
 const SMOKE_TIMEOUT_SECS: u32 = 120;
@@ -54,11 +57,15 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// The smoke stage: two bounded lab runs (a termination, a rolling
-/// restart), a check each (skipped without root or without
-/// `ip`/`iptables`, as the netns tests skip).
+/// The smoke stage: three bounded lab runs (a termination, a rolling
+/// restart, the same through the istiod double), a check each (skipped
+/// without root or without `ip`/`iptables`, as the netns tests skip).
 pub fn smoke(root: &Path, checks: &mut Checks) -> Result<()> {
-    for args in [SMOKE_ARGS.to_vec(), [ROLLOUT_SMOKE, SMOKE_ARGS].concat()] {
+    for args in [
+        SMOKE_ARGS.to_vec(),
+        [ROLLOUT_SMOKE, SMOKE_ARGS].concat(),
+        [ROLLOUT_SMOKE, ISTIO_SMOKE, SMOKE_ARGS].concat(),
+    ] {
         smoke_run(root, checks, &args)?;
     }
     Ok(())

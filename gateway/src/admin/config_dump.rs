@@ -5,30 +5,47 @@
 //! addresses (the cluster's ranges, the addresses held as the mesh's) and
 //! (in-pod mode) the pods served in their own namespaces, and the split
 //! of the open-file limit (`descriptors`, see `descriptor_budget.rs`).
+//! A query narrows it ([`super::dump_query`]).
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
+use super::dump_query::{DumpQuery, SECTIONS};
 use super::AdminState;
 use crate::workloads::Workload;
 
-pub(super) async fn dump(state: &AdminState) -> Value {
+pub(super) async fn dump(state: &AdminState, q: &DumpQuery) -> Value {
     let snapshot = state.workloads.snapshot();
-    let workloads: Vec<Value> = snapshot.iter().map(|w| workload(state, w)).collect();
-    json!({
-        "node": state.node,
-        "workloads": workloads,
-        "workloads_generation": snapshot.generation,
-        "inbound_tunnels": state.registry.dump(),
-        "pool": state.pool.dump(),
-        "services": services(state, &snapshot),
-        "outbound": outbound(state, &snapshot),
-        "certificates": state.certificates.dump(),
-        "capture": match &state.pods {
-            None => json!({"mode": "node"}),
-            Some(pods) => json!({"mode": "inpod", "pods": pods.dump().await}),
-        },
-        "descriptors": state.descriptors,
-    })
+    let mut out = Map::new();
+    out.insert("node".into(), json!(state.node));
+    for &section in SECTIONS.iter().filter(|s| q.wants(s)) {
+        let v = match section {
+            "workloads" => match &q.workload {
+                Some(uid) => json!(snapshot
+                    .by_uid(uid)
+                    .map(|w| workload(state, w))
+                    .into_iter()
+                    .collect::<Vec<_>>()),
+                None => json!(snapshot
+                    .iter()
+                    .map(|w| workload(state, w))
+                    .collect::<Vec<_>>()),
+            },
+            "workloads_generation" => json!(snapshot.generation),
+            "inbound_tunnels" => json!(state.registry.dump()),
+            "pool" => json!(state.pool.dump()),
+            "services" => json!(services(state, &snapshot, q.service.as_ref())),
+            "outbound" => outbound(state, &snapshot),
+            "certificates" => json!(state.certificates.dump()),
+            "capture" => match &state.pods {
+                None => json!({"mode": "node"}),
+                Some(pods) => json!({"mode": "inpod", "pods": pods.dump().await}),
+            },
+            "descriptors" => json!(state.descriptors),
+            other => unreachable!("section {other} is listed in SECTIONS"),
+        };
+        out.insert(section.into(), v);
+    }
+    Value::Object(out)
 }
 
 /// What becomes of addresses that are no workload or Service: the
@@ -60,9 +77,14 @@ fn outbound(state: &AdminState, snapshot: &crate::workloads::WorkloadSnapshot) -
 
 /// Each Service: its VIPs and ports, and every endpoint with its
 /// conditions and why a new connection would not go there now.
-fn services(state: &AdminState, snapshot: &crate::workloads::WorkloadSnapshot) -> Vec<Value> {
+fn services(
+    state: &AdminState,
+    snapshot: &crate::workloads::WorkloadSnapshot,
+    only: Option<&(String, String)>,
+) -> Vec<Value> {
     snapshot
         .services()
+        .filter(|svc| only.is_none_or(|(ns, name)| svc.spec.namespace == *ns && svc.spec.name == *name))
         .map(|svc| {
             json!({
                 "name": svc.spec.name,

@@ -4,12 +4,14 @@
 //! - [`policies`]: `PUT /policies/<name>` (upload, hot swap).
 //! - [`workloads`]: `/workloads/<uid>/…` lifecycle events and run-time policy bindings;
 //!   [`workload_ref`]: a uid or `namespace/name` there.
-//! - [`config_dump`]: `GET /config_dump`, each workload with its phase and policy.
+//! - [`config_dump`]: `GET /config_dump`, each workload with its phase and policy;
+//!   [`dump_query`]: the sections, workload or Service a query narrows it to.
 //!
 //! The server itself (connection cap, slots, timeouts) is
 //! `tidegate-control`'s, shared with `tidegate-ca`.
 
 mod config_dump;
+pub mod dump_query;
 mod policies;
 pub mod workload_ref;
 pub mod workloads;
@@ -93,7 +95,10 @@ pub async fn admin(state: Arc<AdminState>, req: Request<Incoming>) -> Response<B
             "peer_drains": state.drains.peer_drains(),
         })),
         (&Method::GET, "/policies") => json_response(json!({ "policies": state.policies.list() })),
-        (&Method::GET, "/config_dump") => json_response(config_dump::dump(&state).await),
+        (&Method::GET, "/config_dump") => match dump_query::parse(req.uri().query()) {
+            Ok(q) => json_response(config_dump::dump(&state, &q).await),
+            Err(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
+        },
         (_, "/config_dump") => text(StatusCode::METHOD_NOT_ALLOWED, "use GET /config_dump\n"),
         (_, path) => text(
             StatusCode::NOT_FOUND,

@@ -160,7 +160,7 @@ impl WorkloadRef {
 }
 
 /// `%XX` escapes decoded; `None` for a malformed escape or non-UTF-8 result.
-fn percent_decode(raw: &str) -> Option<String> {
+pub(super) fn percent_decode(raw: &str) -> Option<String> {
     let mut out = Vec::with_capacity(raw.len());
     let mut bytes = raw.bytes();
     while let Some(b) = bytes.next() {

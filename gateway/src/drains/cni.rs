@@ -1,9 +1,11 @@
 //! The node-local Unix socket `tidegate-cni` talks to: one JSON line in,
 //! one JSON line out.
 //!
-//! - CNI DEL: `{"command": "teardown", "uid": …}`, answered once the
-//!   teardown is acknowledged (after the policy's hold, if any); in in-pod
-//!   mode the pod's own listeners then close.
+//! - CNI DEL: `{"command": "teardown", "uid": …, "namespace": …, "name":
+//!   …}`, answered once the teardown is acknowledged (after the policy's
+//!   hold, if any); in in-pod mode the pod's own listeners then close. The
+//!   workload is the one of that uid, else the one local workload of that
+//!   namespace and name (istiod's workloads are not keyed by the pod's uid).
 //! - CNI ADD (in-pod mode): `{"command": "add", "uid": …, "name": …,
 //!   "namespace": …, "netns": <path>}` with the pod's network namespace
 //!   attached as one `SCM_RIGHTS` descriptor. The pod's mesh membership
@@ -259,9 +261,12 @@ async fn teardown(
     engine: &Arc<DrainEngine>,
     pods: Option<&dyn PodHandover>,
 ) -> serde_json::Value {
-    debug!(uid = %req.uid, namespace = %req.namespace, name = %req.name, "CNI DEL");
+    // The pod's uid, or the workload discovery holds under another
+    // (istiod's `<cluster>//Pod/<ns>/<name>`).
+    let workload = engine.workload_of_pod(&req.uid, &req.namespace, &req.name);
+    debug!(uid = %req.uid, namespace = %req.namespace, name = %req.name, %workload, "CNI DEL");
     let answer = match engine
-        .on_lifecycle(&req.uid, Lifecycle::Teardown, Trigger::Cni)
+        .on_lifecycle(&workload, Lifecycle::Teardown, Trigger::Cni)
         .await
     {
         Ok(outcome) => json!({

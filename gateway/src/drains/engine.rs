@@ -180,6 +180,25 @@ impl DrainEngine {
             .map(|d| d.workload.clone())
     }
 
+    /// The workload a pod's runtime names (CNI DEL: the pod's Kubernetes
+    /// uid, namespace and name): the workload of that uid when there is
+    /// one, else the one local workload of that namespace and name —
+    /// istiod keys workloads `<cluster>//Pod/<namespace>/<name>`, never by
+    /// the pod's uid. Neither (or two of that name): the uid as given.
+    pub fn workload_of_pod(&self, uid: &str, namespace: &str, name: &str) -> String {
+        if self.lookup(uid).is_some() || namespace.is_empty() || name.is_empty() {
+            return uid.to_owned();
+        }
+        let snapshot = self.workloads.snapshot();
+        let mut named = snapshot
+            .locals()
+            .filter(|w| w.spec.namespace == namespace && w.spec.name == name);
+        match (named.next(), named.next()) {
+            (Some(w), None) => w.uid().to_owned(),
+            _ => uid.to_owned(),
+        }
+    }
+
     /// Handles one lifecycle transition: decides with the workload's policy,
     /// executes the actions, and for a teardown waits for the hold (if any)
     /// before returning the acknowledgement.

@@ -151,6 +151,54 @@ async fn a_peer_is_not_drained_as_a_local_workload() {
     assert!(matches!(r, Err(DrainError::UnknownWorkload(_))));
 }
 
+/// CNI DEL names a pod by its Kubernetes uid; istiod's workload of the
+/// same pod is `<cluster>//Pod/<ns>/<name>`: the teardown finds it by
+/// namespace and name, on this node only, and only when one matches.
+#[tokio::test]
+async fn a_teardown_finds_istiods_workload_of_the_pod_by_namespace_and_name() {
+    use super::{Lifecycle, Trigger};
+    let (engine, store) = engine();
+    let istio = |name: &str, node: &str, ip| WorkloadSpec {
+        name: name.into(),
+        namespace: "lab".into(),
+        ..spec(&format!("Kubernetes//Pod/lab/{name}"), node, ip)
+    };
+    let mut twins = [
+        istio("twin", "n1", [10, 0, 0, 5]),
+        istio("twin", "n1", [10, 0, 0, 6]),
+    ];
+    twins[1].uid = "Kubernetes//Pod/lab/twin-again".into();
+    let [t0, t1] = twins;
+    store.publish(vec![
+        spec("local-uid", "n1", [10, 0, 0, 1]),
+        istio("server", "n1", [10, 0, 0, 3]),
+        istio("remote", "n2", [10, 0, 0, 4]),
+        t0,
+        t1,
+    ]);
+    let of = |uid: &str, ns: &str, name: &str| engine.workload_of_pod(uid, ns, name);
+    assert_eq!(
+        of("k8s-uid-1", "lab", "server"),
+        "Kubernetes//Pod/lab/server"
+    );
+    // Its own uid first; a peer's name, an ambiguous name or no name: as given.
+    assert_eq!(of("local-uid", "lab", "server"), "local-uid");
+    assert_eq!(of("k8s-uid-2", "lab", "remote"), "k8s-uid-2");
+    assert_eq!(of("k8s-uid-3", "lab", "twin"), "k8s-uid-3");
+    assert_eq!(of("k8s-uid-4", "", ""), "k8s-uid-4");
+    assert_eq!(of("k8s-uid-5", "other", "server"), "k8s-uid-5");
+    let teardown = engine
+        .on_lifecycle(
+            &of("k8s-uid-1", "lab", "server"),
+            Lifecycle::Teardown,
+            Trigger::Cni,
+        )
+        .await
+        .unwrap();
+    assert_eq!(teardown.uid, "Kubernetes//Pod/lab/server");
+    assert!(teardown.teardown.is_some(), "a teardown is acknowledged");
+}
+
 #[tokio::test]
 async fn shutdown_cancels_pending_timers() {
     use tidegate_sdk as sdk;

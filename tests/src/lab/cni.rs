@@ -14,8 +14,10 @@ pub struct CniDel {
     pub took: Duration,
     pub success: bool,
     /// Whether the gateway acknowledged the teardown (stderr says "drained",
-    /// not "not drained").
+    /// not "not drained", and the gateway knew the pod).
     pub acknowledged: bool,
+    /// The gateway answered that it knows no workload of the pod's uid.
+    pub unknown: bool,
     pub stderr: String,
 }
 
@@ -49,10 +51,12 @@ pub async fn del(
     };
     let took = started.elapsed();
     let stderr = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+    let unknown = stderr.contains("unknown-workload");
     Ok(CniDel {
         took,
         success: out.status.success(),
-        acknowledged: stderr.contains("drained") && !stderr.contains("not drained"),
+        acknowledged: stderr.contains("drained") && !stderr.contains("not drained") && !unknown,
+        unknown,
         stderr,
     })
 }

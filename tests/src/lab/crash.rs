@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::cni;
 use super::probes::{metric_sum, DrainWatcher};
 use super::report::{ms, Row};
-use super::scenario::{lists, Lab, Times};
+use super::scenario::{lists, workload_query, Lab, Times};
 use super::topology::Pod;
 use super::workloads::OLD_UID;
 use super::LabError;
@@ -42,9 +42,11 @@ impl Lab {
         row.cni_returned = Some(true);
         self.topo.delete_pod(Pod::Old)?;
         self.workloads.delete_old()?;
-        self.wait_dump("gateway A to learn the old pod was deleted", |d| {
-            !lists(d, OLD_UID)
-        })
+        self.wait_dump(
+            "gateway A to learn the old pod was deleted",
+            &workload_query(OLD_UID),
+            |d| !lists(d, OLD_UID),
+        )
         .await?;
         let a = self.gw_a.metrics_text().await?;
         row.notes.push(format!(

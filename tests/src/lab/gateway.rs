@@ -17,6 +17,24 @@ pub struct NodeFiles {
     pub node: char,
     pub workloads: PathBuf,
     pub cni_socket: PathBuf,
+    /// `--source istio`: the double instead of the workload file.
+    pub istio: Option<IstioSource>,
+    /// How long it may take to be ready.
+    pub ready_within: Duration,
+}
+
+/// `workloads.source: istio` against the lab's double.
+#[derive(Clone)]
+pub struct IstioSource {
+    /// `https://ip:port`.
+    pub address: String,
+    pub roots: PathBuf,
+    pub token: PathBuf,
+    /// The gateway's own address (its node's).
+    pub pod_ip: std::net::Ipv4Addr,
+    /// `policies.default`: istiod carries no annotations, so the run's
+    /// policy is every pod's through the default.
+    pub policy: String,
 }
 
 /// `target/<profile>/<name>`, beside this executable.
@@ -53,6 +71,27 @@ fn config_yaml(files: &NodeFiles, ca: &Path, gen: u16) -> String {
             file.display()
         ));
     }
+    let (workloads, default) = match &files.istio {
+        None => (
+            format!(
+                "  file: {}\n  reload_interval: 10ms",
+                files.workloads.display()
+            ),
+            "recommended",
+        ),
+        Some(i) => (
+            format!(
+                "  source: istio\n  istio:\n    address: {}\n    roots: {}\n    token: {}\n    \
+                 pod_ip: {}\n    pod_name: tidegate-node-{}\n    pod_namespace: istio-system",
+                i.address,
+                i.roots.display(),
+                i.token.display(),
+                i.pod_ip,
+                files.node
+            ),
+            i.policy.as_str(),
+        ),
+    };
     format!(
         r#"node_name: node-{node}
 trust_domain: cluster.local
@@ -66,14 +105,13 @@ certificates:
   source: dev-ca
   state_dir: {ca}
 workloads:
-  file: {workloads}
-  reload_interval: 10ms
+{workloads}
 hbone:
   port: {HBONE_PORT}
 drains:
   cni_socket: {socket}
 policies:
-  default: recommended
+  default: {default}
   fallback: keepalive-only
   plugins:
 {plugins}"#,
@@ -82,7 +120,6 @@ policies:
         metrics = 16100 + gen,
         ready = 16200 + gen,
         ca = ca.display(),
-        workloads = files.workloads.display(),
         socket = files
             .cni_socket
             .with_extension(format!("{gen}.sock"))
@@ -97,11 +134,14 @@ pub struct Gateway {
     pub metrics: HttpProbe,
     pub log: PathBuf,
     pub cni_socket: PathBuf,
+    /// Spawn → ready.
+    pub ready_after: Duration,
 }
 
 impl Gateway {
     /// Starts generation `gen` of node `files.node`'s gateway in `ns` and
-    /// waits (at most 60 s) until it answers ready. `probe_rt` runs inside `ns`.
+    /// waits (at most `files.ready_within`) until it answers ready.
+    /// `probe_rt` runs inside `ns`.
     pub async fn start(
         ns: &str,
         probe_rt: tokio::runtime::Handle,
@@ -130,17 +170,19 @@ impl Gateway {
             .stdout(Stdio::null())
             .stderr(log_file);
         let name = format!("gateway {} (generation {gen})", files.node);
+        let spawned = std::time::Instant::now();
         let (proc, _child) = Proc::spawn(&name, ns, cmd)?;
         let lo = |port: u16| std::net::SocketAddr::from(([127, 0, 0, 1], port));
-        let gw = Gateway {
+        let mut gw = Gateway {
             proc,
             admin: HttpProbe::new(probe_rt.clone(), lo(16000 + gen)),
             metrics: HttpProbe::new(probe_rt.clone(), lo(16100 + gen)),
             log,
             cni_socket: files.cni_socket.with_extension(format!("{gen}.sock")),
+            ready_after: Duration::ZERO,
         };
         let ready = HttpProbe::new(probe_rt, lo(16200 + gen));
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let deadline = tokio::time::Instant::now() + files.ready_within;
         let mut tick = tokio::time::interval(Duration::from_millis(20));
         loop {
             tick.tick().await;
@@ -151,11 +193,13 @@ impl Gateway {
                 )));
             }
             if let Ok((200, _)) = ready.request("GET", "/healthz/ready").await {
+                gw.ready_after = spawned.elapsed();
                 return Ok(gw);
             }
             if tokio::time::Instant::now() > deadline {
                 return Err(LabError::Gateway(format!(
-                    "{name} not ready within 60 s:\n{}",
+                    "{name} not ready within {:?}:\n{}",
+                    files.ready_within,
                     gw.log_tail()
                 )));
             }

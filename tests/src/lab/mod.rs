@@ -6,7 +6,8 @@
 //! - `params.rs`: the command line; `topology.rs`: namespaces, veths, routes,
 //!   iptables; `process.rs`: children inside a namespace;
 //! - `gateway.rs`: the gateway processes and their config; `workloads.rs`:
-//!   the workload files (the pods' lifecycle as the gateways see it);
+//!   the pods' lifecycle as the gateways see it (the workload files, or
+//!   `xds_feed.rs`: an istiod double with a large background and churn);
 //! - `app_server.rs`: the server pods' HTTP app; `load.rs`: the client pod's
 //!   load; `cni.rs`: CNI DEL through `tidegate-cni`;
 //! - `http.rs`: admin/metrics requests inside a node; `probes.rs`: the
@@ -31,6 +32,7 @@ pub mod scenario;
 mod termination;
 pub mod topology;
 pub mod workloads;
+pub mod xds_feed;
 
 use std::path::Path;
 
@@ -46,6 +48,8 @@ pub enum LabError {
     MissingTool(&'static str),
     #[error("per-pod capture is not available yet (issue 14); use --capture node")]
     PerPodCapture,
+    #[error("{0}")]
+    Source(&'static str),
     #[error("unknown policy {0:?}; reference policies: {1}")]
     UnknownPolicy(String, String),
     #[error("setup: {0}")]
@@ -69,6 +73,7 @@ pub fn preflight(p: &Params) -> Result<(), LabError> {
     if p.capture == Capture::PerPod {
         return Err(LabError::PerPodCapture);
     }
+    check_source(p)?;
     for policy in &p.policies {
         if !params::REFERENCE_POLICIES.contains(&policy.as_str()) {
             return Err(LabError::UnknownPolicy(
@@ -90,14 +95,44 @@ pub fn preflight(p: &Params) -> Result<(), LabError> {
     Ok(())
 }
 
+/// `--background`, `--churn` and `--source istio` go together, with
+/// `rollout`.
+fn check_source(p: &Params) -> Result<(), LabError> {
+    let istio = p.source == params::Source::Istio;
+    if !istio && (p.background > 0 || p.churn > 0) {
+        return Err(LabError::Source(
+            "--background and --churn are the istiod double's: add --source istio",
+        ));
+    }
+    if p.churn > 0 && p.background == 0 {
+        return Err(LabError::Source(
+            "--churn updates background workloads: give --background N (N > 0)",
+        ));
+    }
+    if istio && p.scenario != params::Scenario::Rollout {
+        return Err(LabError::Source(
+            "--source istio runs the rollout scenario only (--scenario rollout)",
+        ));
+    }
+    Ok(())
+}
+
 /// Runs every policy of `p` one after the other, each in fresh namespaces.
 pub async fn run(p: &Params) -> Result<Vec<Row>, LabError> {
     preflight(p)?;
     topology::remove_leftovers();
+    let background = if p.source == params::Source::Istio {
+        let t = std::time::Instant::now();
+        let b = xds_feed::Background::new(p.background as usize);
+        tracing::info!(workloads = p.background, took = ?t.elapsed(), "background set encoded");
+        Some(b)
+    } else {
+        None
+    };
     let mut rows = Vec::new();
     for (i, policy) in p.policies.iter().enumerate() {
         tracing::info!(policy, scenario = p.scenario.name(), "drain lab run");
-        let mut lab = scenario::Lab::start(p, policy, i).await?;
+        let mut lab = scenario::Lab::start(p, policy, i, background.as_ref()).await?;
         match lab.run(p, policy).await {
             Ok(row) => rows.push(row),
             Err(e) => {
@@ -140,6 +175,15 @@ pub fn command_line(p: &Params) -> String {
         )),
         params::Scenario::Rollout => s.push_str(&format!(" --replicas {}", p.replicas)),
         _ => {}
+    }
+    if p.source == params::Source::Istio {
+        s.push_str(" --source istio");
+        if p.background > 0 {
+            s.push_str(&format!(" --background {}", p.background));
+        }
+        if p.churn > 0 {
+            s.push_str(&format!(" --churn {}", p.churn));
+        }
     }
     if p.policies.len() < params::REFERENCE_POLICIES.len() {
         s.push_str(&format!(" --policies {}", p.policies.join(",")));
@@ -206,4 +250,71 @@ pub fn check(rows: &[Row]) -> Result<(), LabError> {
 /// `docs/drain-lab.md` of the repository (the lab is run from anywhere).
 pub fn doc_path() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/drain-lab.md"))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        p: Params,
+    }
+
+    fn params(args: &[&str]) -> Params {
+        Cli::try_parse_from(std::iter::once("drain-lab").chain(args.iter().copied()))
+            .unwrap()
+            .p
+    }
+
+    #[test]
+    fn the_istiod_double_options_go_together() {
+        let refused = |args: &[&str], names: &str| match check_source(&params(args)) {
+            Err(LabError::Source(why)) => assert!(why.contains(names), "{args:?}: {why}"),
+            other => panic!("{args:?}: {other:?}"),
+        };
+        refused(
+            &["--scenario", "rollout", "--background", "10"],
+            "--source istio",
+        );
+        refused(&["--scenario", "rollout", "--churn", "5"], "--source istio");
+        refused(
+            &["--scenario", "rollout", "--source", "istio", "--churn", "5"],
+            "--background N",
+        );
+        refused(&["--source", "istio"], "rollout scenario only");
+        for ok in [
+            &["--scenario", "rollout"][..],
+            &["--scenario", "rollout", "--source", "istio"],
+            &[
+                "--scenario",
+                "rollout",
+                "--source",
+                "istio",
+                "--background",
+                "100000",
+                "--churn",
+                "50",
+            ],
+        ] {
+            assert!(check_source(&params(ok)).is_ok(), "{ok:?}");
+        }
+        // Bounds are clap's, naming the flag.
+        let too_many = Cli::try_parse_from(["drain-lab", "--background", "200001"]);
+        assert!(too_many.is_err_and(|e| e.to_string().contains("--background")));
+        let p = params(&[
+            "--scenario",
+            "rollout",
+            "--source",
+            "istio",
+            "--background",
+            "1000",
+            "--churn",
+            "10",
+        ]);
+        assert!(command_line(&p).ends_with("--source istio --background 1000 --churn 10"));
+    }
 }

@@ -58,6 +58,16 @@ pub enum Capture {
     PerPod,
 }
 
+/// Where the gateways learn the pods from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Source {
+    /// A workload file per node, reloaded every 10 ms.
+    File,
+    /// `workloads.source: istio` against an istiod double (delta ADS over
+    /// gRPC/TLS) on node A's address: the lab's pods and `--background`.
+    Istio,
+}
+
 /// Which gateway `gateway-restart` replaces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Node {
@@ -113,6 +123,17 @@ pub struct Params {
     /// `rollout`: server pods behind the Service (1 to 9).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=9))]
     pub replicas: u8,
+    /// Where the gateways learn the pods from (`istio`: `rollout` only).
+    #[arg(long, value_enum, default_value_t = Source::File)]
+    pub source: Source,
+    /// `--source istio`: synthetic workloads of a large cluster held beside
+    /// the lab's pods (a fifth as many Services; none on the lab's nodes).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=200_000))]
+    pub background: u32,
+    /// `--source istio`: single-pod updates of the background pushed per
+    /// second during the run (needs `--background`).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000))]
+    pub churn: u32,
     /// Longest wait, after deletion, for the client's tunnels to the old pod to go.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub settle: Duration,

@@ -1,5 +1,5 @@
 //! What the lab watches while a scenario runs: the client gateway's pool
-//! (`GET /config_dump` every millisecond), a counter's first rise
+//! (`GET /config_dump?only=pool` every millisecond), a counter's first rise
 //! (`/metrics` every millisecond), the server gateway's drain record
 //! (`GET /drains` every 5 ms).
 
@@ -130,7 +130,8 @@ pub struct TraceSummary {
     pub first_goaway: Option<Instant>,
 }
 
-/// Polls the client gateway's `/config_dump` every millisecond until dropped.
+/// Polls the client gateway's pool (`/config_dump?only=pool`) every
+/// millisecond until dropped.
 pub struct PoolWatcher {
     pub trace: Arc<Mutex<PoolTrace>>,
     _poll: Poller,
@@ -143,7 +144,7 @@ impl PoolWatcher {
         let poll = poll_every(&admin, Duration::from_millis(1), move |admin| {
             let t = t.clone();
             async move {
-                let got = admin.try_request("GET", "/config_dump").await;
+                let got = admin.try_request("GET", "/config_dump?only=pool").await;
                 let at = Instant::now();
                 let mut trace = t.lock().unwrap_or_else(|e| e.into_inner());
                 match got.ok().and_then(|(_, b)| serde_json::from_str(&b).ok()) {

@@ -25,6 +25,8 @@ impl Lab {
             node,
             workloads: self.dir.path().join(format!("workloads-{node}.yaml")),
             cni_socket: self.dir.path().join(format!("cni-{node}.sock")),
+            istio: None,
+            ready_within: Duration::from_secs(60),
         };
         let new = Gateway::start(&ns, rt, &files, self.dir.path(), 1).await?;
         let old = if node == 'a' { &self.gw_a } else { &self.gw_b };

@@ -24,7 +24,7 @@ use super::cni;
 use super::params::Params;
 use super::probes::{DrainWatcher, PoolWatcher};
 use super::report::{ms, Row};
-use super::scenario::{lists, Lab, Times};
+use super::scenario::{lists, workload_query, Lab, Times};
 use super::topology::Pod;
 use super::workloads::{replica_name, replica_uid};
 use super::LabError;
@@ -37,6 +37,8 @@ struct Replaced {
     drain: String,
     del: Duration,
     acknowledged: bool,
+    /// Node B's gateway knew no workload of the pod's uid.
+    unknown: bool,
     /// When its steps happened, from the load's start.
     steps: String,
 }
@@ -67,6 +69,14 @@ impl Lab {
             replaced.len()
         );
         row.cni_returned = Some(true);
+        let unknown = replaced.iter().filter(|r| r.unknown).count();
+        if unknown > 0 {
+            row.notes.push(format!(
+                "CNI DEL: gateway B answered `unknown-workload` for {unknown} of {} pods \
+                 (the pod's Kubernetes uid is no workload uid it holds)",
+                replaced.len()
+            ));
+        }
         row.notes.push(format!(
             "{} pods replaced in {} (from the load's start: {}; {})",
             replaced.len(),
@@ -100,15 +110,20 @@ impl Lab {
         // before it is ready and any client may pick it.
         self.workloads
             .add_replica(pod, self.topo.pod_ip(pod), false)?;
-        let uid = replica_uid(pod);
-        self.wait_dump_of(&self.gw_b, "gateway B to learn the new replica", |d| {
-            lists(d, &uid)
-        })
+        let uid = self.workloads.workload_uid(&replica_uid(pod), &name);
+        self.wait_dump_of(
+            &self.gw_b,
+            "gateway B to learn the new replica",
+            &workload_query(&uid),
+            |d| lists(d, &uid),
+        )
         .await?;
         self.workloads.ready_replica(pod)?;
-        self.wait_dump("gateway A to learn the new replica is ready", |d| {
-            is_endpoint(d, &uid)
-        })
+        self.wait_dump(
+            "gateway A to learn the new replica is ready",
+            SERVICE_QUERY,
+            |d| is_endpoint(d, &uid),
+        )
         .await?;
         self.surged
             .push(format!("{name} ready {}", counts.since_start()));
@@ -118,7 +133,9 @@ impl Lab {
     /// One old replica's termination, from SIGTERM to deletion and the
     /// client's tunnels to it gone.
     async fn replace(&mut self, p: &Params, pod: Pod) -> Result<Replaced, LabError> {
-        let (uid, name) = (replica_uid(pod), replica_name(pod));
+        let (pod_uid, name) = (replica_uid(pod), replica_name(pod));
+        // The gateways' uid (istiod's, through xDS); CNI names the pod's own.
+        let uid = self.workloads.workload_uid(&pod_uid, &name);
         let ip = IpAddr::V4(self.topo.pod_ip(pod));
         let watcher = PoolWatcher::start(self.gw_a.admin.clone(), ip);
         let drains = DrainWatcher::start(self.gw_b.admin.clone(), uid.clone());
@@ -146,13 +163,15 @@ impl Lab {
             }
         };
         steps.push_str(&format!(", exited {}", counts.since_start()));
-        let del = cni::del(&self.gw_b.cni_socket, &name, &uid, p.cni_timeout).await?;
+        let del = cni::del(&self.gw_b.cni_socket, &name, &pod_uid, p.cni_timeout).await?;
         self.topo.delete_pod(pod)?;
         self.workloads.delete_replica(pod)?;
         steps.push_str(&format!(", deleted {}", counts.since_start()));
-        self.wait_dump("gateway A to learn the replica was deleted", |d| {
-            !lists(d, &uid)
-        })
+        self.wait_dump(
+            "gateway A to learn the replica was deleted",
+            &workload_query(&uid),
+            |d| !lists(d, &uid),
+        )
         .await?;
         let settle_from = Instant::now();
         let mut tick = tokio::time::interval(Duration::from_millis(5));
@@ -182,10 +201,14 @@ impl Lab {
             drain,
             del: del.took,
             acknowledged: del.acknowledged,
+            unknown: del.unknown,
             steps,
         })
     }
 }
+
+/// The dump query that lists the Service `lab/server` alone.
+const SERVICE_QUERY: &str = "only=services&service=lab%2Fserver";
 
 /// Whether the dump lists `uid` as a ready endpoint of a Service.
 fn is_endpoint(dump: &serde_json::Value, uid: &str) -> bool {

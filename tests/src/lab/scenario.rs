@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use super::app_server::{AppPod, APP_PORT};
-use super::gateway::{Gateway, NodeFiles};
+use super::gateway::{Gateway, IstioSource, NodeFiles};
 use super::load::{Counts, Endpoint, Load};
 use super::params::{Params, Scenario};
 use super::probes::{
@@ -13,7 +13,8 @@ use super::probes::{
 };
 use super::report::{ms, Row};
 use super::topology::{Pod, Topology};
-use super::workloads::Workloads;
+use super::workloads::{Sink, Workloads};
+use super::xds_feed::{Background, XdsFeed};
 use super::LabError;
 use crate::netns::NsThread;
 
@@ -34,7 +35,7 @@ pub struct Lab {
     pub(super) restarted: Vec<Gateway>,
     pub(super) gw_a: Gateway,
     pub(super) gw_b: Gateway,
-    _gw_c: Gateway,
+    pub(super) gw_c: Gateway,
     pa: NsThread,
     pub(super) na: NsThread,
     pub(super) nb: NsThread,
@@ -47,7 +48,13 @@ pub struct Lab {
 impl Lab {
     /// Builds run `run`'s namespaces and starts its processes with the
     /// server pods annotated with `policy`.
-    pub async fn start(p: &Params, policy: &str, run: usize) -> Result<Lab, LabError> {
+    /// `background`: `--source istio`'s set (the istiod double's).
+    pub async fn start(
+        p: &Params,
+        policy: &str,
+        run: usize,
+        background: Option<&Background>,
+    ) -> Result<Lab, LabError> {
         let dir = tempfile::Builder::new()
             .prefix("drain-lab-")
             .tempdir()
@@ -66,20 +73,41 @@ impl Lab {
         for pod in pods.into_iter().chain(first_replicas.iter().copied()) {
             topo.add_pod(pod)?;
         }
+        let feed = match background {
+            Some(bg) => {
+                Some(XdsFeed::start(&topo.node_ns('a'), topo.addr(0, 1), dir.path(), bg).await?)
+            }
+            None => None,
+        };
+        let node_ip = |node| match node {
+            'a' => topo.addr(0, 1),
+            'b' => topo.addr(0, 2),
+            _ => topo.addr(4, 2),
+        };
+        // Startup converts the whole set: a second per 500 background
+        // workloads beside the minute a small set gets.
+        let ready_within = Duration::from_secs(60 + u64::from(p.background) / 500);
         let files: Vec<NodeFiles> = ['a', 'b', 'c']
             .into_iter()
             .map(|node| NodeFiles {
                 node,
                 workloads: dir.path().join(format!("workloads-{node}.yaml")),
                 cni_socket: dir.path().join(format!("cni-{node}.sock")),
+                istio: feed.as_ref().map(|f| IstioSource {
+                    address: format!("https://{}", f.double.addr),
+                    roots: f.roots.clone(),
+                    token: f.token.clone(),
+                    pod_ip: node_ip(node),
+                    policy: policy.to_owned(),
+                }),
+                ready_within,
             })
             .collect();
-        let mut workloads = Workloads::new(
-            &topo,
-            files.iter().map(|f| f.workloads.clone()).collect(),
-            policy,
-            p.different_sa,
-        );
+        let sink = match feed {
+            Some(feed) => Sink::Xds(Box::new(feed)),
+            None => Sink::Files(files.iter().map(|f| f.workloads.clone()).collect()),
+        };
+        let mut workloads = Workloads::new(&topo, sink, policy, p.different_sa);
         if rollout {
             workloads = workloads.for_rollout();
             for &pod in &first_replicas {
@@ -98,6 +126,16 @@ impl Lab {
         let mut started = started.into_iter();
         let mut next = || started.next().expect("three gateways started");
         let (gw_a, gw_b, gw_c) = (next(), next(), next());
+        if let Some(feed) = workloads.feed() {
+            tracing::info!(
+                a = ?gw_a.ready_after,
+                b = ?gw_b.ready_after,
+                c = ?gw_c.ready_after,
+                background = p.background,
+                "gateways ready (xDS)"
+            );
+            feed.start_churn(p.churn);
+        }
         let app = |pod, name: String| {
             let (ns, drain) = (topo.pod_ns(pod), p.app_drain);
             let log = dir.path().join(format!("app-{name}.log"));
@@ -123,7 +161,7 @@ impl Lab {
             surged: Vec::new(),
             gw_a,
             gw_b,
-            _gw_c: gw_c,
+            gw_c,
             pa,
             na,
             nb,
@@ -201,6 +239,15 @@ impl Lab {
             _ => self.terminate(p, &mut row).await?,
         };
         self.finish(p, &mut row, t).await?;
+        let ready = [&self.gw_a, &self.gw_b, &self.gw_c].map(|g| ms(g.ready_after));
+        if let Some(feed) = self.workloads.feed() {
+            feed.stop_churn();
+            row.notes.push(format!(
+                "xDS: {} background workloads; gateways ready after A {}, B {}, C {}",
+                p.background, ready[0], ready[1], ready[2]
+            ));
+            row.notes.extend(feed.report());
+        }
         if p.scenario == Scenario::Rollout {
             let per_pod = |n: u64| n as f64 / f64::from(p.replicas);
             row.notes.push(format!(
@@ -290,27 +337,33 @@ impl Lab {
         Ok(())
     }
 
-    /// Polls gateway A's `/config_dump` (5 ms) until `check` holds, at most 10 s.
+    /// Polls gateway A's `/config_dump?<query>` (5 ms) until `check`
+    /// holds, at most 10 s.
     pub(super) async fn wait_dump(
         &self,
         what: &str,
+        query: &str,
         check: impl Fn(&serde_json::Value) -> bool,
     ) -> Result<(), LabError> {
-        self.wait_dump_of(&self.gw_a, what, check).await
+        self.wait_dump_of(&self.gw_a, what, query, check).await
     }
 
-    /// Polls `gw`'s `/config_dump` (5 ms) until `check` holds, at most 10 s.
+    /// Polls `gw`'s `/config_dump?<query>` (5 ms) until `check` holds, at
+    /// most 10 s. The query narrows the dump to what `check` reads: a
+    /// gateway holding a large cluster would build every workload otherwise.
     pub(super) async fn wait_dump_of(
         &self,
         gw: &Gateway,
         what: &str,
+        query: &str,
         check: impl Fn(&serde_json::Value) -> bool,
     ) -> Result<(), LabError> {
         let started = Instant::now();
+        let path = format!("/config_dump?{query}");
         let mut tick = tokio::time::interval(Duration::from_millis(5));
         loop {
             tick.tick().await;
-            if let Ok(body) = gw.admin.get_ok("/config_dump").await {
+            if let Ok(body) = gw.admin.get_ok(&path).await {
                 if serde_json::from_str(&body).is_ok_and(|d| check(&d)) {
                     return Ok(());
                 }
@@ -356,6 +409,14 @@ pub(super) struct Times {
     pub(super) drains: Option<DrainWatcher>,
     /// The client gateway's GOAWAY counter, from just before the event.
     pub(super) goaways: CounterWatcher,
+}
+
+/// The dump query that lists workload `uid` alone.
+pub(super) fn workload_query(uid: &str) -> String {
+    format!(
+        "only=workloads&workload={}",
+        uid.replace('%', "%25").replace('/', "%2F")
+    )
 }
 
 pub(super) fn lists(dump: &serde_json::Value, uid: &str) -> bool {

@@ -8,7 +8,7 @@ use super::cni;
 use super::params::{Params, Scenario};
 use super::probes::DrainWatcher;
 use super::report::{ms, Row};
-use super::scenario::{lists, Lab, Times};
+use super::scenario::{lists, workload_query, Lab, Times};
 use super::topology::Pod;
 use super::workloads::{OLD_UID, REUSE_UID};
 use super::LabError;
@@ -65,9 +65,11 @@ impl Lab {
         }
         self.topo.delete_pod(Pod::Old)?;
         self.workloads.delete_old()?;
-        self.wait_dump("gateway A to learn the old pod was deleted", |d| {
-            !lists(d, OLD_UID)
-        })
+        self.wait_dump(
+            "gateway A to learn the old pod was deleted",
+            &workload_query(OLD_UID),
+            |d| !lists(d, OLD_UID),
+        )
         .await?;
         if p.scenario == Scenario::IpReuse {
             self.reuse_ip(p).await?;
@@ -93,9 +95,11 @@ impl Lab {
         .await?;
         self.reuse = Some(app);
         self.workloads.add_reuse()?;
-        self.wait_dump("gateway A to learn the new pod at the old IP", |d| {
-            lists(d, REUSE_UID)
-        })
+        self.wait_dump(
+            "gateway A to learn the new pod at the old IP",
+            &workload_query(REUSE_UID),
+            |d| lists(d, REUSE_UID),
+        )
         .await?;
         self.watcher().mark_reuse();
         self.load().set_endpoints(vec![

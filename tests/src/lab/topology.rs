@@ -117,6 +117,12 @@ impl Topology {
             "ip -n {nc} route add 10.{x}.1.0/24 via {}",
             self.addr(4, 1)
         ))?;
+        // Node C reaches node A's 10.X.0.1 (`--source istio`: the istiod
+        // double listens there).
+        run(&format!(
+            "ip -n {nc} route add 10.{x}.0.0/24 via {}",
+            self.addr(4, 1)
+        ))?;
         for ns in [&na, &nb, &nc] {
             run(&format!(
                 "ip netns exec {ns} sysctl -q -w net.ipv4.ip_forward=1"

@@ -1,14 +1,17 @@
-//! The workload files every gateway watches: the same pod list on each node
-//! (a pod is local where `node` names the gateway's node), rewritten
-//! atomically at each lifecycle step. A pod set `terminating` starts
-//! shutting down on its node and raises peer-terminating elsewhere; a pod
-//! removed from the files is deleted (peer-deleted elsewhere). The server
-//! pods are the endpoints of Service `lab/server` ([`Workloads::vip`]): the
-//! old pod and its replacement, or in `rollout` the replicas alone.
+//! What every gateway is told of the lab's pods: the same pod list on each
+//! node (a pod is local where `node` names the gateway's node), told again
+//! at each lifecycle step — the workload files, rewritten atomically, or
+//! (`--source istio`) the resources of an istiod double that change,
+//! pushed ([`super::xds_feed`]). A pod set `terminating` starts shutting
+//! down on its node and raises peer-terminating elsewhere; a pod removed
+//! is deleted (peer-deleted elsewhere). The server pods are the endpoints
+//! of Service `lab/server` ([`vip`]): the old pod and its replacement, or
+//! in `rollout` the replicas alone.
 
 use std::path::PathBuf;
 
 use super::topology::{Pod, Topology};
+use super::xds_feed::XdsFeed;
 use super::LabError;
 
 pub const OLD_UID: &str = "lab-server-old";
@@ -21,9 +24,35 @@ pub fn vip(t: &Topology) -> std::net::Ipv4Addr {
     t.addr(9, 10)
 }
 
-/// The pods the files list, and where each is in its lifecycle.
+/// Where the pod list goes.
+pub enum Sink {
+    /// Every node's workload file.
+    Files(Vec<PathBuf>),
+    /// The istiod double every gateway subscribes to.
+    Xds(Box<XdsFeed>),
+}
+
+/// istiod's uid of pod `name` of namespace `lab`.
+pub fn istio_uid(name: &str) -> String {
+    format!("Kubernetes//Pod/lab/{name}")
+}
+
+/// One pod as listed.
+struct Entry {
+    uid: String,
+    name: String,
+    service_account: String,
+    ip: String,
+    node: &'static str,
+    /// A server pod (annotated with the policy, an endpoint of the Service).
+    server: bool,
+    ready: bool,
+    state: OldState,
+}
+
+/// The pods listed, and where each is in its lifecycle.
 pub struct Workloads {
-    pub files: Vec<PathBuf>,
+    sink: Sink,
     policy: String,
     replacement_sa: &'static str,
     client: String,
@@ -67,9 +96,9 @@ enum OldState {
 }
 
 impl Workloads {
-    pub fn new(t: &Topology, files: Vec<PathBuf>, policy: &str, different_sa: bool) -> Workloads {
+    pub fn new(t: &Topology, sink: Sink, policy: &str, different_sa: bool) -> Workloads {
         Workloads {
-            files,
+            sink,
             policy: policy.to_owned(),
             replacement_sa: if different_sa { "server-v2" } else { "server" },
             client: t.pod_ip(Pod::Client).to_string(),
@@ -89,113 +118,196 @@ impl Workloads {
         self
     }
 
-    /// A server pod, an endpoint of the Service.
-    fn server(&self, uid: &str, name: &str, sa: &str, ip: &str, node: &str, extra: &str) -> String {
-        self.pod(
-            uid,
-            name,
-            sa,
-            ip,
+    /// Every pod listed, as the gateways are to see it.
+    fn entries(&self) -> Vec<Entry> {
+        let server = |uid: &str, name: &str, sa: &str, ip: &str, node, ready, state| Entry {
+            uid: uid.to_owned(),
+            name: name.to_owned(),
+            service_account: sa.to_owned(),
+            ip: ip.to_owned(),
             node,
-            &format!(", services: [server]{extra}"),
-        )
-    }
-
-    /// A server pod, in no Service unless `extra` says so.
-    fn pod(&self, uid: &str, name: &str, sa: &str, ip: &str, node: &str, extra: &str) -> String {
-        format!(
-            "- {{uid: {uid}, name: {name}, namespace: lab, service_account: {sa}, ips: [{ip}], \
-             node: {node}, labels: {{app: server}}, \
-             annotations: {{tidegate.io/drain-policy: {}}}{extra}}}\n",
-            self.policy
-        )
-    }
-
-    fn text(&self) -> String {
-        let mut s = format!(
-            "workloads:\n- {{uid: lab-client, name: client, namespace: lab, service_account: client, \
-             ips: [{}], node: node-a, labels: {{app: client}}}}\n",
-            self.client
-        );
+            server: true,
+            ready,
+            state,
+        };
+        let mut out = vec![Entry {
+            uid: "lab-client".into(),
+            name: "client".into(),
+            service_account: "client".into(),
+            ip: self.client.clone(),
+            node: "node-a",
+            server: false,
+            ready: true,
+            state: OldState::Running,
+        }];
         if let Some(replicas) = &self.replicas {
-            for r in replicas {
+            for r in replicas.iter().filter(|r| r.state != OldState::Deleted) {
                 let (uid, name) = (replica_uid(r.pod), replica_name(r.pod));
-                match r.state {
-                    OldState::Running if !r.ready => {
-                        s.push_str(&self.pod(&uid, &name, "server", &r.ip, "node-b", ""))
-                    }
-                    OldState::Running => {
-                        s.push_str(&self.server(&uid, &name, "server", &r.ip, "node-b", ""))
-                    }
-                    OldState::Terminating(deadline) => s.push_str(&self.server(
-                        &uid,
-                        &name,
-                        "server",
-                        &r.ip,
-                        "node-b",
-                        &format!(", state: terminating, deletion_deadline_unix_ms: {deadline}"),
-                    )),
-                    OldState::Deleted => {}
-                }
+                out.push(server(
+                    &uid, &name, "server", &r.ip, "node-b", r.ready, r.state,
+                ));
             }
-            return s + &self.services();
+            return out;
         }
-        match self.old_state {
-            OldState::Running => {
-                s.push_str(&self.server(OLD_UID, "server-old", "server", &self.old, "node-b", ""))
-            }
-            OldState::Terminating(deadline) => s.push_str(&self.server(
+        if self.old_state != OldState::Deleted {
+            let old = &self.old;
+            out.push(server(
                 OLD_UID,
                 "server-old",
                 "server",
-                &self.old,
+                old,
                 "node-b",
-                &format!(", state: terminating, deletion_deadline_unix_ms: {deadline}"),
-            )),
-            OldState::Deleted => {}
+                true,
+                self.old_state,
+            ));
         }
-        s.push_str(&self.server(
+        out.push(server(
             REPLACEMENT_UID,
             "server-new",
             self.replacement_sa,
             &self.replacement,
             "node-c",
-            "",
+            true,
+            OldState::Running,
         ));
         if self.reuse {
-            s.push_str(&self.server(REUSE_UID, "server-reuse", "server", &self.old, "node-b", ""));
+            let old = &self.old;
+            out.push(server(
+                REUSE_UID,
+                "server-reuse",
+                "server",
+                old,
+                "node-b",
+                true,
+                OldState::Running,
+            ));
         }
-        s + &self.services()
+        out
     }
 
-    fn services(&self) -> String {
-        format!(
+    /// The workload file: a server pod is an endpoint of the Service once
+    /// ready, and stays one while terminating.
+    fn text(&self) -> String {
+        let mut s = String::from("workloads:\n");
+        for e in self.entries() {
+            let (app, annotations) = if e.server {
+                (
+                    "server",
+                    format!(
+                        ", annotations: {{tidegate.io/drain-policy: {}}}",
+                        self.policy
+                    ),
+                )
+            } else {
+                ("client", String::new())
+            };
+            let mut extra = String::new();
+            if e.server && (e.ready || e.state != OldState::Running) {
+                extra.push_str(", services: [server]");
+            }
+            if let OldState::Terminating(deadline) = e.state {
+                extra.push_str(&format!(
+                    ", state: terminating, deletion_deadline_unix_ms: {deadline}"
+                ));
+            }
+            s.push_str(&format!(
+                "- {{uid: {}, name: {}, namespace: lab, service_account: {}, ips: [{}], \
+                 node: {}, labels: {{app: {app}}}{annotations}{extra}}}\n",
+                e.uid, e.name, e.service_account, e.ip, e.node
+            ));
+        }
+        s + &format!(
             "services:\n- {{name: server, namespace: lab, vips: [{}], ports: [{{port: {p}, target_port: {p}}}]}}\n",
             self.vip,
             p = super::app_server::APP_PORT
         )
     }
 
-    /// Writes every node's file (each replaced atomically).
-    pub fn write(&self) -> Result<(), LabError> {
-        let text = self.text();
-        for path in &self.files {
-            let tmp = path.with_extension("tmp");
-            std::fs::write(&tmp, &text)
-                .and_then(|()| std::fs::rename(&tmp, path))
-                .map_err(|e| LabError::Setup(format!("write {}: {e}", path.display())))?;
+    /// The same pods as istiod's resources (by resource name): each a
+    /// workload of uid `Kubernetes//Pod/lab/<name>`, HEALTHY when ready
+    /// and not terminating (istiod: UNHEALTHY when not ready or being
+    /// deleted), a server pod naming the Service whatever its status; and
+    /// the Service.
+    fn resources(&self) -> Vec<(String, bytes::Bytes)> {
+        let mut out: Vec<(String, bytes::Bytes)> = self
+            .entries()
+            .iter()
+            .map(|e| {
+                let healthy = e.ready && e.state == OldState::Running;
+                (
+                    istio_uid(&e.name),
+                    super::xds_feed::workload(
+                        &istio_uid(&e.name),
+                        &e.name,
+                        &e.service_account,
+                        e.ip.parse().expect("lab pod IPs are IPv4"),
+                        e.node,
+                        e.server,
+                        healthy,
+                    ),
+                )
+            })
+            .collect();
+        out.push(super::xds_feed::service(
+            self.vip.parse().expect("the VIP is IPv4"),
+        ));
+        out
+    }
+
+    /// The uid the gateways know pod `pod_uid` (named `name`) by: the
+    /// pod's own in the workload files, istiod's form through xDS.
+    pub fn workload_uid(&self, pod_uid: &str, name: &str) -> String {
+        match self.sink {
+            Sink::Files(_) => pod_uid.to_owned(),
+            Sink::Xds(_) => istio_uid(name),
+        }
+    }
+
+    /// Tells every gateway: rewrites each node's file (replaced
+    /// atomically), or pushes what changed through the xDS double (`what`
+    /// names the step in the report).
+    fn publish(&mut self, what: &str) -> Result<(), LabError> {
+        match &self.sink {
+            Sink::Files(files) => {
+                let text = self.text();
+                for path in files {
+                    let tmp = path.with_extension("tmp");
+                    std::fs::write(&tmp, &text)
+                        .and_then(|()| std::fs::rename(&tmp, path))
+                        .map_err(|e| LabError::Setup(format!("write {}: {e}", path.display())))?;
+                }
+            }
+            Sink::Xds(_) => {
+                let resources = self.resources();
+                if let Sink::Xds(feed) = &mut self.sink {
+                    feed.apply(resources, what);
+                }
+            }
         }
         Ok(())
     }
 
+    /// The first listing, before the gateways start.
+    pub fn write(&mut self) -> Result<(), LabError> {
+        self.publish("initial")
+    }
+
+    /// `--source istio`: the double feeding the gateways.
+    pub fn feed(&mut self) -> Option<&mut XdsFeed> {
+        match &mut self.sink {
+            Sink::Files(_) => None,
+            Sink::Xds(feed) => Some(feed),
+        }
+    }
+
     pub fn terminate_old(&mut self, deadline_unix_ms: u128) -> Result<(), LabError> {
         self.old_state = OldState::Terminating(deadline_unix_ms);
-        self.write()
+        self.publish("old pod terminating")
     }
 
     pub fn delete_old(&mut self) -> Result<(), LabError> {
         self.old_state = OldState::Deleted;
-        self.write()
+        self.publish("old pod deleted")
     }
 
     /// A replica listed at `ip`, ready (an endpoint of the Service) or
@@ -212,7 +324,8 @@ impl Workloads {
             state: OldState::Running,
             ready,
         });
-        self.write()
+        let what = if ready { "listed ready" } else { "listed" };
+        self.publish(&format!("{} {what}", replica_name(pod)))
     }
 
     /// A replica turned ready: it joins the Service's endpoints.
@@ -220,7 +333,7 @@ impl Workloads {
         if let Some(r) = self.replicas_mut().iter_mut().find(|r| r.pod == pod) {
             r.ready = true;
         }
-        self.write()
+        self.publish(&format!("{} ready", replica_name(pod)))
     }
 
     /// A replica terminating (its deletion deadline in unix ms).
@@ -239,7 +352,12 @@ impl Workloads {
         if let Some(r) = self.replicas_mut().iter_mut().find(|r| r.pod == pod) {
             r.state = state;
         }
-        self.write()
+        let what = match state {
+            OldState::Running => "running",
+            OldState::Terminating(_) => "terminating",
+            OldState::Deleted => "deleted",
+        };
+        self.publish(&format!("{} {what}", replica_name(pod)))
     }
 
     fn replicas_mut(&mut self) -> &mut Vec<Replica> {
@@ -250,6 +368,6 @@ impl Workloads {
 
     pub fn add_reuse(&mut self) -> Result<(), LabError> {
         self.reuse = true;
-        self.write()
+        self.publish("new pod at the old IP")
     }
 }

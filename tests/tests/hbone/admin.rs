@@ -146,3 +146,55 @@ async fn a_refused_upload_says_why_on_one_line() {
     assert_eq!(broken["loaded"], false, "{broken}");
     assert!(!broken["last_error"].as_str().unwrap().contains('\n'));
 }
+
+/// `/config_dump` narrowed by its query: a section, one workload, one
+/// Service; a bad query is a 400 naming the key, and the dump still serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_dump_narrowed_to_sections_a_workload_and_a_service() {
+    let svc = super::services::Svc::start_with(237, Options::default(), 3).await;
+    let admin = svc.nodes.client.addrs.admin;
+    let get = |path: &'static str| async move {
+        let (status, body) = http_get(admin, path).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        serde_json::from_str::<Value>(&body).unwrap()
+    };
+    let keys = |v: &Value| {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+
+    let whole = get("/config_dump").await;
+    assert!(whole["workloads"].as_array().unwrap().len() > 1, "{whole}");
+    let one = get("/config_dump?only=workloads,pool&workload=e1").await;
+    assert_eq!(keys(&one), ["node", "pool", "workloads"], "{one}");
+    let listed = one["workloads"].as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{one}");
+    assert_eq!(listed[0]["uid"], "e1");
+    let none = get("/config_dump?only=workloads&workload=no-such-uid").await;
+    assert_eq!(none["workloads"], serde_json::json!([]), "{none}");
+
+    let echo = get("/config_dump?only=services&service=demo%2Fecho").await;
+    assert_eq!(keys(&echo), ["node", "services"], "{echo}");
+    let services = echo["services"].as_array().unwrap();
+    assert_eq!(services.len(), 1, "{echo}");
+    assert_eq!(services[0]["name"], "echo");
+    assert_eq!(services[0]["endpoints"].as_array().unwrap().len(), 3);
+    assert!(whole["services"].as_array().unwrap().len() > 1, "{whole}");
+
+    for (query, names) in [
+        ("only=pool,tunnels", "section \"tunnels\""),
+        ("section=pool", "query key \"section\""),
+        ("service=echo", "query `service`"),
+        (
+            "workload=a&workload=b",
+            "query key `workload` is given twice",
+        ),
+    ] {
+        let (status, body) = http_get(admin, &format!("/config_dump?{query}")).await;
+        assert_eq!(status, 400, "{query}: {body}");
+        assert!(body.contains(names), "{query}: {body}");
+    }
+    let after = get("/config_dump?only=workloads").await;
+    assert_eq!(after["workloads"], whole["workloads"]);
+}
