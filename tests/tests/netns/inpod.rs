@@ -710,17 +710,7 @@ async fn inpod_istio_cni_drives_the_gateway_over_zds() {
         (s.gw_b.readiness().await == 200).then_some(())
     })
     .await;
-    // istio-cni's rules inside pod B (what its CNI plugin installs).
-    let pb_path = InpodTopology::netns_path(&s.t.pb);
-    s.b.shell
-        .run("istio-cni's rules in pod B", STEP, async move {
-            tidegate::inpod::capture::install(
-                Path::new(&pb_path),
-                tidegate::inpod::capture::CapturePorts::default(),
-            )
-        })
-        .await
-        .expect("rules installed");
+    install_pod_b_rules(&s).await;
     round_trip(&s.pa, s.server(), 64 << 10, 10)
         .await
         .expect("traffic over ZDS-handed pod");
@@ -891,6 +881,20 @@ fn zds_pod(uid: &str, name: &str) -> tidegate_e2e::zds_double::PodSpec {
     }
 }
 
+/// istio-cni's rules inside pod B (what its CNI plugin installs).
+async fn install_pod_b_rules(s: &Scenario) {
+    let pb_path = InpodTopology::netns_path(&s.t.pb);
+    s.b.shell
+        .run("istio-cni's rules in pod B", STEP, async move {
+            tidegate::inpod::capture::install(
+                Path::new(&pb_path),
+                tidegate::inpod::capture::CapturePorts::default(),
+            )
+        })
+        .await
+        .expect("rules installed");
+}
+
 /// Node B's gateway connected to `double`: pod B handed over in the
 /// snapshot (as `name`) and istio-cni's rules installed in it.
 async fn zds_serve_pod_b(
@@ -905,16 +909,7 @@ async fn zds_serve_pod_b(
     conn.snapshot(vec![(zds_pod(SERVER_UID, name), netns_fd(&s.t.pb))], &[])
         .await
         .expect("snapshot acked");
-    let pb_path = InpodTopology::netns_path(&s.t.pb);
-    s.b.shell
-        .run("istio-cni's rules in pod B", STEP, async move {
-            tidegate::inpod::capture::install(
-                Path::new(&pb_path),
-                tidegate::inpod::capture::CapturePorts::default(),
-            )
-        })
-        .await
-        .expect("rules installed");
+    install_pod_b_rules(s).await;
     conn
 }
 

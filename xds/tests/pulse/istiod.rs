@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use prost::Message as _;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose, SanType, PKCS_ECDSA_P256_SHA256,
@@ -226,17 +225,11 @@ fn flood(mut respond: h2::server::SendResponse<Bytes>) -> h2::SendStream<Bytes> 
 
 /// One `DeltaDiscoveryResponse` of Address, nothing in it, gRPC-framed.
 fn grpc_frame() -> Bytes {
-    let response = DeltaDiscoveryResponse {
+    crate::scripted::frame(&DeltaDiscoveryResponse {
         type_url: ADDRESS.to_owned(),
         nonce: "1".to_owned(),
         ..Default::default()
-    };
-    let body = response.encode_to_vec();
-    let mut frame = BytesMut::with_capacity(5 + body.len());
-    frame.put_u8(0);
-    frame.put_u32(body.len() as u32);
-    frame.put_slice(&body);
-    frame.freeze()
+    })
 }
 
 /// A serving certificate for 127.0.0.1 (ALPN `h2`) and the PEM root
