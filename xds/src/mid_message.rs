@@ -29,6 +29,9 @@ pub struct MidMessage<B> {
     /// Bytes of the current message still to come after its prefix.
     remaining: usize,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Whether `deadline` runs for the current wait (a timer is made once
+    /// and reset for each wait, not made again per frame).
+    armed: bool,
 }
 
 impl<B> MidMessage<B> {
@@ -39,6 +42,7 @@ impl<B> MidMessage<B> {
             prefix: Vec::with_capacity(5),
             remaining: 0,
             deadline: None,
+            armed: false,
         }
     }
 
@@ -87,7 +91,7 @@ where
                         this.track(data);
                     }
                 }
-                this.deadline = None;
+                this.armed = false;
                 Poll::Ready(frame)
             }
             Poll::Pending if this.inside() => {
@@ -95,6 +99,12 @@ where
                 let deadline = this
                     .deadline
                     .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                if !this.armed {
+                    deadline
+                        .as_mut()
+                        .reset(tokio::time::Instant::now() + timeout);
+                    this.armed = true;
+                }
                 if deadline.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
@@ -103,7 +113,7 @@ where
                 )))))
             }
             Poll::Pending => {
-                this.deadline = None;
+                this.armed = false;
                 Poll::Pending
             }
         }
