@@ -58,6 +58,12 @@ impl SpiffeId {
     pub fn as_str(&self) -> &str {
         &self.uri
     }
+
+    /// Whether another clone of this identity is alive (an interning table
+    /// lets go of the ones only it holds).
+    pub fn is_shared(&self) -> bool {
+        Arc::strong_count(&self.uri) > 1
+    }
 }
 
 impl Ord for SpiffeId {

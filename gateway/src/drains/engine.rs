@@ -159,7 +159,7 @@ impl DrainEngine {
                 namespace: w.spec.namespace.clone(),
                 identity: w.identity.to_string(),
                 labels: (*w.spec.labels).clone(),
-                annotations: w.spec.annotations.clone(),
+                annotations: (*w.spec.annotations).clone(),
             },
             inbound_tunnels: tunnels.len() as u32,
             inbound_streams: tunnels.iter().map(|t| t.streams()).sum::<usize>() as u32,

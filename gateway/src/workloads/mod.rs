@@ -12,6 +12,7 @@
 
 mod file;
 mod file_authorization;
+mod identities;
 pub mod istio;
 pub mod kubernetes;
 pub mod membership;
@@ -77,8 +78,10 @@ pub struct WorkloadSpec {
     /// interns them (istiod's: replicas carry the same canonical labels).
     #[serde(default, with = "shared_map")]
     pub labels: Arc<BTreeMap<String, String>>,
-    #[serde(default)]
-    pub annotations: BTreeMap<String, String>,
+    /// Shared like `labels` (most workloads carry none, and an empty map
+    /// costs a pointer, not a map).
+    #[serde(default, with = "shared_map")]
+    pub annotations: Arc<BTreeMap<String, String>>,
     /// Inbound authorization: SPIFFE ids (a trailing `*` matches a prefix)
     /// allowed to open streams to this workload. Empty: any peer of the trust domain.
     #[serde(default)]
@@ -149,7 +152,18 @@ mod shared_map {
     pub fn deserialize<'de, D: Deserializer<'de>>(
         d: D,
     ) -> Result<Arc<BTreeMap<String, String>>, D::Error> {
-        BTreeMap::deserialize(d).map(Arc::new)
+        BTreeMap::deserialize(d).map(super::shared)
+    }
+}
+
+/// `map` as a workload holds its labels or annotations: an empty one is
+/// the one empty map every such workload shares (no allocation each).
+pub fn shared(map: BTreeMap<String, String>) -> Arc<BTreeMap<String, String>> {
+    static EMPTY: std::sync::OnceLock<Arc<BTreeMap<String, String>>> = std::sync::OnceLock::new();
+    if map.is_empty() {
+        EMPTY.get_or_init(Default::default).clone()
+    } else {
+        Arc::new(map)
     }
 }
 

@@ -37,11 +37,11 @@ use std::time::{Duration, Instant};
 use imbl::{HashMap as SharedHashMap, OrdMap, Vector};
 use tidegate_authz::PolicyStore;
 
+use super::identities::Identities;
 use super::membership::{self, Membership};
 use super::services::{self, Service, ServiceSpec};
 use super::{Protocol, Workload, WorkloadSpec};
 use crate::config::Cidr;
-use crate::identity::SpiffeId;
 
 /// A workload or Service as the snapshot's maps hold it: equal only to
 /// itself (the same allocation), which is what lets two snapshots diff by
@@ -104,7 +104,10 @@ pub type WorkloadChange<'a> = (Option<&'a Arc<Workload>>, Option<&'a Arc<Workloa
 #[derive(Clone, Debug, Default)]
 pub struct WorkloadSnapshot {
     by_uid: OrdMap<String, Held<Workload>>,
-    by_ip: SharedHashMap<IpAddr, Arc<Workload>>,
+    /// B-trees, not HAMTs, for the maps with an entry a workload or a
+    /// Service port: imbl's HAMT holds about 220 bytes an entry at 100,000
+    /// entries (sparse 16- and 32-slot nodes), its B-tree about 80.
+    by_ip: OrdMap<IpAddr, Arc<Workload>>,
     /// This node's workloads by uid.
     local: OrdMap<String, Arc<Workload>>,
     /// This node's workloads by (namespace, name): how a pod handed over
@@ -113,13 +116,13 @@ pub struct WorkloadSnapshot {
     local_by_name: SharedHashMap<(String, String), Arc<Workload>>,
     /// Services by key (`namespace/name`).
     services: OrdMap<String, Held<Service>>,
-    by_vip: SharedHashMap<(IpAddr, u16), Arc<Service>>,
+    by_vip: OrdMap<(IpAddr, u16), Arc<Service>>,
     /// The mesh membership of each pod on this node, by uid — pods without
     /// an address yet included (a pod's CNI ADD comes before its IP). What
     /// the gateway answers `tidegate-cni` ADD with.
     members: OrdMap<String, Membership>,
     /// Addresses workloads gave up: when, and whose.
-    departed: SharedHashMap<IpAddr, (Instant, Arc<str>)>,
+    departed: OrdMap<IpAddr, (Instant, Arc<str>)>,
     /// The same, oldest first (entries whose address was claimed again
     /// or departed again later are skipped when they come up).
     departures: Vector<(Instant, IpAddr)>,
@@ -170,11 +173,15 @@ impl Delta {
 pub(super) struct Node<'a> {
     pub trust_domain: &'a str,
     pub name: &'a str,
+    /// The identities held, shared by the workloads that carry each.
+    pub identities: &'a mut Identities,
 }
 
 impl Node<'_> {
-    fn workload(&self, spec: WorkloadSpec) -> Arc<Workload> {
-        let identity = SpiffeId::new(self.trust_domain, &spec.namespace, &spec.service_account);
+    fn workload(&mut self, spec: WorkloadSpec) -> Arc<Workload> {
+        let identity =
+            self.identities
+                .get(self.trust_domain, &spec.namespace, &spec.service_account);
         Arc::new(Workload {
             local: spec.node == self.name,
             identity,
@@ -405,7 +412,7 @@ impl WorkloadSnapshot {
     /// resolved again (O(endpoints)).
     pub(super) fn replaced(
         &self,
-        node: &Node<'_>,
+        node: &mut Node<'_>,
         specs: Vec<WorkloadSpec>,
         services: Vec<ServiceSpec>,
         members: BTreeMap<String, Membership>,
@@ -431,7 +438,7 @@ impl WorkloadSnapshot {
         next.members = members.into_iter().collect();
         next.policies = policies;
         next.services = OrdMap::new();
-        next.by_vip = SharedHashMap::new();
+        next.by_vip = OrdMap::new();
         let naming = services
             .iter()
             .any(|s| s.endpoints.is_none())
@@ -455,19 +462,34 @@ impl WorkloadSnapshot {
     /// the node agent or the admin API, a restore), it stays as it was.
     pub(super) fn applied(
         &self,
-        node: &Node<'_>,
+        node: &mut Node<'_>,
         delta: Delta,
         reason: Option<membership::Reason>,
     ) -> WorkloadSnapshot {
         let mut next = self.next();
-        // Services to resolve again: those a changed workload names or named.
+        // The Services put, and whether each is to be resolved (it changed,
+        // or a changed workload names or named it); the others to resolve
+        // again, by key. A Service the delta puts is looked up by the name
+        // a workload gives it without allocating a key.
+        let mut put: foldhash::HashMap<String, (ServiceSpec, bool)> = Default::default();
+        for spec in delta.services {
+            put.insert(spec.key(), (spec, false));
+        }
         let mut dirty: foldhash::HashSet<String> = Default::default();
-        let touched = |w: &Workload, dirty: &mut foldhash::HashSet<String>| {
-            dirty.extend(w.spec.services.iter().map(|s| service_key(w, s)));
+        let mut touched = |w: &Workload| {
+            for s in &w.spec.services {
+                let key = service_key(w, s);
+                match put.get_mut(&*key) {
+                    Some((_, d)) => *d = true,
+                    None => {
+                        dirty.insert(key.into_owned());
+                    }
+                }
+            }
         };
         for uid in &delta.removed_workloads {
             if let Some(old) = next.take(uid) {
-                touched(&old, &mut dirty);
+                touched(&old);
             }
             // Also when the node agent removed it first.
             if reason.is_some() {
@@ -480,12 +502,12 @@ impl WorkloadSnapshot {
             }
             let w = node.workload(spec);
             if let Some(old) = next.put(w.clone()) {
-                touched(&old, &mut dirty);
+                touched(&old);
                 if old.local && !w.local && reason.is_some() {
                     next.members.remove(&old.spec.uid);
                 }
             }
-            touched(&w, &mut dirty);
+            touched(&w);
             if let (true, Some(reason)) = (w.local, reason) {
                 let m = Membership {
                     member: w.spec.protocol == Protocol::Hbone,
@@ -498,22 +520,15 @@ impl WorkloadSnapshot {
             next.take_service(key);
             dirty.remove(key);
         }
-        let mut put: HashMap<String, ServiceSpec> = HashMap::new();
-        for spec in delta.services {
-            let key = spec.key();
-            if !self.service(&key).is_some_and(|s| s.spec == spec) {
-                dirty.insert(key.clone());
-            }
-            put.insert(key, spec);
-        }
-        for key in dirty {
-            let spec = match put.remove(&key) {
-                Some(spec) => spec,
-                None => match next.service(&key) {
-                    Some(svc) => svc.spec.clone(),
-                    None => continue,
-                },
-            };
+        let stored = dirty
+            .into_iter()
+            .filter_map(|key| next.service(&key).map(|svc| svc.spec.clone()));
+        let changed = put.into_values().filter_map(|(spec, touched)| {
+            let same = next.service(&spec.key()).is_some_and(|s| s.spec == spec);
+            (touched || !same).then_some(spec)
+        });
+        let resolve: Vec<ServiceSpec> = stored.chain(changed).collect();
+        for spec in resolve {
             let named: Vec<Arc<Workload>> = if spec.endpoints.is_none() {
                 // Members by name (the workload file): found by a walk.
                 next.iter().filter(|w| names(w, &spec)).cloned().collect()
@@ -582,11 +597,11 @@ impl WorkloadSnapshot {
 
 /// The key of the Service that workload `w` names as `named` (`name` in
 /// its own namespace, or `namespace/name`).
-fn service_key(w: &Workload, named: &str) -> String {
+fn service_key<'a>(w: &Workload, named: &'a str) -> std::borrow::Cow<'a, str> {
     if named.contains('/') {
-        named.to_owned()
+        std::borrow::Cow::Borrowed(named)
     } else {
-        format!("{}/{named}", w.spec.namespace)
+        std::borrow::Cow::Owned(format!("{}/{named}", w.spec.namespace))
     }
 }
 
@@ -603,7 +618,7 @@ fn naming(snapshot: &WorkloadSnapshot) -> HashMap<String, Vec<Arc<Workload>>> {
     let mut out: HashMap<String, Vec<Arc<Workload>>> = HashMap::new();
     for w in snapshot.iter() {
         for s in &w.spec.services {
-            let list = out.entry(service_key(w, s)).or_default();
+            let list = out.entry(service_key(w, s).into_owned()).or_default();
             // Named twice: one endpoint.
             if !list.last().is_some_and(|l| Arc::ptr_eq(l, w)) {
                 list.push(w.clone());

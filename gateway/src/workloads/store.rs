@@ -9,6 +9,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use tidegate_authz::PolicyStore;
 
+use super::identities::Identities;
 use super::membership::{self, Membership};
 use super::services::ServiceSpec;
 use super::snapshot::{Delta, Node, WorkloadSnapshot};
@@ -31,8 +32,8 @@ pub struct WorkloadStore {
     /// the node agent hands the pod over again ([`WorkloadStore::restore`]).
     removed: std::sync::Mutex<BTreeMap<String, Option<WorkloadSpec>>>,
     /// Held for a whole publish: the source and a removal never publish
-    /// over each other.
-    publishing: std::sync::Mutex<()>,
+    /// over each other. Guards the identities the workloads share.
+    publishing: std::sync::Mutex<Identities>,
 }
 
 impl WorkloadStore {
@@ -72,10 +73,11 @@ impl WorkloadStore {
         self.changed.subscribe()
     }
 
-    fn node(&self) -> Node<'_> {
+    fn node<'a>(&'a self, identities: &'a mut Identities) -> Node<'a> {
         Node {
             trust_domain: &self.trust_domain,
             name: &self.node,
+            identities,
         }
     }
 
@@ -158,10 +160,11 @@ impl WorkloadStore {
         policies: Arc<PolicyStore>,
         held_closed: Option<Vec<(String, Vec<IpAddr>)>>,
     ) {
-        let _one = self.publishing.locked();
+        let mut one = self.publishing.locked();
         let specs = self.without_removed(specs);
         let current = self.current.load_full();
-        let mut next = current.replaced(&self.node(), specs, services, members, policies);
+        let mut next =
+            current.replaced(&mut self.node(&mut one), specs, services, members, policies);
         if let Some(held_closed) = held_closed {
             next.refuse_all(held_closed);
         }
@@ -199,7 +202,7 @@ impl WorkloadStore {
     /// named, are touched; the rest is shared with the current snapshot.
     /// The local workloads' membership follows their protocol.
     pub fn apply(&self, mut delta: Delta) {
-        let _one = self.publishing.locked();
+        let mut one = self.publishing.locked();
         {
             let mut removed = self.removed.locked();
             if !removed.is_empty() {
@@ -217,12 +220,19 @@ impl WorkloadStore {
                 }
             }
         }
-        self.apply_unlocked(delta, Some(membership::Reason::Istio));
+        self.apply_unlocked(&mut one, delta, Some(membership::Reason::Istio));
     }
 
-    fn apply_unlocked(&self, delta: Delta, reason: Option<membership::Reason>) {
+    /// Applies `delta` under the publish lock (`identities`, its guarded
+    /// table).
+    fn apply_unlocked(
+        &self,
+        identities: &mut Identities,
+        delta: Delta,
+        reason: Option<membership::Reason>,
+    ) {
         let current = self.current.load_full();
-        let next = current.applied(&self.node(), delta, reason);
+        let next = current.applied(&mut self.node(identities), delta, reason);
         self.swap_in(next);
     }
 
@@ -237,7 +247,7 @@ impl WorkloadStore {
     /// same publish. It stays out until the source no longer lists it (or
     /// [`WorkloadStore::restore`]). `false`: not listed.
     pub fn remove(&self, uid: &str) -> bool {
-        let _one = self.publishing.locked();
+        let mut one = self.publishing.locked();
         let current = self.current.load_full();
         let Some(w) = current.by_uid(uid) else {
             return false;
@@ -246,6 +256,7 @@ impl WorkloadStore {
             .locked()
             .insert(uid.to_owned(), Some(w.spec.clone()));
         self.apply_unlocked(
+            &mut one,
             Delta {
                 removed_workloads: vec![uid.to_owned()],
                 ..Default::default()
@@ -260,7 +271,7 @@ impl WorkloadStore {
     /// again as its source last listed it (matched as
     /// [`WorkloadSnapshot::pod_workload`] matches).
     pub fn restore(&self, uid: &str, namespace: &str, name: &str) {
-        let _one = self.publishing.locked();
+        let mut one = self.publishing.locked();
         let spec = {
             let mut removed = self.removed.locked();
             let key = removed
@@ -276,6 +287,7 @@ impl WorkloadStore {
         };
         if let Some(spec) = spec {
             self.apply_unlocked(
+                &mut one,
                 Delta {
                     workloads: vec![spec],
                     ..Default::default()

@@ -34,8 +34,7 @@ fn a_workload_lends_the_policy_host_what_resolves_its_policy() {
     let mut s = spec("u", "n1", Protocol::Hbone);
     s.name = "w".into();
     Arc::make_mut(&mut s.labels).insert("app".into(), "web".into());
-    s.annotations
-        .insert(crate::policy::POLICY_ANNOTATION.into(), "a".into());
+    Arc::make_mut(&mut s.annotations).insert(crate::policy::POLICY_ANNOTATION.into(), "a".into());
     s.namespace_policy = Some("d".into());
     let store = WorkloadStore::new("td", "n1");
     store.publish(vec![s.clone()]);
@@ -47,7 +46,7 @@ fn a_workload_lends_the_policy_host_what_resolves_its_policy() {
         ("u", "w", "ns", Some("d"))
     );
     assert_eq!(got.labels, &*s.labels);
-    assert_eq!(got.annotations, &s.annotations);
+    assert_eq!(got.annotations, &*s.annotations);
 }
 
 #[test]

@@ -47,7 +47,7 @@ pub struct Assembly {
     /// Changed since the last [`Assembly::take_delta`]: workloads (by
     /// resource name) and hosts to assemble again, and what left.
     dirty_workloads: HashSet<Name>,
-    dirty_hosts: BTreeSet<String>,
+    dirty_hosts: HashSet<Name>,
     dirty_ips: BTreeSet<IpAddr>,
     removed_workloads: Vec<String>,
     removed_services: Vec<String>,
@@ -90,6 +90,9 @@ impl Interned {
     }
 }
 
+/// Service port → target port, in order.
+type PortMap = Box<[(u16, u16)]>;
+
 /// What the assembly keeps of a workload: what its indexes, its address
 /// claims and its Services' endpoints need. The rest of its spec is held
 /// once, by the store, and read back from it when the workload is
@@ -103,12 +106,14 @@ struct Kept {
     healthy: bool,
     host_network: bool,
     /// Its addresses, whatever its network mode.
-    addresses: Vec<IpAddr>,
-    /// Host (`namespace/hostname`) → its port mapping for that Service.
-    services: Vec<(Name, BTreeMap<u16, u16>)>,
+    addresses: Box<[IpAddr]>,
+    /// Host (`namespace/hostname`) → its port mapping for that Service
+    /// (service port → target port, in order: a slice, not a map, for a
+    /// mapping of a port or two).
+    services: Box<[(Name, PortMap)]>,
     capacity: u32,
-    /// The converted resource's digest (SipHash, keyed per process): an
-    /// update that converts to the same workload changes nothing.
+    /// The resource's digest ([`Assembly::digest`]): an update with the
+    /// same bytes is not even decoded again.
     digest: u64,
 }
 
@@ -131,8 +136,12 @@ impl Kept {
             standing: w.standing(),
             healthy: w.healthy,
             host_network: w.host_network,
-            addresses: w.addresses,
-            services: w.services.into_iter().map(|(h, p)| (host(h), p)).collect(),
+            addresses: w.addresses.into(),
+            services: w
+                .services
+                .into_iter()
+                .map(|(h, p)| (host(h), p.into_iter().collect()))
+                .collect(),
             capacity: w.capacity,
             digest,
         };
@@ -149,10 +158,10 @@ impl Kept {
         }
     }
 
-    fn ports(&self, host: &str) -> Option<&BTreeMap<u16, u16>> {
+    fn ports(&self, host: &str) -> Option<&[(u16, u16)]> {
         self.services
             .iter()
-            .find_map(|(h, p)| (**h == *host).then_some(p))
+            .find_map(|(h, p)| (**h == *host).then_some(&**p))
     }
 }
 
@@ -168,6 +177,15 @@ impl Assembly {
 
     pub fn services_len(&self) -> usize {
         self.services.len()
+    }
+
+    /// Room for `n` more resources (a response's count) in what is let go
+    /// once assembled: a large first answer's specs are not rehashed on
+    /// the way in. (The held map grows by itself: reserving for Services
+    /// too could double its table.)
+    pub fn reserve(&mut self, n: usize) {
+        self.pending.reserve(n);
+        self.dirty_workloads.reserve(n);
     }
 
     /// Resource `name` was refused: with nothing held under its name, the
@@ -198,11 +216,24 @@ impl Assembly {
         }
     }
 
-    /// Holds `w` under resource `name` (replacing a Service of that name).
-    pub fn put_workload(&mut self, name: String, w: IstioWorkload) {
+    /// The digest of a resource's bytes (SipHash, keyed per process: not
+    /// computable from outside), for [`Assembly::holds`] and
+    /// [`Assembly::put_workload`].
+    pub fn digest(&self, resource: &[u8]) -> u64 {
+        self.digests.hash_one(resource)
+    }
+
+    /// Whether workload `name` is held as the resource of `digest`: the
+    /// update changes nothing.
+    pub fn holds(&self, name: &str, digest: u64) -> bool {
+        self.workloads.get(name).is_some_and(|k| k.digest == digest)
+    }
+
+    /// Holds `w`, the resource of `digest`, under resource `name`
+    /// (replacing a Service of that name).
+    pub fn put_workload(&mut self, name: String, w: IstioWorkload, digest: u64) {
         self.lift(&name);
         self.remove_service(&name);
-        let digest = self.digests.hash_one(&w);
         let name = match self.workloads.get_key_value(name.as_str()) {
             Some((_, k)) if k.digest == digest => return,
             Some((held, _)) => held.clone(),
@@ -252,6 +283,10 @@ impl Assembly {
                 self.hosts.insert(h.clone(), name.clone());
                 self.touch_naming(&h);
             }
+            let h = self
+                .naming
+                .get_key_value(h.as_str())
+                .map_or_else(|| Name::from(h), |(held, _)| held.clone());
             self.dirty_hosts.insert(h);
         }
         self.services.insert(name, s);
@@ -315,7 +350,7 @@ impl Assembly {
                     self.naming.remove(h);
                 }
             }
-            self.dirty_hosts.insert(h.to_string());
+            self.dirty_hosts.insert(h.clone());
         }
         for ip in w.claims() {
             let names = self.claims.entry(*ip).or_default();
@@ -351,6 +386,7 @@ impl Assembly {
             ..Default::default()
         };
         let mut pending = std::mem::take(&mut self.pending);
+        delta.workloads.reserve(self.dirty_workloads.len());
         for name in std::mem::take(&mut self.dirty_workloads) {
             let Some(k) = self.workloads.get(&name) else {
                 continue;
@@ -458,6 +494,7 @@ impl Assembly {
                 continue;
             };
             endpoints.insert(w.uid.to_string(), convert::conditions(w.healthy));
+            let ports = ports.iter().copied();
             let target =
                 convert::endpoint_target(w.host_network, &w.addresses, w.capacity, ports, &spec);
             if target != EndpointTarget::default() {

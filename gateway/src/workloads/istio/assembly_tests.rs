@@ -159,7 +159,7 @@ fn updates_applied_as_deltas_match_the_whole_set_assembled() {
                     let named: Vec<usize> = (0..rng.usize(0..3)).map(|_| rng.usize(0..8)).collect();
                     let w = pod(i, ip, rng.bool(), rng.u8(0..5) == 0, &named);
                     let name = w.spec.uid.clone();
-                    assembly.put_workload(name.clone(), w.clone());
+                    put(&mut assembly, name.clone(), w.clone());
                     services.remove(&name);
                     workloads.insert(name, w);
                 }
@@ -203,7 +203,8 @@ fn a_pods_update_touches_only_it_and_its_services() {
     }
     for i in 0..1000 {
         let ip = IpAddr::from([10, 1, (i / 256) as u8, (i % 256) as u8]);
-        assembly.put_workload(
+        put(
+            &mut assembly,
             format!("Kubernetes//Pod/shop/p{i}"),
             pod(i, ip, true, false, &[i % 100]),
         );
@@ -216,7 +217,8 @@ fn a_pods_update_touches_only_it_and_its_services() {
     );
 
     let ip = IpAddr::from([10, 1, 0, 7]);
-    assembly.put_workload(
+    put(
+        &mut assembly,
         "Kubernetes//Pod/shop/p7".into(),
         pod(7, ip, false, false, &[7]),
     );
@@ -230,7 +232,8 @@ fn a_pods_update_touches_only_it_and_its_services() {
     assert!(!eps["Kubernetes//Pod/shop/p7"].ready);
 
     // The same update again changes nothing.
-    assembly.put_workload(
+    put(
+        &mut assembly,
         "Kubernetes//Pod/shop/p7".into(),
         pod(7, ip, false, false, &[7]),
     );
@@ -245,7 +248,7 @@ fn a_service_arriving_late_gathers_the_pods_naming_it() {
     let store = WorkloadStore::new("cluster.local", "node-0");
     let mut assembly = Assembly::default();
     let ip = IpAddr::from([10, 1, 0, 1]);
-    assembly.put_workload("p1".into(), pod(1, ip, true, false, &[3]));
+    put(&mut assembly, "p1".into(), pod(1, ip, true, false, &[3]));
     let delta = take(&mut assembly, &store);
     assert!(delta.workloads[0].services.is_empty(), "not held yet");
     assert!(delta.services.is_empty());
@@ -280,7 +283,7 @@ fn a_refused_resource_holds_its_addresses_closed_until_lifted() {
     assembly.refuse("p1".into(), vec![ip]);
     assert!(take(&mut assembly, &store).is_empty());
     // Accepted: lifted in the same delta that puts it.
-    assembly.put_workload("p1".into(), pod(1, ip, true, false, &[]));
+    put(&mut assembly, "p1".into(), pod(1, ip, true, false, &[]));
     let delta = take(&mut assembly, &store);
     assert_eq!(delta.refused, [("p1".to_owned(), vec![])]);
     assert_eq!(delta.workloads.len(), 1);
@@ -305,8 +308,8 @@ fn a_response_applied_twice_changes_nothing_the_second_time() {
     let mut assembly = Assembly::default();
     let ip = IpAddr::from([10, 1, 0, 1]);
     let response = |assembly: &mut Assembly| {
-        assembly.put_workload("x".into(), pod(1, ip, true, false, &[2]));
-        assembly.put_workload("x".into(), pod(2, ip, false, false, &[2]));
+        put(assembly, "x".into(), pod(1, ip, true, false, &[2]));
+        put(assembly, "x".into(), pod(2, ip, false, false, &[2]));
         assembly.put_service(host(2), service(2, 0));
         assembly.take_delta(|uid| store.spec(uid))
     };
@@ -327,21 +330,21 @@ fn an_address_in_conflict_is_held_closed_until_resolved() {
     let store = WorkloadStore::new("cluster.local", "node-0");
     let mut assembly = Assembly::default();
     let ip = IpAddr::from([10, 1, 0, 9]);
-    assembly.put_workload("a".into(), pod(1, ip, true, false, &[]));
+    put(&mut assembly, "a".into(), pod(1, ip, true, false, &[]));
     take(&mut assembly, &store);
     assert_eq!(
         store.snapshot().by_ip(ip).map(|w| w.uid()),
         Some("Kubernetes//Pod/shop/p1")
     );
 
-    assembly.put_workload("b".into(), pod(2, ip, true, false, &[]));
+    put(&mut assembly, "b".into(), pod(2, ip, true, false, &[]));
     take(&mut assembly, &store);
     let snap = store.snapshot();
     assert!(snap.by_ip(ip).is_none(), "neither has the address");
     assert_eq!(snap.formerly_known(ip).map(|k| k.label()), Some("refused"));
 
     // The first one is being deleted: the second has it, the refusal lifted.
-    assembly.put_workload("a".into(), pod(1, ip, false, false, &[]));
+    put(&mut assembly, "a".into(), pod(1, ip, false, false, &[]));
     take(&mut assembly, &store);
     let snap = store.snapshot();
     assert_eq!(
@@ -364,10 +367,10 @@ fn workloads_with_the_same_labels_share_one_set() {
     };
     for i in 0..3 {
         let w = labelled(i, "web");
-        assembly.put_workload(w.spec.uid.clone(), w);
+        put(&mut assembly, w.spec.uid.clone(), w);
     }
     let w = labelled(3, "db");
-    assembly.put_workload(w.spec.uid.clone(), w);
+    put(&mut assembly, w.spec.uid.clone(), w);
     take(&mut assembly, &store);
     let snap = store.snapshot();
     let labels = |i: usize| {
@@ -387,7 +390,7 @@ fn workloads_with_the_same_labels_share_one_set() {
     take(&mut assembly, &store);
     for i in 0..1100 {
         let w = labelled(i % 200, &format!("app-{i}"));
-        assembly.put_workload(w.spec.uid.clone(), w);
+        put(&mut assembly, w.spec.uid.clone(), w);
         take(&mut assembly, &store);
     }
     // Without the sweep, all 1,102 sets would be held.
@@ -401,4 +404,14 @@ fn workloads_with_the_same_labels_share_one_set() {
         .sets
         .iter()
         .any(|l| l.get("app").is_some_and(|a| a == "db")));
+}
+
+/// Puts `w` as the source does, its digest standing for the resource's
+/// bytes (equal workloads, equal digests).
+fn put(assembly: &mut Assembly, name: String, w: IstioWorkload) {
+    let digest = std::hash::BuildHasher::hash_one(
+        &std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default(),
+        &w,
+    );
+    assembly.put_workload(name, w, digest);
 }

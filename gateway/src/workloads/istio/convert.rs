@@ -283,8 +283,8 @@ pub fn workload(w: &wds::Workload) -> Result<IstioWorkload, ConvertError> {
         } else {
             LifecycleState::Terminating
         },
-        labels: labels.into(),
-        annotations: BTreeMap::new(),
+        labels: crate::workloads::shared(labels),
+        annotations: crate::workloads::shared(BTreeMap::new()),
         allow: Vec::new(),
         authorization_policies: w.authorization_policies.clone(),
         oci_backend_draining: false,
@@ -535,6 +535,7 @@ pub fn assemble(
             svc.endpoints
                 .get_or_insert_with(BTreeMap::new)
                 .insert(spec.uid.clone(), conditions(w.healthy));
+            let ports = ports.iter().map(|(s, t)| (*s, *t));
             let target = endpoint_target(w.host_network, &w.addresses, w.capacity, ports, svc);
             if target != EndpointTarget::default() {
                 svc.endpoint_targets.insert(spec.uid.clone(), target);
@@ -565,14 +566,13 @@ pub(super) fn endpoint_target(
     host_network: bool,
     addresses: &[IpAddr],
     capacity: u32,
-    ports: &BTreeMap<u16, u16>,
+    ports: impl IntoIterator<Item = (u16, u16)>,
     service: &ServiceSpec,
 ) -> EndpointTarget {
     EndpointTarget {
         ports: ports
-            .iter()
-            .filter(|(sp, tp)| !service.maps_to(**sp, **tp))
-            .map(|(sp, tp)| (*sp, *tp))
+            .into_iter()
+            .filter(|(sp, tp)| !service.maps_to(*sp, *tp))
             .collect(),
         ips: if host_network {
             addresses.to_vec()

@@ -61,11 +61,16 @@ impl IstioSource {
 
     fn addresses(&mut self, updates: Vec<Update>, removed: Vec<String>) -> Vec<Rejected> {
         let mut rejected = Vec::new();
+        self.held.reserve(updates.len());
         for u in updates {
             let refuse = |reason: String| Rejected {
                 name: u.name.clone(),
                 reason,
             };
+            let digest = self.held.digest(&u.value);
+            if self.held.holds(&u.name, digest) {
+                continue;
+            }
             let address = match Address::decode(u.value.as_ref()) {
                 Ok(a) => a,
                 Err(e) => {
@@ -79,7 +84,7 @@ impl IstioSource {
                 Some(address::Type::Workload(w)) => match convert::workload(&w)
                     .and_then(|c| c.check_trust_domain(self.store.trust_domain()).map(|()| c))
                 {
-                    Ok(c) => self.held.put_workload(u.name, c),
+                    Ok(c) => self.held.put_workload(u.name, c, digest),
                     Err(e) => {
                         let addresses = convert::addresses_named(&w.addresses);
                         warn!(name = %u.name, reason = %e, ?addresses,

@@ -358,8 +358,8 @@ fn pod_spec(
         } else {
             LifecycleState::Running
         },
-        labels: labels.into(),
-        annotations: meta.annotations.clone().unwrap_or_default(),
+        labels: crate::workloads::shared(labels),
+        annotations: crate::workloads::shared(meta.annotations.clone().unwrap_or_default()),
         allow: Vec::new(),
         authorization_policies: Vec::new(),
         oci_backend_draining: facts.is_some_and(|f| f.oci_draining),
