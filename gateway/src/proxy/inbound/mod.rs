@@ -26,7 +26,7 @@ use crate::config::HboneConfig;
 use crate::hbone::io::reason_label;
 use crate::hbone::{self, server::TunnelEnd};
 use crate::identity::SpiffeId;
-use crate::metrics::ProxyMetrics;
+use crate::proxy::metrics::ProxyMetrics;
 use crate::proxy::congestion::Congestion;
 use crate::proxy::log_limit::LogLimit;
 use crate::proxy::origin::Origin;
