@@ -18,7 +18,7 @@ use crate::proxy::istio_tcp::{self, Flags, Reporter, ServiceRef};
 use crate::proxy::ledger::{self, ConnectionLedger, Ended};
 use crate::proxy::metrics::ProxyMetrics;
 use crate::proxy::origin::Origin;
-use crate::proxy::pool::{OnBackoff, Pool, PoolError, PoolKey};
+use crate::proxy::pool::{OnBackoff, Pool, PoolError, PoolKey, PooledStream};
 use crate::proxy::routing::Routing;
 use crate::proxy::waypoint::{self, WaypointError};
 use crate::shutdown::{ActiveStreams, ShutdownWatch};
@@ -100,6 +100,14 @@ pub struct Outbound {
     listen_addr: std::sync::OnceLock<SocketAddr>,
     origin: Origin,
     routing: Arc<Routing>,
+}
+
+/// What [`Outbound::open_stream`] opened.
+enum Opened {
+    /// A CONNECT stream on a pooled tunnel.
+    Tunnel(PooledStream),
+    /// Nothing yet: the route is plain TCP.
+    Plain(Route),
 }
 
 /// Where a connection goes once routed.
@@ -281,10 +289,45 @@ impl Outbound {
             identity: &identity,
             workload: workload.as_deref(),
         };
+        // Boxed: the connect's state lives only while it runs, not in
+        // every proxied connection's task for its whole life.
+        let stream = match Box::pin(self.open_stream(dst, source, ledger)).await? {
+            Opened::Tunnel(stream) => stream,
+            Opened::Plain(route) => {
+                return Box::pin(self.passthrough(tcp, dst, route, source, ledger)).await
+            }
+        };
+        ledger.carrying();
+        let (moved, result) = copy_bidirectional(
+            tcp,
+            stream.send,
+            stream.recv,
+            &self.metrics.bytes,
+            &ledger.istio_byte_counters(true),
+        )
+        .await;
+        if result.is_err() {
+            // The tunnel broke or was cut: reset, so the application does not
+            // take it for a normal end of stream.
+            ledger::reset(tcp);
+        }
+        Ok(Ended::copied(moved, &result))
+    }
+
+    /// Routes `dst` and opens a CONNECT stream to it, each attempt in
+    /// Istio's report; a Service's endpoint whose connect fails is
+    /// replaced by another, up to `outbound.connect_attempts`. A route to
+    /// plain TCP is returned as it is.
+    async fn open_stream(
+        &self,
+        dst: SocketAddr,
+        source: Source<'_>,
+        ledger: &mut ConnectionLedger<'_>,
+    ) -> Result<Opened, OutboundError> {
         let baggage = source.workload.and_then(|w| self.metrics.istio.baggage(w));
         let mut attempt = 1;
         let mut failed: Option<String> = None;
-        let stream = loop {
+        loop {
             let route = self.route_waiting(dst, source.workload, failed.as_deref());
             let (target, hbone_ip, authority, service, also, on_backoff) = match route.await? {
                 Route::Hbone {
@@ -295,8 +338,7 @@ impl Outbound {
                     also,
                     on_backoff,
                 } => (target, hbone_ip, authority, service, also, on_backoff),
-                // Boxed, as the connect below.
-                plain => return Box::pin(self.passthrough(tcp, dst, plain, source, ledger)).await,
+                plain => return Ok(Opened::Plain(plain)),
             };
             ledger.destination(Some(target.identity.clone()));
             if service.is_some() {
@@ -304,29 +346,23 @@ impl Outbound {
             }
             ledger.report(source.to(Some(&target), service.as_deref(), true));
             let key = PoolKey {
-                src: identity.clone(),
+                src: source.identity.clone(),
                 dst_uid: target.uid().to_owned(),
                 dst: target.identity.clone(),
                 dst_also: also,
                 dst_addr: SocketAddr::new(hbone_ip, self.hbone_port),
                 src_netns: self.origin.netns(),
             };
-            // Boxed: the connect's state lives only while it runs, not in
-            // every proxied connection's task for its whole life.
-            let connected = Box::pin(self.pool.connect_from(
-                &key,
-                authority,
-                &self.origin,
-                baggage.clone(),
-                on_backoff,
-            ))
-            .await;
+            let connected = self
+                .pool
+                .connect_from(&key, authority, &self.origin, baggage.clone(), on_backoff)
+                .await;
             match connected {
                 Ok(s) => {
                     if attempt > 1 {
                         self.routing.retried("connected");
                     }
-                    break s;
+                    return Ok(Opened::Tunnel(s));
                 }
                 // A Service's endpoint that takes no connection now: the
                 // pool has recorded it (skipped from now on), and nothing of
@@ -349,22 +385,7 @@ impl Outbound {
                     return Err(e.into());
                 }
             }
-        };
-        ledger.carrying();
-        let (moved, result) = copy_bidirectional(
-            tcp,
-            stream.send,
-            stream.recv,
-            &self.metrics.bytes,
-            &ledger.istio_byte_counters(true),
-        )
-        .await;
-        if result.is_err() {
-            // The tunnel broke or was cut: reset, so the application does not
-            // take it for a normal end of stream.
-            ledger::reset(tcp);
         }
-        Ok(Ended::copied(moved, &result))
     }
 
     /// Where `dst` goes ([`Self::route`]); an address discovery may learn
