@@ -154,7 +154,11 @@ async fn a_refused_connection_is_counted_failed_once_logged_once_and_reset() {
     );
     assert!(lines[0].contains("src.identity=\"spiffe://cluster.local/ns/ns/sa/client\""));
     assert!(lines[0].contains("dst.addr=10.0.0.2:80"), "{}", lines[0]);
-    assert_eq!(streams.count(), 0, "its place among the streams ends with it");
+    assert_eq!(
+        streams.count(),
+        0,
+        "its place among the streams ends with it"
+    );
     drop(held);
     let mut buf = [0u8; 1];
     let read = client.read(&mut buf).await;
