@@ -32,7 +32,6 @@ pub mod dns;
 pub mod drains;
 pub mod fd_passing;
 pub mod inpod;
-pub mod metrics;
 pub mod netns;
 pub mod oci;
 pub mod proxy;

@@ -14,7 +14,7 @@ use crate::descriptor_budget::DescriptorBudget;
 use crate::inpod::pods::DataPath as PodDataPath;
 use crate::proxy::endpoints::{EndpointMetrics, EndpointPicker, Skips};
 use crate::proxy::inbound::limits::{Caps, ConnectionLimits};
-use crate::proxy::inbound::{Inbound, InboundMetrics, OwnPorts};
+use crate::proxy::inbound::{Inbound, InboundDeps, InboundMetrics, OwnPorts};
 use crate::proxy::outbound::Outbound;
 use crate::proxy::routing::Routing;
 
@@ -58,19 +58,19 @@ pub(super) fn build(
     // Every live inbound connection is checked again at each change.
     w.tasks
         .spawn(authorizer.clone().recheck_on_change(w.drain.clone()));
-    let inbound = Inbound::new(
-        p.workloads.clone(),
-        p.tls.clone(),
-        config.hbone.clone(),
-        own_ports.clone(),
-        p.tunnels.clone(),
-        p.families.direction("inbound"),
-        p.streams.clone(),
-        InboundMetrics::register(w.registry()),
-        p.tcp.app.clone(),
-        ConnectionLimits::new(caps, w.registry()),
+    let inbound = Inbound::new(InboundDeps {
+        workloads: p.workloads.clone(),
+        tls: p.tls.clone(),
+        cfg: config.hbone.clone(),
+        own_ports: own_ports.clone(),
+        tunnels: p.tunnels.clone(),
+        metrics: p.families.direction("inbound"),
+        streams: p.streams.clone(),
+        inbound_metrics: InboundMetrics::register(w.registry()),
+        app_cc: p.tcp.app.clone(),
+        limits: ConnectionLimits::new(caps, w.registry()),
         authorizer,
-    );
+    });
     let picker = EndpointPicker::new(
         p.pool.clone(),
         config.hbone.port,

@@ -12,8 +12,12 @@
 //! - [`listener`]: binding and original-destination lookup; [`port_holder`]:
 //!   who holds a port a listener cannot bind.
 //! - [`log_limit`]: bounded logging of refusals a peer can provoke.
+//! - [`ledger`]: what is recorded of each connection or stream, once: the
+//!   counters, Istio's report, the access line.
 //! - [`copy`]: moving bytes between an HTTP/2 stream and a TCP socket.
-//! - [`istio_tcp`]: Istio's TCP metrics (`istio_tcp_*`), as ztunnel reports them.
+//! - [`metrics`]: tidegate's counters both directions share (`tidegate_connections_*`,
+//!   `tidegate_streams_*`, `tidegate_bytes`); [`istio_tcp`]: Istio's TCP metrics
+//!   (`istio_tcp_*`), as ztunnel reports them.
 //! - [`congestion`]: the congestion control of app-side and tunnel sockets.
 
 pub mod congestion;
@@ -21,8 +25,10 @@ pub mod copy;
 pub mod endpoints;
 pub mod inbound;
 pub mod istio_tcp;
+pub mod ledger;
 pub mod listener;
 pub mod log_limit;
+pub mod metrics;
 pub mod origin;
 pub mod outbound;
 pub mod plaintext;

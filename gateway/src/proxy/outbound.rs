@@ -7,21 +7,21 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info_span, Instrument};
 
 use crate::identity::SpiffeId;
-use crate::metrics::{AccessLog, ProxyMetrics};
 use crate::proxy::congestion::Congestion;
 use crate::proxy::copy::{copy_bidirectional, copy_tcp, Transferred};
-use crate::proxy::istio_tcp::{self, Flags, IstioTcpMetrics, Report, Reporter, ServiceRef};
+use crate::proxy::istio_tcp::{self, Flags, Reporter, ServiceRef};
+use crate::proxy::ledger::{self, ConnectionLedger, Ended};
+use crate::proxy::metrics::ProxyMetrics;
 use crate::proxy::origin::Origin;
-use crate::proxy::pool::{OnBackoff, Pool, PoolError, PoolKey};
+use crate::proxy::pool::{OnBackoff, Pool, PoolError, PoolKey, PooledStream};
 use crate::proxy::routing::Routing;
 use crate::proxy::waypoint::{self, WaypointError};
-use crate::shutdown::{ActiveStreams, ShutdownWatch, StreamGuard};
+use crate::shutdown::{ActiveStreams, ShutdownWatch};
 use crate::workloads::services::Service;
 use crate::workloads::waypoint::Waypoint;
 use crate::workloads::{Protocol, Workload, WorkloadStore};
@@ -81,6 +81,14 @@ impl OutboundError {
             OutboundError::Waypoint(e) => e.reason(),
         }
     }
+
+    /// How Istio's report of the connection closes, when it was routed.
+    fn flags(&self) -> Flags {
+        match self {
+            OutboundError::Pool(e) => Flags::of_pool_error(e),
+            _ => Flags::Connect,
+        }
+    }
 }
 
 pub struct Outbound {
@@ -92,6 +100,14 @@ pub struct Outbound {
     listen_addr: std::sync::OnceLock<SocketAddr>,
     origin: Origin,
     routing: Arc<Routing>,
+}
+
+/// What [`Outbound::open_stream`] opened.
+enum Opened {
+    /// A CONNECT stream on a pooled tunnel.
+    Tunnel(PooledStream),
+    /// Nothing yet: the route is plain TCP.
+    Plain(Route),
 }
 
 /// Where a connection goes once routed.
@@ -120,28 +136,32 @@ enum Route {
     Passthrough,
 }
 
-/// What Istio's metrics say of one outbound connection.
-struct Seen<'a> {
-    source: Option<&'a Workload>,
+/// Who connects, as Istio's report of each attempt names it.
+#[derive(Clone, Copy)]
+struct Source<'a> {
     identity: &'a SpiffeId,
-    target: Option<&'a Workload>,
-    service: Option<&'a Service>,
+    workload: Option<&'a Workload>,
 }
 
-impl Seen<'_> {
-    fn open(&self, metrics: &IstioTcpMetrics, mutual_tls: bool) -> Report {
-        metrics.open(istio_tcp::Connection {
+impl<'a> Source<'a> {
+    fn to(
+        self,
+        target: Option<&'a Workload>,
+        service: Option<&'a Service>,
+        mutual_tls: bool,
+    ) -> istio_tcp::Connection<'a> {
+        istio_tcp::Connection {
             reporter: Reporter::Source,
-            source: self.source,
+            source: self.workload,
             source_identity: Some(self.identity),
             source_baggage: None,
-            destination: self.target,
-            service: self.service.map(|s| ServiceRef {
+            destination: target,
+            service: service.map(|s| ServiceRef {
                 namespace: &s.spec.namespace,
                 name: &s.spec.name,
             }),
             mutual_tls,
-        })
+        }
     }
 }
 
@@ -234,84 +254,82 @@ impl Outbound {
     pub async fn proxy(&self, tcp: TcpStream, src: SocketAddr, dst: SocketAddr) {
         let span = info_span!("outbound", src.addr = %src, dst.addr = %dst);
         async {
-            self.metrics.connections_opened.inc();
-            let started = Instant::now();
+            let guard = self.streams.track();
+            let mut ledger = ConnectionLedger::connection(&self.metrics, &tcp, guard, src, dst);
             let _ = tcp.set_nodelay(true);
-            let mut guard = self.streams.track();
-            let mut known = Known::default();
-            match self
-                .proxy_inner(&tcp, src, dst, started, &mut known, &mut guard)
-                .await
-            {
-                Ok(()) => {}
+            match self.proxy_inner(&tcp, src, dst, &mut ledger).await {
+                Ok(ended) => ledger.finish(ended),
                 Err(e) => {
                     debug!(error = %e, "outbound connection failed");
-                    self.metrics.connection_failed(e.reason());
-                    self.metrics.stream_ended(e.reason());
-                    let line = known.line(src, dst);
-                    line.emit(Transferred::default(), started, e.reason());
-                    // Reset rather than FIN: the application must not mistake a
-                    // failed connect for an empty response.
-                    let _ =
-                        socket2::SockRef::from(&tcp).set_linger(Some(std::time::Duration::ZERO));
+                    ledger.refuse(e.reason(), e.flags(), None);
                 }
             }
-            self.metrics.connections_closed.inc();
         }
         .instrument(span)
         .await
     }
 
-    /// Proxies one connection; `known` gets each identity and endpoint as
-    /// it is learned, so the access line of a failure names those it knew.
+    /// Proxies one connection; the ledger gets each identity and endpoint
+    /// as it is learned, so the access line of a failure names those it knew.
     async fn proxy_inner(
         &self,
         tcp: &TcpStream,
         src: SocketAddr,
         dst: SocketAddr,
-        started: Instant,
-        known: &mut Known,
-        guard: &mut StreamGuard,
-    ) -> Result<(), OutboundError> {
+        ledger: &mut ConnectionLedger<'_>,
+    ) -> Result<Ended<'static>, OutboundError> {
         if self.is_own_listener(dst) {
             return Err(OutboundError::Loop(dst));
         }
         let snapshot = self.workloads.snapshot();
-        let (source, source_workload) = self.source_of(&snapshot, src)?;
+        let (identity, workload) = self.source_of(&snapshot, src)?;
         drop(snapshot);
-        known.src = Some(source.clone());
-        let baggage = source_workload
-            .as_deref()
-            .and_then(|w| self.metrics.istio.baggage(w));
+        ledger.source(identity.clone());
+        let source = Source {
+            identity: &identity,
+            workload: workload.as_deref(),
+        };
+        // Boxed: the connect's state lives only while it runs, not in
+        // every proxied connection's task for its whole life.
+        let stream = match Box::pin(self.open_stream(dst, source, ledger)).await? {
+            Opened::Tunnel(stream) => stream,
+            Opened::Plain(route) => {
+                return Box::pin(self.passthrough(tcp, dst, route, source, ledger)).await
+            }
+        };
+        ledger.carrying();
+        let (moved, result) = copy_bidirectional(
+            tcp,
+            stream.send,
+            stream.recv,
+            &self.metrics.bytes,
+            &ledger.istio_byte_counters(true),
+        )
+        .await;
+        if result.is_err() {
+            // The tunnel broke or was cut: reset, so the application does not
+            // take it for a normal end of stream.
+            ledger::reset(tcp);
+        }
+        Ok(Ended::copied(moved, &result))
+    }
+
+    /// Routes `dst` and opens a CONNECT stream to it, each attempt in
+    /// Istio's report; a Service's endpoint whose connect fails is
+    /// replaced by another, up to `outbound.connect_attempts`. A route to
+    /// plain TCP is returned as it is.
+    async fn open_stream(
+        &self,
+        dst: SocketAddr,
+        source: Source<'_>,
+        ledger: &mut ConnectionLedger<'_>,
+    ) -> Result<Opened, OutboundError> {
+        let baggage = source.workload.and_then(|w| self.metrics.istio.baggage(w));
         let mut attempt = 1;
         let mut failed: Option<String> = None;
-        let (stream, report) = loop {
-            let snapshot = self.workloads.snapshot();
-            let routed = self.route(
-                &snapshot,
-                dst,
-                source_workload.as_deref(),
-                failed.as_deref(),
-            );
-            let route = match routed {
-                Err(OutboundError::UnknownInCluster(_) | OutboundError::FormerlyKnown { .. })
-                    if !self.routing.unknown_wait.is_zero() =>
-                {
-                    drop(snapshot);
-                    Box::pin(self.await_discovery(dst)).await?
-                }
-                r => {
-                    drop(snapshot);
-                    r?
-                }
-            };
-            let seen = |target, service| Seen {
-                source: source_workload.as_deref(),
-                identity: &source,
-                target,
-                service,
-            };
-            let (target, hbone_ip, authority, service, also, on_backoff) = match route {
+        loop {
+            let route = self.route_waiting(dst, source.workload, failed.as_deref());
+            let (target, hbone_ip, authority, service, also, on_backoff) = match route.await? {
                 Route::Hbone {
                     target,
                     hbone_ip,
@@ -320,59 +338,31 @@ impl Outbound {
                     also,
                     on_backoff,
                 } => (target, hbone_ip, authority, service, also, on_backoff),
-                plain => {
-                    let (to, report) = match &plain {
-                        Route::Tcp {
-                            to,
-                            target,
-                            service,
-                        } => (*to, seen(Some(target), service.as_deref())),
-                        _ => (dst, seen(None, None)),
-                    };
-                    let report = report.open(&self.metrics.istio, false);
-                    // Boxed, as the connect below.
-                    known.dst = None;
-                    if let Route::Tcp {
-                        target,
-                        service: Some(_),
-                        ..
-                    } = &plain
-                    {
-                        known.trying(target, to);
-                    }
-                    let line = known.line(src, dst);
-                    return Box::pin(self.passthrough(tcp, dst, to, started, line, report)).await;
-                }
+                plain => return Ok(Opened::Plain(plain)),
             };
-            known.dst = Some(target.identity.clone());
+            ledger.destination(Some(target.identity.clone()));
             if service.is_some() {
-                known.trying(&target, authority);
+                ledger.trying(&target, authority);
             }
-            let report = seen(Some(&target), service.as_deref()).open(&self.metrics.istio, true);
+            ledger.report(source.to(Some(&target), service.as_deref(), true));
             let key = PoolKey {
-                src: source.clone(),
+                src: source.identity.clone(),
                 dst_uid: target.uid().to_owned(),
                 dst: target.identity.clone(),
                 dst_also: also,
                 dst_addr: SocketAddr::new(hbone_ip, self.hbone_port),
                 src_netns: self.origin.netns(),
             };
-            // Boxed: the connect's state lives only while it runs, not in
-            // every proxied connection's task for its whole life.
-            let connected = Box::pin(self.pool.connect_from(
-                &key,
-                authority,
-                &self.origin,
-                baggage.clone(),
-                on_backoff,
-            ))
-            .await;
+            let connected = self
+                .pool
+                .connect_from(&key, authority, &self.origin, baggage.clone(), on_backoff)
+                .await;
             match connected {
                 Ok(s) => {
                     if attempt > 1 {
                         self.routing.retried("connected");
                     }
-                    break (s, report);
+                    return Ok(Opened::Tunnel(s));
                 }
                 // A Service's endpoint that takes no connection now: the
                 // pool has recorded it (skipped from now on), and nothing of
@@ -383,46 +373,38 @@ impl Outbound {
                         && e.endpoint_failed()
                         && attempt < self.routing.connect_attempts =>
                 {
-                    report.close(Flags::of_pool_error(&e));
                     debug!(error = %e, endpoint = target.uid(), attempt, "endpoint connect failed; choosing another");
-                    known.refused(e.reason());
+                    ledger.endpoint_refused(Flags::of_pool_error(&e), e.reason());
                     failed = Some(target.uid().to_owned());
                     attempt += 1;
                 }
                 Err(e) => {
-                    report.close(Flags::of_pool_error(&e));
                     if attempt > 1 {
                         self.routing.retried("failed");
                     }
                     return Err(e.into());
                 }
             }
-        };
-        self.metrics.streams_open.inc();
-        let (moved, result) = copy_bidirectional(
-            tcp,
-            stream.send,
-            stream.recv,
-            &self.metrics.bytes,
-            &report.byte_counters(true),
-        )
-        .await;
-        report.close(Flags::None);
-        self.metrics.streams_open.dec();
-        let outcome = match &result {
-            Ok(()) => "ok",
-            Err(e) => e.reason(),
-        };
-        if result.is_err() {
-            // The tunnel broke or was cut: reset, so the application does not
-            // take it for a normal end of stream.
-            let _ = socket2::SockRef::from(tcp).set_linger(Some(std::time::Duration::ZERO));
         }
-        guard.finished(result.is_ok());
-        self.metrics.stream_ended(outcome);
-        known.line(src, dst).emit(moved, started, outcome);
-        drop(stream.slot);
-        Ok(())
+    }
+
+    /// Where `dst` goes ([`Self::route`]); an address discovery may learn
+    /// yet is waited for ([`Self::await_discovery`]).
+    async fn route_waiting(
+        &self,
+        dst: SocketAddr,
+        source: Option<&Workload>,
+        avoid: Option<&str>,
+    ) -> Result<Route, OutboundError> {
+        let routed = self.route(&self.workloads.snapshot(), dst, source, avoid);
+        match routed {
+            Err(OutboundError::UnknownInCluster(_) | OutboundError::FormerlyKnown { .. })
+                if !self.routing.unknown_wait.is_zero() =>
+            {
+                Box::pin(self.await_discovery(dst)).await
+            }
+            r => r,
+        }
     }
 
     /// Where `dst` goes: a workload IP first, then a Service VIP:port (an
@@ -642,147 +624,66 @@ impl Outbound {
         std::net::UdpSocket::bind(SocketAddr::new(dst.ip(), 0)).is_ok()
     }
 
-    /// Plain TCP to `to`: the original destination `dst` (passthrough), or
-    /// a non-mesh Service endpoint (no identity on that side).
+    /// Plain TCP (`route`): to the original destination `dst`
+    /// (passthrough), or to a non-mesh Service endpoint (no identity on
+    /// that side).
     async fn passthrough(
         &self,
         tcp: &TcpStream,
         dst: SocketAddr,
-        to: SocketAddr,
-        started: Instant,
-        line: AccessLine<'_>,
-        report: Report,
-    ) -> Result<(), OutboundError> {
+        route: Route,
+        source: Source<'_>,
+        ledger: &mut ConnectionLedger<'_>,
+    ) -> Result<Ended<'static>, OutboundError> {
+        ledger.destination(None);
+        let to = match &route {
+            Route::Tcp {
+                to,
+                target,
+                service,
+            } => {
+                ledger.report(source.to(Some(target), service.as_deref(), false));
+                if service.is_some() {
+                    ledger.trying(target, *to);
+                }
+                *to
+            }
+            _ => {
+                ledger.report(source.to(None, None, false));
+                dst
+            }
+        };
         let connected = self
             .origin
             .connect(to, None, &Congestion::host_default())
             .await;
-        let upstream = match connected {
-            Ok(u) => u,
-            Err(source) => {
-                report.close(Flags::Connect);
-                return Err(if to == dst {
-                    OutboundError::Passthrough { addr: dst, source }
-                } else {
-                    OutboundError::Endpoint { addr: to, source }
-                });
+        let upstream = connected.map_err(|source| {
+            if to == dst {
+                OutboundError::Passthrough { addr: dst, source }
+            } else {
+                OutboundError::Endpoint { addr: to, source }
             }
-        };
+        })?;
         if to == dst {
             self.routing.passthrough.inc();
         }
         let _ = upstream.set_nodelay(true);
-        let (received, sent) = report.counters();
+        let (received, sent) = ledger.istio_counters();
         let (up, down) = tokio::join!(
-            copy_tcp(tcp, &upstream, received),
-            copy_tcp(&upstream, tcp, sent)
+            copy_tcp(tcp, &upstream, &received),
+            copy_tcp(&upstream, tcp, &sent)
         );
-        report.close(Flags::None);
         let result = up.and_then(|u| down.map(|d| (u, d)));
         let (up, down) = result.as_ref().copied().unwrap_or_default();
         let outcome = if result.is_ok() {
-            "ok"
+            ledger::OK
         } else {
             "passthrough_error"
         };
-        self.metrics.stream_ended(outcome);
         let moved = Transferred {
             tcp_to_h2: up,
             h2_to_tcp: down,
         };
-        line.emit(moved, started, outcome);
-        Ok(())
-    }
-}
-
-/// What the access line of one outbound connection says beyond its
-/// addresses, as far as it is known.
-#[derive(Debug, Default)]
-struct Known {
-    /// The source workload's identity, once it was found.
-    src: Option<SpiffeId>,
-    /// The destination's identity, once the connection was routed over HBONE.
-    dst: Option<SpiffeId>,
-    /// To a Service: the endpoint tried last (formatted only for the
-    /// access line).
-    endpoint: Option<(Arc<Workload>, SocketAddr)>,
-    /// To a Service: the endpoints tried before it and why each failed.
-    refused_tries: Vec<String>,
-}
-
-impl Known {
-    fn src(&self) -> String {
-        self.src
-            .as_ref()
-            .map(ToString::to_string)
-            .unwrap_or_default()
-    }
-
-    fn dst(&self) -> String {
-        self.dst
-            .as_ref()
-            .map(ToString::to_string)
-            .unwrap_or_default()
-    }
-
-    /// The connection goes to `w` at `addr`, an endpoint of a Service.
-    fn trying(&mut self, w: &Arc<Workload>, addr: SocketAddr) {
-        self.endpoint = Some((w.clone(), addr));
-    }
-
-    /// The endpoint tried last, as the access line names it.
-    fn endpoint(&self) -> Option<String> {
-        let (w, addr) = self.endpoint.as_ref()?;
-        Some(format!("{} at {addr}", w.uid()))
-    }
-
-    /// The endpoint being tried failed its connect with `reason`; another
-    /// is chosen.
-    fn refused(&mut self, reason: &str) {
-        if let Some(e) = self.endpoint() {
-            self.endpoint = None;
-            self.refused_tries.push(format!("{e}: {reason}"));
-        }
-    }
-
-    fn line(&self, src: SocketAddr, dst: SocketAddr) -> AccessLine<'_> {
-        AccessLine {
-            known: self,
-            src,
-            dst,
-        }
-    }
-}
-
-/// One outbound connection's access line, but for how it ended.
-struct AccessLine<'a> {
-    known: &'a Known,
-    src: SocketAddr,
-    dst: SocketAddr,
-}
-
-impl AccessLine<'_> {
-    /// Emits the line (an identity is empty when it was not known:
-    /// refused before the source was found, or the destination of plain
-    /// TCP).
-    fn emit(&self, moved: Transferred, started: Instant, result: &str) {
-        let k = self.known;
-        let refused = (!k.refused_tries.is_empty()).then(|| k.refused_tries.join("; "));
-        let endpoint = k.endpoint();
-        AccessLog {
-            direction: "outbound",
-            src_identity: &k.src(),
-            dst_identity: &k.dst(),
-            src_addr: self.src,
-            dst_addr: self.dst,
-            moved,
-            duration: started.elapsed(),
-            result,
-            error: None,
-            drained_by: None,
-            endpoint: endpoint.as_deref(),
-            refused_tries: refused.as_deref(),
-        }
-        .emit();
+        Ok(Ended::new(outcome, moved))
     }
 }

@@ -8,16 +8,16 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, info_span, warn, Instrument};
 
 use crate::authorization::{Authorizer, Facts, NotAdmitted, Transport};
-use crate::metrics::{AccessLog, ProxyMetrics};
 use crate::proxy::congestion::Congestion;
 use crate::proxy::copy::{copy_tcp, Transferred};
 use crate::proxy::istio_tcp::{self, Flags, Reporter};
+use crate::proxy::ledger::{self, ConnectionLedger, Ended};
+use crate::proxy::metrics::ProxyMetrics;
 use crate::proxy::origin::Origin;
 use crate::shutdown::{ActiveStreams, ShutdownWatch};
 use crate::workloads::{Workload, WorkloadStore};
@@ -56,6 +56,14 @@ impl PlaintextError {
             PlaintextError::Refused { .. } => "plaintext_refused",
             PlaintextError::Policy(_) => "policy_denied",
             PlaintextError::Upstream { .. } => "upstream_unreachable",
+        }
+    }
+
+    /// How Istio's report of the connection closes, when it was routed.
+    fn flags(&self) -> Flags {
+        match self {
+            PlaintextError::Policy(_) => Flags::Deny,
+            _ => Flags::Connect,
         }
     }
 }
@@ -144,58 +152,39 @@ impl PlaintextInbound {
         let dst = crate::proxy::listener::original_dst(&tcp);
         let span = info_span!("inbound_plaintext", src.addr = %src, dst.addr = ?dst);
         async {
-            self.metrics.connections_opened.inc();
-            let started = Instant::now();
-            let _guard = self.streams.track();
+            let guard = self.streams.track();
+            let line_dst = dst.unwrap_or(src);
+            let mut ledger =
+                ConnectionLedger::connection(&self.metrics, &tcp, guard, src, line_dst);
             let result = match dst {
                 None => Err(PlaintextError::NotRedirected),
-                Some(dst) => self.deliver(&tcp, src, dst).await,
+                Some(dst) => self.deliver(&tcp, src, dst, &mut ledger).await,
             };
-            let mut error = None;
-            let (moved, outcome) = match result {
-                Ok(moved) => (moved, "ok"),
+            match result {
+                Ok(moved) => ledger.finish(Ended::new(ledger::OK, moved)),
                 Err(e) => {
-                    error = Some(e.to_string());
                     match &e {
                         PlaintextError::Refused { .. } | PlaintextError::Policy(_) => {
                             info!(error = %e, "plaintext connection refused")
                         }
                         _ => debug!(error = %e, "plaintext connection failed"),
                     }
-                    self.metrics.connection_failed(e.reason());
-                    // Reset: the client must not take it for an empty answer.
-                    let _ =
-                        socket2::SockRef::from(&tcp).set_linger(Some(std::time::Duration::ZERO));
-                    (Transferred::default(), e.reason())
+                    ledger.refuse(e.reason(), e.flags(), Some(&e.to_string()));
                 }
-            };
-            self.metrics.stream_ended(outcome);
-            AccessLog {
-                direction: "inbound_plaintext",
-                src_identity: "",
-                dst_identity: "",
-                src_addr: src,
-                dst_addr: dst.unwrap_or(src),
-                moved,
-                duration: started.elapsed(),
-                result: outcome,
-                error: error.as_deref(),
-                drained_by: None,
-                endpoint: None,
-                refused_tries: None,
             }
-            .emit();
-            self.metrics.connections_closed.inc();
         }
         .instrument(span)
         .await
     }
 
+    /// Delivers the connection to the app (Istio's report opens in
+    /// `ledger` once the workload is known); what was moved.
     async fn deliver(
         &self,
         tcp: &TcpStream,
         src: SocketAddr,
         dst: SocketAddr,
+        ledger: &mut ConnectionLedger<'_>,
     ) -> Result<Transferred, PlaintextError> {
         let pod = self
             .origin
@@ -215,7 +204,7 @@ impl PlaintextInbound {
             workload: format!("{}/{}", workload.spec.namespace, workload.spec.name),
             value,
         })?;
-        let report = self.metrics.istio.open(istio_tcp::Connection {
+        ledger.report(istio_tcp::Connection {
             reporter: Reporter::Destination,
             source: self.workloads.snapshot().by_ip(src.ip()).map(|w| &**w),
             source_identity: None,
@@ -225,47 +214,39 @@ impl PlaintextInbound {
             mutual_tls: false,
         });
         // Registered before its check: a policy change in between is seen.
-        let admitted = match self.authorizer.admit(Facts {
-            src,
-            dst,
-            identity: None,
-            workload_uid: workload.uid().to_owned(),
-            transport: Transport::Plaintext,
-        }) {
-            Ok(a) => a,
-            Err(NotAdmitted::Policy(denial)) => {
-                report.close(Flags::Deny);
-                return Err(PlaintextError::Policy(denial));
-            }
-            Err(NotAdmitted::WorkloadGone) => {
-                report.close(Flags::Connect);
-                return Err(PlaintextError::UnknownPod(pod.uid.clone()));
-            }
-        };
-        let upstream = match self.origin.connect(dst, Some(src.ip()), &self.app_cc).await {
-            Ok(u) => u,
-            Err(source) => {
-                report.close(Flags::Connect);
-                return Err(PlaintextError::Upstream { addr: dst, source });
-            }
-        };
+        let admitted = self
+            .authorizer
+            .admit(Facts {
+                src,
+                dst,
+                identity: None,
+                workload_uid: workload.uid().to_owned(),
+                transport: Transport::Plaintext,
+            })
+            .map_err(|e| match e {
+                NotAdmitted::Policy(denial) => PlaintextError::Policy(denial),
+                NotAdmitted::WorkloadGone => PlaintextError::UnknownPod(pod.uid.clone()),
+            })?;
+        let upstream = self
+            .origin
+            .connect(dst, Some(src.ip()), &self.app_cc)
+            .await
+            .map_err(|source| PlaintextError::Upstream { addr: dst, source })?;
         let _ = upstream.set_nodelay(true);
-        let (received, sent) = report.counters();
+        let (received, sent) = ledger.istio_counters();
         let copy = async {
             tokio::join!(
-                copy_tcp(tcp, &upstream, received),
-                copy_tcp(&upstream, tcp, sent)
+                copy_tcp(tcp, &upstream, &received),
+                copy_tcp(&upstream, tcp, &sent)
             )
         };
         let (up, down) = tokio::select! {
             copied = copy => copied,
             denial = admitted.refused() => {
-                let _ = socket2::SockRef::from(&upstream).set_linger(Some(std::time::Duration::ZERO));
-                report.close(Flags::Deny);
+                ledger::reset(&upstream);
                 return Err(PlaintextError::Policy(denial));
             }
         };
-        report.close(Flags::None);
         let moved = Transferred {
             tcp_to_h2: *up.as_ref().unwrap_or(&0),
             h2_to_tcp: *down.as_ref().unwrap_or(&0),

@@ -10,7 +10,7 @@
 use std::future::{poll_fn, Future};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use h2::server::SendResponse;
@@ -29,10 +29,11 @@ use crate::hbone::io::{reason_label, Refusal};
 use crate::hbone::server::StreamHandler;
 use crate::hbone::{GoawayCommand, REASON_HEADER};
 use crate::identity::SpiffeId;
-use crate::metrics::{AccessLog, ProxyMetrics};
 use crate::proxy::congestion::Congestion;
 use crate::proxy::copy::{copy_bidirectional, Transferred};
-use crate::proxy::istio_tcp::{self, Flags, Report, Reporter};
+use crate::proxy::istio_tcp::{self, Flags, Reporter};
+use crate::proxy::ledger::{self, ConnectionLedger, Ended};
+use crate::proxy::metrics::ProxyMetrics;
 use crate::proxy::origin::Origin;
 use crate::proxy::tunnels::InboundTunnel;
 use crate::shutdown::{ActiveStreams, StreamGuard};
@@ -142,6 +143,14 @@ impl InboundError {
             InboundError::Upstream { .. } => "upstream_unreachable",
         }
     }
+
+    /// How Istio's report of the stream closes, when it was routed.
+    fn flags(&self) -> Flags {
+        match self {
+            InboundError::Policy(_) => Flags::Deny,
+            _ => Flags::Connect,
+        }
+    }
 }
 
 /// Validates a CONNECT against the tunnel; never an open proxy: the target
@@ -248,15 +257,12 @@ struct Stream {
 /// A dialed workload connection and what it holds.
 struct Upstream {
     tcp: TcpStream,
-    target: SocketAddr,
     /// The dial's budget token: given back once the peer sent bytes.
     borrowed: Borrowed,
     /// Its place under the connection caps, as long as the socket.
     _slot: DialSlot,
     /// Its registration with authorization, as long as the stream.
     admitted: Admitted,
-    /// Its line in Istio's metrics.
-    report: Report,
 }
 
 /// Why a stream got no upstream.
@@ -290,20 +296,22 @@ impl Stream {
         self,
         req: Request<RecvStream>,
         mut respond: SendResponse<Bytes>,
-        mut guard: StreamGuard,
+        guard: StreamGuard,
     ) {
-        let started = Instant::now();
         let deps = &*self.deps;
         // The access line names the app port asked for, refused or not.
         let asked = asked_for(&req, &self.ctx);
+        let mut ledger = ConnectionLedger::stream(&deps.metrics, guard, self.ctx.peer_addr, asked);
+        ledger.source(self.ctx.peer.clone());
+        ledger.destination(Some(self.ctx.workload.identity.clone()));
         // Boxed: the routing and dial state lives only while they run, not
         // in every stream's task for its whole life.
-        let up = match Box::pin(self.open_upstream(&req, &mut respond)).await {
+        let up = match Box::pin(self.open_upstream(&req, &mut respond, &mut ledger)).await {
             Ok(up) => up,
-            Err(Failed::Refused(e)) => return refuse(deps, &self.ctx, respond, e, asked, started),
+            Err(Failed::Refused(e)) => return refuse(ledger, respond, e),
             Err(Failed::Reset) => {
                 debug!("peer reset the stream during its dial; dial abandoned");
-                return self.ended_unanswered("reset_during_dial", asked, started);
+                return self.ended_unanswered(ledger, "reset_during_dial");
             }
         };
         let resp = Response::builder()
@@ -314,19 +322,17 @@ impl Stream {
             Ok(s) => s,
             Err(e) => {
                 debug!(error = %e, "peer went away before 200");
-                return self.ended_unanswered("tunnel_error", up.target, started);
+                return self.ended_unanswered(ledger, "tunnel_error");
             }
         };
-        deps.metrics.streams_open.inc();
+        ledger.carrying();
         let Upstream {
             tcp: upstream,
-            target,
             borrowed,
             _slot,
             admitted,
-            report,
         } = up;
-        let istio_bytes = report.byte_counters(false);
+        let istio_bytes = ledger.istio_byte_counters(false);
         let copy = copy_bidirectional(
             &upstream,
             send,
@@ -339,68 +345,55 @@ impl Stream {
         let (moved, result) = tokio::select! {
             copied = copy => copied,
             denial = admitted.refused() => {
-                deps.metrics.streams_open.dec();
-                let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
+                ledger::reset(&upstream);
                 // Not the peer's waste: the policy ended a stream it opened in good faith.
                 borrowed.useful();
-                report.close(Flags::Deny);
-                guard.finished(false);
-                deps.metrics.stream_ended("policy_closed");
                 let error = InboundError::Policy(denial).to_string();
-                let drained_by = self.tunnel.drained_by();
-                let moved = Transferred::default();
-                return log(&self.ctx, drained_by, target, moved, started, "policy_closed", Some(&error));
+                let ended = Ended::new("policy_closed", Transferred::default())
+                    .denied(&error)
+                    .drained_by(self.tunnel.drained_by());
+                return ledger.finish(ended);
             }
         };
-        deps.metrics.streams_open.dec();
-        report.close(Flags::None);
         if moved.h2_to_tcp > 0 {
             borrowed.useful();
         } else {
             deps.inbound_metrics.dial_wasted("no_bytes");
         }
-        let outcome = match &result {
-            Ok(()) => "ok",
-            Err(e) => e.reason(),
-        };
         if result.is_err() {
             // Reset the workload's side too: a cut stream is not a clean end.
-            let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
+            ledger::reset(&upstream);
         }
-        guard.finished(result.is_ok());
-        deps.metrics.stream_ended(outcome);
-        let drained_by = self.tunnel.drained_by();
-        log(&self.ctx, drained_by, target, moved, started, outcome, None);
+        ledger.finish(Ended::copied(moved, &result).drained_by(self.tunnel.drained_by()));
     }
 
     /// A stream that ends without an answer (the peer reset it or went
     /// away): its dial, if any, was wasted.
-    fn ended_unanswered(&self, result: &'static str, dst: SocketAddr, started: Instant) {
+    fn ended_unanswered(&self, ledger: ConnectionLedger<'_>, result: &'static str) {
         let why = if result == "reset_during_dial" {
             result
         } else {
             "no_bytes"
         };
         self.deps.inbound_metrics.dial_wasted(why);
-        self.deps.metrics.stream_ended(result);
-        let moved = Transferred::default();
-        log(&self.ctx, None, dst, moved, started, result, None);
+        ledger.finish(Ended::new(result, Transferred::default()));
     }
 
-    /// Routes the CONNECT, then dials under the connection caps and within
-    /// the tunnel's dial budget; gives the dial up if the peer resets the
-    /// stream meanwhile.
+    /// Routes the CONNECT (Istio's report opens in `ledger`), then dials
+    /// under the connection caps and within the tunnel's dial budget;
+    /// gives the dial up if the peer resets the stream meanwhile.
     async fn open_upstream(
         &self,
         req: &Request<RecvStream>,
         respond: &mut SendResponse<Bytes>,
+        ledger: &mut ConnectionLedger<'_>,
     ) -> Result<Upstream, Failed> {
-        let (target, workload_uid, report) = {
+        let (target, workload_uid) = {
             let snapshot = self.deps.workloads.snapshot();
             let target = route(req, &self.ctx, &snapshot, &self.deps.own_ports)?;
             let destination = snapshot.by_ip(target.ip());
             let baggage = Baggage::parse(req.headers().get_all(BAGGAGE_HEADER));
-            let report = self.deps.metrics.istio.open(istio_tcp::Connection {
+            ledger.report(istio_tcp::Connection {
                 reporter: Reporter::Destination,
                 source: snapshot.by_ip(self.ctx.peer_addr.ip()).map(|w| &**w),
                 source_identity: Some(&self.ctx.peer),
@@ -410,7 +403,7 @@ impl Stream {
                 mutual_tls: true,
             });
             let uid = destination.map(|w| w.uid().to_owned());
-            (target, uid.unwrap_or_default(), report)
+            (target, uid.unwrap_or_default())
         };
         // Registered before its check: a policy change in between is seen.
         let admitted = self
@@ -426,18 +419,7 @@ impl Stream {
             .map_err(|e| match e {
                 NotAdmitted::Policy(denial) => InboundError::Policy(denial),
                 NotAdmitted::WorkloadGone => InboundError::NotLocal(target.ip()),
-            });
-        let admitted = match admitted {
-            Ok(a) => a,
-            Err(e) => {
-                let flags = match e {
-                    InboundError::Policy(_) => Flags::Deny,
-                    _ => Flags::Connect,
-                };
-                report.close(flags);
-                return Err(e.into());
-            }
-        };
+            })?;
         let slot = match self.identity.admit_dial() {
             Ok(s) => s,
             Err(over) => {
@@ -445,17 +427,10 @@ impl Stream {
                 self.identity
                     .limits()
                     .refused(over, Refused::Dial, peer, id);
-                report.close(Flags::Connect);
                 return Err(over.into());
             }
         };
-        let (permit, borrowed) = match self.dials.try_start() {
-            Ok(p) => p,
-            Err(e) => {
-                report.close(Flags::Connect);
-                return Err(e.into());
-            }
-        };
+        let (permit, borrowed) = self.dials.try_start()?;
         let connect =
             self.deps
                 .origin
@@ -464,26 +439,20 @@ impl Stream {
         let reset = poll_fn(|cx| respond.poll_reset(cx));
         let dialed = tokio::select! {
             biased;
-            _ = reset => {
-                report.close(Flags::None);
-                return Err(Failed::Reset);
-            }
+            _ = reset => return Err(Failed::Reset),
             d = dialing => d,
         };
         drop(permit);
         match dialed {
             Ok(tcp) => Ok(Upstream {
                 tcp,
-                target,
                 borrowed,
                 _slot: slot,
                 admitted,
-                report,
             }),
             Err(e) => {
                 // Not the peer's waste: the workload did not answer.
                 borrowed.useful();
-                report.close(Flags::Connect);
                 Err(e.into())
             }
         }
@@ -500,34 +469,18 @@ fn asked_for<B>(req: &Request<B>, ctx: &TunnelCtx) -> SocketAddr {
         .unwrap_or(SocketAddr::new(ctx.dialed.ip(), 0))
 }
 
-/// Answers a refused CONNECT with its status and reason, counts and logs it.
-fn refuse(
-    deps: &ConnectDeps,
-    ctx: &TunnelCtx,
-    mut respond: SendResponse<Bytes>,
-    e: InboundError,
-    dst: SocketAddr,
-    started: Instant,
-) {
+/// Answers a refused CONNECT with its status and reason. Counted and
+/// logged before the answer leaves: whoever reads the answer finds it counted.
+fn refuse(ledger: ConnectionLedger<'_>, mut respond: SendResponse<Bytes>, e: InboundError) {
     debug!(error = %e, status = %e.status(), "CONNECT refused");
+    let error = e.to_string();
     let resp = Response::builder()
         .status(e.status())
-        .header(REASON_HEADER, e.to_string())
+        .header(REASON_HEADER, &error)
         .body(())
         .expect("static response");
-    // Counted before the answer leaves: whoever reads the answer finds it counted.
-    deps.metrics.stream_ended(e.reason());
+    ledger.refuse(e.reason(), e.flags(), Some(&error));
     let _ = respond.send_response(resp, true);
-    let moved = Transferred::default();
-    log(
-        ctx,
-        None,
-        dst,
-        moved,
-        started,
-        e.reason(),
-        Some(&e.to_string()),
-    );
 }
 
 /// The upstream dial (`connect`: in the gateway's namespace, or in the
@@ -555,32 +508,6 @@ async fn dial(
     };
     let _ = tcp.set_nodelay(true);
     Ok(tcp)
-}
-
-fn log(
-    ctx: &TunnelCtx,
-    drained_by: Option<&str>,
-    dst: SocketAddr,
-    moved: Transferred,
-    started: Instant,
-    result: &str,
-    error: Option<&str>,
-) {
-    AccessLog {
-        direction: "inbound",
-        src_identity: &ctx.peer.to_string(),
-        dst_identity: &ctx.workload.identity.to_string(),
-        src_addr: ctx.peer_addr,
-        dst_addr: dst,
-        moved,
-        duration: started.elapsed(),
-        result,
-        error,
-        drained_by,
-        endpoint: None,
-        refused_tries: None,
-    }
-    .emit();
 }
 
 #[cfg(test)]

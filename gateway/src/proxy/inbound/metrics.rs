@@ -26,7 +26,7 @@ struct WastedLabels {
     reason: &'static str,
 }
 
-/// What the inbound side counts beyond [`crate::metrics::ProxyMetrics`].
+/// What the inbound side counts beyond [`crate::proxy::metrics::ProxyMetrics`].
 #[derive(Clone, Debug)]
 pub struct InboundMetrics {
     goaways_sent: Counter,

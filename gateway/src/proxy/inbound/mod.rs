@@ -26,9 +26,9 @@ use crate::config::HboneConfig;
 use crate::hbone::io::reason_label;
 use crate::hbone::{self, server::TunnelEnd};
 use crate::identity::SpiffeId;
-use crate::metrics::ProxyMetrics;
 use crate::proxy::congestion::Congestion;
 use crate::proxy::log_limit::LogLimit;
+use crate::proxy::metrics::ProxyMetrics;
 use crate::proxy::origin::Origin;
 use crate::proxy::tunnels::{InboundTunnels, Registration};
 use crate::shutdown::{ActiveStreams, ShutdownWatch};
@@ -45,21 +45,42 @@ pub struct Inbound {
     handshake_log: Arc<LogLimit>,
 }
 
+/// What the inbound side is built from (the node's; [`Inbound::for_pod`]
+/// derives a pod's).
+pub struct InboundDeps {
+    pub workloads: Arc<WorkloadStore>,
+    /// The certificates presented, one per local workload.
+    pub tls: Arc<TlsContext>,
+    pub cfg: HboneConfig,
+    /// The gateway's own ports: a CONNECT to one of them is refused.
+    pub own_ports: OwnPorts,
+    pub tunnels: Arc<InboundTunnels>,
+    /// tidegate's counters for `direction="inbound"`.
+    pub metrics: ProxyMetrics,
+    /// The streams a drain waits for.
+    pub streams: ActiveStreams,
+    pub inbound_metrics: InboundMetrics,
+    /// Congestion control of the deliveries (`tcp.app_congestion_control`).
+    pub app_cc: Congestion,
+    pub limits: Arc<ConnectionLimits>,
+    pub authorizer: Arc<Authorizer>,
+}
+
 impl Inbound {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        workloads: Arc<WorkloadStore>,
-        tls: Arc<TlsContext>,
-        cfg: HboneConfig,
-        own_ports: OwnPorts,
-        tunnels: Arc<InboundTunnels>,
-        metrics: ProxyMetrics,
-        streams: ActiveStreams,
-        inbound_metrics: InboundMetrics,
-        app_cc: Congestion,
-        limits: Arc<ConnectionLimits>,
-        authorizer: Arc<Authorizer>,
-    ) -> Arc<Self> {
+    pub fn new(deps: InboundDeps) -> Arc<Self> {
+        let InboundDeps {
+            workloads,
+            tls,
+            cfg,
+            own_ports,
+            tunnels,
+            metrics,
+            streams,
+            inbound_metrics,
+            app_cc,
+            limits,
+            authorizer,
+        } = deps;
         Arc::new(Inbound {
             tls,
             tunnels,

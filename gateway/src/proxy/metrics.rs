@@ -1,9 +1,7 @@
-//! Metrics shared by both directions of the data path, and the access log.
+//! tidegate's metrics shared by every direction of the data path (the
+//! access line is written by [`crate::proxy::ledger`]).
 //! Each module registers its own metrics into the registry passed in; there
 //! is no global registry.
-
-use std::net::SocketAddr;
-use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -11,7 +9,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-pub use crate::proxy::copy::{ByteCounters, Transferred};
+use crate::proxy::copy::ByteCounters;
 use crate::proxy::istio_tcp::IstioTcpMetrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -141,49 +139,5 @@ impl ProxyMetrics {
                 reason: result,
             })
             .inc();
-    }
-}
-
-/// One access-log line per stream.
-pub struct AccessLog<'a> {
-    pub direction: &'static str,
-    pub src_identity: &'a str,
-    pub dst_identity: &'a str,
-    pub src_addr: SocketAddr,
-    pub dst_addr: SocketAddr,
-    pub moved: Transferred,
-    pub duration: Duration,
-    pub result: &'a str,
-    /// Why the connection was refused or cut, when it was.
-    pub error: Option<&'a str>,
-    /// The drain that asked the stream's tunnel to go away, if one did.
-    pub drained_by: Option<&'a str>,
-    /// Outbound to a Service: the endpoint the connection went to last
-    /// (`<workload uid> at <ip:port>`).
-    pub endpoint: Option<&'a str>,
-    /// Outbound to a Service: the endpoints tried before it whose connect
-    /// failed (`<uid> at <ip:port>: <reason>`, `; `-separated).
-    pub refused_tries: Option<&'a str>,
-}
-
-impl AccessLog<'_> {
-    pub fn emit(&self) {
-        tracing::info!(
-            target: "tidegate::access",
-            direction = self.direction,
-            src.identity = self.src_identity,
-            dst.identity = self.dst_identity,
-            src.addr = %self.src_addr,
-            dst.addr = %self.dst_addr,
-            bytes_to_tunnel = self.moved.tcp_to_h2,
-            bytes_from_tunnel = self.moved.h2_to_tcp,
-            duration_ms = self.duration.as_millis() as u64,
-            result = self.result,
-            error = self.error,
-            drained_by = self.drained_by,
-            endpoint = self.endpoint,
-            refused_tries = self.refused_tries,
-            "stream ended"
-        );
     }
 }
