@@ -496,8 +496,11 @@ impl WorkloadSnapshot {
                 next.members.remove(uid);
             }
         }
+        // The first answer puts every workload into an empty snapshot:
+        // nothing to compare with.
+        let first = self.by_uid.is_empty();
         for spec in delta.workloads {
-            if self.by_uid(&spec.uid).is_some_and(|w| w.spec == spec) {
+            if !first && self.by_uid(&spec.uid).is_some_and(|w| w.spec == spec) {
                 continue;
             }
             let w = node.workload(spec);

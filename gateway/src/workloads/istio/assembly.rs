@@ -104,6 +104,8 @@ struct Kept {
     uid: Name,
     standing: Standing,
     healthy: bool,
+    /// UNHEALTHY since it was first held ([`IstioWorkload::starting`]).
+    starting: bool,
     host_network: bool,
     /// Its addresses, whatever its network mode.
     addresses: Box<[IpAddr]>,
@@ -135,6 +137,7 @@ impl Kept {
             uid,
             standing: w.standing(),
             healthy: w.healthy,
+            starting: w.starting,
             host_network: w.host_network,
             addresses: w.addresses.into(),
             services: w
@@ -231,14 +234,17 @@ impl Assembly {
 
     /// Holds `w`, the resource of `digest`, under resource `name`
     /// (replacing a Service of that name).
-    pub fn put_workload(&mut self, name: String, w: IstioWorkload, digest: u64) {
+    pub fn put_workload(&mut self, name: String, mut w: IstioWorkload, digest: u64) {
         self.lift(&name);
         self.remove_service(&name);
-        let name = match self.workloads.get_key_value(name.as_str()) {
+        let (name, was_healthy) = match self.workloads.get_key_value(name.as_str()) {
             Some((_, k)) if k.digest == digest => return,
-            Some((held, _)) => held.clone(),
-            None => Name::from(name),
+            Some((held, k)) => (held.clone(), k.healthy || !k.starting),
+            None => (Name::from(name), false),
         };
+        if !was_healthy {
+            w.mark_starting();
+        }
         let naming = &self.naming;
         let (kept, mut spec) = Kept::split(&name, w, digest, |h| {
             naming
@@ -493,7 +499,10 @@ impl Assembly {
             let Some(ports) = w.ports(h) else {
                 continue;
             };
-            endpoints.insert(w.uid.to_string(), convert::conditions(w.healthy));
+            endpoints.insert(
+                w.uid.to_string(),
+                convert::conditions(w.healthy, w.starting),
+            );
             let ports = ports.iter().copied();
             let target =
                 convert::endpoint_target(w.host_network, &w.addresses, w.capacity, ports, &spec);

@@ -161,6 +161,14 @@ fn updates_applied_as_deltas_match_the_whole_set_assembled() {
                     let name = w.spec.uid.clone();
                     put(&mut assembly, name.clone(), w.clone());
                     services.remove(&name);
+                    // The whole set, as the source remembers it: UNHEALTHY
+                    // and never HEALTHY while held is starting.
+                    let mut w = w;
+                    match workloads.get(&name) {
+                        Some(p) if same(p, &w) => continue,
+                        Some(p) if p.healthy || !p.starting => {}
+                        _ => w.mark_starting(),
+                    }
                     workloads.insert(name, w);
                 }
                 6 => {
@@ -414,4 +422,66 @@ fn put(assembly: &mut Assembly, name: String, w: IstioWorkload) {
         &w,
     );
     assembly.put_workload(name, w, digest);
+}
+
+/// Whether `held` (as the model holds it, marked or not) is the resource
+/// `w` again: the assembly keeps it as it is.
+fn same(held: &IstioWorkload, w: &IstioWorkload) -> bool {
+    let mut unmarked = held.clone();
+    unmarked.starting = false;
+    if !unmarked.healthy {
+        unmarked.spec.state = crate::workloads::LifecycleState::Terminating;
+    }
+    unmarked == *w
+}
+
+/// istiod lists a new pod UNHEALTHY until it is ready, and a pod being
+/// deleted UNHEALTHY too: the first is starting (running, not ready, no
+/// drain), only the second terminating.
+#[test]
+fn a_pod_unhealthy_since_listed_is_starting_not_terminating() {
+    use crate::workloads::LifecycleState;
+    let store = WorkloadStore::new("cluster.local", "node-0");
+    let mut assembly = Assembly::default();
+    let ip = IpAddr::from([10, 1, 0, 9]);
+    let name = "Kubernetes//Pod/shop/p1".to_owned();
+    let look = |store: &WorkloadStore| {
+        let snap = store.snapshot();
+        let w = snap.by_uid(&name).expect("held");
+        let svc = snap.service("shop/s3").expect("service");
+        let c = svc.spec.endpoints.as_ref().unwrap()[&name];
+        (w.spec.state, c.ready, c.terminating)
+    };
+    assembly.put_service(host(3), service(3, 0));
+    put(&mut assembly, name.clone(), pod(1, ip, false, false, &[3]));
+    take(&mut assembly, &store);
+    assert_eq!(
+        look(&store),
+        (LifecycleState::Running, false, false),
+        "starting"
+    );
+    put(&mut assembly, name.clone(), pod(1, ip, true, false, &[3]));
+    take(&mut assembly, &store);
+    assert_eq!(
+        look(&store),
+        (LifecycleState::Running, true, false),
+        "ready"
+    );
+    put(&mut assembly, name.clone(), pod(1, ip, false, false, &[3]));
+    take(&mut assembly, &store);
+    assert_eq!(
+        look(&store),
+        (LifecycleState::Terminating, false, true),
+        "being deleted"
+    );
+    // Gone, then listed again UNHEALTHY: starting again.
+    assert!(assembly.remove(&name));
+    take(&mut assembly, &store);
+    put(&mut assembly, name.clone(), pod(1, ip, false, false, &[3]));
+    take(&mut assembly, &store);
+    assert_eq!(
+        look(&store),
+        (LifecycleState::Running, false, false),
+        "new again"
+    );
 }

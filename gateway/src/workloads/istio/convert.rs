@@ -120,8 +120,14 @@ pub struct IstioWorkload {
     pub host_network: bool,
     /// Status HEALTHY (UNHEALTHY: not ready or being deleted, as istiod
     /// reads a pod; `spec.state` is terminating, so the drain engine treats
-    /// it as such).
+    /// it as such — unless `starting`).
     pub healthy: bool,
+    /// UNHEALTHY and never HEALTHY while held: a pod not ready yet, not one
+    /// being deleted (istiod gives both the same status). Running, and no
+    /// terminating endpoint. Only the source knows (it remembers what it
+    /// held, [`IstioWorkload::mark_starting`]); one resource alone reads
+    /// `false`.
+    pub starting: bool,
     /// Service key (`namespace/hostname`) → service port → target port.
     /// A target port of 0 is left out (resolved as if the workload gave
     /// none).
@@ -137,6 +143,15 @@ pub struct IstioWorkload {
 }
 
 impl IstioWorkload {
+    /// UNHEALTHY and never HEALTHY while its source held it: starting, not
+    /// terminating (see `starting`). No change to a HEALTHY one.
+    pub fn mark_starting(&mut self) {
+        if !self.healthy {
+            self.starting = true;
+            self.spec.state = LifecycleState::Running;
+        }
+    }
+
     /// Refuses a workload of another trust domain than `ours` (the
     /// gateway's, [`WorkloadStore::trust_domain`]): the store derives
     /// every workload's identity from its own trust domain. The caller
@@ -305,6 +320,7 @@ pub fn workload(w: &wds::Workload) -> Result<IstioWorkload, ConvertError> {
         addresses,
         host_network,
         healthy,
+        starting: false,
         services,
         capacity: w.capacity.filter(|c| *c > 0).unwrap_or(1),
         trust_domain: non_empty(&w.trust_domain).unwrap_or_else(|| DEFAULT_TRUST_DOMAIN.into()),
@@ -534,7 +550,7 @@ pub fn assemble(
             spec.services.push(svc.key());
             svc.endpoints
                 .get_or_insert_with(BTreeMap::new)
-                .insert(spec.uid.clone(), conditions(w.healthy));
+                .insert(spec.uid.clone(), conditions(w.healthy, w.starting));
             let ports = ports.iter().map(|(s, t)| (*s, *t));
             let target = endpoint_target(w.host_network, &w.addresses, w.capacity, ports, svc);
             if target != EndpointTarget::default() {
@@ -549,12 +565,13 @@ pub fn assemble(
     (specs, out_services)
 }
 
-/// A workload's conditions as an endpoint: from its status (HEALTHY).
-pub(super) fn conditions(healthy: bool) -> Conditions {
+/// A workload's conditions as an endpoint: from its status (HEALTHY), and
+/// whether an UNHEALTHY one is only starting.
+pub(super) fn conditions(healthy: bool, starting: bool) -> Conditions {
     Conditions {
         ready: healthy,
         serving: true,
-        terminating: !healthy,
+        terminating: !healthy && !starting,
     }
 }
 
