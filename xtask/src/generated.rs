@@ -1,7 +1,6 @@
 //! The generated regions of hand-written documents: the README's list of
 //! crates (from the workspace's manifests) and of fuzz targets (from
-//! `fuzz.rs` and each target's first doc line), and `docs/performance.md`'s
-//! contents (from its headings).
+//! `fuzz.rs`), and `docs/performance.md`'s contents (from its headings).
 //!
 //! A region lies between `<!-- generated: NAME -->` and
 //! `<!-- end generated -->`; what is outside is written by hand.
@@ -29,7 +28,7 @@ const REGIONS: &[(&str, &str, Source)] = &[
 enum Source {
     /// A line per workspace member: its path, package name and description.
     Crates,
-    /// A line per fuzz target the test command runs, with its first sentence.
+    /// The fuzz targets the test command runs, counted and named.
     FuzzTargets,
     /// A link per `## ` heading of the document itself.
     Contents,
@@ -112,19 +111,18 @@ fn crates(root: &Path) -> Result<String> {
     Ok(out)
 }
 
-/// A line per target of [`crate::fuzz::TARGETS`]: its name and the first
-/// sentence of `fuzz/fuzz_targets/<name>.rs`.
+/// The targets of [`crate::fuzz::TARGETS`], counted and named, each
+/// checked to have its file and first doc line (the module map shows it).
 fn fuzz_targets(root: &Path) -> Result<String> {
-    let mut out = String::new();
+    let mut names = Vec::new();
     for t in crate::fuzz::TARGETS {
         let path = format!("fuzz/fuzz_targets/{t}.rs");
         let text =
             std::fs::read_to_string(root.join(&path)).with_context(|| format!("reading {path}"))?;
-        let line =
-            first_sentence(&text).with_context(|| format!("{path} has no first doc line"))?;
-        out.push_str(&format!("- `{t}`: {line}\n"));
+        first_sentence(&text).with_context(|| format!("{path} has no first doc line"))?;
+        names.push(format!("`{t}`"));
     }
-    Ok(out)
+    Ok(format!("{} targets: {}.\n", names.len(), names.join(", ")))
 }
 
 /// A link per `## ` heading, outside fenced blocks.

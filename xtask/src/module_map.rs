@@ -267,7 +267,11 @@ fn render(sources: &[Source], crates: &BTreeMap<String, (String, String)>) -> St
     }
     for (dir, files) in by_crate {
         let (name, description) = &crates[dir];
-        out.push_str(&format!("\n## `{name}` (`{dir}`)\n"));
+        match name.as_str() {
+            // A workspace's root manifest has no package.
+            "" => out.push_str(&format!("\n## `{dir}`\n")),
+            name => out.push_str(&format!("\n## `{name}` (`{dir}`)\n")),
+        }
         if !description.is_empty() {
             out.push_str(&format!("\n{description}.\n").replace("..\n", ".\n"));
         }
