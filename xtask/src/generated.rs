@@ -49,7 +49,7 @@ fn generate(root: &Path) -> Result<Vec<(&'static str, String, String)>> {
             Source::FuzzTargets => fuzz_targets(root)?,
             Source::Contents => contents(&text),
         };
-        let filled = fill(&text, name, &body).with_context(|| format!("{doc}"))?;
+        let filled = fill(&text, name, &body).with_context(|| doc.to_string())?;
         out.retain(|(d, _, _)| d != doc);
         let committed = std::fs::read_to_string(root.join(doc))?;
         out.push((doc, committed, filled));
