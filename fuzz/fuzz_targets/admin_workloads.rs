@@ -1,6 +1,6 @@
 //! The admin API's `/workloads/<uid>/…` request parsing: any method, path and
 //! query is a request or an answer, never a panic; a shutdown's grace never
-//! exceeds `drains::MAX_GRACE` (the overflow of issue 12 item 2).
+//! exceeds `drains::MAX_GRACE`.
 #![no_main]
 
 use std::time::Duration;

@@ -1,3 +1,6 @@
+//! The `tidegate` binary: parses the command line ([`tidegate::cli`]) and runs the
+//! one command it names.
+
 #![forbid(unsafe_code)]
 
 use clap::Parser;

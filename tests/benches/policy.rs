@@ -340,28 +340,13 @@ fn gateway_workload(policy: &str) -> Workload {
         policy.to_owned(),
     );
     Workload {
-        spec: WorkloadSpec {
-            uid: UID.into(),
-            name: NAME.into(),
-            namespace: NS.into(),
-            service_account: "checkout".into(),
-            ips: vec!["10.244.0.12".parse().unwrap()],
-            node: "node-a".into(),
-            protocol: Default::default(),
-            state: Default::default(),
-            labels: labels.into(),
-            annotations,
-            allow: Vec::new(),
-            authorization_policies: Vec::new(),
-            workload_name: None,
-            waypoint: None,
-            other_network: false,
-            oci_backend_draining: false,
-            namespace_policy: None,
-            deletion_deadline_unix_ms: None,
-            services: Vec::new(),
-            ports: Default::default(),
-        },
+        spec: WorkloadSpec::new(UID, "node-a")
+            .name(NAME)
+            .namespace(NS)
+            .service_account("checkout")
+            .ips(["10.244.0.12".parse().unwrap()])
+            .labels(labels)
+            .annotations(annotations),
         identity: SpiffeId::new("cluster.local", NS, "checkout"),
         local: true,
     }

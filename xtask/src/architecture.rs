@@ -1,13 +1,17 @@
-//! ARCHITECTURE.md against the code: it names every module of the gateway
-//! and of the crates beside it, and no path that is not there.
+//! ARCHITECTURE.md against the code: it names every crate and every
+//! folder of the node gateway, its crate table says what each crate imports
+//! as the manifests do, and it names no path that is not there. The
+//! inventory of files is `docs/module-map.md`, generated (`module_map.rs`).
 //!
-//! - A module is each `.rs` file under a source tree of [`SOURCES`] (a
-//!   directory's `mod.rs` is its directory) and each directory there,
-//!   except test-only ones: a file whose name ends in `tests.rs`, and a
-//!   directory holding only such files. It is named when the document has
-//!   it in backticks from the repository root (`base/src/sync.rs`,
-//!   `gateway/src/proxy/pool.rs`) or, for the node gateway's, relative to
-//!   `gateway/src` (`proxy/pool.rs`, `proxy/inbound/`).
+//! - A crate is each member of the workspace (`Cargo.toml`'s `members`);
+//!   its row of the table under `## Crates` has its path (`gateway/`) in
+//!   the second column and, in the third, every `tidegate*` crate of its
+//!   `[dependencies]` in backticks (dev-dependencies are not imports) and
+//!   no other.
+//! - A folder is each directory of `gateway/src` holding code (not only
+//!   sibling test files, `*tests.rs`); it is named when the
+//!   document has it in backticks, from the repository root
+//!   (`gateway/src/dns/`) or relative to `gateway/src` (`dns/`).
 //! - A path is a backticked word without spaces that ends in a file
 //!   extension or has a `/` after a first segment without dots (so
 //!   `tidegate.io/mesh` and `discovery.k8s.io/v1` are not paths); a route
@@ -21,80 +25,113 @@ use anyhow::{Context, Result};
 
 pub const DOCUMENT: &str = "ARCHITECTURE.md";
 const SRC: &str = "gateway/src";
-/// Every source tree whose modules the document names: the node gateway's
-/// and those of the crates along its walls.
-const SOURCES: &[&str] = &[
-    SRC,
-    "authz/src",
-    "base/src",
-    "ca/src",
-    "protocol/src",
-    "policy-host/src",
-    "netns/src",
-    "cni/src",
-    "control/src",
-];
 const EXTENSIONS: &[&str] = &[".rs", ".md", ".toml", ".yaml", ".yml", ".wit", ".json"];
 
 /// Every problem of the repository's ARCHITECTURE.md, one line each.
 pub fn check(root: &Path) -> Result<Vec<String>> {
     let doc = std::fs::read_to_string(root.join(DOCUMENT))
         .with_context(|| format!("reading {DOCUMENT}"))?;
-    let mut all = Vec::new();
-    for src in SOURCES {
-        let mut files = Vec::new();
-        walk(&root.join(src), "", &mut files)?;
-        let rooted = |m: String| match *src {
-            SRC => m,
-            other => format!("{other}/{m}"),
-        };
-        all.extend(modules(&files).into_iter().map(rooted));
+    let mut folders = Vec::new();
+    for entry in std::fs::read_dir(root.join(SRC)).with_context(|| format!("reading {SRC}"))? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() && has_code(&entry.path())? {
+            folders.push(format!("{}/", entry.file_name().to_string_lossy()));
+        }
+    }
+    folders.sort();
+    let workspace =
+        std::fs::read_to_string(root.join("Cargo.toml")).context("reading Cargo.toml")?;
+    let mut crates = Vec::new();
+    for member in members(&workspace) {
+        let manifest = std::fs::read_to_string(root.join(&member).join("Cargo.toml"))
+            .with_context(|| format!("reading {member}/Cargo.toml"))?;
+        crates.push((format!("{member}/"), imports(&manifest)));
     }
     let exists = |p: &str| root.join(p).exists() || root.join(SRC).join(p).exists();
-    Ok(problems(&doc, &all, exists))
+    let mut out = problems(&doc, &folders, exists);
+    out.extend(table_problems(&doc, &crates));
+    Ok(out)
 }
 
-/// The files under `dir`, relative to the walk's start.
-fn walk(dir: &Path, rel: &str, out: &mut Vec<String>) -> Result<()> {
-    let entries = std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
-    for entry in entries {
+/// Whether a directory holds a `.rs` file that is not a sibling test
+/// (`*tests.rs`), at any depth.
+fn has_code(dir: &Path) -> Result<bool> {
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        let path = format!("{rel}{name}");
-        if entry.file_type()?.is_dir() {
-            walk(&entry.path(), &format!("{path}/"), out)?;
+        let code = if entry.file_type()?.is_dir() {
+            has_code(&entry.path())?
         } else {
-            out.push(path);
+            name.ends_with(".rs") && !name.ends_with("tests.rs")
+        };
+        if code {
+            return Ok(true);
         }
     }
-    Ok(())
+    Ok(false)
 }
 
-/// The modules of a source tree given its files (relative paths, `/`):
-/// files as they are, directories with a trailing `/`, sorted.
-pub fn modules(files: &[String]) -> Vec<String> {
-    let test_only = |f: &str| f.ends_with("tests.rs");
+/// The members of a workspace manifest (`members = ["a", "b"]`, one line).
+pub fn members(workspace: &str) -> Vec<String> {
+    workspace
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("members"))
+        .map(|l| l.split('"').skip(1).step_by(2).map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+/// The `tidegate*` crates a manifest's `[dependencies]` name, sorted.
+pub fn imports(manifest: &str) -> Vec<String> {
+    let mut section = "";
     let mut out = Vec::new();
-    for f in files.iter().filter(|f| f.ends_with(".rs")) {
-        let mut dir = String::new();
-        let segments: Vec<&str> = f.split('/').collect();
-        for seg in &segments[..segments.len() - 1] {
-            dir.push_str(seg);
-            dir.push('/');
-            let has_code = files
-                .iter()
-                .any(|g| g.starts_with(&dir) && g.ends_with(".rs") && !test_only(g));
-            if has_code && !out.contains(&dir) {
-                out.push(dir.clone());
-            }
+    for line in manifest.lines() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            section = t;
+            continue;
         }
-        let is_mod = segments.last() == Some(&"mod.rs") && segments.len() > 1;
-        if !test_only(f) && !is_mod {
-            out.push(f.clone());
+        let normal = section == "[dependencies]"
+            || (section.starts_with("[target.") && section.ends_with(".dependencies]"));
+        if !normal || !t.starts_with("tidegate") {
+            continue;
+        }
+        if let Some(name) = t.split(['=', '.', ' ']).next() {
+            out.push(name.to_owned());
         }
     }
     out.sort();
     out.dedup();
+    out
+}
+
+/// The crate table's rows against each crate's imports: a row per crate
+/// (by its path), its third column the crate's `tidegate*` imports.
+pub fn table_problems(doc: &str, crates: &[(String, Vec<String>)]) -> Vec<String> {
+    let rows: Vec<Vec<&str>> = doc
+        .lines()
+        .filter(|l| l.starts_with('|'))
+        .map(|l| l.split('|').map(str::trim).collect())
+        .collect();
+    let mut out = Vec::new();
+    for (path, want) in crates {
+        let cell = format!("`{path}`");
+        let Some(row) = rows.iter().find(|r| r.get(2) == Some(&cell.as_str())) else {
+            out.push(format!(
+                "{DOCUMENT}'s crate table has no row for `{path}` (a workspace member)"
+            ));
+            continue;
+        };
+        let mut named: Vec<String> = row
+            .get(3)
+            .map(|c| c.split('`').skip(1).step_by(2).map(str::to_owned).collect())
+            .unwrap_or_default();
+        named.sort();
+        if &named != want {
+            out.push(format!(
+                "{DOCUMENT}'s crate table says `{path}` imports {named:?}; its Cargo.toml's [dependencies] say {want:?}"
+            ));
+        }
+    }
     out
 }
 
@@ -134,11 +171,12 @@ fn is_path(word: &str) -> bool {
     }
 }
 
-/// Modules the document does not name, and paths it names that do not exist.
-pub fn problems(doc: &str, modules: &[String], exists: impl Fn(&str) -> bool) -> Vec<String> {
+/// Folders of the gateway the document does not name, and paths it names
+/// that do not exist.
+pub fn problems(doc: &str, folders: &[String], exists: impl Fn(&str) -> bool) -> Vec<String> {
     let words = backticked(doc);
     let mut out = Vec::new();
-    for m in modules {
+    for m in folders {
         let full = format!("{SRC}/{m}");
         let named = words.iter().any(|w| {
             let w = w.trim_end_matches('/');
@@ -146,7 +184,7 @@ pub fn problems(doc: &str, modules: &[String], exists: impl Fn(&str) -> bool) ->
         });
         if !named {
             out.push(format!(
-                "{DOCUMENT} does not name the module `{m}` (write `{m}` where it belongs)"
+                "{DOCUMENT} does not name the folder `{m}` of {SRC} (write `{m}` where it belongs)"
             ));
         }
     }
@@ -172,43 +210,43 @@ mod tests {
     }
 
     #[test]
-    fn modules_are_files_and_directories_without_test_only_ones() {
-        let m = modules(&files(&[
-            "lib.rs",
-            "proxy/mod.rs",
-            "proxy/pool.rs",
-            "proxy/pool/key_and_limit_tests.rs",
-            "oci/sign_tests.rs",
-            "oci/mod.rs",
-            "bin/cni/main.rs",
-            "defaults.yaml",
-        ]));
-        assert_eq!(
-            m,
-            [
-                "bin/",
-                "bin/cni/",
-                "bin/cni/main.rs",
-                "lib.rs",
-                "oci/",
-                "proxy/",
-                "proxy/pool.rs"
-            ]
-        );
+    fn a_folder_the_document_does_not_name_is_reported() {
+        let folders = files(&["proxy/", "dns/"]);
+        let doc = "The data path (`gateway/src/proxy/`).\n";
+        let p = problems(doc, &folders, |_| true);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].contains("`dns/`"), "{p:?}");
+        let doc = format!("{doc}The DNS proxy: `dns/`.\n");
+        assert_eq!(problems(&doc, &folders, |_| true), Vec::<String>::new());
+        // A name inside a fenced block is not a mention.
+        let fenced = "```\n`dns/`\n```\n`proxy/`";
+        assert_eq!(problems(fenced, &folders, |_| true).len(), 1);
     }
 
     #[test]
-    fn a_module_the_document_does_not_name_is_reported() {
-        let modules = files(&["proxy/", "proxy/pool.rs", "netns.rs"]);
-        let doc = "The pool (`gateway/src/proxy/pool.rs`) in `proxy/`.\n";
-        let p = problems(doc, &modules, |_| true);
-        assert_eq!(p.len(), 1, "{p:?}");
-        assert!(p[0].contains("`netns.rs`"), "{p:?}");
-        let doc = format!("{doc}Pod sockets: `netns.rs`.\n");
-        assert_eq!(problems(&doc, &modules, |_| true), Vec::<String>::new());
-        // A name inside a fenced block is not a mention.
-        let fenced = "```\n`netns.rs`\n```\n`proxy/pool.rs` `proxy`";
-        assert_eq!(problems(fenced, &modules, |_| true).len(), 1);
+    fn the_crate_table_says_what_the_manifests_import() {
+        let manifest = "[package]\nname = \"tidegate-ca\"\n\n[dependencies]\ntidegate-base = { path = \"../base\" }\ntidegate-xds.workspace = true\nserde = \"1\"\n\n[dev-dependencies]\ntidegate-authz = { path = \"../authz\" }\n";
+        assert_eq!(imports(manifest), ["tidegate-base", "tidegate-xds"]);
+        let crates = vec![
+            ("ca/".to_owned(), imports(manifest)),
+            ("base/".to_owned(), vec![]),
+        ];
+        let doc = "| crate | path | imports | role |\n|---|---|---|---|\n\
+                   | `tidegate-ca` | `ca/` | `tidegate-base` | the CA |\n";
+        let p = table_problems(doc, &crates);
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(
+            p[0].contains("`ca/` imports") && p[0].contains("tidegate-xds"),
+            "{p:?}"
+        );
+        assert!(p[1].contains("no row for `base/`"), "{p:?}");
+        let doc = "| `tidegate-ca` | `ca/` | `tidegate-xds`, `tidegate-base` | the CA |\n\
+                   | `tidegate-base` | `base/` | — | leaves |\n";
+        assert_eq!(table_problems(doc, &crates), Vec::<String>::new());
+        assert_eq!(
+            members("[workspace]\nmembers = [\"ca\", \"base\"]\n"),
+            ["ca", "base"]
+        );
     }
 
     #[test]

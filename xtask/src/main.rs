@@ -19,7 +19,12 @@
 //! - `readme`: what `test` checks of the documents, for whoever edits one:
 //!   ARCHITECTURE.md against the code (`architecture.rs`), then the demo and
 //!   the READMEs' shell blocks.
-//! - `architecture`: ARCHITECTURE.md against the code alone.
+//! - `architecture`: ARCHITECTURE.md against the code alone, and
+//!   `docs/module-map.md` and the generated regions against what the code
+//!   gives (`module_map.rs`, `generated.rs`).
+//! - `module-map`: write `docs/module-map.md` from every Rust file's first
+//!   doc line (`module_map.rs`), and the generated regions of the README
+//!   (its crates) and `docs/performance.md` (its contents), `generated.rs`.
 //! - `config-reference`: rewrite the generated table of
 //!   `docs/configuration.md` (every key, its default and range) from the
 //!   config types, keeping the meanings written; the test
@@ -39,8 +44,10 @@ mod checks;
 mod child;
 mod demo;
 mod fuzz;
+mod generated;
 mod lab;
 mod lint;
+mod module_map;
 mod plugins;
 mod readme;
 
@@ -51,7 +58,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 
 const USAGE: &str =
-    "usage: cargo xtask plugins [--out DIR] | test | fuzz [--secs N] [TARGET…] | readme | architecture | config-reference | lab [ARGS…] | demo [--check] [ARGS…]";
+    "usage: cargo xtask plugins [--out DIR] | test | fuzz [--secs N] [TARGET…] | readme | architecture | module-map | config-reference | lab [ARGS…] | demo [--check] [ARGS…]";
 
 fn main() -> ExitCode {
     // The fuzz build runs xtask as its rustc wrapper (`fuzz.rs`).
@@ -159,6 +166,10 @@ fn run(args: Vec<String>) -> Result<()> {
             architecture.and(run_docs(&root, &mut tally))
         }
         Some("architecture") => run_architecture(&repo_root(), &mut Tally::default()),
+        Some("module-map") => {
+            let root = repo_root();
+            generated::write(&root).and(module_map::write(&root))
+        }
         Some("config-reference") => {
             let root = repo_root();
             let write = [("TIDEGATE_WRITE_CONFIG_REFERENCE", OsString::from("1"))];
@@ -246,7 +257,8 @@ fn run_docs(root: &std::path::Path, tally: &mut Tally) -> Result<()> {
     count(tally, &checks, "README checks")
 }
 
-/// ARCHITECTURE.md against the code (`architecture.rs`), one check.
+/// ARCHITECTURE.md against the code (`architecture.rs`) and the module map
+/// against what the code gives (`module_map.rs`): two checks.
 fn run_architecture(root: &std::path::Path, tally: &mut Tally) -> Result<()> {
     println!(
         "\nchecking {} against the source trees",
@@ -262,10 +274,25 @@ fn run_architecture(root: &std::path::Path, tally: &mut Tally) -> Result<()> {
     });
     checks.record(
         &format!(
-            "{} names every module and only existing paths",
+            "{} names every crate and gateway folder, imports as the manifests, only existing paths",
             architecture::DOCUMENT
         ),
         result,
+    );
+    let map = module_map::check(root).and_then(|mut problems| {
+        problems.extend(generated::check(root)?);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            bail!("{}", problems.join("\n    "))
+        }
+    });
+    checks.record(
+        &format!(
+            "{} and the documents' generated regions are what the code gives, every file with a first doc line",
+            module_map::DOCUMENT
+        ),
+        map,
     );
     count(tally, &checks, "architecture")
 }

@@ -16,6 +16,7 @@ use tracing::warn;
 
 use crate::impersonation::{PodFacts, Pods};
 use tidegate_base::shutdown::ShutdownWatch;
+use tidegate_base::sync::ReadWriteLocked;
 
 #[derive(Default)]
 struct Index {
@@ -77,7 +78,7 @@ pub struct PodIndex {
 
 impl Pods for PodIndex {
     fn get(&self, namespace: &str, name: &str) -> Option<PodFacts> {
-        let i = self.index.read().unwrap();
+        let i = self.index.read_locked();
         i.by_name
             .get(&(namespace.to_owned(), name.to_owned()))
             .cloned()
@@ -85,7 +86,7 @@ impl Pods for PodIndex {
 
     fn any_on_node(&self, node: &str, namespace: &str, service_account: &str) -> bool {
         !node.is_empty()
-            && self.index.read().unwrap().on_node.contains_key(&(
+            && self.index.read_locked().on_node.contains_key(&(
                 node.to_owned(),
                 namespace.to_owned(),
                 service_account.to_owned(),
@@ -121,14 +122,14 @@ impl PodIndex {
                 }
                 Some(Ok(Event::InitDone)) => {
                     if let Some(i) = pending.take() {
-                        *self.index.write().unwrap() = i;
+                        *self.index.write_locked() = i;
                     }
                     synced.send_replace(true);
                 }
-                Some(Ok(Event::Apply(p))) => self.index.write().unwrap().add(&p),
+                Some(Ok(Event::Apply(p))) => self.index.write_locked().add(&p),
                 Some(Ok(Event::Delete(p))) => {
                     if let Some((key, _)) = facts_of(&p) {
-                        self.index.write().unwrap().remove(&key);
+                        self.index.write_locked().remove(&key);
                     }
                 }
             }

@@ -399,7 +399,7 @@ fn addresses(snapshot: &WorkloadSnapshot, svc: &Service, family: Family) -> Vec<
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::workloads::{LifecycleState, Protocol, WorkloadSpec};
+    use crate::workloads::WorkloadSpec;
 
     /// A Service as the workload file gives it (port 80).
     pub(crate) fn service(name: &str, ns: &str, vips: &[&str]) -> ServiceSpec {
@@ -412,28 +412,11 @@ pub(crate) mod tests {
     }
 
     fn workload(uid: &str, ns: &str, ips: &[&str], services: &[&str]) -> WorkloadSpec {
-        WorkloadSpec {
-            uid: uid.into(),
-            name: uid.into(),
-            namespace: ns.into(),
-            service_account: "sa".into(),
-            ips: ips.iter().map(|v| v.parse().unwrap()).collect(),
-            node: "n".into(),
-            protocol: Protocol::Hbone,
-            state: LifecycleState::Running,
-            labels: Default::default(),
-            annotations: Default::default(),
-            allow: vec![],
-            authorization_policies: vec![],
-            workload_name: None,
-            waypoint: None,
-            other_network: false,
-            oci_backend_draining: false,
-            namespace_policy: None,
-            deletion_deadline_unix_ms: None,
-            services: services.iter().map(|s| s.to_string()).collect(),
-            ports: Default::default(),
-        }
+        WorkloadSpec::new(uid, "n")
+            .namespace(ns)
+            .service_account("sa")
+            .ips(ips.iter().map(|v| v.parse().unwrap()))
+            .services(services.iter().copied())
     }
 
     fn names() -> Names {

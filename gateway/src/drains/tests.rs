@@ -13,28 +13,7 @@ use crate::tls::{DevCa, TlsContext, TlsMetrics};
 use crate::workloads::{Workload, WorkloadSpec, WorkloadStore};
 
 pub(super) fn spec(uid: &str, node: &str, ip: [u8; 4]) -> WorkloadSpec {
-    WorkloadSpec {
-        uid: uid.to_owned(),
-        name: uid.to_owned(),
-        namespace: "default".to_owned(),
-        service_account: "default".to_owned(),
-        ips: vec![std::net::IpAddr::from(ip)],
-        node: node.to_owned(),
-        protocol: Default::default(),
-        state: Default::default(),
-        labels: Default::default(),
-        annotations: Default::default(),
-        allow: vec![],
-        authorization_policies: vec![],
-        workload_name: None,
-        waypoint: None,
-        other_network: false,
-        oci_backend_draining: false,
-        namespace_policy: None,
-        deletion_deadline_unix_ms: None,
-        services: Vec::new(),
-        ports: Default::default(),
-    }
+    WorkloadSpec::new(uid, node).ips([std::net::IpAddr::from(ip)])
 }
 
 /// A pool with no tunnel (nothing is dialed until a connection asks).

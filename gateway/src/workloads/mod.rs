@@ -18,6 +18,7 @@ pub mod kubernetes;
 pub mod membership;
 pub mod services;
 mod snapshot;
+mod spec_builder;
 mod store;
 pub mod waypoint;
 

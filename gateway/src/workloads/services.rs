@@ -368,14 +368,10 @@ mod tests {
     use crate::workloads::{WorkloadSpec, WorkloadStore};
 
     fn spec(uid: &str, ip: &str, state: LifecycleState) -> WorkloadSpec {
-        serde_yaml::from_str(&format!(
-            "{{uid: {uid}, name: {uid}, namespace: ns, ips: [{ip}], node: n, state: {}}}",
-            match state {
-                LifecycleState::Running => "running",
-                _ => "terminating",
-            }
-        ))
-        .unwrap()
+        WorkloadSpec::new(uid, "n")
+            .namespace("ns")
+            .ips([ip.parse().unwrap()])
+            .state(state)
     }
 
     #[test]

@@ -5,28 +5,10 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 fn spec(uid: &str, node: &str, protocol: Protocol) -> WorkloadSpec {
-    WorkloadSpec {
-        uid: uid.into(),
-        name: uid.into(),
-        namespace: "ns".into(),
-        service_account: "sa".into(),
-        ips: vec![],
-        node: node.into(),
-        protocol,
-        state: LifecycleState::Running,
-        labels: Default::default(),
-        annotations: Default::default(),
-        allow: vec![],
-        authorization_policies: vec![],
-        workload_name: None,
-        waypoint: None,
-        other_network: false,
-        oci_backend_draining: false,
-        namespace_policy: None,
-        deletion_deadline_unix_ms: None,
-        services: vec![],
-        ports: Default::default(),
-    }
+    WorkloadSpec::new(uid, node)
+        .namespace("ns")
+        .service_account("sa")
+        .protocol(protocol)
 }
 
 #[test]

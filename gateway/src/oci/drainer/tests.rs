@@ -11,28 +11,9 @@ use crate::oci::OciError;
 use crate::workloads::{WorkloadSnapshot, WorkloadSpec, WorkloadStore};
 
 fn spec(uid: &str, ips: &[&str]) -> WorkloadSpec {
-    WorkloadSpec {
-        uid: uid.to_owned(),
-        name: uid.to_owned(),
-        namespace: "default".to_owned(),
-        service_account: "default".to_owned(),
-        ips: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
-        node: "n1".to_owned(),
-        protocol: Default::default(),
-        state: Default::default(),
-        labels: Default::default(),
-        annotations: Default::default(),
-        allow: vec![],
-        authorization_policies: vec![],
-        workload_name: None,
-        waypoint: None,
-        other_network: false,
-        oci_backend_draining: true,
-        namespace_policy: None,
-        deletion_deadline_unix_ms: None,
-        services: Vec::new(),
-        ports: Default::default(),
-    }
+    WorkloadSpec::new(uid, "n1")
+        .ips(ips.iter().map(|ip| ip.parse().unwrap()))
+        .oci_backend_draining(true)
 }
 
 fn snapshot(workloads: Vec<WorkloadSpec>) -> Arc<WorkloadSnapshot> {
