@@ -1,6 +1,7 @@
 //! A ledger records its connection's end once, however it ends: refused,
 //! finished, or dropped by a cancelled task.
 
+use crate::sync::Locked;
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::registry::Registry;
@@ -24,7 +25,7 @@ struct Sink(Arc<Mutex<Vec<u8>>>);
 
 impl std::io::Write for Sink {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
+        self.0.locked().extend_from_slice(b);
         Ok(b.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -72,7 +73,7 @@ impl Recorded {
     }
 
     fn access_lines(&self) -> Vec<String> {
-        String::from_utf8_lossy(&self.lines.lock().unwrap())
+        String::from_utf8_lossy(&self.lines.locked())
             .lines()
             .filter(|l| l.contains("tidegate::access"))
             .map(str::to_owned)

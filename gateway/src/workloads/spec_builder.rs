@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::Arc;
 
 use super::{LifecycleState, Protocol, WorkloadSpec};
 
@@ -27,8 +26,8 @@ impl WorkloadSpec {
             node: node.into(),
             protocol: Protocol::Hbone,
             state: LifecycleState::Running,
-            labels: Arc::default(),
-            annotations: BTreeMap::new(),
+            labels: super::shared(BTreeMap::new()),
+            annotations: super::shared(BTreeMap::new()),
             allow: Vec::new(),
             authorization_policies: Vec::new(),
             oci_backend_draining: false,
@@ -80,13 +79,13 @@ impl WorkloadSpec {
 
     /// Its labels.
     pub fn labels(mut self, labels: BTreeMap<String, String>) -> Self {
-        self.labels = Arc::new(labels);
+        self.labels = super::shared(labels);
         self
     }
 
     /// Its annotations.
     pub fn annotations(mut self, annotations: BTreeMap<String, String>) -> Self {
-        self.annotations = annotations;
+        self.annotations = super::shared(annotations);
         self
     }
 
