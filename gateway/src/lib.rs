@@ -32,10 +32,8 @@ pub mod dns;
 pub mod drains;
 pub mod fd_passing;
 pub mod inpod;
-pub mod netns;
 pub mod oci;
 pub mod proxy;
-pub mod workload_table;
 pub mod workloads;
 
 pub use allocator::{Allocator, ALLOCATOR};

@@ -64,7 +64,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let admin = args.admin.unwrap_or(config.listeners.admin);
             print!(
                 "{}",
-                tidegate::workload_table::fetch(admin, args.workload.as_deref())?
+                tidegate::cli::workload_table::fetch(admin, args.workload.as_deref())?
             );
             Ok(())
         }

@@ -350,7 +350,7 @@ fn gateway_workload(policy: &str) -> Workload {
             protocol: Default::default(),
             state: Default::default(),
             labels: labels.into(),
-            annotations,
+            annotations: annotations.into(),
             allow: Vec::new(),
             authorization_policies: Vec::new(),
             workload_name: None,

@@ -50,7 +50,7 @@ use tracing::warn;
 
 use super::handler::{is_truncated, Forward};
 use super::wire::{Transport, HEADER_LEN};
-use crate::netns::{DialOpts, NetnsSockets, PodNetns, MESH_MARK};
+use crate::inpod::netns::{DialOpts, NetnsSockets, PodNetns, MESH_MARK};
 use crate::sync::Locked;
 
 /// How often a forwarding loop is logged at most.
