@@ -93,12 +93,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 fn policy(cmd: PolicyCommand, limits: &tidegate::config::PoliciesConfig) -> anyhow::Result<()> {
     let result = match cmd {
         PolicyCommand::Test { plugin, trace } => {
-            tidegate::policy::trace::test(&plugin, &trace, limits)
+            tidegate_policy_host::trace::test(&plugin, &trace, limits)
         }
         PolicyCommand::Check {
             plugin,
             policy_config,
-        } => tidegate::policy::trace::check(&plugin, &policy_config, limits),
+        } => tidegate_policy_host::trace::check(&plugin, &policy_config, limits),
     };
     match result {
         Ok(report) => {

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{Config, ConfigError};
-use crate::identity::SpiffeId;
+use tidegate_protocol::identity::SpiffeId;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -46,9 +46,9 @@
 use std::sync::Arc;
 
 use crate::descriptor_budget::DescriptorBudget;
-use crate::descriptors::Usage;
 use crate::inpod::netns::NetnsId;
 use crate::proxy::inbound::limits::ConnectionLimits;
+use tidegate_base::descriptors::Usage;
 
 /// The pod that already has a namespace.
 #[derive(Clone, Debug)]

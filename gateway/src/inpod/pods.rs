@@ -51,8 +51,8 @@ use crate::proxy::outbound::Outbound;
 use crate::proxy::plaintext::PlaintextInbound;
 use crate::proxy::pool::Pool;
 use crate::proxy::tunnels::InboundTunnels;
-use crate::shutdown::{self, ActiveStreams, ShutdownTrigger, ShutdownWatch};
 use crate::workloads::WorkloadStore;
+use tidegate_base::shutdown::{self, ActiveStreams, ShutdownTrigger, ShutdownWatch};
 
 mod handover;
 
