@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
-use tidegate::identity::SpiffeId;
+use tidegate_protocol::identity::SpiffeId;
 use tidegate::proxy::inbound::connect::{route, OwnPorts, TunnelCtx};
 use tidegate::workloads::{parse_workload_file, WorkloadSnapshot, WorkloadStore};
 

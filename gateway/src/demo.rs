@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::shutdown::ShutdownWatch;
+use tidegate_base::shutdown::ShutdownWatch;
 
 /// Binds an echo backend's listener; `key` (`demo.echo`, …) names it in the
 /// error, with the port's holder when the port is in use.

@@ -1,21 +1,31 @@
 //! tidegate: a per-node HBONE gateway whose drain policies are WebAssembly plugins.
 //!
+//! A sibling crate is named by its crate name wherever it is used
+//! (`tidegate_policy_host::…`, `tidegate_protocol::hbone::…`); this crate
+//! re-exports none of them.
+//!
 //! - The data path, [`proxy`], in the order a byte travels:
-//!   [`proxy::outbound`] (capture on 15001) → [`proxy::pool`] → [`hbone::client`]
-//!   → mTLS ([`tls`]) → peer's [`proxy::inbound`] (15008) over [`hbone::server`]
-//!   → the workload; [`proxy::copy`] moves the bytes.
-//! - [`hbone`]: the protocol layer (HTTP/2 CONNECT, settings, keepalive, GOAWAY);
-//!   it knows nothing of routing, authorization or dialing.
-//! - The control plane: [`workloads`] (what runs on the node), [`policy`]
-//!   (the WebAssembly plugins), [`drains`] (the drain engine acting on
-//!   tunnels), [`oci`] (draining before an OCI runtime stops a container).
+//!   [`proxy::outbound`] (capture on 15001) → [`proxy::pool`] →
+//!   [`tidegate_protocol::hbone::client`] → mTLS ([`tidegate_protocol::tls`])
+//!   → peer's [`proxy::inbound`] (15008) over
+//!   [`tidegate_protocol::hbone::server`] → the workload; [`proxy::copy`]
+//!   moves the bytes.
+//! - [`tidegate_protocol::hbone`]: the protocol layer (HTTP/2 CONNECT,
+//!   settings, keepalive, GOAWAY); it knows nothing of routing,
+//!   authorization or dialing.
+//! - The control plane: [`workloads`] (what runs on the node),
+//!   [`tidegate_policy_host`] (the WebAssembly plugins; its own crate, the
+//!   only one that links wasmtime), [`drains`] (the drain engine acting on
+//!   tunnels), [`oci`] (draining before an OCI runtime stops a container);
+//!   [`tidegate_ca`] is the Istio CA client (and the CA).
 //! - [`dns`]: the DNS proxy on 15053 inside each captured pod (in-pod mode).
 //! - [`cli`]: the command line (`tidegate connect`, `tidegate drain`, …).
-//! - [`shutdown`]: the gateway's own shutdown signal (not the drain engine).
+//! - [`tidegate_base::shutdown`]: the gateway's own shutdown signal (not the
+//!   drain engine).
 //!
 //! [`app`] wires everything; [`config`] is the one typed configuration;
-//! [`control_plane`] holds the limits the admin, metrics, readiness and CNI
-//! listeners share; [`descriptor_budget`] splits the open-file limit
+//! [`tidegate_control::limits`] holds the limits the admin, metrics, readiness and
+//! CNI listeners share; [`descriptor_budget`] splits the open-file limit
 //! between them, the pods, the inbound caps and the outbound side.
 
 #![forbid(unsafe_code)]
@@ -32,19 +42,11 @@ pub mod dns;
 pub mod drains;
 pub mod fd_passing;
 pub mod inpod;
-pub mod netns;
 pub mod oci;
 pub mod proxy;
-pub mod workload_table;
 pub mod workloads;
 
 pub use allocator::{Allocator, ALLOCATOR};
-pub use tidegate_base::{descriptors, shutdown, sync};
-/// The Istio CA client (and `tidegate-ca`, the CA, in the same crate).
-pub use tidegate_ca as ca;
-/// The policy host is its own crate (the only one that links wasmtime).
-pub use tidegate_policy_host as policy;
-pub use tidegate_protocol::{hbone, identity, tls};
 
 /// The unit tests run on the gateway's allocator too (its metrics are
 /// tested on it).

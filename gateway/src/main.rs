@@ -67,7 +67,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let admin = args.admin.unwrap_or(config.listeners.admin);
             print!(
                 "{}",
-                tidegate::workload_table::fetch(admin, args.workload.as_deref())?
+                tidegate::cli::workload_table::fetch(admin, args.workload.as_deref())?
             );
             Ok(())
         }
@@ -96,12 +96,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 fn policy(cmd: PolicyCommand, limits: &tidegate::config::PoliciesConfig) -> anyhow::Result<()> {
     let result = match cmd {
         PolicyCommand::Test { plugin, trace } => {
-            tidegate::policy::trace::test(&plugin, &trace, limits)
+            tidegate_policy_host::trace::test(&plugin, &trace, limits)
         }
         PolicyCommand::Check {
             plugin,
             policy_config,
-        } => tidegate::policy::trace::check(&plugin, &policy_config, limits),
+        } => tidegate_policy_host::trace::check(&plugin, &policy_config, limits),
     };
     match result {
         Ok(report) => {

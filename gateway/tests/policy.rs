@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tidegate::config::Config;
-use tidegate::policy::{FailureKind, PolicyEngine, PolicyMetrics, SelectedBy, Selection};
+use tidegate_policy_host::{FailureKind, PolicyEngine, PolicyMetrics, SelectedBy, Selection};
 use tidegate_sdk as sdk;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tidegate");
@@ -449,7 +449,7 @@ fn plugin_files_are_watched_and_swapped() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let (trigger, watch) = tidegate::shutdown::channel();
+        let (trigger, watch) = tidegate_base::shutdown::channel();
         let task = tokio::spawn(e.clone().watch_files(Duration::from_millis(20), watch));
         // Replace atomically, as an operator (or a ConfigMap update) would.
         let tmp = dir.path().join("p.wasm.tmp");
@@ -601,7 +601,7 @@ fn a_contract_0_3_0_plugin_is_handed_only_the_metadata_it_declared() {
         let d = e.decide(&sel, &labelled_shutdown("w"));
         assert_eq!(logged(&d.actions), [want], "{config}");
     }
-    let too_many: Vec<String> = (0..=tidegate::policy::MAX_READ_KEYS)
+    let too_many: Vec<String> = (0..=tidegate_policy_host::MAX_READ_KEYS)
         .map(|i| format!("k{i}"))
         .collect();
     let bytes = std::fs::read(plugin("fixtures/reads-probe")).unwrap();
@@ -686,7 +686,7 @@ fn a_refused_config_does_not_refuse_the_next_loads() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let (trigger, watch) = tidegate::shutdown::channel();
+        let (trigger, watch) = tidegate_base::shutdown::channel();
         let task = tokio::spawn(e.clone().watch_files(Duration::from_millis(20), watch));
         let tmp = dir.path().join("p.wasm.tmp");
         std::fs::write(&tmp, &teardown_bytes).unwrap();
@@ -704,13 +704,13 @@ fn a_refused_config_does_not_refuse_the_next_loads() {
     });
     let s = status(&e);
     assert_eq!(s.last_error, None, "the reload was refused");
-    assert_eq!(s.source, Some(tidegate::policy::LoadedFrom::File));
+    assert_eq!(s.source, Some(tidegate_policy_host::LoadedFrom::File));
     assert_eq!((swaps("ok"), swaps("init")), (2.0, 1.0));
 
     // An upload without the header after a refused one: accepted too.
     assert!(e.upload("p", &teardown_bytes, Some(bad)).is_err());
     let bytes = std::fs::read(plugin("recommended")).unwrap();
     let up = e.upload("p", &bytes, None).unwrap();
-    assert_eq!(up.result, tidegate::policy::UploadResult::Swapped);
+    assert_eq!(up.result, tidegate_policy_host::UploadResult::Swapped);
     assert_eq!(status(&e).last_error, None);
 }

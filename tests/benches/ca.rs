@@ -29,11 +29,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tidegate::identity::SpiffeId;
 use tidegate_ca::server::start as start_ca;
 use tidegate_e2e::ca::{ca_config, gateway_pod, until_known};
 use tidegate_e2e::kube_api::{FakeApiServer, Kind};
 use tidegate_e2e::{echo_server, gateway_config_with, ip, round_trip, write_atomically, Capture};
+use tidegate_protocol::identity::SpiffeId;
 use tokio::net::TcpStream;
 
 const ISSUE_N: usize = 50;
@@ -121,7 +121,7 @@ async fn run() -> anyhow::Result<()> {
             pod(&format!("c{i}"), &format!("cold-{i}"), "node-a", cold_ip(i)),
         );
     }
-    let (_trigger, drain) = tidegate::shutdown::channel();
+    let (_trigger, drain) = tidegate_base::shutdown::channel();
     let ca = start_ca(
         ca_config(&api, "127.0.0.1:0".parse()?, Duration::from_secs(3600)),
         drain,

@@ -50,11 +50,11 @@ mod pair;
 
 use anyhow::{anyhow, bail, Context as _};
 use bytes::Bytes;
-use tidegate::hbone::client::{connect_stream, dial};
-use tidegate::hbone::Settings;
-use tidegate::identity::SpiffeId;
-use tidegate::tls::TlsContext;
 use tidegate_e2e::{ip, metric, workloads_yaml, Options, TwoNodes, TRUST_DOMAIN};
+use tidegate_protocol::hbone::client::{connect_stream, dial};
+use tidegate_protocol::hbone::Settings;
+use tidegate_protocol::identity::SpiffeId;
+use tidegate_protocol::tls::TlsContext;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::mpsc;

@@ -18,7 +18,7 @@
 //!    called in process (policy decision + execution included) and stops when
 //!    the client side has parsed the GOAWAY frame. Two observers:
 //!    - **raw h2 client**: a tunnel dialled by this program
-//!      (`tidegate::hbone::client::dial`); the task driving the h2 connection
+//!      (`tidegate_protocol::hbone::client::dial`); the task driving the h2 connection
 //!      checks `SendRequest::poll_ready` after every poll of the connection
 //!      (as the pool's `refresh_goaway` does) and timestamps the first error,
 //!      i.e. the moment the frame was read off the socket and processed.
@@ -51,10 +51,10 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use tidegate::drains::{Lifecycle, Trigger};
-use tidegate::hbone::client::{connect_stream, dial};
-use tidegate::hbone::Settings;
-use tidegate::identity::SpiffeId;
 use tidegate_e2e::{echo_server, metric, round_trip, Capture, Options, TwoNodes, TRUST_DOMAIN};
+use tidegate_protocol::hbone::client::{connect_stream, dial};
+use tidegate_protocol::hbone::Settings;
+use tidegate_protocol::identity::SpiffeId;
 use tokio::sync::oneshot;
 
 // ---- bounds -------------------------------------------------------------

@@ -42,9 +42,9 @@ use std::time::{Duration, Instant};
 use tidegate::config::{EndpointChoice, PoolConfig};
 use tidegate::proxy::endpoints::{EndpointMetrics, EndpointPicker, Skips};
 use tidegate::proxy::pool::Pool;
-use tidegate::tls::{DevCa, TlsContext, TlsMetrics};
 use tidegate::workloads::WorkloadStore;
 use tidegate_e2e::{counting_echo, ip, round_trip, Capture, Options, TwoNodes};
+use tidegate_protocol::tls::{DevCa, TlsContext, TlsMetrics};
 use tokio::io::AsyncWriteExt;
 
 #[path = "services/crash.rs"]

@@ -43,8 +43,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use bytes::Bytes;
 use tidegate::config::Config;
-use tidegate::identity::SpiffeId;
-use tidegate::tls::{TlsContext, TlsMetrics};
+use tidegate_protocol::identity::SpiffeId;
+use tidegate_protocol::tls::{TlsContext, TlsMetrics};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -152,7 +152,7 @@ impl Client {
     }
 
     async fn tunnel(&self) -> anyhow::Result<h2::client::SendRequest<Bytes>> {
-        let (send, conn) = tidegate::hbone::client::dial(
+        let (send, conn) = tidegate_protocol::hbone::client::dial(
             &self.tls,
             &self.config.hbone.settings(),
             &self.me,
@@ -172,7 +172,7 @@ async fn request(
 ) -> anyhow::Result<Duration> {
     let start = Instant::now();
     let (mut tx, mut rx) =
-        tidegate::hbone::client::connect_stream(send, ECHO.parse()?, timeout).await?;
+        tidegate_protocol::hbone::client::connect_stream(send, ECHO.parse()?, timeout).await?;
     tx.send_data(Bytes::from(vec![7u8; REQUEST]), true)?;
     let mut got = 0;
     while let Some(chunk) = tokio::time::timeout(timeout, rx.data()).await? {
@@ -315,9 +315,12 @@ async fn bad_connects(client: Arc<Client>, phase: Arc<Mutex<Phase>>) {
                 break;
             }
             let to: SocketAddr = t.parse().unwrap();
-            let _ =
-                tidegate::hbone::client::connect_stream(send.clone(), to, Duration::from_secs(2))
-                    .await;
+            let _ = tidegate_protocol::hbone::client::connect_stream(
+                send.clone(),
+                to,
+                Duration::from_secs(2),
+            )
+            .await;
         }
     }
 }

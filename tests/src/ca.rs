@@ -100,9 +100,9 @@ pub fn agent(
 /// leaf's identity.
 pub async fn own_identity(
     client: &tidegate_ca::client::CaClient,
-) -> Result<tidegate::identity::SpiffeId, tidegate_ca::client::CaClientError> {
+) -> Result<tidegate_protocol::identity::SpiffeId, tidegate_ca::client::CaClientError> {
     use rustls_pki_types::pem::PemObject;
-    let id = tidegate::identity::SpiffeId::new("cluster.local", NS, "tidegate");
+    let id = tidegate_protocol::identity::SpiffeId::new("cluster.local", NS, "tidegate");
     let csr = tidegate_ca::csr::generate(&id).unwrap().csr_pem;
     let chain = client
         .create_certificate(tidegate_ca::messages::IstioCertificateRequest {
@@ -112,7 +112,7 @@ pub async fn own_identity(
         })
         .await?;
     let leaf = rustls_pki_types::CertificateDer::from_pem_slice(chain[0].as_bytes()).unwrap();
-    Ok(tidegate::tls::identity_of(&leaf).unwrap())
+    Ok(tidegate_protocol::tls::identity_of(&leaf).unwrap())
 }
 
 /// Waits until the server closes `conn` (EOF or reset), within `within`;

@@ -138,7 +138,7 @@ pub fn serving_tls_for(
         CertificateDer::from_pem_slice(root_pem.as_bytes()).unwrap(),
     ];
     let key = PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).unwrap();
-    let mut cfg = rustls::ServerConfig::builder_with_provider(tidegate::tls::provider())
+    let mut cfg = rustls::ServerConfig::builder_with_provider(tidegate_protocol::tls::provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .unwrap()
         .with_no_client_auth()

@@ -30,7 +30,7 @@ async fn at_the_descriptor_limit_the_accept_loop_pauses_and_counts_instead_of_sp
         Duration::from_secs(3600),
     );
     cfg.handshake_timeout = Duration::from_millis(500);
-    let (_trigger, drain) = tidegate::shutdown::channel();
+    let (_trigger, drain) = tidegate_base::shutdown::channel();
     let ca = tidegate_ca::server::start(cfg, drain).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let good = agent(dir.path(), ca.addr, &ca.root_pem, "tok-a");

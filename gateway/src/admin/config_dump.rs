@@ -101,7 +101,7 @@ fn services(
 /// One workload as its source gave it, plus for a local one:
 /// - `state`: the drain engine's phase (`running`, `shutting-down`,
 ///   `torn-down`, `deleted`), and `source_state` what the source says;
-/// - `policy`: [`crate::policy::PolicyReport`].
+/// - `policy`: [`tidegate_policy_host::PolicyReport`].
 fn workload(state: &AdminState, w: &Workload) -> Value {
     let mut v = serde_json::to_value(w).expect("workloads serialize");
     if w.local {

@@ -28,10 +28,10 @@ use hyper::body::Incoming;
 use serde_json::json;
 use tidegate_control::http::{text, Body};
 
-use crate::policy::PolicyEngine;
 use crate::proxy::pool::Pool;
 use crate::proxy::tunnels::InboundTunnels;
 use crate::workloads::WorkloadStore;
+use tidegate_policy_host::PolicyEngine;
 
 pub use tidegate_control::http::{exposition, serve, HttpLimits};
 
@@ -48,7 +48,7 @@ pub struct AdminState {
     /// Services' endpoint choice (`/config_dump` shows why one is skipped).
     pub routing: Arc<crate::proxy::routing::Routing>,
     /// `/config_dump` shows what the certificate source holds.
-    pub certificates: Arc<dyn crate::tls::CertSource>,
+    pub certificates: Arc<dyn tidegate_protocol::tls::CertSource>,
     /// `drains.default_grace`: the grace of a `shutdown-starting` without `?grace=`.
     pub default_grace: std::time::Duration,
     /// The split of the open-file limit (`None`: the limit is unknown).

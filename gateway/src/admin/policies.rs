@@ -12,7 +12,7 @@ use serde_json::json;
 use tracing::{info_span, Instrument};
 
 use super::{json_status, text, AdminState, Body};
-use crate::policy::UploadResult;
+use tidegate_policy_host::UploadResult;
 
 /// Largest plugin accepted by `PUT /policies/<name>`.
 const MAX_PLUGIN_BYTES: usize = 32 << 20;

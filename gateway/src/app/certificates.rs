@@ -10,13 +10,13 @@ use prometheus_client::registry::Registry;
 use super::Wiring;
 use tokio::sync::watch;
 
-use crate::ca::certs::{IstioCaCerts, IstioCaSettings};
-use crate::ca::client::CaClientConfig;
-use crate::ca::metrics::CaMetrics;
 use crate::config::{CertificatesConfig, Config, IstioCaConfig};
-use crate::identity::SpiffeId;
-use crate::tls::{CertDir, CertSource, DevCa};
 use crate::workloads::{Protocol, WorkloadStore};
+use tidegate_ca::certs::{IstioCaCerts, IstioCaSettings};
+use tidegate_ca::client::CaClientConfig;
+use tidegate_ca::metrics::CaMetrics;
+use tidegate_protocol::identity::SpiffeId;
+use tidegate_protocol::tls::{CertDir, CertSource, DevCa};
 
 /// A certificate source and the task that keeps it current, if any.
 pub(super) struct Certificates {

@@ -18,7 +18,7 @@ use crate::admin::{self, AdminState};
 use crate::config::Config;
 use crate::descriptor_budget::DescriptorBudget;
 use crate::inpod::pods::PodProxies;
-use crate::shutdown::ShutdownWatch;
+use tidegate_base::shutdown::ShutdownWatch;
 
 /// What the admin API, `/metrics` and the probe answer from; not ready yet.
 pub(super) fn state(

@@ -8,15 +8,15 @@ use tokio::sync::watch;
 use super::{certificates, workload_source, Wiring};
 use crate::config::Config;
 use crate::drains::{DrainEngine, DrainMetrics};
-use crate::policy::{PolicyEngine, PolicyMetrics};
 use crate::proxy::congestion::TcpTuning;
 use crate::proxy::istio_tcp::IstioTcpMetrics;
 use crate::proxy::metrics::ProxyFamilies;
 use crate::proxy::pool::Pool;
 use crate::proxy::tunnels::InboundTunnels;
-use crate::shutdown::ActiveStreams;
-use crate::tls::{TlsContext, TlsMetrics};
 use crate::workloads::WorkloadStore;
+use tidegate_base::shutdown::ActiveStreams;
+use tidegate_policy_host::{PolicyEngine, PolicyMetrics};
+use tidegate_protocol::tls::{TlsContext, TlsMetrics};
 
 pub(super) struct Core {
     pub workloads: Arc<WorkloadStore>,

@@ -20,13 +20,13 @@ use crate::admin::AdminState;
 use crate::config::Config;
 use crate::descriptor_budget::{DescriptorBudget, PodWants};
 use crate::inpod::pods::PodProxies;
-use crate::policy::PolicyEngine;
 use crate::proxy::outbound::Outbound;
 use crate::proxy::pool::Pool;
 use crate::proxy::tunnels::InboundTunnels;
-use crate::shutdown::{self, ActiveStreams, ShutdownTrigger, ShutdownWatch};
-use crate::tls::TlsContext;
 use crate::workloads::WorkloadStore;
+use tidegate_base::shutdown::{self, ActiveStreams, ShutdownTrigger, ShutdownWatch};
+use tidegate_policy_host::PolicyEngine;
+use tidegate_protocol::tls::TlsContext;
 
 mod certificates;
 mod control;

@@ -9,7 +9,7 @@ use tidegate_authz::Denial;
 use tokio::sync::Notify;
 
 use super::{Authorizer, Facts};
-use crate::sync::Locked;
+use tidegate_base::sync::Locked;
 
 /// Every registered connection, by a number of its own.
 #[derive(Default)]

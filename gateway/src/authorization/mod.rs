@@ -21,9 +21,9 @@ use tracing::{debug, info};
 pub use live::Admitted;
 pub use metrics::AuthorizationMetrics;
 
-use crate::identity::SpiffeId;
-use crate::shutdown::ShutdownWatch;
 use crate::workloads::{WorkloadSnapshot, WorkloadStore};
+use tidegate_base::shutdown::ShutdownWatch;
+use tidegate_protocol::identity::SpiffeId;
 
 /// Which listener a connection came in on, for the metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -9,9 +9,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::ConnectArgs;
 use crate::config::Config;
-use crate::identity::SpiffeId;
-use crate::tls::{TlsContext, TlsMetrics};
 use crate::workloads::WorkloadStore;
+use tidegate_protocol::identity::SpiffeId;
+use tidegate_protocol::tls::{TlsContext, TlsMetrics};
 
 pub async fn run(config: Config, args: ConnectArgs) -> anyhow::Result<()> {
     let store = WorkloadStore::new(&config.trust_domain, &config.node_name);
@@ -73,15 +73,23 @@ pub async fn run(config: Config, args: ConnectArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| std::net::SocketAddr::new(args.to.ip(), config.hbone.port));
     let source = crate::app::cert_source(&config)?;
     let tls = TlsContext::new(source, &config.trust_domain, TlsMetrics::default());
-    let (send, conn) =
-        crate::hbone::client::dial(&tls, &config.hbone.settings(), &me, &server_identity, via)
-            .await
-            .with_context(|| format!("dialing {via} as {me}"))?;
+    let (send, conn) = tidegate_protocol::hbone::client::dial(
+        &tls,
+        &config.hbone.settings(),
+        &me,
+        &server_identity,
+        via,
+    )
+    .await
+    .with_context(|| format!("dialing {via} as {me}"))?;
     let driver = tokio::spawn(conn);
-    let (tx, rx) =
-        crate::hbone::client::connect_stream(send, args.to, config.hbone.connect_timeout)
-            .await
-            .with_context(|| format!("CONNECT {}", args.to))?;
+    let (tx, rx) = tidegate_protocol::hbone::client::connect_stream(
+        send,
+        args.to,
+        config.hbone.connect_timeout,
+    )
+    .await
+    .with_context(|| format!("CONNECT {}", args.to))?;
 
     let result = pipe_stdio(tx, rx, args.to).await;
     driver.abort();

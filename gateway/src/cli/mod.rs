@@ -1,10 +1,12 @@
 //! Command-line interface. `main` parses this and calls one function:
 //! [`connect`] (`tidegate connect`),
-//! [`workload_ops`] (`tidegate drain|bind|unbind`, over [`admin_api`]).
+//! [`workload_ops`] (`tidegate drain|bind|unbind`, over [`admin_api`]),
+//! [`workload_table`] (`tidegate workloads`).
 
 pub mod admin_api;
 pub mod connect;
 pub mod workload_ops;
+pub mod workload_table;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,7 +14,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{Config, ConfigError};
-use crate::identity::SpiffeId;
+use tidegate_protocol::identity::SpiffeId;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -82,7 +82,7 @@ pub struct HboneConfig {
 
 impl Default for HboneConfig {
     fn default() -> Self {
-        let tunnel = crate::hbone::Settings::default();
+        let tunnel = tidegate_protocol::hbone::Settings::default();
         HboneConfig {
             port: 15008,
             stream_window: tunnel.stream_window,
@@ -157,8 +157,8 @@ impl HboneConfig {
 
     /// What each tunnel is built with (the protocol layer's share of this
     /// section).
-    pub fn settings(&self) -> crate::hbone::Settings {
-        crate::hbone::Settings {
+    pub fn settings(&self) -> tidegate_protocol::hbone::Settings {
+        tidegate_protocol::hbone::Settings {
             stream_window: self.stream_window,
             connection_window: self.connection_window,
             max_frame_size: self.max_frame_size,

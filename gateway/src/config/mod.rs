@@ -12,7 +12,7 @@
 //! [`drains`]: `shutdown:` and `drains:`; [`capture`]; [`dns`]; `control_plane:` ([`tidegate_control::config`]);
 //! [`oci`]), except `policies:`, the policy host's
 //! ([`tidegate_policy_host::config`], re-exported here); other modules take their section from here and import
-//! nothing back into it (validation parses a [`crate::identity::SpiffeId`],
+//! nothing back into it (validation parses a [`tidegate_protocol::identity::SpiffeId`],
 //! a leaf). Where a section's type has behaviour that needs another module
 //! (the OCI opt-in, the fallback policies, the plugin limits and action
 //! bounds), that `impl` block lives in the other module. [`duration`] and
@@ -328,9 +328,9 @@ impl Config {
                 "must name Istio's root namespace (istio-system by default)",
             ));
         }
-        if crate::identity::SpiffeId::new(&self.trust_domain, "x", "y")
+        if tidegate_protocol::identity::SpiffeId::new(&self.trust_domain, "x", "y")
             .to_string()
-            .parse::<crate::identity::SpiffeId>()
+            .parse::<tidegate_protocol::identity::SpiffeId>()
             .is_err()
         {
             return Err(invalid(
@@ -645,7 +645,7 @@ mod tests {
         // `tidegate policy test/check` and the gateway used to disagree
         // (init deadline 100 ms vs 200 ms): both now come from here.
         let p = PoliciesConfig::default();
-        let limits = crate::policy::RuntimeLimits::default();
+        let limits = tidegate_policy_host::RuntimeLimits::default();
         assert_eq!(limits.init_deadline, p.init_deadline);
         assert_eq!(limits.call_deadline, p.call_deadline);
         assert_eq!(limits.memory_bytes, p.memory_limit as usize);
@@ -661,7 +661,7 @@ mod tests {
         );
         assert_eq!(c.policies.bounds().max_hold, Duration::from_secs(7));
         assert_eq!(
-            crate::policy::Bounds::default().max_hold,
+            tidegate_policy_host::Bounds::default().max_hold,
             p.max_hold,
             "one default for the action bounds"
         );

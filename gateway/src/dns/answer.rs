@@ -40,9 +40,9 @@ use hickory_proto::op::Query;
 use hickory_proto::rr::rdata::{A, AAAA, CNAME};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 
-use crate::sync::Locked;
 use crate::workloads::services::{Service, ServiceSpec};
 use crate::workloads::{WorkloadSnapshot, WorkloadStore};
+use tidegate_base::sync::Locked;
 
 /// The TTL of the store's answers (ztunnel's).
 pub const TTL_SECONDS: u32 = 30;

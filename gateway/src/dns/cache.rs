@@ -56,7 +56,7 @@ use tokio::time::Instant;
 use super::metrics::DnsMetrics;
 use super::wire::{EDNS_PAYLOAD, HEADER_LEN};
 use crate::config::DnsCacheConfig;
-use crate::sync::Locked;
+use tidegate_base::sync::Locked;
 
 /// The largest answer kept.
 pub const MAX_ENTRY_BYTES: usize = EDNS_PAYLOAD as usize;

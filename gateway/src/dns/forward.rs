@@ -50,8 +50,8 @@ use tracing::warn;
 
 use super::handler::{is_truncated, Forward};
 use super::wire::{Transport, HEADER_LEN};
-use crate::netns::{DialOpts, NetnsSockets, PodNetns, MESH_MARK};
-use crate::sync::Locked;
+use crate::inpod::netns::{DialOpts, NetnsSockets, PodNetns, MESH_MARK};
+use tidegate_base::sync::Locked;
 
 /// How often a forwarding loop is logged at most.
 const LOOP_WARNING_EVERY: Duration = Duration::from_secs(60);

@@ -31,7 +31,7 @@ use super::forward::Place;
 use super::handler::{self, Action, Forward};
 use super::wire::Transport;
 use super::{tcp, DnsProxy};
-use crate::shutdown::ShutdownWatch;
+use tidegate_base::shutdown::ShutdownWatch;
 
 /// The DNS proxy of one pod.
 pub struct PodDns {
@@ -335,8 +335,8 @@ mod tests {
     use crate::config::DnsConfig;
     use crate::dns::metrics::{LimitLabel, QueryLabels, ReasonLabel};
     use crate::dns::DnsMetrics;
-    use crate::shutdown::{self, ShutdownTrigger};
     use crate::workloads::WorkloadStore;
+    use tidegate_base::shutdown::{self, ShutdownTrigger};
 
     /// A fake upstream server on 127.0.0.1, UDP and TCP on one port:
     /// `outside.example.` is 10.135.0.7; `big.example.` has 60 addresses

@@ -5,7 +5,7 @@
 //! pod's own network namespace; a node proxy with nothing there leaves the
 //! pod without DNS. Each pod served ([`crate::inpod::pods`]) gets a UDP and
 //! a TCP listener on 15053 beside its others, made and marked the same way
-//! ([`crate::netns`]), closed with them.
+//! ([`crate::inpod::netns`]), closed with them.
 //!
 //! - [`answer`]: A and AAAA of Service names from the workload store, seen
 //!   from the pod's namespace (its search domains), as ztunnel answers them.

@@ -39,7 +39,7 @@ use tracing::{debug, info, warn};
 
 use super::state::PodKey;
 use super::{DrainEngine, Lifecycle, Trigger};
-use crate::shutdown::ShutdownWatch;
+use tidegate_base::shutdown::ShutdownWatch;
 
 /// The longest request line accepted (a real one is a few hundred bytes).
 pub const MAX_LINE: usize = 64 << 10;
@@ -304,7 +304,7 @@ impl Attached {
         if self.lost {
             return Err(format!(
                 "the pod's network namespace descriptor could not be received: {}",
-                crate::descriptors::why_lost()
+                tidegate_base::descriptors::why_lost()
             ));
         }
         match (self.fds.pop(), self.fds.is_empty()) {

@@ -23,11 +23,11 @@ pub use super::state::{DrainError, DrainView, Outcome, TeardownAck, Trigger};
 use super::tasks::DrainTasks;
 use crate::config::DrainsConfig;
 use crate::oci::OciDrainer;
-use crate::policy::{PolicyEngine, Selection};
 use crate::proxy::pool::Pool;
 use crate::proxy::tunnels::InboundTunnels;
-use crate::sync::Locked;
 use crate::workloads::{Workload, WorkloadStore};
+use tidegate_base::sync::Locked;
+use tidegate_policy_host::{PolicyEngine, Selection};
 
 /// Where one lifecycle event left its drain.
 struct Step {
@@ -111,7 +111,7 @@ impl DrainEngine {
         workload: &Arc<Workload>,
         actions: &[sdk::Action],
         decided_at: Instant,
-        sources: Option<&[crate::identity::SpiffeId]>,
+        sources: Option<&[tidegate_protocol::identity::SpiffeId]>,
     ) -> Executed {
         let lookup = |uid: &str| self.any_workload(uid);
         let grace_end = |uid: &str| self.book.locked().drains.get(uid).and_then(|d| d.grace_end);

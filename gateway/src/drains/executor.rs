@@ -13,13 +13,13 @@ use tracing::info;
 
 use super::metrics::DrainMetrics;
 use super::tasks::DrainTasks;
-use crate::hbone::GoawayCommand;
-use crate::identity::SpiffeId;
 use crate::oci::drainer::AtCapacity;
 use crate::oci::OciDrainer;
 use crate::proxy::pool::{BackoffParams, Pool, PoolKey};
 use crate::proxy::tunnels::InboundTunnels;
 use crate::workloads::Workload;
+use tidegate_protocol::hbone::GoawayCommand;
+use tidegate_protocol::identity::SpiffeId;
 
 /// What was done, for `GET /drains` and the caller.
 #[derive(Debug, Default)]

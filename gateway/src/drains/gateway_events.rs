@@ -12,10 +12,10 @@ use tracing::info;
 
 use super::engine::DrainEngine;
 use super::state::{unix_ms_after, RETAIN};
-use crate::policy::Selection;
-use crate::shutdown::ShutdownWatch;
-use crate::sync::Locked;
 use crate::workloads::Workload;
+use tidegate_base::shutdown::ShutdownWatch;
+use tidegate_base::sync::Locked;
+use tidegate_policy_host::Selection;
 
 impl DrainEngine {
     /// Turns the pool's connect-failure reports into `connect-failing`

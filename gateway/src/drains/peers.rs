@@ -13,11 +13,11 @@ use tracing::info;
 use super::engine::{DrainEngine, Outcome, RETAIN};
 use super::peer_book::PeerDrainView;
 use super::peer_book::{now_unix_ms, peer_info, PeerDecision};
-use crate::identity::SpiffeId;
-use crate::policy::{Selection, PEER_POLICY_ANNOTATION};
 use crate::proxy::pool::Tunnel;
-use crate::sync::Locked;
 use crate::workloads::{Workload, WorkloadSnapshot};
+use tidegate_base::sync::Locked;
+use tidegate_policy_host::{Selection, PEER_POLICY_ANNOTATION};
+use tidegate_protocol::identity::SpiffeId;
 
 /// The policy deciding a peer's event for some local clients.
 struct Decider {

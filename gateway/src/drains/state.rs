@@ -11,8 +11,8 @@ use tokio::time::Instant;
 
 use super::phase::Phase;
 use crate::oci::OciStatus;
-use crate::policy::Selection;
 use crate::workloads::Workload;
+use tidegate_policy_host::Selection;
 
 /// Where a lifecycle event came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -81,7 +81,7 @@ impl Outcome {
     pub(super) fn decided(
         uid: &str,
         event: &'static str,
-        decision: crate::policy::Decision,
+        decision: tidegate_policy_host::Decision,
         actions: Vec<String>,
     ) -> Outcome {
         Outcome {

@@ -17,9 +17,9 @@ use super::engine::{
     DrainBook, DrainEngine, DrainError, DrainState, Lifecycle, Record, Trigger, RETAIN,
 };
 use super::state::PodKey;
-use crate::shutdown::ShutdownWatch;
-use crate::sync::Locked;
 use crate::workloads::{LifecycleState, Workload, WorkloadChange, WorkloadSnapshot};
+use tidegate_base::shutdown::ShutdownWatch;
+use tidegate_base::sync::Locked;
 
 impl DrainEngine {
     /// Raises lifecycle events from workload-store changes until drained: a

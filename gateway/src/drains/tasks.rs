@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::sync::Mutex;
 
-use crate::sync::Locked;
+use tidegate_base::sync::Locked;
 use tokio::task::JoinSet;
 
 /// Tasks the drain engine and its executor run off the caller's task.

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use super::DrainEngine;
 use crate::config::{DrainsConfig, PoliciesConfig};
-use crate::policy::{PolicyEngine, PolicyMetrics};
 use crate::proxy::pool::Pool;
 use crate::proxy::tunnels::InboundTunnels;
-use crate::tls::{DevCa, TlsContext, TlsMetrics};
 use crate::workloads::{Workload, WorkloadSpec, WorkloadStore};
+use tidegate_policy_host::{PolicyEngine, PolicyMetrics};
+use tidegate_protocol::tls::{DevCa, TlsContext, TlsMetrics};
 
 pub(super) fn spec(uid: &str, node: &str, ip: [u8; 4]) -> WorkloadSpec {
     WorkloadSpec::new(uid, node).ips([std::net::IpAddr::from(ip)])
@@ -200,7 +200,7 @@ async fn shutdown_cancels_pending_timers() {
 
 /// Whether a tunnel accepted for `uid` now is told to go away at once.
 fn a_new_tunnel_is_turned_away(engine: &DrainEngine, uid: &str) -> bool {
-    let peer = crate::identity::SpiffeId::new("td", "default", "client");
+    let peer = tidegate_protocol::identity::SpiffeId::new("td", "default", "client");
     let r = engine
         .registry
         .register(uid, peer, "10.0.0.9:40000".parse().unwrap());

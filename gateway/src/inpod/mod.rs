@@ -12,9 +12,10 @@
 //! (what `tidegate-cni` ADD does in standalone mode), and
 //! [`tidegate_netns::pod_records`], the node state directory
 //! `tidegate-cni` records pods in, re-adopted by a restarted gateway.
-//! Sockets inside a namespace are made by [`crate::netns`].
+//! Sockets inside a namespace are made by [`netns`].
 
 pub mod admission;
+pub mod netns;
 pub mod pods;
 pub mod zds;
 

@@ -37,12 +37,12 @@ use tracing::{debug, info, warn};
 
 use super::admission::{Admission, Candidate, InboundClaim, Owner, Refusal};
 use super::capture::CapturePorts;
+use super::netns::{ListenOpts, NetnsError, NetnsId, NetnsSockets, PodNetns, MESH_MARK};
 use crate::config::DNS_CAPTURE_PORT;
 use crate::descriptor_budget::listeners_per_pod;
 use crate::descriptor_budget::DescriptorBudget;
 use crate::dns::{DnsProxy, Place};
 use crate::drains::{DrainEngine, Lifecycle, PodKey, Trigger};
-use crate::netns::{ListenOpts, NetnsError, NetnsId, NetnsSockets, PodNetns, MESH_MARK};
 use crate::proxy::congestion::TcpTuning;
 use crate::proxy::inbound::{Inbound, OwnPorts};
 use crate::proxy::metrics::ProxyMetrics;
@@ -51,8 +51,8 @@ use crate::proxy::outbound::Outbound;
 use crate::proxy::plaintext::PlaintextInbound;
 use crate::proxy::pool::Pool;
 use crate::proxy::tunnels::InboundTunnels;
-use crate::shutdown::{self, ActiveStreams, ShutdownTrigger, ShutdownWatch};
 use crate::workloads::WorkloadStore;
+use tidegate_base::shutdown::{self, ActiveStreams, ShutdownTrigger, ShutdownWatch};
 
 mod handover;
 
@@ -338,7 +338,7 @@ impl PodProxies {
         drain: ShutdownWatch,
         root: &mut Registry,
     ) -> Arc<Self> {
-        let own_netns = crate::netns::current_id()
+        let own_netns = super::netns::current_id()
             .inspect_err(|e| warn!(error = %e, "cannot read the gateway's own network namespace; a pod handed it would not be refused"))
             .ok();
         let budget = limits.budget;
@@ -688,7 +688,7 @@ impl PodProxies {
                     continue;
                 }
             };
-            let fd = match crate::netns::open_nonblocking(Path::new(&record.netns)) {
+            let fd = match super::netns::open_nonblocking(Path::new(&record.netns)) {
                 Ok(fd) => fd,
                 Err(e) => {
                     info!(uid = %record.uid, netns = %record.netns, error = %e,

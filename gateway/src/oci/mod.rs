@@ -71,7 +71,7 @@ pub fn from_config(
     cfg: &OciConfig,
     workloads: Arc<WorkloadStore>,
     registry: &mut prometheus_client::registry::Registry,
-    drain: crate::shutdown::ShutdownWatch,
+    drain: tidegate_base::shutdown::ShutdownWatch,
 ) -> Result<Option<Arc<OciDrainer>>, OciSetupError> {
     if !cfg.enabled {
         return Ok(None);

@@ -7,9 +7,9 @@ use std::time::Duration;
 use prometheus_client::registry::Registry;
 
 use super::*;
-use crate::tls::{DevCa, TlsContext, TlsMetrics};
 use crate::workloads::services::{Conditions, EndpointTarget, ServicePort, ServiceSpec};
 use crate::workloads::{WorkloadSpec, WorkloadStore};
+use tidegate_protocol::tls::{DevCa, TlsContext, TlsMetrics};
 
 fn picker(choice: EndpointChoice) -> EndpointPicker {
     let mut reg = Registry::default();

@@ -20,7 +20,7 @@
 //!
 //! A destination side that does not know the source by its address reads
 //! the `baggage` the source's CONNECT carries (as ztunnel writes it; see
-//! [`crate::hbone::baggage`]), and every outbound CONNECT carries its own.
+//! [`tidegate_protocol::hbone::baggage`]), and every outbound CONNECT carries its own.
 //!
 //! The canonical service is the workload's `service.istio.io/canonical-name`
 //! label, else `app.kubernetes.io/name`, else `app`, else its workload
@@ -38,11 +38,11 @@ use prometheus_client::registry::Registry;
 
 use http::HeaderValue;
 
-use crate::hbone::baggage::Baggage;
-use crate::identity::SpiffeId;
 use crate::proxy::copy::ByteCounters;
-use crate::sync::Locked;
 use crate::workloads::Workload;
+use tidegate_base::sync::Locked;
+use tidegate_protocol::hbone::baggage::Baggage;
+use tidegate_protocol::identity::SpiffeId;
 
 const UNKNOWN: &str = "unknown";
 
@@ -80,7 +80,7 @@ impl Flags {
 
     /// How ztunnel flags a connection whose tunnel could not be had.
     pub fn of_pool_error(e: &crate::proxy::pool::PoolError) -> Flags {
-        use crate::hbone::client::DialError;
+        use tidegate_protocol::hbone::client::DialError;
         match e {
             crate::proxy::pool::PoolError::Dial { source, .. } => match source {
                 DialError::Tls(_) => Flags::TlsFailure,
@@ -450,9 +450,9 @@ impl Drop for Report {
 #[cfg(test)]
 mod flag_tests {
     use super::Flags;
-    use crate::hbone::client::DialError;
     use crate::proxy::pool::PoolError;
-    use crate::tls::HandshakeError;
+    use tidegate_protocol::hbone::client::DialError;
+    use tidegate_protocol::tls::HandshakeError;
 
     #[test]
     fn a_failed_tunnel_is_flagged_as_ztunnel_flags_it() {

@@ -16,12 +16,12 @@ use std::time::{Duration, Instant};
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 
-use crate::identity::SpiffeId;
 use crate::proxy::copy::{ByteCounters, CopyError, Transferred};
 use crate::proxy::istio_tcp::{Connection, Flags, Report};
 use crate::proxy::metrics::ProxyMetrics;
-use crate::shutdown::StreamGuard;
 use crate::workloads::Workload;
+use tidegate_base::shutdown::StreamGuard;
+use tidegate_protocol::identity::SpiffeId;
 
 /// The result of a connection that carried its bytes to the end.
 pub const OK: &str = "ok";

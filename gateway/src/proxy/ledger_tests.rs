@@ -11,8 +11,8 @@ use tokio::net::{TcpListener, TcpStream};
 use super::*;
 use crate::proxy::istio_tcp::{IstioTcpMetrics, Reporter};
 use crate::proxy::metrics::ProxyFamilies;
-use crate::shutdown::ActiveStreams;
 use crate::workloads::WorkloadSpec;
+use tidegate_base::shutdown::ActiveStreams;
 
 /// The registry's text, and the access lines logged on this thread.
 struct Recorded {

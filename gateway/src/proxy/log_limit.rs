@@ -5,9 +5,9 @@
 //! writing it costs the gateway), yet the first refusals, and a steady
 //! trickle after them, still say who and why.
 
-use crate::sync::Locked;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use tidegate_base::sync::Locked;
 
 /// One kind of refusal's log budget.
 #[derive(Debug)]

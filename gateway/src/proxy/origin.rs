@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use tokio::net::{TcpSocket, TcpStream};
 
-use crate::netns::{DialOpts, NetnsId, NetnsSockets, PodNetns, MESH_MARK};
+use crate::inpod::netns::{DialOpts, NetnsId, NetnsSockets, PodNetns, MESH_MARK};
 use crate::proxy::congestion::Congestion;
 
 /// A pod served in its own namespace, as its node agent handed it over.

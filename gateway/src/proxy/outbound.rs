@@ -11,7 +11,6 @@ use std::sync::Arc;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info_span, Instrument};
 
-use crate::identity::SpiffeId;
 use crate::proxy::congestion::Congestion;
 use crate::proxy::copy::{copy_bidirectional, copy_tcp, Transferred};
 use crate::proxy::istio_tcp::{self, Flags, Reporter, ServiceRef};
@@ -21,10 +20,11 @@ use crate::proxy::origin::Origin;
 use crate::proxy::pool::{OnBackoff, Pool, PoolError, PoolKey, PooledStream};
 use crate::proxy::routing::Routing;
 use crate::proxy::waypoint::{self, WaypointError};
-use crate::shutdown::{ActiveStreams, ShutdownWatch};
 use crate::workloads::services::Service;
 use crate::workloads::waypoint::Waypoint;
 use crate::workloads::{Protocol, Workload, WorkloadStore};
+use tidegate_base::shutdown::{ActiveStreams, ShutdownWatch};
+use tidegate_protocol::identity::SpiffeId;
 
 #[derive(Debug, thiserror::Error)]
 pub enum OutboundError {

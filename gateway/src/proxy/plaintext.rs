@@ -19,8 +19,8 @@ use crate::proxy::istio_tcp::{self, Flags, Reporter};
 use crate::proxy::ledger::{self, ConnectionLedger, Ended};
 use crate::proxy::metrics::ProxyMetrics;
 use crate::proxy::origin::Origin;
-use crate::shutdown::{ActiveStreams, ShutdownWatch};
 use crate::workloads::{Workload, WorkloadStore};
+use tidegate_base::shutdown::{ActiveStreams, ShutdownWatch};
 
 /// The workload annotation that allows or refuses plaintext inbound.
 pub const PLAINTEXT_ANNOTATION: &str = "tidegate.io/inbound-plaintext";

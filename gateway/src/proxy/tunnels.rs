@@ -11,9 +11,9 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::hbone::GoawayCommand;
-use crate::identity::SpiffeId;
-use crate::sync::Locked;
+use tidegate_base::sync::Locked;
+use tidegate_protocol::hbone::GoawayCommand;
+use tidegate_protocol::identity::SpiffeId;
 
 #[derive(Debug, Default)]
 pub struct InboundTunnels {

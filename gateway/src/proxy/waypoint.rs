@@ -20,10 +20,10 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::identity::SpiffeId;
 use crate::proxy::endpoints::EndpointPicker;
 use crate::workloads::waypoint::{Waypoint, WaypointAddress};
 use crate::workloads::{Workload, WorkloadSnapshot};
+use tidegate_protocol::identity::SpiffeId;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WaypointError {

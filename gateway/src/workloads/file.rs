@@ -22,7 +22,7 @@ use tracing::{info, warn};
 
 use super::services::{ServiceSpec, TargetPort};
 use super::{WorkloadSpec, WorkloadStore};
-use crate::shutdown::ShutdownWatch;
+use tidegate_base::shutdown::ShutdownWatch;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -151,7 +151,7 @@ pub fn parse_file(text: &str) -> Result<Parsed, WorkloadFileError> {
             }
         }
         let id = format!("spiffe://x/ns/{}/sa/{}", w.namespace, w.service_account);
-        if let Err(e) = id.parse::<crate::identity::SpiffeId>() {
+        if let Err(e) = id.parse::<tidegate_protocol::identity::SpiffeId>() {
             return Err(bad("namespace", e.to_string()));
         }
     }
@@ -515,7 +515,7 @@ mod tests {
         let path = one_workload_file(dir.path());
         let store = WorkloadStore::new("td", "n");
         let mut changes = store.subscribe();
-        let (trigger, watch) = crate::shutdown::channel();
+        let (trigger, watch) = tidegate_base::shutdown::channel();
         let w = WorkloadFileWatcher::start(
             &path,
             Duration::from_millis(10),
@@ -588,7 +588,7 @@ mod tests {
     /// time apart agree: never the empty or the half-written version.
     #[tokio::test]
     async fn a_change_is_applied_only_once_two_reads_agree() {
-        let (_trigger, mut watch) = crate::shutdown::channel();
+        let (_trigger, mut watch) = tidegate_base::shutdown::channel();
         let settle = Duration::from_millis(1);
         let mut reads = vec![
             "",

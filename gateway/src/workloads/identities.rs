@@ -8,7 +8,7 @@ use std::hash::{Hash, Hasher};
 
 use foldhash::HashSet;
 
-use crate::identity::SpiffeId;
+use tidegate_protocol::identity::SpiffeId;
 
 /// The identities the published workloads carry, by URI. One a workload
 /// no longer holds is let go when the table has doubled since it was

@@ -38,8 +38,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::identity::SpiffeId;
-use crate::policy::{AsSubject, Subject};
+use tidegate_policy_host::{AsSubject, Subject};
+use tidegate_protocol::identity::SpiffeId;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize, Default)]
 #[serde(rename_all = "UPPERCASE")]

@@ -100,7 +100,7 @@ pub struct ServiceSpec {
     /// accepts the endpoint's identity or any of these, as ztunnel's
     /// upstream SANs do. Not a workload-file key.
     #[serde(default, skip_deserializing, skip_serializing_if = "Vec::is_empty")]
-    pub subject_alt_names: Vec<crate::identity::SpiffeId>,
+    pub subject_alt_names: Vec<tidegate_protocol::identity::SpiffeId>,
     /// Its waypoints (istiod's `weighted_waypoints`, else its `waypoint`):
     /// traffic to the VIP goes through one of them. Not a workload-file key.
     #[serde(default, skip_deserializing, skip_serializing_if = "Vec::is_empty")]

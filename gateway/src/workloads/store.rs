@@ -15,7 +15,7 @@ use super::services::ServiceSpec;
 use super::snapshot::{Delta, Node, WorkloadSnapshot};
 use super::{file, Protocol, WorkloadSpec};
 use crate::config::Cidr;
-use crate::sync::Locked;
+use tidegate_base::sync::Locked;
 
 /// The single place workloads are published. Readers call [`WorkloadStore::snapshot`].
 #[derive(Debug)]

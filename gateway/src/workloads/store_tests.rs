@@ -1,8 +1,8 @@
 use super::*;
-use crate::policy::AsSubject;
 use crate::workloads::{services, FormerlyKnown, LifecycleState};
 use std::net::IpAddr;
 use std::time::Duration;
+use tidegate_policy_host::AsSubject;
 
 fn spec(uid: &str, node: &str, protocol: Protocol) -> WorkloadSpec {
     WorkloadSpec::new(uid, node)
@@ -16,7 +16,8 @@ fn a_workload_lends_the_policy_host_what_resolves_its_policy() {
     let mut s = spec("u", "n1", Protocol::Hbone);
     s.name = "w".into();
     Arc::make_mut(&mut s.labels).insert("app".into(), "web".into());
-    Arc::make_mut(&mut s.annotations).insert(crate::policy::POLICY_ANNOTATION.into(), "a".into());
+    Arc::make_mut(&mut s.annotations)
+        .insert(tidegate_policy_host::POLICY_ANNOTATION.into(), "a".into());
     s.namespace_policy = Some("d".into());
     let store = WorkloadStore::new("td", "n1");
     store.publish(vec![s.clone()]);

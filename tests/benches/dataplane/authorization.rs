@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail};
 use bytes::Bytes;
 use h2::{RecvStream, SendStream};
-use tidegate::hbone::client::{connect_stream, dial};
-use tidegate::hbone::Settings;
-use tidegate::identity::SpiffeId;
-use tidegate::tls::{DevCa, TlsContext, TlsMetrics};
 use tidegate_e2e::{ip, workloads_yaml, Options, TwoNodes, TRUST_DOMAIN};
+use tidegate_protocol::hbone::client::{connect_stream, dial};
+use tidegate_protocol::hbone::Settings;
+use tidegate_protocol::identity::SpiffeId;
+use tidegate_protocol::tls::{DevCa, TlsContext, TlsMetrics};
 
 const OCTET: u8 = 212;
 const PER_IDENTITY: usize = 5_000;

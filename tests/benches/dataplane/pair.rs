@@ -360,7 +360,7 @@ async fn setup(
             }
             let mut cfg = ca_config(&api, ca_addr, Duration::from_secs(24 * 3600));
             cfg.serving_names = vec![ca_ip.to_string()];
-            let (trigger, drain) = tidegate::shutdown::channel();
+            let (trigger, drain) = tidegate_base::shutdown::channel();
             let ca = tidegate_ca::server::start(cfg, drain).await.map_err(|e| e.to_string())?;
             // Both live as long as the namespace thread's runtime.
             tokio::spawn(async move {

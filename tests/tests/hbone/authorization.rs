@@ -8,12 +8,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use h2::client::SendRequest;
 use http::StatusCode;
-use tidegate::hbone::client::{connect_stream, dial};
-use tidegate::hbone::Settings;
-use tidegate::tls::{TlsContext, TlsMetrics};
 use tidegate_e2e::{
     eventually, ip, metric, metric_or_zero, workloads_yaml, write_atomically, Options, TwoNodes,
 };
+use tidegate_protocol::hbone::client::{connect_stream, dial};
+use tidegate_protocol::hbone::Settings;
+use tidegate_protocol::tls::{TlsContext, TlsMetrics};
 
 use crate::rejections::{answer, connect, hbone_addr, id, real_ca, stream_ended};
 

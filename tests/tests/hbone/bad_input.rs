@@ -14,12 +14,12 @@ use rcgen::{
 };
 use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::sign::CertifiedKey;
-use tidegate::identity::SpiffeId;
-use tidegate::tls::{CertError, CertSource, Roots};
 use tidegate_e2e::{
     eventually, gateway_config, ip, metric_or_zero, round_trip, workloads_yaml, Capture, Options,
     TwoNodes,
 };
+use tidegate_protocol::identity::SpiffeId;
+use tidegate_protocol::tls::{CertError, CertSource, Roots};
 use tokio::io::AsyncReadExt;
 
 use super::raw_h2::{self, ENHANCE_YOUR_CALM, GOAWAY, PROTOCOL_ERROR, REFUSED_STREAM, RST_STREAM};
@@ -181,7 +181,7 @@ fn two_identity_leaf(nodes: &TwoNodes) -> Arc<CertifiedKey> {
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
     let cert = p.signed_by(&key, &issuer).unwrap();
     let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
-    let signer = tidegate::tls::provider()
+    let signer = tidegate_protocol::tls::provider()
         .key_provider
         .load_private_key(der)
         .unwrap();

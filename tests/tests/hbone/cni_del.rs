@@ -46,18 +46,24 @@ async fn del_waits_for_the_gateway_to_drain_the_pod() {
 
     // A client holds one stream to the pod over HBONE.
     let ca = std::sync::Arc::new(
-        tidegate::tls::DevCa::open(&dir.path().join("ca"), Duration::from_secs(600)).unwrap(),
+        tidegate_protocol::tls::DevCa::open(&dir.path().join("ca"), Duration::from_secs(600))
+            .unwrap(),
     );
-    let tls = tidegate::tls::TlsContext::new(ca, "cluster.local", Default::default());
+    let tls = tidegate_protocol::tls::TlsContext::new(ca, "cluster.local", Default::default());
     let via = SocketAddr::new(pod_ip, app.addrs.inbound.expect("node listeners").port());
-    let id = |sa: &str| tidegate::identity::SpiffeId::new("cluster.local", "demo", sa);
-    let (send, conn) =
-        tidegate::hbone::client::dial(&tls, &Default::default(), &id("client"), &id("web"), via)
-            .await
-            .unwrap();
+    let id = |sa: &str| tidegate_protocol::identity::SpiffeId::new("cluster.local", "demo", sa);
+    let (send, conn) = tidegate_protocol::hbone::client::dial(
+        &tls,
+        &Default::default(),
+        &id("client"),
+        &id("web"),
+        via,
+    )
+    .await
+    .unwrap();
     tokio::spawn(conn);
     let (mut tx, mut rx) =
-        tidegate::hbone::client::connect_stream(send, echo_addr, Duration::from_secs(5))
+        tidegate_protocol::hbone::client::connect_stream(send, echo_addr, Duration::from_secs(5))
             .await
             .unwrap();
     tx.send_data(bytes::Bytes::from_static(b"ping"), false)

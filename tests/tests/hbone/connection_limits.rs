@@ -7,10 +7,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use h2::client::SendRequest;
 use http::StatusCode;
-use tidegate::hbone::client::{connect_stream, dial, DialError, StreamError};
-use tidegate::hbone::Settings;
-use tidegate::tls::{TlsContext, TlsMetrics};
 use tidegate_e2e::{eventually, metric_or_zero, Options, TwoNodes};
+use tidegate_protocol::hbone::client::{connect_stream, dial, DialError, StreamError};
+use tidegate_protocol::hbone::Settings;
+use tidegate_protocol::tls::{TlsContext, TlsMetrics};
 
 use super::rejections::{hbone_addr, id, real_ca};
 

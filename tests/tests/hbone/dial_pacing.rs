@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use h2::client::SendRequest;
 use tidegate::config::HboneConfig;
-use tidegate::hbone::client::{connect_stream, dial};
-use tidegate::hbone::Settings;
-use tidegate::tls::{TlsContext, TlsMetrics};
 use tidegate_e2e::{eventually, ip, metric, metric_or_zero, wait_for, Options, TwoNodes};
+use tidegate_protocol::hbone::client::{connect_stream, dial};
+use tidegate_protocol::hbone::Settings;
+use tidegate_protocol::tls::{TlsContext, TlsMetrics};
 
 use super::rejections::{connect, hbone_addr, id, real_ca, still_serving};
 

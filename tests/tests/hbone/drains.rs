@@ -667,9 +667,9 @@ async fn keepalive_only_leaves_a_vanished_peer_to_the_ping_timeout() {
     // One stream on a pooled tunnel through the proxy (keepalive-only: no
     // policy acts; only the PING timeout can notice the peer is gone).
     let key = tidegate::proxy::pool::PoolKey {
-        src: tidegate::identity::SpiffeId::new("cluster.local", "demo", "client"),
+        src: tidegate_protocol::identity::SpiffeId::new("cluster.local", "demo", "client"),
         dst_uid: "echo-uid".into(),
-        dst: tidegate::identity::SpiffeId::new("cluster.local", "demo", "echo"),
+        dst: tidegate_protocol::identity::SpiffeId::new("cluster.local", "demo", "echo"),
         dst_also: Vec::new(),
         dst_addr: proxy,
         src_netns: None,
@@ -751,7 +751,7 @@ type TlsEnd = Result<(), std::io::ErrorKind>;
 
 /// A client TLS stream that records how its first read ended.
 struct EndRecorder {
-    inner: tidegate::tls::ClientTls,
+    inner: tidegate_protocol::tls::ClientTls,
     end: std::sync::Arc<std::sync::OnceLock<TlsEnd>>,
 }
 
@@ -815,10 +815,13 @@ async fn tunnel_end_with_close_notify(octet: u8, close_notify: bool) -> TlsEnd {
     let (send, conn) = h2::client::handshake(recorder).await.unwrap();
     tokio::spawn(conn);
     // An open stream keeps the client from closing first after the GOAWAY.
-    let (tx, rx) =
-        tidegate::hbone::client::connect_stream(send.clone(), nodes.echo, Duration::from_secs(5))
-            .await
-            .unwrap();
+    let (tx, rx) = tidegate_protocol::hbone::client::connect_stream(
+        send.clone(),
+        nodes.echo,
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
     post(
         nodes.server.addrs.admin,
         "POST",
@@ -866,7 +869,7 @@ async fn a_closed_tunnel_lingers_so_the_peers_late_bytes_cause_no_reset() {
     .await;
     let now = tokio::time::Instant::now();
     tunnels[0].request_goaway(
-        tidegate::hbone::GoawayCommand {
+        tidegate_protocol::hbone::GoawayCommand {
             graceful: false,
             deadline: None,
             issued: now,

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::raw_h2::{self, DATA, GOAWAY, HEADERS, PING, RST_STREAM};
-use tidegate::hbone::client::{connect_stream, dial};
-use tidegate::hbone::Settings;
-use tidegate::identity::SpiffeId;
-use tidegate::tls::{CertDir, DevCa, TlsContext, TlsMetrics};
 use tidegate_e2e::{eventually, http_get, ip, metric, round_trip, Options, TwoNodes};
+use tidegate_protocol::hbone::client::{connect_stream, dial};
+use tidegate_protocol::hbone::Settings;
+use tidegate_protocol::identity::SpiffeId;
+use tidegate_protocol::tls::{CertDir, DevCa, TlsContext, TlsMetrics};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

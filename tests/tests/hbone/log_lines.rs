@@ -87,7 +87,7 @@ fn a_refused_handshake_is_logged_with_the_peer_and_why() {
         );
         let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         let me = tcp.local_addr().unwrap();
-        let cfg = rustls::ClientConfig::builder_with_provider(tidegate::tls::provider())
+        let cfg = rustls::ClientConfig::builder_with_provider(tidegate_protocol::tls::provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .unwrap()
             .dangerous()

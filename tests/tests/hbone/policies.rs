@@ -17,7 +17,7 @@ fn shutdown_of(w: &tidegate::workloads::Workload) -> sdk::Event {
     })
 }
 
-fn hard_deadline(d: &tidegate::policy::Decision) -> u64 {
+fn hard_deadline(d: &tidegate_policy_host::Decision) -> u64 {
     match &d.actions[..] {
         [sdk::Action::Goaway(g)] => g.hard_deadline_ms.unwrap(),
         other => panic!("expected one goaway, got {other:?}"),
@@ -190,9 +190,9 @@ async fn misbehaving_plugins_never_disturb_traffic() {
         .await
         .unwrap()
         .unwrap();
-        let sel = tidegate::policy::Selection {
+        let sel = tidegate_policy_host::Selection {
             name: "bad".into(),
-            by: tidegate::policy::SelectedBy::Default,
+            by: tidegate_policy_host::SelectedBy::Default,
             version: engine.version("bad"),
             why: "".into(),
             skipped: Vec::new(),

@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tidegate::identity::SpiffeId;
-use tidegate::tls::{ClientTls, DevCa, TlsContext, TlsMetrics};
 use tidegate_e2e::TwoNodes;
+use tidegate_protocol::identity::SpiffeId;
+use tidegate_protocol::tls::{ClientTls, DevCa, TlsContext, TlsMetrics};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, WriteHalf};
 use tokio::sync::mpsc;
 

@@ -13,12 +13,12 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::sign::CertifiedKey;
 use rustls::{DigitallySignedStruct, SignatureScheme};
 use tidegate::config::HboneConfig;
-use tidegate::hbone::client::{connect_stream, dial};
-use tidegate::hbone::Settings;
-use tidegate::hbone::REASON_HEADER;
-use tidegate::identity::SpiffeId;
-use tidegate::tls::{CertError, CertSource, DevCa, Roots, TlsContext, TlsMetrics};
 use tidegate_e2e::{eventually, ip, metric, metric_or_zero, round_trip, Options, TwoNodes};
+use tidegate_protocol::hbone::client::{connect_stream, dial};
+use tidegate_protocol::hbone::Settings;
+use tidegate_protocol::hbone::REASON_HEADER;
+use tidegate_protocol::identity::SpiffeId;
+use tidegate_protocol::tls::{CertError, CertSource, DevCa, Roots, TlsContext, TlsMetrics};
 use tokio::io::AsyncReadExt;
 
 pub(crate) fn id(td: &str, sa: &str) -> SpiffeId {
@@ -139,7 +139,7 @@ impl ServerCertVerifier for AcceptAnyServer {
         Ok(HandshakeSignatureValid::assertion())
     }
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        tidegate::tls::provider()
+        tidegate_protocol::tls::provider()
             .signature_verification_algorithms
             .supported_schemes()
     }
@@ -152,7 +152,7 @@ async fn tls_refusals_are_specific() {
     let addr = hbone_addr(&nodes, 2);
 
     // 1. No client certificate.
-    let cfg = rustls::ClientConfig::builder_with_provider(tidegate::tls::provider())
+    let cfg = rustls::ClientConfig::builder_with_provider(tidegate_protocol::tls::provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .unwrap()
         .dangerous()

@@ -6,13 +6,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::json;
-use tidegate::identity::SpiffeId;
-use tidegate::shutdown::ShutdownTrigger;
+use tidegate_base::shutdown::ShutdownTrigger;
 use tidegate_ca::client::{CaClient, CaClientConfig};
 use tidegate_ca::messages::IstioCertificateRequest;
 use tidegate_ca::server::{start as start_ca, RunningCa};
 use tidegate_e2e::kube_api::{FakeApiServer, Kind, TokenInfo};
 use tidegate_e2e::{eventually, http_get, init_tracing, ip, metric, round_trip};
+use tidegate_protocol::identity::SpiffeId;
 
 use super::{pod, WAIT};
 
@@ -28,7 +28,7 @@ async fn ca(
     max_validity: Duration,
 ) -> (RunningCa, ShutdownTrigger) {
     init_tracing();
-    let (trigger, drain) = tidegate::shutdown::channel();
+    let (trigger, drain) = tidegate_base::shutdown::channel();
     let running = start_ca(ca_config(api, listen.parse().unwrap(), max_validity), drain)
         .await
         .unwrap();
@@ -73,7 +73,7 @@ async fn ask(
 fn leaf_identity(chain: &[String]) -> SpiffeId {
     use rustls::pki_types::pem::PemObject;
     let der = rustls::pki_types::CertificateDer::from_pem_slice(chain[0].as_bytes()).unwrap();
-    tidegate::tls::identity_of(&der).unwrap()
+    tidegate_protocol::tls::identity_of(&der).unwrap()
 }
 
 fn code(r: Result<Vec<String>, tidegate_ca::client::CaClientError>) -> tonic::Code {
@@ -221,7 +221,7 @@ async fn tidegate_ca_issues_node_local_identities_and_refuses_the_rest() {
     // A trusted-roots.pem that is not PEM is refused at start, naming the key.
     rotated["data"]["trusted-roots.pem"] = json!(b64("garbage"));
     api.put_named("secrets", NS, "tidegate-ca-root", rotated);
-    let (_, drain) = tidegate::shutdown::channel();
+    let (_, drain) = tidegate_base::shutdown::channel();
     let err = start_ca(
         ca_config(
             &api,
@@ -396,7 +396,10 @@ async fn gateways_with_certificates_from_tidegate_ca_carry_traffic_and_survive_r
         .fetch(&late)
         .await
         .expect("recovered after the CA returned");
-    assert_eq!(tidegate::tls::identity_of(&key.cert[0]).unwrap(), late);
+    assert_eq!(
+        tidegate_protocol::tls::identity_of(&key.cert[0]).unwrap(),
+        late
+    );
     let text = client.metrics_text();
     assert!(
         metric(&text, r#"tidegate_ca_fetches_total{result="unavailable"}"#) >= 1.0,

@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 use serde_json::Value;
-use tidegate::identity::SpiffeId;
-use tidegate::tls::CertSource;
 use tidegate_ca::certs::{IstioCaCerts, IstioCaSettings};
 use tidegate_ca::client::CaClientConfig;
 use tidegate_ca::metrics::CaMetrics;
 use tidegate_e2e::ca_double::{Answer, CaDouble};
 use tidegate_e2e::{eventually, init_tracing, metric, metric_or_zero};
+use tidegate_protocol::identity::SpiffeId;
+use tidegate_protocol::tls::CertSource;
 
 use super::WAIT;
 
@@ -147,7 +147,10 @@ async fn refused_at_renewal(bad: Answer, reason: &str, message: &str) -> Value {
         .fetch(&id)
         .await
         .expect("recovered after a good answer");
-    assert_eq!(tidegate::tls::identity_of(&key.cert[0]).unwrap(), id);
+    assert_eq!(
+        tidegate_protocol::tls::identity_of(&key.cert[0]).unwrap(),
+        id
+    );
     assert_eq!(client.row(&id)["state"], "ready");
     row
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
-use tidegate::shutdown::ShutdownTrigger;
+use tidegate_base::shutdown::ShutdownTrigger;
 use tidegate_ca::server::{start as start_ca, CaServerConfig, RunningCa};
 use tidegate_e2e::ca::{agent, ca_config, closed_by_server, gateway_pod, own_identity, NS};
 use tidegate_e2e::kube_api::FakeApiServer;
@@ -29,7 +29,7 @@ async fn ca(
         Duration::from_secs(3600),
     );
     tune(&mut cfg);
-    let (trigger, drain) = tidegate::shutdown::channel();
+    let (trigger, drain) = tidegate_base::shutdown::channel();
     (start_ca(cfg, drain).await.unwrap(), trigger)
 }
 
@@ -40,7 +40,7 @@ async fn tls_silent(ca: &RunningCa) -> tokio_rustls::client::TlsStream<TcpStream
     roots
         .add(CertificateDer::from_pem_slice(ca.root_pem.as_bytes()).unwrap())
         .unwrap();
-    let mut cfg = rustls::ClientConfig::builder_with_provider(tidegate::tls::provider())
+    let mut cfg = rustls::ClientConfig::builder_with_provider(tidegate_protocol::tls::provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .unwrap()
         .with_root_certificates(roots)

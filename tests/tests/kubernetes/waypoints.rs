@@ -14,10 +14,10 @@ use bytes::Bytes;
 use prost::Message as _;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use tidegate::identity::SpiffeId;
-use tidegate::tls::DevCa;
 use tidegate_e2e::xds_double::XdsDouble;
 use tidegate_e2e::{ip, metric_or_zero, round_trip, Capture};
+use tidegate_protocol::identity::SpiffeId;
+use tidegate_protocol::tls::DevCa;
 use tidegate_xds::client::ADDRESS;
 use tidegate_xds::workload::{
     address, gateway_address, Address, GatewayAddress, NetworkAddress, Port, PortList, Service,
@@ -33,7 +33,7 @@ async fn waypoint(at: IpAddr, ca_dir: &std::path::Path) -> (SocketAddr, Arc<Mute
     let (cert, key) = ca.mint_pem(&id).unwrap();
     let chain = vec![CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()];
     let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
-    let mut cfg = rustls::ServerConfig::builder_with_provider(tidegate::tls::provider())
+    let mut cfg = rustls::ServerConfig::builder_with_provider(tidegate_protocol::tls::provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .unwrap()
         .with_no_client_auth()

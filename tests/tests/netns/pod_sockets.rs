@@ -1,5 +1,5 @@
 //! Sockets made inside a pod's network namespace by the thread that asks
-//! for them (`tidegate::netns`), checked from the kernel's side: which
+//! for them (`tidegate::inpod::netns`), checked from the kernel's side: which
 //! namespace a listener lives in, its mark, a transparent source, and the
 //! thread back in its own namespace afterwards.
 
@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use socket2::SockRef;
-use tidegate::netns::{DialOpts, ListenOpts, NetnsError, NetnsSockets, PodNetns, MESH_MARK};
+use tidegate::inpod::netns::{DialOpts, ListenOpts, NetnsError, NetnsSockets, PodNetns, MESH_MARK};
 use tidegate_e2e::netns::run;
 
 /// A namespace named after the test and the process, deleted on drop.

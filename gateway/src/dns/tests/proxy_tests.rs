@@ -25,9 +25,9 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use super::metrics::{QueryLabels, ReasonLabel};
 use super::{DnsMetrics, DnsProxy, Place};
 use crate::config::DnsConfig;
-use crate::shutdown::{self, ShutdownTrigger};
-use crate::sync::Locked;
 use crate::workloads::WorkloadStore;
+use tidegate_base::shutdown::{self, ShutdownTrigger};
+use tidegate_base::sync::Locked;
 
 /// How an upstream double answers a query (`None`: never).
 type Answerer = Arc<dyn Fn(&Message) -> Option<Message> + Send + Sync>;

@@ -11,11 +11,11 @@ use super::{execute, Executed, Handles, TimerSink};
 use crate::drains::tasks::DrainTasks;
 use crate::drains::tests::{pool, spec};
 use crate::drains::DrainMetrics;
-use crate::hbone::GoawayCommand;
 use crate::proxy::pool::Pool;
 use crate::proxy::tunnels::{InboundTunnels, Registration};
-use crate::sync::Locked;
 use crate::workloads::{Workload, WorkloadStore};
+use tidegate_base::sync::Locked;
+use tidegate_protocol::hbone::GoawayCommand;
 
 /// The timers that fired: (subject, tag, source uid).
 #[derive(Default)]

@@ -20,7 +20,7 @@ use super::metrics::ZdsMetrics;
 use super::session::{End, Session, Shared};
 use super::sink::PodSink;
 use super::socket::SeqPacket;
-use crate::shutdown::ShutdownWatch;
+use tidegate_base::shutdown::ShutdownWatch;
 
 /// istio-cni's default socket (its `ztunnel-uds-address`; ztunnel's `INPOD_UDS`).
 pub const DEFAULT_SOCKET: &str = "/var/run/ztunnel/ztunnel.sock";

@@ -15,7 +15,7 @@ use super::messages::{Request, Version, WorkloadRequest, WorkloadResponse, ZdsHe
 use super::metrics::{MessageLabels, ZdsMetrics};
 use super::sink::{Pod, PodSink, Snapshot};
 use super::socket::{Packet, SeqPacket};
-use crate::shutdown::ShutdownWatch;
+use tidegate_base::shutdown::ShutdownWatch;
 
 /// How a connection that was established ended.
 #[derive(Debug, PartialEq, Eq)]
@@ -95,7 +95,7 @@ impl<'a, S: PodSink> Session<'a, S> {
             return ("invalid", Err(RequestError::TooLong));
         }
         if packet.fds_lost {
-            let why = crate::descriptors::why_lost();
+            let why = tidegate_base::descriptors::why_lost();
             return ("invalid", Err(RequestError::FdsLost { why }));
         }
         if packet.too_many_fds {

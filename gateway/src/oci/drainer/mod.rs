@@ -28,14 +28,14 @@ use tracing::{info, warn, Instrument as _};
 use super::client::OciClient;
 use super::metrics::{CapacityLabels, OciMetrics, OutcomeLabels};
 use super::OciConfig;
-use crate::shutdown::ShutdownWatch;
 use crate::workloads::{WorkloadSnapshot, WorkloadStore};
+use tidegate_base::shutdown::ShutdownWatch;
 
 mod targets;
 mod write;
 
-use crate::sync::Locked;
 use targets::{plan, targets_of, Plan, Target};
+use tidegate_base::sync::Locked;
 #[cfg(test)]
 use write::{retry_reason, write_for, Write};
 use write::{Applied, Stop};

@@ -24,11 +24,6 @@ use super::metrics::InboundMetrics;
 use super::pace::{Borrowed, DialBudget, Paced};
 use crate::authorization::{Admitted, Authorizer, Facts, NotAdmitted, Transport};
 use crate::config::HboneConfig;
-use crate::hbone::baggage::{Baggage, BAGGAGE_HEADER};
-use crate::hbone::io::{reason_label, Refusal};
-use crate::hbone::server::StreamHandler;
-use crate::hbone::{GoawayCommand, REASON_HEADER};
-use crate::identity::SpiffeId;
 use crate::proxy::congestion::Congestion;
 use crate::proxy::copy::{copy_bidirectional, Transferred};
 use crate::proxy::istio_tcp::{self, Flags, Reporter};
@@ -36,8 +31,13 @@ use crate::proxy::ledger::{self, ConnectionLedger, Ended};
 use crate::proxy::metrics::ProxyMetrics;
 use crate::proxy::origin::Origin;
 use crate::proxy::tunnels::InboundTunnel;
-use crate::shutdown::{ActiveStreams, StreamGuard};
 use crate::workloads::{Workload, WorkloadSnapshot, WorkloadStore};
+use tidegate_base::shutdown::{ActiveStreams, StreamGuard};
+use tidegate_protocol::hbone::baggage::{Baggage, BAGGAGE_HEADER};
+use tidegate_protocol::hbone::io::{reason_label, Refusal};
+use tidegate_protocol::hbone::server::StreamHandler;
+use tidegate_protocol::hbone::{GoawayCommand, REASON_HEADER};
+use tidegate_protocol::identity::SpiffeId;
 
 /// What every CONNECT on every inbound tunnel needs; shared by all of them.
 pub struct ConnectDeps {

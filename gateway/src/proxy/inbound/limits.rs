@@ -42,9 +42,9 @@ use prometheus_client::registry::Registry;
 use tracing::info;
 
 use crate::config::HboneConfig;
-use crate::identity::SpiffeId;
 use crate::proxy::log_limit::LogLimit;
-use crate::sync::Locked;
+use tidegate_base::sync::Locked;
+use tidegate_protocol::identity::SpiffeId;
 
 /// A cap that refused a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,5 +1,5 @@
 //! Inbound-only metrics: GOAWAYs a drain asked for, the refusals h2 made on
-//! its own (seen in the frames it wrote, see [`crate::hbone::io`]), and the
+//! its own (seen in the frames it wrote, see [`tidegate_protocol::hbone::io`]), and the
 //! upstream dials a peer wasted (see `pace.rs`).
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -8,8 +8,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::hbone::io::{reason_label, Refusal};
-use crate::hbone::GoawayCommand;
+use tidegate_protocol::hbone::io::{reason_label, Refusal};
+use tidegate_protocol::hbone::GoawayCommand;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RefusalLabels {

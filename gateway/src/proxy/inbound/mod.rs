@@ -1,7 +1,7 @@
 //! Inbound: the HBONE listener (port 15008). Accept under the connection
 //! caps ([`limits`]) → pick the destination workload from the connection's
 //! original destination → TLS presenting that workload's certificate → the
-//! peer identity's cap → HTTP/2 server ([`crate::hbone::server`]) with a
+//! peer identity's cap → HTTP/2 server ([`tidegate_protocol::hbone::server`]) with a
 //! [`connect::ConnectHandler`] for its streams.
 
 pub mod connect;
@@ -23,17 +23,17 @@ use pace::{DialBudget, PaceLimits};
 
 use crate::authorization::Authorizer;
 use crate::config::HboneConfig;
-use crate::hbone::io::reason_label;
-use crate::hbone::{self, server::TunnelEnd};
-use crate::identity::SpiffeId;
 use crate::proxy::congestion::Congestion;
 use crate::proxy::log_limit::LogLimit;
 use crate::proxy::metrics::ProxyMetrics;
 use crate::proxy::origin::Origin;
 use crate::proxy::tunnels::{InboundTunnels, Registration};
-use crate::shutdown::{ActiveStreams, ShutdownWatch};
-use crate::tls::TlsContext;
 use crate::workloads::{Workload, WorkloadStore};
+use tidegate_base::shutdown::{ActiveStreams, ShutdownWatch};
+use tidegate_protocol::hbone::io::reason_label;
+use tidegate_protocol::hbone::{self, server::TunnelEnd};
+use tidegate_protocol::identity::SpiffeId;
+use tidegate_protocol::tls::TlsContext;
 
 /// Everything an inbound tunnel needs; shared by all of them.
 pub struct Inbound {
@@ -255,7 +255,7 @@ impl Inbound {
         &self,
         workload: &Workload,
         tcp: TcpStream,
-    ) -> Option<(crate::tls::ServerTls, SpiffeId)> {
+    ) -> Option<(tidegate_protocol::tls::ServerTls, SpiffeId)> {
         let timeout = self.cfg().connect_timeout;
         let reason =
             match tokio::time::timeout(timeout, self.tls.accept(&workload.identity, tcp)).await {
@@ -291,7 +291,7 @@ impl Inbound {
     /// [`ConnectHandler`] and counts how it ended.
     async fn serve_tunnel(
         self: &Arc<Self>,
-        tls: crate::tls::ServerTls,
+        tls: tidegate_protocol::tls::ServerTls,
         ctx: TunnelCtx,
         identity: Arc<limits::IdentitySlot>,
         registration: &Registration,

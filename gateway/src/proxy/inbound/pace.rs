@@ -22,8 +22,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::sync::Locked;
 use std::time::Instant;
+use tidegate_base::sync::Locked;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The wasted-dial bucket holds this many seconds of its rate (plus one

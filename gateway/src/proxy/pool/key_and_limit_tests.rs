@@ -13,8 +13,8 @@ use tokio::time::Instant;
 
 use super::{Pool, PoolKey, Tunnel};
 use crate::config::PoolConfig;
-use crate::sync::Locked;
-use crate::tls::{DevCa, TlsContext, TlsMetrics};
+use tidegate_base::sync::Locked;
+use tidegate_protocol::tls::{DevCa, TlsContext, TlsMetrics};
 
 fn pool(max_streams_per_tunnel: usize, idle_timeout: Duration) -> Arc<Pool> {
     let mut reg = Registry::default();

@@ -27,14 +27,14 @@ use tokio::time::Instant;
 use tracing::{debug, info_span, warn, Instrument};
 
 use crate::config::{HboneConfig, PoolConfig};
-use crate::hbone::client::{self, DialError, StreamError};
-use crate::hbone::client_io::GoawayFlag;
-use crate::identity::SpiffeId;
 use crate::proxy::congestion::Congestion;
 use crate::proxy::origin::Origin;
-use crate::shutdown::ShutdownWatch;
-use crate::sync::Locked;
-use crate::tls::TlsContext;
+use tidegate_base::shutdown::ShutdownWatch;
+use tidegate_base::sync::Locked;
+use tidegate_protocol::hbone::client::{self, DialError, StreamError};
+use tidegate_protocol::hbone::client_io::GoawayFlag;
+use tidegate_protocol::identity::SpiffeId;
+use tidegate_protocol::tls::TlsContext;
 
 mod book;
 mod dump;
@@ -65,7 +65,7 @@ pub struct PoolKey {
     pub dst_addr: SocketAddr,
     /// In-pod mode: the source pod's namespace (its tunnels leave with its
     /// own address and are never shared with another pod).
-    pub src_netns: Option<crate::netns::NetnsId>,
+    pub src_netns: Option<crate::inpod::netns::NetnsId>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -117,7 +117,7 @@ impl PoolError {
 
 pub struct Pool {
     tls: Arc<TlsContext>,
-    hbone: crate::hbone::Settings,
+    hbone: tidegate_protocol::hbone::Settings,
     cfg: PoolConfig,
     /// Congestion control of the tunnels dialed (`tcp.tunnel_congestion_control`).
     tunnel_cc: Congestion,
@@ -403,7 +403,7 @@ impl Pool {
         tokio::spawn(
             async move {
                 let ping = conn.ping_pong().expect("ping_pong is taken once");
-                let keepalive = crate::hbone::keepalive::run(
+                let keepalive = tidegate_protocol::hbone::keepalive::run(
                     ping,
                     pool.hbone.keepalive_interval,
                     pool.hbone.keepalive_timeout,

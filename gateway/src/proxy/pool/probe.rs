@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use super::book::{Book, Turn};
 use super::metrics::OutcomeLabel;
 use super::{Pool, PoolError, PoolKey};
-use crate::sync::Locked;
+use tidegate_base::sync::Locked;
 
 /// What a connection does when its destination backs off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use super::*;
 use crate::config::HboneConfig;
 use crate::proxy::pool::book::PROBE_GAP_MAX;
 use crate::proxy::pool::BackoffParams;
-use crate::tls::{DevCa, TlsContext, TlsMetrics};
+use tidegate_protocol::tls::{DevCa, TlsContext, TlsMetrics};
 
 fn pool(connect_timeout: Duration) -> (Arc<Pool>, Registry) {
     let mut reg = Registry::default();

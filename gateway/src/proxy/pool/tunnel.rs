@@ -12,8 +12,8 @@ use tracing::debug;
 
 use super::book::Book;
 use super::PoolKey;
-use crate::hbone::client_io::GoawayFlag;
-use crate::sync::Locked;
+use tidegate_base::sync::Locked;
+use tidegate_protocol::hbone::client_io::GoawayFlag;
 
 /// One pooled tunnel.
 pub struct Tunnel {

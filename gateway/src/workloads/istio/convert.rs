@@ -38,12 +38,12 @@ use tidegate_xds::workload::{
     WorkloadStatus,
 };
 
-use crate::identity::SpiffeId;
 use crate::workloads::services::{
     Conditions, EndpointTarget, ServicePort, ServiceSpec, TargetPort,
 };
 use crate::workloads::waypoint::{Waypoint, WaypointAddress};
 use crate::workloads::{LifecycleState, Protocol, WorkloadSpec};
+use tidegate_protocol::identity::SpiffeId;
 
 /// The label Istio's metrics read a workload's canonical service from.
 pub const CANONICAL_NAME_LABEL: &str = "service.istio.io/canonical-name";

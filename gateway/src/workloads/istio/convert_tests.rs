@@ -5,9 +5,9 @@ use bytes::Bytes;
 use tidegate_xds::workload as wds;
 
 use super::*;
-use crate::identity::SpiffeId;
 use crate::workloads::services::{Conditions, EndpointTarget, TargetPort};
 use crate::workloads::{LifecycleState, Protocol, WorkloadStore};
+use tidegate_protocol::identity::SpiffeId;
 
 const UID: &str = "Kubernetes//Pod/shop/web-1";
 const WEB: &str = "shop/web.shop.svc.cluster.local";

@@ -18,7 +18,7 @@ use tidegate_xds::envelope::{Node, Struct, Value};
 use tidegate_xds::{AdsClient, Limits, XdsMetrics};
 
 use crate::config::IstioConfig;
-use crate::shutdown::ShutdownWatch;
+use tidegate_base::shutdown::ShutdownWatch;
 
 /// The node istiod sees: `ztunnel~<ip>~<pod>.<ns>~<ns>.svc.cluster.local`
 /// (the first segment makes istiod treat the client as a node proxy), and

@@ -69,11 +69,11 @@ use tracing::{info, warn};
 
 use super::WorkloadStore;
 use crate::config::KubernetesConfig;
-use crate::shutdown::ShutdownWatch;
-use crate::sync::Locked;
 use metrics::ResourceLabels;
 use tidegate_authz::kubernetes::Conversion;
 use tidegate_authz::PolicyStore;
+use tidegate_base::shutdown::ShutdownWatch;
+use tidegate_base::sync::Locked;
 use tidegate_control::kube_client::{self, KubeClientError};
 
 /// What discovery reads, as RBAC names it (API group, resource): the

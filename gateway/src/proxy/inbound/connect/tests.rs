@@ -6,8 +6,8 @@ use std::sync::Arc;
 use http::{Method, Request, StatusCode};
 
 use super::{route, InboundError, OwnPorts, TunnelCtx};
-use crate::identity::SpiffeId;
 use crate::workloads::{WorkloadSnapshot, WorkloadSpec, WorkloadStore};
+use tidegate_protocol::identity::SpiffeId;
 
 const NODE: &str = "node-a";
 

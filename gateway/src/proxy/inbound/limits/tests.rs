@@ -1,7 +1,7 @@
 //! The caps on their own: derivation, refusals, release.
 
 use super::*;
-use crate::sync::Locked;
+use tidegate_base::sync::Locked;
 
 fn cfg(max_connections: u32, per_identity: u32) -> HboneConfig {
     HboneConfig {
