@@ -6,7 +6,7 @@
 //! ```
 //!
 //! Everything runs in this process against the real host
-//! (`tidegate::policy`), with the reference plugins built by `cargo xtask
+//! (`tidegate_policy_host`), with the reference plugins built by `cargo xtask
 //! plugins` (`target/plugins/*.wasm`, next to this crate's `../target`):
 //!
 //! 1. **Decision latency** with a warm instance, per reference plugin, on a
@@ -50,12 +50,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tidegate::config::PoliciesConfig;
-use tidegate::identity::SpiffeId;
-use tidegate::policy::{
+use tidegate::workloads::{Workload, WorkloadSpec};
+use tidegate_policy_host::{
     validate, Clock, PluginVersion, PolicyEngine, PolicyMetrics, PolicyRuntime, QuarantineRule,
     RuntimeLimits, Selection,
 };
-use tidegate::workloads::{Workload, WorkloadSpec};
+use tidegate_protocol::identity::SpiffeId;
 use tidegate_sdk::{
     Action, Event, NetworkTeardown, PeerInfo, PeerState, Policy, ShutdownStarted, WorkloadInfo,
     WorkloadState,
@@ -336,7 +336,7 @@ fn event_for(plugin: &str) -> Event {
 fn gateway_workload(policy: &str) -> Workload {
     let (labels, mut annotations) = workload_meta();
     annotations.insert(
-        tidegate::policy::POLICY_ANNOTATION.to_owned(),
+        tidegate_policy_host::POLICY_ANNOTATION.to_owned(),
         policy.to_owned(),
     );
     Workload {
@@ -697,7 +697,7 @@ fn breakdown(engine: &PolicyEngine, rows: &[LatencyRow]) {
     );
     let fallback_sel = Selection {
         name: "not-loaded".into(),
-        by: tidegate::policy::SelectedBy::Default,
+        by: tidegate_policy_host::SelectedBy::Default,
         version: None,
         why: "".into(),
         skipped: Vec::new(),

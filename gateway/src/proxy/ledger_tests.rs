@@ -1,8 +1,8 @@
 //! A ledger records its connection's end once, however it ends: refused,
 //! finished, or dropped by a cancelled task.
 
-use crate::sync::Locked;
 use std::sync::{Arc, Mutex};
+use tidegate_base::sync::Locked;
 
 use prometheus_client::registry::Registry;
 use tokio::io::AsyncReadExt;
