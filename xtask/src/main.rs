@@ -265,13 +265,7 @@ fn run_architecture(root: &std::path::Path, tally: &mut Tally) -> Result<()> {
         architecture::DOCUMENT
     );
     let mut checks = checks::Checks::default();
-    let result = architecture::check(root).and_then(|problems| {
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            bail!("{}", problems.join("\n    "))
-        }
-    });
+    let result = architecture::check(root).and_then(none_found);
     checks.record(
         &format!(
             "{} names every crate and gateway folder, imports as the manifests, only existing paths",
@@ -281,11 +275,7 @@ fn run_architecture(root: &std::path::Path, tally: &mut Tally) -> Result<()> {
     );
     let map = module_map::check(root).and_then(|mut problems| {
         problems.extend(generated::check(root)?);
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            bail!("{}", problems.join("\n    "))
-        }
+        none_found(problems)
     });
     checks.record(
         &format!(
@@ -295,6 +285,15 @@ fn run_architecture(root: &std::path::Path, tally: &mut Tally) -> Result<()> {
         map,
     );
     count(tally, &checks, "architecture")
+}
+
+/// A check's problems as its result: none, or each on a line of its own.
+fn none_found(problems: Vec<String>) -> Result<()> {
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        bail!("{}", problems.join("\n    "))
+    }
 }
 
 /// The drain lab's smoke runs (`lab.rs`), counted in the tally.

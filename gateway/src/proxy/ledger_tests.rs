@@ -174,10 +174,7 @@ async fn a_refused_connection_is_counted_failed_once_logged_once_and_reset() {
 async fn a_finished_stream_is_recorded_once_with_its_result_and_drain() {
     let (rec, metrics) = Recorded::new("inbound");
     let streams = ActiveStreams::default();
-    let (src, dst) = (addr("10.0.0.1:40000"), addr("10.0.0.2:80"));
-    let mut ledger = ConnectionLedger::stream(&metrics, streams.track(), src, dst);
-    ledger.report(unnamed(Reporter::Destination));
-    ledger.carrying();
+    let ledger = carrying_stream(&metrics, &streams);
     let inbound = r#"direction="inbound""#;
     assert_eq!(rec.value("streams_open", &[inbound]), 1);
     let moved = Transferred {
@@ -212,10 +209,7 @@ async fn a_finished_stream_is_recorded_once_with_its_result_and_drain() {
 async fn a_stream_cut_by_a_policy_is_flagged_denied_and_counted_reset() {
     let (rec, metrics) = Recorded::new("inbound");
     let streams = ActiveStreams::default();
-    let (src, dst) = (addr("10.0.0.1:40000"), addr("10.0.0.2:80"));
-    let mut ledger = ConnectionLedger::stream(&metrics, streams.track(), src, dst);
-    ledger.report(unnamed(Reporter::Destination));
-    ledger.carrying();
+    let ledger = carrying_stream(&metrics, &streams);
     let ended = Ended::new("policy_closed", Transferred::default()).denied("no policy allows it");
     ledger.finish(ended);
 
@@ -291,4 +285,14 @@ async fn a_refused_endpoint_closes_its_attempt_and_is_named_on_the_line() {
     ] {
         assert!(lines[0].contains(field), "{field} in {}", lines[0]);
     }
+}
+
+/// An inbound stream routed and carrying bytes, as the CONNECT path holds
+/// it before it ends.
+fn carrying_stream<'a>(metrics: &'a ProxyMetrics, streams: &ActiveStreams) -> ConnectionLedger<'a> {
+    let (src, dst) = (addr("10.0.0.1:40000"), addr("10.0.0.2:80"));
+    let mut ledger = ConnectionLedger::stream(metrics, streams.track(), src, dst);
+    ledger.report(unnamed(Reporter::Destination));
+    ledger.carrying();
+    ledger
 }
