@@ -4,6 +4,8 @@
 //! - [`shutdown`]: the process's shutdown signal and its deadline;
 //! - [`descriptors`]: open descriptors against the open-file limit, and
 //!   errors that come from a full descriptor table;
+//! - [`fd_passing`]: descriptors received with a message (`SCM_RIGHTS`),
+//!   as a node agent hands a pod's network namespace over;
 //! - [`logging`]: the binaries' log output (`TIDEGATE_LOG`);
 //! - [`range`]: a number's accepted range and the error naming its key;
 //! - [`duration`] and [`size`]: durations (`250ms`, `5m`) and byte sizes
@@ -14,6 +16,7 @@
 
 pub mod descriptors;
 pub mod duration;
+pub mod fd_passing;
 pub mod logging;
 pub mod range;
 pub mod shutdown;

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tidegate_xds::channel;
+use tidegate_channel as channel;
 use tonic::transport::Channel;
 
 use super::messages::{IstioCertificateRequest, IstioCertificateResponse};

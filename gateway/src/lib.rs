@@ -40,7 +40,6 @@ pub mod demo;
 pub mod descriptor_budget;
 pub mod dns;
 pub mod drains;
-pub mod fd_passing;
 pub mod inpod;
 pub mod oci;
 pub mod proxy;

@@ -36,7 +36,7 @@ const HOSTNET: &str = "10.0.0.2";
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../gateway/tests/fixtures/oci")
+        .join("../oci/tests/fixtures")
         .join(name)
 }
 
@@ -713,10 +713,10 @@ async fn raw(
     path: &str,
     body: Option<&str>,
     if_match: Option<&str>,
-) -> tidegate::oci::transport::RawResponse {
-    use tidegate::oci::sign::{parse_private_key, Signer, ToSign};
+) -> tidegate_oci::transport::RawResponse {
+    use tidegate_oci::sign::{parse_private_key, Signer, ToSign};
     let ca = std::fs::read(double.ca_file()).unwrap();
-    let endpoint = tidegate::oci::transport::Endpoint::new(&double.endpoint(), &ca, true).unwrap();
+    let endpoint = tidegate_oci::transport::Endpoint::new(&double.endpoint(), &ca, true).unwrap();
     let signer = Signer::new(
         KEY_ID.into(),
         parse_private_key(&std::fs::read(fixture(key)).unwrap()).unwrap(),
@@ -748,7 +748,7 @@ async fn raw(
         .unwrap()
 }
 
-fn code(r: &tidegate::oci::transport::RawResponse) -> (u16, String) {
+fn code(r: &tidegate_oci::transport::RawResponse) -> (u16, String) {
     assert!(
         r.header("opc-request-id").is_some(),
         "every answer has an opc-request-id"
@@ -868,12 +868,12 @@ async fn the_double_follows_the_published_api() {
         .all(|s| ["ACCEPTED", "IN_PROGRESS", "SUCCEEDED"].contains(&s.as_str())));
     assert!(double.backend(LB1, "web", "10.1.0.5:8080").unwrap().drain);
     // The gateway's client reads what the double serves, ETag included.
-    let client = tidegate::oci::OciClient::new(
+    let client = tidegate_oci::OciClient::new(
         &double.endpoint(),
         &std::fs::read(double.ca_file()).unwrap(),
         "ca.pem",
-        tidegate::oci::auth::Credentials::Static(
-            tidegate::oci::auth::api_key(
+        tidegate_oci::auth::Credentials::Static(
+            tidegate_oci::auth::api_key(
                 "ocid1.tenancy.oc1..t",
                 "ocid1.user.oc1..u",
                 "c6:92:57",
@@ -882,7 +882,7 @@ async fn the_double_follows_the_published_api() {
             .unwrap(),
         ),
         Duration::from_secs(5),
-        tidegate::oci::OciMetrics::register(&mut Default::default()),
+        tidegate_oci::CallMetrics::register(&mut Default::default()),
     )
     .unwrap();
     let (set, etag) = client.get_backend_set(LB1, "web").await.unwrap();

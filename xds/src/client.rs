@@ -49,10 +49,10 @@ use prost::Message as _;
 use tonic::Code;
 use tracing::{debug, info, warn};
 
-use crate::channel::{self, Target};
 use crate::envelope::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Node, Status, DELTA_ADS};
 use crate::metrics::{Oversized, Termination, XdsMetrics};
 use crate::mid_message::{self, MidMessage};
+use tidegate_channel::{self as channel, Target};
 
 /// `istio.workload.Address`: workloads and Services.
 pub const ADDRESS: &str = "type.googleapis.com/istio.workload.Address";

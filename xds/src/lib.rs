@@ -1,7 +1,6 @@
-//! istiod's gRPC as a node proxy (ztunnel) speaks it.
+//! istiod's gRPC as a node proxy (ztunnel) speaks it, over the channel of
+//! `tidegate-channel` (shared with the CA client).
 //!
-//! - [`channel`]: the TLS channel to istiod, shared by the CA client and
-//!   the xDS client;
 //! - [`envelope`]: the delta xDS envelope (requests, responses, the node);
 //! - [`client`]: the delta ADS client — per-resource apply, ACK / NACK,
 //!   reconnect with the versions held;
@@ -12,7 +11,6 @@
 
 #![forbid(unsafe_code)]
 
-pub mod channel;
 pub mod client;
 pub mod envelope;
 pub mod metrics;

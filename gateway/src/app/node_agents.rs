@@ -17,7 +17,7 @@ use crate::drains::cni::{CniLimits, PodHandover};
 use crate::drains::DrainEngine;
 use crate::inpod::capture::CapturePorts;
 use crate::inpod::pods::{DataPath, PodLimits, PodProxies};
-use crate::inpod::zds::{ZdsClient, ZdsConfig};
+use tidegate_zds::{ZdsClient, ZdsConfig};
 
 /// A readiness condition: what it waits for, and the flag that says so.
 pub(super) type ReadyWhen = (&'static str, watch::Receiver<bool>);

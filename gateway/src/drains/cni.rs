@@ -321,7 +321,7 @@ async fn recv_with_fds(stream: &UnixStream) -> std::io::Result<(Vec<u8>, Attache
     stream
         .async_io(tokio::io::Interest::READABLE, || {
             let mut buf = vec![0u8; 4096];
-            let got = crate::fd_passing::recv_with_fds(stream, &mut buf)?;
+            let got = tidegate_base::fd_passing::recv_with_fds(stream, &mut buf)?;
             buf.truncate(got.bytes);
             let lost = got.fds_lost;
             Ok((buf, Attached { fds: got.fds, lost }))

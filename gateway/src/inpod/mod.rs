@@ -4,8 +4,11 @@
 //! - [`pods`]: the per-pod proxies (15001, 15006, 15008 inside each pod).
 //! - [`admission`]: which pods are taken (one namespace, one pod; never the
 //!   gateway's own; `capture.max_pods`; descriptors to spare).
-//! - [`zds`]: the client of istio-cni's node agent socket (the ZDS
-//!   protocol), which hands over each pod's namespace as a file descriptor.
+//!
+//! The pods come from istio-cni's node agent over ZDS (the `tidegate-zds`
+//! crate's client, which hands over each pod's namespace as a file
+//! descriptor; [`pods`] implements its sink), from `tidegate-cni`'s CNI
+//! socket, or from the node state directory at start.
 //!
 //! Shared with `tidegate-cni` (the `tidegate-netns` crate): [`capture`],
 //! istio-cni's in-pod capture rules installed inside a pod's namespace
@@ -17,6 +20,5 @@
 pub mod admission;
 pub mod netns;
 pub mod pods;
-pub mod zds;
 
 pub use tidegate_netns::capture;

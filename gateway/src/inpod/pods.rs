@@ -7,7 +7,7 @@
 //!
 //! Pods come from the node agent: `tidegate-cni` over the CNI socket
 //! ([`crate::drains::cni::PodHandover`]), istio-cni over ZDS
-//! ([`super::zds::PodSink`]), or the state directory at start
+//! ([`tidegate_zds::PodSink`]), or the state directory at start
 //! ([`PodProxies::adopt`]).
 //!
 //! - The same uid in the same namespace (same inode) again: nothing changes.

@@ -1,19 +1,13 @@
-//! OCI metrics: calls by operation and status, retries, work-request
-//! latency, lifecycle event → drain SUCCEEDED latency, re-asserted drains,
-//! capacity events, drains that stopped on an error.
+//! The drainer's metrics: retries, work-request latency, lifecycle event →
+//! drain SUCCEEDED latency, re-asserted drains, capacity events, drains
+//! that stopped on an error. The API calls themselves are counted by the
+//! client (`tidegate_oci::CallMetrics`).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CallLabels {
-    pub operation: &'static str,
-    /// The HTTP status, or `error` when no answer came.
-    pub status: String,
-}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RetryLabels {
@@ -35,7 +29,6 @@ pub struct OutcomeLabels {
 
 #[derive(Clone, Debug)]
 pub struct OciMetrics {
-    calls: Family<CallLabels, Counter>,
     pub(super) retries: Family<RetryLabels, Counter>,
     pub(super) work_request: Histogram,
     pub(super) drain_latency: Histogram,
@@ -47,7 +40,6 @@ pub struct OciMetrics {
 impl OciMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = OciMetrics {
-            calls: Family::default(),
             retries: Family::default(),
             work_request: Histogram::new(exponential_buckets(1e-3, 2.0, 18)),
             drain_latency: Histogram::new(exponential_buckets(1e-3, 2.0, 18)),
@@ -56,11 +48,6 @@ impl OciMetrics {
             backends: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("oci");
-        r.register(
-            "calls",
-            "OCI API calls by operation and HTTP status",
-            m.calls.clone(),
-        );
         r.register(
             "retries",
             "OCI calls retried, by reason (etag, conflict, throttled, server, transport)",
@@ -92,12 +79,6 @@ impl OciMetrics {
             m.backends.clone(),
         );
         m
-    }
-
-    pub(super) fn call(&self, operation: &'static str, status: String) {
-        self.calls
-            .get_or_create(&CallLabels { operation, status })
-            .inc();
     }
 
     pub(super) fn retry(&self, reason: &'static str) {

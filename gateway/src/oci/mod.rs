@@ -6,14 +6,12 @@
 //! across the configured load balancers' backend sets, and keeps it so while
 //! the pod terminates.
 //!
-//! - [`sign`]: OCI HTTP signatures (version 1, rsa-sha256).
-//! - [`auth`]: the signing key (API key, or OKE workload identity's session key).
-//! - [`client`]: signed HTTPS calls (GetLoadBalancer, GetBackend,
-//!   UpdateBackend, DeleteBackend, GetWorkRequest).
-//! - [`model`]: the API's JSON types.
 //! - [`drainer`]: read-modify-write with `If-Match`, retries, work requests,
 //!   one change at a time per load balancer, re-assertion, capacity.
-//! - [`metrics`]: calls, retries, latencies, re-assertions, capacity events.
+//! - [`metrics`]: retries, latencies, re-assertions, capacity events.
+//!
+//! The API itself — signatures, credentials, signed HTTPS calls, the JSON
+//! types — is the `tidegate-oci` crate.
 //!
 //! Safety rules (from the OCI native ingress review of backend draining):
 //! only opted-in workloads; only the exact pod's IPs; node backends (an IP
@@ -21,20 +19,16 @@
 //! pod's) are never touched; every field other than `drain` is resent as read, under the load
 //! balancer's ETag, so another writer's change is never overwritten.
 
-pub mod auth;
-pub mod client;
 pub mod drainer;
 pub mod metrics;
-pub mod model;
-pub mod sign;
-pub mod transport;
 
 pub use crate::config::{Cidr, OciAuth, OciConfig, OptIn, OCI_BACKEND_LIMIT};
-pub use client::{OciClient, OciError};
 pub use drainer::{OciDrainer, OciStatus};
 pub use metrics::OciMetrics;
 
 use std::sync::Arc;
+
+use tidegate_oci::{auth, client, CallMetrics, OciClient};
 
 use crate::workloads::{WorkloadSpec, WorkloadStore};
 
@@ -100,15 +94,15 @@ pub fn from_config(
         path: ca_path.clone(),
         source,
     })?;
-    let metrics = OciMetrics::register(registry);
     let client = OciClient::new(
         &cfg.endpoint(),
         &roots,
         &ca_path,
         signer,
         cfg.request_timeout,
-        metrics.clone(),
+        CallMetrics::register(registry),
     )?;
+    let metrics = OciMetrics::register(registry);
     tracing::info!(endpoint = %client.endpoint(), load_balancers = cfg.load_balancers.len(), "OCI backend draining enabled");
     Ok(Some(OciDrainer::new(
         cfg.clone(),

@@ -11,10 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
-use tidegate::inpod::zds::{Pod, PodSink, Snapshot, ZdsClient, ZdsConfig};
 use tidegate_base::shutdown::{self, ShutdownTrigger};
 use tidegate_e2e::zds_double::{expect_ack, ConnState, PodSpec, Request, ZdsConn, ZdsDouble};
 use tidegate_e2e::{metric, metric_or_zero, wait_for};
+use tidegate_zds::{Pod, PodSink, Snapshot, ZdsClient, ZdsConfig};
 use tokio::sync::watch;
 
 const STEP: Duration = Duration::from_secs(10);

@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
+use tidegate_channel::{Pulse, Target};
 use tidegate_e2e::xds_double::XdsDouble;
 use tidegate_e2e::{init_tracing, metric};
-use tidegate_xds::channel::{Pulse, Target};
 use tidegate_xds::client::{ClientConfig, ADDRESS, AUTHORIZATION, FIRST_ANSWER_TIMEOUT};
 use tidegate_xds::envelope::{Kind, Node, Struct, Value};
 use tidegate_xds::{AdsClient, Handler, Rejected, Update, XdsMetrics};

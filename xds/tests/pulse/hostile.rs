@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use prometheus_client::registry::Registry;
-use tidegate_xds::channel::{Pulse, Target};
+use tidegate_channel::{Pulse, Target};
 use tidegate_xds::client::{ClientConfig, Limits, ADDRESS, AUTHORIZATION, FIRST_ANSWER_TIMEOUT};
 use tidegate_xds::envelope::{Any, DeltaDiscoveryRequest, DeltaDiscoveryResponse, Node, Resource};
 use tidegate_xds::{AdsClient, Handler, Rejected, Update, XdsMetrics};

@@ -10,7 +10,7 @@ mod scripted;
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
-use tidegate_xds::channel::{Pulse, Target};
+use tidegate_channel::{Pulse, Target};
 use tidegate_xds::client::{ClientConfig, ADDRESS, FIRST_ANSWER_TIMEOUT};
 use tidegate_xds::envelope::Node;
 use tidegate_xds::{AdsClient, Handler, Rejected, Update, XdsMetrics};

@@ -11,7 +11,7 @@ use tracing::info;
 use super::{PodError, PodMeta, PodProxies};
 use crate::drains::cni::{Handed, HandedPod, PodHandover};
 use crate::drains::{PodKey, Trigger};
-use crate::inpod::zds;
+use tidegate_zds as zds;
 
 impl PodProxies {
     /// `tidegate-cni` ADD: whether the pod is a mesh member, from the

@@ -25,11 +25,11 @@ use serde::Serialize;
 use tokio::time::Instant;
 use tracing::{info, warn, Instrument as _};
 
-use super::client::OciClient;
 use super::metrics::{CapacityLabels, OciMetrics, OutcomeLabels};
 use super::OciConfig;
 use crate::workloads::{WorkloadSnapshot, WorkloadStore};
 use tidegate_base::shutdown::ShutdownWatch;
+use tidegate_oci::OciClient;
 
 mod targets;
 mod write;

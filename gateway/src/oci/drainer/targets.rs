@@ -4,8 +4,8 @@
 use std::net::IpAddr;
 
 use super::AtCapacity;
-use crate::oci::model::LoadBalancer;
 use crate::workloads::WorkloadSnapshot;
+use tidegate_oci::model::LoadBalancer;
 
 /// One backend of the workload, as found on a load balancer.
 pub(super) struct Target {

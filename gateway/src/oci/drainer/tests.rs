@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::{plan, retry_reason, targets_of, write_for, AtCapacity, Plan, Target, Write};
-use crate::oci::model::{Backend, BackendSet, LoadBalancer, UpdateBackendDetails};
-use crate::oci::OciError;
 use crate::workloads::{WorkloadSnapshot, WorkloadSpec, WorkloadStore};
+use tidegate_oci::model::{Backend, BackendSet, LoadBalancer, UpdateBackendDetails};
+use tidegate_oci::OciError;
 
 fn spec(uid: &str, ips: &[&str]) -> WorkloadSpec {
     WorkloadSpec::new(uid, "n1")

@@ -9,8 +9,8 @@ use tracing::warn;
 
 use super::targets::Target;
 use super::OciDrainer;
-use crate::oci::client::OciError;
-use crate::oci::model::{Backend, UpdateBackendDetails};
+use tidegate_oci::model::{Backend, UpdateBackendDetails};
+use tidegate_oci::OciError;
 
 /// What one backend change ended in.
 #[derive(Debug, PartialEq, Eq)]

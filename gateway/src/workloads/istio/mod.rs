@@ -12,7 +12,7 @@ pub mod source;
 pub use assembly::Assembly;
 pub use source::IstioSource;
 
-use tidegate_xds::channel::{Pulse, Target};
+use tidegate_channel::{Pulse, Target};
 use tidegate_xds::client::{ClientConfig, ADDRESS, AUTHORIZATION, FIRST_ANSWER_TIMEOUT};
 use tidegate_xds::envelope::{Node, Struct, Value};
 use tidegate_xds::{AdsClient, Limits, XdsMetrics};

@@ -84,7 +84,7 @@ impl SeqPacket {
 
 fn recv_now(fd: &OwnedFd) -> io::Result<Option<Packet>> {
     let mut buf = [0u8; MAX_MESSAGE];
-    let got = crate::fd_passing::recv_with_fds(fd, &mut buf)?;
+    let got = tidegate_base::fd_passing::recv_with_fds(fd, &mut buf)?;
     if got.bytes == 0 && got.fds.is_empty() {
         return Ok(None);
     }

@@ -150,13 +150,13 @@ mod tests {
             match File::open("/dev/null") {
                 Ok(f) => fillers.push(f),
                 Err(e) => {
-                    assert!(tidegate_base::descriptors::is_exhaustion(&e), "{e}");
+                    assert!(crate::descriptors::is_exhaustion(&e), "{e}");
                     break;
                 }
             }
         }
         let got = recv_with_fds(&b, &mut [0u8; 16]).unwrap();
-        let why = tidegate_base::descriptors::why_lost();
+        let why = crate::descriptors::why_lost();
         drop(fillers);
         assert!(
             got.fds.is_empty() && got.fds_lost && !got.too_many_fds,

@@ -9,14 +9,14 @@ use http::Method;
 use serde::de::DeserializeOwned;
 use tracing::debug;
 
-use super::auth::Credentials;
-use super::transport::{self, Endpoint};
+use crate::auth::Credentials;
+use crate::transport::{self, Endpoint};
 
-use super::metrics::OciMetrics;
-use super::model::{
+use crate::metrics::CallMetrics;
+use crate::model::{
     Backend, BackendSet, ErrorBody, LoadBalancer, UpdateBackendDetails, WorkRequest,
 };
-use super::sign::{ToSign, CONTENT_TYPE};
+use crate::sign::{ToSign, CONTENT_TYPE};
 
 /// The API version prefix of every path.
 pub const API: &str = "/20170115";
@@ -87,7 +87,7 @@ pub struct OciClient {
     endpoint: Endpoint,
     auth: Credentials,
     timeout: Duration,
-    metrics: OciMetrics,
+    metrics: CallMetrics,
 }
 
 impl std::fmt::Debug for OciClient {
@@ -107,7 +107,7 @@ impl OciClient {
         ca_path: &str,
         auth: Credentials,
         timeout: Duration,
-        metrics: OciMetrics,
+        metrics: CallMetrics,
     ) -> Result<Self, EndpointError> {
         let endpoint = Endpoint::new(endpoint, roots_pem, true).map_err(|e| match e {
             transport::EndpointError::Url(url) => EndpointError::Url(url),

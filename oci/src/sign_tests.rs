@@ -12,7 +12,7 @@
 
 use super::*;
 
-const KEY: &[u8] = include_bytes!("../../tests/fixtures/oci/api_key.pem");
+const KEY: &[u8] = include_bytes!("../tests/fixtures/api_key.pem");
 const HOST: &str = "iaas.us-phoenix-1.oraclecloud.com";
 const DATE: &str = "Thu, 05 Jan 2014 21:31:40 GMT";
 const BODY: &[u8] = br#"{"weight":3,"backup":false,"drain":true,"offline":false}"#;
@@ -40,11 +40,11 @@ fn get_matches_openssl() {
     };
     let (headers, text) = signing_string(&req);
     assert_eq!(headers, "date (request-target) host");
-    assert_eq!(text, include_str!("../../tests/fixtures/oci/kat_get.txt"));
+    assert_eq!(text, include_str!("../tests/fixtures/kat_get.txt"));
     let signed = signer().sign(&req).unwrap();
     assert_eq!(
         signature_of(&signed.authorization),
-        include_str!("../../tests/fixtures/oci/kat_get.sig")
+        include_str!("../tests/fixtures/kat_get.sig")
     );
     assert!(signed.authorization.starts_with(
         "Signature version=\"1\",keyId=\"ocid1.tenancy.oc1..t/ocid1.user.oc1..u/c6:92:57\",algorithm=\"rsa-sha256\",headers=\"date (request-target) host\",signature=\""
@@ -66,11 +66,11 @@ fn put_signs_the_body_headers_and_matches_openssl() {
         headers,
         "date (request-target) host content-length content-type x-content-sha256"
     );
-    assert_eq!(text, include_str!("../../tests/fixtures/oci/kat_put.txt"));
+    assert_eq!(text, include_str!("../tests/fixtures/kat_put.txt"));
     let signed = signer().sign(&req).unwrap();
     assert_eq!(
         signature_of(&signed.authorization),
-        include_str!("../../tests/fixtures/oci/kat_put.sig")
+        include_str!("../tests/fixtures/kat_put.sig")
     );
     assert_eq!(
         signed.content_sha256.as_deref(),

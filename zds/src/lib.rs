@@ -21,6 +21,8 @@
 //! - `client`: connect, reconnect with backoff, readiness;
 //! - `sink`: the trait the gateway implements.
 
+#![forbid(unsafe_code)]
+
 pub mod client;
 pub mod error;
 pub mod messages;

@@ -12,6 +12,8 @@
 //! no FIN or RST) is dropped when an HTTP/2 PING goes unanswered. Either
 //! way the next call connects again.
 
+#![forbid(unsafe_code)]
+
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -56,7 +58,7 @@ pub struct Pulse {
     pub handshake_timeout: Duration,
     /// An xDS stream inside a message (its length prefix begun, the
     /// message not whole) with no byte for this long fails and is opened
-    /// again ([`crate::mid_message`]); between messages a stream may rest
+    /// again (`tidegate_xds::mid_message`); between messages a stream may rest
     /// indefinitely. The CA client's calls are bounded as a whole instead.
     pub message_timeout: Duration,
 }

@@ -28,8 +28,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use base64::Engine as _;
 use tokio::sync::Mutex;
 
-use super::sign::{parse_private_key, SignError, Signer};
-use super::transport;
+use crate::sign::{parse_private_key, SignError, Signer};
+use crate::transport;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
