@@ -30,7 +30,8 @@ const SA: &str = "/sa/";
 
 impl SpiffeId {
     pub fn new(trust_domain: &str, namespace: &str, service_account: &str) -> Self {
-        let uri = format!("{SCHEME}{trust_domain}{NS}{namespace}{SA}{service_account}");
+        let mut uri = String::new();
+        Self::write_uri(&mut uri, trust_domain, namespace, service_account);
         let trust_domain_end = SCHEME.len() + trust_domain.len();
         let namespace_end = trust_domain_end + NS.len() + namespace.len();
         SpiffeId {
@@ -39,6 +40,15 @@ impl SpiffeId {
             // bytes each); saturating keeps a nonsense input harmless.
             trust_domain_end: u32::try_from(trust_domain_end).unwrap_or(u32::MAX),
             namespace_end: u32::try_from(namespace_end).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// Appends the URI of the identity of `service_account` in `namespace`
+    /// of `trust_domain` to `out`, as [`SpiffeId::new`] writes it (for a
+    /// lookup by URI without building the identity).
+    pub fn write_uri(out: &mut String, trust_domain: &str, namespace: &str, service_account: &str) {
+        for part in [SCHEME, trust_domain, NS, namespace, SA, service_account] {
+            out.push_str(part);
         }
     }
 

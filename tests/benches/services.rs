@@ -152,6 +152,7 @@ fn pick_ns(n: usize, choice: EndpointChoice) -> f64 {
         Default::default(),
         PoolConfig::default(),
         Default::default(),
+        None,
         &mut registry,
     );
     let picker = EndpointPicker::new(

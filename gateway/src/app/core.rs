@@ -6,12 +6,12 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use super::{certificates, workload_source, Wiring};
-use crate::config::Config;
-use crate::drains::{DrainEngine, DrainMetrics};
+use crate::config::{CaptureMode, Config};
+use crate::drains::{DrainDeps, DrainEngine, DrainMetrics};
 use crate::proxy::congestion::TcpTuning;
 use crate::proxy::istio_tcp::IstioTcpMetrics;
 use crate::proxy::metrics::ProxyFamilies;
-use crate::proxy::pool::Pool;
+use crate::proxy::pool::{ConnectFailure, Pool};
 use crate::proxy::tunnels::InboundTunnels;
 use crate::workloads::WorkloadStore;
 use tidegate_base::shutdown::ActiveStreams;
@@ -48,9 +48,16 @@ pub(super) async fn start(
     let families = ProxyFamilies::register(w.registry(), istio);
     let (streams, tunnels) = (ActiveStreams::default(), Arc::default());
     let tcp = TcpTuning::from_config(&config.tcp)?;
-    let pool = pool(config, &tls, &tcp, w);
+    let (pool, failures) = pool(config, &tls, &tcp, w);
     let (policies, plugins_loaded) = policies(config, w)?;
-    let drains = drains(config, &workloads, &tunnels, &pool, &policies, w)?;
+    let drains = drains(
+        config,
+        &workloads,
+        &tunnels,
+        (&pool, failures),
+        &policies,
+        w,
+    )?;
     let core = Core {
         workloads,
         tls,
@@ -66,17 +73,28 @@ pub(super) async fn start(
     Ok((core, synced))
 }
 
-/// The outbound tunnel pool, with its idle eviction.
-fn pool(config: &Config, tls: &Arc<TlsContext>, tcp: &TcpTuning, w: &mut Wiring) -> Arc<Pool> {
+/// The connect failures the pool reports, as the drain engine receives them.
+type FailureReports = tokio::sync::mpsc::UnboundedReceiver<ConnectFailure>;
+
+/// The outbound tunnel pool, with its idle eviction, and the receiving end
+/// of its connect-failure reports.
+fn pool(
+    config: &Config,
+    tls: &Arc<TlsContext>,
+    tcp: &TcpTuning,
+    w: &mut Wiring,
+) -> (Arc<Pool>, FailureReports) {
+    let (failures_tx, failures) = tokio::sync::mpsc::unbounded_channel();
     let pool = Pool::new(
         tls.clone(),
         config.hbone.clone(),
         config.pool.clone(),
         tcp.tunnel.clone(),
+        Some(failures_tx),
         w.registry(),
     );
     w.tasks.spawn(pool.clone().evict_idle(w.drain.clone()));
-    pool
+    (pool, failures)
 }
 
 /// The policy engine, its configured plugins loading in the background
@@ -118,37 +136,34 @@ fn policies(
 }
 
 /// The drain engine, following workload events and the pool's connect
-/// failures, with the OCI drainer when configured.
+/// failures (`failures`), with the OCI drainer when configured.
 fn drains(
     config: &Config,
     workloads: &Arc<WorkloadStore>,
     tunnels: &Arc<InboundTunnels>,
-    pool: &Arc<Pool>,
+    (pool, failures): (&Arc<Pool>, FailureReports),
     policies: &Arc<PolicyEngine>,
     w: &mut Wiring,
 ) -> anyhow::Result<Arc<DrainEngine>> {
-    let drains = DrainEngine::new(
-        workloads.clone(),
-        tunnels.clone(),
-        pool.clone(),
-        policies.clone(),
-        config.drains.clone(),
-        DrainMetrics::register(w.registry()),
-    );
     let drain = w.drain.clone();
-    if let Some(oci) = crate::oci::from_config(&config.oci, workloads.clone(), w.registry(), drain)?
-    {
-        drains.set_oci(oci);
-    }
+    let oci = crate::oci::from_config(&config.oci, workloads.clone(), w.registry(), drain)?;
+    let drains = DrainEngine::new(DrainDeps {
+        workloads: workloads.clone(),
+        tunnels: tunnels.clone(),
+        pool: pool.clone(),
+        policies: policies.clone(),
+        cfg: config.drains.clone(),
+        metrics: DrainMetrics::register(w.registry()),
+        oci,
+        added_by_node_agent: config.capture.mode == CaptureMode::Inpod,
+    });
     let trigger = workload_source::trigger(config);
     w.tasks
         .spawn(drains.clone().watch_workloads(trigger, w.drain.clone()));
-    let (failures_tx, failures_rx) = tokio::sync::mpsc::unbounded_channel();
-    pool.report_failures_to(failures_tx);
     w.tasks.spawn(
         drains
             .clone()
-            .watch_connect_failures(failures_rx, w.drain.clone()),
+            .watch_connect_failures(failures, w.drain.clone()),
     );
     Ok(drains)
 }

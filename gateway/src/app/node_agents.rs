@@ -36,7 +36,6 @@ pub(super) async fn pods(
     if config.capture.mode != CaptureMode::Inpod {
         return None;
     }
-    data_path.drains.added_by_node_agent();
     if config.dns.enabled {
         // The DNS proxy's node-wide bounds, as the pods' share holds them.
         let mut dns = config.dns.clone();

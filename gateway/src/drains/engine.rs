@@ -52,33 +52,55 @@ pub struct DrainEngine {
     /// Timers, delayed GOAWAYs and lifecycle events raised off the caller's
     /// task: owned here so [`DrainEngine::shutdown`] reaches them.
     pub(super) tasks: DrainTasks,
-    /// Executes `oci-drain` actions when `oci.enabled` (see [`DrainEngine::set_oci`]).
-    oci: std::sync::OnceLock<Arc<OciDrainer>>,
+    /// Executes `oci-drain` actions when `oci.enabled`.
+    oci: Option<Arc<OciDrainer>>,
     /// In-pod mode: a local workload is "added" once its node agent
     /// handed it over, not when discovery first lists it.
-    pub(super) added_by_node_agent: std::sync::atomic::AtomicBool,
+    pub(super) added_by_node_agent: bool,
+}
+
+/// What the drain engine is built from.
+pub struct DrainDeps {
+    pub workloads: Arc<WorkloadStore>,
+    /// The inbound tunnels a GOAWAY reaches.
+    pub tunnels: Arc<InboundTunnels>,
+    /// The outbound pool: client-side eviction, backoff, GOAWAY.
+    pub pool: Arc<Pool>,
+    pub policies: Arc<PolicyEngine>,
+    pub cfg: DrainsConfig,
+    pub metrics: DrainMetrics,
+    /// The OCI drainer (`oci.enabled`), or `None`: `oci-drain` actions are
+    /// then refused as not configured.
+    pub oci: Option<Arc<OciDrainer>>,
+    /// In-pod mode: a local workload is "added" when its node agent hands
+    /// its pod over ([`DrainEngine::pod_handed_over`]), not when discovery
+    /// first lists it.
+    pub added_by_node_agent: bool,
 }
 
 impl DrainEngine {
-    pub fn new(
-        workloads: Arc<WorkloadStore>,
-        registry: Arc<InboundTunnels>,
-        pool: Arc<Pool>,
-        policies: Arc<PolicyEngine>,
-        cfg: DrainsConfig,
-        metrics: DrainMetrics,
-    ) -> Arc<Self> {
+    pub fn new(deps: DrainDeps) -> Arc<Self> {
+        let DrainDeps {
+            workloads,
+            tunnels,
+            pool,
+            policies,
+            cfg,
+            metrics,
+            oci,
+            added_by_node_agent,
+        } = deps;
         Arc::new(DrainEngine {
             workloads,
-            registry,
+            registry: tunnels,
             pool,
             policies,
             cfg,
             metrics,
             book: Mutex::new(DrainBook::default()),
-            oci: std::sync::OnceLock::new(),
+            oci,
             tasks: DrainTasks::default(),
-            added_by_node_agent: Default::default(),
+            added_by_node_agent,
         })
     }
 
@@ -118,7 +140,7 @@ impl DrainEngine {
         let handles = Handles {
             pool: &self.pool,
             inbound: &self.registry,
-            oci: self.oci.get(),
+            oci: self.oci.as_ref(),
             metrics: &self.metrics,
             tasks: &self.tasks,
             workload: &lookup,
@@ -128,11 +150,6 @@ impl DrainEngine {
             sources,
         };
         executor::execute(&handles, workload, actions, decided_at)
-    }
-
-    /// Hands `oci-drain` actions to `drainer` (set once, at build).
-    pub fn set_oci(&self, drainer: Arc<OciDrainer>) {
-        let _ = self.oci.set(drainer);
     }
 
     /// What a policy is told about a local workload right now.
@@ -539,7 +556,7 @@ impl DrainEngine {
                 tunnels_remaining: self.registry.for_workload(uid).len(),
                 streams_remaining: self.registry.streams_of(uid),
                 ended: d.ended,
-                oci: self.oci.get().and_then(|o| o.status(uid)),
+                oci: self.oci.as_ref().and_then(|o| o.status(uid)),
             })
             .collect()
     }

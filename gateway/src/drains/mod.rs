@@ -30,7 +30,7 @@ mod store_events;
 mod tasks;
 
 pub use engine::{
-    DrainEngine, DrainError, DrainView, Lifecycle, Outcome, Phase, TeardownAck, Trigger,
+    DrainDeps, DrainEngine, DrainError, DrainView, Lifecycle, Outcome, Phase, TeardownAck, Trigger,
 };
 pub use metrics::DrainMetrics;
 pub use peer_book::{PeerDecision, PeerDrainView};

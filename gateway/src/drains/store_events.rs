@@ -4,7 +4,6 @@
 //! source was down is seen once in the next snapshot.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -65,7 +64,7 @@ impl DrainEngine {
         self.remember_removed(&changes);
         // Local workloads that appeared (all of them in the first snapshot);
         // in-pod mode, only those their node agent handed over already.
-        let by_agent = self.added_by_node_agent.load(Ordering::Acquire);
+        let by_agent = self.added_by_node_agent;
         for (old, new) in &changes {
             match (old, new) {
                 (Some(old), None) if old.local => self.local_gone(old, trigger),
@@ -165,12 +164,6 @@ impl DrainEngine {
                 }
             }
         });
-    }
-
-    /// In-pod mode: from now on a local workload is "added" when its node
-    /// agent hands its pod over ([`DrainEngine::pod_handed_over`]).
-    pub fn added_by_node_agent(&self) {
-        self.added_by_node_agent.store(true, Ordering::Release);
     }
 
     /// The node agent (CNI ADD, ZDS `AddWorkload`) handed `pod` over: its

@@ -29,6 +29,7 @@ pub(super) fn pool(reg: &mut prometheus_client::registry::Registry) -> Arc<Pool>
         Default::default(),
         Default::default(),
         Default::default(),
+        None,
         reg,
     )
 }
@@ -48,14 +49,16 @@ pub(super) fn engine() -> (Arc<DrainEngine>, Arc<WorkloadStore>) {
         spec("local-uid", "n1", [10, 0, 0, 1]),
         spec("peer-uid", "n2", [10, 0, 0, 2]),
     ]);
-    let engine = DrainEngine::new(
-        store.clone(),
-        Arc::new(InboundTunnels::default()),
+    let engine = DrainEngine::new(super::DrainDeps {
+        workloads: store.clone(),
+        tunnels: Arc::new(InboundTunnels::default()),
         pool,
         policies,
-        DrainsConfig::default(),
-        super::DrainMetrics::register(&mut reg),
-    );
+        cfg: DrainsConfig::default(),
+        metrics: super::DrainMetrics::register(&mut reg),
+        oci: None,
+        added_by_node_agent: false,
+    });
     (engine, store)
 }
 

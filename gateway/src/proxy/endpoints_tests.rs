@@ -24,6 +24,7 @@ fn picker(choice: EndpointChoice) -> EndpointPicker {
         Default::default(),
         Default::default(),
         Default::default(),
+        None,
         &mut reg,
     );
     let metrics = EndpointMetrics::register(&mut reg);

@@ -26,12 +26,8 @@ impl Identities {
     /// The identity of `service_account` in `namespace` of `trust_domain`,
     /// shared with every workload that has it.
     pub fn get(&mut self, trust_domain: &str, namespace: &str, service_account: &str) -> SpiffeId {
-        use std::fmt::Write as _;
         self.scratch.clear();
-        let _ = write!(
-            self.scratch,
-            "spiffe://{trust_domain}/ns/{namespace}/sa/{service_account}"
-        );
+        SpiffeId::write_uri(&mut self.scratch, trust_domain, namespace, service_account);
         if let Some(held) = self.held.get(self.scratch.as_str()) {
             return held.0.clone();
         }

@@ -1,5 +1,6 @@
-//! Policies in a running gateway: hot swap under 1,000 open streams, and
-//! misbehaving plugins never disturbing traffic.
+//! Policies in a running gateway: a drain keeps the policy version it
+//! started with, hot swap under 1,000 open streams, and misbehaving plugins
+//! never disturbing traffic.
 
 use std::sync::Arc;
 
@@ -24,22 +25,80 @@ fn hard_deadline(d: &tidegate_policy_host::Decision) -> u64 {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hot_swap_under_a_thousand_streams() {
+/// Two gateways whose server side runs `goaway-on-term-start` as the
+/// policy `drain`, with a deadline margin of 1 s.
+async fn with_drain_policy(octet: u8) -> TwoNodes {
     let policy_yaml = format!(
         "policies:\n  default: drain\n  plugins:\n    drain:\n      file: {}\n      config: {{deadline-margin-ms: 1000}}\n",
         plugin("goaway-on-term-start").display()
     );
-    let nodes = Arc::new(
-        TwoNodes::with(
-            51,
-            Options {
-                server_yaml: policy_yaml,
-                ..Default::default()
-            },
-        )
-        .await,
-    );
+    TwoNodes::with(
+        octet,
+        Options {
+            server_yaml: policy_yaml,
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+/// `PUT /policies/drain`: the same component with a 5 s margin. Returns
+/// the new version's hash.
+async fn swap_in_a_5s_margin(nodes: &TwoNodes) -> String {
+    let wasm = std::fs::read(plugin("goaway-on-term-start")).unwrap();
+    let (status, body) = http(
+        nodes.server.addrs.admin,
+        "PUT",
+        "/policies/drain",
+        "tidegate-policy-config: {\"deadline-margin-ms\": 5000}\r\n",
+        &wasm,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let v2 = nodes.server.policies.version("drain").unwrap();
+    assert!(body.contains(&v2.hash), "{body}");
+    v2.hash.clone()
+}
+
+fn echo(nodes: &TwoNodes) -> Arc<tidegate::workloads::Workload> {
+    nodes
+        .server
+        .workloads
+        .snapshot()
+        .by_uid("echo-uid")
+        .unwrap()
+        .clone()
+}
+
+/// A drain pins the policy version that decided its first event: a new
+/// version swapped in meanwhile decides new drains, and the drain in
+/// progress goes on deciding with the old one (its deadline margin).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_keeps_the_policy_version_it_started_with() {
+    let nodes = with_drain_policy(53).await;
+    let engine = nodes.server.policies.clone();
+    let echo = echo(&nodes);
+
+    let in_progress = engine.select(&echo);
+    let v1 = in_progress.version.clone().expect("v1 loaded");
+    let d1 = engine.decide(&in_progress, &shutdown_of(&echo));
+    assert_eq!(d1.version.as_deref(), Some(v1.hash.as_str()));
+    assert_eq!(hard_deadline(&d1), 29_000);
+
+    let v2 = swap_in_a_5s_margin(&nodes).await;
+    assert_ne!(v2, v1.hash);
+
+    let d2 = engine.decide(&engine.select(&echo), &shutdown_of(&echo));
+    assert_eq!(d2.version.as_deref(), Some(v2.as_str()));
+    assert_eq!(hard_deadline(&d2), 25_000);
+    let d1_again = engine.decide(&in_progress, &shutdown_of(&echo));
+    assert_eq!(d1_again.version.as_deref(), Some(v1.hash.as_str()));
+    assert_eq!(hard_deadline(&d1_again), 29_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_swap_under_a_thousand_streams() {
+    let nodes = Arc::new(with_drain_policy(51).await);
     // 1,000 streams open through both gateways.
     let mut conns = Vec::new();
     for chunk in 0..10 {
@@ -61,43 +120,13 @@ async fn hot_swap_under_a_thousand_streams() {
         }
     }
     let engine = nodes.server.policies.clone();
-    let echo = nodes
-        .server
-        .workloads
-        .snapshot()
-        .by_uid("echo-uid")
-        .unwrap()
-        .clone();
+    let echo = echo(&nodes);
 
-    // v1 decides; a drain that starts now pins v1.
-    let in_progress = engine.select(&echo);
-    let v1 = in_progress.version.clone().expect("v1 loaded");
-    let d1 = engine.decide(&in_progress, &shutdown_of(&echo));
-    assert_eq!(d1.version.as_deref(), Some(v1.hash.as_str()));
-    assert_eq!(hard_deadline(&d1), 29_000);
-
-    // v2 through the admin API: same component, new configuration.
-    let wasm = std::fs::read(plugin("goaway-on-term-start")).unwrap();
-    let (status, body) = http(
-        nodes.server.addrs.admin,
-        "PUT",
-        "/policies/drain",
-        "tidegate-policy-config: {\"deadline-margin-ms\": 5000}\r\n",
-        &wasm,
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
-    let v2 = engine.version("drain").unwrap();
-    assert_ne!(v2.hash, v1.hash);
-    assert!(body.contains(&v2.hash));
-
-    // New events go to v2; the drain in progress finishes on v1.
+    // v2 through the admin API while the streams are open; new events go to it.
+    let v2 = swap_in_a_5s_margin(&nodes).await;
     let d2 = engine.decide(&engine.select(&echo), &shutdown_of(&echo));
-    assert_eq!(d2.version.as_deref(), Some(v2.hash.as_str()));
+    assert_eq!(d2.version.as_deref(), Some(v2.as_str()));
     assert_eq!(hard_deadline(&d2), 25_000);
-    let d1_again = engine.decide(&in_progress, &shutdown_of(&echo));
-    assert_eq!(d1_again.version.as_deref(), Some(v1.hash.as_str()));
-    assert_eq!(hard_deadline(&d1_again), 29_000);
 
     // A broken v3 is refused and v2 stays.
     let (status, body) = http(
@@ -110,7 +139,7 @@ async fn hot_swap_under_a_thousand_streams() {
     .await;
     assert_eq!(status, 422, "{body}");
     assert!(body.contains("not a WebAssembly component"), "{body}");
-    assert_eq!(engine.version("drain").unwrap().hash, v2.hash);
+    assert_eq!(engine.version("drain").unwrap().hash, v2);
     let (_, listing) = http(nodes.server.addrs.admin, "GET", "/policies", "", b"").await;
     let listing: serde_json::Value = serde_json::from_str(&listing).unwrap();
     let drain = listing["policies"]
@@ -119,7 +148,7 @@ async fn hot_swap_under_a_thousand_streams() {
         .iter()
         .find(|p| p["name"] == "drain")
         .unwrap();
-    assert_eq!(drain["version"], v2.hash.as_str());
+    assert_eq!(drain["version"], v2.as_str());
     assert!(drain["last_error"]
         .as_str()
         .unwrap()

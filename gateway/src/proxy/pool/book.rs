@@ -146,6 +146,13 @@ pub(super) struct Book {
 }
 
 impl Book {
+    /// An empty book whose consecutive connect failures go to `failures`.
+    pub(super) fn reporting_to(failures: Option<UnboundedSender<ConnectFailure>>) -> Book {
+        Book {
+            failures,
+            ..Book::default()
+        }
+    }
     /// When a tunnel to workload `uid` received GOAWAY, if within `window`.
     pub(super) fn goaway_within(&self, uid: &str, window: Duration) -> Option<Instant> {
         let seen = *self.goaway_seen.get(uid)?;

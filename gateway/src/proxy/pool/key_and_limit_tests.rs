@@ -28,7 +28,14 @@ fn pool(max_streams_per_tunnel: usize, idle_timeout: Duration) -> Arc<Pool> {
         max_streams_per_tunnel,
         idle_timeout,
     };
-    Pool::new(tls, Default::default(), cfg, Default::default(), &mut reg)
+    Pool::new(
+        tls,
+        Default::default(),
+        cfg,
+        Default::default(),
+        None,
+        &mut reg,
+    )
 }
 
 fn key(src: &str, dst: &str, dst_addr: &str) -> PoolKey {

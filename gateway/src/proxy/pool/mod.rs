@@ -145,11 +145,14 @@ pub struct PooledStream {
 }
 
 impl Pool {
+    /// `failures`: where consecutive connect failures are reported (the
+    /// drain engine's `watch_connect_failures`), or nowhere.
     pub fn new(
         tls: Arc<TlsContext>,
         hbone: HboneConfig,
         cfg: PoolConfig,
         tunnel_cc: Congestion,
+        failures: Option<tokio::sync::mpsc::UnboundedSender<ConnectFailure>>,
         registry: &mut Registry,
     ) -> Arc<Self> {
         Arc::new(Pool {
@@ -161,7 +164,7 @@ impl Pool {
             next_id: AtomicU64::new(0),
             metrics: PoolMetrics::register(registry),
             draining: Mutex::new(Vec::new()),
-            book: Default::default(),
+            book: Arc::new(Mutex::new(Book::reporting_to(failures))),
             any_failing: AtomicBool::new(false),
             probe_ended: Default::default(),
         })
@@ -507,11 +510,6 @@ impl Pool {
     /// their streams end. Used at shutdown.
     pub fn evict_all(&self) {
         self.evict_matching(false, |_| true);
-    }
-
-    /// Where consecutive connect failures are reported (the drain engine).
-    pub fn report_failures_to(&self, tx: tokio::sync::mpsc::UnboundedSender<ConnectFailure>) {
-        self.book.locked().failures = Some(tx);
     }
 
     /// Starts (or replaces) a backoff for `addr`: until the wait is over, new

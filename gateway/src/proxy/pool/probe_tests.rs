@@ -28,7 +28,14 @@ fn pool(connect_timeout: Duration) -> (Arc<Pool>, Registry) {
         connect_timeout,
         ..Default::default()
     };
-    let pool = Pool::new(tls, hbone, Default::default(), Default::default(), &mut reg);
+    let pool = Pool::new(
+        tls,
+        hbone,
+        Default::default(),
+        Default::default(),
+        None,
+        &mut reg,
+    );
     (pool, reg)
 }
 
