@@ -229,6 +229,7 @@ impl Outbound {
             };
             match accepted {
                 Ok((tcp, src)) => {
+                    let src = crate::proxy::listener::canonical(src);
                     let this = self.clone();
                     tokio::spawn(async move {
                         let Some(dst) = crate::proxy::listener::original_dst(&tcp) else {
@@ -473,11 +474,13 @@ impl Outbound {
                     destination: e.workload.spec.uid.clone(),
                 }));
             }
-            let addr = SocketAddr::new(e.ip, e.target_port);
+            // The endpoint's address of the VIP's family, else its other one.
+            let ip = e.ip_for(dst.ip());
+            let addr = SocketAddr::new(ip, e.target_port);
             return Ok(match e.workload.spec.protocol {
                 Protocol::Hbone => Route::Hbone {
                     target: e.workload.clone(),
-                    hbone_ip: e.ip,
+                    hbone_ip: ip,
                     authority: addr,
                     also: svc.spec.subject_alt_names.clone(),
                     service: Some(svc.clone()),
