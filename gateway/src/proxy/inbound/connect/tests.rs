@@ -238,7 +238,6 @@ fn ipv6_self_targets_and_other_spellings_are_refused_with_a_reason() {
             "[fe80::1%25eth0]:8080",
             "authority_zone_id",
         ),
-        ("[fd00::3]:15008", "fd00::3:8080", "bad_authority"),
     ] {
         let ctx = ctx(&snap, dialed, "client");
         let Ok(req) = Request::builder()
