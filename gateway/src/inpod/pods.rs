@@ -478,7 +478,10 @@ impl PodProxies {
             .listen(&pod.netns, at(Ipv6Addr::UNSPECIFIED.into()), opts)
         {
             Ok(l) => Ok(l),
-            Err(v6) => {
+            Err(NetnsError::Socket { what, source })
+                if crate::proxy::listener::ipv6_off(&source) =>
+            {
+                let v6 = NetnsError::Socket { what, source };
                 let l = self
                     .sockets
                     .listen(&pod.netns, at(Ipv4Addr::UNSPECIFIED.into()), opts)
@@ -491,6 +494,11 @@ impl PodProxies {
                 crate::proxy::listener::ipv6_unavailable(&v6);
                 Ok(l)
             }
+            Err(source) => Err(PodError::Listen {
+                uid: pod.uid.clone(),
+                port,
+                source,
+            }),
         }
     }
 

@@ -58,7 +58,7 @@ pub fn in_use_hint(addr: SocketAddr, key: &str) -> String {
 pub fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, BindError> {
     let err = |source| BindError::new(what, addr, source);
     let socket = match bind_socket(addr) {
-        Err(e) if is_ipv6_wildcard(addr) => {
+        Err(e) if is_ipv6_wildcard(addr) && ipv6_off(&e) => {
             let v4 = SocketAddr::from((Ipv4Addr::UNSPECIFIED, addr.port()));
             let socket = bind_socket(v4).map_err(|source| BindError::new(what, v4, source))?;
             ipv6_unavailable(&e);
@@ -78,6 +78,17 @@ fn bind_socket(addr: SocketAddr) -> io::Result<Socket> {
     socket.bind(&addr.into())?;
     socket.listen(1024)?;
     Ok(socket)
+}
+
+/// Whether binding `[::]` failed because IPv6 is off here (no IPv6 in the
+/// kernel, or no address of it): the cases the IPv4 fallback is for. Any
+/// other failure (the port in use, a missing capability) is reported, not
+/// papered over with a listener of one family.
+pub fn ipv6_off(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EAFNOSUPPORT | libc::EADDRNOTAVAIL | libc::EPROTONOSUPPORT)
+    )
 }
 
 /// Whether `addr` is `[::]:port`: the wildcard of both families.
@@ -153,6 +164,30 @@ mod tests {
             let addr: SocketAddr = given.parse().unwrap();
             assert_eq!(canonical(addr).to_string(), canonical_form, "{given}");
         }
+    }
+
+    #[test]
+    fn only_ipv6_being_off_falls_back_to_ipv4() {
+        for errno in [
+            libc::EAFNOSUPPORT,
+            libc::EADDRNOTAVAIL,
+            libc::EPROTONOSUPPORT,
+        ] {
+            assert!(ipv6_off(&io::Error::from_raw_os_error(errno)), "{errno}");
+        }
+        for errno in [libc::EADDRINUSE, libc::EACCES, libc::EPERM] {
+            assert!(!ipv6_off(&io::Error::from_raw_os_error(errno)), "{errno}");
+        }
+    }
+
+    #[test]
+    fn a_taken_wildcard_port_is_an_error_not_an_ipv4_listener() {
+        // Held without SO_REUSEPORT: the gateway's bind must fail.
+        let held = std::net::TcpListener::bind("[::]:0").unwrap();
+        let addr = held.local_addr().unwrap();
+        let err = bind("inbound", addr).unwrap_err();
+        assert_eq!(err.source.kind(), io::ErrorKind::AddrInUse, "{err}");
+        assert_eq!(err.addr, addr);
     }
 
     #[tokio::test]

@@ -471,3 +471,95 @@ async fn ipv6_inpod_dual_stack_keeps_the_clients_ipv6_address() {
 async fn ipv6_inpod_ipv6_only_keeps_the_clients_address_and_reaches_the_service() {
     inpod_mode(3, Stack::V6Only).await;
 }
+
+/// Pods whose namespace has IPv6 off (`disable_ipv6=1`, no `::1`) are
+/// served on IPv4 by the same `[::]` listeners: captured (the original
+/// destination read as IPv4 from a dual-stack socket), tunneled, and
+/// delivered from the client's own IPv4 address; no pod refused.
+#[tokio::test]
+async fn ipv6_inpod_pods_without_ipv6_are_served_on_ipv4() {
+    if skip() {
+        return;
+    }
+    tidegate_e2e::init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let t = V6Topology::new(4, Stack::Dual);
+    let _guard = t.build();
+    for ns in [&t.pa, &t.pb] {
+        for key in ["all", "default", "lo", "eth0"] {
+            run(&format!(
+                "ip netns exec {ns} sysctl -q -w net.ipv6.conf.{key}.disable_ipv6=1"
+            ));
+        }
+        let out = Command::new("ip")
+            .args(["-n", ns, "-6", "addr", "show"])
+            .output()
+            .unwrap();
+        assert!(out.stdout.is_empty(), "{ns} still has IPv6 addresses");
+    }
+    let (a4, b4) = (t.v4(1, 2), t.v4(2, 2));
+    std::fs::write(
+        dir.path().join("workloads.yaml"),
+        format!(
+            "workloads:\n\
+             - {{uid: pa-uid, name: client, namespace: demo, service_account: client, ips: [{a4}], node: node-a}}\n\
+             - {{uid: pb-uid, name: echo, namespace: demo, service_account: echo, ips: [{b4}], node: node-b}}\n"
+        ),
+    )
+    .unwrap();
+    let a = zds_node(dir.path(), &t.na, "node-a").await;
+    let b = zds_node(dir.path(), &t.nb, "node-b").await;
+    let mut conns = Vec::new();
+    for (node, node_ns, uid, name, sa, ns) in [
+        (&a, &t.na, "pa-uid", "client", "client", &t.pa),
+        (&b, &t.nb, "pb-uid", "echo", "echo", &t.pb),
+    ] {
+        let conn = tokio::time::timeout(STEP, node.double.accept())
+            .await
+            .expect("the gateway connects to the node agent")
+            .expect("hello V1");
+        let netns =
+            std::os::fd::OwnedFd::from(std::fs::File::open(InpodTopology::netns_path(ns)).unwrap());
+        conn.snapshot(vec![(pod(uid, name, sa), netns)], &[])
+            .await
+            .expect("snapshot acked: a pod without IPv6 is taken");
+        let path = InpodTopology::netns_path(ns);
+        NsThread::idle(node_ns)
+            .run("istio-cni's IPv4 rules", STEP, async move {
+                tidegate::inpod::capture::install(
+                    std::path::Path::new(&path),
+                    tidegate::inpod::capture::CapturePorts::default(),
+                )
+            })
+            .await
+            .expect("rules installed");
+        conns.push(conn);
+    }
+    let pod_b = NsThread::idle(&t.pb);
+    let peers = start_echo6(&pod_b).await;
+    let pod_a = NsThread::idle(&t.pa);
+    byte_exact(
+        &pod_a,
+        SocketAddr::new(b4.into(), ECHO_PORT),
+        256 << 10,
+        0x90,
+    )
+    .await;
+    let peer = peers.lock().unwrap().last().copied().expect("a connection");
+    assert_eq!(
+        peer.ip().to_canonical(),
+        IpAddr::V4(a4),
+        "delivered from pod A's own IPv4 address"
+    );
+    let m = b.gw.metrics().await;
+    assert_eq!(
+        metric_or_zero(
+            &m,
+            r#"tidegate_streams_ended_total{direction="inbound",reason="ok"}"#
+        ),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(metric(&m, "tidegate_inpod_pods"), 1.0, "{m}");
+    drop(conns);
+}
