@@ -253,6 +253,12 @@ impl Outbound {
     /// destination `dst`. The listener calls this after reading
     /// `SO_ORIGINAL_DST`; tests and tools with their own capture call it directly.
     pub async fn proxy(&self, tcp: TcpStream, src: SocketAddr, dst: SocketAddr) {
+        // Canonical whoever calls: a caller's own capture may hand over a
+        // dual-stack socket's IPv4-mapped addresses.
+        let (src, dst) = (
+            crate::proxy::listener::canonical(src),
+            crate::proxy::listener::canonical(dst),
+        );
         let span = info_span!("outbound", src.addr = %src, dst.addr = %dst);
         async {
             let guard = self.streams.track();
