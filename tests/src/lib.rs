@@ -364,7 +364,11 @@ pub fn workloads_yaml(octet: u8, echo_sa: &str) -> String {
 
 /// [`workloads_yaml`] with the addresses given: echo, client, other, locked.
 pub fn workloads_yaml_at(ips: [IpAddr; 4], echo_sa: &str) -> String {
-    let [echo, client, other, locked] = ips.map(|ip| format!("'{ip}'"));
+    // IPv6 quoted: a YAML plain scalar must not end in `:` before `]`.
+    let [echo, client, other, locked] = ips.map(|ip| match ip {
+        IpAddr::V4(_) => ip.to_string(),
+        IpAddr::V6(_) => format!("'{ip}'"),
+    });
     format!(
         r#"workloads:
 - {{uid: echo-uid, name: echo, namespace: demo, service_account: {echo_sa}, ips: [{echo}], node: node-b}}
