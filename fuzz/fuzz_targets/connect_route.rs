@@ -1,13 +1,17 @@
 //! CONNECT routing and authorization (`proxy::inbound::connect::route`): any
 //! method and authority is routed or refused, never a panic; and a routed
 //! CONNECT always targets the very workload the peer dialed, on this node,
-//! on a port that is not the gateway's own.
+//! on a port that is not the gateway's own. The authority parser
+//! (`tidegate_protocol::hbone::authority`) on the same text: an accepted
+//! authority has no zone id and no IPv4-mapped spelling, and reads back
+//! as written.
 #![no_main]
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
+use tidegate_protocol::hbone::authority;
 use tidegate_protocol::identity::SpiffeId;
 use tidegate::proxy::inbound::connect::{route, OwnPorts, TunnelCtx};
 use tidegate::workloads::{parse_workload_file, WorkloadSnapshot, WorkloadStore};
@@ -47,6 +51,13 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let (method, authority) = text.split_once(' ').unwrap_or(("CONNECT", text));
+    if let Ok(addr) = authority::parse(authority) {
+        if let std::net::SocketAddr::V6(v6) = addr {
+            assert_eq!(v6.scope_id(), 0, "{authority}");
+            assert!(v6.ip().to_ipv4_mapped().is_none(), "{authority}");
+        }
+        assert_eq!(authority::parse(&authority::write(addr)), Ok(addr), "{authority}");
+    }
     let Ok(req) = http::Request::builder()
         .method(method)
         .uri(authority)
@@ -72,6 +83,7 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(target) = route(&req, &ctx, &f.snapshot, &f.ports) {
         assert_eq!(req.method(), http::Method::CONNECT);
         assert_eq!(target.ip(), dialed.ip(), "{authority}");
+        assert_eq!(target.ip(), target.ip().to_canonical(), "{authority}");
         assert!(!f.ports.contains(target.port()), "{authority}");
         let w = f.snapshot.by_ip(target.ip()).expect("routed to a workload");
         assert!(w.local, "routed to a workload on another node: {authority}");

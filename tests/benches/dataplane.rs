@@ -34,7 +34,9 @@
 //! pair by pair; with `--rollout`, what a rolling restart and a crash of
 //! the replicas behind a Service VIP cost the clients. With `-- --authorization`, how long a
 //! policy change takes to close the streams it refuses among 10,000 live
-//! ones: see [`authorization`].
+//! ones: see [`authorization`]. With `-- --ipv6`, the gateway pair on
+//! IPv4 and on IPv6 addresses in one run: throughput and new connections
+//! per second, IPv6 / IPv4 ([`ipv6`]).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -45,6 +47,8 @@ use std::time::{Duration, Instant};
 
 #[path = "dataplane/authorization.rs"]
 mod authorization;
+#[path = "dataplane/ipv6.rs"]
+mod ipv6;
 #[path = "dataplane/pair.rs"]
 mod pair;
 
@@ -173,7 +177,10 @@ fn raise_nofile(want: u64) -> u64 {
 }
 
 async fn connect_from(src: Option<IpAddr>, dst: SocketAddr) -> std::io::Result<TcpStream> {
-    let s = TcpSocket::new_v4()?;
+    let s = match dst {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
     if let Some(src) = src {
         s.bind(SocketAddr::new(src, 0))?;
     }
@@ -306,6 +313,12 @@ async fn ping_pong(tcp: &mut TcpStream) -> anyhow::Result<Lat> {
 enum Target {
     Raw(SocketAddr),
     Tunnel(Box<Dialer>),
+    /// An application connection from `src` through the client gateway's
+    /// capture: a new CONNECT stream on its pooled tunnel.
+    Captured {
+        capture: tidegate_e2e::Capture,
+        src: IpAddr,
+    },
 }
 
 struct Dialer {
@@ -323,6 +336,13 @@ impl Target {
         match self {
             Target::Raw(addr) => {
                 let mut tcp = connect_from(None, *addr).await?;
+                let mut back = vec![0u8; payload.len()];
+                round_trip(&mut tcp, payload, &mut back).await
+            }
+            Target::Captured { capture, src } => {
+                let mut tcp = tokio::time::timeout(OP_TIMEOUT, capture.try_connect(*src))
+                    .await
+                    .map_err(|_| anyhow!("connect timed out"))??;
                 let mut back = vec![0u8; payload.len()];
                 round_trip(&mut tcp, payload, &mut back).await
             }
@@ -1469,6 +1489,9 @@ fn main() -> anyhow::Result<()> {
     }
     if let Some(pairs) = pair::parse_args(&args)? {
         return pair::run(pairs, pair::Mode::of(&args));
+    }
+    if args.iter().any(|a| a == "--ipv6") {
+        return ipv6::run();
     }
     if args.iter().any(|a| a == "--authorization") {
         let nofile = raise_nofile(65_536);

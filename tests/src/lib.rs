@@ -170,7 +170,22 @@ pub struct Capture {
 
 impl Capture {
     pub async fn start(outbound: Arc<Outbound>, original_dst: SocketAddr) -> Capture {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start_at(
+            outbound,
+            original_dst,
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+        )
+        .await
+    }
+
+    /// Like [`Capture::start`], listening on `listen` (`[::1]:0` for
+    /// clients with IPv6 addresses).
+    pub async fn start_at(
+        outbound: Arc<Outbound>,
+        original_dst: SocketAddr,
+        listen: SocketAddr,
+    ) -> Capture {
+        let l = TcpListener::bind(listen).await.unwrap();
         let addr = l.local_addr().unwrap();
         tokio::spawn(async move {
             loop {
@@ -192,7 +207,10 @@ impl Capture {
     /// Like [`Capture::connect`], for connections the gateway may refuse
     /// (and reset) before the connect completes.
     pub async fn try_connect(&self, src_ip: IpAddr) -> std::io::Result<TcpStream> {
-        let s = TcpSocket::new_v4()?;
+        let s = match self.addr {
+            SocketAddr::V4(_) => TcpSocket::new_v4()?,
+            SocketAddr::V6(_) => TcpSocket::new_v6()?,
+        };
         s.bind(SocketAddr::new(src_ip, 0))?;
         let tcp = s.connect(self.addr).await?;
         let _ = tcp.set_nodelay(true);
@@ -338,6 +356,19 @@ impl Default for Options {
 }
 
 pub fn workloads_yaml(octet: u8, echo_sa: &str) -> String {
+    workloads_yaml_at(
+        [ip(octet, 2), ip(octet, 3), ip(octet, 4), ip(octet, 5)],
+        echo_sa,
+    )
+}
+
+/// [`workloads_yaml`] with the addresses given: echo, client, other, locked.
+pub fn workloads_yaml_at(ips: [IpAddr; 4], echo_sa: &str) -> String {
+    // IPv6 quoted: a YAML plain scalar must not end in `:` before `]`.
+    let [echo, client, other, locked] = ips.map(|ip| match ip {
+        IpAddr::V4(_) => ip.to_string(),
+        IpAddr::V6(_) => format!("'{ip}'"),
+    });
     format!(
         r#"workloads:
 - {{uid: echo-uid, name: echo, namespace: demo, service_account: {echo_sa}, ips: [{echo}], node: node-b}}
@@ -345,10 +376,6 @@ pub fn workloads_yaml(octet: u8, echo_sa: &str) -> String {
 - {{uid: locked-uid, name: locked, namespace: demo, service_account: locked, ips: [{locked}], node: node-b, allow: ["spiffe://cluster.local/ns/demo/sa/nobody"]}}
 - {{uid: client-uid, name: client, namespace: demo, service_account: client, ips: [{client}], node: node-a}}
 "#,
-        echo = ip(octet, 2),
-        client = ip(octet, 3),
-        other = ip(octet, 4),
-        locked = ip(octet, 5),
     )
 }
 
@@ -401,6 +428,16 @@ impl TwoNodes {
     }
 
     pub async fn with(octet: u8, opts: Options) -> TwoNodes {
+        let ips = [ip(octet, 2), ip(octet, 3), ip(octet, 4), ip(octet, 5)];
+        let mut nodes = Self::with_ips(ips, opts).await;
+        nodes.octet = octet;
+        nodes
+    }
+
+    /// [`TwoNodes::with`] on the addresses given (echo, client, other,
+    /// locked; IPv6 ones must be this namespace's own): an IPv6 echo
+    /// address puts node B's HBONE listener on `[::]`, the capture on `[::1]`.
+    pub async fn with_ips(ips: [IpAddr; 4], opts: Options) -> TwoNodes {
         init_tracing();
         raise_fd_limit();
         let dir = tempfile::tempdir().unwrap();
@@ -410,26 +447,24 @@ impl TwoNodes {
         let (server_text, client_text) = match &opts.workloads {
             Some(text) => (text.clone(), text.clone()),
             None => (
-                workloads_yaml(octet, "echo"),
-                workloads_yaml(octet, &opts.client_view_of_echo_sa),
+                workloads_yaml_at(ips, "echo"),
+                workloads_yaml_at(ips, &opts.client_view_of_echo_sa),
             ),
         };
         std::fs::write(&server_wl, server_text).unwrap();
         std::fs::write(&client_wl, client_text).unwrap();
-        let echo = echo_server(ip(octet, 2)).await;
+        let [echo_ip, client_ip, ..] = ips;
+        let echo = echo_server(echo_ip).await;
         let certs = opts
             .certificates
             .clone()
             .unwrap_or_else(|| format!("{{source: dev-ca, state_dir: {}}}", ca.display()));
-        let server = tidegate::app::build(gateway_config_with(
-            "node-b",
-            &certs,
-            &server_wl,
-            15008,
-            &opts.server_yaml,
-        ))
-        .await
-        .unwrap();
+        let mut server_cfg =
+            gateway_config_with("node-b", &certs, &server_wl, 15008, &opts.server_yaml);
+        if echo_ip.is_ipv6() {
+            server_cfg.listeners.inbound = SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0));
+        }
+        let server = tidegate::app::build(server_cfg).await.unwrap();
         let port = server.addrs.inbound.expect("node listeners").port();
         let client = tidegate::app::build(gateway_config_with(
             "node-a",
@@ -440,14 +475,18 @@ impl TwoNodes {
         ))
         .await
         .unwrap();
-        let capture = Capture::start(client.outbound.clone(), echo).await;
+        let listen = match client_ip {
+            IpAddr::V4(_) => SocketAddr::from(([127, 0, 0, 1], 0)),
+            IpAddr::V6(_) => SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, 0)),
+        };
+        let capture = Capture::start_at(client.outbound.clone(), echo, listen).await;
         TwoNodes {
             dir,
-            octet,
+            octet: 0,
             server,
             client,
             echo,
-            client_ip: ip(octet, 3),
+            client_ip,
             capture,
         }
     }

@@ -38,7 +38,7 @@ pub async fn run(config: Config, args: ConnectArgs) -> anyhow::Result<()> {
                     args.to.port()
                 );
             };
-            let to = std::net::SocketAddr::new(e.ip, e.target_port);
+            let to = std::net::SocketAddr::new(e.ip_for(args.to.ip()), e.target_port);
             eprintln!(
                 "tidegate connect: {} is Service {}; endpoint {} ({}, {} of {})",
                 args.to,

@@ -10,7 +10,8 @@ use super::{duration, size, Cidr};
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Listeners {
-    /// Transparent outbound capture (iptables REDIRECT target).
+    /// Transparent outbound capture (iptables REDIRECT target). `[::]`
+    /// takes both families (IPv4 alone where the node has no IPv6).
     pub outbound: SocketAddr,
     /// HBONE inbound (mTLS + HTTP/2 CONNECT).
     pub inbound: SocketAddr,
@@ -24,12 +25,15 @@ pub struct Listeners {
 
 impl Default for Listeners {
     fn default() -> Self {
+        // `[::]`: both families on one dual-stack socket, `0.0.0.0` where
+        // the node has no IPv6 (`proxy/listener.rs`).
+        let any = |port| SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port));
         Listeners {
-            outbound: ([0, 0, 0, 0], 15001).into(),
-            inbound: ([0, 0, 0, 0], 15008).into(),
+            outbound: any(15001),
+            inbound: any(15008),
             admin: ([127, 0, 0, 1], 15000).into(),
-            metrics: ([0, 0, 0, 0], 15020).into(),
-            readiness: ([0, 0, 0, 0], 15021).into(),
+            metrics: any(15020),
+            readiness: any(15021),
         }
     }
 }

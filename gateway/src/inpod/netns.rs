@@ -99,7 +99,7 @@ impl NetnsSockets {
     }
 
     /// A TCP listener on `addr` inside `ns` (`SO_REUSEADDR`, `SO_REUSEPORT`,
-    /// the mark, `IP_TRANSPARENT` when asked).
+    /// the mark, `IP_TRANSPARENT` when asked; dual-stack on `[::]`).
     pub fn listen(
         &self,
         ns: &PodNetns,
@@ -109,6 +109,7 @@ impl NetnsSockets {
         let socket = self.run(ns, move || {
             let s = new_socket(addr.ip(), opts.mark)?;
             let err = |what| move |source| NetnsError::Socket { what, source };
+            crate::proxy::listener::dual_stack(&s, addr).map_err(err("IPV6_V6ONLY off"))?;
             s.set_reuse_address(true).map_err(err("SO_REUSEADDR"))?;
             s.set_reuse_port(true).map_err(err("SO_REUSEPORT"))?;
             if opts.transparent {

@@ -463,6 +463,45 @@ impl PodProxies {
         Ok(result)
     }
 
+    /// A listener on `[::]:port` in the pod, dual-stack as ztunnel's; on
+    /// `0.0.0.0:port` in a pod without IPv6 (no `::1`, `disable_ipv6`):
+    /// logged once, the pod served on IPv4.
+    fn listen_any(
+        &self,
+        pod: &Arc<Pod>,
+        port: u16,
+        opts: ListenOpts,
+    ) -> Result<tokio::net::TcpListener, PodError> {
+        let at = |ip: IpAddr| SocketAddr::new(ip, port);
+        match self
+            .sockets
+            .listen(&pod.netns, at(Ipv6Addr::UNSPECIFIED.into()), opts)
+        {
+            Ok(l) => Ok(l),
+            Err(NetnsError::Socket { what, source })
+                if crate::proxy::listener::ipv6_off(&source) =>
+            {
+                let v6 = NetnsError::Socket { what, source };
+                let l = self
+                    .sockets
+                    .listen(&pod.netns, at(Ipv4Addr::UNSPECIFIED.into()), opts)
+                    .map_err(|source| PodError::Listen {
+                        uid: pod.uid.clone(),
+                        port,
+                        source,
+                    })?;
+                debug!(uid = %pod.uid, port, error = %v6, "no IPv6 in the pod: listening on 0.0.0.0");
+                crate::proxy::listener::ipv6_unavailable(&v6);
+                Ok(l)
+            }
+            Err(source) => Err(PodError::Listen {
+                uid: pod.uid.clone(),
+                port,
+                source,
+            }),
+        }
+    }
+
     /// Opens the pod's listeners (three, and 15053 UDP and TCP on each
     /// loopback address with the DNS proxy) and starts their loops; the
     /// returned trigger closes them.
@@ -472,21 +511,13 @@ impl PodProxies {
             transparent: false,
             backlog: 1024,
         };
-        let any = |port| SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
         let mut listeners = Vec::new();
         for (port, cc) in [
             (self.ports.outbound, &self.tcp.app),
             (self.ports.inbound_plaintext, &self.tcp.app),
             (self.ports.hbone, &self.tcp.tunnel),
         ] {
-            let l = self
-                .sockets
-                .listen(&pod.netns, any(port), opts)
-                .map_err(|source| PodError::Listen {
-                    uid: pod.uid.clone(),
-                    port,
-                    source,
-                })?;
+            let l = self.listen_any(pod, port, opts)?;
             // Inherited by every connection it accepts.
             cc.apply_or_log(&l);
             listeners.push(l);

@@ -93,22 +93,26 @@ pub struct Skips {
     pub failing: Duration,
 }
 
-/// Where an endpoint's connects can fail: its gateway (`ip:15008`, the
-/// dial) and its application (`ip:targetPort`, the CONNECT).
-fn addrs(e: &Endpoint, hbone_port: u16) -> [SocketAddr; 2] {
+/// Where an endpoint's connects at `ip` can fail: its gateway
+/// (`ip:15008`, the dial) and its application (`ip:targetPort`, the CONNECT).
+fn addrs(e: &Endpoint, ip: std::net::IpAddr, hbone_port: u16) -> [SocketAddr; 2] {
     [
-        SocketAddr::new(e.ip, hbone_port),
-        SocketAddr::new(e.ip, e.target_port),
+        SocketAddr::new(ip, hbone_port),
+        SocketAddr::new(ip, e.target_port),
     ]
 }
 
-/// Why an endpoint is not chosen now.
+/// Why an endpoint is not chosen now: at its address of either family (a
+/// dual-stack endpoint is dialed at the one of the VIP's family).
 fn skip_reason(e: &Endpoint, pool: &Pool, hbone_port: u16, skips: Skips) -> Option<&'static str> {
     if !e.conditions.ready {
         return Some("not_ready");
     }
-    let addrs = addrs(e, hbone_port);
-    pool.passed_over(e.workload.uid(), addrs, skips.goaway, skips.failing)
+    let at = |ip| {
+        let addrs = addrs(e, ip, hbone_port);
+        pool.passed_over(e.workload.uid(), addrs, skips.goaway, skips.failing)
+    };
+    at(e.ip).or_else(|| e.alt_ip.and_then(at))
 }
 
 /// The endpoint choice, shared by every outbound listener.
@@ -238,10 +242,13 @@ impl EndpointPicker {
                 .filter(|e| {
                     // A GOAWAY is what terminating endpoints send: not a skip here.
                     let (uid, failing) = (e.workload.uid(), self.skips.failing);
-                    let addrs = addrs(e, self.hbone_port);
-                    self.pool
-                        .passed_over(uid, addrs, Duration::ZERO, failing)
-                        .is_none()
+                    let fine = |ip| {
+                        let addrs = addrs(e, ip, self.hbone_port);
+                        self.pool
+                            .passed_over(uid, addrs, Duration::ZERO, failing)
+                            .is_none()
+                    };
+                    fine(e.ip) && e.alt_ip.is_none_or(fine)
                 })
                 .collect();
             if !usable.is_empty() {
@@ -288,7 +295,7 @@ impl EndpointPicker {
     fn lighter<'s>(&self, a: &'s Endpoint, b: &'s Endpoint) -> &'s Endpoint {
         let recent = self.skips.failing.max(RECENT_FAILURE);
         let load = |e: &Endpoint| {
-            let addrs = addrs(e, self.hbone_port);
+            let addrs = addrs(e, e.ip, self.hbone_port);
             self.pool.load_of(e.workload.uid(), addrs, recent)
         };
         // load(b) / cap(b) < load(a) / cap(a), without dividing.
@@ -309,6 +316,7 @@ impl EndpointPicker {
                     port: *port,
                     workload_uid: e.workload.uid().to_owned(),
                     addr: SocketAddr::new(e.ip, e.target_port),
+                    other_family_addr: e.alt_ip.map(|ip| SocketAddr::new(ip, e.target_port)),
                     conditions: e.conditions,
                     skipped: skip_reason(e, &self.pool, self.hbone_port, self.skips),
                 })
@@ -356,8 +364,13 @@ fn weighted(from: &[&Endpoint], except: Option<usize>) -> usize {
 pub struct EndpointDump {
     pub port: u16,
     pub workload_uid: String,
-    /// `podIP:targetPort`.
+    /// `podIP:targetPort` (`[v6]:targetPort`): at the address of the
+    /// family of the Service's first VIP, else its other one.
     pub addr: SocketAddr,
+    /// A dual-stack endpoint's address of the other family: where a
+    /// connection to a VIP of that family goes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub other_family_addr: Option<SocketAddr>,
     pub conditions: crate::workloads::services::Conditions,
     /// Why a new connection would not be sent there now (`null`: it would).
     pub skipped: Option<&'static str>,

@@ -126,3 +126,23 @@ fn weighted_never_draws_the_excluded_one() {
         assert_eq!(weighted(&eps, Some(0)), 1);
     }
 }
+
+#[test]
+fn the_dump_writes_both_families_of_a_dual_stack_endpoint_alike() {
+    let file = "workloads:
+  - {uid: a, name: a, namespace: ns, ips: [10.0.0.1, 'fd00::1'], node: n, services: [web]}
+  - {uid: b, name: b, namespace: ns, ips: ['fd00::2'], node: n, services: [web]}
+services:
+  - {name: web, namespace: ns, vips: [10.96.0.1, 'fd00:96::1'], ports: [{port: 80, target_port: 8080}]}
+";
+    let parsed = crate::workloads::parse_file(file).unwrap();
+    let store = WorkloadStore::new("cluster.local", "n");
+    store.publish_all(parsed.workloads, parsed.services);
+    let svc = store.snapshot().services().next().unwrap().clone();
+    let dump = serde_json::to_value(picker(EndpointChoice::P2c).explain(&svc)).unwrap();
+    assert_eq!(dump[0]["addr"], "10.0.0.1:8080", "{dump}");
+    assert_eq!(dump[0]["other_family_addr"], "[fd00::1]:8080", "{dump}");
+    // An IPv6-only endpoint of a Service whose first VIP is IPv4: kept.
+    assert_eq!(dump[1]["addr"], "[fd00::2]:8080", "{dump}");
+    assert!(dump[1].get("other_family_addr").is_none(), "{dump}");
+}

@@ -229,6 +229,7 @@ impl Outbound {
             };
             match accepted {
                 Ok((tcp, src)) => {
+                    let src = crate::proxy::listener::canonical(src);
                     let this = self.clone();
                     tokio::spawn(async move {
                         let Some(dst) = crate::proxy::listener::original_dst(&tcp) else {
@@ -252,6 +253,12 @@ impl Outbound {
     /// destination `dst`. The listener calls this after reading
     /// `SO_ORIGINAL_DST`; tests and tools with their own capture call it directly.
     pub async fn proxy(&self, tcp: TcpStream, src: SocketAddr, dst: SocketAddr) {
+        // Canonical whoever calls: a caller's own capture may hand over a
+        // dual-stack socket's IPv4-mapped addresses.
+        let (src, dst) = (
+            crate::proxy::listener::canonical(src),
+            crate::proxy::listener::canonical(dst),
+        );
         let span = info_span!("outbound", src.addr = %src, dst.addr = %dst);
         async {
             let guard = self.streams.track();
@@ -473,11 +480,13 @@ impl Outbound {
                     destination: e.workload.spec.uid.clone(),
                 }));
             }
-            let addr = SocketAddr::new(e.ip, e.target_port);
+            // The endpoint's address of the VIP's family, else its other one.
+            let ip = e.ip_for(dst.ip());
+            let addr = SocketAddr::new(ip, e.target_port);
             return Ok(match e.workload.spec.protocol {
                 Protocol::Hbone => Route::Hbone {
                     target: e.workload.clone(),
-                    hbone_ip: e.ip,
+                    hbone_ip: ip,
                     authority: addr,
                     also: svc.spec.subject_alt_names.clone(),
                     service: Some(svc.clone()),

@@ -136,6 +136,7 @@ impl PlaintextInbound {
             };
             match accepted {
                 Ok((tcp, src)) => {
+                    let src = crate::proxy::listener::canonical(src);
                     let this = self.clone();
                     tokio::spawn(async move { this.serve(tcp, src).await });
                 }

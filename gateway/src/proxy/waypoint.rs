@@ -110,7 +110,12 @@ pub fn resolve(
                     destination: destination.to_owned(),
                     address: address(),
                 })?;
-            (e.workload.clone(), e.ip, svc.spec.subject_alt_names.clone())
+            // The waypoint's address of its VIP's family, as for any Service.
+            let ip = match &wp.address {
+                WaypointAddress::Ip(vip) => e.ip_for(*vip),
+                WaypointAddress::Hostname { .. } => e.ip,
+            };
+            (e.workload.clone(), ip, svc.spec.subject_alt_names.clone())
         }
         (None, WaypointAddress::Ip(ip)) => match snapshot.by_ip(*ip) {
             Some(w) => (w.clone(), *ip, Vec::new()),

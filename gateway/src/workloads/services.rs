@@ -224,13 +224,43 @@ impl Conditions {
 #[derive(Clone, Debug)]
 pub struct Endpoint {
     pub workload: Arc<Workload>,
-    /// The workload's address the port maps to (its first IP of the VIP's family).
+    /// The workload's address the port maps to: its first of the family
+    /// of the Service's first VIP, else its first ([`pick_ips`]).
     pub ip: IpAddr,
+    /// Its first address of the other family, if it has one: what a
+    /// connection to a VIP of that family reaches ([`Endpoint::ip_for`]).
+    pub alt_ip: Option<IpAddr>,
     pub target_port: u16,
     pub conditions: Conditions,
     /// Its weight ([`EndpointTarget::capacity`]; 1 when its source gives
     /// none): new connections come to it in proportion.
     pub capacity: u32,
+}
+
+impl Endpoint {
+    /// The address a connection to `dst` (a VIP of the Service) reaches:
+    /// the endpoint's of `dst`'s family when it has one, else its other
+    /// one: an endpoint of the other family only is reached, never dropped
+    /// (ztunnel's choice by the original destination's family).
+    pub fn ip_for(&self, dst: IpAddr) -> IpAddr {
+        match self.alt_ip {
+            Some(alt) if self.ip.is_ipv4() != dst.is_ipv4() => alt,
+            _ => self.ip,
+        }
+    }
+}
+
+/// An endpoint's addresses (see [`Endpoint::ip`], [`Endpoint::alt_ip`]):
+/// the first of `family_v4`'s family, else the first; then the first of
+/// the other family. `None` without any address.
+pub fn pick_ips(ips: &[IpAddr], family_v4: bool) -> Option<(IpAddr, Option<IpAddr>)> {
+    let same = ips.iter().find(|ip| ip.is_ipv4() == family_v4).copied();
+    let other = ips.iter().find(|ip| ip.is_ipv4() != family_v4).copied();
+    match (same, other) {
+        (Some(ip), alt) => Some((ip, alt)),
+        (None, Some(ip)) => Some((ip, None)),
+        (None, None) => None,
+    }
 }
 
 /// A Service with its endpoints, resolved per port.
@@ -336,14 +366,15 @@ pub fn resolve_one<'a>(
                 Some(o) if !o.ips.is_empty() => &o.ips,
                 _ => &w.spec.ips,
             };
-            let family = spec.vips.first().is_none_or(|v| v.is_ipv4());
-            let Some(ip) = ips.iter().find(|ip| ip.is_ipv4() == family).copied() else {
-                unresolved.push((w.uid().to_owned(), p.port, "no_address_of_the_vip_family"));
+            let family_v4 = spec.vips.first().is_none_or(|v| v.is_ipv4());
+            let Some((ip, alt_ip)) = pick_ips(ips, family_v4) else {
+                unresolved.push((w.uid().to_owned(), p.port, "no_address"));
                 continue;
             };
             list.push(Endpoint {
                 workload: (*w).clone(),
                 ip,
+                alt_ip,
                 target_port,
                 conditions: *conditions,
                 capacity: own.map_or(1, |o| o.capacity),
@@ -361,6 +392,10 @@ pub fn resolve_one<'a>(
         unresolved,
     }
 }
+
+#[cfg(test)]
+#[path = "services_family_tests.rs"]
+mod family_tests;
 
 #[cfg(test)]
 mod tests {

@@ -162,7 +162,7 @@ pub async fn connect_stream_with(
     let mut send = send.ready().await?;
     let mut req = Request::builder()
         .method(Method::CONNECT)
-        .uri(authority.to_string())
+        .uri(super::authority::write(authority))
         .body(())
         .expect("a socket address is a valid authority");
     if let Some(b) = baggage {

@@ -1,5 +1,6 @@
 //! HBONE: HTTP/2 CONNECT tunnels over mutual TLS, as ztunnel speaks it.
 //!
+//! - [`authority`]: the CONNECT target, `ip:port` or `[v6]:port`.
 //! - [`server`]: the inbound side of one tunnel; a [`server::StreamHandler`]
 //!   decides what each CONNECT stream means.
 //! - [`client`]: dialing a tunnel to a peer gateway and opening CONNECT streams.
@@ -10,6 +11,7 @@
 //! - `frames`: following frame boundaries from outside h2 (both of the above).
 //! - [`Settings`]: the HTTP/2 settings, keepalive and handshake bound of a tunnel.
 
+pub mod authority;
 pub mod baggage;
 pub mod client;
 pub mod client_io;

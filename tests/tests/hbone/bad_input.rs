@@ -246,3 +246,44 @@ async fn a_capture_of_the_wildcard_outbound_listener_itself_is_a_loop() {
     let mut tcp = good.connect(ip(octet, 3)).await;
     assert_eq!(round_trip(&mut tcp, b"fine").await.unwrap(), b"fine");
 }
+
+/// IPv6 spellings of a CONNECT target over a real tunnel: a zone id, an
+/// IPv4-mapped form of the dialed workload (its app port, and its HBONE
+/// port: a way around the own-port guard if it were read as another
+/// address), IPv6 loopback on the HBONE port. Each is 400 with its own
+/// reason; the gateway serves a good client afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_authority_spellings_are_refused_with_their_reasons() {
+    let nodes = TwoNodes::start(97).await;
+    let echo_ip = ip(nodes.octet, 2);
+    let port = nodes.echo.port();
+    for (target, reason, says) in [
+        (
+            format!("[fe80::1%25eth0]:{port}"),
+            "authority_zone_id",
+            "zone id",
+        ),
+        (
+            format!("[::ffff:{echo_ip}]:{port}"),
+            "authority_v4_mapped",
+            "IPv4-mapped",
+        ),
+        (
+            format!("[::ffff:{echo_ip}]:15008"),
+            "authority_v4_mapped",
+            "IPv4-mapped",
+        ),
+        (
+            "[::1]:15008".to_owned(),
+            "target_not_local",
+            "not a workload on this node",
+        ),
+    ] {
+        let (status, why) = request(&nodes, 2, "echo", connect(&target)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{target}");
+        assert!(why.contains(says), "{target}: {why}");
+        assert!(stream_ended(&nodes, reason) >= 1.0, "{target}: {reason}");
+    }
+    assert_eq!(stream_ended(&nodes, "authority_v4_mapped"), 2.0);
+    still_serving(&nodes).await;
+}

@@ -33,6 +33,7 @@ use crate::proxy::origin::Origin;
 use crate::proxy::tunnels::InboundTunnel;
 use crate::workloads::{Workload, WorkloadSnapshot, WorkloadStore};
 use tidegate_base::shutdown::{ActiveStreams, StreamGuard};
+use tidegate_protocol::hbone::authority::{self, AuthorityError};
 use tidegate_protocol::hbone::baggage::{Baggage, BAGGAGE_HEADER};
 use tidegate_protocol::hbone::io::{reason_label, Refusal};
 use tidegate_protocol::hbone::server::StreamHandler;
@@ -95,6 +96,9 @@ pub enum InboundError {
     NotConnect(Method),
     #[error("authority {0:?} is not ip:port")]
     BadAuthority(String),
+    /// An IPv6 zone id or an IPv4-mapped spelling ([`authority`]).
+    #[error("{0}")]
+    Authority(AuthorityError),
     #[error("authority ip {0} is not a workload on this node")]
     NotLocal(IpAddr),
     #[error("authority ip {authority} differs from the dialed workload ip {dialed}")]
@@ -131,6 +135,7 @@ impl InboundError {
         match self {
             InboundError::NotConnect(_) => "not_connect",
             InboundError::BadAuthority(_) => "bad_authority",
+            InboundError::Authority(e) => e.reason(),
             InboundError::NotLocal(_) => "target_not_local",
             InboundError::AuthorityMismatch { .. } => "authority_mismatch",
             InboundError::IllegalPort(_) => "illegal_port",
@@ -170,9 +175,10 @@ pub fn route<B>(
         .authority()
         .map(|a| a.as_str().to_owned())
         .unwrap_or_default();
-    let target: SocketAddr = authority
-        .parse()
-        .map_err(|_| InboundError::BadAuthority(authority.clone()))?;
+    let target = authority::parse(&authority).map_err(|e| match e {
+        AuthorityError::Malformed(a) => InboundError::BadAuthority(a),
+        other => InboundError::Authority(other),
+    })?;
     let workload = snapshot
         .by_ip(target.ip())
         .filter(|w| w.local)

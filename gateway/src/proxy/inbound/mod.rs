@@ -157,6 +157,7 @@ impl Inbound {
             };
             match accepted {
                 Ok((tcp, peer)) => {
+                    let peer = crate::proxy::listener::canonical(peer);
                     // Before the handshake: a refused tunnel costs no TLS.
                     let slot = match self.limits.admit_tunnel() {
                         Ok(slot) => slot,

@@ -186,3 +186,92 @@ fn the_gateways_own_ports_and_port_0_are_refused_on_a_local_workload() {
     assert_eq!(err.reason(), "illegal_port");
     assert!(route(&connect("10.0.0.1:15009"), &ctx, &snap, &own).is_ok());
 }
+
+/// `dual` on this node: 10.0.0.3 and fd00::3.
+fn dual_stack() -> Arc<WorkloadSnapshot> {
+    let store = WorkloadStore::new("cluster.local", NODE);
+    store.publish(vec![serde_json::from_value(serde_json::json!({
+        "uid": "dual", "name": "dual", "ips": ["10.0.0.3", "fd00::3"], "node": NODE,
+    }))
+    .expect("valid workload spec")]);
+    store.snapshot()
+}
+
+#[test]
+fn an_ipv6_connect_to_the_dialed_workload_is_routed_to_it() {
+    let snap = dual_stack();
+    let ctx = ctx(&snap, "[fd00::3]:15008", "client");
+    let target = route(
+        &connect("[fd00::3]:8080"),
+        &ctx,
+        &snap,
+        &OwnPorts::default(),
+    )
+    .unwrap();
+    assert_eq!(target, "[fd00::3]:8080".parse::<SocketAddr>().unwrap());
+    // The other family of the same workload is not what the peer dialed.
+    let err = route(&connect("10.0.0.3:8080"), &ctx, &snap, &OwnPorts::default()).unwrap_err();
+    assert_eq!(err.reason(), "authority_mismatch");
+}
+
+#[test]
+fn ipv6_self_targets_and_other_spellings_are_refused_with_a_reason() {
+    let snap = dual_stack();
+    let own = OwnPorts::new([15008, 15001, 15006]);
+    for (dialed, authority, reason) in [
+        ("[fd00::3]:15008", "[fd00::3]:15008", "illegal_port"),
+        ("[fd00::3]:15008", "[fd00::3]:15001", "illegal_port"),
+        ("[fd00::3]:15008", "[::1]:15008", "target_not_local"),
+        ("[fd00::3]:15008", "[::]:8080", "target_not_local"),
+        (
+            "10.0.0.3:15008",
+            "[::ffff:10.0.0.3]:15008",
+            "authority_v4_mapped",
+        ),
+        (
+            "10.0.0.3:15008",
+            "[::ffff:10.0.0.3]:8080",
+            "authority_v4_mapped",
+        ),
+        (
+            "[fd00::3]:15008",
+            "[fe80::1%25eth0]:8080",
+            "authority_zone_id",
+        ),
+    ] {
+        let ctx = ctx(&snap, dialed, "client");
+        let Ok(req) = Request::builder()
+            .method(Method::CONNECT)
+            .uri(authority)
+            .body(())
+        else {
+            panic!("{authority}: the HTTP layer refuses it before routing");
+        };
+        let err = route(&req, &ctx, &snap, &own).unwrap_err();
+        assert_eq!(err.reason(), reason, "{authority}: {err}");
+        assert_eq!(err.status(), StatusCode::BAD_REQUEST, "{authority}");
+    }
+}
+
+#[test]
+fn malformed_bracket_forms_never_reach_a_workload() {
+    let snap = dual_stack();
+    let ctx = ctx(&snap, "[fd00::3]:15008", "client");
+    for authority in [
+        "[fd00::3:8080",
+        "[fd00::3]",
+        "[fd00::3]:",
+        "[fd00::3]]:8080",
+    ] {
+        // The HTTP layer refuses some of them itself; none is routed.
+        if let Ok(req) = Request::builder()
+            .method(Method::CONNECT)
+            .uri(authority)
+            .body(())
+        {
+            let err = route(&req, &ctx, &snap, &OwnPorts::default()).unwrap_err();
+            assert_eq!(err.reason(), "bad_authority", "{authority}: {err}");
+            assert_eq!(err.status(), StatusCode::BAD_REQUEST);
+        }
+    }
+}
