@@ -114,6 +114,9 @@ mod inpod;
 #[path = "netns/istio_node.rs"]
 mod istio_node;
 
+#[path = "netns/capture_families.rs"]
+mod capture_families;
+
 /// The congestion control algorithms `ss -ti` reports for the established
 /// TCP sockets in namespace `ns` that match `filter` (ss's filter syntax).
 fn congestion_controls(ns: &str, filter: &str) -> Vec<String> {
