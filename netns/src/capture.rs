@@ -454,6 +454,13 @@ fn routes(family: Family, add: bool) -> Result<(), CaptureError> {
         &table,
     ];
     run_idempotent(&rule)?;
+    // IPv6 off on loopback alone (on elsewhere): no local IPv6 route can
+    // exist; the rules still capture, as istio-cni does it.
+    let lo_off = std::fs::read_to_string("/proc/sys/net/ipv6/conf/lo/disable_ipv6")
+        .is_ok_and(|v| v.trim() == "1");
+    if family == Family::V6 && lo_off {
+        return Ok(());
+    }
     run_idempotent(&route)
 }
 
