@@ -274,17 +274,21 @@ pub fn forget(ours: &OurKeys) {
     let Some(uid) = cni_arg("K8S_POD_UID") else {
         return;
     };
-    // The namespace may be gone already (its rules with it), or not a
-    // namespace at all: nothing to remove then.
-    let netns = std::env::var("CNI_NETNS").unwrap_or_default();
-    if !netns.is_empty() && open_netns(&netns).is_ok() {
-        if let Err(e) = capture::remove(Path::new(&netns)) {
-            eprintln!("tidegate-cni: pod {uid}: capture rules not removed: {e}");
-        }
-    }
     let dir = Path::new(&ours.state_dir);
     match PodRecord::read(dir, &uid) {
         Ok(Some(record)) => {
+            // Only a pod this plugin enrolled (recorded) has rules of ours.
+            // Its namespace may be gone already (its rules with it), or not
+            // a namespace at all: nothing to remove then.
+            let netns = std::env::var("CNI_NETNS")
+                .ok()
+                .filter(|p| !p.is_empty())
+                .unwrap_or_else(|| record.netns.clone());
+            if open_netns(&netns).is_ok() {
+                if let Err(e) = capture::remove(Path::new(&netns)) {
+                    eprintln!("tidegate-cni: pod {uid}: capture rules not removed: {e}");
+                }
+            }
             if let Err(e) = capture::probe_snat(false, &record.ips) {
                 eprintln!("tidegate-cni: pod {uid}: probe rules not removed: {e}");
             }
