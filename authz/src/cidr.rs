@@ -20,25 +20,41 @@ pub enum CidrError {
 }
 
 impl Cidr {
+    /// A range of IPv4-mapped IPv6 addresses (`::ffff:10.0.0.0/104`) is
+    /// the IPv4 range it maps (`10.0.0.0/8`): one host, one range,
+    /// whichever way it is written.
     pub fn new(addr: IpAddr, len: u32) -> Result<Cidr, CidrError> {
         let max = max_len(addr);
         match u8::try_from(len) {
-            Ok(l) if l <= max => Ok(Cidr { addr, len: l }),
+            Ok(l) if l <= max => Ok(match addr {
+                IpAddr::V6(v6) if l >= 96 => match v6.to_ipv4_mapped() {
+                    Some(v4) => Cidr {
+                        addr: IpAddr::V4(v4),
+                        len: l - 96,
+                    },
+                    None => Cidr { addr, len: l },
+                },
+                _ => Cidr { addr, len: l },
+            }),
             _ => Err(CidrError::Length { addr, len, max }),
         }
     }
 
     /// The address alone: a range of one.
     pub fn host(addr: IpAddr) -> Cidr {
+        let addr = addr.to_canonical();
         Cidr {
             addr,
             len: max_len(addr),
         }
     }
 
-    /// Whether `ip` is in the range; an address of the other family never is.
+    /// Whether `ip` is in the range; an address of the other family never
+    /// is. An IPv4-mapped IPv6 address (`::ffff:10.0.0.1`, what a
+    /// dual-stack socket reports for an IPv4 peer) is its IPv4 address, so
+    /// writing an address one way or the other never gets around a rule.
     pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.addr, ip) {
+        match (self.addr, ip.to_canonical()) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {
                 prefix_eq(u32::from(net).into(), u32::from(ip).into(), self.len, 32)
             }
@@ -128,7 +144,17 @@ mod tests {
         assert!(c("2001:db8::/32").contains(ip("2001:db8:1::5")));
         assert!(!c("2001:db8::/32").contains(ip("2001:db9::5")));
         assert!(c("::/0").contains(ip("::1")));
-        assert!(!c("::ffff:10.0.0.1/128").contains(ip("10.0.0.1")));
+        // An IPv4-mapped address is the IPv4 address, as a range or as an
+        // address looked up.
+        assert!(c("::ffff:10.0.0.1/128").contains(ip("10.0.0.1")));
+        assert!(c("10.0.0.0/8").contains(ip("::ffff:10.0.0.1")));
+        assert!(!c("10.0.0.0/8").contains(ip("::ffff:11.0.0.1")));
+        assert!(c("::ffff:10.0.0.0/104").contains(ip("10.9.9.9")));
+        assert_eq!(c("::ffff:10.0.0.0/104").to_string(), "10.0.0.0/8");
+        assert_eq!(c("::ffff:10.0.0.1"), c("10.0.0.1"));
+        // Not an IPv4 range: the mapped prefix is cut by the length.
+        assert!(!c("::ffff:0:0/95").contains(ip("10.0.0.1")));
+        assert!(!c("::/0").contains(ip("::ffff:10.0.0.1")));
     }
 
     #[test]

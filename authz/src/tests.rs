@@ -753,3 +753,90 @@ fn random_resources_convert_to_the_policy_they_describe() {
         );
     }
 }
+
+#[test]
+fn ipv6_ranges_match_ipv6_peers_and_mapped_addresses_are_their_ipv4_address() {
+    let deny_src = |range: &str| {
+        policy(
+            Action::Deny,
+            vec![rule(vec![vec![Match {
+                source_ips: vec![range.parse().unwrap()],
+                ..Match::default()
+            }]])],
+        )
+    };
+    let allow_dst = |range: &str| {
+        policy(
+            Action::Allow,
+            vec![rule(vec![vec![Match {
+                destination_ips: vec![range.parse().unwrap()],
+                ..Match::default()
+            }]])],
+        )
+    };
+    let denied = Decision::Deny(Denial::ExplicitlyDenied {
+        namespace: "ns".into(),
+        name: "p".into(),
+    });
+    let rows: Vec<(&str, Policy, &str, &str, Decision)> = vec![
+        (
+            "an IPv6 source range holds an IPv6 peer",
+            deny_src("fd00:10::/64"),
+            "[fd00:10::7]:5000",
+            "[fd00:20::1]:8080",
+            denied.clone(),
+        ),
+        (
+            "and not one outside it",
+            deny_src("fd00:10::/64"),
+            "[fd00:11::7]:5000",
+            "[fd00:20::1]:8080",
+            Decision::Allow,
+        ),
+        (
+            "nor an IPv4 peer",
+            deny_src("::/0"),
+            "10.0.0.1:5000",
+            "10.0.1.1:8080",
+            Decision::Allow,
+        ),
+        (
+            "an IPv6 destination range allows its own",
+            allow_dst("fd00:20::/48"),
+            "[fd00:10::7]:5000",
+            "[fd00:20:0:1::1]:8080",
+            Decision::Allow,
+        ),
+        (
+            "and no other",
+            allow_dst("fd00:20::/48"),
+            "[fd00:10::7]:5000",
+            "[fd00:21::1]:8080",
+            Decision::Deny(Denial::NotAllowed),
+        ),
+        (
+            "an IPv4-mapped peer is its IPv4 address: denied by the IPv4 rule",
+            deny_src("10.0.0.0/24"),
+            "[::ffff:10.0.0.1]:5000",
+            "10.0.1.1:8080",
+            denied.clone(),
+        ),
+        (
+            "an IPv4-mapped destination is allowed as its IPv4 address",
+            allow_dst("10.0.1.1"),
+            "10.0.0.1:5000",
+            "[::ffff:10.0.1.1]:8080",
+            Decision::Allow,
+        ),
+        (
+            "and a mapped range is the IPv4 range",
+            deny_src("::ffff:10.0.0.0/120"),
+            "10.0.0.1:5000",
+            "10.0.1.1:8080",
+            denied.clone(),
+        ),
+    ];
+    for (what, p, src, dst, want) in rows {
+        assert_eq!(decide(&[&p], &conn(src, dst, None)), want, "{what}");
+    }
+}

@@ -33,8 +33,16 @@
 //! without blocking, so a FIFO or a device there fails the namespace check
 //! at once (code 4, naming what the file is) instead of hanging the open.
 //!
-//! DEL (after the gateway's teardown drain): the node-side probe rules and
-//! the record go. The pod's own rules go with its namespace.
+//! DEL (after the gateway's teardown drain): the pod's own rules (both
+//! families, when its namespace is still there), the node-side probe rules
+//! and the record go.
+//!
+//! The pod's rules cover IPv4 and IPv6 together or not at all
+//! ([`tidegate_netns::capture`]): a node whose kernel has IPv6 but cannot
+//! install IPv6 rules (no `ip6tables-restore`, no ip6_tables support)
+//! fails the ADD (code 5, naming why) with no IPv4 rule left behind; a pod
+//! namespace without IPv6 gets the IPv4 rules and a line on stderr saying
+//! why.
 
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -181,13 +189,16 @@ fn add(e: &Enroll, step: &AtomicU8) -> Result<(), CniError> {
         return Ok(());
     }
     step.store(HANDED_OVER, Ordering::Relaxed);
-    capture::install(Path::new(&netns), CapturePorts::default()).map_err(|e| {
+    let installed = capture::install(Path::new(&netns), CapturePorts::default()).map_err(|e| {
         undo(err(
             5,
             "cannot install the capture rules inside the pod",
             e.to_string(),
         ))
     })?;
+    if let Some(why) = &installed.ipv6_skipped {
+        eprintln!("tidegate-cni: pod {uid} ({namespace}/{name}): IPv4 rules only: {why}");
+    }
     step.store(4, Ordering::Relaxed);
     capture::probe_snat(true, &e.pod_ips).map_err(|e| {
         undo(err(
@@ -256,8 +267,9 @@ fn hand_over(ours: &OurKeys, request: &Value, fd: OwnedFd) -> Result<Answer, Cni
     }
 }
 
-/// DEL: the node-side probe rules and the record go; never fails (the
-/// outcome is on stderr).
+/// DEL: the pod's capture rules (both families, while its namespace is
+/// still there), the node-side probe rules and the record go; never fails
+/// (the outcome is on stderr).
 pub fn forget(ours: &OurKeys) {
     let Some(uid) = cni_arg("K8S_POD_UID") else {
         return;
@@ -265,6 +277,18 @@ pub fn forget(ours: &OurKeys) {
     let dir = Path::new(&ours.state_dir);
     match PodRecord::read(dir, &uid) {
         Ok(Some(record)) => {
+            // Only a pod this plugin enrolled (recorded) has rules of ours.
+            // Its namespace may be gone already (its rules with it), or not
+            // a namespace at all: nothing to remove then.
+            let netns = std::env::var("CNI_NETNS")
+                .ok()
+                .filter(|p| !p.is_empty())
+                .unwrap_or_else(|| record.netns.clone());
+            if open_netns(&netns).is_ok() {
+                if let Err(e) = capture::remove(Path::new(&netns)) {
+                    eprintln!("tidegate-cni: pod {uid}: capture rules not removed: {e}");
+                }
+            }
             if let Err(e) = capture::probe_snat(false, &record.ips) {
                 eprintln!("tidegate-cni: pod {uid}: probe rules not removed: {e}");
             }

@@ -667,18 +667,27 @@ fn install_refuses_clearly_without_a_primary_configuration_or_arguments() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--watch"));
 }
 
-/// Stand-ins for the tools capture runs (`iptables`, `iptables-restore`,
-/// `ip`, `sysctl`), in a directory that is the plugin's whole `PATH`: each
-/// appends its command line (`iptables-restore` also its input) to the
-/// returned file, and a query (`-S`, `-C`) finds nothing. Nothing of the
-/// host's is touched, whatever the plugin does.
+/// Stand-ins for the tools capture runs (`iptables`, `ip6tables`, their
+/// `-restore` and `-save`, `ip`, `sysctl`), in a directory that is the
+/// plugin's whole `PATH`: each appends its command line (a `-restore` also
+/// its input) to the returned file, and a query (`-S`, `-C`, `-save`)
+/// finds nothing. Nothing of the host's is touched, whatever the plugin does.
 fn capture_tools(dir: &Path) -> (PathBuf, PathBuf) {
     use std::os::unix::fs::PermissionsExt;
     let tools = dir.join("tools");
     let calls = dir.join("calls");
     std::fs::create_dir_all(&tools).unwrap();
-    for tool in ["iptables", "iptables-restore", "ip", "sysctl"] {
-        let input = if tool == "iptables-restore" {
+    for tool in [
+        "iptables",
+        "iptables-restore",
+        "iptables-save",
+        "ip6tables",
+        "ip6tables-restore",
+        "ip6tables-save",
+        "ip",
+        "sysctl",
+    ] {
+        let input = if tool.ends_with("-restore") {
             // Shell built-ins only: PATH holds nothing else.
             format!(
                 "while IFS= read -r line; do echo \"$line\" >> {}; done\n",
@@ -706,7 +715,8 @@ fn inpod_add(socket: &Path, state: &Path, namespace: &str, uid: &str, tools: &Pa
         r#"{{"cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "tidegate-cni",
             "socket": "{}", "timeout_ms": 5000, "capture": "inpod", "state_dir": "{}",
             "prevResult": {{"cniVersion": "1.0.0", "interfaces": [{{"name": "eth0"}}],
-                            "ips": [{{"address": "10.1.2.3/24", "interface": 0}}]}}}}"#,
+                            "ips": [{{"address": "10.1.2.3/24", "interface": 0}},
+                                    {{"address": "fd00:1::3/64", "interface": 0}}]}}}}"#,
         socket.display(),
         state.display()
     );
@@ -812,14 +822,76 @@ fn add_captures_a_mesh_member_and_nothing_else() {
         "-A ISTIO_OUTPUT ! -d 127.0.0.1/32 -p tcp -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15001",
         "ip -4 rule add fwmark 0x111/0xfff pref 32764 lookup 100",
         "iptables -w -t nat -A TIDEGATE_PROBES -d 10.1.2.3/32",
+        // The IPv6 probe exemption, for the pod's IPv6 address.
+        "ip6tables -w -t nat -A TIDEGATE_PROBES -d fd00:1::3/128 -p tcp -m owner --socket-exists -j SNAT --to-source fd16:9254:7127:1337:ffff:ffff:ffff:ffff",
     ] {
         assert!(ran.contains(line), "{line:?} not in:\n{ran}");
+    }
+    // IPv6 is captured with IPv4 wherever the namespace (here the test's
+    // own) has it.
+    let ipv6 = tidegate_netns::capture::ipv6_absent(Path::new("/proc/sys/net/ipv6")).is_none();
+    if ipv6 {
+        for line in [
+            "ip6tables-restore --noflush",
+            "-A ISTIO_OUTPUT ! -d ::1/128 -p tcp -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15001",
+            "ip -6 rule add fwmark 0x111/0xfff pref 32764 lookup 100",
+            "ip -6 route add local ::/0 dev lo table 100",
+        ] {
+            assert!(ran.contains(line), "{line:?} not in:\n{ran}");
+        }
+    } else {
+        assert!(!ran.contains("ip6tables-restore"), "{ran}");
+        assert!(stderr(&out).contains("IPv4 rules only"), "{}", stderr(&out));
     }
     assert_eq!(
         records().len(),
         1,
         "the member is recorded for a restarted gateway"
     );
+    if !ipv6 {
+        return;
+    }
+
+    // A node without working ip6tables (here a restore that fails as one
+    // without the ip6_tables module does): the ADD is refused, naming
+    // why, and the IPv4 rules just installed are taken out again.
+    use std::os::unix::fs::PermissionsExt;
+    let failing = tools.join("ip6tables-restore");
+    std::fs::write(
+        &failing,
+        format!(
+            "#!/bin/sh\necho \"ip6tables-restore $*\" >> {}\n\
+             echo \"ip6tables-restore v1.8.9 (nf_tables): can't initialize ip6tables table \\`nat': Table does not exist\" >&2\nexit 1\n",
+            calls.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&failing, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(&calls, "").unwrap();
+    let peer = answering_add(dir.path(), "u-v6", r#"{"result":"added"}"#);
+    let out = inpod_add(&peer.path, &state, "demo", "u-v6", &tools);
+    peer.stop();
+    assert!(!out.status.success(), "{}", stderr(&out));
+    let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(e["code"], 5, "{e}");
+    let details = e["details"].as_str().unwrap();
+    for part in [
+        "IPv6 is on in the pod but its IPv6 capture rules cannot be installed",
+        "Table does not exist",
+        "rather than let IPv6 bypass the mesh",
+    ] {
+        assert!(details.contains(part), "{part:?} not in {details}");
+    }
+    let ran = calls_of(&calls);
+    // IPv4 went in first, then came out: its save was read for the removal.
+    let v4 = ran
+        .find("iptables-restore --noflush")
+        .expect("IPv4 rules installed");
+    let v6 = ran.find("ip6tables-restore --noflush").expect("IPv6 tried");
+    let undo = ran.rfind("iptables-save").expect("IPv4 rules removed");
+    assert!(v4 < v6 && v6 < undo, "{ran}");
+    // No probe exemption for a pod that is not enrolled.
+    assert!(!ran.contains("TIDEGATE_PROBES"), "{ran}");
 }
 
 /// Polls `done` until it holds, for at most `within`.

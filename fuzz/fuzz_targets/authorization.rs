@@ -9,7 +9,8 @@
 //!   entry.
 //!
 //! Never a panic; whatever is held is indexed, named by a workload,
-//! decided on and removed without one.
+//! decided on and removed without one; an IPv4 connection and the same
+//! one written IPv4-mapped are decided alike.
 #![no_main]
 
 use std::collections::BTreeMap;
@@ -118,4 +119,17 @@ fn decide_all(store: &PolicyStore, namespace: &str, names: &[String]) {
         };
         let _ = store.decide(&dest, &conn).is_allow();
     }
+    // The same IPv4 connection written IPv4-mapped is decided alike: the
+    // way an address is written never gets around a policy.
+    let v4 = Connection {
+        src: "10.0.0.1:4000".parse().unwrap(),
+        dst: "10.0.0.2:8080".parse().unwrap(),
+        identity: None,
+    };
+    let mapped = Connection {
+        src: "[::ffff:10.0.0.1]:4000".parse().unwrap(),
+        dst: "[::ffff:10.0.0.2]:8080".parse().unwrap(),
+        identity: None,
+    };
+    assert_eq!(store.decide(&dest, &v4), store.decide(&dest, &mapped));
 }

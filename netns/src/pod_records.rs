@@ -101,7 +101,9 @@ mod tests {
             name: "web".into(),
             namespace: "demo".into(),
             netns: "/var/run/netns/cni-1".into(),
-            ips: vec!["10.0.1.2".parse().unwrap()],
+            // Dual-stack: both families come back (the probe exemption of
+            // each is removed on DEL).
+            ips: vec!["10.0.1.2".parse().unwrap(), "fd00:1::2".parse().unwrap()],
         };
         r.write(dir.path()).unwrap();
         r.write(dir.path()).unwrap();

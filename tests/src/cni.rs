@@ -60,6 +60,18 @@ pub struct CniPod<'a> {
 /// stdin (then closed), in the namespace of the calling thread (a runtime
 /// runs plugins in the node's); stdout and stderr are piped.
 pub fn spawn(bin: &Path, command: &str, pod: &CniPod<'_>, conf: &str) -> std::io::Result<Child> {
+    spawn_with_env(bin, command, pod, conf, &[])
+}
+
+/// [`spawn`] with more environment variables (`PATH`, to put stand-in
+/// tools first).
+pub fn spawn_with_env(
+    bin: &Path,
+    command: &str,
+    pod: &CniPod<'_>,
+    conf: &str,
+    env: &[(&str, &str)],
+) -> std::io::Result<Child> {
     let args = format!(
         "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_UID={}",
         pod.namespace, pod.name, pod.uid
@@ -71,6 +83,7 @@ pub fn spawn(bin: &Path, command: &str, pod: &CniPod<'_>, conf: &str) -> std::io
         .env("CNI_IFNAME", "eth0")
         .env("CNI_PATH", "/opt/cni/bin")
         .env("CNI_ARGS", args)
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

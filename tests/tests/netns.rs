@@ -117,6 +117,9 @@ mod istio_node;
 #[path = "netns/ipv6.rs"]
 mod ipv6;
 
+#[path = "netns/capture_families.rs"]
+mod capture_families;
+
 /// The congestion control algorithms `ss -ti` reports for the established
 /// TCP sockets in namespace `ns` that match `filter` (ss's filter syntax).
 fn congestion_controls(ns: &str, filter: &str) -> Vec<String> {

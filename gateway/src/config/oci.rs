@@ -203,7 +203,10 @@ pub struct Cidr {
 }
 
 impl Cidr {
+    /// Whether `ip` is in the range; an IPv4-mapped IPv6 address
+    /// (`::ffff:10.0.0.1`) is its IPv4 address, never outside an IPv4 range.
     pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
         let bits = |a: IpAddr| -> (u128, u8) {
             match a {
                 IpAddr::V4(v) => (u32::from(v) as u128, 32),
@@ -234,6 +237,15 @@ impl std::str::FromStr for Cidr {
         };
         if prefix > max {
             return Err(bad());
+        }
+        // `::ffff:10.0.0.0/104` is `10.0.0.0/8`.
+        if let (IpAddr::V6(v6), 96..) = (addr, prefix) {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return Ok(Cidr {
+                    addr: IpAddr::V4(v4),
+                    prefix: prefix - 96,
+                });
+            }
         }
         Ok(Cidr { addr, prefix })
     }
@@ -278,5 +290,22 @@ mod tests {
             .unwrap()
             .contains("1.2.3.4".parse().unwrap()));
         assert!("10.0.0.0/33".parse::<Cidr>().is_err());
+    }
+
+    #[test]
+    fn ipv6_ranges_hold_ipv6_and_mapped_addresses_are_ipv4() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let pods: Cidr = "fd00:10:244::/56".parse().unwrap();
+        assert!(pods.contains(ip("fd00:10:244:0:1::5")));
+        assert!(!pods.contains(ip("fd00:10:245::5")));
+        assert!(!pods.contains(ip("10.244.0.5")));
+        assert!("fd00::/129".parse::<Cidr>().is_err());
+        // An IPv4-mapped destination is inside the IPv4 range (never
+        // plaintext because it was written the IPv6 way).
+        let v4: Cidr = "10.96.0.0/12".parse().unwrap();
+        assert!(v4.contains(ip("::ffff:10.96.0.10")));
+        let mapped: Cidr = "::ffff:10.96.0.0/108".parse().unwrap();
+        assert_eq!(mapped, v4);
+        assert_eq!(mapped.to_string(), "10.96.0.0/12");
     }
 }

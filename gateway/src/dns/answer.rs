@@ -611,6 +611,46 @@ pub(crate) mod tests {
         );
     }
 
+    /// A dual-stack Service (IPv6 primary, as `ipFamilies: [IPv6, IPv4]`
+    /// lists it) answers each family its own address; an IPv6-only one
+    /// answers AAAA, and A with no records (NOERROR, never NXDOMAIN: the
+    /// client goes on to AAAA).
+    #[test]
+    fn dual_stack_and_ipv6_only_services_answer_aaaa_from_the_store() {
+        let store = WorkloadStore::new("cluster.local", "n");
+        store.publish_all(
+            vec![],
+            vec![
+                service("dual", "shop", &["fd00::5", "10.134.0.5"]),
+                service("six", "shop", &["fd00::6"]),
+            ],
+        );
+        let n = Names::new(store, "cluster.local");
+        let dual = "dual.shop.svc.cluster.local.";
+        assert_eq!(
+            lines(n.lookup("shop", &q(dual, RecordType::A))),
+            [format!("{dual} A 10.134.0.5")]
+        );
+        assert_eq!(
+            lines(n.lookup("shop", &q(dual, RecordType::AAAA))),
+            [format!("{dual} AAAA fd00::5")]
+        );
+        let six = "six.shop.svc.cluster.local.";
+        assert_eq!(
+            lines(n.lookup("shop", &q(six, RecordType::AAAA))),
+            [format!("{six} AAAA fd00::6")]
+        );
+        assert_eq!(
+            n.lookup("shop", &q(six, RecordType::A)),
+            Lookup::Answer(vec![])
+        );
+        // The short name from the Service's namespace, too.
+        assert_eq!(
+            lines(n.lookup("shop", &q("six.", RecordType::AAAA))),
+            ["six. AAAA fd00::6"]
+        );
+    }
+
     #[test]
     fn a_headless_service_answers_its_ready_endpoints_addresses() {
         let n = names();

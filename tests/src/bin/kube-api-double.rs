@@ -4,12 +4,13 @@
 //!
 //! ```text
 //! cargo run -p tidegate-e2e --bin kube-api-double -- \
-//!     --pod <namespace>/<name>:<service-account>:<node>[:<ip>] [--pod ...] \
+//!     --pod <namespace>/<name>:<service-account>:<node>[:<ip>[,<ip>]] [--pod ...] \
 //!     --token <token>=<namespace>/<service-account>[@<pod name>] [--token ...] \
 //!     [--audience istio-ca]
 //! tidegate-ca --api-server <printed URL> --serving-name 127.0.0.1 --listen 127.0.0.1:15012
 //! ```
-//! A pod's uid is `<name>-uid`; a token bound to a pod carries that pod's
+//! A dual-stack pod lists both addresses, the primary first
+//! (`demo/web:web:node-a:10.0.0.5,fd00:10::5`). A pod's uid is `<name>-uid`; a token bound to a pod carries that pod's
 //! name and uid (as a projected token's TokenReview answer does). It prints
 //! `url <http://127.0.0.1:port>` and serves until stdin closes or it reads
 //! `quit`; `pod <spec>` on stdin adds a pod, `token <spec>` a token.
@@ -24,24 +25,30 @@ use serde_json::json;
 use tidegate_e2e::kube_api::{FakeApiServer, Kind, TokenInfo};
 
 const USAGE: &str =
-    "kube-api-double [--pod ns/name:sa:node[:ip] ...] [--token tok=ns/sa[@pod] ...] [--audience A]";
+    "kube-api-double [--pod ns/name:sa:node[:ip[,ip]] ...] [--token tok=ns/sa[@pod] ...] [--audience A]";
 
 fn pod(api: &FakeApiServer, spec: &str) -> anyhow::Result<()> {
-    let parts: Vec<&str> = spec.split(':').collect();
-    let (ns_name, sa, node, pod_ip) = match parts[..] {
+    // The addresses come last and may hold colons (IPv6).
+    let parts: Vec<&str> = spec.splitn(4, ':').collect();
+    let (ns_name, sa, node, pod_ips) = match parts[..] {
         [n, sa, node] => (n, sa, node, None),
-        [n, sa, node, ip] => (n, sa, node, Some(ip)),
-        _ => bail!("--pod {spec:?}: expected namespace/name:service-account:node[:ip]"),
+        [n, sa, node, ips] => (n, sa, node, Some(ips)),
+        _ => bail!("--pod {spec:?}: expected namespace/name:service-account:node[:ip[,ip]]"),
     };
     let (ns, name) = ns_name
         .split_once('/')
         .with_context(|| format!("--pod {spec:?}: expected namespace/name first"))?;
     let mut status = json!({"phase": "Running"});
-    if let Some(ip) = pod_ip {
-        ip.parse::<std::net::IpAddr>()
-            .with_context(|| format!("--pod {spec:?}: {ip} is not an IP address"))?;
-        status["podIP"] = json!(ip);
-        status["podIPs"] = json!([{ "ip": ip }]);
+    if let Some(ips) = pod_ips {
+        // Dual-stack: `10.0.0.5,fd00::5`, the primary first, as the
+        // kubelet reports `podIP` and `podIPs`.
+        let ips: Vec<&str> = ips.split(',').collect();
+        for ip in &ips {
+            ip.parse::<std::net::IpAddr>()
+                .with_context(|| format!("--pod {spec:?}: {ip} is not an IP address"))?;
+        }
+        status["podIP"] = json!(ips[0]);
+        status["podIPs"] = json!(ips.iter().map(|ip| json!({ "ip": ip })).collect::<Vec<_>>());
     }
     api.apply(
         Kind::Pod,

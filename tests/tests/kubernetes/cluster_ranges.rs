@@ -1,6 +1,7 @@
-//! The cluster's ranges learned from Nodes and ServiceCIDRs: an address
-//! inside them that discovery does not know waits for discovery, then is
-//! refused, never sent in plaintext; one learned in time is routed.
+//! The cluster's ranges learned from Nodes and ServiceCIDRs, both families:
+//! an address inside them that discovery does not know (IPv4, IPv6, or
+//! IPv4 written IPv4-mapped) waits for discovery, then is refused, never
+//! sent in plaintext; one learned in time is routed.
 
 use serde_json::json;
 use tidegate_e2e::kube_api::{FakeApiServer, Kind};
@@ -23,11 +24,12 @@ async fn unknown_addresses_inside_learned_ranges_wait_then_are_refused() {
     );
     api.apply(
         Kind::Node,
-        json!({"metadata": {"name": "node-b"}, "spec": {"podCIDR": "127.133.0.0/16", "podCIDRs": ["127.133.0.0/16"]}}),
+        json!({"metadata": {"name": "node-b"}, "spec": {"podCIDR": "127.133.0.0/16", "podCIDRs": ["127.133.0.0/16", "fd00:10:244:1::/64"]}}),
     );
+    // A dual-stack cluster: the Service range of each family.
     api.apply(
         Kind::ServiceCidr,
-        json!({"metadata": {"name": "kubernetes"}, "spec": {"cidrs": ["10.96.0.0/16", "not-a-range"]}}),
+        json!({"metadata": {"name": "kubernetes"}, "spec": {"cidrs": ["10.96.0.0/16", "fd00:10:96::/112", "not-a-range"]}}),
     );
     let dir = tempfile::tempdir().unwrap();
     let extra = "outbound:\n  unknown_in_cluster_wait: 2s\n";
@@ -43,7 +45,13 @@ async fn unknown_addresses_inside_learned_ranges_wait_then_are_refused() {
             .collect::<Vec<_>>()
     };
     eventually("the ranges learned", WAIT, || {
-        ranges() == ["10.96.0.0/16", "127.133.0.0/16"]
+        ranges()
+            == [
+                "10.96.0.0/16",
+                "127.133.0.0/16",
+                "fd00:10:244:1::/64",
+                "fd00:10:96::/112",
+            ]
     })
     .await;
     let waits = |result: &str| {
@@ -67,6 +75,30 @@ async fn unknown_addresses_inside_learned_ranges_wait_then_are_refused() {
         ),
         1.0
     );
+    // Likewise nobody at an IPv6 address of the learned pod range, nor at
+    // an IPv4 one written IPv4-mapped: refused, never plaintext.
+    for (n, nobody) in [
+        "[fd00:10:244:1::9]:8080".parse().unwrap(),
+        "[::ffff:127.133.0.9]:8080".parse().unwrap(),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let capture = Capture::start(app.outbound.clone(), nobody).await;
+        if let Ok(mut c) = capture.try_connect(ip(octet, 3)).await {
+            assert!(round_trip(&mut c, b"x").await.is_err(), "{nobody} refused");
+        }
+        let refused = 2.0 + n as f64;
+        eventually("the refusal counted", WAIT, || waits("refused") == refused).await;
+        assert_eq!(
+            metric_or_zero(
+                &app.metrics_text(),
+                r#"tidegate_connections_failed_total{direction="outbound",reason="unknown_in_cluster"}"#
+            ),
+            refused,
+            "{nobody}"
+        );
+    }
 
     // A pod (outside the mesh) that appears while its first connection
     // waits: routed to it once discovery knows it.

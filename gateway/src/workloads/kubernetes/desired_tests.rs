@@ -553,3 +553,123 @@ fn the_workload_name_is_the_deployment_or_job_else_the_pod() {
     );
     assert_eq!(with_owner("StatefulSet", "db", None), None);
 }
+
+/// A dual-stack cluster: every address of a pod (`status.podIPs`, the
+/// primary first; an IPv6-only pod too), a Service's endpoints from its
+/// EndpointSlices of both address types, its `clusterIPs` of both
+/// families, and the IPv6 pod and Service ranges.
+#[test]
+fn dual_stack_pods_services_slices_and_ranges_keep_both_families() {
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let mut dual = (*running("dual", "u1", "10.0.0.1", "2026-01-01T00:00:00Z")).clone();
+    dual.status.as_mut().unwrap().pod_ips = Some(
+        serde_json::from_value(serde_json::json!([{"ip": "10.0.0.1"}, {"ip": "fd00:10::1"}]))
+            .unwrap(),
+    );
+    let v6_only = running("six", "u2", "fd00:10::2", "2026-01-01T00:00:00Z");
+    let svc =
+        |v: serde_json::Value| -> Arc<Service> { Arc::new(serde_json::from_value(v).unwrap()) };
+    let web = svc(serde_json::json!({
+        "metadata": {"name": "web", "namespace": "ns"},
+        "spec": {"clusterIP": "fd00:96::10", "clusterIPs": ["fd00:96::10", "10.96.0.10"],
+                 "ipFamilies": ["IPv6", "IPv4"], "ports": [{"port": 80}]}
+    }));
+    let six = svc(serde_json::json!({
+        "metadata": {"name": "six", "namespace": "ns"},
+        "spec": {"clusterIP": "fd00:96::11", "clusterIPs": ["fd00:96::11"],
+                 "ipFamilies": ["IPv6"], "ports": [{"port": 80}]}
+    }));
+    let slice = |name: &str, service: &str, family: &str, eps: serde_json::Value| {
+        Arc::new(
+            serde_json::from_value::<EndpointSlice>(serde_json::json!({
+                "metadata": {"name": name, "namespace": "ns",
+                             "labels": {SERVICE_NAME_LABEL: service}},
+                "addressType": family,
+                "endpoints": eps,
+            }))
+            .unwrap(),
+        )
+    };
+    let ep = |addr: &str, uid: &str, ready: bool| {
+        serde_json::json!({"addresses": [addr], "conditions": {"ready": ready},
+            "targetRef": {"kind": "Pod", "name": uid, "namespace": "ns", "uid": uid}})
+    };
+    let stores = Stores {
+        pods: vec![Arc::new(dual), v6_only],
+        services: vec![web, six],
+        slices: vec![
+            slice(
+                "web-v4",
+                "web",
+                "IPv4",
+                serde_json::json!([ep("10.0.0.1", "u1", true)]),
+            ),
+            slice(
+                "web-v6",
+                "web",
+                "IPv6",
+                serde_json::json!([ep("fd00:10::1", "u1", true), ep("fd00:10::2", "u2", true)]),
+            ),
+            slice(
+                "six-v6",
+                "six",
+                "IPv6",
+                serde_json::json!([ep("fd00:10::2", "u2", false)]),
+            ),
+        ],
+        ..Default::default()
+    };
+    let d = build(&stores, &cfg(), &Default::default());
+    assert_eq!(ips_of(&d, "u1"), [ip("10.0.0.1"), ip("fd00:10::1")]);
+    assert_eq!(ips_of(&d, "u2"), [ip("fd00:10::2")]);
+    let keys: Vec<String> = d.services.iter().map(ServiceSpec::key).collect();
+    assert_eq!(keys, ["ns/six", "ns/web"]);
+    let (six, web) = (&d.services[0], &d.services[1]);
+    assert_eq!(web.vips, [ip("fd00:96::10"), ip("10.96.0.10")]);
+    assert_eq!(six.vips, [ip("fd00:96::11")]);
+    // Each pod once, whichever family's slice named it.
+    let uids = |s: &ServiceSpec| -> Vec<String> {
+        s.endpoints.as_ref().unwrap().keys().cloned().collect()
+    };
+    assert_eq!(uids(web), ["u1", "u2"]);
+    assert_eq!(uids(six), ["u2"]);
+    assert!(!six.endpoints.as_ref().unwrap()["u2"].ready);
+
+    let node = |cidrs: serde_json::Value| -> Arc<Node> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "n"}, "spec": cidrs}))
+                .unwrap(),
+        )
+    };
+    let service_cidr = |cidrs: serde_json::Value| -> Arc<ServiceCIDR> {
+        Arc::new(
+            serde_json::from_value(
+                serde_json::json!({"metadata": {"name": "k"}, "spec": {"cidrs": cidrs}}),
+            )
+            .unwrap(),
+        )
+    };
+    let ranges = cluster_ranges(
+        &[
+            node(serde_json::json!({"podCIDR": "10.244.1.0/24",
+                                    "podCIDRs": ["10.244.1.0/24", "fd00:10:244:1::/64"]})),
+            // An IPv6-only node.
+            node(serde_json::json!({"podCIDR": "fd00:10:244:2::/64"})),
+        ],
+        &[service_cidr(serde_json::json!([
+            "10.96.0.0/16",
+            "fd00:96::/112"
+        ]))],
+    );
+    let ranges: Vec<String> = ranges.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        ranges,
+        [
+            "10.244.1.0/24",
+            "10.96.0.0/16",
+            "fd00:10:244:1::/64",
+            "fd00:10:244:2::/64",
+            "fd00:96::/112"
+        ]
+    );
+}
