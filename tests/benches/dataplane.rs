@@ -330,6 +330,24 @@ struct Dialer {
     authority: SocketAddr,
 }
 
+impl Dialer {
+    /// The client workload's tunnels to the echo workload at `echo_ip`
+    /// (its gateway's HBONE port), CONNECTing to `echo`.
+    fn client_to_echo(nodes: &TwoNodes, echo_ip: IpAddr, echo: SocketAddr) -> Dialer {
+        Dialer {
+            tls: nodes.client.tls.clone(),
+            cfg: Settings::default(),
+            src: SpiffeId::new(TRUST_DOMAIN, "demo", "client"),
+            dst: SpiffeId::new(TRUST_DOMAIN, "demo", "echo"),
+            hbone: SocketAddr::new(
+                echo_ip,
+                nodes.server.addrs.inbound.expect("node listeners").port(),
+            ),
+            authority: echo,
+        }
+    }
+}
+
 impl Target {
     /// One new connection carrying one round trip of `payload`.
     async fn once(&self, payload: &[u8]) -> anyhow::Result<()> {
@@ -618,17 +636,7 @@ async fn in_process() -> anyhow::Result<InProcess> {
     println!("    tidegate tunnel    {}", out.warm_tg);
     drop((raw, tg));
 
-    let dialer = Dialer {
-        tls: nodes.client.tls.clone(),
-        cfg: Settings::default(),
-        src: SpiffeId::new(TRUST_DOMAIN, "demo", "client"),
-        dst: SpiffeId::new(TRUST_DOMAIN, "demo", "echo"),
-        hbone: SocketAddr::new(
-            echo_ip,
-            nodes.server.addrs.inbound.expect("node listeners").port(),
-        ),
-        authority: echo,
-    };
+    let dialer = Dialer::client_to_echo(&nodes, echo_ip, echo);
     match future_sizes(&nodes, &dialer).await {
         Ok(line) => println!("\nper-connection task state, outbound side (size_of_val of the unpolled futures): {line}"),
         Err(e) => println!("\n(future sizes: {e:#})"),

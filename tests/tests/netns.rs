@@ -38,12 +38,18 @@ use tidegate_e2e::netns::{
 /// Echoes every byte back and half-closes when the client does; records the
 /// peer address of every accepted connection.
 async fn start_echo(pod: &NsThread) -> Arc<Mutex<Vec<SocketAddr>>> {
+    start_echo_on(pod, SocketAddr::from(([0, 0, 0, 0], ECHO_PORT))).await
+}
+
+/// An echo server on `addr` in `pod` recording each peer (`[::]:8080`
+/// serves both families).
+async fn start_echo_on(pod: &NsThread, addr: SocketAddr) -> Arc<Mutex<Vec<SocketAddr>>> {
     let peers = Arc::new(Mutex::new(Vec::new()));
     let seen = peers.clone();
     pod.run("echo server bind", STEP, async move {
-        let l = TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], ECHO_PORT)))
+        let l = TcpListener::bind(addr)
             .await
-            .expect("echo server: bind 0.0.0.0:8080");
+            .unwrap_or_else(|e| panic!("echo server: bind {addr}: {e}"));
         tokio::spawn(async move {
             loop {
                 let Ok((tcp, peer)) = l.accept().await else {

@@ -10,9 +10,7 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tidegate_e2e::{ip, Options, TwoNodes, TRUST_DOMAIN};
-use tidegate_protocol::hbone::Settings;
-use tidegate_protocol::identity::SpiffeId;
+use tidegate_e2e::{ip, Options, TwoNodes};
 use tokio::net::TcpListener;
 
 use super::{
@@ -76,17 +74,7 @@ async fn measure(name: &'static str, ips: [IpAddr; 4]) -> anyhow::Result<Family>
         RATE_CONCURRENCY,
     )
     .await;
-    let dialer = Dialer {
-        tls: nodes.client.tls.clone(),
-        cfg: Settings::default(),
-        src: SpiffeId::new(TRUST_DOMAIN, "demo", "client"),
-        dst: SpiffeId::new(TRUST_DOMAIN, "demo", "echo"),
-        hbone: SocketAddr::new(
-            echo_ip,
-            nodes.server.addrs.inbound.expect("node listeners").port(),
-        ),
-        authority: echo,
-    };
+    let dialer = Dialer::client_to_echo(&nodes, echo_ip, echo);
     let tunnels = rate(Arc::new(Target::Tunnel(Box::new(dialer))), RATE_CONCURRENCY).await;
     Ok(Family {
         name,

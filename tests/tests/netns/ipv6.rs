@@ -21,10 +21,8 @@ use tidegate_e2e::netns::{
 };
 use tidegate_e2e::zds_double::{PodSpec, ZdsDouble};
 use tidegate_e2e::{metric, metric_or_zero};
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpListener;
 
-use super::{echo_round_trip, pattern, skip};
+use super::{echo_round_trip, pattern, skip, start_echo_on};
 
 const VIP_PORT: u16 = 80;
 
@@ -254,25 +252,7 @@ impl V6Topology {
 
 /// An echo server on `[::]:8080` (both families) recording each peer.
 async fn start_echo6(pod: &NsThread) -> Arc<Mutex<Vec<SocketAddr>>> {
-    let peers = Arc::new(Mutex::new(Vec::new()));
-    let seen = peers.clone();
-    pod.run("echo server bind", STEP, async move {
-        let l = TcpListener::bind(SocketAddr::from((Ipv6Addr::UNSPECIFIED, ECHO_PORT)))
-            .await
-            .expect("echo server: bind [::]:8080");
-        tokio::spawn(async move {
-            while let Ok((tcp, peer)) = l.accept().await {
-                seen.lock().unwrap().push(peer);
-                tokio::spawn(async move {
-                    let (mut r, mut w) = tcp.into_split();
-                    let _ = tokio::io::copy(&mut r, &mut w).await;
-                    let _ = w.shutdown().await;
-                });
-            }
-        });
-    })
-    .await;
-    peers
+    start_echo_on(pod, SocketAddr::from((Ipv6Addr::UNSPECIFIED, ECHO_PORT))).await
 }
 
 /// `len` bytes from `from` to `dst` come back byte-exact.
