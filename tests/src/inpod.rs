@@ -9,7 +9,6 @@
 //! ```
 
 use std::net::Ipv4Addr;
-use std::process::Command;
 
 use crate::netns::{run, veth, NetnsGuard, Topology};
 
@@ -58,16 +57,7 @@ impl InpodTopology {
     /// Creates the namespaces, veths, addresses, routes and forwarding; no
     /// iptables rule. The guard is armed before the first namespace exists.
     pub fn build(&self) -> NetnsGuard {
-        let all = [&self.na, &self.nb, &self.pa, &self.pb, &self.pc];
-        for ns in all {
-            let _ = Command::new("ip").args(["netns", "del", ns]).output();
-        }
-        let mut guard = NetnsGuard::default();
-        for ns in all {
-            run(&format!("ip netns add {ns}"));
-            guard.push(ns);
-            run(&format!("ip -n {ns} link set lo up"));
-        }
+        let guard = NetnsGuard::fresh(&[&self.na, &self.nb, &self.pa, &self.pb, &self.pc]);
         let (na, nb) = (&self.na, &self.nb);
         let pairs = [
             (na, "to-pa", self.addr(1, 1), &self.pa, "eth0", self.pod_a()),

@@ -126,6 +126,24 @@ pub struct NetnsGuard {
 }
 
 impl NetnsGuard {
+    /// Creates `names` afresh (deleting any left behind by a killed earlier
+    /// process with our pid), each with its loopback up; the guard is armed
+    /// before the first exists.
+    pub fn fresh<S: AsRef<str>>(names: &[S]) -> NetnsGuard {
+        for ns in names {
+            let _ = Command::new("ip")
+                .args(["netns", "del", ns.as_ref()])
+                .output();
+        }
+        let mut guard = NetnsGuard::default();
+        for ns in names.iter().map(AsRef::as_ref) {
+            run(&format!("ip netns add {ns}"));
+            guard.push(ns);
+            run(&format!("ip -n {ns} link set lo up"));
+        }
+        guard
+    }
+
     /// Deletes `ns` too when dropped.
     pub fn push(&mut self, ns: &str) {
         self.names.push(ns.to_owned());
@@ -151,16 +169,7 @@ impl Drop for NetnsGuard {
 /// Creates the namespaces, veths, addresses, routes, forwarding and the two
 /// REDIRECT rules. The guard is armed before the first namespace exists.
 pub fn build_topology(t: &Topology) -> NetnsGuard {
-    // A killed earlier process with our pid may have left namespaces behind.
-    for ns in t.all() {
-        let _ = Command::new("ip").args(["netns", "del", ns]).output();
-    }
-    let mut guard = NetnsGuard { names: Vec::new() };
-    for ns in t.all() {
-        run(&format!("ip netns add {ns}"));
-        guard.names.push(ns.to_owned());
-        run(&format!("ip -n {ns} link set lo up"));
-    }
+    let guard = NetnsGuard::fresh(&t.all());
     let (na, nb, pa, pb) = (&t.na, &t.nb, &t.pa, &t.pb);
     let pairs = [
         (na, "to-pa", t.node_a_to_pod(), pa, "eth0", t.pod_a()),

@@ -42,13 +42,7 @@ impl Pod {
         tidegate_e2e::init_tracing();
         let pid = std::process::id();
         let (node, pod) = (format!("v6c{pid}s{k}n"), format!("v6c{pid}s{k}p"));
-        let mut guard = NetnsGuard::default();
-        for ns in [&node, &pod] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).output();
-            run(&format!("ip netns add {ns}"));
-            guard.push(ns);
-            run(&format!("ip -n {ns} link set lo up"));
-        }
+        let guard = NetnsGuard::fresh(&[&node, &pod]);
         veth(
             &node,
             "to-pod",

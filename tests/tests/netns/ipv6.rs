@@ -83,15 +83,7 @@ impl V6Topology {
     /// address is usable at once), routes and forwarding; no capture rule.
     fn build(&self) -> NetnsGuard {
         let all = [&self.na, &self.nb, &self.pa, &self.pb];
-        for ns in all {
-            let _ = Command::new("ip").args(["netns", "del", ns]).output();
-        }
-        let mut guard = NetnsGuard::default();
-        for ns in all {
-            run(&format!("ip netns add {ns}"));
-            guard.push(ns);
-            run(&format!("ip -n {ns} link set lo up"));
-        }
+        let guard = NetnsGuard::fresh(&all);
         let (na, nb, pa, pb) = (&self.na, &self.nb, &self.pa, &self.pb);
         let links = [
             (na, "to-pa", pa, "eth0", 1u8),
