@@ -30,7 +30,11 @@
 //! - **Memory per workload**: jemalloc's `stats.allocated` (live
 //!   allocations) and the process's RSS, before the gateway starts (the
 //!   double already holding the encoded set) and once it is ready (plus a
-//!   500 ms settle); divided by 10,000. Everything the gateway holds for
+//!   500 ms settle); divided by 10,000. The doubles serve from a thread
+//!   of their own, and what a double kept for the gateway's stream over
+//!   the same interval (the buffer it encoded the answer into) is counted
+//!   there and subtracted: it is not the gateway's, and the other
+//!   gateway's RSS (`--pair`) never included it. Everything the gateway holds for
 //!   the set is in it: the client's name → version map, the source's
 //!   converted workloads and Services, the store's snapshot (indexes,
 //!   resolved Services), and the gateway's own fixed state (listeners,
@@ -154,6 +158,51 @@ workloads:
         token = token.display(),
     );
     Config::from_yaml(&yaml).unwrap_or_else(|e| panic!("bench config: {e}\n{yaml}"))
+}
+
+/// A runtime of one thread for the doubles feeding this process's
+/// gateways: what a double holds for a stream (the buffer it encoded the
+/// answer into, its side of the HTTP/2 connection) is allocated and freed
+/// on that thread, where jemalloc counts it apart from the gateway's.
+struct DoubleThread(tokio::runtime::Handle);
+
+impl DoubleThread {
+    fn new() -> DoubleThread {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("xds-double")
+            .enable_all()
+            .build()
+            .expect("the doubles' runtime");
+        let handle = rt.handle().clone();
+        // Serves until the process exits (a runtime is not dropped inside
+        // another).
+        std::mem::forget(rt);
+        DoubleThread(handle)
+    }
+
+    async fn double(&self) -> Arc<XdsDouble> {
+        Arc::new(
+            self.0
+                .spawn(XdsDouble::start())
+                .await
+                .expect("the double starts"),
+        )
+    }
+
+    /// Bytes allocated less bytes freed on the doubles' thread so far.
+    async fn live(&self) -> i64 {
+        self.0
+            .spawn(async {
+                let allocated = tikv_jemalloc_ctl::thread::allocatedp::read().unwrap().get();
+                let freed = tikv_jemalloc_ctl::thread::deallocatedp::read()
+                    .unwrap()
+                    .get();
+                allocated as i64 - freed as i64
+            })
+            .await
+            .expect("the doubles' thread answers")
+    }
 }
 
 /// jemalloc's live allocations and this process's RSS, in bytes.
@@ -446,8 +495,9 @@ async fn run(
     let big_items = set.resources();
     let small_items = SMALL.resources();
     let bytes: usize = big_items.iter().map(|(n, v)| n.len() + v.len()).sum();
-    let big_double = Arc::new(XdsDouble::start().await);
-    let small_double = Arc::new(XdsDouble::start().await);
+    let doubles = DoubleThread::new();
+    let big_double = doubles.double().await;
+    let small_double = doubles.double().await;
     for (name, value) in &big_items {
         big_double.set_quietly(ADDRESS, name, value.clone());
     }
@@ -473,13 +523,13 @@ async fn run(
 
     // ---- time to ready, memory ----
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let mem0 = memory();
+    let (mem0, held0) = (memory(), doubles.live().await);
     let small = start(&small_double, SMALL).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mem1 = memory();
+    let (mem1, held1) = (memory(), doubles.live().await);
     let big = start(&big_double, set).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mem2 = memory();
+    let (mem2, held2) = (memory(), doubles.live().await);
 
     // ---- the other gateway: the small set, then the full one (kept) ----
     let other = match &mut other {
@@ -617,10 +667,20 @@ async fn run(
             b.1 as f64 - a.1 as f64, // RSS
         )
     };
+    // What the double kept for the gateway's stream over the same
+    // interval (its encoding buffer, sized by the largest answer) is not
+    // the gateway's: subtracted from both figures.
+    let (small_held, big_held) = ((held1 - held0) as f64, (held2 - held1) as f64);
     let (small_alloc, small_rss) = delta(mem0, mem1);
+    let (small_alloc, small_rss) = (small_alloc - small_held, small_rss - small_held);
     let (big_alloc, big_rss) = delta(mem1, mem2);
+    let (big_alloc, big_rss) = (big_alloc - big_held, big_rss - big_held);
     let marginal = (workloads - SMALL_WORKLOADS) as f64;
-    println!("\nmemory (jemalloc allocated / RSS; the double's copy of the encoded set was already held):");
+    println!(
+        "\nmemory (jemalloc allocated / RSS; the double's copy of the encoded set was already held; what the double kept for each gateway's stream, counted on its own thread, subtracted: {:.1} MiB for the big gateway, {:.1} MiB for the small one):",
+        big_held / (1 << 20) as f64,
+        small_held / (1 << 20) as f64
+    );
     println!("| | allocated | RSS |\n|---|---|---|");
     println!(
         "| before the gateways | {:.1} MiB | {:.1} MiB |",

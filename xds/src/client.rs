@@ -50,6 +50,7 @@ use tonic::Code;
 use tracing::{debug, info, warn};
 
 use crate::envelope::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Node, Status, DELTA_ADS};
+use crate::lifted::{Lifted, LiftedCodec, Shelf};
 use crate::metrics::{Oversized, Termination, XdsMetrics};
 use crate::mid_message::{self, MidMessage};
 use tidegate_channel::{self as channel, Target};
@@ -330,9 +331,15 @@ impl AdsClient {
             md.insert("clusterid", v);
         }
         let stalled = self.cfg.target.pulse.message_timeout;
+        let max_message = self.cfg.limits.max_message;
+        // Each response is decoded from the frames that brought it, not
+        // from a buffer the stream keeps at the size of its largest.
+        let shelf = Shelf::default();
+        let bodies = shelf.clone();
         let channel = tower::ServiceBuilder::new()
             .map_response(move |r: http::Response<tonic::body::Body>| {
-                r.map(|body| MidMessage::new(body, stalled))
+                let shelf = bodies.clone();
+                r.map(|body| Lifted::new(MidMessage::new(body, stalled), shelf, max_message))
             })
             .service(channel);
         let mut grpc = tonic::client::Grpc::new(channel)
@@ -340,8 +347,7 @@ impl AdsClient {
         grpc.ready()
             .await
             .map_err(|e| StreamError::Connect(e.to_string()))?;
-        let codec =
-            tonic_prost::ProstCodec::<DeltaDiscoveryRequest, DeltaDiscoveryResponse>::default();
+        let codec = LiftedCodec::new(shelf);
         // Connecting happens inside the call (the channel is lazy): the
         // bound on the first answer covers it.
         let after = self.cfg.first_answer_timeout;

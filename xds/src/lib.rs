@@ -7,12 +7,15 @@
 //! - [`workload`]: `istio.workload.Address` and what it carries
 //!   (Workload, Service), hand-written with prost's derives;
 //! - [`mid_message`]: a stream stopped half-way through a message fails;
+//! - [`lifted`]: each response decoded from the frames that brought it
+//!   (the stream keeps no buffer at the size of its largest);
 //! - [`metrics`]: `istio_xds_*` (ztunnel's names) and `tidegate_xds_*`.
 
 #![forbid(unsafe_code)]
 
 pub mod client;
 pub mod envelope;
+pub mod lifted;
 pub mod metrics;
 pub mod mid_message;
 pub mod workload;
