@@ -24,6 +24,7 @@ mod ca_client;
 mod ca_server;
 mod cluster_ranges;
 mod istio_source;
+mod istioctl_dump;
 mod membership;
 mod pods;
 mod services;
