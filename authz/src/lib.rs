@@ -25,7 +25,7 @@ pub use cidr::Cidr;
 pub use policy::{
     Action, Clause, Connection, Identity, Match, Policy, Rule, Scope, ServiceAccount, StringMatch,
 };
-pub use store::{Decision, Denial, Destination, PolicyStore};
+pub use store::{Decision, Denial, Destination, Held, PolicyStore, Refusal};
 
 #[cfg(test)]
 mod tests;

@@ -29,12 +29,37 @@ const GLOBAL: &str = "";
 pub struct PolicyStore {
     by_key: HashMap<String, Arc<Policy>>,
     by_namespace: BTreeMap<String, BTreeMap<String, Arc<Policy>>>,
+    /// Keys whose latest version was refused, and why: what is held under
+    /// them is an earlier version or the policy held closed (shown by
+    /// `/config_dump`, never read by a decision).
+    refused: HashMap<String, Refusal>,
 }
 
-/// Two stores are equal when they hold the same policies under the same keys.
+/// Why the latest version of a policy was refused, and what stands in its
+/// place.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub reason: Arc<str>,
+    pub held: Held,
+}
+
+/// What a refused policy's key holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Held {
+    /// The version before the refused one, still enforced.
+    LastVersion,
+    /// The policy held closed ([`crate::xds::ConvertError::closed`]).
+    Closed,
+    /// Nothing: its scope or action could not be read.
+    Nothing,
+}
+
+/// Two stores are equal when they hold the same policies under the same
+/// keys, refused for the same reasons.
 impl PartialEq for PolicyStore {
     fn eq(&self, other: &Self) -> bool {
-        self.by_key == other.by_key
+        self.by_key == other.by_key && self.refused == other.refused
     }
 }
 
@@ -89,6 +114,7 @@ impl PolicyStore {
     /// (a policy whose scope changed leaves its old index).
     pub fn insert(&mut self, key: String, policy: Policy) {
         self.remove(&key);
+        self.refused.remove(&key);
         let policy = Arc::new(policy);
         if let Some(ns) = index_of(&policy) {
             self.by_namespace
@@ -99,8 +125,39 @@ impl PolicyStore {
         self.by_key.insert(key, policy);
     }
 
+    /// Marks the latest version under `key` as refused for `reason`, and
+    /// says what is held in its place (insert a closed policy first).
+    /// Cleared by the next insert or remove of `key`.
+    pub fn refuse(&mut self, key: &str, reason: &str, held: Held) {
+        let reason = reason.into();
+        self.refused
+            .insert(key.to_owned(), Refusal { reason, held });
+    }
+
+    /// Why the latest version under `key` was refused, if it was.
+    pub fn refusal(&self, key: &str) -> Option<&Refusal> {
+        self.refused.get(key)
+    }
+
+    /// Every refusal, by key (one that holds nothing is listed here only).
+    pub fn refusals(&self) -> impl Iterator<Item = (&str, &Refusal)> {
+        self.refused.iter().map(|(k, r)| (k.as_str(), r))
+    }
+
+    /// Every policy held, by key, in key order (for `/config_dump`).
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Policy)> {
+        let mut all: Vec<(&str, &Policy)> = self
+            .by_key
+            .iter()
+            .map(|(k, p)| (k.as_str(), p.as_ref()))
+            .collect();
+        all.sort_unstable_by_key(|(k, _)| *k);
+        all.into_iter()
+    }
+
     /// Removes the policy under `key`; whether one was held.
     pub fn remove(&mut self, key: &str) -> bool {
+        self.refused.remove(key);
         let Some(old) = self.by_key.remove(key) else {
             return false;
         };

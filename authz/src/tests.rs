@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 
 use crate::policy::*;
-use crate::store::{decide, Decision, Denial, Destination, PolicyStore};
+use crate::store::{decide, Decision, Denial, Destination, Held, PolicyStore};
 use crate::xds;
 
 fn id(ns: &str, sa: &str) -> Identity {
@@ -839,4 +839,27 @@ fn ipv6_ranges_match_ipv6_peers_and_mapped_addresses_are_their_ipv4_address() {
     for (what, p, src, dst, want) in rows {
         assert_eq!(decide(&[&p], &conn(src, dst, None)), want, "{what}");
     }
+}
+
+#[test]
+fn a_refusal_is_remembered_until_the_key_is_written_again() {
+    let mut store = PolicyStore::default();
+    store.insert("demo/b".into(), one(Match::default()));
+    store.insert("demo/a".into(), one(Match::default()));
+    store.refuse("demo/a", "rules[0]: bad", Held::LastVersion);
+    store.refuse("demo/gone", "scope: unknown", Held::Nothing);
+    let a = store.refusal("demo/a").unwrap();
+    assert_eq!((&*a.reason, a.held), ("rules[0]: bad", Held::LastVersion));
+    assert!(store.refusal("demo/b").is_none());
+    let keys: Vec<&str> = store.iter().map(|(k, _)| k).collect();
+    assert_eq!(keys, ["demo/a", "demo/b"], "held, in key order");
+    assert_eq!(store.refusals().count(), 2);
+    let before = store.clone();
+    store.refuse("demo/b", "again", Held::LastVersion);
+    assert_ne!(store, before, "a refusal is part of what is held");
+
+    store.insert("demo/a".into(), one(Match::default()));
+    assert!(store.refusal("demo/a").is_none(), "a new version clears it");
+    store.remove("demo/gone");
+    assert!(store.refusal("demo/gone").is_none(), "a removal clears it");
 }

@@ -33,13 +33,18 @@ pub fn text(status: StatusCode, body: impl Into<String>) -> Response<Body> {
         .expect("static response")
 }
 
-/// `GET /metrics`: the OpenMetrics text of `registry`.
+/// `GET /metrics` (or `/stats/prometheus`): the OpenMetrics text of `registry`.
 pub fn exposition(
     registry: &prometheus_client::registry::Registry,
     req: &Request<Incoming>,
 ) -> Response<Body> {
-    if req.uri().path() != "/metrics" {
-        return text(StatusCode::NOT_FOUND, "try GET /metrics\n");
+    // `/stats/prometheus`: where Istio's scrape configurations look
+    // (ztunnel serves both).
+    if !matches!(req.uri().path(), "/metrics" | "/stats/prometheus") {
+        return text(
+            StatusCode::NOT_FOUND,
+            "try GET /metrics or /stats/prometheus\n",
+        );
     }
     let mut out = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut out, registry) {

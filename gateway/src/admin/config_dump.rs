@@ -1,20 +1,39 @@
 //! `GET /config_dump`: the node, every workload (a local one with its real
 //! lifecycle phase and its policy: name, version, source, why), the inbound
-//! tunnels, the outbound pool, the certificates held (an `istio-ca`
-//! source: identity, serial, not-after, state), what becomes of unknown
-//! addresses (the cluster's ranges, the addresses held as the mesh's) and
-//! (in-pod mode) the pods served in their own namespaces, and the split
-//! of the open-file limit (`descriptors`, see `descriptor_budget.rs`).
-//! A query narrows it ([`super::dump_query`]).
+//! tunnels, the outbound pool, the certificates held, what becomes of
+//! unknown addresses (the cluster's ranges, the addresses held as the
+//! mesh's) and (in-pod mode) the pods served in their own namespaces, and
+//! the split of the open-file limit (`descriptors`, see
+//! `descriptor_budget.rs`). A query narrows it ([`super::dump_query`]).
+//!
+//! It is also ztunnel's dump, field for field, so that `istioctl
+//! ztunnel-config workloads|services|policies|certificates|connections|all`
+//! reads it: `workloads` and `services` carry ztunnel's fields beside
+//! tidegate's ([`super::ztunnel_view`]), `policies`
+//! ([`super::ztunnel_policies`]), `certificates`
+//! ([`super::ztunnel_certificates`]; the source's own report is
+//! `certificate_source`) and `workloadState` ([`super::workload_state`])
+//! are in ztunnel's shape.
+
+use std::collections::BTreeSet;
 
 use serde_json::{json, Map, Value};
 
 use super::dump_query::{DumpQuery, SECTIONS};
-use super::AdminState;
+use super::{workload_state, ztunnel_certificates, ztunnel_policies, ztunnel_view, AdminState};
 use crate::workloads::Workload;
 
 pub(super) async fn dump(state: &AdminState, q: &DumpQuery) -> Value {
     let snapshot = state.workloads.snapshot();
+    let capacities = if q.wants("workloads") {
+        ztunnel_view::capacities(&snapshot)
+    } else {
+        Default::default()
+    };
+    let shown = |w: &Workload| {
+        let capacity = capacities.get(w.uid()).copied().unwrap_or(1);
+        workload(state, w, capacity)
+    };
     let mut out = Map::new();
     out.insert("node".into(), json!(state.node));
     for &section in SECTIONS.iter().filter(|s| q.wants(s)) {
@@ -22,20 +41,34 @@ pub(super) async fn dump(state: &AdminState, q: &DumpQuery) -> Value {
             "workloads" => match &q.workload {
                 Some(uid) => json!(snapshot
                     .by_uid(uid)
-                    .map(|w| workload(state, w))
+                    .map(|w| shown(w))
                     .into_iter()
                     .collect::<Vec<_>>()),
-                None => json!(snapshot
-                    .iter()
-                    .map(|w| workload(state, w))
-                    .collect::<Vec<_>>()),
+                None => json!(snapshot.iter().map(|w| shown(w)).collect::<Vec<_>>()),
             },
             "workloads_generation" => json!(snapshot.generation),
             "inbound_tunnels" => json!(state.registry.dump()),
             "pool" => json!(state.pool.dump()),
             "services" => json!(services(state, &snapshot, q.service.as_ref())),
             "outbound" => outbound(state, &snapshot),
-            "certificates" => json!(state.certificates.dump()),
+            "certificates" => {
+                let mut ids: BTreeSet<_> = snapshot.locals().map(|w| w.identity.clone()).collect();
+                ids.extend(ztunnel_certificates::held_by_source(
+                    &state.certificates.dump(),
+                ));
+                json!(ztunnel_certificates::certificates(
+                    state.certificates.as_ref(),
+                    ids
+                ))
+            }
+            "certificate_source" => json!(state.certificates.dump()),
+            "policies" => json!(ztunnel_policies::policies(&snapshot.policies)),
+            "workloadState" => json!(workload_state::workload_state(
+                &snapshot,
+                &state.registry.dump(),
+                &state.pool.dump(),
+                state.hbone_port,
+            )),
             "capture" => match &state.pods {
                 None => json!({"mode": "node"}),
                 Some(pods) => json!({"mode": "inpod", "pods": pods.dump().await}),
@@ -75,8 +108,9 @@ fn outbound(state: &AdminState, snapshot: &crate::workloads::WorkloadSnapshot) -
     })
 }
 
-/// Each Service: its VIPs and ports, and every endpoint with its
-/// conditions and why a new connection would not go there now.
+/// Each Service in ztunnel's shape ([`ztunnel_view::service`]), with
+/// every endpoint's conditions and why a new connection would not go
+/// there now (`endpoint_choice`).
 fn services(
     state: &AdminState,
     snapshot: &crate::workloads::WorkloadSnapshot,
@@ -84,26 +118,21 @@ fn services(
 ) -> Vec<Value> {
     snapshot
         .services()
-        .filter(|svc| only.is_none_or(|(ns, name)| svc.spec.namespace == *ns && svc.spec.name == *name))
-        .map(|svc| {
-            json!({
-                "name": svc.spec.name,
-                "namespace": svc.spec.namespace,
-                "vips": svc.spec.vips,
-                "ports": svc.spec.ports,
-                "endpoints": state.routing.picker.explain(svc),
-                "unresolved": svc.unresolved.iter().map(|(uid, port, why)| json!({"workload_uid": uid, "port": port, "reason": why})).collect::<Vec<_>>(),
-            })
+        .filter(|svc| {
+            only.is_none_or(|(ns, name)| svc.spec.namespace == *ns && svc.spec.name == *name)
         })
+        .map(|svc| ztunnel_view::service(svc, json!(state.routing.picker.explain(svc))))
         .collect()
 }
 
-/// One workload as its source gave it, plus for a local one:
+/// One workload as its source gave it, with ztunnel's fields
+/// ([`ztunnel_view::workload`]), plus for a local one:
 /// - `state`: the drain engine's phase (`running`, `shutting-down`,
 ///   `torn-down`, `deleted`), and `source_state` what the source says;
 /// - `policy`: [`tidegate_policy_host::PolicyReport`].
-fn workload(state: &AdminState, w: &Workload) -> Value {
+fn workload(state: &AdminState, w: &Workload, capacity: u32) -> Value {
     let mut v = serde_json::to_value(w).expect("workloads serialize");
+    ztunnel_view::workload(&mut v, w, &state.cluster_id, capacity);
     if w.local {
         let (phase, pinned) = state.drains.phase_of(w.uid());
         let report = state.policies.report(w, pinned.as_ref());

@@ -26,6 +26,9 @@ pub const SECTIONS: &[&str] = &[
     "certificates",
     "capture",
     "descriptors",
+    "policies",
+    "certificate_source",
+    "workloadState",
 ];
 
 /// Longest query accepted, as received.

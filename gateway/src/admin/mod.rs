@@ -5,7 +5,10 @@
 //! - [`workloads`]: `/workloads/<uid>/…` lifecycle events and run-time policy bindings;
 //!   [`workload_ref`]: a uid or `namespace/name` there.
 //! - [`config_dump`]: `GET /config_dump`, each workload with its phase and policy;
-//!   [`dump_query`]: the sections, workload or Service a query narrows it to.
+//!   [`dump_query`]: the sections, workload or Service a query narrows it to;
+//!   ztunnel's shape of it for `istioctl ztunnel-config`: [`ztunnel_view`]
+//!   (workloads, Services), [`ztunnel_policies`], [`ztunnel_certificates`],
+//!   [`workload_state`] (connections).
 //!
 //! The server itself (connection cap, slots, timeouts) is
 //! `tidegate-control`'s, shared with `tidegate-ca`.
@@ -14,7 +17,11 @@ mod config_dump;
 pub mod dump_query;
 mod policies;
 pub mod workload_ref;
+mod workload_state;
 pub mod workloads;
+mod ztunnel_certificates;
+mod ztunnel_policies;
+mod ztunnel_view;
 
 pub use policies::POLICY_CONFIG_HEADER;
 
@@ -53,6 +60,10 @@ pub struct AdminState {
     pub default_grace: std::time::Duration,
     /// The split of the open-file limit (`None`: the limit is unknown).
     pub descriptors: Option<crate::descriptor_budget::DescriptorBudget>,
+    /// `cluster_id`: each workload's `clusterId` in `/config_dump`.
+    pub cluster_id: String,
+    /// `hbone.port`: where an inbound tunnel lands (`workloadState`).
+    pub hbone_port: u16,
     pub metrics: prometheus_client::registry::Registry,
     pub ready: AtomicBool,
 }

@@ -41,6 +41,8 @@ pub(super) fn state(
         certificates: core.tls.source().clone(),
         default_grace: config.drains.default_grace,
         descriptors,
+        cluster_id: config.cluster_id.clone(),
+        hbone_port: config.hbone.port,
         metrics,
         ready: Default::default(),
     })

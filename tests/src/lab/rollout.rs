@@ -214,7 +214,7 @@ const SERVICE_QUERY: &str = "only=services&service=lab%2Fserver";
 fn is_endpoint(dump: &serde_json::Value, uid: &str) -> bool {
     dump["services"].as_array().is_some_and(|services| {
         services.iter().any(|s| {
-            s["endpoints"].as_array().is_some_and(|e| {
+            s["endpoint_choice"].as_array().is_some_and(|e| {
                 e.iter()
                     .any(|e| e["workload_uid"] == uid && e["conditions"]["ready"] == true)
             })

@@ -179,7 +179,8 @@ async fn config_dump_narrowed_to_sections_a_workload_and_a_service() {
     let services = echo["services"].as_array().unwrap();
     assert_eq!(services.len(), 1, "{echo}");
     assert_eq!(services[0]["name"], "echo");
-    assert_eq!(services[0]["endpoints"].as_array().unwrap().len(), 3);
+    assert_eq!(services[0]["endpoint_choice"].as_array().unwrap().len(), 3);
+    assert_eq!(services[0]["endpoints"].as_object().unwrap().len(), 3);
     assert!(whole["services"].as_array().unwrap().len() > 1, "{whole}");
 
     for (query, names) in [

@@ -238,7 +238,7 @@ async fn a_vip_spreads_over_ready_endpoints_and_never_picks_a_terminating_one() 
     assert!(s.client_metric(&choices("terminating_fallback")) >= 30.0);
     // /config_dump shows each endpoint and why it is skipped.
     let echo = s.dumped_echo().await;
-    let endpoints = echo["endpoints"].as_array().unwrap();
+    let endpoints = echo["endpoint_choice"].as_array().unwrap();
     assert_eq!(endpoints.len(), 3, "{echo}");
     assert!(
         endpoints.iter().all(|e| e["skipped"] == "not_ready"),
@@ -638,7 +638,7 @@ async fn an_endpoint_whose_connects_are_refused_is_passed_over_from_the_first_re
     assert_eq!(s.client_metric(refusals), 1.0, "a CONNECT went to e3 again");
     assert!(s.client_metric(r#"tidegate_service_endpoint_skips_total{reason="failing"}"#) > 0.0);
     let echo = s.dumped_echo().await;
-    let skipped: Vec<(&str, &serde_json::Value)> = echo["endpoints"]
+    let skipped: Vec<(&str, &serde_json::Value)> = echo["endpoint_choice"]
         .as_array()
         .unwrap()
         .iter()

@@ -316,12 +316,18 @@ async fn gateways_with_certificates_from_tidegate_ca_carry_traffic_and_survive_r
     .await;
     let (_, dump) = http_get(client.addrs.admin, "/config_dump").await;
     let dump: serde_json::Value = serde_json::from_str(&dump).unwrap();
-    let row = &dump["certificates"]["identities"][0];
+    let row = &dump["certificate_source"]["identities"][0];
     assert_eq!(row["state"], json!("ready"), "{dump}");
     assert!(
         row["serial"].is_string() && row["not_after"].is_string(),
         "{row}"
     );
+    // ztunnel's shape of the same (istioctl ztunnel-config certificates).
+    let zt = &dump["certificates"][0];
+    assert_eq!(zt["identity"], row["identity"], "{dump}");
+    assert_eq!(zt["state"], "Available", "{zt}");
+    assert!(!zt["certChain"].as_array().unwrap().is_empty(), "{zt}");
+    assert!(!zt["rootCerts"].as_array().unwrap().is_empty(), "{zt}");
     assert!(
         !dump.to_string().contains("PRIVATE KEY"),
         "no key in config_dump"

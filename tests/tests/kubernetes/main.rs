@@ -2,7 +2,8 @@
 //! double (`tidegate_e2e::kube_api`), one module per feature: pods and
 //! peers (`pods`), Services (`services`), the watches (`watches`), mesh
 //! membership, cluster ranges and authorization from Kubernetes, istiod's
-//! xDS (`xds_client`, `istio_source`, `waypoints`), the CA (`ca`,
+//! xDS (`xds_client`, `istio_source`, `waypoints`), what istioctl and the
+//! dashboards read of a gateway fed by it (`istioctl_dump`), the CA (`ca`,
 //! `ca_client`, `ca_server`) and the double itself (`api_double`). This
 //! file holds the rigs they share.
 
@@ -24,6 +25,7 @@ mod ca_client;
 mod ca_server;
 mod cluster_ranges;
 mod istio_source;
+mod istioctl_dump;
 mod membership;
 mod pods;
 mod services;

@@ -21,7 +21,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use prost::Message as _;
-use tidegate_authz::PolicyStore;
+use tidegate_authz::{Held, PolicyStore};
 use tidegate_xds::client::{ADDRESS, AUTHORIZATION};
 use tidegate_xds::workload::{address, Address};
 use tidegate_xds::{Handler, Rejected, Update};
@@ -141,14 +141,18 @@ impl IstioSource {
             match converted {
                 Ok(policy) => self.policies.insert(u.name, policy),
                 Err((reason, closed)) => {
-                    if self.policies.get(&u.name).is_some() {
+                    let held = if self.policies.get(&u.name).is_some() {
                         warn!(name = %u.name, %reason, "authorization policy refused; its last version stays");
+                        Held::LastVersion
                     } else if let Some(closed) = closed {
                         warn!(name = %u.name, %reason, "authorization policy refused; held closed");
                         self.policies.insert(u.name.clone(), closed);
+                        Held::Closed
                     } else {
                         warn!(name = %u.name, %reason, "authorization policy refused");
-                    }
+                        Held::Nothing
+                    };
+                    self.policies.refuse(&u.name, &reason, held);
                     rejected.push(Rejected {
                         name: u.name,
                         reason,

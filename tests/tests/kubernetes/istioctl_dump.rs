@@ -1,0 +1,635 @@
+//! What `istioctl ztunnel-config` and Istio's dashboards read, from a
+//! gateway fed by "istiod": `/config_dump` decodes into the structs
+//! istioctl decodes ztunnel's dump into (istio/istio
+//! `istioctl/pkg/writer/ztunnel/configdump/api.go`: the same JSON names
+//! and types; a field without `omitempty` there is required here, unknown
+//! fields are ignored as Go ignores them), and `/stats/prometheus` carries
+//! every series and label the dashboards query.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+
+use prost::Message as _;
+use serde::Deserialize;
+use tidegate_authz::xds::{
+    Authorization, MatchType, XdsAddress, XdsClause, XdsMatch, XdsRule, XdsStringMatch,
+};
+use tidegate_e2e::xds_double::XdsDouble;
+use tidegate_e2e::{echo_server, eventually, http_get, init_tracing, ip, round_trip, Capture};
+use tidegate_xds::client::{ADDRESS, AUTHORIZATION};
+use tidegate_xds::workload::{
+    address, gateway_address, Address, GatewayAddress, NetworkAddress, Port, PortList, Service,
+};
+
+use super::istio_source::{config, encode_workload, ip_bytes, uid, workload};
+use super::{until_ready, WAIT};
+
+/// Go's `string` without `omitempty`: present, `null` read as empty.
+fn go_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Option::<String>::deserialize(d).map(Option::unwrap_or_default)
+}
+
+#[derive(Debug, Deserialize)]
+#[allow(dead_code)]
+struct ZtunnelDump {
+    workloads: Vec<ZtunnelWorkload>,
+    services: Vec<ZtunnelService>,
+    policies: Vec<ZtunnelPolicy>,
+    certificates: Vec<CertsDump>,
+    #[serde(rename = "workloadState")]
+    workload_state: BTreeMap<String, WorkloadState>,
+}
+
+#[derive(Debug, Deserialize)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+struct ZtunnelWorkload {
+    uid: String,
+    workload_ips: Vec<String>,
+    #[serde(default)]
+    waypoint: Option<GoGatewayAddress>,
+    #[serde(default)]
+    network_gateway: Option<GoGatewayAddress>,
+    protocol: String,
+    name: String,
+    namespace: String,
+    service_account: String,
+    workload_name: String,
+    workload_type: String,
+    canonical_name: String,
+    canonical_revision: String,
+    cluster_id: String,
+    #[serde(default)]
+    trust_domain: Option<String>,
+    #[serde(default)]
+    locality: Option<Locality>,
+    node: String,
+    #[serde(default)]
+    network: Option<String>,
+    status: String,
+    hostname: String,
+    capacity: u32,
+    #[serde(default)]
+    application_tunnel: Option<ApplicationTunnel>,
+    #[serde(default)]
+    authorization_policies: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[allow(dead_code)]
+struct Locality {
+    #[serde(default)]
+    region: Option<String>,
+    #[serde(default)]
+    zone: Option<String>,
+    #[serde(default)]
+    subzone: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[allow(dead_code)]
+struct ApplicationTunnel {
+    protocol: String,
+    #[serde(default)]
+    port: Option<u16>,
+}
+
+#[derive(Debug, Deserialize)]
+struct GoGatewayAddress {
+    destination: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+struct LoadBalancer {
+    mode: String,
+    routing_preferences: Vec<String>,
+    health_policy: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+struct ZtunnelEndpoint {
+    workload_uid: String,
+    service: String,
+    #[serde(default)]
+    address: Option<String>,
+    port: BTreeMap<u16, u16>,
+}
+
+#[derive(Debug, Deserialize)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+struct ZtunnelService {
+    name: String,
+    namespace: String,
+    hostname: String,
+    vips: Vec<String>,
+    ports: BTreeMap<String, i64>,
+    #[serde(default)]
+    load_balancer: Option<LoadBalancer>,
+    #[serde(default)]
+    waypoint: Option<GoGatewayAddress>,
+    endpoints: BTreeMap<String, ZtunnelEndpoint>,
+    #[serde(default)]
+    subject_alt_names: Option<Vec<String>>,
+    ip_families: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+struct PolicyMatch {
+    #[serde(default)]
+    namespaces: Option<Vec<GoStringMatch>>,
+    #[serde(default)]
+    not_namespaces: Option<Vec<GoStringMatch>>,
+    #[serde(default)]
+    principals: Option<Vec<GoStringMatch>>,
+    #[serde(default)]
+    not_principals: Option<Vec<GoStringMatch>>,
+    #[serde(default)]
+    source_ips: Option<Vec<String>>,
+    #[serde(default)]
+    not_source_ips: Option<Vec<String>>,
+    #[serde(default)]
+    destination_ips: Option<Vec<String>>,
+    #[serde(default)]
+    not_destination_ips: Option<Vec<String>>,
+    #[serde(default)]
+    destination_ports: Option<Vec<u16>>,
+    #[serde(default)]
+    not_destination_ports: Option<Vec<u16>>,
+    #[serde(default)]
+    service_accounts: Option<Vec<ServiceAccountMatch>>,
+    #[serde(default)]
+    not_service_accounts: Option<Vec<ServiceAccountMatch>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[allow(dead_code)]
+struct GoStringMatch {
+    #[serde(rename = "Exact", default)]
+    exact: Option<String>,
+    #[serde(rename = "Suffix", default)]
+    suffix: Option<String>,
+    #[serde(rename = "Prefix", default)]
+    prefix: Option<String>,
+    #[serde(rename = "Presence", default)]
+    presence: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+struct ServiceAccountMatch {
+    namespace: String,
+    service_account: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[allow(dead_code)]
+struct ZtunnelPolicy {
+    name: String,
+    namespace: String,
+    scope: String,
+    action: String,
+    rules: Vec<Vec<Vec<PolicyMatch>>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[allow(dead_code)]
+struct CertsDump {
+    identity: String,
+    state: String,
+    #[serde(rename = "certChain")]
+    cert_chain: Vec<Cert>,
+    #[serde(rename = "rootCerts")]
+    root_certs: Vec<Cert>,
+}
+
+#[derive(Debug, Deserialize)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+struct Cert {
+    pem: String,
+    serial_number: String,
+    valid_from: String,
+    expiration_time: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[allow(dead_code)]
+struct WorkloadState {
+    #[serde(default)]
+    state: Option<String>,
+    #[serde(default)]
+    connections: Option<WorkloadConnections>,
+    info: WorkloadInfo,
+}
+
+#[derive(Debug, Deserialize)]
+struct WorkloadConnections {
+    inbound: Vec<Connection>,
+    outbound: Vec<Connection>,
+}
+
+#[derive(Debug, Deserialize)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+struct WorkloadInfo {
+    name: String,
+    namespace: String,
+    trust_domain: String,
+    service_account: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+struct Connection {
+    #[serde(deserialize_with = "go_string")]
+    src: String,
+    #[serde(deserialize_with = "go_string")]
+    original_dst: String,
+    #[serde(deserialize_with = "go_string")]
+    actual_dst: String,
+    protocol: String,
+}
+
+/// Every series and label Istio's ztunnel and mesh dashboards
+/// (istio/istio `manifests/addons/dashboards/lib/queries.libsonnet`) and
+/// Kiali's graph query of a node proxy's TCP traffic. `pod` is the
+/// scrape's label, not the exporter's. Not exported, and said so in
+/// docs/observability.md: `istio_build` and `istio_dns_requests_total`.
+/// `workload_manager_*_proxy_count` exist in in-pod mode only
+/// (netns/inpod.rs checks them).
+const DASHBOARD_SERIES: &[(&str, &[&str])] = &[
+    ("istio_tcp_connections_opened_total", TCP_LABELS),
+    ("istio_tcp_connections_closed_total", TCP_LABELS),
+    ("istio_tcp_sent_bytes_total", TCP_LABELS),
+    ("istio_tcp_received_bytes_total", TCP_LABELS),
+    ("istio_xds_connection_terminations_total", &["reason"]),
+    ("istio_xds_message_total", &["url"]),
+];
+
+/// The labels of `istio_tcp_*` the dashboards and Kiali group or filter by.
+const TCP_LABELS: &[&str] = &[
+    "reporter",
+    "source_workload",
+    "source_workload_namespace",
+    "source_canonical_service",
+    "source_canonical_revision",
+    "source_principal",
+    "source_app",
+    "source_version",
+    "source_cluster",
+    "destination_service",
+    "destination_service_name",
+    "destination_service_namespace",
+    "destination_workload",
+    "destination_workload_namespace",
+    "destination_canonical_service",
+    "destination_canonical_revision",
+    "destination_principal",
+    "destination_app",
+    "destination_version",
+    "destination_cluster",
+    "request_protocol",
+    "response_flags",
+    "connection_security_policy",
+];
+
+fn gateway(ip: IpAddr, port: u32) -> GatewayAddress {
+    GatewayAddress {
+        destination: Some(gateway_address::Destination::Address(NetworkAddress {
+            network: String::new(),
+            address: ip_bytes(ip),
+            length: None,
+        })),
+        hbone_mtls_port: port,
+    }
+}
+
+fn service(
+    name: &str,
+    vip: IpAddr,
+    target: u16,
+    sans: &[&str],
+    wp: Option<GatewayAddress>,
+) -> bytes::Bytes {
+    Address {
+        r#type: Some(address::Type::Service(Service {
+            name: name.into(),
+            namespace: "demo".into(),
+            hostname: format!("{name}.demo.svc.cluster.local"),
+            addresses: vec![NetworkAddress {
+                network: String::new(),
+                address: ip_bytes(vip),
+                length: None,
+            }],
+            ports: vec![Port {
+                service_port: 80,
+                target_port: u32::from(target),
+                app_protocol: 0,
+            }],
+            subject_alt_names: sans.iter().map(ToString::to_string).collect(),
+            waypoint: wp,
+            ..Default::default()
+        })),
+    }
+    .encode_to_vec()
+    .into()
+}
+
+/// A policy of `namespace demo` with one match; `scope` and `action` as
+/// istiod numbers them.
+fn authorization(name: &str, scope: i32, action: i32, m: XdsMatch, dry_run: bool) -> bytes::Bytes {
+    Authorization {
+        name: name.into(),
+        namespace: "demo".into(),
+        scope,
+        action,
+        rules: vec![XdsRule {
+            clauses: vec![XdsClause { matches: vec![m] }],
+        }],
+        dry_run,
+    }
+    .encode_to_vec()
+    .into()
+}
+
+async fn dump(app: &tidegate::app::App) -> (ZtunnelDump, serde_json::Value) {
+    let (status, body) = http_get(app.addrs.admin, "/config_dump").await;
+    assert_eq!(status, 200, "{body}");
+    let typed: ZtunnelDump = serde_json::from_str(&body)
+        .unwrap_or_else(|e| panic!("istioctl's structs refuse the dump: {e}\n{body}"));
+    (typed, serde_json::from_str(&body).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istioctl_reads_the_dump_and_the_dashboards_find_their_series() {
+    init_tracing();
+    let octet = 163;
+    let vip: IpAddr = format!("10.96.{octet}.1").parse().unwrap();
+    let web_vip: IpAddr = format!("10.96.{octet}.2").parse().unwrap();
+    let echo = echo_server(ip(octet, 2)).await;
+    let double = XdsDouble::start().await;
+    let dir = tempfile::tempdir().unwrap();
+
+    let echo_host = "demo/echo.demo.svc.cluster.local".to_string();
+    let ports = |target: u16| PortList {
+        ports: vec![Port {
+            service_port: 80,
+            target_port: u32::from(target),
+            app_protocol: 0,
+        }],
+    };
+    let mut echo_w = workload(
+        "echo",
+        "node-b",
+        ip(octet, 2),
+        [(echo_host.clone(), ports(echo.port()))].into(),
+    );
+    echo_w.capacity = Some(3);
+    let mut web_w = workload(
+        "web",
+        "node-b",
+        ip(octet, 4),
+        [("demo/web.demo.svc.cluster.local".to_string(), ports(8080))].into(),
+    );
+    web_w.authorization_policies = vec!["demo/broken".into()];
+    for (name, w) in [
+        (
+            "client",
+            workload("client", "node-a", ip(octet, 3), BTreeMap::new()),
+        ),
+        ("echo", echo_w),
+        ("web", web_w),
+    ] {
+        double.set_quietly(ADDRESS, &uid(name), encode_workload(w));
+    }
+    let canary = "spiffe://cluster.local/ns/demo/sa/echo-canary";
+    double.set_quietly(
+        ADDRESS,
+        &echo_host,
+        service("echo", vip, echo.port(), &[canary], None),
+    );
+    let wp = Some(gateway(ip(octet, 5), 15008));
+    double.set_quietly(
+        ADDRESS,
+        "demo/web.demo.svc.cluster.local",
+        service("web", web_vip, 8080, &[canary], wp),
+    );
+    let principal = |p: &str| XdsMatch {
+        principals: vec![XdsStringMatch {
+            match_type: Some(MatchType::Exact(p.into())),
+        }],
+        ..Default::default()
+    };
+    // Applied: a DENY of an identity nobody has; dry-run: an ALLOW;
+    // refused (a five-byte address) and held closed: an ALLOW only web
+    // names (it allows nothing to web; the traffic here goes to echo).
+    let nobody = principal("cluster.local/ns/demo/sa/nobody");
+    double.set_quietly(
+        AUTHORIZATION,
+        "demo/deny-nobody",
+        authorization("deny-nobody", 1, 1, nobody, false),
+    );
+    let client_only = principal("cluster.local/ns/demo/sa/client");
+    double.set_quietly(
+        AUTHORIZATION,
+        "demo/trial",
+        authorization("trial", 1, 0, client_only, true),
+    );
+    let bad = XdsMatch {
+        source_ips: vec![XdsAddress {
+            address: vec![1, 2, 3, 4, 5].into(),
+            length: 32,
+        }],
+        ..Default::default()
+    };
+    double.set_quietly(
+        AUTHORIZATION,
+        "demo/broken",
+        authorization("broken", 2, 0, bad, false),
+    );
+
+    let server = tidegate::app::build(config(dir.path(), "node-b", &double, ""))
+        .await
+        .unwrap();
+    until_ready(&server).await;
+    let extra = format!(
+        "hbone:\n  port: {}\n",
+        server.addrs.inbound.expect("node listeners").port()
+    );
+    let client = tidegate::app::build(config(dir.path(), "node-a", &double, &extra))
+        .await
+        .unwrap();
+    until_ready(&client).await;
+    let capture = Capture::start(client.outbound.clone(), SocketAddr::new(vip, 80)).await;
+    // A connection held open while the dumps are read.
+    let mut conn = capture.connect(ip(octet, 3)).await;
+    assert_eq!(round_trip(&mut conn, b"ping").await.unwrap(), b"ping");
+
+    let (zc, raw) = dump(&client).await;
+
+    // Workloads: ztunnel's fields beside tidegate's own.
+    let by_uid = |uid: &str| zc.workloads.iter().find(|w| w.uid == uid).unwrap();
+    let echo_z = by_uid(&uid("echo"));
+    assert_eq!(echo_z.workload_ips, [ip(octet, 2).to_string()]);
+    assert_eq!(
+        (echo_z.protocol.as_str(), echo_z.status.as_str()),
+        ("HBONE", "Healthy")
+    );
+    assert_eq!(echo_z.service_account, "echo");
+    assert_eq!(echo_z.capacity, 3, "istiod's capacity");
+    assert_eq!(echo_z.cluster_id, "Kubernetes");
+    assert_eq!(echo_z.trust_domain.as_deref(), Some("cluster.local"));
+    let web_z = by_uid(&uid("web"));
+    assert_eq!(
+        web_z.authorization_policies.as_deref(),
+        Some(&["demo/broken".to_string()][..])
+    );
+    assert_eq!(by_uid(&uid("client")).capacity, 1, "in no Service: 1");
+    let echo_raw = raw["workloads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["name"] == "echo")
+        .unwrap();
+    assert_eq!(
+        echo_raw["service_account"], "echo",
+        "tidegate's own fields stay"
+    );
+
+    // Services: waypoint, hostname, SANs, endpoints with their ports.
+    let web = zc.services.iter().find(|s| s.name == "web").unwrap();
+    assert_eq!(web.hostname, "web.demo.svc.cluster.local");
+    assert_eq!(web.vips, [format!("/{web_vip}")]);
+    assert_eq!(
+        web.waypoint.as_ref().unwrap().destination,
+        format!("/{}", ip(octet, 5))
+    );
+    assert_eq!(
+        web.subject_alt_names.as_deref(),
+        Some(&[canary.to_string()][..])
+    );
+    assert_eq!(web.ports, BTreeMap::from([("80".to_string(), 8080)]));
+    let echo_svc = zc.services.iter().find(|s| s.name == "echo").unwrap();
+    let ep = &echo_svc.endpoints[&uid("echo")];
+    assert_eq!(ep.port, BTreeMap::from([(80, echo.port())]));
+    assert_eq!(ep.service, echo_host);
+    assert!(echo_svc.waypoint.is_none());
+    assert_eq!(echo_svc.ip_families, "IPv4");
+    let echo_svc_raw = raw["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "echo")
+        .unwrap();
+    assert_eq!(echo_svc_raw["endpoints"][uid("echo")]["capacity"], 3);
+    assert_eq!(
+        echo_svc_raw["endpoint_choice"][0]["skipped"],
+        serde_json::Value::Null
+    );
+
+    // Policies: as istiod sent them, and how each is held.
+    let policy = |name: &str| {
+        let p = zc
+            .policies
+            .iter()
+            .find(|p| p.name == name)
+            .unwrap_or_else(|| panic!("{name}: {raw}"));
+        let held = raw["policies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap();
+        (p, held.clone())
+    };
+    let (deny, held) = policy("deny-nobody");
+    assert_eq!(
+        (deny.scope.as_str(), deny.action.as_str()),
+        ("Namespace", "Deny")
+    );
+    let principals = deny.rules[0][0][0].principals.as_ref().unwrap();
+    assert_eq!(
+        principals[0].exact.as_deref(),
+        Some("cluster.local/ns/demo/sa/nobody")
+    );
+    assert_eq!(held["held"], "applied");
+    assert_eq!(policy("trial").1["held"], "dry-run");
+    assert_eq!(policy("trial").1["dryRun"], true);
+    let (broken, held) = policy("broken");
+    assert_eq!(
+        (broken.scope.as_str(), broken.action.as_str()),
+        ("WorkloadSelector", "Allow")
+    );
+    assert!(broken.rules.is_empty(), "held closed: an ALLOW of nothing");
+    assert_eq!(held["held"], "closed");
+    assert!(
+        held["refused"].as_str().unwrap().contains("source_ips"),
+        "{held}"
+    );
+
+    // Certificates: the local identity, its chain and the roots.
+    let cert = zc
+        .certificates
+        .iter()
+        .find(|c| c.identity.ends_with("/sa/client"))
+        .unwrap();
+    assert_eq!(cert.state, "Available");
+    assert!(!cert.cert_chain[0].serial_number.is_empty());
+    assert!(cert.cert_chain[0].expiration_time.ends_with('Z'));
+    assert!(!cert.root_certs.is_empty());
+
+    // Connections: the client's tunnel out, the echo's tunnel in.
+    let client_state = &zc.workload_state[&uid("client")];
+    assert_eq!(client_state.info.service_account, "client");
+    let out = &client_state.connections.as_ref().unwrap().outbound;
+    assert_eq!(out.len(), 1, "{raw}");
+    assert_eq!(out[0].protocol, "HBONE");
+    let (zs, _) = dump(&server).await;
+    let echo_state = &zs.workload_state[&uid("echo")];
+    let inbound = &echo_state.connections.as_ref().unwrap().inbound;
+    assert_eq!(inbound.len(), 1, "{:?}", zs.workload_state);
+    assert!(inbound[0].actual_dst.starts_with(&ip(octet, 2).to_string()));
+    assert!(
+        !zs.workload_state.contains_key(&uid("client")),
+        "another node's"
+    );
+
+    // Dashboards: every series and label they query, at ztunnel's path,
+    // once the connection has closed and istiod's stream has been cut.
+    drop(conn);
+    double.cut();
+    for app in [&client, &server] {
+        eventually("a close and a stream's end counted", WAIT, || {
+            let text = app.metrics_text();
+            text.contains("istio_tcp_connections_closed_total{")
+                && text.contains("istio_xds_connection_terminations_total{")
+        })
+        .await;
+        let (status, text) = http_get(app.addrs.metrics, "/stats/prometheus").await;
+        assert_eq!(status, 200, "{text}");
+        for (series, labels) in DASHBOARD_SERIES {
+            let lines: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with(&format!("{series}{{")))
+                .collect();
+            assert!(!lines.is_empty(), "{series} not exported:\n{text}");
+            for label in *labels {
+                assert!(
+                    lines.iter().all(|l| l.contains(&format!("{label}=\""))),
+                    "{series} without label {label}:\n{lines:?}"
+                );
+            }
+        }
+    }
+    client.shutdown().await;
+    server.shutdown().await;
+}
