@@ -6,12 +6,14 @@
 //!   [`workload_ref`]: a uid or `namespace/name` there.
 //! - [`config_dump`]: `GET /config_dump`, each workload with its phase and policy;
 //!   [`dump_query`]: the sections, workload or Service a query narrows it to.
+//! - [`hand_over`]: `GET /version`, `POST /hand-over` (one gateway per node).
 //!
 //! The server itself (connection cap, slots, timeouts) is
 //! `tidegate-control`'s, shared with `tidegate-ca`.
 
 mod config_dump;
 pub mod dump_query;
+pub mod hand_over;
 mod policies;
 pub mod workload_ref;
 pub mod workloads;
@@ -55,7 +57,12 @@ pub struct AdminState {
     pub descriptors: Option<crate::descriptor_budget::DescriptorBudget>,
     pub metrics: prometheus_client::registry::Registry,
     pub ready: AtomicBool,
+    /// `POST /hand-over` releases the admin, metrics and readiness listeners.
+    pub hand_over: hand_over::HandOver,
 }
+
+/// The admin, metrics and readiness listeners: what `POST /hand-over` releases.
+pub const CONTROL_LISTENERS: usize = 3;
 
 fn json_response(v: serde_json::Value) -> Response<Body> {
     json_status(StatusCode::OK, v)
@@ -95,6 +102,8 @@ pub async fn admin(state: Arc<AdminState>, req: Request<Incoming>) -> Response<B
             "peer_drains": state.drains.peer_drains(),
         })),
         (&Method::GET, "/policies") => json_response(json!({ "policies": state.policies.list() })),
+        (&Method::GET, "/version") => hand_over::version(&state),
+        (&Method::POST, "/hand-over") => hand_over::post(state, req, CONTROL_LISTENERS).await,
         (&Method::GET, "/config_dump") => match dump_query::parse(req.uri().query()) {
             Ok(q) => json_response(config_dump::dump(&state, &q).await),
             Err(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
@@ -102,7 +111,7 @@ pub async fn admin(state: Arc<AdminState>, req: Request<Incoming>) -> Response<B
         (_, "/config_dump") => text(StatusCode::METHOD_NOT_ALLOWED, "use GET /config_dump\n"),
         (_, path) => text(
             StatusCode::NOT_FOUND,
-            format!("no admin endpoint {path}; try GET /config_dump, GET /policies, PUT /policies/<name>\n"),
+            format!("no admin endpoint {path}; try GET /config_dump, GET /policies, PUT /policies/<name>, GET /drains, GET /version\n"),
         ),
     }
 }

@@ -21,7 +21,8 @@ pub(super) fn capture_ports(config: &Config) -> CapturePorts {
 }
 
 /// HBONE (15008), capture (15001) — not in in-pod mode unless
-/// `capture.node_listeners` — and the HTTP ones.
+/// `capture.node_listeners` — with SO_REUSEPORT, and the HTTP ones
+/// (exclusive).
 pub(super) struct Listeners {
     pub inbound: Option<TcpListener>,
     pub outbound: Option<TcpListener>,
@@ -36,18 +37,19 @@ pub(super) struct HttpListeners {
 }
 
 impl Listeners {
-    /// Binds them all; the data path's two inherit the TCP tuning.
-    pub(super) fn bind(config: &Config, tcp: &TcpTuning) -> anyhow::Result<Listeners> {
+    /// Binds the data path's two beside `http` (bound first, exclusively:
+    /// [`super::control_ports`]); they inherit the TCP tuning.
+    pub(super) fn bind(
+        config: &Config,
+        tcp: &TcpTuning,
+        http: HttpListeners,
+    ) -> anyhow::Result<Listeners> {
         let l = &config.listeners;
         let node = config.capture.binds_node_listeners();
         let listeners = Listeners {
             inbound: node.then(|| bind("inbound", l.inbound)).transpose()?,
             outbound: node.then(|| bind("outbound", l.outbound)).transpose()?,
-            http: HttpListeners {
-                admin: bind("admin", l.admin)?,
-                metrics: bind("metrics", l.metrics)?,
-                readiness: bind("readiness", l.readiness)?,
-            },
+            http,
         };
         // Inherited by every connection each accepts.
         if let Some(inbound) = &listeners.inbound {

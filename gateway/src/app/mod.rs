@@ -30,6 +30,7 @@ use tidegate_protocol::tls::TlsContext;
 
 mod certificates;
 mod control;
+mod control_ports;
 mod core;
 mod data_path;
 mod listeners;
@@ -37,6 +38,7 @@ mod node_agents;
 mod workload_source;
 
 pub use certificates::cert_source;
+pub use control_ports::ControlPortError;
 use listeners::Listeners;
 pub use workload_source::load_workloads;
 
@@ -132,13 +134,16 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     if let Some(b) = &budget {
         b.log(wants);
     }
+    // First: a second gateway on this node refuses before it touches
+    // anything the running one serves.
+    let http = control_ports::bind(&config).await?;
     let (trigger, drain) = shutdown::channel();
     let mut w = Wiring::new(drain);
     let control = ControlMetrics::register(w.registry());
     crate::allocator::AllocatorMetrics::register(w.registry());
     let (core, source_synced) = core::start(&config, &mut w).await?;
 
-    let listeners = Listeners::bind(&config, &core.tcp)?;
+    let listeners = Listeners::bind(&config, &core.tcp, http)?;
     let capture = listeners::capture_ports(&config);
     let own_ports = listeners.own_ports(&config, &capture);
     let paths = data_path::build(&config, &core, &own_ports, budget.as_ref(), &mut w);
