@@ -451,3 +451,20 @@ fn exit_codes_tell_usage_unreachable_and_refused_apart() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("no policy named \"nope\""), "{err}");
 }
+
+/// The DaemonSet's rolling update starts the new pod beside the old one
+/// (`maxSurge: 1`, host network): without `--take-over` the new gateway
+/// would refuse the node's control ports and the rollout would never end.
+#[test]
+fn the_daemonset_s_surge_upgrade_takes_the_control_ports_over() {
+    let ds = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/base/daemonset.yaml"
+    ))
+    .unwrap();
+    assert!(ds.contains("maxSurge: 1"), "the premise changed: {ds}");
+    assert!(
+        ds.contains("command: [/usr/local/bin/tidegate, run, --take-over]"),
+        "{ds}"
+    );
+}
