@@ -35,7 +35,9 @@ fuzz_target!(|data: &[u8]| {
         | WorkloadRequest::Unbind(uid) => {
             assert!(path.starts_with(uid));
             match WorkloadRef::parse(uid, |u| u == "known/uid") {
-                Ok(WorkloadRef::Bare(v)) => assert!(!v.contains('/') && v.parse::<std::net::IpAddr>().is_err()),
+                Ok(WorkloadRef::Bare(v)) => {
+                    assert!(!v.contains('/') && v.parse::<std::net::IpAddr>().is_err())
+                }
                 Ok(WorkloadRef::Named { namespace, name }) => {
                     assert!(!namespace.is_empty() && !name.is_empty() && !name.contains('/'))
                 }
