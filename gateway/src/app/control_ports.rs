@@ -4,7 +4,9 @@
 //! touched. A second gateway started beside a running one refuses, naming
 //! the port, the process `/proc` says holds it and what that process's admin
 //! API says it is; with `tidegate run --take-over` it asks the running one
-//! to hand its control ports over (`POST /hand-over`) and binds them.
+//! to hand its control ports over (`POST /hand-over`) and binds them — last,
+//! once everything else of the new gateway is bound, so a new gateway that
+//! fails to start leaves the running one its ports.
 //!
 //! The data listeners (HBONE, capture, the pods' own) keep SO_REUSEPORT:
 //! during an upgrade the new gateway takes new connections beside the old
@@ -51,25 +53,23 @@ pub enum ControlPortError {
 }
 
 /// Binds admin, metrics and readiness; on a port in use, refuses — or,
-/// with `take_over`, has the gateway on `listeners.admin` release them and
-/// binds them once it has.
-pub(super) async fn bind(config: &Config) -> Result<HttpListeners, ControlPortError> {
+/// with `take_over`, answers `None`: [`take_over`] runs once the rest of
+/// the gateway is bound, so a start that fails on anything else leaves the
+/// running gateway its control ports.
+pub(super) async fn bind(config: &Config) -> Result<Option<HttpListeners>, ControlPortError> {
     let l = &config.listeners;
-    let ports = [
-        ("admin", l.admin),
-        ("metrics", l.metrics),
-        ("readiness", l.readiness),
-    ];
-    let err = match bind_all(ports) {
-        Ok(listeners) => return Ok(listeners),
-        Err(e) => e,
-    };
-    if !in_use(&err) {
-        return Err(ControlPortError::Bind(err));
+    match bind_all(ports(config)) {
+        Ok(listeners) => Ok(Some(listeners)),
+        Err(e) if in_use(&e) && l.take_over => Ok(None),
+        Err(e) if in_use(&e) => Err(refusal(e, l.admin).await),
+        Err(e) => Err(ControlPortError::Bind(e)),
     }
-    if !l.take_over {
-        return Err(refusal(err, l.admin).await);
-    }
+}
+
+/// Has the gateway on `listeners.admin` release its control ports, then
+/// binds them.
+pub(super) async fn take_over(config: &Config) -> Result<HttpListeners, ControlPortError> {
+    let l = &config.listeners;
     let from = blocking(l.admin, |addr| {
         let path = format!("/hand-over?pid={}", std::process::id());
         admin_api::call(addr, "POST", &path, b"")
@@ -85,11 +85,20 @@ pub(super) async fn bind(config: &Config) -> Result<HttpListeners, ControlPortEr
         "took the admin, metrics and readiness ports over (--take-over); the data listeners \
          share their ports with that gateway until it is stopped"
     );
-    match bind_all(ports) {
+    match bind_all(ports(config)) {
         Ok(listeners) => Ok(listeners),
         Err(e) if in_use(&e) => Err(refusal(e, l.admin).await),
         Err(e) => Err(ControlPortError::Bind(e)),
     }
+}
+
+fn ports(config: &Config) -> [(&'static str, SocketAddr); 3] {
+    let l = &config.listeners;
+    [
+        ("admin", l.admin),
+        ("metrics", l.metrics),
+        ("readiness", l.readiness),
+    ]
 }
 
 fn bind_all(ports: [(&'static str, SocketAddr); 3]) -> Result<HttpListeners, BindError> {

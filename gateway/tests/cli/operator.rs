@@ -468,3 +468,37 @@ fn the_daemonset_s_surge_upgrade_takes_the_control_ports_over() {
         "{ds}"
     );
 }
+
+/// The hand-over comes last: a new gateway that fails to start on
+/// anything else (here the demo echo port, never shared) leaves the running
+/// one its control ports.
+#[test]
+fn a_take_over_that_fails_to_start_leaves_the_running_gateway_its_ports() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path());
+    let first = start(&config);
+    let echo = field(&first.wait_for("demo echo backend listening"), "addr");
+    let admin = field(&first.wait_for("tidegate ready"), "admin");
+    let sets = [
+        format!("listeners.admin={admin}"),
+        format!("demo.echo={echo}"),
+    ];
+    let (code, _, err) = tidegate(&[
+        "run",
+        "--take-over",
+        "--config",
+        config.to_str().unwrap(),
+        "--set",
+        &sets[0],
+        "--set",
+        &sets[1],
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("cannot listen on {echo} for demo.echo")),
+        "{err}"
+    );
+    let v = json(&admin_request(&admin, "GET", "/version", b"").1);
+    assert_eq!(v["pid"], first.child.id(), "{v}");
+    assert_eq!(v["handed_over"], false, "{v}");
+}
