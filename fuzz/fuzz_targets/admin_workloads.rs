@@ -1,12 +1,14 @@
 //! The admin API's `/workloads/<uid>/…` request parsing: any method, path and
 //! query is a request or an answer, never a panic; a shutdown's grace never
-//! exceeds `drains::MAX_GRACE`.
+//! exceeds `drains::MAX_GRACE`. The workload reference in it (uid,
+//! namespace/name, IP, bare name) parses or is refused with a 4xx.
 #![no_main]
 
 use std::time::Duration;
 
 use http::{Method, StatusCode};
 use libfuzzer_sys::fuzz_target;
+use tidegate::admin::workload_ref::WorkloadRef;
 use tidegate::admin::workloads::{parse, WorkloadRequest};
 use tidegate::drains::{Lifecycle, MAX_GRACE};
 
@@ -26,11 +28,22 @@ fuzz_target!(|data: &[u8]| {
         WorkloadRequest::Lifecycle(uid, Lifecycle::ShutdownStarted { grace }) => {
             assert!(grace <= MAX_GRACE, "{grace:?} from {query:?}");
             assert!(path.starts_with(uid));
+            let _ = WorkloadRef::parse(uid, |_| false);
         }
         WorkloadRequest::Lifecycle(uid, _)
         | WorkloadRequest::Bind(uid)
         | WorkloadRequest::Unbind(uid) => {
             assert!(path.starts_with(uid));
+            match WorkloadRef::parse(uid, |u| u == "known/uid") {
+                Ok(WorkloadRef::Bare(v)) => {
+                    assert!(!v.contains('/') && v.parse::<std::net::IpAddr>().is_err())
+                }
+                Ok(WorkloadRef::Named { namespace, name }) => {
+                    assert!(!namespace.is_empty() && !name.is_empty() && !name.contains('/'))
+                }
+                Ok(_) => {}
+                Err(e) => assert!(e.status().is_client_error(), "{e}"),
+            }
         }
         WorkloadRequest::Refused(status, body) => {
             assert!(status == StatusCode::BAD_REQUEST || status == StatusCode::NOT_FOUND);

@@ -19,7 +19,9 @@
 //!   tunnels), [`oci`] (draining before an OCI runtime stops a container);
 //!   [`tidegate_ca`] is the Istio CA client (and the CA).
 //! - [`dns`]: the DNS proxy on 15053 inside each captured pod (in-pod mode).
-//! - [`cli`]: the command line (`tidegate connect`, `tidegate drain`, …).
+//! - [`cli`]: the command line (`tidegate connect`, `tidegate drain`, …);
+//!   [`build_info`]: the version, commit and protocol versions
+//!   (`tidegate version`, `GET /version`).
 //! - [`tidegate_base::shutdown`]: the gateway's own shutdown signal (not the
 //!   drain engine).
 //!
@@ -34,6 +36,7 @@ pub mod admin;
 pub mod allocator;
 pub mod app;
 pub mod authorization;
+pub mod build_info;
 pub mod cli;
 pub mod config;
 pub mod demo;

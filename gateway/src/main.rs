@@ -4,13 +4,14 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use tidegate::cli::{Cli, Command, PolicyCommand};
+use tidegate::cli::{exit, Cli, Command, PolicyCommand};
 
 /// jemalloc: see [`tidegate::allocator`].
 #[global_allocator]
 static ALLOCATOR: tidegate::Allocator = tidegate::ALLOCATOR;
 
 fn main() -> std::process::ExitCode {
+    // A usage error (and `tidegate` alone, which prints the help) exits 2.
     let cli = Cli::parse();
     tidegate_base::logging::init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -22,10 +23,10 @@ fn main() -> std::process::ExitCode {
     // can interrupt; dropping the runtime would wait for it forever.
     runtime.shutdown_background();
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(()) => std::process::ExitCode::from(exit::OK),
         Err(e) => {
             eprintln!("tidegate: {}", error_line(&e));
-            std::process::ExitCode::FAILURE
+            std::process::ExitCode::from(exit::code(&e))
         }
     }
 }
@@ -46,15 +47,19 @@ fn error_line(e: &anyhow::Error) -> String {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    if let Some(Command::Policy(cmd)) = cli.command {
-        // The same config `run` would use (`--config`, `TIDEGATE_*`, `--set`,
-        // else the embedded default), so plugins run under the gateway's limits.
-        let config = cli.config.load()?;
-        return policy(cmd, &config.policies);
+    if let Command::Version(args) = &cli.command {
+        print!("{}", tidegate::cli::version::render(args.output));
+        return Ok(());
     }
-    let config = cli.config.load()?;
-    match cli.command.unwrap_or(Command::Run) {
-        Command::Run => {
+    // Every other command reads the same config `run` would use
+    // (`--config`, `TIDEGATE_*`, `--set`, else the embedded default): the
+    // admin address, the plugins' limits.
+    let mut config = cli.config.load()?;
+    let configured_admin = config.listeners.admin;
+    let admin = move |given: Option<std::net::SocketAddr>| given.unwrap_or(configured_admin);
+    match cli.command {
+        Command::Run(args) => {
+            config.listeners.take_over = args.take_over;
             let demo = config.demo.is_some();
             let app = tidegate::app::build(config).await?;
             if demo {
@@ -64,35 +69,54 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Connect(args) => tidegate::cli::connect::run(config, *args).await,
         Command::Workloads(args) => {
-            let admin = args.admin.unwrap_or(config.listeners.admin);
+            let out = tidegate::cli::workload_table::fetch(
+                admin(args.read.admin),
+                args.workload.as_deref(),
+                args.read.output,
+            )?;
+            print!("{out}");
+            Ok(())
+        }
+        Command::Drains(args) => {
             print!(
                 "{}",
-                tidegate::cli::workload_table::fetch(admin, args.workload.as_deref())?
+                tidegate::cli::drains_table::fetch(admin(args.admin), args.output)?
             );
             Ok(())
         }
         Command::Drain(args) => {
-            let admin = args.admin.unwrap_or(config.listeners.admin);
-            println!("{}", tidegate::cli::workload_ops::drain(admin, &args)?);
+            let out = tidegate::cli::workload_ops::drain(admin(args.admin), &args)?;
+            println!("{out}");
             Ok(())
         }
         Command::Bind(args) => {
-            let admin = args.admin.unwrap_or(config.listeners.admin);
-            println!("{}", tidegate::cli::workload_ops::bind(admin, &args)?);
+            let out = tidegate::cli::workload_ops::bind(admin(args.admin), &args)?;
+            println!("{out}");
             Ok(())
         }
         Command::Unbind(args) => {
-            let admin = args.admin.unwrap_or(config.listeners.admin);
-            println!("{}", tidegate::cli::workload_ops::unbind(admin, &args)?);
+            let out = tidegate::cli::workload_ops::unbind(admin(args.admin), &args)?;
+            println!("{out}");
             Ok(())
         }
-        Command::Policy(_) => {
-            unreachable!("handled above")
+        Command::Policy(PolicyCommand::Upload(args)) => {
+            let out = tidegate::cli::policy_ops::upload(admin(args.admin), &args)?;
+            println!("{out}");
+            Ok(())
         }
+        Command::Policy(PolicyCommand::List(args)) => {
+            print!(
+                "{}",
+                tidegate::cli::policy_ops::list(admin(args.admin), args.output)?
+            );
+            Ok(())
+        }
+        Command::Policy(cmd) => policy(cmd, &config.policies),
+        Command::Version(_) => unreachable!("answered above"),
     }
 }
 
-/// `tidegate policy …`: prints the report; a failure is the error (exit 1).
+/// `tidegate policy test|check`: prints the report; a failure is the error (exit 1).
 fn policy(cmd: PolicyCommand, limits: &tidegate::config::PoliciesConfig) -> anyhow::Result<()> {
     let result = match cmd {
         PolicyCommand::Test { plugin, trace } => {
@@ -102,6 +126,9 @@ fn policy(cmd: PolicyCommand, limits: &tidegate::config::PoliciesConfig) -> anyh
             plugin,
             policy_config,
         } => tidegate_policy_host::trace::check(&plugin, &policy_config, limits),
+        PolicyCommand::Upload(_) | PolicyCommand::List(_) => {
+            unreachable!("answered by the admin API")
+        }
     };
     match result {
         Ok(report) => {

@@ -8,6 +8,9 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tidegate");
 
+#[path = "cli/operator.rs"]
+mod operator;
+
 struct Gateway {
     child: Child,
     lines: std::sync::mpsc::Receiver<String>,
@@ -1139,7 +1142,7 @@ fn drain_bind_and_unbind_through_the_cli() {
     for cmd in ["drain", "bind", "unbind"] {
         let (ok, out, _) = tidegate_ops(&[cmd, "--help"]);
         assert!(
-            ok && out.contains("uid, or namespace/name") && out.contains("--admin"),
+            ok && out.contains("uid, namespace/name, IP, or name") && out.contains("--admin"),
             "{out}"
         );
     }

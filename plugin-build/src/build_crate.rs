@@ -148,7 +148,7 @@ impl Built {
             }
             Err(e) => {
                 let instead = if self.release {
-                    "ship it in the image, or upload it to one gateway with PUT /policies/<name>"
+                    "ship it in the image, or upload it to one gateway with `tidegate policy upload`"
                 } else {
                     "build it without --debug to ship it"
                 };
@@ -172,7 +172,7 @@ impl Built {
         }
         let _ = write!(
             text,
-            "  curl -X PUT --data-binary @{out} 127.0.0.1:15000/policies/{}   # hot swap on a running gateway",
+            "  tidegate policy upload {} {out}   # hot swap on a running gateway (PUT /policies/<name>)",
             self.package
         );
         text
@@ -246,7 +246,7 @@ mod tests {
             "{report}"
         );
         assert!(
-            report.contains("curl -X PUT --data-binary @target/p.wasm 127.0.0.1:15000/policies/p"),
+            report.contains("tidegate policy upload p target/p.wasm   # hot swap"),
             "{report}"
         );
         let report = built.report(tmp.path());

@@ -3,7 +3,13 @@
 /// A plugin refused at load or swap time; the previous version (if any) stays.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("cannot read plugin {path}: {source} (reference plugins are built by `cargo xtask plugins`)")]
+    #[error(
+        "cannot read plugin {path}: {source} (a relative path is read from the current \
+         directory; the reference plugins are built into a clone's target/plugins/ by `cargo \
+         xtask demo` or `cargo xtask plugins`: run from the clone's root, point \
+         `policies.plugins.<name>.file` at one with an absolute path, or upload one to a running \
+         gateway with `tidegate policy upload NAME FILE`)"
+    )]
     Read {
         path: std::path::PathBuf,
         source: std::io::Error,

@@ -9,12 +9,14 @@
 //!   ztunnel's shape of it for `istioctl ztunnel-config`: [`ztunnel_view`]
 //!   (workloads, Services), [`ztunnel_policies`], [`ztunnel_certificates`],
 //!   [`workload_state`] (connections).
+//! - [`hand_over`]: `GET /version`, `POST /hand-over` (one gateway per node).
 //!
 //! The server itself (connection cap, slots, timeouts) is
 //! `tidegate-control`'s, shared with `tidegate-ca`.
 
 mod config_dump;
 pub mod dump_query;
+pub mod hand_over;
 mod policies;
 pub mod workload_ref;
 mod workload_state;
@@ -66,7 +68,12 @@ pub struct AdminState {
     pub hbone_port: u16,
     pub metrics: prometheus_client::registry::Registry,
     pub ready: AtomicBool,
+    /// `POST /hand-over` releases the admin, metrics and readiness listeners.
+    pub hand_over: hand_over::HandOver,
 }
+
+/// The admin, metrics and readiness listeners: what `POST /hand-over` releases.
+pub const CONTROL_LISTENERS: usize = 3;
 
 fn json_response(v: serde_json::Value) -> Response<Body> {
     json_status(StatusCode::OK, v)
@@ -106,6 +113,8 @@ pub async fn admin(state: Arc<AdminState>, req: Request<Incoming>) -> Response<B
             "peer_drains": state.drains.peer_drains(),
         })),
         (&Method::GET, "/policies") => json_response(json!({ "policies": state.policies.list() })),
+        (&Method::GET, "/version") => hand_over::version(&state),
+        (&Method::POST, "/hand-over") => hand_over::post(state, req, CONTROL_LISTENERS).await,
         (&Method::GET, "/config_dump") => match dump_query::parse(req.uri().query()) {
             Ok(q) => json_response(config_dump::dump(&state, &q).await),
             Err(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
@@ -113,7 +122,7 @@ pub async fn admin(state: Arc<AdminState>, req: Request<Incoming>) -> Response<B
         (_, "/config_dump") => text(StatusCode::METHOD_NOT_ALLOWED, "use GET /config_dump\n"),
         (_, path) => text(
             StatusCode::NOT_FOUND,
-            format!("no admin endpoint {path}; try GET /config_dump, GET /policies, PUT /policies/<name>\n"),
+            format!("no admin endpoint {path}; try GET /config_dump, GET /policies, PUT /policies/<name>, GET /drains, GET /version\n"),
         ),
     }
 }

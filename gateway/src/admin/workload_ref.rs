@@ -1,12 +1,18 @@
-//! Which workload a `/workloads/<workload>/…` path names: its uid, or
-//! `<namespace>/<name>` (the `/` as `%2F` or as a path separator).
+//! Which workload a `/workloads/<workload>/…` path names — the one rule
+//! every command taking a workload follows (`tidegate drain|bind|unbind`
+//! through these paths, `tidegate workloads` on its table): its uid,
+//! `<namespace>/<name>` (the `/` as `%2F` or as a path separator), its IP,
+//! or its bare name when one workload of this node has it.
 //!
 //! A uid known to the store wins, whatever it contains. Otherwise a value
 //! with a `/` is a namespace and a name, resolved through the workload store
 //! to exactly one workload of this node: none is a 404 naming what was
 //! looked up; several (two pods of the same name while one is re-created)
-//! a 409 listing their uids. A value without `/` is a uid, looked up as
-//! before (the drain engine also remembers deleted workloads by uid).
+//! a 409 listing their uids. A value without `/` is an IP when it parses as
+//! one (the local workload with it, else a 404); else a bare name when
+//! local workloads have it (several: a 409 listing each as
+//! `namespace/name (uid …)`); else a uid, looked up as before (the drain
+//! engine also remembers deleted workloads by uid).
 
 use http::StatusCode;
 
@@ -59,6 +65,26 @@ pub enum RefError {
         name: String,
         uids: Vec<String>,
     },
+    #[error(
+        "the name {name:?} is ambiguous: {} workloads of this node have it: {}; name one by \
+         namespace/name or uid",
+        .candidates.len(),
+        .candidates.join(", ")
+    )]
+    AmbiguousName {
+        name: String,
+        /// `namespace/name (uid …)` of each.
+        candidates: Vec<String>,
+    },
+    #[error(
+        "no workload of node {node} has the IP {ip}{elsewhere}; `tidegate workloads` lists them"
+    )]
+    NoIp {
+        ip: std::net::IpAddr,
+        node: String,
+        /// ", it is <ns/name> on node <n>" when a peer has it.
+        elsewhere: String,
+    },
 }
 
 impl RefError {
@@ -66,8 +92,10 @@ impl RefError {
     pub fn status(&self) -> StatusCode {
         match self {
             RefError::Invalid(..) | RefError::TooLong(_) => StatusCode::BAD_REQUEST,
-            RefError::Remote { .. } | RefError::NotFound { .. } => StatusCode::NOT_FOUND,
-            RefError::Ambiguous { .. } => StatusCode::CONFLICT,
+            RefError::Remote { .. } | RefError::NotFound { .. } | RefError::NoIp { .. } => {
+                StatusCode::NOT_FOUND
+            }
+            RefError::Ambiguous { .. } | RefError::AmbiguousName { .. } => StatusCode::CONFLICT,
         }
     }
 }
@@ -76,7 +104,15 @@ impl RefError {
 #[derive(Debug, PartialEq, Eq)]
 pub enum WorkloadRef {
     Uid(String),
-    Named { namespace: String, name: String },
+    Named {
+        namespace: String,
+        name: String,
+    },
+    /// An IP address.
+    Ip(std::net::IpAddr),
+    /// No `/`, not a known uid: a bare name if a local workload has it,
+    /// else a uid (of a deleted workload the drain engine remembers).
+    Bare(String),
 }
 
 impl WorkloadRef {
@@ -98,7 +134,10 @@ impl WorkloadRef {
             return Ok(WorkloadRef::Uid(decoded));
         }
         let Some((namespace, name)) = decoded.split_once('/') else {
-            return Ok(WorkloadRef::Uid(decoded));
+            return Ok(match decoded.parse() {
+                Ok(ip) => WorkloadRef::Ip(ip),
+                Err(_) => WorkloadRef::Bare(decoded),
+            });
         };
         let why = if namespace.is_empty() {
             Some("the namespace before '/' is empty")
@@ -126,6 +165,8 @@ impl WorkloadRef {
     pub fn resolve(self, snapshot: &WorkloadSnapshot, node: &str) -> Result<String, RefError> {
         let (namespace, name) = match self {
             WorkloadRef::Uid(uid) => return Ok(uid),
+            WorkloadRef::Ip(ip) => return resolve_ip(ip, snapshot, node),
+            WorkloadRef::Bare(name) => return resolve_bare(name, snapshot),
             WorkloadRef::Named { namespace, name } => (namespace, name),
         };
         let named: Vec<_> = snapshot
@@ -155,6 +196,49 @@ impl WorkloadRef {
                 name,
                 uids: local,
             }),
+        }
+    }
+}
+
+/// The local workload with `ip`.
+fn resolve_ip(
+    ip: std::net::IpAddr,
+    snapshot: &WorkloadSnapshot,
+    node: &str,
+) -> Result<String, RefError> {
+    match snapshot.by_ip(ip) {
+        Some(w) if w.local => Ok(w.uid().to_owned()),
+        found => Err(RefError::NoIp {
+            ip,
+            node: node.to_owned(),
+            elsewhere: found.map_or(String::new(), |w| {
+                format!(
+                    ", it is {}/{} on node {}",
+                    w.spec.namespace, w.spec.name, w.spec.node
+                )
+            }),
+        }),
+    }
+}
+
+/// The one local workload named `name`; none: `name` as a uid.
+fn resolve_bare(name: String, snapshot: &WorkloadSnapshot) -> Result<String, RefError> {
+    let mut local: Vec<_> = snapshot
+        .iter()
+        .filter(|w| w.local && w.spec.name == name)
+        .collect();
+    match local.len() {
+        0 => Ok(name),
+        1 => Ok(local[0].uid().to_owned()),
+        _ => {
+            local.sort_by(|a, b| (&a.spec.namespace, a.uid()).cmp(&(&b.spec.namespace, b.uid())));
+            Err(RefError::AmbiguousName {
+                candidates: local
+                    .iter()
+                    .map(|w| format!("{}/{} (uid {})", w.spec.namespace, w.spec.name, w.uid()))
+                    .collect(),
+                name,
+            })
         }
     }
 }
@@ -192,7 +276,12 @@ mod tests {
 
     #[test]
     fn uids_and_namespace_names_both_encodings() {
-        assert_eq!(parse("echo-uid"), Ok(WorkloadRef::Uid("echo-uid".into())));
+        assert_eq!(parse("echo-uid"), Ok(WorkloadRef::Bare("echo-uid".into())));
+        assert_eq!(parse("10.0.0.1"), Ok(WorkloadRef::Ip([10, 0, 0, 1].into())));
+        assert_eq!(
+            parse("fd00%3A%3A1"),
+            Ok(WorkloadRef::Ip("fd00::1".parse().unwrap()))
+        );
         assert_eq!(parse("demo%2Fecho"), Ok(named("demo", "echo")));
         assert_eq!(parse("demo%2fecho"), Ok(named("demo", "echo")));
         assert_eq!(parse("demo/echo"), Ok(named("demo", "echo")));
@@ -254,6 +343,49 @@ mod tests {
         assert_eq!(e.status(), StatusCode::NOT_FOUND);
         assert!(
             e.to_string().starts_with("no workload named demo/nope"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_bare_name_or_an_ip_resolves_to_one_local_workload_or_says_why_not() {
+        let store = crate::workloads::WorkloadStore::new("cluster.local", "node-a");
+        store.publish(
+            crate::workloads::parse_workload_file(
+                "workloads:\n\
+                 - {uid: u-echo, name: echo, namespace: demo, ips: [10.0.0.1], node: node-a}\n\
+                 - {uid: u-web-1, name: web, namespace: shop, ips: [10.0.0.2], node: node-a}\n\
+                 - {uid: u-web-2, name: web, namespace: lab, ips: [10.0.0.3], node: node-a}\n\
+                 - {uid: u-db, name: db, namespace: shop, ips: [10.0.0.4], node: node-b}\n",
+            )
+            .unwrap(),
+        );
+        let snap = store.snapshot();
+        let resolve = |raw: &str| {
+            WorkloadRef::parse(raw, |uid| snap.by_uid(uid).is_some())?.resolve(&snap, "node-a")
+        };
+        assert_eq!(resolve("echo"), Ok("u-echo".into()));
+        assert_eq!(resolve("u-echo"), Ok("u-echo".into()));
+        assert_eq!(resolve("10.0.0.1"), Ok("u-echo".into()));
+        // Nothing local has the name: a uid, as the drain engine may know it.
+        assert_eq!(resolve("gone-uid"), Ok("gone-uid".into()));
+        let e = resolve("web").unwrap_err();
+        assert_eq!(e.status(), StatusCode::CONFLICT);
+        assert_eq!(
+            e.to_string(),
+            "the name \"web\" is ambiguous: 2 workloads of this node have it: \
+             lab/web (uid u-web-2), shop/web (uid u-web-1); name one by namespace/name or uid"
+        );
+        let e = resolve("10.0.0.4").unwrap_err();
+        assert_eq!(e.status(), StatusCode::NOT_FOUND);
+        assert!(
+            e.to_string().contains("it is shop/db on node node-b"),
+            "{e}"
+        );
+        let e = resolve("10.9.9.9").unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("no workload of node node-a has the IP 10.9.9.9;"),
             "{e}"
         );
     }

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tracing::info;
 
@@ -18,7 +19,7 @@ use crate::admin::{self, AdminState};
 use crate::config::Config;
 use crate::descriptor_budget::DescriptorBudget;
 use crate::inpod::pods::PodProxies;
-use tidegate_base::shutdown::ShutdownWatch;
+use tidegate_base::shutdown::{self, ShutdownWatch};
 
 /// What the admin API, `/metrics` and the probe answer from; not ready yet.
 pub(super) fn state(
@@ -45,18 +46,20 @@ pub(super) fn state(
         hbone_port: config.hbone.port,
         metrics,
         ready: Default::default(),
+        hand_over: Default::default(),
     })
 }
 
 /// Serves the three HTTP listeners until `until` fires (the very end of a
 /// shutdown: the kubelet probes a terminating gateway, operators watch
-/// `GET /drains`).
+/// `GET /drains`) or until they are handed over to a new gateway
+/// (`POST /hand-over`, [`admin::hand_over`]); each counts itself closed.
 pub(super) fn serve(
     config: &Config,
     listeners: HttpListeners,
     state: &Arc<AdminState>,
     control: &ControlMetrics,
-    until: ShutdownWatch,
+    mut until: ShutdownWatch,
     w: &mut Wiring,
 ) {
     let cp = &config.control_plane;
@@ -64,35 +67,48 @@ pub(super) fn serve(
         connections: ConnLimit::new(listener, cp.max_connections, control),
         header_read_timeout: cp.header_read_timeout,
     };
+    let (stop, stopped) = shutdown::channel();
+    let mut released = state.hand_over.released();
+    w.tasks.spawn(async move {
+        tokio::select! {
+            _ = until.signaled() => {}
+            _ = released.signaled() => {}
+        }
+        stop.start(Duration::ZERO);
+    });
     let HttpListeners {
         admin: a,
         metrics: m,
         readiness: r,
     } = listeners;
-    let s = state.clone();
-    w.tasks.spawn(admin::serve(
-        a,
-        s,
-        admin::admin,
-        limits("admin"),
-        until.clone(),
-    ));
-    let s = state.clone();
-    w.tasks.spawn(admin::serve(
-        m,
-        s,
-        admin::metrics,
-        limits("metrics"),
-        until.clone(),
-    ));
-    let s = state.clone();
-    w.tasks.spawn(admin::serve(
-        r,
-        s,
-        admin::readiness,
-        limits("readiness"),
-        until,
-    ));
+    let s = state;
+    spawn_server(a, s, admin::admin, limits("admin"), stopped.clone(), w);
+    spawn_server(m, s, admin::metrics, limits("metrics"), stopped.clone(), w);
+    spawn_server(r, s, admin::readiness, limits("readiness"), stopped, w);
+}
+
+/// One control server; counted closed when it stops.
+fn spawn_server<F, Fut>(
+    listener: tokio::net::TcpListener,
+    state: &Arc<AdminState>,
+    route: F,
+    limits: admin::HttpLimits,
+    stopped: ShutdownWatch,
+    w: &mut Wiring,
+) where
+    F: Fn(Arc<AdminState>, http::Request<hyper::body::Incoming>) -> Fut
+        + Copy
+        + Send
+        + Sync
+        + 'static,
+    Fut:
+        std::future::Future<Output = http::Response<tidegate_control::http::Body>> + Send + 'static,
+{
+    let state = state.clone();
+    w.tasks.spawn(async move {
+        admin::serve(listener, state.clone(), route, limits, stopped).await;
+        state.hand_over.closed();
+    });
 }
 
 /// Turns `/healthz/ready` ready once every condition has been met, in

@@ -21,11 +21,13 @@ pub(super) fn capture_ports(config: &Config) -> CapturePorts {
 }
 
 /// HBONE (15008), capture (15001) — not in in-pod mode unless
-/// `capture.node_listeners` — and the HTTP ones.
+/// `capture.node_listeners` — with SO_REUSEPORT, and the HTTP ones
+/// (exclusive).
 pub(super) struct Listeners {
     pub inbound: Option<TcpListener>,
     pub outbound: Option<TcpListener>,
-    pub http: HttpListeners,
+    /// `None` until a `--take-over` has them ([`super::control_ports`]).
+    pub http: Option<HttpListeners>,
 }
 
 /// Admin, metrics and readiness.
@@ -36,18 +38,19 @@ pub(super) struct HttpListeners {
 }
 
 impl Listeners {
-    /// Binds them all; the data path's two inherit the TCP tuning.
-    pub(super) fn bind(config: &Config, tcp: &TcpTuning) -> anyhow::Result<Listeners> {
+    /// Binds the data path's two beside `http` (bound first, exclusively:
+    /// [`super::control_ports`]); they inherit the TCP tuning.
+    pub(super) fn bind(
+        config: &Config,
+        tcp: &TcpTuning,
+        http: Option<HttpListeners>,
+    ) -> anyhow::Result<Listeners> {
         let l = &config.listeners;
         let node = config.capture.binds_node_listeners();
         let listeners = Listeners {
             inbound: node.then(|| bind("inbound", l.inbound)).transpose()?,
             outbound: node.then(|| bind("outbound", l.outbound)).transpose()?,
-            http: HttpListeners {
-                admin: bind("admin", l.admin)?,
-                metrics: bind("metrics", l.metrics)?,
-                readiness: bind("readiness", l.readiness)?,
-            },
+            http,
         };
         // Inherited by every connection each accepts.
         if let Some(inbound) = &listeners.inbound {
@@ -61,6 +64,10 @@ impl Listeners {
 
     /// The addresses actually bound.
     pub(super) fn addrs(&self, demo_echo: Option<SocketAddr>) -> std::io::Result<BoundAddrs> {
+        let http = self
+            .http
+            .as_ref()
+            .ok_or_else(|| std::io::Error::other("the control ports are not bound yet"))?;
         Ok(BoundAddrs {
             outbound: self
                 .outbound
@@ -72,9 +79,9 @@ impl Listeners {
                 .as_ref()
                 .map(TcpListener::local_addr)
                 .transpose()?,
-            admin: self.http.admin.local_addr()?,
-            metrics: self.http.metrics.local_addr()?,
-            readiness: self.http.readiness.local_addr()?,
+            admin: http.admin.local_addr()?,
+            metrics: http.metrics.local_addr()?,
+            readiness: http.readiness.local_addr()?,
             demo_echo,
         })
     }
@@ -87,9 +94,9 @@ impl Listeners {
         let bound = [
             self.inbound.as_ref(),
             self.outbound.as_ref(),
-            Some(&self.http.admin),
-            Some(&self.http.metrics),
-            Some(&self.http.readiness),
+            self.http.as_ref().map(|h| &h.admin),
+            self.http.as_ref().map(|h| &h.metrics),
+            self.http.as_ref().map(|h| &h.readiness),
         ]
         .map(|l| l.and_then(|l| l.local_addr().ok()).map_or(0, |a| a.port()));
         let configured = [l.inbound, l.outbound, l.admin, l.metrics, l.readiness].map(|a| a.port());

@@ -30,6 +30,7 @@ use tidegate_protocol::tls::TlsContext;
 
 mod certificates;
 mod control;
+mod control_ports;
 mod core;
 mod data_path;
 mod listeners;
@@ -37,6 +38,7 @@ mod node_agents;
 mod workload_source;
 
 pub use certificates::cert_source;
+pub use control_ports::ControlPortError;
 use listeners::Listeners;
 pub use workload_source::load_workloads;
 
@@ -132,13 +134,16 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     if let Some(b) = &budget {
         b.log(wants);
     }
+    // First: a second gateway on this node refuses before it touches
+    // anything the running one serves (with --take-over: taken last).
+    let http = control_ports::bind(&config).await?;
     let (trigger, drain) = shutdown::channel();
     let mut w = Wiring::new(drain);
     let control = ControlMetrics::register(w.registry());
     crate::allocator::AllocatorMetrics::register(w.registry());
     let (core, source_synced) = core::start(&config, &mut w).await?;
 
-    let listeners = Listeners::bind(&config, &core.tcp)?;
+    let mut listeners = Listeners::bind(&config, &core.tcp, http)?;
     let capture = listeners::capture_ports(&config);
     let own_ports = listeners.own_ports(&config, &capture);
     let paths = data_path::build(&config, &core, &own_ports, budget.as_ref(), &mut w);
@@ -150,7 +155,12 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let pod_path = paths.for_pods(&core, own_ports);
     let pods = node_agents::pods(&config, pod_path, capture, budget, &mut ready_when, &mut w).await;
     node_agents::cni_socket(&config, &core.drains, pods.as_ref(), &control, &mut w)?;
-    let addrs = listeners.addrs(demo_echo(&config, &mut w).await?)?;
+    let demo_echo = demo_echo(&config, &mut w).await?;
+    if listeners.http.is_none() {
+        // Everything else is bound: the running gateway hands its ports over.
+        listeners.http = Some(control_ports::take_over(&config).await?);
+    }
+    let addrs = listeners.addrs(demo_echo)?;
     let metrics = std::mem::take(&mut w.root);
     let admin = control::state(&config, &core, pods.clone(), &paths, budget, metrics);
     let serving = Serving::start(&config, listeners, &paths, &admin, &control, &mut w);
@@ -208,7 +218,9 @@ impl Serving {
             accept_loops.push(tokio::spawn(outbound.run(l, accepting)));
         }
         let (stop_admin, admin_watch) = shutdown::channel();
-        control::serve(config, listeners.http, admin, control, admin_watch, w);
+        if let Some(http) = listeners.http {
+            control::serve(config, http, admin, control, admin_watch, w);
+        }
         Serving {
             stop_accepting,
             accept_loops,

@@ -1,6 +1,7 @@
 //! The admin API from the command line: one HTTP/1.1 request per
 //! connection (the API is on loopback, its answers small), for `tidegate
-//! workloads`, `drain`, `bind` and `unbind`.
+//! workloads`, `drains`, `drain`, `bind`, `unbind` and `policy upload|list`,
+//! and for `tidegate run` asking a running gateway who it is.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -53,7 +54,47 @@ pub fn call(
     path: &str,
     body: &[u8],
 ) -> Result<serde_json::Value, AdminError> {
-    let (status, text) = request(addr, method, path, body)?;
+    call_with(addr, method, path, &[], body)
+}
+
+/// `GET /version` with a short read timeout: who answers on a port a new
+/// gateway cannot bind (a process that accepts and never answers must not
+/// hold its refusal up).
+pub fn identify(addr: SocketAddr) -> Result<serde_json::Value, AdminError> {
+    let (status, text) = request(addr, "GET", "/version", &[], b"", IDENTIFY_WITHIN)?;
+    if !status
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_default()
+        .starts_with('2')
+    {
+        return Err(AdminError::Status {
+            addr,
+            status,
+            reason: reason(&text),
+        });
+    }
+    serde_json::from_str(&text).map_err(|e| AdminError::Json {
+        addr,
+        path: "/version".into(),
+        detail: e.to_string(),
+    })
+}
+
+/// How long an answer may take.
+const ANSWER_WITHIN: Duration = Duration::from_secs(30);
+/// How long [`identify`] waits.
+const IDENTIFY_WITHIN: Duration = Duration::from_secs(2);
+
+/// [`call`] with extra request headers (visible ASCII: the caller checks).
+pub fn call_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<serde_json::Value, AdminError> {
+    let (status, text) = request(addr, method, path, headers, body, ANSWER_WITHIN)?;
     let code = status.split_whitespace().nth(1).unwrap_or_default();
     if !code.starts_with('2') {
         return Err(AdminError::Status {
@@ -78,16 +119,21 @@ fn request(
     addr: SocketAddr,
     method: &str,
     path: &str,
+    headers: &[(&str, &str)],
     body: &[u8],
+    within: Duration,
 ) -> Result<(String, String), AdminError> {
     let io = |source| AdminError::Io { addr, source };
     let mut tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
         .map_err(|source| AdminError::Connect { addr, source })?;
-    tcp.set_read_timeout(Some(Duration::from_secs(30)))
-        .map_err(io)?;
+    tcp.set_read_timeout(Some(within)).map_err(io)?;
+    let extra: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
     write!(
         tcp,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n",
         body.len()
     )
     .map_err(io)?;

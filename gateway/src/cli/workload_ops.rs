@@ -1,4 +1,5 @@
-//! `tidegate drain|bind|unbind <uid|namespace/name>`: the admin API's
+//! `tidegate drain|bind|unbind <workload>` (a uid, `namespace/name`, IP or
+//! unique name: [`crate::admin::workload_ref`]): the admin API's
 //! workload operations without curl, each answered on one line. An error
 //! status is the error (exit 1), with the gateway's reason.
 

@@ -21,6 +21,11 @@ pub struct Listeners {
     pub metrics: SocketAddr,
     /// `/healthz/ready`.
     pub readiness: SocketAddr,
+    /// `tidegate run --take-over`: a flag of the command line, not a key.
+    /// Take the admin, metrics and readiness ports over from the gateway
+    /// holding them (`app/control_ports.rs`) instead of refusing to start.
+    #[serde(skip)]
+    pub take_over: bool,
 }
 
 impl Default for Listeners {
@@ -34,6 +39,7 @@ impl Default for Listeners {
             admin: ([127, 0, 0, 1], 15000).into(),
             metrics: any(15020),
             readiness: any(15021),
+            take_over: false,
         }
     }
 }

@@ -56,11 +56,27 @@ pub fn in_use_hint(addr: SocketAddr, key: &str) -> String {
 /// Binds a TCP listener with SO_REUSEADDR and SO_REUSEPORT; `[::]` is
 /// dual-stack, or `0.0.0.0` where IPv6 is off (see the module documentation).
 pub fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, BindError> {
+    bind_with(what, addr, true)
+}
+
+/// Like [`bind`] without SO_REUSEPORT: a port another process listens on
+/// is refused (`AddrInUse`), never shared. For the admin, metrics and
+/// readiness ports, which answer for one gateway (`app/control_ports.rs`).
+pub fn bind_exclusive(what: &'static str, addr: SocketAddr) -> Result<TcpListener, BindError> {
+    bind_with(what, addr, false)
+}
+
+fn bind_with(
+    what: &'static str,
+    addr: SocketAddr,
+    reuse_port: bool,
+) -> Result<TcpListener, BindError> {
     let err = |source| BindError::new(what, addr, source);
-    let socket = match bind_socket(addr) {
+    let socket = match bind_socket(addr, reuse_port) {
         Err(e) if is_ipv6_wildcard(addr) && ipv6_off(&e) => {
             let v4 = SocketAddr::from((Ipv4Addr::UNSPECIFIED, addr.port()));
-            let socket = bind_socket(v4).map_err(|source| BindError::new(what, v4, source))?;
+            let socket =
+                bind_socket(v4, reuse_port).map_err(|source| BindError::new(what, v4, source))?;
             ipv6_unavailable(&e);
             socket
         }
@@ -69,11 +85,11 @@ pub fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, BindErr
     TcpListener::from_std(socket.into()).map_err(err)
 }
 
-fn bind_socket(addr: SocketAddr) -> io::Result<Socket> {
+fn bind_socket(addr: SocketAddr, reuse_port: bool) -> io::Result<Socket> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     dual_stack(&socket, addr)?;
     socket.set_reuse_address(true)?;
-    socket.set_reuse_port(true)?;
+    socket.set_reuse_port(reuse_port)?;
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     socket.listen(1024)?;
@@ -188,6 +204,23 @@ mod tests {
         let err = bind("inbound", addr).unwrap_err();
         assert_eq!(err.source.kind(), io::ErrorKind::AddrInUse, "{err}");
         assert_eq!(err.addr, addr);
+    }
+
+    #[tokio::test]
+    async fn an_exclusive_listener_is_never_shared() {
+        // A data listener's port is shared by a second one (the upgrade)...
+        let data = bind("inbound", "127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = data.local_addr().unwrap();
+        assert!(bind("inbound", addr).is_ok());
+        // ... an exclusive one's is not, whichever of the two came first.
+        let admin = bind_exclusive("admin", "127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = admin.local_addr().unwrap();
+        for second in [bind_exclusive("admin", addr), bind("admin", addr)] {
+            let err = second.unwrap_err();
+            assert_eq!(err.source.kind(), io::ErrorKind::AddrInUse, "{err}");
+        }
+        let err = bind_exclusive("admin", data.local_addr().unwrap()).unwrap_err();
+        assert_eq!(err.source.kind(), io::ErrorKind::AddrInUse, "{err}");
     }
 
     #[tokio::test]
