@@ -26,6 +26,8 @@ use std::time::Duration;
 
 #[path = "manifests/ca.rs"]
 mod ca;
+#[path = "manifests/image.rs"]
+mod image;
 #[path = "manifests/istio_charts.rs"]
 mod istio_charts;
 
