@@ -28,6 +28,8 @@ use std::time::Duration;
 mod ca;
 #[path = "manifests/image.rs"]
 mod image;
+#[path = "manifests/install_docs.rs"]
+mod install_docs;
 #[path = "manifests/istio_charts.rs"]
 mod istio_charts;
 
