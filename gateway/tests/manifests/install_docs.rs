@@ -117,7 +117,12 @@ fn a_section_ends_at_the_next_heading_of_its_level() {
 #[test]
 fn the_config_dump_queries_shown_name_real_sections() {
     let mut asked = 0;
-    for doc in ["README.md", "deploy/README.md", "docs/istio.md"] {
+    for doc in [
+        "README.md",
+        "deploy/README.md",
+        "docs/istio.md",
+        "docs/troubleshooting.md",
+    ] {
         let text = std::fs::read_to_string(repo().join(doc)).unwrap();
         for (at, _) in text.match_indices("config_dump?only=") {
             let rest = &text[at + "config_dump?only=".len()..];

@@ -451,7 +451,12 @@ fn values_that_replace_or_misspell_are_reported() {
 #[test]
 fn the_redirection_annotation_values_shown_are_istio_cnis() {
     let mut seen = BTreeSet::new();
-    for doc in ["README.md", "deploy/README.md", "docs/istio.md"] {
+    for doc in [
+        "README.md",
+        "deploy/README.md",
+        "docs/istio.md",
+        "docs/troubleshooting.md",
+    ] {
         let text = std::fs::read_to_string(repo().join(doc)).unwrap();
         for (at, _) in text.match_indices(REDIRECTION_ANNOTATION) {
             let rest = &text[at + REDIRECTION_ANNOTATION.len()..];
