@@ -33,7 +33,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 pub fn build_gateway(root: &Path) -> Result<PathBuf> {
     eprintln!(
         "xtask: building the gateway and its tests (dev profile; the first build of a fresh \
-         clone takes about 15 minutes on 2 cores, later ones seconds)"
+         clone takes about 22 minutes on 2 cores, later ones seconds)"
     );
     crate::build_workspace(root)?;
     Ok(root.join("target").join("debug").join("tidegate"))
