@@ -51,9 +51,13 @@ fn field(line: &str, key: &str) -> String {
 }
 
 fn start(config: &std::path::Path) -> Gateway {
+    spawn(&["run", "--config", config.to_str().expect("a UTF-8 path")])
+}
+
+/// `tidegate ARGS` with its log lines piped back.
+fn spawn(args: &[&str]) -> Gateway {
     let mut child = Command::new(BIN)
-        .args(["run", "--config"])
-        .arg(config)
+        .args(args)
         .env("TIDEGATE_LOG", "info")
         .env_remove("NO_COLOR")
         .stderr(Stdio::piped())

@@ -5,28 +5,6 @@
 
 use super::*;
 
-/// `tidegate ARGS` with logs piped, as [`start`] does for `run --config`.
-fn spawn(args: &[&str]) -> Gateway {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env("TIDEGATE_LOG", "info")
-        .env_remove("NO_COLOR")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (tx, lines) = std::sync::mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for l in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(l).is_err() {
-                return;
-            }
-        }
-    });
-    Gateway { child, lines }
-}
-
 /// (exit code, stdout, stderr) of `tidegate ARGS`.
 fn tidegate(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(BIN).args(args).output().unwrap();
