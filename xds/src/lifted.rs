@@ -15,7 +15,9 @@
 //!
 //! A message tonic must refuse — a length prefix past the decoding limit,
 //! a compression flag this client never negotiated — is passed through
-//! unchanged, so tonic refuses it exactly as before.
+//! unchanged, so tonic refuses it exactly as before; a body that ends
+//! inside a message is an `Internal` status, as tonic's own end of stream
+//! there is ([`ENDED_INSIDE`]).
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -37,6 +39,9 @@ const PREFIX: usize = 5;
 /// What tonic reads in place of a message taken to the shelf: an
 /// uncompressed message of no bytes.
 const STAND_IN: [u8; PREFIX] = [0; PREFIX];
+
+/// The status of a response body that ended inside a message.
+pub const ENDED_INSIDE: &str = "istiod's stream ended in the middle of a message";
 
 /// The messages taken out of one response body, in order, until the
 /// decoder takes them.
@@ -145,6 +150,14 @@ impl<B> Lifted<B> {
         }
     }
 
+    /// Whether part of a message has been read and the rest has not.
+    fn inside(&self) -> bool {
+        match &self.state {
+            State::Prefix(prefix) => !prefix.is_empty(),
+            State::Message { .. } | State::Through(_) => true,
+        }
+    }
+
     /// What tonic reads of `data`: stand-ins for the messages completed
     /// in it, and the bytes of messages passed through.
     fn lift(&mut self, mut data: Bytes) -> Bytes {
@@ -216,6 +229,12 @@ where
         loop {
             let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => frame,
+                // tonic never saw the part of a message taken so far: the
+                // end inside one is said here (tonic would have said so
+                // from its buffer).
+                Poll::Ready(None) if this.inside() => {
+                    return Poll::Ready(Some(Err(Status::internal(ENDED_INSIDE))));
+                }
                 other => return other,
             };
             match frame.into_data() {
@@ -347,6 +366,50 @@ mod tests {
             assert_eq!(seen, STAND_IN.repeat(4), "step {step}");
             assert_eq!(shelved, messages.map(<[u8]>::to_vec), "step {step}");
         }
+    }
+
+    /// A body of `frames`, then its end.
+    struct Frames(VecDeque<Bytes>);
+
+    impl Body for Frames {
+        type Data = Bytes;
+        type Error = Status;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+            Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
+        }
+    }
+
+    /// What the body yields until its end: the data tonic reads, or the
+    /// error that ends it.
+    fn drain(frames: Vec<Vec<u8>>) -> Result<Vec<u8>, Status> {
+        let body = Frames(frames.into_iter().map(Bytes::from).collect());
+        let mut lifted = Lifted::new(body, Shelf::default(), 1 << 20);
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        let mut seen = Vec::new();
+        loop {
+            match Pin::new(&mut lifted).poll_frame(&mut cx) {
+                Poll::Ready(Some(Ok(f))) => seen.extend_from_slice(&f.into_data().unwrap()),
+                Poll::Ready(Some(Err(e))) => return Err(e),
+                Poll::Ready(None) => return Ok(seen),
+                Poll::Pending => unreachable!("the test body is always ready"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_body_ending_inside_a_message_is_an_error_and_at_a_boundary_is_not() {
+        let wire = framed(&[b"whole", b"cut short"]);
+        assert_eq!(drain(vec![wire.clone()]).unwrap(), STAND_IN.repeat(2));
+        for cut in [wire.len() - 1, 12, 8] {
+            let e = drain(vec![wire[..cut].to_vec()]).unwrap_err();
+            assert_eq!(e.message(), ENDED_INSIDE, "cut at {cut}");
+        }
+        assert_eq!(drain(vec![wire[..10].to_vec()]).unwrap(), STAND_IN.to_vec());
     }
 
     #[test]
