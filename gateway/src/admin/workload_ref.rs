@@ -316,20 +316,24 @@ mod tests {
         assert_eq!(e.status(), StatusCode::BAD_REQUEST);
     }
 
+    /// Node `node-a`'s view of `echo` (demo), two `web`s (shop and
+    /// `second_web_ns`) and a `db` on another node.
+    fn snapshot_of(second_web_ns: &str) -> std::sync::Arc<crate::workloads::WorkloadSnapshot> {
+        let store = crate::workloads::WorkloadStore::new("cluster.local", "node-a");
+        let file = format!(
+            "workloads:\n\
+             - {{uid: u-echo, name: echo, namespace: demo, ips: [10.0.0.1], node: node-a}}\n\
+             - {{uid: u-web-1, name: web, namespace: shop, ips: [10.0.0.2], node: node-a}}\n\
+             - {{uid: u-web-2, name: web, namespace: {second_web_ns}, ips: [10.0.0.3], node: node-a}}\n\
+             - {{uid: u-db, name: db, namespace: shop, ips: [10.0.0.4], node: node-b}}\n"
+        );
+        store.publish(crate::workloads::parse_workload_file(&file).unwrap());
+        store.snapshot()
+    }
+
     #[test]
     fn a_name_resolves_to_its_one_local_workload_or_says_why_not() {
-        let store = crate::workloads::WorkloadStore::new("cluster.local", "node-a");
-        store.publish(
-            crate::workloads::parse_workload_file(
-                "workloads:\n\
-                 - {uid: u-echo, name: echo, namespace: demo, ips: [10.0.0.1], node: node-a}\n\
-                 - {uid: u-web-1, name: web, namespace: shop, ips: [10.0.0.2], node: node-a}\n\
-                 - {uid: u-web-2, name: web, namespace: shop, ips: [10.0.0.3], node: node-a}\n\
-                 - {uid: u-db, name: db, namespace: shop, ips: [10.0.0.4], node: node-b}\n",
-            )
-            .unwrap(),
-        );
-        let snap = store.snapshot();
+        let snap = snapshot_of("shop");
         let resolve = |r: WorkloadRef| r.resolve(&snap, "node-a");
         assert_eq!(resolve(named("demo", "echo")), Ok("u-echo".into()));
         assert_eq!(resolve(WorkloadRef::Uid("gone".into())), Ok("gone".into()));
@@ -349,18 +353,7 @@ mod tests {
 
     #[test]
     fn a_bare_name_or_an_ip_resolves_to_one_local_workload_or_says_why_not() {
-        let store = crate::workloads::WorkloadStore::new("cluster.local", "node-a");
-        store.publish(
-            crate::workloads::parse_workload_file(
-                "workloads:\n\
-                 - {uid: u-echo, name: echo, namespace: demo, ips: [10.0.0.1], node: node-a}\n\
-                 - {uid: u-web-1, name: web, namespace: shop, ips: [10.0.0.2], node: node-a}\n\
-                 - {uid: u-web-2, name: web, namespace: lab, ips: [10.0.0.3], node: node-a}\n\
-                 - {uid: u-db, name: db, namespace: shop, ips: [10.0.0.4], node: node-b}\n",
-            )
-            .unwrap(),
-        );
-        let snap = store.snapshot();
+        let snap = snapshot_of("lab");
         let resolve = |raw: &str| {
             WorkloadRef::parse(raw, |uid| snap.by_uid(uid).is_some())?.resolve(&snap, "node-a")
         };
