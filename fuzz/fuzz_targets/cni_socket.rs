@@ -1,4 +1,4 @@
-//! The gateway's CNI socket protocol (`drains::cni::read_command`): any
+//! The gateway's CNI socket protocol (`inpod::intake::cni_socket::read_command`): any
 //! byte stream is one teardown request or a refusal with a metric reason,
 //! never a panic; an accepted request came from one line within the bound.
 #![no_main]
@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
-use tidegate::drains::cni::{read_command, Refused, MAX_LINE};
+use tidegate::inpod::intake::cni_socket::{read_command, Refused, MAX_LINE};
 
 fuzz_target!(|data: &[u8]| {
     let rt = tokio::runtime::Builder::new_current_thread()

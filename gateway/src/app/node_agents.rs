@@ -13,9 +13,10 @@ use super::Wiring;
 use crate::config::{CaptureMode, Config};
 use crate::descriptor_budget::DescriptorBudget;
 use crate::dns::DnsProxy;
-use crate::drains::cni::{CniLimits, PodHandover};
 use crate::drains::DrainEngine;
 use crate::inpod::capture::CapturePorts;
+use crate::inpod::intake::cni_socket::{self, CniLimits};
+use crate::inpod::intake::{state_dir, zds::ZdsIntake};
 use crate::inpod::pods::{DataPath, PodLimits, PodProxies};
 use tidegate_zds::{ZdsClient, ZdsConfig};
 
@@ -56,7 +57,7 @@ pub(super) async fn pods(
     };
     let pods = PodProxies::new(data_path, capture, limits, w.drain.clone(), &mut w.root);
     if let Some(dir) = &config.capture.state_dir {
-        let adopted = pods.adopt(dir).await;
+        let adopted = state_dir::adopt(pods.as_ref(), dir).await;
         info!(adopted, dir = %dir.display(), "pods re-adopted from the state directory");
     }
     if let Some(socket) = &config.capture.zds_socket {
@@ -65,7 +66,7 @@ pub(super) async fn pods(
                 socket: socket.clone(),
                 ..Default::default()
             },
-            pods.clone(),
+            Arc::new(ZdsIntake(pods.clone())),
             w.registry(),
         );
         ready_when.push(("istio-cni's ZDS snapshot", zds.ready()));
@@ -87,17 +88,16 @@ pub(super) fn cni_socket(
         return Ok(());
     };
     let cp = &config.control_plane;
-    let l = crate::drains::cni::bind(path)
-        .with_context(|| format!("drains.cni_socket {}", path.display()))?;
+    let l =
+        cni_socket::bind(path).with_context(|| format!("drains.cni_socket {}", path.display()))?;
     let limits = CniLimits {
         connections: ConnLimit::new("cni", cp.cni_max_connections, control),
         read_timeout: cp.cni_read_timeout,
     };
-    let handover = pods.cloned().map(|p| p as Arc<dyn PodHandover>);
-    w.tasks.spawn(crate::drains::cni::serve(
+    w.tasks.spawn(cni_socket::serve(
         l,
         drains.clone(),
-        handover,
+        pods.cloned(),
         limits,
         w.drain.clone(),
     ));

@@ -17,7 +17,6 @@
 //!   decides, executed on the clients' pooled tunnels; `peer_book` records
 //!   those decisions (and connect-failing ones) for `GET /drains`.
 
-pub mod cni;
 pub mod engine;
 mod executor;
 mod gateway_events;

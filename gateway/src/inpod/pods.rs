@@ -5,10 +5,9 @@
 //! (`dns.enabled`) the DNS proxy's UDP and TCP listeners on 15053
 //! ([`crate::dns`]), closed with the others.
 //!
-//! Pods come from the node agent: `tidegate-cni` over the CNI socket
-//! ([`crate::drains::cni::PodHandover`]), istio-cni over ZDS
-//! ([`tidegate_zds::PodSink`]), or the state directory at start
-//! ([`PodProxies::adopt`]).
+//! Pods come in through [`super::intake`], which these proxies implement
+//! once (`intake.rs`): from `tidegate-cni` over the CNI socket, istio-cni
+//! over ZDS, or the state directory at start.
 //!
 //! - The same uid in the same namespace (same inode) again: nothing changes.
 //! - The same uid in a new namespace (the sandbox was re-created): the old
@@ -22,7 +21,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::OwnedFd;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,11 +30,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
-use tidegate_netns::pod_records::PodRecord;
 use tracing::{debug, info, warn};
 
 use super::admission::{Admission, Candidate, InboundClaim, Owner, Refusal};
 use super::capture::CapturePorts;
+use super::intake::Source;
 use super::netns::{ListenOpts, NetnsError, NetnsId, NetnsSockets, PodNetns, MESH_MARK};
 use crate::config::DNS_CAPTURE_PORT;
 use crate::descriptor_budget::listeners_per_pod;
@@ -54,7 +52,7 @@ use crate::proxy::tunnels::InboundTunnels;
 use crate::workloads::WorkloadStore;
 use tidegate_base::shutdown::{self, ActiveStreams, ShutdownTrigger, ShutdownWatch};
 
-mod handover;
+mod intake;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PodError {
@@ -68,6 +66,19 @@ pub enum PodError {
     },
     #[error("pod {uid} refused: {refusal}")]
     Refused { uid: String, refusal: Refusal },
+    #[error(
+        "pod {namespace}/{name} (uid {uid}) is unknown to the gateway's workload source after \
+         capture.membership_wait ({wait_ms} ms): its mesh membership cannot be decided yet \
+         (is discovery synced? /healthz/ready)"
+    )]
+    MembershipUnknown {
+        uid: String,
+        namespace: String,
+        name: String,
+        wait_ms: u128,
+    },
+    #[error("pod {uid} is not a mesh member: {reason}")]
+    NotMember { uid: String, reason: &'static str },
 }
 
 impl PodError {
@@ -77,6 +88,8 @@ impl PodError {
             PodError::Netns { .. } => "netns",
             PodError::Listen { .. } => "listen",
             PodError::Refused { refusal, .. } => refusal.reason(),
+            PodError::MembershipUnknown { .. } => "membership_unknown",
+            PodError::NotMember { .. } => "not_member",
         }
     }
 }
@@ -95,8 +108,8 @@ pub struct PodMeta {
     pub name: String,
     pub namespace: String,
     pub service_account: Option<String>,
-    /// Who handed it over: `cni`, `zds` or `state-dir` (logs, `/config_dump`).
-    pub source: &'static str,
+    /// Who handed it over.
+    pub source: Source,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -218,7 +231,7 @@ impl PodMetrics {
 
 struct Served {
     pod: Arc<Pod>,
-    source: &'static str,
+    source: Source,
     /// Closes the pod's listeners.
     stop: ShutdownTrigger,
     since: std::time::SystemTime,
@@ -393,9 +406,9 @@ impl PodProxies {
 
     /// Serves `meta` inside `netns`: `added`, `unchanged` (same pod, same
     /// namespace) or `replaced` (same pod, re-created sandbox).
-    pub async fn add(&self, meta: PodMeta, netns: OwnedFd) -> Result<&'static str, PodError> {
+    async fn serve(&self, meta: PodMeta, netns: OwnedFd) -> Result<&'static str, PodError> {
         self.metrics.istio.pending.inc();
-        let r = self.add_inner(meta, netns).await;
+        let r = self.serve_inner(meta, netns).await;
         self.metrics.istio.pending.dec();
         self.metrics.add(match &r {
             Ok(result) => result,
@@ -412,7 +425,7 @@ impl PodProxies {
         r
     }
 
-    async fn add_inner(&self, meta: PodMeta, netns: OwnedFd) -> Result<&'static str, PodError> {
+    async fn serve_inner(&self, meta: PodMeta, netns: OwnedFd) -> Result<&'static str, PodError> {
         let uid = meta.uid.clone();
         let netns = PodNetns::from_fd(netns).map_err(|source| PodError::Netns {
             uid: uid.clone(),
@@ -458,7 +471,7 @@ impl PodProxies {
         }
         self.metrics.served(served.len());
         let result = if replaced { "replaced" } else { "added" };
-        info!(uid = %uid, pod = %format!("{}/{}", meta.namespace, meta.name), source = meta.source,
+        info!(uid = %uid, pod = %format!("{}/{}", meta.namespace, meta.name), source = meta.source.label(),
             netns_inode = pod.netns.id().ino, result, "pod served in its own network namespace");
         Ok(result)
     }
@@ -625,7 +638,7 @@ impl PodProxies {
     /// The pod's network is gone (after its teardown drain): its listeners
     /// close, and whatever tunnels it still has — inbound to it, pooled
     /// from it — are closed at once. `false` when it was not served.
-    pub async fn remove(&self, uid: &str) -> bool {
+    async fn close(&self, uid: &str) -> bool {
         let mut served = self.served.lock().await;
         let Some(s) = served.remove(uid) else {
             return false;
@@ -647,7 +660,7 @@ impl PodProxies {
 
     /// The network teardown of a pod its node agent took back: the policy
     /// decides (the hold is honoured), then the listeners close.
-    pub async fn teardown(&self, uid: &str, trigger: Trigger) {
+    async fn teardown(&self, uid: &str, trigger: Trigger) {
         // The pod's workload may be keyed otherwise than the pod (istiod).
         let named = self
             .served
@@ -677,7 +690,7 @@ impl PodProxies {
         // The pod's network is gone: so is it as an endpoint, now, whatever
         // discovery still lists (handed over again, it comes back).
         self.workloads.remove(&workload_uid);
-        self.remove(uid).await;
+        self.close(uid).await;
     }
 
     /// The gateway is stopping: every pod's listeners close.
@@ -697,56 +710,12 @@ impl PodProxies {
                 name: s.pod.name.clone(),
                 namespace: s.pod.namespace.clone(),
                 netns_inode: s.pod.netns.id().ino,
-                source: s.source,
+                source: s.source.label(),
                 since_unix_ms: s
                     .since
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis()),
             })
             .collect()
-    }
-
-    /// Re-adopts every pod `tidegate-cni` recorded in `dir` (a restarted
-    /// gateway serves them again without a new ADD). A record whose
-    /// namespace is gone is removed: its pod is gone too.
-    pub async fn adopt(self: &Arc<Self>, dir: &Path) -> usize {
-        let mut adopted = 0;
-        for (path, record) in PodRecord::read_all(dir) {
-            let record = match record {
-                Ok(r) => r,
-                Err(e) => {
-                    warn!(file = %path.display(), error = %e, "pod record unreadable; skipped");
-                    continue;
-                }
-            };
-            let fd = match super::netns::open_nonblocking(Path::new(&record.netns)) {
-                Ok(fd) => fd,
-                Err(e) => {
-                    info!(uid = %record.uid, netns = %record.netns, error = %e,
-                        "recorded pod's namespace is gone; record removed");
-                    let _ = std::fs::remove_file(&path);
-                    continue;
-                }
-            };
-            let meta = PodMeta {
-                uid: record.uid.clone(),
-                name: record.name.clone(),
-                namespace: record.namespace.clone(),
-                service_account: None,
-                source: "state-dir",
-            };
-            match self.add(meta, fd).await {
-                Ok(_) => {
-                    self.drains.pod_handed_over(&PodKey {
-                        uid: &record.uid,
-                        namespace: &record.namespace,
-                        name: &record.name,
-                    });
-                    adopted += 1;
-                }
-                Err(e) => warn!(uid = %record.uid, error = %e, "recorded pod not re-adopted"),
-            }
-        }
-        adopted
     }
 }

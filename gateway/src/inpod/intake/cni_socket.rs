@@ -1,15 +1,18 @@
-//! The node-local Unix socket `tidegate-cni` talks to: one JSON line in,
-//! one JSON line out.
+//! The node-local Unix socket `tidegate-cni` talks to, a way pods come in:
+//! one JSON line in, one JSON line out.
 //!
 //! - CNI DEL: `{"command": "teardown", "uid": …, "namespace": …, "name":
 //!   …}`, answered once the teardown is acknowledged (after the policy's
 //!   hold, if any); in in-pod mode the pod's own listeners then close. The
 //!   workload is the one of that uid, else the one local workload of that
 //!   namespace and name (istiod's workloads are not keyed by the pod's uid).
+//!   The drain is the engine's ([`crate::drains`]); the pod's removal the
+//!   intake's.
 //! - CNI ADD (in-pod mode): `{"command": "add", "uid": …, "name": …,
 //!   "namespace": …, "netns": <path>}` with the pod's network namespace
-//!   attached as one `SCM_RIGHTS` descriptor. The pod's mesh membership
-//!   decides ([`crate::workloads::membership`]): a member is answered
+//!   attached as one `SCM_RIGHTS` descriptor, handed to the [`PodIntake`].
+//!   The pod's mesh membership decides
+//!   ([`crate::workloads::membership`]): a member is answered
 //!   `{"result": "added"}` (or `"unchanged"` for a repeated ADD) once its
 //!   listeners are up; a pod that is not one `{"result": "not-member",
 //!   "reason": …}` (not served; the plugin captures nothing); a pod whose
@@ -29,7 +32,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::json;
 use tidegate_control::limits::ConnLimit;
@@ -37,8 +39,9 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::{debug, info, warn};
 
-use super::state::PodKey;
-use super::{DrainEngine, Lifecycle, Trigger};
+use super::{PodIntake, Removal, Source, Taken};
+use crate::drains::{DrainEngine, Lifecycle, Trigger};
+use crate::inpod::pods::PodMeta;
 use tidegate_base::shutdown::ShutdownWatch;
 
 /// The longest request line accepted (a real one is a few hundred bytes).
@@ -59,35 +62,6 @@ pub struct Request {
     pub netns: String,
 }
 
-/// A pod handed over by CNI ADD.
-#[derive(Debug, Clone)]
-pub struct HandedPod {
-    pub uid: String,
-    pub name: String,
-    pub namespace: String,
-}
-
-/// What became of a pod handed over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Handed {
-    /// Served: `added`, `unchanged` or `replaced`.
-    Served(&'static str),
-    /// Not a mesh member, with why: not served, and not to be captured.
-    NotMember(&'static str),
-}
-
-/// Where pods handed over on the socket go (in-pod mode: the per-pod
-/// proxies). Without one, `add` is refused: the gateway is in node mode.
-pub trait PodHandover: Send + Sync + 'static {
-    /// Serve the pod in `netns` if it is a mesh member: `Served("added")`,
-    /// or `Served("unchanged")` when the same pod in the same namespace is
-    /// served already; `NotMember` otherwise. An error when its membership
-    /// is unknown or it could not be served.
-    fn add(&self, pod: HandedPod, netns: OwnedFd) -> BoxFuture<'_, Result<Handed, String>>;
-    /// Close the pod's listeners (after its teardown drain).
-    fn remove(&self, uid: String) -> BoxFuture<'_, ()>;
-}
-
 /// The CNI socket's connection cap and read timeout (`control_plane.cni_*`).
 #[derive(Clone, Debug)]
 pub struct CniLimits {
@@ -105,10 +79,11 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
 }
 
 /// Serves requests until drained.
-pub async fn serve(
+/// Without `pods`, `add` is refused: the gateway is in node mode.
+pub async fn serve<I: PodIntake>(
     listener: UnixListener,
     engine: Arc<DrainEngine>,
-    pods: Option<Arc<dyn PodHandover>>,
+    pods: Option<Arc<I>>,
     limits: CniLimits,
     mut drain: ShutdownWatch,
 ) {
@@ -181,10 +156,10 @@ async fn read_request<R: tokio::io::AsyncRead + Unpin>(
     String::from_utf8(line).map_err(|_| Refused("bad_request", "request line is not UTF-8".into()))
 }
 
-async fn handle(
+async fn handle<I: PodIntake>(
     stream: UnixStream,
     engine: Arc<DrainEngine>,
-    pods: Option<Arc<dyn PodHandover>>,
+    pods: Option<Arc<I>>,
     limits: &CniLimits,
 ) {
     // An `add` carries the pod's namespace with its first bytes.
@@ -208,18 +183,13 @@ async fn handle(
         }
     };
     let answer = match req.command.as_str() {
-        "add" => add(req, fds, &engine, pods.as_deref()).await,
+        "add" => add(req, fds, pods.as_deref()).await,
         _ => teardown(req, &engine, pods.as_deref()).await,
     };
     let _ = w.write_all(format!("{answer}\n").as_bytes()).await;
 }
 
-async fn add(
-    req: Request,
-    fds: Attached,
-    engine: &Arc<DrainEngine>,
-    pods: Option<&dyn PodHandover>,
-) -> serde_json::Value {
+async fn add<I: PodIntake>(req: Request, fds: Attached, pods: Option<&I>) -> serde_json::Value {
     let error = |e: String| {
         warn!(uid = %req.uid, error = %e, "CNI ADD refused");
         json!({"result": "error", "error": e})
@@ -234,32 +204,27 @@ async fn add(
         Err(e) => return error(e),
     };
     info!(uid = %req.uid, namespace = %req.namespace, name = %req.name, netns = %req.netns, "CNI ADD");
-    let pod = HandedPod {
+    let pod = PodMeta {
         uid: req.uid.clone(),
         name: req.name.clone(),
         namespace: req.namespace.clone(),
+        service_account: None,
+        source: Source::Cni,
     };
     match pods.add(pod, netns).await {
-        Ok(Handed::Served(result)) => {
-            engine.pod_handed_over(&PodKey {
-                uid: &req.uid,
-                namespace: &req.namespace,
-                name: &req.name,
-            });
-            json!({"result": result})
-        }
-        Ok(Handed::NotMember(reason)) => {
+        Taken::Served(result) => json!({"result": result}),
+        Taken::NotMember(reason) => {
             info!(uid = %req.uid, reason, "CNI ADD: not a mesh member; not captured");
             json!({"result": "not-member", "reason": reason})
         }
-        Err(e) => error(e),
+        Taken::Failed(e) => error(e.to_string()),
     }
 }
 
-async fn teardown(
+async fn teardown<I: PodIntake>(
     req: Request,
     engine: &Arc<DrainEngine>,
-    pods: Option<&dyn PodHandover>,
+    pods: Option<&I>,
 ) -> serde_json::Value {
     // The pod's uid, or the workload discovery holds under another
     // (istiod's `<cluster>//Pod/<ns>/<name>`).
@@ -280,12 +245,11 @@ async fn teardown(
     };
     // The hold is over: the pod's own listeners go (in-pod mode).
     if let Some(pods) = pods {
-        engine.pod_taken_back(&PodKey {
-            uid: &req.uid,
+        let how = Removal::Drained {
             namespace: &req.namespace,
             name: &req.name,
-        });
-        pods.remove(req.uid).await;
+        };
+        pods.remove(&req.uid, how).await;
     }
     answer
 }
