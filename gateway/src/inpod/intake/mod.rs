@@ -108,3 +108,6 @@ pub trait PodIntake: Send + Sync + 'static {
         named: &BTreeSet<String>,
     ) -> impl Future<Output = ()> + Send;
 }
+
+#[cfg(test)]
+mod tests;
