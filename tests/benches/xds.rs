@@ -58,7 +58,10 @@
 //!   missing 30 s after the last push are counted).
 //!
 //! `XDS_UPDATES` (1 to 10,000, default 1,000) sets the update count; each
-//! update phase also stops after 60 s.
+//! update phase also stops after 60 s. `XDS_SERVICES` (1 to a fifth of the
+//! workloads, the default) sets the Services the workloads are spread
+//! over: `XDS_WORKLOADS=100000 XDS_SERVICES=100` gives each Service 1,000
+//! endpoints, and each update touches one of them.
 //!
 //! With `-- --pair NAME=COMMAND` another gateway, started by the command
 //! line in a network namespace of its own and fed by a second double
@@ -470,9 +473,11 @@ fn main() -> anyhow::Result<()> {
         println!("SKIPPED: --pair needs root (a network namespace)");
         return Ok(());
     }
+    let services =
+        env_count("XDS_SERVICES", workloads / 5, workloads / 5).map_err(anyhow::Error::msg)?;
     let big = Set {
         workloads,
-        services: workloads / 5,
+        services,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

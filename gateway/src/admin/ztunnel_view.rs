@@ -25,7 +25,7 @@ pub(super) fn capacities(snapshot: &WorkloadSnapshot) -> HashMap<String, u32> {
     let mut out = HashMap::new();
     for svc in snapshot.services() {
         for (uid, target) in &svc.spec.endpoint_targets {
-            out.insert(uid.clone(), target.capacity);
+            out.insert(uid.to_string(), target.capacity);
         }
     }
     out

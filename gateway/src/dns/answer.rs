@@ -367,7 +367,7 @@ fn addresses(snapshot: &WorkloadSnapshot, svc: &Service, family: Family) -> Vec<
         Some(eps) => eps
             .iter()
             .filter(|(_, c)| c.ready)
-            .map(|(uid, _)| uid.as_str())
+            .map(|(uid, _)| &**uid)
             .collect(),
         None => svc
             .endpoints

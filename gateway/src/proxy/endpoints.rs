@@ -43,6 +43,7 @@ use serde::Serialize;
 
 use crate::config::EndpointChoice;
 use crate::proxy::pool::Pool;
+use crate::workloads::endpoint_list::EndpointList;
 use crate::workloads::services::{Endpoint, Service};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -161,7 +162,7 @@ impl EndpointPicker {
         port: u16,
         avoid: Option<&str>,
     ) -> Option<Picked<'s>> {
-        let all = svc.endpoints.get(&port).map(Vec::as_slice).unwrap_or(&[]);
+        let all = svc.endpoints.get(&port).unwrap_or(EndpointList::EMPTY_LIST);
         let skip_reason = |e: &Endpoint| {
             if avoid == Some(e.workload.uid()) {
                 return Some("failing");
@@ -176,7 +177,7 @@ impl EndpointPicker {
         let mut found: [Option<&Endpoint>; 2] = [None, None];
         let mut n = 0;
         for _ in 0..SAMPLES.min(all.len() * 2) {
-            let e = &all[svc.sample(port, all.len())];
+            let e = &all[all.sample()];
             if found[..n]
                 .iter()
                 .any(|f| f.is_some_and(|f| std::ptr::eq(f, e)))
@@ -215,7 +216,7 @@ impl EndpointPicker {
     }
 
     /// The full pass: every endpoint checked, the first non-empty tier used.
-    fn pick_by_pass<'s>(&self, all: &'s [Endpoint], avoid: Option<&str>) -> Option<Picked<'s>> {
+    fn pick_by_pass<'s>(&self, all: &'s EndpointList, avoid: Option<&str>) -> Option<Picked<'s>> {
         let avoided = |e: &&Endpoint| avoid == Some(e.workload.uid());
         let mut usable: Vec<&Endpoint> = Vec::with_capacity(all.len());
         for e in all {

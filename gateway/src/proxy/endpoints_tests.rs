@@ -60,20 +60,20 @@ fn web(ready: [bool; 2]) -> Arc<Service> {
             protocol: "TCP".into(),
         }],
         endpoints: Some(
-            [
-                ("a".to_owned(), conditions(ready[0])),
-                ("b".to_owned(), conditions(ready[1])),
-            ]
-            .into(),
+            [("a", conditions(ready[0])), ("b", conditions(ready[1]))]
+                .into_iter()
+                .map(|(uid, c)| (std::sync::Arc::<str>::from(uid), c))
+                .collect(),
         ),
         endpoint_targets: [(
-            "b".to_owned(),
+            std::sync::Arc::<str>::from("b"),
             EndpointTarget {
                 capacity: 3,
                 ..Default::default()
             },
         )]
-        .into(),
+        .into_iter()
+        .collect(),
         hostname: None,
         subject_alt_names: Vec::new(),
         waypoints: Vec::new(),

@@ -10,6 +10,7 @@
 //! the difference between consecutive snapshots, which costs what
 //! changed.
 
+pub mod endpoint_list;
 mod file;
 mod file_authorization;
 mod identities;
@@ -23,7 +24,8 @@ mod store;
 pub mod waypoint;
 
 pub use snapshot::{
-    Delta, FormerlyKnown, WorkloadChange, WorkloadSnapshot, DEPARTED_MAX, DEPARTED_RETENTION,
+    Delta, EndpointChange, FormerlyKnown, WorkloadChange, WorkloadSnapshot, DEPARTED_MAX,
+    DEPARTED_RETENTION,
 };
 pub use store::WorkloadStore;
 

@@ -29,7 +29,46 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize, Serializer};
 
+use super::endpoint_list::EndpointList;
 use super::{LifecycleState, Workload};
+
+/// Explicit endpoints, workload uid → conditions: persistent, so a
+/// Service's endpoints change one entry at a time and a copy of the
+/// Service shares the rest.
+pub type EndpointConditions = imbl::OrdMap<Arc<str>, Conditions>;
+/// What explicit endpoints bring of their own, by workload uid (see
+/// [`ServiceSpec::endpoint_targets`]); persistent like
+/// [`EndpointConditions`].
+pub type EndpointTargets = imbl::OrdMap<Arc<str>, EndpointTarget>;
+
+/// A map by workload uid, written as a map of strings.
+mod by_uid {
+    use std::sync::Arc;
+
+    use serde::ser::SerializeMap;
+    use serde::{Serialize, Serializer};
+
+    pub fn serialize<S: Serializer, V: Serialize + Clone>(
+        map: &imbl::OrdMap<Arc<str>, V>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let mut out = s.serialize_map(Some(map.len()))?;
+        for (uid, v) in map {
+            out.serialize_entry(&**uid, v)?;
+        }
+        out.end()
+    }
+
+    pub fn serialize_some<S: Serializer, V: Serialize + Clone>(
+        map: &Option<imbl::OrdMap<Arc<str>, V>>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match map {
+            Some(map) => serialize(map, s),
+            None => s.serialize_none(),
+        }
+    }
+}
 
 /// A Service's port: the port clients dial on the VIP, and where it lands on
 /// each endpoint.
@@ -80,17 +119,23 @@ pub struct ServiceSpec {
     /// Explicit endpoints, workload uid → conditions (Kubernetes
     /// EndpointSlices). Absent (the workload file): the workloads naming
     /// the Service, conditions from their state.
-    #[serde(default, skip_deserializing, skip_serializing_if = "Option::is_none")]
-    pub endpoints: Option<BTreeMap<String, Conditions>>,
+    #[serde(
+        default,
+        skip_deserializing,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "by_uid::serialize_some"
+    )]
+    pub endpoints: Option<EndpointConditions>,
     /// What explicit endpoints bring of their own, by workload uid: their
     /// port mapping, addresses, weight (istiod: each workload's entry for
     /// this Service). An endpoint not listed has none.
     #[serde(
         default,
         skip_deserializing,
-        skip_serializing_if = "BTreeMap::is_empty"
+        skip_serializing_if = "imbl::OrdMap::is_empty",
+        serialize_with = "by_uid::serialize"
     )]
-    pub endpoint_targets: BTreeMap<String, EndpointTarget>,
+    pub endpoint_targets: EndpointTargets,
     /// The Service's DNS name (istiod: `web.shop.svc.cluster.local`, with
     /// the namespace its key there). Not a workload-file key.
     #[serde(default, skip_deserializing, skip_serializing_if = "Option::is_none")]
@@ -264,15 +309,13 @@ pub fn pick_ips(ips: &[IpAddr], family_v4: bool) -> Option<(IpAddr, Option<IpAdd
 }
 
 /// A Service with its endpoints, resolved per port.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Service {
     pub spec: ServiceSpec,
-    /// Service port → its endpoints.
-    pub endpoints: BTreeMap<u16, Vec<Endpoint>>,
-    /// Service port → the running total of its endpoints' capacities, for
-    /// a port whose endpoints do not all weigh the same (absent: uniform).
-    pub cumulative_capacity: BTreeMap<u16, Vec<u64>>,
-    /// Members that are no endpoint of some port, and why (`/config_dump`).
+    /// Service port → its endpoints, in uid order.
+    pub endpoints: BTreeMap<u16, EndpointList>,
+    /// Members that are no endpoint of some port, and why (`/config_dump`),
+    /// by port then uid.
     pub unresolved: Vec<(String, u16, &'static str)>,
 }
 
@@ -280,35 +323,6 @@ impl Service {
     pub fn key(&self) -> String {
         self.spec.key()
     }
-
-    /// The index of a random endpoint of `port`, in proportion to its
-    /// capacity (one binary search; uniform when they weigh the same).
-    pub fn sample(&self, port: u16, len: usize) -> usize {
-        match self.cumulative_capacity.get(&port) {
-            Some(totals) if totals.len() == len && len > 0 => {
-                let r = fastrand::u64(..totals[len - 1]);
-                totals.partition_point(|t| *t <= r)
-            }
-            _ => fastrand::usize(..len),
-        }
-    }
-}
-
-/// The running totals of `list`'s capacities, when they differ.
-fn cumulative(list: &[Endpoint]) -> Option<Vec<u64>> {
-    let first = list.first()?.capacity;
-    if list.iter().all(|e| e.capacity == first) {
-        return None;
-    }
-    let mut total = 0u64;
-    Some(
-        list.iter()
-            .map(|e| {
-                total += u64::from(e.capacity);
-                total
-            })
-            .collect(),
-    )
 }
 
 /// Resolves one Service: its endpoints from `spec.endpoints` (looked up
@@ -337,60 +351,97 @@ pub fn resolve_one<'a>(
         None => named.iter().map(|w| (w, Conditions::of(w))).collect(),
     };
     let mut endpoints = BTreeMap::new();
-    let mut cumulative_capacity = BTreeMap::new();
     let mut unresolved = Vec::new();
     for p in spec.ports.iter().filter(|p| p.protocol == "TCP") {
         for uid in &strangers {
-            unresolved.push(((*uid).clone(), p.port, "not_a_workload"));
+            unresolved.push((uid.to_string(), p.port, "not_a_workload"));
         }
         let mut list = Vec::new();
         for (w, conditions) in &members {
-            let own = spec.endpoint_targets.get(w.uid());
-            let target = match (own.and_then(|o| o.ports.get(&p.port)), &p.target_port) {
-                (Some(n), _) if *n > 0 => Ok(*n),
-                (_, None) => Ok(p.port),
-                (_, Some(TargetPort::Number(n))) => Ok(*n),
-                (_, Some(TargetPort::Name(name))) => {
-                    w.spec.ports.get(name).copied().ok_or("no_named_port")
-                }
-                (_, Some(TargetPort::PerEndpoint)) => Err("no_target_port"),
-            };
-            let target_port = match target {
-                Ok(port) => port,
-                Err(reason) => {
-                    unresolved.push((w.uid().to_owned(), p.port, reason));
-                    continue;
-                }
-            };
-            let ips = match own {
-                Some(o) if !o.ips.is_empty() => &o.ips,
-                _ => &w.spec.ips,
-            };
-            let family_v4 = spec.vips.first().is_none_or(|v| v.is_ipv4());
-            let Some((ip, alt_ip)) = pick_ips(ips, family_v4) else {
-                unresolved.push((w.uid().to_owned(), p.port, "no_address"));
-                continue;
-            };
-            list.push(Endpoint {
-                workload: (*w).clone(),
-                ip,
-                alt_ip,
-                target_port,
-                conditions: *conditions,
-                capacity: own.map_or(1, |o| o.capacity),
-            });
+            match endpoint_of(&spec, p, w, *conditions) {
+                Ok(e) => list.push(e),
+                Err(reason) => unresolved.push((w.uid().to_owned(), p.port, reason)),
+            }
         }
-        if let Some(totals) = cumulative(&list) {
-            cumulative_capacity.insert(p.port, totals);
-        }
-        endpoints.insert(p.port, list);
+        endpoints.insert(p.port, EndpointList::from_sorted(list));
     }
+    unresolved.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
     Service {
         spec,
         endpoints,
-        cumulative_capacity,
         unresolved,
     }
+}
+
+impl Service {
+    /// Workload `uid`'s endpoints resolved again, alone, from the Service's
+    /// explicit entry for it and `workload` (its workload now, if any): what
+    /// [`resolve_one`] gives for that uid, at the cost of one endpoint a
+    /// port. A Service without explicit endpoints (members by name) is
+    /// resolved whole instead.
+    pub fn resolve_member(&mut self, uid: &str, workload: Option<&Arc<Workload>>) {
+        let Service {
+            spec,
+            endpoints,
+            unresolved,
+        } = self;
+        unresolved.retain(|(u, _, _)| u != uid);
+        let conditions = spec.endpoints.as_ref().and_then(|e| e.get(uid)).copied();
+        for p in spec.ports.iter().filter(|p| p.protocol == "TCP") {
+            let list = endpoints.entry(p.port).or_default();
+            let resolved = match (conditions, workload) {
+                (None, _) => {
+                    list.remove(uid);
+                    continue;
+                }
+                (Some(_), None) => Err("not_a_workload"),
+                (Some(c), Some(w)) => endpoint_of(spec, p, w, c.for_workload(w)),
+            };
+            match resolved {
+                Ok(e) => list.put(e),
+                Err(reason) => {
+                    list.remove(uid);
+                    let at = unresolved
+                        .partition_point(|(u, port, _)| (*port, u.as_str()) <= (p.port, uid));
+                    unresolved.insert(at, (uid.to_owned(), p.port, reason));
+                }
+            }
+        }
+    }
+}
+
+/// Workload `w`'s endpoint of Service port `p` with `conditions`, or why
+/// it is none.
+fn endpoint_of(
+    spec: &ServiceSpec,
+    p: &ServicePort,
+    w: &Arc<Workload>,
+    conditions: Conditions,
+) -> Result<Endpoint, &'static str> {
+    let own = spec.endpoint_targets.get(w.uid());
+    let target_port = match (own.and_then(|o| o.ports.get(&p.port)), &p.target_port) {
+        (Some(n), _) if *n > 0 => *n,
+        (_, None) => p.port,
+        (_, Some(TargetPort::Number(n))) => *n,
+        (_, Some(TargetPort::Name(name))) => {
+            w.spec.ports.get(name).copied().ok_or("no_named_port")?
+        }
+        (_, Some(TargetPort::PerEndpoint)) => return Err("no_target_port"),
+    };
+    let ips = match own {
+        Some(o) if !o.ips.is_empty() => &o.ips,
+        _ => &w.spec.ips,
+    };
+    let family_v4 = spec.vips.first().is_none_or(|v| v.is_ipv4());
+    let (ip, alt_ip) = pick_ips(ips, family_v4).ok_or("no_address")?;
+    Ok(Endpoint {
+        workload: w.clone(),
+        ip,
+        alt_ip,
+        target_port,
+        conditions,
+        capacity: own.map_or(1, |o| o.capacity),
+    })
 }
 
 #[cfg(test)]
@@ -422,15 +473,8 @@ mod tests {
                 target_port: Some(TargetPort::Number(8080)),
                 protocol: "TCP".into(),
             }],
-            endpoints: Some(
-                [
-                    ("a".to_owned(), ready),
-                    ("b".to_owned(), ready),
-                    ("gone".to_owned(), ready),
-                ]
-                .into(),
-            ),
-            endpoint_targets: BTreeMap::new(),
+            endpoints: Some(uids([("a", ready), ("b", ready), ("gone", ready)])),
+            endpoint_targets: EndpointTargets::new(),
             hostname: None,
             subject_alt_names: Vec::new(),
             waypoints: Vec::new(),
@@ -470,27 +514,31 @@ mod tests {
         assert_eq!(web.unresolved, [("gone".to_owned(), 80, "not_a_workload")]);
     }
 
-    fn web(
-        ports: Vec<ServicePort>,
-        endpoint_targets: BTreeMap<String, EndpointTarget>,
-    ) -> ServiceSpec {
+    fn web(ports: Vec<ServicePort>, endpoint_targets: EndpointTargets) -> ServiceSpec {
         ServiceSpec {
             name: "web".into(),
             namespace: "ns".into(),
             vips: vec!["10.96.0.1".parse().unwrap()],
             ports,
-            endpoints: Some(
-                [
-                    ("a".to_owned(), Conditions::from_slice(None, None, None)),
-                    ("b".to_owned(), Conditions::from_slice(None, None, None)),
-                ]
-                .into(),
-            ),
+            endpoints: Some(uids([
+                ("a", Conditions::from_slice(None, None, None)),
+                ("b", Conditions::from_slice(None, None, None)),
+            ])),
             endpoint_targets,
             hostname: None,
             subject_alt_names: Vec::new(),
             waypoints: Vec::new(),
         }
+    }
+
+    /// A map by workload uid, as the sources build one.
+    pub(crate) fn uids<V: Clone, const N: usize>(
+        entries: [(&str, V); N],
+    ) -> imbl::OrdMap<Arc<str>, V> {
+        entries
+            .into_iter()
+            .map(|(uid, v)| (Arc::from(uid), v))
+            .collect()
     }
 
     fn port(port: u16, target_port: Option<TargetPort>) -> ServicePort {
@@ -538,17 +586,14 @@ mod tests {
             Some(TargetPort::Number(8080)),
             Some(TargetPort::Name("http".into())),
         ] {
-            let spec = web(
-                vec![port(80, target.clone())],
-                [("b".to_owned(), own.clone())].into(),
-            );
+            let spec = web(vec![port(80, target.clone())], uids([("b", own.clone())]));
             let (eps, _) = endpoints_of(spec, 80);
             assert_eq!(eps[1], ("b".into(), ip("10.0.0.2"), 9000, 1), "{target:?}");
         }
         // A mapping to port 0 is none: the Service's target port applies.
         let spec = web(
             vec![port(81, Some(TargetPort::Number(8181)))],
-            [("a".to_owned(), own)].into(),
+            uids([("a", own)]),
         );
         let (eps, _) = endpoints_of(spec, 81);
         assert_eq!(eps[0], ("a".into(), ip("10.0.0.1"), 8181, 1));
@@ -562,7 +607,7 @@ mod tests {
         };
         let spec = web(
             vec![port(80, Some(TargetPort::PerEndpoint))],
-            [("a".to_owned(), own)].into(),
+            uids([("a", own)]),
         );
         let (eps, unresolved) = endpoints_of(spec, 80);
         assert_eq!(eps, [("a".into(), ip("10.0.0.1"), 9000, 1)]);
@@ -578,7 +623,7 @@ mod tests {
         };
         let spec = web(
             vec![port(80, Some(TargetPort::Number(8080)))],
-            [("b".to_owned(), own)].into(),
+            uids([("b", own)]),
         );
         let (eps, _) = endpoints_of(spec, 80);
         assert_eq!(
@@ -606,22 +651,21 @@ mod tests {
             capacity: 9,
             ..Default::default()
         };
-        let svc = resolved(web(vec![port(80, None)], [("b".to_owned(), heavy)].into()));
-        assert_eq!(svc.cumulative_capacity[&80], [1, 10]);
+        let svc = resolved(web(vec![port(80, None)], uids([("b", heavy)])));
         let eps = &svc.endpoints[&80];
         let b = (0..10_000)
-            .filter(|_| eps[svc.sample(80, eps.len())].workload.uid() == "b")
+            .filter(|_| eps[eps.sample()].workload.uid() == "b")
             .count();
         // 9,000 expected; the binomial deviation is 30.
         assert!(
             (8_700..=9_300).contains(&b),
             "{b} of 10,000 to capacity 9 of 10"
         );
-        // Equal capacities: no totals kept, a uniform draw.
-        let even = resolved(web(vec![port(80, None)], BTreeMap::new()));
-        assert!(even.cumulative_capacity.is_empty());
+        // Equal capacities: a uniform draw.
+        let even = resolved(web(vec![port(80, None)], EndpointTargets::new()));
+        let eps = &even.endpoints[&80];
         let b = (0..10_000)
-            .filter(|_| eps[even.sample(80, 2)].workload.uid() == "b")
+            .filter(|_| eps[eps.sample()].workload.uid() == "b")
             .count();
         assert!((4_700..=5_300).contains(&b), "{b} of 10,000 to one of two");
     }
@@ -632,7 +676,7 @@ mod tests {
         let spec: ServiceSpec = serde_yaml::from_str(yaml).unwrap();
         assert_eq!(
             (spec.hostname, spec.subject_alt_names, spec.endpoint_targets),
-            (None, vec![], BTreeMap::new())
+            (None, vec![], EndpointTargets::new())
         );
         for extra in [
             "hostname: web.default.svc.cluster.local",
@@ -656,7 +700,7 @@ mod tests {
     fn a_per_endpoint_port_and_the_istio_fields_show_in_the_dump() {
         let mut spec = web(
             vec![port(80, Some(TargetPort::PerEndpoint))],
-            [("a".to_owned(), EndpointTarget::default())].into(),
+            uids([("a", EndpointTarget::default())]),
         );
         spec.hostname = Some("web.ns.svc.cluster.local".into());
         let json = serde_json::to_value(&spec).unwrap();

@@ -39,7 +39,7 @@ use tidegate_authz::PolicyStore;
 
 use super::identities::Identities;
 use super::membership::{self, Membership};
-use super::services::{self, Service, ServiceSpec};
+use super::services::{self, Conditions, EndpointTarget, Service, ServiceSpec};
 use super::{Protocol, Workload, WorkloadSpec};
 use crate::config::Cidr;
 
@@ -150,11 +150,28 @@ pub struct Delta {
     pub services: Vec<ServiceSpec>,
     /// Service keys (`namespace/name`).
     pub removed_services: Vec<String>,
+    /// Endpoints changed one at a time in Services that did not change
+    /// themselves (istiod: a workload of a Service changed): each applied
+    /// to its Service at the cost of that endpoint, not of the Service's
+    /// endpoints. A Service the delta puts whole carries its endpoints.
+    pub endpoints: Vec<EndpointChange>,
     pub policies: Option<Arc<PolicyStore>>,
     /// Resources discovery refused with nothing held under their name, by
     /// name, with the addresses they name (held closed); an empty list:
     /// no longer refused.
     pub refused: Vec<(String, Vec<IpAddr>)>,
+}
+
+/// One endpoint of one Service changed: workload `uid`'s entry in the
+/// Service of key `service` as it now is.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EndpointChange {
+    pub service: String,
+    pub uid: Arc<str>,
+    /// Its conditions and what it brings of its own (its port mapping,
+    /// addresses, weight: none when the Service's own say it all); `None`:
+    /// no longer an endpoint.
+    pub entry: Option<(Conditions, Option<EndpointTarget>)>,
 }
 
 impl Delta {
@@ -163,9 +180,18 @@ impl Delta {
             && self.removed_workloads.is_empty()
             && self.services.is_empty()
             && self.removed_services.is_empty()
+            && self.endpoints.is_empty()
             && self.policies.is_none()
             && self.refused.is_empty()
     }
+}
+
+/// What changed among one Service's endpoints in one delta: entries
+/// changed, and workloads changed that are (or were) its endpoints.
+#[derive(Default)]
+struct Members {
+    changed: Vec<EndpointChange>,
+    touched: Vec<Arc<str>>,
 }
 
 /// Who the snapshot is built for: the workload's identity and locality
@@ -467,22 +493,24 @@ impl WorkloadSnapshot {
         reason: Option<membership::Reason>,
     ) -> WorkloadSnapshot {
         let mut next = self.next();
-        // The Services put, and whether each is to be resolved (it changed,
-        // or a changed workload names or named it); the others to resolve
-        // again, by key. A Service the delta puts is looked up by the name
-        // a workload gives it without allocating a key.
+        // The Services put whole, and whether each is to be resolved (it
+        // changed, or a changed workload names or named it); the endpoints
+        // to resolve again one by one in the others, by Service key. A
+        // Service the delta puts is looked up by the name a workload gives
+        // it without allocating a key.
         let mut put: foldhash::HashMap<String, (ServiceSpec, bool)> = Default::default();
         for spec in delta.services {
             put.insert(spec.key(), (spec, false));
         }
-        let mut dirty: foldhash::HashSet<String> = Default::default();
+        let mut members: foldhash::HashMap<String, Members> = Default::default();
         let mut touched = |w: &Workload| {
             for s in &w.spec.services {
                 let key = service_key(w, s);
                 match put.get_mut(&*key) {
                     Some((_, d)) => *d = true,
                     None => {
-                        dirty.insert(key.into_owned());
+                        let m = members.entry(key.into_owned()).or_default();
+                        m.touched.push(Arc::from(w.spec.uid.as_str()));
                     }
                 }
             }
@@ -519,27 +547,26 @@ impl WorkloadSnapshot {
                 next.members.insert(w.spec.uid.clone(), m);
             }
         }
+        for change in delta.endpoints {
+            if !put.contains_key(&change.service) {
+                let m = members.entry(change.service.clone()).or_default();
+                m.changed.push(change);
+            }
+        }
         for key in &delta.removed_services {
             next.take_service(key);
-            dirty.remove(key);
+            members.remove(key);
         }
-        let stored = dirty
-            .into_iter()
-            .filter_map(|key| next.service(&key).map(|svc| svc.spec.clone()));
+        for (key, m) in members {
+            next.update_members(&key, m);
+        }
         let changed = put.into_values().filter_map(|(spec, touched)| {
             let same = next.service(&spec.key()).is_some_and(|s| s.spec == spec);
             (touched || !same).then_some(spec)
         });
-        let resolve: Vec<ServiceSpec> = stored.chain(changed).collect();
+        let resolve: Vec<ServiceSpec> = changed.collect();
         for spec in resolve {
-            let named: Vec<Arc<Workload>> = if spec.endpoints.is_none() {
-                // Members by name (the workload file): found by a walk.
-                next.iter().filter(|w| names(w, &spec)).cloned().collect()
-            } else {
-                Vec::new()
-            };
-            let svc = services::resolve_one(spec, |uid| next.by_uid(uid), &named);
-            next.put_service(Arc::new(svc));
+            next.resolve_whole(spec);
         }
         if let Some(policies) = delta.policies {
             next.policies = policies;
@@ -548,6 +575,58 @@ impl WorkloadSnapshot {
             next.refuse(name, ips);
         }
         next
+    }
+
+    /// Resolves `spec` whole and puts it in place of its Service.
+    fn resolve_whole(&mut self, spec: ServiceSpec) {
+        let named: Vec<Arc<Workload>> = if spec.endpoints.is_none() {
+            // Members by name (the workload file): found by a walk.
+            self.iter().filter(|w| names(w, &spec)).cloned().collect()
+        } else {
+            Vec::new()
+        };
+        let svc = services::resolve_one(spec, |uid| self.by_uid(uid), &named);
+        self.put_service(Arc::new(svc));
+    }
+
+    /// The Service of `key` with `m` applied: its changed endpoints'
+    /// entries, then each endpoint changed or touched resolved again
+    /// alone (O(endpoints changed), not O(endpoints)). A Service whose
+    /// members are named (the workload file) is resolved whole.
+    fn update_members(&mut self, key: &str, m: Members) {
+        let Some(held) = self.service(key) else {
+            return;
+        };
+        if held.spec.endpoints.is_none() {
+            self.resolve_whole(held.spec.clone());
+            return;
+        }
+        let mut svc = Service::clone(held);
+        let mut uids = m.touched;
+        for change in m.changed {
+            let spec = &mut svc.spec;
+            let endpoints = spec.endpoints.get_or_insert_with(Default::default);
+            match change.entry {
+                Some((conditions, target)) => {
+                    endpoints.insert(change.uid.clone(), conditions);
+                    match target {
+                        Some(t) => spec.endpoint_targets.insert(change.uid.clone(), t),
+                        None => spec.endpoint_targets.remove(&change.uid),
+                    };
+                }
+                None => {
+                    endpoints.remove(&change.uid);
+                    spec.endpoint_targets.remove(&change.uid);
+                }
+            }
+            uids.push(change.uid);
+        }
+        uids.sort_unstable();
+        uids.dedup();
+        for uid in uids {
+            svc.resolve_member(&uid, self.by_uid(&uid));
+        }
+        self.put_service(Arc::new(svc));
     }
 
     /// Holds the addresses `ips` of refused resource `name` closed (empty:

@@ -24,8 +24,8 @@ use foldhash::{HashMap, HashSet};
 use tracing::{info, warn};
 
 use super::convert::{self, IstioWorkload, Standing};
-use crate::workloads::services::{EndpointTarget, ServiceSpec};
-use crate::workloads::{Delta, WorkloadSpec};
+use crate::workloads::services::{Conditions, EndpointTarget, ServiceSpec};
+use crate::workloads::{Delta, EndpointChange, WorkloadSpec};
 
 /// A resource name or a host, shared by everything that holds it.
 type Name = Arc<str>;
@@ -45,9 +45,13 @@ pub struct Assembly {
     /// always one.
     claims: HashMap<IpAddr, Vec<Name>>,
     /// Changed since the last [`Assembly::take_delta`]: workloads (by
-    /// resource name) and hosts to assemble again, and what left.
+    /// resource name) to assemble again, hosts whose Service is to be
+    /// assembled whole (it changed), endpoints to assemble one by one
+    /// (host, workload resource name, uid: a workload that changed in a
+    /// Service that did not), and what left.
     dirty_workloads: HashSet<Name>,
     dirty_hosts: HashSet<Name>,
+    dirty_endpoints: HashSet<(Name, Name, Name)>,
     dirty_ips: BTreeSet<IpAddr>,
     removed_workloads: Vec<String>,
     removed_services: Vec<String>,
@@ -356,7 +360,10 @@ impl Assembly {
                     self.naming.remove(h);
                 }
             }
-            self.dirty_hosts.insert(h.clone());
+            if !self.dirty_hosts.contains(h) {
+                self.dirty_endpoints
+                    .insert((h.clone(), name.clone(), w.uid.clone()));
+            }
         }
         for ip in w.claims() {
             let names = self.claims.entry(*ip).or_default();
@@ -404,7 +411,15 @@ impl Assembly {
             };
             delta.workloads.push(self.workload_spec(&name, k, base));
         }
-        for h in std::mem::take(&mut self.dirty_hosts) {
+        let whole = std::mem::take(&mut self.dirty_hosts);
+        for (h, name, uid) in std::mem::take(&mut self.dirty_endpoints) {
+            if !whole.contains(&h) {
+                if let Some(change) = self.endpoint_change(&h, &name, uid) {
+                    delta.endpoints.push(change);
+                }
+            }
+        }
+        for h in whole {
             if let Some(spec) = self.service_spec(&h) {
                 delta.services.push(spec);
             }
@@ -488,7 +503,7 @@ impl Assembly {
     /// naming it.
     fn service_spec(&self, h: &str) -> Option<ServiceSpec> {
         let mut spec = self.services.get(self.hosts.get(h)?)?.clone();
-        let mut endpoints = BTreeMap::new();
+        let mut endpoints = imbl::OrdMap::new();
         for w in self
             .naming
             .get(h)
@@ -496,22 +511,49 @@ impl Assembly {
             .flatten()
             .filter_map(|n| self.workloads.get(n))
         {
-            let Some(ports) = w.ports(h) else {
+            let Some((conditions, target)) = self.endpoint(w, h, &spec) else {
                 continue;
             };
-            endpoints.insert(
-                w.uid.to_string(),
-                convert::conditions(w.healthy, w.starting),
-            );
-            let ports = ports.iter().copied();
-            let target =
-                convert::endpoint_target(w.host_network, &w.addresses, w.capacity, ports, &spec);
-            if target != EndpointTarget::default() {
-                spec.endpoint_targets.insert(w.uid.to_string(), target);
+            endpoints.insert(w.uid.clone(), conditions);
+            if let Some(target) = target {
+                spec.endpoint_targets.insert(w.uid.clone(), target);
             }
         }
         spec.endpoints = Some(endpoints);
         Some(spec)
+    }
+
+    /// Workload `w`'s entry as an endpoint of the Service `spec` held under
+    /// host `h`: its conditions and what it brings of its own; `None`
+    /// when it does not name the host.
+    fn endpoint(
+        &self,
+        w: &Kept,
+        h: &str,
+        spec: &ServiceSpec,
+    ) -> Option<(Conditions, Option<EndpointTarget>)> {
+        let ports = w.ports(h)?.iter().copied();
+        let target =
+            convert::endpoint_target(w.host_network, &w.addresses, w.capacity, ports, spec);
+        let target = (target != EndpointTarget::default()).then_some(target);
+        Some((convert::conditions(w.healthy, w.starting), target))
+    }
+
+    /// The endpoint of `uid` (workload resource `name`) in the Service held
+    /// under host `h`, as it now is (`entry: None`: no longer one); `None`
+    /// without a Service under the host.
+    fn endpoint_change(&self, h: &str, name: &str, uid: Name) -> Option<EndpointChange> {
+        let spec = self.services.get(self.hosts.get(h)?)?;
+        let entry = self
+            .workloads
+            .get(name)
+            .filter(|w| w.uid == uid)
+            .and_then(|w| self.endpoint(w, h, spec));
+        Some(EndpointChange {
+            service: spec.key(),
+            uid,
+            entry,
+        })
     }
 }
 

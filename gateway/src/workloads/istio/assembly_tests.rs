@@ -136,6 +136,18 @@ fn take(assembly: &mut Assembly, store: &WorkloadStore) -> Delta {
     delta
 }
 
+/// The shape of a random run: how many pods, Services and addresses, and
+/// how many responses of how many changes.
+struct Shape {
+    seed: u64,
+    pods: usize,
+    services: usize,
+    /// Addresses the pods draw from: fewer than pods, claims collide.
+    addresses: u16,
+    responses: usize,
+    changes: usize,
+}
+
 /// Random updates — pods added, changed (health, protocol, Services
 /// named, an address taken from another pod), removed; Services added,
 /// moved to another VIP, removed — applied one response at a time
@@ -143,20 +155,53 @@ fn take(assembly: &mut Assembly, store: &WorkloadStore) -> Delta {
 /// the whole set gives.
 #[test]
 fn updates_applied_as_deltas_match_the_whole_set_assembled() {
-    let mut rng = fastrand::Rng::with_seed(52);
+    deltas_match_the_whole_set(Shape {
+        seed: 52,
+        pods: 40,
+        services: 8,
+        addresses: 30,
+        responses: 300,
+        changes: 6,
+    });
+}
+
+/// The same with Services of hundreds of endpoints: each endpoint change
+/// is applied alone to lists of several chunks.
+#[test]
+fn endpoint_changes_in_large_services_match_the_whole_set_assembled() {
+    let endpoints = deltas_match_the_whole_set(Shape {
+        seed: 53,
+        pods: 600,
+        services: 2,
+        addresses: 2000,
+        responses: 150,
+        changes: 12,
+    });
+    assert!(
+        endpoints > 2 * crate::workloads::endpoint_list::CHUNK,
+        "{endpoints} endpoints in the largest Service"
+    );
+}
+
+/// Runs `shape`; the endpoints of the largest Service at the end.
+fn deltas_match_the_whole_set(shape: Shape) -> usize {
+    let mut rng = fastrand::Rng::with_seed(shape.seed);
     let store = WorkloadStore::new("cluster.local", "node-0");
     let mut assembly = Assembly::default();
     let mut workloads = BTreeMap::new();
     let mut services = BTreeMap::new();
     let mut deltas_seen = 0;
-    for response in 0..300 {
-        for _ in 0..rng.usize(1..6) {
-            let i = rng.usize(0..40);
+    for response in 0..shape.responses {
+        for _ in 0..rng.usize(1..shape.changes) {
+            let i = rng.usize(0..shape.pods);
             match rng.u8(0..10) {
                 0..=5 => {
                     // Few addresses for many pods: claims collide.
-                    let ip = IpAddr::from([10, 0, 0, rng.u8(1..30)]);
-                    let named: Vec<usize> = (0..rng.usize(0..3)).map(|_| rng.usize(0..8)).collect();
+                    let n = rng.u16(1..shape.addresses).to_be_bytes();
+                    let ip = IpAddr::from([10, 0, n[0], n[1]]);
+                    let named: Vec<usize> = (0..rng.usize(0..3))
+                        .map(|_| rng.usize(0..shape.services))
+                        .collect();
                     let w = pod(i, ip, rng.bool(), rng.u8(0..5) == 0, &named);
                     let name = w.spec.uid.clone();
                     put(&mut assembly, name.clone(), w.clone());
@@ -176,20 +221,20 @@ fn updates_applied_as_deltas_match_the_whole_set_assembled() {
                     assert_eq!(assembly.remove(&name), workloads.remove(&name).is_some());
                 }
                 7 | 8 => {
-                    let s = rng.usize(0..8);
+                    let s = rng.usize(0..shape.services);
                     let spec = service(s, rng.u8(0..2));
                     let name = host(s);
                     assembly.put_service(name.clone(), spec.clone());
                     services.insert(name, spec);
                 }
                 _ => {
-                    let name = host(rng.usize(0..8));
+                    let name = host(rng.usize(0..shape.services));
                     assert_eq!(assembly.remove(&name), services.remove(&name).is_some());
                 }
             }
         }
         let delta = take(&mut assembly, &store);
-        deltas_seen += delta.workloads.len() + delta.services.len();
+        deltas_seen += delta.workloads.len() + delta.services.len() + delta.endpoints.len();
         let expected = whole(&workloads, &services);
         assert_eq!(
             held(&store.snapshot()),
@@ -198,10 +243,16 @@ fn updates_applied_as_deltas_match_the_whole_set_assembled() {
         );
     }
     assert!(deltas_seen > 0);
+    let snap = store.snapshot();
+    snap.services()
+        .flat_map(|s| s.endpoints.values().map(|l| l.len()))
+        .max()
+        .unwrap_or(0)
 }
 
-/// One pod's update puts that pod and the Services it names, nothing
-/// else: the delta is the size of the change, not of the set.
+/// One pod's update puts that pod and its endpoint in the Services it
+/// names, nothing else: the delta is the size of the change, not of the
+/// set nor of the Service.
 #[test]
 fn a_pods_update_touches_only_it_and_its_services() {
     let store = WorkloadStore::new("cluster.local", "node-0");
@@ -232,12 +283,23 @@ fn a_pods_update_touches_only_it_and_its_services() {
     );
     let delta = take(&mut assembly, &store);
     let uids: Vec<&str> = delta.workloads.iter().map(|w| w.uid.as_str()).collect();
-    let keys: Vec<String> = delta.services.iter().map(|s| s.key()).collect();
     assert_eq!(uids, ["Kubernetes//Pod/shop/p7"]);
-    assert_eq!(keys, ["shop/s7"]);
-    let eps = delta.services[0].endpoints.as_ref().unwrap();
+    assert!(delta.services.is_empty(), "no Service is put whole");
+    let [change] = &delta.endpoints[..] else {
+        panic!("one endpoint changed: {:?}", delta.endpoints);
+    };
+    assert_eq!(
+        (change.service.as_str(), &*change.uid),
+        ("shop/s7", "Kubernetes//Pod/shop/p7")
+    );
+    assert!(change.entry.as_ref().is_some_and(|(c, _)| !c.ready));
+    let snap = store.snapshot();
+    let s7 = snap.service("shop/s7").unwrap();
+    let eps = s7.spec.endpoints.as_ref().unwrap();
     assert_eq!(eps.len(), 10, "the Service's ten endpoints, one changed");
     assert!(!eps["Kubernetes//Pod/shop/p7"].ready);
+    let p7 = s7.endpoints[&80].find("Kubernetes//Pod/shop/p7").unwrap();
+    assert!(!p7.conditions.ready);
 
     // The same update again changes nothing.
     put(
@@ -449,7 +511,7 @@ fn a_pod_unhealthy_since_listed_is_starting_not_terminating() {
         let snap = store.snapshot();
         let w = snap.by_uid(&name).expect("held");
         let svc = snap.service("shop/s3").expect("service");
-        let c = svc.spec.endpoints.as_ref().unwrap()[&name];
+        let c = svc.spec.endpoints.as_ref().unwrap()[name.as_str()];
         (w.spec.state, c.ready, c.terminating)
     };
     assembly.put_service(host(3), service(3, 0));

@@ -32,6 +32,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use tidegate_xds::workload::{
     self as wds, application_tunnel, load_balancing, IpFamilies, NetworkMode, TunnelProtocol,
@@ -420,8 +421,8 @@ pub fn service(s: &wds::Service) -> Result<ServiceSpec, ConvertError> {
         ports,
         // Explicit, even when no workload names it: membership comes from
         // the workloads' `services`, never from matching names.
-        endpoints: Some(BTreeMap::new()),
-        endpoint_targets: BTreeMap::new(),
+        endpoints: Some(Default::default()),
+        endpoint_targets: Default::default(),
         hostname: Some(s.hostname.clone()),
         subject_alt_names: subject_alt_names(s),
         waypoints: service_waypoints(s),
@@ -548,13 +549,14 @@ pub fn assemble(
             };
             let svc = &mut out_services[i];
             spec.services.push(svc.key());
+            let uid: Arc<str> = Arc::from(spec.uid.as_str());
             svc.endpoints
-                .get_or_insert_with(BTreeMap::new)
-                .insert(spec.uid.clone(), conditions(w.healthy, w.starting));
+                .get_or_insert_with(Default::default)
+                .insert(uid.clone(), conditions(w.healthy, w.starting));
             let ports = ports.iter().map(|(s, t)| (*s, *t));
             let target = endpoint_target(w.host_network, &w.addresses, w.capacity, ports, svc);
             if target != EndpointTarget::default() {
-                svc.endpoint_targets.insert(spec.uid.clone(), target);
+                svc.endpoint_targets.insert(uid, target);
             }
         }
         specs.push(spec);

@@ -411,7 +411,11 @@ fn a_service_maps_onto_the_spec() {
         got.subject_alt_names,
         [SpiffeId::new("cluster.local", "shop", "web")]
     );
-    assert_eq!(got.endpoints, Some(BTreeMap::new()), "explicit, none yet");
+    assert_eq!(
+        got.endpoints,
+        Some(Default::default()),
+        "explicit, none yet"
+    );
     assert!(got.endpoint_targets.is_empty());
 }
 
@@ -570,13 +574,13 @@ fn workloads_become_the_endpoints_of_the_services_they_name() {
     assert!(specs[0].services.is_empty());
     let keys: Vec<String> = services.iter().map(|s| s.key()).collect();
     assert_eq!(keys, ["shop/api", "shop/web"]);
-    assert_eq!(services[0].endpoints, Some(BTreeMap::new()));
+    assert_eq!(services[0].endpoints, Some(Default::default()));
     let web = &services[1];
     assert_eq!(
         web.endpoints,
-        Some(BTreeMap::from([
+        Some(imbl::OrdMap::from(vec![
             (
-                "Kubernetes//Pod/shop/web-a".to_owned(),
+                "Kubernetes//Pod/shop/web-a",
                 Conditions {
                     ready: true,
                     serving: true,
@@ -584,7 +588,7 @@ fn workloads_become_the_endpoints_of_the_services_they_name() {
                 }
             ),
             (
-                "Kubernetes//Pod/shop/web-b".to_owned(),
+                "Kubernetes//Pod/shop/web-b",
                 Conditions {
                     ready: false,
                     serving: true,
@@ -597,8 +601,8 @@ fn workloads_become_the_endpoints_of_the_services_they_name() {
     // its own. web-b brings its weight and the mapping the Service lacks.
     assert_eq!(
         web.endpoint_targets,
-        BTreeMap::from([(
-            "Kubernetes//Pod/shop/web-b".to_owned(),
+        imbl::OrdMap::from(vec![(
+            "Kubernetes//Pod/shop/web-b",
             EndpointTarget {
                 ports: BTreeMap::from([(9090, 9091)]),
                 ips: vec![],

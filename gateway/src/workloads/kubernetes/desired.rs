@@ -218,8 +218,15 @@ fn service_spec<'a>(
         namespace: namespace.to_owned(),
         vips,
         ports,
-        endpoints: Some(endpoints.remove(&(namespace, name)).unwrap_or_default()),
-        endpoint_targets: BTreeMap::new(),
+        endpoints: Some(
+            endpoints
+                .remove(&(namespace, name))
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(uid, c)| (std::sync::Arc::from(uid), c))
+                .collect(),
+        ),
+        endpoint_targets: Default::default(),
         hostname: None,
         subject_alt_names: Vec::new(),
         waypoints: Vec::new(),

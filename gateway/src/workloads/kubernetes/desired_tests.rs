@@ -629,7 +629,12 @@ fn dual_stack_pods_services_slices_and_ranges_keep_both_families() {
     assert_eq!(six.vips, [ip("fd00:96::11")]);
     // Each pod once, whichever family's slice named it.
     let uids = |s: &ServiceSpec| -> Vec<String> {
-        s.endpoints.as_ref().unwrap().keys().cloned().collect()
+        s.endpoints
+            .as_ref()
+            .unwrap()
+            .keys()
+            .map(|k| k.to_string())
+            .collect()
     };
     assert_eq!(uids(web), ["u1", "u2"]);
     assert_eq!(uids(six), ["u2"]);
