@@ -75,10 +75,24 @@ struct Held {
     streams: Vec<Stream>,
     nonce: u64,
     replies: Vec<Reply>,
+    /// Nonce → the indexes of its replies in `replies`: a reply is found
+    /// without a walk of every reply so far (a bench sends thousands).
+    by_nonce: HashMap<String, Vec<usize>>,
     opened: Vec<Opened>,
     version: u64,
     /// When each push was sent (by nonce).
     pushed: HashMap<String, Instant>,
+}
+
+impl Held {
+    /// The replies to `nonce`, in the order they came.
+    fn replies_to<'a>(&'a self, nonce: &str) -> impl Iterator<Item = &'a Reply> + Clone + 'a {
+        self.by_nonce
+            .get(nonce)
+            .into_iter()
+            .flatten()
+            .map(|i| &self.replies[*i])
+    }
 }
 
 struct Stream {
@@ -196,15 +210,7 @@ impl XdsDouble {
     pub async fn reply(&self, nonce: &str) -> Reply {
         let mut events = self.events.clone();
         loop {
-            if let Some(r) = self
-                .state
-                .held
-                .lock()
-                .unwrap()
-                .replies
-                .iter()
-                .find(|r| r.nonce == nonce)
-            {
+            if let Some(r) = self.state.held.lock().unwrap().replies_to(nonce).next() {
                 return r.clone();
             }
             events.changed().await.unwrap();
@@ -219,7 +225,7 @@ impl XdsDouble {
         loop {
             {
                 let held = self.state.held.lock().unwrap();
-                let mut to = held.replies.iter().filter(|r| r.nonce == nonce);
+                let mut to = held.replies_to(nonce);
                 if let Some(nack) = to.clone().find_map(|r| r.nack.clone()) {
                     return Err(nack);
                 }
@@ -281,9 +287,7 @@ impl XdsDouble {
         let Some(&pushed) = held.pushed.get(nonce) else {
             return Vec::new();
         };
-        held.replies
-            .iter()
-            .filter(|r| r.nonce == nonce)
+        held.replies_to(nonce)
             .map(|r| {
                 (
                     r.stream,
@@ -469,6 +473,11 @@ async fn requests(
                 tx: tx.clone(),
             });
         } else {
+            let at = held.replies.len();
+            held.by_nonce
+                .entry(req.response_nonce.clone())
+                .or_default()
+                .push(at);
             held.replies.push(Reply {
                 type_url: req.type_url,
                 nonce: req.response_nonce,
