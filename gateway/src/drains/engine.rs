@@ -13,13 +13,14 @@ use tidegate_sdk as sdk;
 use tokio::time::Instant;
 use tracing::info;
 
+pub(super) use super::book::DrainBook;
 use super::executor::{self, Executed, Handles, TimerSink};
 use super::metrics::{DrainLabels, DrainMetrics, EndLabels, EventLabels};
 use super::phase::{transition, Transition};
 pub use super::phase::{Lifecycle, Phase};
 use super::state::{unix_ms, unix_ms_after};
-pub(super) use super::state::{DrainBook, DrainState, Record, RETAIN};
 pub use super::state::{DrainError, DrainView, Outcome, TeardownAck, Trigger};
+pub(super) use super::state::{DrainState, Record, RETAIN};
 use super::tasks::DrainTasks;
 use crate::config::DrainsConfig;
 use crate::oci::OciDrainer;

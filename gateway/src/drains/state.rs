@@ -1,8 +1,7 @@
 //! What the drain engine knows and answers with: where an event came from,
-//! the record of each workload's drain, the engine's book, and the views
-//! `GET /drains` and the admin API return.
+//! the record of each workload's drain, and the views `GET /drains` and the
+//! admin API return.
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -172,34 +171,6 @@ pub(super) enum Record {
 /// How long ended drains and removed workloads are remembered (for
 /// `GET /drains` and late actions naming them) before they are forgotten.
 pub(super) const RETAIN: Duration = Duration::from_secs(600);
-
-/// What the engine remembers about workloads and their drains.
-#[derive(Default)]
-pub(super) struct DrainBook {
-    pub(super) drains: BTreeMap<String, DrainState>,
-    pub(super) first_seen: HashMap<String, Instant>,
-    /// Workloads removed from the store recently, so actions can still name them.
-    pub(super) removed: HashMap<String, (Arc<Workload>, Instant)>,
-    /// Peers' drains as this gateway (their client) handled them, by peer
-    /// uid (or destination address for a connect-failing one).
-    pub(super) peers: super::peer_book::PeerBook,
-    /// In-pod mode: the pods the node agent handed over (`workload-added`
-    /// waits for both the handover and discovery), by uid and by
-    /// `namespace/name` ([`PodKey::name_key`]).
-    pub(super) handed_over: std::collections::HashSet<String>,
-}
-
-impl DrainBook {
-    /// Whether the node agent handed over the pod of local workload `w`
-    /// (under `w`'s uid, or under the pod's own uid when the source keys
-    /// workloads otherwise: by namespace and name).
-    pub(super) fn was_handed_over(&self, w: &crate::workloads::Workload) -> bool {
-        self.handed_over.contains(w.uid())
-            || self
-                .handed_over
-                .contains(&format!("{}/{}", w.spec.namespace, w.spec.name))
-    }
-}
 
 /// A pod as its node agent names it.
 #[derive(Clone, Copy, Debug)]

@@ -173,11 +173,7 @@ impl DrainEngine {
     pub fn pod_handed_over(self: &Arc<Self>, pod: &PodKey<'_>) {
         // Removed at an earlier teardown (a re-created sandbox): back.
         self.workloads.restore(pod.uid, pod.namespace, pod.name);
-        let newly = {
-            let mut book = self.book.locked();
-            book.handed_over.insert(pod.name_key());
-            book.handed_over.insert(pod.uid.to_owned())
-        };
+        let newly = self.book.locked().hand_over(pod);
         let known = self
             .workloads
             .snapshot()
@@ -190,9 +186,7 @@ impl DrainEngine {
 
     /// The node agent took `pod` back (CNI DEL, ZDS `DelWorkload`).
     pub fn pod_taken_back(&self, pod: &PodKey<'_>) {
-        let mut book = self.book.locked();
-        book.handed_over.remove(pod.uid);
-        book.handed_over.remove(&pod.name_key());
+        self.book.locked().take_back(pod);
     }
 
     /// A local workload appeared: its policy sees `workload-added` (to set
