@@ -10,8 +10,9 @@ use tidegate_sdk as sdk;
 use tokio::time::Instant;
 use tracing::info;
 
+use super::book::RETAIN;
 use super::engine::DrainEngine;
-use super::state::{unix_ms_after, RETAIN};
+use super::state::unix_ms_after;
 use crate::workloads::Workload;
 use tidegate_base::shutdown::ShutdownWatch;
 use tidegate_base::sync::Locked;
@@ -128,12 +129,7 @@ impl DrainEngine {
         source: Arc<Workload>,
     ) {
         // The drains lock is released before `lookup`, which takes it again.
-        let pinned = self
-            .book
-            .locked()
-            .drains
-            .get(&subject)
-            .map(|d| (d.selection.clone(), d.workload.clone()));
+        let pinned = self.book.locked().pinned(&subject);
         let (selection, workload) = match pinned {
             Some((selection, w)) => (selection, Some(w)),
             None => match self.lookup(&subject) {

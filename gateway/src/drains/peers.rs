@@ -10,7 +10,8 @@ use tidegate_sdk as sdk;
 use tokio::time::Instant;
 use tracing::info;
 
-use super::engine::{DrainEngine, Outcome, RETAIN};
+use super::book::RETAIN;
+use super::engine::{DrainEngine, Outcome};
 use super::peer_book::PeerDrainView;
 use super::peer_book::{now_unix_ms, peer_info, PeerDecision};
 use crate::proxy::pool::Tunnel;

@@ -2,16 +2,11 @@
 //! the record of each workload's drain, and the views `GET /drains` and the
 //! admin API return.
 
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-
-use serde::Serialize;
-use tokio::time::Instant;
 
 use super::phase::Phase;
 use crate::oci::OciStatus;
-use crate::workloads::Workload;
-use tidegate_policy_host::Selection;
+use serde::Serialize;
 
 /// Where a lifecycle event came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -117,60 +112,6 @@ pub struct DrainView {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oci: Option<OciStatus>,
 }
-
-pub(super) struct DrainState {
-    /// Tells this record from a later one of the same uid (a workload
-    /// deleted and added again): see [`DrainEngine::forget_earlier_incarnation`].
-    pub(super) record: u64,
-    pub(super) workload: Arc<Workload>,
-    pub(super) phase: Phase,
-    pub(super) selection: Selection,
-    pub(super) trigger: Trigger,
-    pub(super) started: SystemTime,
-    pub(super) shutdown_at: Option<Instant>,
-    /// When the pod's termination grace ends (from `shutdown-started`): no
-    /// deadline about it outlives this (the executor cuts any that would).
-    pub(super) grace_end: Option<Instant>,
-    pub(super) deadline: Option<SystemTime>,
-    pub(super) actions: Vec<String>,
-    pub(super) ended: Option<&'static str>,
-    pub(super) ended_at: Option<Instant>,
-}
-
-impl DrainState {
-    /// A workload's drain record before its first lifecycle event.
-    pub(super) fn new(workload: Arc<Workload>, selection: Selection, trigger: Trigger) -> Self {
-        static RECORDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        DrainState {
-            record: RECORDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            workload,
-            phase: Phase::Running,
-            selection,
-            trigger,
-            started: SystemTime::now(),
-            shutdown_at: None,
-            grace_end: None,
-            deadline: None,
-            actions: Vec::new(),
-            ended: None,
-            ended_at: None,
-        }
-    }
-}
-
-/// Which drain record an event is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Record {
-    /// The workload's record, created by the event if it has none.
-    Current,
-    /// This record only (a deletion the store showed, raised for the record
-    /// it was seen with): gone means the workload came back meanwhile.
-    Only(u64),
-}
-
-/// How long ended drains and removed workloads are remembered (for
-/// `GET /drains` and late actions naming them) before they are forgotten.
-pub(super) const RETAIN: Duration = Duration::from_secs(600);
 
 /// A pod as its node agent names it.
 #[derive(Clone, Copy, Debug)]
