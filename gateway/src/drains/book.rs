@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use super::peer_book::PeerBook;
+use super::peer_book::{PeerBook, PeerDecision, PeerDrainView};
 use super::phase::{transition, Lifecycle, Phase, Transition};
 use super::state::{unix_ms, DrainView, PodKey, Trigger};
 use crate::workloads::Workload;
@@ -16,7 +16,7 @@ use tidegate_policy_host::Selection;
 
 /// How long ended drains and removed workloads are remembered (for
 /// `GET /drains` and late actions naming them) before they are forgotten.
-pub(super) const RETAIN: Duration = Duration::from_secs(600);
+const RETAIN: Duration = Duration::from_secs(600);
 
 /// One workload's drain record.
 struct DrainState {
@@ -90,11 +90,17 @@ pub(super) struct DrainBook {
     removed: HashMap<String, (Arc<Workload>, Instant)>,
     /// Peers' drains as this gateway (their client) handled them, by peer
     /// uid (or destination address for a connect-failing one).
-    pub(super) peers: PeerBook,
+    peers: PeerBook,
     /// In-pod mode: the pods the node agent handed over (`workload-added`
     /// waits for both the handover and discovery), by uid and by
-    /// `namespace/name` ([`PodKey::name_key`]).
+    /// `namespace/name` ([`name_key`]).
     handed_over: HashSet<String>,
+}
+
+/// A pod's `namespace/name`: never a uid (Kubernetes uids have no `/`, and
+/// istiod's have more than one).
+fn name_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
 }
 
 /// Whether `at` is older than [`RETAIN`] at `now`.
@@ -196,17 +202,13 @@ impl DrainBook {
         Some(earlier.phase)
     }
 
-    /// The workload `uid`'s drain is about (it may be gone from the store).
-    pub(super) fn drained_workload(&self, uid: &str) -> Option<Arc<Workload>> {
-        self.drains.get(uid).map(|d| d.workload.clone())
-    }
-
     /// When `uid`'s termination grace ends, once its shutdown was seen.
     pub(super) fn grace_end(&self, uid: &str) -> Option<Instant> {
         self.drains.get(uid).and_then(|d| d.grace_end)
     }
 
-    /// The policy selection `uid`'s drain record pinned, and its workload.
+    /// The policy selection `uid`'s drain record pinned, and the workload
+    /// it is about (which may be gone from the store).
     pub(super) fn pinned(&self, uid: &str) -> Option<(Selection, Arc<Workload>)> {
         self.drains
             .get(uid)
@@ -301,11 +303,23 @@ impl DrainBook {
         forgotten
     }
 
+    /// Records a decision about a peer (by its uid, or the destination of a
+    /// connect-failing one); peers without a decision for [`RETAIN`] are
+    /// forgotten.
+    pub(super) fn record_peer(&mut self, key: &str, peer: Option<&Workload>, d: PeerDecision) {
+        self.peers.record(key, peer, d, RETAIN);
+    }
+
+    /// `GET /drains` `peer_drains`: the peers this gateway decided about.
+    pub(super) fn peer_views(&self) -> Vec<PeerDrainView> {
+        self.peers.views()
+    }
+
     /// The node agent handed `pod` over: it is known by its uid and by its
     /// `namespace/name` from now on. True when its uid is new (a repeated
     /// hand-over, a retried CNI ADD, is not a new pod).
     pub(super) fn hand_over(&mut self, pod: &PodKey<'_>) -> bool {
-        self.handed_over.insert(pod.name_key());
+        self.handed_over.insert(name_key(pod.namespace, pod.name));
         self.handed_over.insert(pod.uid.to_owned())
     }
 
@@ -313,7 +327,7 @@ impl DrainBook {
     /// handed over any more.
     pub(super) fn take_back(&mut self, pod: &PodKey<'_>) {
         self.handed_over.remove(pod.uid);
-        self.handed_over.remove(&pod.name_key());
+        self.handed_over.remove(&name_key(pod.namespace, pod.name));
     }
 
     /// Whether the node agent handed over the pod of local workload `w`
@@ -323,7 +337,7 @@ impl DrainBook {
         self.handed_over.contains(w.uid())
             || self
                 .handed_over
-                .contains(&format!("{}/{}", w.spec.namespace, w.spec.name))
+                .contains(&name_key(&w.spec.namespace, &w.spec.name))
     }
 }
 

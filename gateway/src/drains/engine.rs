@@ -173,7 +173,7 @@ impl DrainEngine {
             return Some(w.clone());
         }
         // Deleted from the store already: the drain remembers it.
-        self.book.locked().drained_workload(uid)
+        self.book.locked().pinned(uid).map(|(_, w)| w)
     }
 
     /// The workload a pod's runtime names (CNI DEL: the pod's Kubernetes
@@ -389,7 +389,7 @@ impl DrainEngine {
         }
     }
 
-    pub(super) fn record(&self, uid: &str, executed: &Executed) {
+    fn record(&self, uid: &str, executed: &Executed) {
         self.book
             .locked()
             .record_actions(uid, &executed.descriptions);

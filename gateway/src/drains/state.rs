@@ -121,14 +121,6 @@ pub struct PodKey<'a> {
     pub name: &'a str,
 }
 
-impl PodKey<'_> {
-    /// `namespace/name`: never a uid (Kubernetes uids have no `/`, and
-    /// istiod's have more than one).
-    pub(super) fn name_key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
-    }
-}
-
 /// `now + d` in unix milliseconds, saturating instead of overflowing.
 pub(super) fn unix_ms_after(d: Duration) -> u64 {
     SystemTime::now()

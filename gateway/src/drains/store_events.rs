@@ -98,7 +98,7 @@ impl DrainEngine {
     /// draining). Other peers are not kept: no tunnel to a uid gone from
     /// the store can be opened any more, so an action about one has nothing
     /// to act on, and keeping them held every workload of a set that shrank
-    /// (200,000 of them: ~250 MB) for [`RETAIN`](super::book::RETAIN).
+    /// (200,000 of them: ~250 MB) for as long as the book retains them.
     fn remember_removed(&self, changes: &[WorkloadChange<'_>]) {
         let mut gone = changes
             .iter()
@@ -246,7 +246,8 @@ impl DrainEngine {
     }
 
     /// Bounds the engine's memory under pod churn: ended drains of gone
-    /// workloads, removed workloads and ages are dropped after [`RETAIN`](super::book::RETAIN).
+    /// workloads, removed workloads and ages are dropped once the book's
+    /// retention has passed.
     fn forget_old(&self, current: &WorkloadSnapshot) {
         let forgotten = self
             .book

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{DrainBook, Record, RETAIN};
+use crate::drains::peer_book::PeerDecision;
 use crate::drains::phase::{Lifecycle, Phase};
 use crate::drains::state::{PodKey, Trigger};
 use crate::workloads::{Workload, WorkloadSpec, WorkloadStore};
@@ -181,7 +182,7 @@ fn only_started_drains_are_shown() {
     let mut book = DrainBook::default();
     book.record_of(&workload("w", "ns", "a"), Trigger::Admin, || policy("p"));
     assert!(book.views(|_, _| {}).is_empty());
-    assert!(book.drained_workload("w").is_some(), "but remembered");
+    assert!(book.pinned("w").is_some(), "but remembered");
 }
 
 #[test]
@@ -222,12 +223,9 @@ fn old_records_are_forgotten_after_retain() {
     assert!(book.forget_old(listed, then + RETAIN).is_empty(), "not yet");
     let forgotten = book.forget_old(listed, then + RETAIN + Duration::from_secs(1));
     assert_eq!(forgotten, ["gone-ended"]);
-    assert!(book.drained_workload("gone-ended").is_none());
-    assert!(
-        book.drained_workload("listed-ended").is_some(),
-        "still listed"
-    );
-    assert!(book.drained_workload("gone-running").is_some(), "not ended");
+    assert!(book.pinned("gone-ended").is_none());
+    assert!(book.pinned("listed-ended").is_some(), "still listed");
+    assert!(book.pinned("gone-running").is_some(), "not ended");
     assert!(
         book.removed_workload("gone-running").is_none(),
         "removed ones expire"
@@ -243,4 +241,31 @@ fn old_records_are_forgotten_after_retain() {
         then,
         "a drain keeps its age"
     );
+}
+
+#[test]
+fn peer_decisions_are_recorded_by_peer() {
+    let mut book = DrainBook::default();
+    let decision = |event| PeerDecision {
+        event,
+        policy: "p".to_owned(),
+        version: None,
+        selected_by: "default",
+        clients: vec![],
+        actions: vec!["evict".to_owned()],
+        tunnels_evicted: 1,
+        at_unix_ms: 0,
+    };
+    let peer = workload("peer", "ns", "a");
+    book.record_peer("peer", Some(&peer), decision("peer-terminating"));
+    book.record_peer("peer", Some(&peer), decision("peer-deleted"));
+    book.record_peer("10.0.0.9:8080", None, decision("connect-failing"));
+    let views = book.peer_views();
+    let peer = views.iter().find(|v| v.peer == "peer").unwrap();
+    assert_eq!(peer.workload.as_deref(), Some("ns/a"));
+    let events: Vec<_> = peer.decisions.iter().map(|d| d.event).collect();
+    assert_eq!(events, ["peer-terminating", "peer-deleted"]);
+    assert!(views
+        .iter()
+        .any(|v| v.peer == "10.0.0.9:8080" && v.workload.is_none()));
 }
