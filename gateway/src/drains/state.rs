@@ -1,6 +1,6 @@
-//! What the drain engine knows and answers with: where an event came from,
-//! the record of each workload's drain, and the views `GET /drains` and the
-//! admin API return.
+//! What the drain engine is told and answers with: where an event came
+//! from and which pod, what handling one did or why it failed, and the
+//! views `GET /drains` and the admin API return.
 
 use std::time::{Duration, SystemTime};
 
