@@ -1,6 +1,7 @@
 //! The gateway's CNI socket protocol (`inpod::intake::cni_socket::read_command`): any
-//! byte stream is one teardown request or a refusal with a metric reason,
-//! never a panic; an accepted request came from one line within the bound.
+//! byte stream is one request (`teardown` or `add`) or a refusal with a
+//! metric reason, never a panic; an accepted request came from one line
+//! within the bound.
 #![no_main]
 
 use std::time::Duration;
@@ -17,7 +18,11 @@ fuzz_target!(|data: &[u8]| {
         Ok(Some(req)) => {
             let line_len = data.iter().position(|&b| b == b'\n').unwrap_or(data.len());
             assert!(line_len <= MAX_LINE);
-            assert_eq!(req.command, "teardown");
+            assert!(
+                ["teardown", "add"].contains(&req.command.as_str()),
+                "{:?}",
+                req.command
+            );
         }
         Ok(None) => assert!(data.is_empty()),
         Err(Refused(reason, error)) => {

@@ -1,5 +1,5 @@
-//! What the ZDS client hands pods to: the gateway's per-pod proxies (or a
-//! test's recorder). The client sends each request's ack only after the
+//! What the ZDS client hands pods to: the gateway's ZDS adapter of its pod
+//! intake (or a test's recorder). The client sends each request's ack only after the
 //! sink answered, so istio-cni's "added" means the sink accepted the pod.
 
 use std::collections::BTreeSet;

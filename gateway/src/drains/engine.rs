@@ -7,18 +7,17 @@
 //! that version even if a new one was swapped in meanwhile.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tidegate_sdk as sdk;
 use tokio::time::Instant;
 use tracing::info;
 
+use super::book::{DrainBook, Record, Step};
 use super::executor::{self, Executed, Handles, TimerSink};
 use super::metrics::{DrainLabels, DrainMetrics, EndLabels, EventLabels};
-use super::phase::{transition, Transition};
 pub use super::phase::{Lifecycle, Phase};
-use super::state::{unix_ms, unix_ms_after};
-pub(super) use super::state::{DrainBook, DrainState, Record, RETAIN};
+use super::state::unix_ms_after;
 pub use super::state::{DrainError, DrainView, Outcome, TeardownAck, Trigger};
 use super::tasks::DrainTasks;
 use crate::config::DrainsConfig;
@@ -28,16 +27,6 @@ use crate::proxy::tunnels::InboundTunnels;
 use crate::workloads::{Workload, WorkloadStore};
 use tidegate_base::sync::Locked;
 use tidegate_policy_host::{PolicyEngine, Selection};
-
-/// Where one lifecycle event left its drain.
-struct Step {
-    /// The policy selection the drain pinned.
-    selection: Selection,
-    since_shutdown: Option<Duration>,
-    /// The pod's remaining grace, once its shutdown was seen.
-    grace_left: Option<Duration>,
-    duplicate: bool,
-}
 
 pub struct DrainEngine {
     pub(super) workloads: Arc<WorkloadStore>,
@@ -136,7 +125,7 @@ impl DrainEngine {
         sources: Option<&[tidegate_protocol::identity::SpiffeId]>,
     ) -> Executed {
         let lookup = |uid: &str| self.any_workload(uid);
-        let grace_end = |uid: &str| self.book.locked().drains.get(uid).and_then(|d| d.grace_end);
+        let grace_end = |uid: &str| self.book.locked().grace_end(uid);
         let handles = Handles {
             pool: &self.pool,
             inbound: &self.registry,
@@ -155,13 +144,7 @@ impl DrainEngine {
     /// What a policy is told about a local workload right now.
     pub(super) fn state_of(&self, w: &Workload) -> sdk::WorkloadState {
         let uid = w.uid();
-        let age = self
-            .book
-            .locked()
-            .first_seen
-            .entry(uid.to_owned())
-            .or_insert_with(Instant::now)
-            .elapsed();
+        let age = self.book.locked().first_seen(uid, Instant::now()).elapsed();
         let tunnels = self.registry.for_workload(uid);
         let outbound = self
             .pool
@@ -190,11 +173,7 @@ impl DrainEngine {
             return Some(w.clone());
         }
         // Deleted from the store already: the drain remembers it.
-        self.book
-            .locked()
-            .drains
-            .get(uid)
-            .map(|d| d.workload.clone())
+        self.book.locked().pinned(uid).map(|(_, w)| w)
     }
 
     /// The workload a pod's runtime names (CNI DEL: the pod's Kubernetes
@@ -305,38 +284,16 @@ impl DrainEngine {
         decided_at: Instant,
         record: Record,
     ) -> Option<Step> {
-        let uid = workload.uid();
-        let mut book = self.book.locked();
-        if let Record::Only(id) = record {
-            if book.drains.get(uid).map(|d| d.record) != Some(id) {
-                return None;
-            }
+        let step =
+            self.book
+                .locked()
+                .advance(workload, what, trigger, decided_at, record, || {
+                    self.policies.select(workload)
+                })?;
+        if step.started {
+            self.count_start(workload.uid(), &step.selection, trigger);
         }
-        let d = book.drains.entry(uid.to_owned()).or_insert_with(|| {
-            DrainState::new(workload.clone(), self.policies.select(workload), trigger)
-        });
-        let step = transition(d.phase, what);
-        if let Transition::Start(_) = step {
-            d.trigger = trigger;
-            d.started = SystemTime::now();
-            self.count_start(uid, &d.selection, trigger);
-        }
-        if let Transition::Start(_) | Transition::Advance(_) = step {
-            d.phase = what.phase();
-            if let Lifecycle::ShutdownStarted { grace } = what {
-                d.shutdown_at = Some(decided_at);
-                d.grace_end = decided_at.checked_add(grace);
-                d.deadline = SystemTime::now().checked_add(grace);
-            }
-        }
-        Some(Step {
-            selection: d.selection.clone(),
-            since_shutdown: d.shutdown_at.map(|t| t.elapsed()),
-            grace_left: d
-                .grace_end
-                .map(|end| end.saturating_duration_since(decided_at)),
-            duplicate: step == Transition::Duplicate,
-        })
+        Some(step)
     }
 
     /// A deletion was handled: once the workload is gone from the store its
@@ -359,20 +316,12 @@ impl DrainEngine {
     /// returned), that drain was about an earlier incarnation. Its record,
     /// standing GOAWAY and age are forgotten; the workload starts afresh.
     pub(super) fn forget_earlier_incarnation(&self, uid: &str) {
-        let earlier = {
-            let mut book = self.book.locked();
-            let earlier = book.drains.remove(uid);
-            if earlier.is_some() {
-                book.removed.remove(uid);
-                book.first_seen.remove(uid);
-            }
-            earlier
-        };
-        if let Some(d) = earlier {
+        let earlier = self.book.locked().forget_incarnation(uid);
+        if let Some(phase) = earlier {
             self.registry.forget(uid);
             info!(
                 workload = uid,
-                phase = d.phase.label(),
+                phase = phase.label(),
                 "workload added again with the same uid: its earlier drain is forgotten"
             );
         }
@@ -440,29 +389,25 @@ impl DrainEngine {
         }
     }
 
-    pub(super) fn record(&self, uid: &str, executed: &Executed) {
-        if let Some(d) = self.book.locked().drains.get_mut(uid) {
-            d.actions.extend(executed.descriptions.iter().cloned());
-        }
+    fn record(&self, uid: &str, executed: &Executed) {
+        self.book
+            .locked()
+            .record_actions(uid, &executed.descriptions);
     }
 
     fn end(&self, uid: &str, selection: &Selection, result: &'static str) {
-        let mut book = self.book.locked();
-        if let Some(d) = book.drains.get_mut(uid) {
-            if d.ended.is_none() {
-                d.ended = Some(result);
-                d.ended_at = Some(Instant::now());
-                self.metrics
-                    .streams_at_end
-                    .observe(self.registry.streams_of(uid) as f64);
-                self.metrics
-                    .ended
-                    .get_or_create(&EndLabels {
-                        policy: selection.name.clone(),
-                        result,
-                    })
-                    .inc();
-            }
+        let ended = self.book.locked().end(uid, result, Instant::now());
+        if ended {
+            self.metrics
+                .streams_at_end
+                .observe(self.registry.streams_of(uid) as f64);
+            self.metrics
+                .ended
+                .get_or_create(&EndLabels {
+                    policy: selection.name.clone(),
+                    result,
+                })
+                .inc();
         }
     }
 
@@ -525,40 +470,22 @@ impl DrainEngine {
             .snapshot()
             .by_uid(uid)
             .cloned()
-            .or_else(|| self.book.locked().removed.get(uid).map(|(w, _)| w.clone()))
+            .or_else(|| self.book.locked().removed_workload(uid))
     }
 
     /// The phase of local workload `uid` and, once a drain started, the
     /// policy selection it pinned (`/config_dump`).
     pub fn phase_of(&self, uid: &str) -> (Phase, Option<Selection>) {
-        match self.book.locked().drains.get(uid) {
-            Some(d) if d.phase > Phase::Running => (d.phase, Some(d.selection.clone())),
-            _ => (Phase::Running, None),
-        }
+        self.book.locked().phase_of(uid)
     }
 
     /// `GET /drains`.
     pub fn list(&self) -> Vec<DrainView> {
-        let book = self.book.locked();
-        book.drains
-            .iter()
-            .filter(|(_, d)| d.phase > Phase::Running)
-            .map(|(uid, d)| DrainView {
-                uid: uid.clone(),
-                workload: format!("{}/{}", d.workload.spec.namespace, d.workload.spec.name),
-                policy: d.selection.name.clone(),
-                version: d.selection.version.as_ref().map(|v| v.hash.clone()),
-                trigger: d.trigger,
-                phase: d.phase,
-                started_unix_ms: unix_ms(d.started),
-                deadline_unix_ms: d.deadline.map(unix_ms),
-                actions_taken: d.actions.clone(),
-                tunnels_remaining: self.registry.for_workload(uid).len(),
-                streams_remaining: self.registry.streams_of(uid),
-                ended: d.ended,
-                oci: self.oci.as_ref().and_then(|o| o.status(uid)),
-            })
-            .collect()
+        self.book.locked().views(|uid, view| {
+            view.tunnels_remaining = self.registry.for_workload(uid).len();
+            view.streams_remaining = self.registry.streams_of(uid);
+            view.oci = self.oci.as_ref().and_then(|o| o.status(uid));
+        })
     }
 }
 

@@ -4,14 +4,14 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tidegate_sdk as sdk;
 use tokio::time::Instant;
 use tracing::info;
 
 use super::engine::DrainEngine;
-use super::state::{unix_ms_after, RETAIN};
+use super::state::{unix_ms, unix_ms_after};
 use crate::workloads::Workload;
 use tidegate_base::shutdown::ShutdownWatch;
 use tidegate_base::sync::Locked;
@@ -61,7 +61,7 @@ impl DrainEngine {
                     "connect-failing decision"
                 );
                 let key = known.map_or_else(|| f.addr.to_string(), |p| p.uid().to_owned());
-                self.book.locked().peers.record(
+                self.book.locked().record_peer(
                     &key,
                     known.map(|p| &**p),
                     super::peer_book::PeerDecision {
@@ -72,9 +72,8 @@ impl DrainEngine {
                         clients: vec![f.key.src.to_string()],
                         actions: executed.descriptions,
                         tunnels_evicted: executed.tunnels_evicted,
-                        at_unix_ms: super::peer_book::now_unix_ms(),
+                        at_unix_ms: unix_ms(SystemTime::now()),
                     },
-                    RETAIN,
                 );
             }
         }
@@ -128,12 +127,7 @@ impl DrainEngine {
         source: Arc<Workload>,
     ) {
         // The drains lock is released before `lookup`, which takes it again.
-        let pinned = self
-            .book
-            .locked()
-            .drains
-            .get(&subject)
-            .map(|d| (d.selection.clone(), d.workload.clone()));
+        let pinned = self.book.locked().pinned(&subject);
         let (selection, workload) = match pinned {
             Some((selection, w)) => (selection, Some(w)),
             None => match self.lookup(&subject) {
@@ -150,6 +144,8 @@ impl DrainEngine {
         let on = workload.unwrap_or(source);
         let executed = self.execute(&on, &decision.actions, Instant::now());
         info!(subject, tag, policy = %decision.policy, actions = ?executed.descriptions, "timer decision");
-        self.record(&subject, &executed);
+        self.book
+            .locked()
+            .record_actions(&subject, &executed.descriptions);
     }
 }

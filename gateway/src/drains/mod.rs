@@ -8,6 +8,8 @@
 //!   A function of (actions, handles): the engine passes in what actions act
 //!   on and receives fired timers through a sink; the executor does not
 //!   import the engine.
+//! - `book`: what the engine remembers (drain records, hand-overs, peers'
+//!   drains) and the transitions that change it, under the engine's lock.
 //! - `tasks`: the engine's timers, delayed GOAWAYs and lifecycle events,
 //!   cancelled and awaited at shutdown.
 //! - [`metrics`]: drains started / completed / forced, teardown holds.
@@ -17,6 +19,7 @@
 //!   decides, executed on the clients' pooled tunnels; `peer_book` records
 //!   those decisions (and connect-failing ones) for `GET /drains`.
 
+mod book;
 pub mod engine;
 mod executor;
 mod gateway_events;

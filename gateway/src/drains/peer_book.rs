@@ -4,7 +4,7 @@
 //! peers without a decision for a while are forgotten.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use serde::Serialize;
 use tidegate_sdk as sdk;
@@ -100,13 +100,6 @@ pub(super) fn peer_info(peer: &Workload, address: &str) -> sdk::PeerInfo {
         identity: peer.identity.to_string(),
         address: address.to_owned(),
     }
-}
-
-pub(super) fn now_unix_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

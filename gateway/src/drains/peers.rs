@@ -5,14 +5,16 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use tidegate_sdk as sdk;
 use tokio::time::Instant;
 use tracing::info;
 
-use super::engine::{DrainEngine, Outcome, RETAIN};
+use super::engine::{DrainEngine, Outcome};
 use super::peer_book::PeerDrainView;
-use super::peer_book::{now_unix_ms, peer_info, PeerDecision};
+use super::peer_book::{peer_info, PeerDecision};
+use super::state::unix_ms;
 use crate::proxy::pool::Tunnel;
 use crate::workloads::{Workload, WorkloadSnapshot};
 use tidegate_base::sync::Locked;
@@ -84,7 +86,7 @@ impl DrainEngine {
                 actions = ?executed.descriptions,
                 "peer decision"
             );
-            self.book.locked().peers.record(
+            self.book.locked().record_peer(
                 peer.uid(),
                 Some(peer),
                 PeerDecision {
@@ -95,9 +97,8 @@ impl DrainEngine {
                     clients: sources.iter().map(ToString::to_string).collect(),
                     actions: executed.descriptions.clone(),
                     tunnels_evicted: executed.tunnels_evicted,
-                    at_unix_ms: now_unix_ms(),
+                    at_unix_ms: unix_ms(SystemTime::now()),
                 },
-                RETAIN,
             );
             outcomes.push(Outcome::decided(
                 peer.uid(),
@@ -148,6 +149,6 @@ impl DrainEngine {
 
     /// `GET /drains` `peer_drains`: the peers this gateway decided about.
     pub fn peer_drains(&self) -> Vec<PeerDrainView> {
-        self.book.locked().peers.views()
+        self.book.locked().peer_views()
     }
 }

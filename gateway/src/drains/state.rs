@@ -1,18 +1,12 @@
-//! What the drain engine knows and answers with: where an event came from,
-//! the record of each workload's drain, the engine's book, and the views
-//! `GET /drains` and the admin API return.
+//! What the drain engine is told and answers with: where an event came
+//! from and which pod, what handling one did or why it failed, and the
+//! views `GET /drains` and the admin API return.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-
-use serde::Serialize;
-use tokio::time::Instant;
 
 use super::phase::Phase;
 use crate::oci::OciStatus;
-use crate::workloads::Workload;
-use tidegate_policy_host::Selection;
+use serde::Serialize;
 
 /// Where a lifecycle event came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -119,102 +113,12 @@ pub struct DrainView {
     pub oci: Option<OciStatus>,
 }
 
-pub(super) struct DrainState {
-    /// Tells this record from a later one of the same uid (a workload
-    /// deleted and added again): see [`DrainEngine::forget_earlier_incarnation`].
-    pub(super) record: u64,
-    pub(super) workload: Arc<Workload>,
-    pub(super) phase: Phase,
-    pub(super) selection: Selection,
-    pub(super) trigger: Trigger,
-    pub(super) started: SystemTime,
-    pub(super) shutdown_at: Option<Instant>,
-    /// When the pod's termination grace ends (from `shutdown-started`): no
-    /// deadline about it outlives this (the executor cuts any that would).
-    pub(super) grace_end: Option<Instant>,
-    pub(super) deadline: Option<SystemTime>,
-    pub(super) actions: Vec<String>,
-    pub(super) ended: Option<&'static str>,
-    pub(super) ended_at: Option<Instant>,
-}
-
-impl DrainState {
-    /// A workload's drain record before its first lifecycle event.
-    pub(super) fn new(workload: Arc<Workload>, selection: Selection, trigger: Trigger) -> Self {
-        static RECORDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        DrainState {
-            record: RECORDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            workload,
-            phase: Phase::Running,
-            selection,
-            trigger,
-            started: SystemTime::now(),
-            shutdown_at: None,
-            grace_end: None,
-            deadline: None,
-            actions: Vec::new(),
-            ended: None,
-            ended_at: None,
-        }
-    }
-}
-
-/// Which drain record an event is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Record {
-    /// The workload's record, created by the event if it has none.
-    Current,
-    /// This record only (a deletion the store showed, raised for the record
-    /// it was seen with): gone means the workload came back meanwhile.
-    Only(u64),
-}
-
-/// How long ended drains and removed workloads are remembered (for
-/// `GET /drains` and late actions naming them) before they are forgotten.
-pub(super) const RETAIN: Duration = Duration::from_secs(600);
-
-/// What the engine remembers about workloads and their drains.
-#[derive(Default)]
-pub(super) struct DrainBook {
-    pub(super) drains: BTreeMap<String, DrainState>,
-    pub(super) first_seen: HashMap<String, Instant>,
-    /// Workloads removed from the store recently, so actions can still name them.
-    pub(super) removed: HashMap<String, (Arc<Workload>, Instant)>,
-    /// Peers' drains as this gateway (their client) handled them, by peer
-    /// uid (or destination address for a connect-failing one).
-    pub(super) peers: super::peer_book::PeerBook,
-    /// In-pod mode: the pods the node agent handed over (`workload-added`
-    /// waits for both the handover and discovery), by uid and by
-    /// `namespace/name` ([`PodKey::name_key`]).
-    pub(super) handed_over: std::collections::HashSet<String>,
-}
-
-impl DrainBook {
-    /// Whether the node agent handed over the pod of local workload `w`
-    /// (under `w`'s uid, or under the pod's own uid when the source keys
-    /// workloads otherwise: by namespace and name).
-    pub(super) fn was_handed_over(&self, w: &crate::workloads::Workload) -> bool {
-        self.handed_over.contains(w.uid())
-            || self
-                .handed_over
-                .contains(&format!("{}/{}", w.spec.namespace, w.spec.name))
-    }
-}
-
 /// A pod as its node agent names it.
 #[derive(Clone, Copy, Debug)]
 pub struct PodKey<'a> {
     pub uid: &'a str,
     pub namespace: &'a str,
     pub name: &'a str,
-}
-
-impl PodKey<'_> {
-    /// `namespace/name`: never a uid (Kubernetes uids have no `/`, and
-    /// istiod's have more than one).
-    pub(super) fn name_key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
-    }
 }
 
 /// `now + d` in unix milliseconds, saturating instead of overflowing.

@@ -3,7 +3,7 @@
 //! republished identical set raises nothing and a transition missed while a
 //! source was down is seen once in the next snapshot.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -12,9 +12,8 @@ use tracing::{info, warn};
 
 use tidegate_sdk as sdk;
 
-use super::engine::{
-    DrainBook, DrainEngine, DrainError, DrainState, Lifecycle, Record, Trigger, RETAIN,
-};
+use super::book::Record;
+use super::engine::{DrainEngine, DrainError, Lifecycle, Trigger};
 use super::state::PodKey;
 use crate::workloads::{LifecycleState, Workload, WorkloadChange, WorkloadSnapshot};
 use tidegate_base::shutdown::ShutdownWatch;
@@ -99,7 +98,7 @@ impl DrainEngine {
     /// draining). Other peers are not kept: no tunnel to a uid gone from
     /// the store can be opened any more, so an action about one has nothing
     /// to act on, and keeping them held every workload of a set that shrank
-    /// (200,000 of them: ~250 MB) for [`RETAIN`].
+    /// (200,000 of them: ~250 MB) for as long as the book retains them.
     fn remember_removed(&self, changes: &[WorkloadChange<'_>]) {
         let mut gone = changes
             .iter()
@@ -115,14 +114,11 @@ impl DrainEngine {
             .chain(self.pool.draining())
             .map(|t| t.key.dst_uid.clone())
             .collect();
-        let now = Instant::now();
-        let mut book = self.book.locked();
-        for old in gone {
-            if old.local || tunneled.contains(old.uid()) {
-                book.removed
-                    .insert(old.uid().to_owned(), ((*old).clone(), now));
-            }
-        }
+        self.book.locked().remember_removed(
+            gone,
+            |old| old.local || tunneled.contains(old.uid()),
+            Instant::now(),
+        );
     }
 
     /// A local workload is gone from the store: a deleted event, about its
@@ -133,10 +129,7 @@ impl DrainEngine {
         let record = self
             .book
             .locked()
-            .drains
-            .entry(uid.to_owned())
-            .or_insert_with(|| DrainState::new(old.clone(), self.policies.select(old), trigger))
-            .record;
+            .record_of(old, trigger, || self.policies.select(old));
         self.raise(uid, Lifecycle::Deleted, trigger, Record::Only(record));
     }
 
@@ -173,11 +166,7 @@ impl DrainEngine {
     pub fn pod_handed_over(self: &Arc<Self>, pod: &PodKey<'_>) {
         // Removed at an earlier teardown (a re-created sandbox): back.
         self.workloads.restore(pod.uid, pod.namespace, pod.name);
-        let newly = {
-            let mut book = self.book.locked();
-            book.handed_over.insert(pod.name_key());
-            book.handed_over.insert(pod.uid.to_owned())
-        };
+        let newly = self.book.locked().hand_over(pod);
         let known = self
             .workloads
             .snapshot()
@@ -190,9 +179,7 @@ impl DrainEngine {
 
     /// The node agent took `pod` back (CNI DEL, ZDS `DelWorkload`).
     pub fn pod_taken_back(&self, pod: &PodKey<'_>) {
-        let mut book = self.book.locked();
-        book.handed_over.remove(pod.uid);
-        book.handed_over.remove(&pod.name_key());
+        self.book.locked().take_back(pod);
     }
 
     /// A local workload appeared: its policy sees `workload-added` (to set
@@ -259,36 +246,16 @@ impl DrainEngine {
     }
 
     /// Bounds the engine's memory under pod churn: ended drains of gone
-    /// workloads, removed workloads and ages are dropped after [`RETAIN`].
+    /// workloads, removed workloads and ages are dropped once the book's
+    /// retention has passed.
     fn forget_old(&self, current: &WorkloadSnapshot) {
-        let old = |t: Instant| t.elapsed() > RETAIN;
-        let mut book = self.book.locked();
-        let DrainBook {
-            drains,
-            removed,
-            first_seen,
-            ..
-        } = &mut *book;
-        drains.retain(|uid, d| {
-            let keep = current.by_uid(uid).is_some() || !d.ended_at.is_some_and(old);
-            if !keep {
-                self.registry.forget(uid);
-            }
-            keep
-        });
-        removed.retain(|_, (_, at)| !old(*at));
-        first_seen.retain(|uid, _| current.by_uid(uid).is_some() || drains.contains_key(uid));
-        shrink_if_sparse(removed);
-        shrink_if_sparse(first_seen);
-    }
-}
-
-/// Gives a map's table back once it holds under a quarter of what it has
-/// room for: `retain` keeps the capacity, so a map that once indexed a
-/// large workload set would otherwise keep its table for good.
-fn shrink_if_sparse<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
-    if map.capacity() > 64 && map.len() < map.capacity() / 4 {
-        map.shrink_to_fit();
+        let forgotten = self
+            .book
+            .locked()
+            .forget_old(|uid| current.by_uid(uid).is_some(), Instant::now());
+        for uid in forgotten {
+            self.registry.forget(&uid);
+        }
     }
 }
 
