@@ -34,7 +34,7 @@ use tracing::{debug, info, warn};
 
 use super::admission::{Admission, Candidate, InboundClaim, Owner, Refusal};
 use super::capture::CapturePorts;
-use super::intake::Source;
+use super::intake::source::Source;
 use super::netns::{ListenOpts, NetnsError, NetnsId, NetnsSockets, PodNetns, MESH_MARK};
 use crate::config::DNS_CAPTURE_PORT;
 use crate::descriptor_budget::listeners_per_pod;

@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use super::services::Endpoint;
+use super::endpoint::Endpoint;
 
 /// Endpoints a chunk holds at most; a full chunk that gains one is split.
 pub const CHUNK: usize = 64;

@@ -10,6 +10,7 @@
 //! the difference between consecutive snapshots, which costs what
 //! changed.
 
+pub mod endpoint;
 pub mod endpoint_list;
 mod file;
 mod file_authorization;
