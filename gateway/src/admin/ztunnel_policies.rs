@@ -88,6 +88,14 @@ fn policy(p: &Policy) -> Value {
     })
 }
 
+/// `items` under `key`, unless there are none (ztunnel leaves empty lists
+/// out).
+fn list<T: serde::Serialize>(o: &mut serde_json::Map<String, Value>, key: &str, items: &[T]) {
+    if !items.is_empty() {
+        o.insert(key.into(), json!(items));
+    }
+}
+
 /// A match as ztunnel's `RbacMatch`: camelCase lists, empty ones left out.
 fn rbac_match(m: &Match) -> Value {
     let mut o = serde_json::Map::new();
@@ -100,52 +108,23 @@ fn rbac_match(m: &Match) -> Value {
     strings("notNamespaces", &m.not_namespaces);
     strings("principals", &m.principals);
     strings("notPrincipals", &m.not_principals);
-    let mut put = |key: &str, v: Value, empty: bool| {
-        if !empty {
-            o.insert(key.into(), v);
-        }
-    };
-    let accounts = |list: &[tidegate_authz::ServiceAccount]| {
+    let accounts = |list: &[tidegate_authz::ServiceAccount]| -> Vec<Value> {
         list.iter()
             .map(|a| json!({"namespace": a.namespace, "serviceAccount": a.service_account}))
-            .collect::<Vec<_>>()
+            .collect()
     };
-    put(
-        "serviceAccounts",
-        json!(accounts(&m.service_accounts)),
-        m.service_accounts.is_empty(),
-    );
-    put(
+    list(&mut o, "serviceAccounts", &accounts(&m.service_accounts));
+    list(
+        &mut o,
         "notServiceAccounts",
-        json!(accounts(&m.not_service_accounts)),
-        m.not_service_accounts.is_empty(),
+        &accounts(&m.not_service_accounts),
     );
-    put("sourceIps", json!(m.source_ips), m.source_ips.is_empty());
-    put(
-        "notSourceIps",
-        json!(m.not_source_ips),
-        m.not_source_ips.is_empty(),
-    );
-    put(
-        "destinationIps",
-        json!(m.destination_ips),
-        m.destination_ips.is_empty(),
-    );
-    put(
-        "notDestinationIps",
-        json!(m.not_destination_ips),
-        m.not_destination_ips.is_empty(),
-    );
-    put(
-        "destinationPorts",
-        json!(m.destination_ports),
-        m.destination_ports.is_empty(),
-    );
-    put(
-        "notDestinationPorts",
-        json!(m.not_destination_ports),
-        m.not_destination_ports.is_empty(),
-    );
+    list(&mut o, "sourceIps", &m.source_ips);
+    list(&mut o, "notSourceIps", &m.not_source_ips);
+    list(&mut o, "destinationIps", &m.destination_ips);
+    list(&mut o, "notDestinationIps", &m.not_destination_ips);
+    list(&mut o, "destinationPorts", &m.destination_ports);
+    list(&mut o, "notDestinationPorts", &m.not_destination_ports);
     Value::Object(o)
 }
 

@@ -23,7 +23,7 @@ pub async fn run(config: Config, args: ConnectArgs) -> anyhow::Result<()> {
             let all = svc
                 .endpoints
                 .get(&args.to.port())
-                .unwrap_or(crate::workloads::endpoint_list::EndpointList::EMPTY_LIST);
+                .unwrap_or(crate::workloads::endpoint_list::EndpointList::EMPTY);
             let ready: Vec<_> = all.iter().filter(|e| e.conditions.ready).collect();
             let from: Vec<_> = if ready.is_empty() {
                 all.iter().collect()

@@ -162,7 +162,7 @@ impl EndpointPicker {
         port: u16,
         avoid: Option<&str>,
     ) -> Option<Picked<'s>> {
-        let all = svc.endpoints.get(&port).unwrap_or(EndpointList::EMPTY_LIST);
+        let all = svc.endpoints.get(&port).unwrap_or(EndpointList::EMPTY);
         let skip_reason = |e: &Endpoint| {
             if avoid == Some(e.workload.uid()) {
                 return Some("failing");

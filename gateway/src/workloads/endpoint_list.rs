@@ -59,14 +59,13 @@ pub struct EndpointList {
 }
 
 impl EndpointList {
-    /// No endpoint (a port a Service does not have).
-    pub const EMPTY: EndpointList = EndpointList {
+    /// No endpoint (a port a Service does not have), borrowed for as long
+    /// as anything.
+    pub const EMPTY: &'static EndpointList = &EndpointList {
         chunks: Vec::new(),
         len: 0,
         uniform: None,
     };
-    /// [`EndpointList::EMPTY`], borrowed for as long as anything.
-    pub const EMPTY_LIST: &'static EndpointList = &EndpointList::EMPTY;
 
     /// The list of `sorted`, in uid order with each uid once (what
     /// resolving a whole Service gives).
