@@ -20,16 +20,30 @@ pub(super) struct Identities {
     /// The URI of the identity being looked up (reused: no allocation a
     /// lookup).
     scratch: String,
+    /// The identity found last: a Deployment's replicas come one after
+    /// another (a first answer in uid order), and theirs is found without
+    /// formatting its URI. Held, it is never swept.
+    last: Option<SpiffeId>,
 }
 
 impl Identities {
     /// The identity of `service_account` in `namespace` of `trust_domain`,
     /// shared with every workload that has it.
     pub fn get(&mut self, trust_domain: &str, namespace: &str, service_account: &str) -> SpiffeId {
+        if let Some(last) = &self.last {
+            let same = last.service_account() == service_account
+                && last.namespace() == namespace
+                && last.trust_domain() == trust_domain;
+            if same {
+                return last.clone();
+            }
+        }
         self.scratch.clear();
         SpiffeId::write_uri(&mut self.scratch, trust_domain, namespace, service_account);
         if let Some(held) = self.held.get(self.scratch.as_str()) {
-            return held.0.clone();
+            let id = held.0.clone();
+            self.last = Some(id.clone());
+            return id;
         }
         if self.held.len() >= 2 * self.swept_at + 1024 {
             self.held.retain(|id| id.0.is_shared());
@@ -37,6 +51,7 @@ impl Identities {
         }
         let id = SpiffeId::new(trust_domain, namespace, service_account);
         self.held.insert(ByUri(id.clone()));
+        self.last = Some(id.clone());
         id
     }
 

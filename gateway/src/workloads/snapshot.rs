@@ -97,6 +97,11 @@ impl std::fmt::Display for FormerlyKnown {
     }
 }
 
+/// A delta of at least this many workloads is applied in bulk (a first
+/// answer, a reconnect's): its workloads put in uid order, and looked up
+/// in a table of their own while its Services are resolved.
+const BULK: usize = 1024;
+
 /// One workload's change between two snapshots: (before, now).
 pub type WorkloadChange<'a> = (Option<&'a Arc<Workload>>, Option<&'a Arc<Workload>>);
 
@@ -527,11 +532,21 @@ impl WorkloadSnapshot {
         // The first answer puts every workload into an empty snapshot:
         // nothing to compare with.
         let first = self.by_uid.is_empty();
-        for spec in delta.workloads {
+        let mut workloads = delta.workloads;
+        let bulk = workloads.len() >= BULK;
+        if bulk {
+            // In uid order, each insert lands beside the one before it.
+            workloads.sort_unstable_by(|a, b| a.uid.cmp(&b.uid));
+        }
+        let mut fresh = Vec::with_capacity(if bulk { workloads.len() } else { 0 });
+        for spec in workloads {
             if !first && self.by_uid(&spec.uid).is_some_and(|w| w.spec == spec) {
                 continue;
             }
             let w = node.workload(spec);
+            if bulk {
+                fresh.push(w.clone());
+            }
             if let Some(old) = next.put(w.clone()) {
                 touched(&old);
                 if old.local && !w.local && reason.is_some() {
@@ -565,9 +580,19 @@ impl WorkloadSnapshot {
             (touched || !same).then_some(spec)
         });
         let resolve: Vec<ServiceSpec> = changed.collect();
+        // A large delta's workloads are looked up by uid in a hash table of
+        // their own while its Services are resolved: one probe an endpoint,
+        // not a walk down the uid tree (the same workloads: each was just
+        // put under its uid, nothing removed after).
+        let lookup: foldhash::HashMap<&str, &Arc<Workload>> = if bulk && !resolve.is_empty() {
+            fresh.iter().map(|w| (w.spec.uid.as_str(), w)).collect()
+        } else {
+            Default::default()
+        };
         for spec in resolve {
-            next.resolve_whole(spec);
+            next.resolve_whole(spec, &lookup);
         }
+        drop(lookup);
         if let Some(policies) = delta.policies {
             next.policies = policies;
         }
@@ -578,14 +603,23 @@ impl WorkloadSnapshot {
     }
 
     /// Resolves `spec` whole and puts it in place of its Service.
-    fn resolve_whole(&mut self, spec: ServiceSpec) {
+    /// `fresh`: workloads just put, looked up there first.
+    fn resolve_whole(
+        &mut self,
+        spec: ServiceSpec,
+        fresh: &foldhash::HashMap<&str, &Arc<Workload>>,
+    ) {
         let named: Vec<Arc<Workload>> = if spec.endpoints.is_none() {
             // Members by name (the workload file): found by a walk.
             self.iter().filter(|w| names(w, &spec)).cloned().collect()
         } else {
             Vec::new()
         };
-        let svc = services::resolve_one(spec, |uid| self.by_uid(uid), &named);
+        let svc = services::resolve_one(
+            spec,
+            |uid| fresh.get(uid).copied().or_else(|| self.by_uid(uid)),
+            &named,
+        );
         self.put_service(Arc::new(svc));
     }
 
@@ -598,7 +632,7 @@ impl WorkloadSnapshot {
             return;
         };
         if held.spec.endpoints.is_none() {
-            self.resolve_whole(held.spec.clone());
+            self.resolve_whole(held.spec.clone(), &Default::default());
             return;
         }
         let mut svc = Service::clone(held);

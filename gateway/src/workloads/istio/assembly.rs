@@ -451,7 +451,11 @@ impl Assembly {
             .claims()
             .iter()
             .copied()
-            .filter(|ip| self.owner(ip) == Some(name))
+            .filter(|ip| match self.claims.get(ip).map(Vec::as_slice) {
+                // Its own alone (almost always): no standing to compare.
+                Some([only]) => **only == *name,
+                _ => self.owner(ip) == Some(name),
+            })
             .collect();
         spec
     }

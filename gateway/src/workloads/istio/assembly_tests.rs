@@ -146,6 +146,9 @@ struct Shape {
     addresses: u16,
     responses: usize,
     changes: usize,
+    /// Pods (and every Service) put in one first response before the
+    /// random ones: 1,024 pods or more take the store's bulk path.
+    initial: usize,
 }
 
 /// Random updates — pods added, changed (health, protocol, Services
@@ -162,6 +165,7 @@ fn updates_applied_as_deltas_match_the_whole_set_assembled() {
         addresses: 30,
         responses: 300,
         changes: 6,
+        initial: 0,
     });
 }
 
@@ -176,11 +180,28 @@ fn endpoint_changes_in_large_services_match_the_whole_set_assembled() {
         addresses: 2000,
         responses: 150,
         changes: 12,
+        initial: 0,
     });
     assert!(
         endpoints > 2 * crate::workloads::endpoint_list::CHUNK,
         "{endpoints} endpoints in the largest Service"
     );
+}
+
+/// The same after a first answer of thousands of pods, which the store
+/// applies in bulk (in uid order, its Services resolved against a table of
+/// the new workloads), then updates.
+#[test]
+fn a_bulk_first_answer_then_updates_match_the_whole_set_assembled() {
+    deltas_match_the_whole_set(Shape {
+        seed: 54,
+        pods: 3000,
+        services: 40,
+        addresses: 2500,
+        responses: 60,
+        changes: 12,
+        initial: 3000,
+    });
 }
 
 /// Runs `shape`; the endpoints of the largest Service at the end.
@@ -191,6 +212,30 @@ fn deltas_match_the_whole_set(shape: Shape) -> usize {
     let mut workloads = BTreeMap::new();
     let mut services = BTreeMap::new();
     let mut deltas_seen = 0;
+    if shape.initial > 0 {
+        for s in 0..shape.services {
+            assembly.put_service(host(s), service(s, 0));
+            services.insert(host(s), service(s, 0));
+        }
+        for i in 0..shape.initial {
+            let n = rng.u16(1..shape.addresses).to_be_bytes();
+            let ip = IpAddr::from([10, 0, n[0], n[1]]);
+            let named: Vec<usize> = (0..rng.usize(0..3))
+                .map(|_| rng.usize(0..shape.services))
+                .collect();
+            let mut w = pod(i, ip, rng.bool(), rng.u8(0..5) == 0, &named);
+            put(&mut assembly, w.spec.uid.clone(), w.clone());
+            w.mark_starting();
+            workloads.insert(w.spec.uid.clone(), w);
+        }
+        let delta = take(&mut assembly, &store);
+        assert!(
+            delta.workloads.len() >= shape.initial / 2,
+            "one bulk response"
+        );
+        let expected = whole(&workloads, &services);
+        assert_eq!(held(&store.snapshot()), held(&expected), "after the first");
+    }
     for response in 0..shape.responses {
         for _ in 0..rng.usize(1..shape.changes) {
             let i = rng.usize(0..shape.pods);
