@@ -120,6 +120,22 @@ async fn start(api: &FakeApiServer, dir: &std::path::Path, extra: &str) -> App {
         .unwrap()
 }
 
+/// An API server double holding the namespace `demo` with `labels`, and
+/// a directory for a gateway's state.
+async fn demo_cluster(labels: Value) -> (FakeApiServer, tempfile::TempDir) {
+    let api = FakeApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    api.apply(Kind::Namespace, namespace("demo", labels));
+    (api, dir)
+}
+
+/// The node-a gateway discovering from `api` ([`start`]), once ready.
+async fn discovering(api: &FakeApiServer, dir: &std::path::Path, extra: &str) -> App {
+    let app = start(api, dir, extra).await;
+    until_ready(&app).await;
+    app
+}
+
 async fn ready(app: &App) -> bool {
     http_get(app.addrs.readiness, "/healthz/ready").await.0 == 200
 }
