@@ -13,7 +13,7 @@ fuzz_target!(|data: &[u8]| {
     let sets: Vec<String> = sets.lines().map(str::to_owned).collect();
     let _ = tidegate::config::Config::load(None, Vec::new(), &sets);
     for s in &sets {
-        let _ = tidegate::config::duration::parse(s);
-        let _ = tidegate::config::size::parse_u32(s);
+        let _ = tidegate_base::duration::parse(s);
+        let _ = tidegate_base::size::parse_u32(s);
     }
 });

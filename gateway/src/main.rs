@@ -117,7 +117,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 /// `tidegate policy test|check`: prints the report; a failure is the error (exit 1).
-fn policy(cmd: PolicyCommand, limits: &tidegate::config::PoliciesConfig) -> anyhow::Result<()> {
+fn policy(
+    cmd: PolicyCommand,
+    limits: &tidegate_policy_host::config::PoliciesConfig,
+) -> anyhow::Result<()> {
     let result = match cmd {
         PolicyCommand::Test { plugin, trace } => {
             tidegate_policy_host::trace::test(&plugin, &trace, limits)

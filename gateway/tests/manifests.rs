@@ -32,6 +32,8 @@ mod image;
 mod install_docs;
 #[path = "manifests/istio_charts.rs"]
 mod istio_charts;
+#[path = "manifests/read.rs"]
+mod read;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{
@@ -46,13 +48,7 @@ use tidegate::config::{CaptureMode, CertificatesConfig, Config, WorkloadSourceKi
 use tidegate::oci::OciAuth;
 use tidegate::workloads::membership;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn deploy() -> PathBuf {
-    repo().join("deploy")
-}
+use read::{deploy, documents, documents_of, install_dirs, kustomization_dirs, repo, yaml_files};
 
 /// Objects the manifests reference but do not create, and who does. A
 /// volume naming anything else must name an object of the render.
@@ -73,21 +69,6 @@ const PROVIDED_ELSEWHERE: &[(&str, &str, &str)] = &[
         "the operator creates it with kubectl (deploy/README.md); a key is never committed",
     ),
 ];
-
-/// The documents of a (multi-document) YAML text.
-fn documents_of(text: &str, origin: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text)
-        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{origin}: {e}")))
-        .filter(|v| !v.is_null())
-        .collect()
-}
-
-fn documents(path: &Path) -> Vec<Value> {
-    documents_of(
-        &std::fs::read_to_string(path).unwrap(),
-        &path.display().to_string(),
-    )
-}
 
 /// Keys of `original` that do not survive a round trip through the typed object.
 fn lost_keys(original: &Value, back: &Value, at: &str, out: &mut Vec<String>) {
@@ -227,25 +208,6 @@ impl Kustomization {
             .map(|s| s.as_str())
             .collect()
     }
-}
-
-/// Every directory under `deploy/` holding a `kustomization.yaml`.
-fn kustomization_dirs() -> Vec<PathBuf> {
-    let mut dirs = Vec::new();
-    let mut stack = vec![deploy()];
-    while let Some(d) = stack.pop() {
-        if d.join("kustomization.yaml").exists() {
-            dirs.push(d.clone());
-        }
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            }
-        }
-    }
-    dirs.sort();
-    dirs
 }
 
 /// `$KUBECTL`, else `kubectl` on PATH. Missing: a failure under CI (the
@@ -927,19 +889,7 @@ fn check_outside_the_mesh(r: &Rendered, config: &Config, namespace: &Namespace) 
 
 #[test]
 fn every_manifest_parses_into_typed_objects() {
-    let mut files = Vec::new();
-    let mut stack = vec![deploy()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "yaml") {
-                files.push(p);
-            }
-        }
-    }
-    files.sort();
+    let files = yaml_files();
     let mut kinds = BTreeSet::new();
     for f in &files {
         if f.file_name().unwrap() == "tidegate.yaml" {
@@ -1001,17 +951,7 @@ fn a_misspelt_field_is_caught() {
 
 #[test]
 fn every_kustomization_renders_and_keeps_its_invariants() {
-    let dirs: Vec<String> = kustomization_dirs()
-        .into_iter()
-        .filter(|d| !Kustomization::read(d).is_component())
-        .map(|d| {
-            d.strip_prefix(deploy())
-                .unwrap()
-                .to_str()
-                .unwrap()
-                .to_owned()
-        })
-        .collect();
+    let dirs = install_dirs();
     for expected in [
         "base",
         "overlays/example",
@@ -1265,17 +1205,7 @@ fn mesh_labels_in_the_docs_and_manifests_are_ones_the_rule_reads() {
         deploy().join("README.md"),
         repo().join("docs/istio.md"),
     ];
-    let mut stack = vec![deploy()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "yaml") {
-                files.push(p);
-            }
-        }
-    }
+    files.extend(yaml_files());
     let rules = [
         (
             membership::MESH_LABEL,

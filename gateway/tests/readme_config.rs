@@ -61,7 +61,8 @@ mod reference {
     use std::path::PathBuf;
 
     use serde_yaml::Value;
-    use tidegate::config::{key_ranges, Config, KeyRange};
+    use tidegate::config::{key_ranges, Config};
+    use tidegate_base::range::KeyRange;
 
     const BEGIN: &str = "<!-- config-reference:begin -->";
     const END: &str = "<!-- config-reference:end -->";

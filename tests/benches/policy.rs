@@ -49,8 +49,8 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tidegate::config::PoliciesConfig;
 use tidegate::workloads::{Workload, WorkloadSpec};
+use tidegate_policy_host::config::PoliciesConfig;
 use tidegate_policy_host::{
     validate, Clock, PluginVersion, PolicyEngine, PolicyMetrics, PolicyRuntime, QuarantineRule,
     RuntimeLimits, Selection,

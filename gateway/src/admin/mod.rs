@@ -35,14 +35,12 @@ use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use serde_json::json;
-use tidegate_control::http::{text, Body};
+use tidegate_control::http::{exposition, text, Body};
 
 use crate::proxy::pool::Pool;
 use crate::proxy::tunnels::InboundTunnels;
 use crate::workloads::WorkloadStore;
 use tidegate_policy_host::PolicyEngine;
-
-pub use tidegate_control::http::{exposition, serve, HttpLimits};
 
 /// What the admin endpoints can see.
 pub struct AdminState {

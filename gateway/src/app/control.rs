@@ -8,6 +8,7 @@ use std::time::Duration;
 use tracing::info;
 
 use prometheus_client::registry::Registry;
+use tidegate_control::http::HttpLimits;
 use tidegate_control::limits::{ConnLimit, ControlMetrics};
 
 use super::core::Core;
@@ -63,7 +64,7 @@ pub(super) fn serve(
     w: &mut Wiring,
 ) {
     let cp = &config.control_plane;
-    let limits = |listener| admin::HttpLimits {
+    let limits = |listener| HttpLimits {
         connections: ConnLimit::new(listener, cp.max_connections, control),
         header_read_timeout: cp.header_read_timeout,
     };
@@ -92,7 +93,7 @@ fn spawn_server<F, Fut>(
     listener: tokio::net::TcpListener,
     state: &Arc<AdminState>,
     route: F,
-    limits: admin::HttpLimits,
+    limits: HttpLimits,
     stopped: ShutdownWatch,
     w: &mut Wiring,
 ) where
@@ -106,7 +107,7 @@ fn spawn_server<F, Fut>(
 {
     let state = state.clone();
     w.tasks.spawn(async move {
-        admin::serve(listener, state.clone(), route, limits, stopped).await;
+        tidegate_control::http::serve(listener, state.clone(), route, limits, stopped).await;
         state.hand_over.closed();
     });
 }

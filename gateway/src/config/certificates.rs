@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::duration;
+use tidegate_base::duration;
 
 /// Where workload certificates come from.
 #[derive(Clone, Debug, Deserialize, Serialize)]

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::duration;
+use tidegate_base::duration;
 
 /// The port istio-cni redirects a captured pod's DNS to (its `DNSCapturePort`).
 pub const DNS_CAPTURE_PORT: u16 = 15053;

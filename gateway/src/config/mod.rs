@@ -11,12 +11,13 @@
 //! `tcp:`, `pool:`, `outbound:`; [`certificates`]; [`workloads`];
 //! [`drains`]: `shutdown:` and `drains:`; [`capture`]; [`dns`]; `control_plane:` ([`tidegate_control::config`]);
 //! [`oci`]), except `policies:`, the policy host's
-//! ([`tidegate_policy_host::config`], re-exported here); other modules take their section from here and import
+//! ([`tidegate_policy_host::config`]; a section of another crate is imported
+//! by that crate's name, never re-exported here); other modules take their section from here and import
 //! nothing back into it (validation parses a [`tidegate_protocol::identity::SpiffeId`],
 //! a leaf). Where a section's type has behaviour that needs another module
 //! (the OCI opt-in, the fallback policies, the plugin limits and action
-//! bounds), that `impl` block lives in the other module. [`duration`] and
-//! [`size`] are leaf modules anyone may use.
+//! bounds), that `impl` block lives in the other module. Durations and sizes
+//! are read by [`tidegate_base::duration`] and [`tidegate_base::size`].
 
 mod capture;
 mod certificates;
@@ -35,10 +36,7 @@ pub use data_path::{
 pub use dns::{DnsCacheConfig, DnsConfig, Upstream, DNS_CAPTURE_PORT};
 pub use drains::{DrainsConfig, ShutdownConfig};
 pub use oci::{Cidr, OciAuth, OciConfig, OptIn, OCI_BACKEND_LIMIT};
-pub use ranges::{key_ranges, KeyRange};
-pub use tidegate_base::{duration, size};
-pub use tidegate_control::config::{ControlPlaneConfig, CONTROL_PLANE_MAX_CONNECTIONS};
-pub use tidegate_policy_host::config::{BindingSpec, Fallback, PluginSpec, PoliciesConfig};
+pub use ranges::key_ranges;
 pub use workloads::{IstioConfig, KubernetesConfig, WorkloadSourceKind, WorkloadsConfig};
 
 use std::net::SocketAddr;
@@ -46,6 +44,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use serde_yaml::{Mapping, Value};
+use tidegate_control::config::ControlPlaneConfig;
+use tidegate_policy_host::config::PoliciesConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {

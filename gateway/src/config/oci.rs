@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::duration;
+use tidegate_base::duration;
 
 /// OCI's own limit: backends per backend set and per load balancer
 /// (draining backends count).

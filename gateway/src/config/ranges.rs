@@ -10,8 +10,10 @@
 
 use std::time::Duration;
 
-pub use tidegate_base::range::KeyRange;
-use tidegate_base::range::{bytes, count, dur, millis, secs, Row, DAY, HOUR, KIB, MIB, MIN};
+use tidegate_base::range::{
+    bytes, count, dur, millis, secs, KeyRange, Row, DAY, HOUR, KIB, MIB, MIN,
+};
+use tidegate_control::config::CONTROL_PLANE_MAX_CONNECTIONS;
 
 use super::{CertificatesConfig, Config};
 
@@ -283,7 +285,7 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
             "control_plane.max_connections",
             cp.max_connections.into(),
             1,
-            super::CONTROL_PLANE_MAX_CONNECTIONS,
+            CONTROL_PLANE_MAX_CONNECTIONS,
         )
         .because("per listener; the data path keeps the rest of the descriptors"),
         dur(
@@ -342,7 +344,7 @@ pub(super) fn rows(c: &Config) -> Vec<Row> {
             "control_plane.cni_max_connections",
             cp.cni_max_connections.into(),
             1,
-            super::CONTROL_PLANE_MAX_CONNECTIONS,
+            CONTROL_PLANE_MAX_CONNECTIONS,
         )
         .because("the data path keeps the rest of the descriptors"),
     ];

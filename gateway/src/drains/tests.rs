@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::DrainEngine;
-use crate::config::{DrainsConfig, PoliciesConfig};
+use crate::config::DrainsConfig;
 use crate::proxy::pool::Pool;
 use crate::proxy::tunnels::InboundTunnels;
 use crate::workloads::{Workload, WorkloadSpec, WorkloadStore};
+use tidegate_policy_host::config::PoliciesConfig;
 use tidegate_policy_host::{PolicyEngine, PolicyMetrics};
 use tidegate_protocol::tls::{DevCa, TlsContext, TlsMetrics};
 

@@ -9,7 +9,8 @@
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use super::{deploy, kustomization_dirs, kustomize, Kustomization};
+use super::kustomize;
+use super::read::{deploy, install_dirs};
 
 /// The platforms the image is built for, and each one's Rust architecture.
 const PLATFORMS: &[(&str, &str)] = &[("linux/amd64", "x86_64"), ("linux/arm64", "aarch64")];
@@ -203,16 +204,7 @@ fn the_manifests_run_binaries_the_image_has() {
         );
     }
     let mut checked = 0;
-    for dir in kustomization_dirs() {
-        if Kustomization::read(&dir).is_component() {
-            continue;
-        }
-        let dir = dir
-            .strip_prefix(deploy())
-            .unwrap()
-            .to_str()
-            .unwrap()
-            .to_owned();
+    for dir in install_dirs() {
         let Some(r) = kustomize(&dir) else { return };
         for o in &r.objects {
             let spec = &o["spec"]["template"]["spec"];

@@ -6,7 +6,8 @@
 use tidegate::admin::dump_query::SECTIONS;
 use tidegate::workloads::membership;
 
-use super::{check_invariants, deploy, kustomization_dirs, kustomize, repo, Kustomization};
+use super::read::{install_dirs, install_docs, repo};
+use super::{check_invariants, kustomize};
 
 /// The text of `doc` after the heading `heading`, up to the next heading of
 /// the same or a higher level (outside code blocks, where `#` is a comment).
@@ -117,13 +118,7 @@ fn a_section_ends_at_the_next_heading_of_its_level() {
 #[test]
 fn the_config_dump_queries_shown_name_real_sections() {
     let mut asked = 0;
-    for doc in [
-        "README.md",
-        "deploy/README.md",
-        "docs/istio.md",
-        "docs/troubleshooting.md",
-    ] {
-        let text = std::fs::read_to_string(repo().join(doc)).unwrap();
+    for (doc, text) in install_docs() {
         for (at, _) in text.match_indices("config_dump?only=") {
             let rest = &text[at + "config_dump?only=".len()..];
             let list: String = rest
@@ -148,16 +143,7 @@ fn the_config_dump_queries_shown_name_real_sections() {
 #[test]
 fn the_scrape_annotations_point_at_the_metrics_listener() {
     let mut annotated = 0;
-    for dir in kustomization_dirs() {
-        if Kustomization::read(&dir).is_component() {
-            continue;
-        }
-        let dir = dir
-            .strip_prefix(deploy())
-            .unwrap()
-            .to_str()
-            .unwrap()
-            .to_owned();
+    for dir in install_dirs() {
         let Some(r) = kustomize(&dir) else { return };
         let config = check_invariants(&r);
         let (ds, _) = r.pod();

@@ -10,7 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{Affinity, NodeSelectorTerm, ServiceAccount};
 use serde_json::Value;
 
-use super::{deploy, documents, kustomize, repo, typed};
+use super::read::{deploy, documents, install_docs, repo};
+use super::{kustomize, typed};
 
 /// The Istio release whose charts the facts below were read from (istio/istio
 /// at this tag; the same lines at 1.24.0, 1.26.0, 1.28.0, 1.30.0 and at
@@ -451,13 +452,7 @@ fn values_that_replace_or_misspell_are_reported() {
 #[test]
 fn the_redirection_annotation_values_shown_are_istio_cnis() {
     let mut seen = BTreeSet::new();
-    for doc in [
-        "README.md",
-        "deploy/README.md",
-        "docs/istio.md",
-        "docs/troubleshooting.md",
-    ] {
-        let text = std::fs::read_to_string(repo().join(doc)).unwrap();
+    for (doc, text) in install_docs() {
         for (at, _) in text.match_indices(REDIRECTION_ANNOTATION) {
             let rest = &text[at + REDIRECTION_ANNOTATION.len()..];
             let Some(rest) = [": ", "="].iter().find_map(|s| rest.strip_prefix(s)) else {

@@ -74,7 +74,7 @@ fn echo(nodes: &TwoNodes) -> Arc<tidegate::workloads::Workload> {
 /// version swapped in meanwhile decides new drains, and the drain in
 /// progress goes on deciding with the old one (its deadline margin).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_drain_keeps_the_policy_version_it_started_with() {
+async fn a_drain_keeps_its_pinned_policy_version_through_a_swap() {
     let nodes = with_drain_policy(53).await;
     let engine = nodes.server.policies.clone();
     let echo = echo(&nodes);

@@ -10,7 +10,7 @@ use tidegate_e2e::{
     echo_server, eventually, init_tracing, ip, metric, metric_or_zero, round_trip, Capture,
 };
 
-use super::{config, namespace, pod, until_ready, WAIT};
+use super::{config, namespace, pod, two_nodes, until_ready, TwoNodes, WAIT};
 
 fn policy(name: &str, spec: Value) -> Value {
     json!({"metadata": {"name": name, "namespace": "demo"}, "spec": spec})
@@ -64,21 +64,16 @@ async fn kubernetes_policies_are_converted_named_and_enforced_with_live_recheck(
     );
     api.apply(Kind::Pod, pod("echo", "echo-uid", "node-b", ip(octet, 2)));
     let echo = echo_server(ip(octet, 2)).await;
-    init_tracing();
     let dir = tempfile::tempdir().unwrap();
-    let server = tidegate::app::build(config(dir.path(), "node-b", &api.url(), ""))
-        .await
-        .unwrap();
-    until_ready(&server).await;
-    let extra = format!(
-        "hbone:\n  port: {}\n",
-        server.addrs.inbound.expect("node listeners").port()
-    );
-    let client = tidegate::app::build(config(dir.path(), "node-a", &api.url(), &extra))
-        .await
-        .unwrap();
-    until_ready(&client).await;
-    let capture = Capture::start(client.outbound.clone(), echo).await;
+    let TwoNodes {
+        server,
+        client,
+        capture,
+    } = two_nodes(
+        |node, extra| config(dir.path(), node, &api.url(), extra),
+        echo,
+    )
+    .await;
     assert!(passes(&capture, octet).await, "no policy: allowed");
 
     // A live stream, then a DENY selecting the echo pod for the client's

@@ -18,11 +18,11 @@ use tidegate_e2e::{
 };
 use tidegate_xds::client::{ADDRESS, AUTHORIZATION};
 use tidegate_xds::workload::{
-    address, Address, NetworkAddress, Port, PortList, Service, TunnelProtocol, Workload,
-    WorkloadStatus,
+    address, gateway_address, Address, GatewayAddress, NetworkAddress, Port, PortList, Service,
+    TunnelProtocol, Workload, WorkloadStatus,
 };
 
-use super::{drain_of, phase_of, until_ready, WAIT};
+use super::{config_head, drain_of, phase_of, two_nodes, TwoNodes, WAIT};
 
 const HOST: &str = "echo.demo.svc.cluster.local";
 
@@ -65,17 +65,36 @@ pub(super) fn encode_workload(w: Workload) -> bytes::Bytes {
     .into()
 }
 
-fn service(vip: IpAddr, target: u16) -> bytes::Bytes {
-    service_with_sans(vip, target, &[])
+/// The `services` entry of a workload behind Service `name` (in `demo`):
+/// port 80 to `target`.
+pub(super) fn serves(name: &str, target: u16) -> BTreeMap<String, PortList> {
+    [(
+        format!("demo/{name}.demo.svc.cluster.local"),
+        PortList {
+            ports: vec![Port {
+                service_port: 80,
+                target_port: u32::from(target),
+                app_protocol: 0,
+            }],
+        },
+    )]
+    .into()
 }
 
-/// [`service`] with these `subject_alt_names`.
-fn service_with_sans(vip: IpAddr, target: u16, sans: &[&str]) -> bytes::Bytes {
+/// Service `name` of `demo` at `vip`, port 80 to `target` (0: each
+/// endpoint's own mapping), with these `subject_alt_names` and waypoint.
+pub(super) fn service_resource(
+    name: &str,
+    vip: IpAddr,
+    target: u16,
+    sans: &[&str],
+    waypoint: Option<GatewayAddress>,
+) -> bytes::Bytes {
     Address {
         r#type: Some(address::Type::Service(Service {
-            name: "echo".into(),
+            name: name.into(),
             namespace: "demo".into(),
-            hostname: HOST.into(),
+            hostname: format!("{name}.demo.svc.cluster.local"),
             addresses: vec![NetworkAddress {
                 network: String::new(),
                 address: ip_bytes(vip),
@@ -86,7 +105,8 @@ fn service_with_sans(vip: IpAddr, target: u16, sans: &[&str]) -> bytes::Bytes {
                 target_port: u32::from(target),
                 app_protocol: 0,
             }],
-            subject_alt_names: sans.iter().map(|s| s.to_string()).collect(),
+            subject_alt_names: sans.iter().map(ToString::to_string).collect(),
+            waypoint,
             ..Default::default()
         })),
     }
@@ -94,19 +114,17 @@ fn service_with_sans(vip: IpAddr, target: u16, sans: &[&str]) -> bytes::Bytes {
     .into()
 }
 
-/// The echo workload's entry for the Service: port 80 to `target`.
-fn echo_ports(target: u16) -> BTreeMap<String, PortList> {
-    [(
-        format!("demo/{HOST}"),
-        PortList {
-            ports: vec![Port {
-                service_port: 80,
-                target_port: u32::from(target),
-                app_protocol: 0,
-            }],
-        },
-    )]
-    .into()
+/// A waypoint (or network gateway) at `ip` with HBONE on `port`, in
+/// `network` ("" is the local one).
+pub(super) fn gateway_at(ip: IpAddr, port: u32, network: &str) -> GatewayAddress {
+    GatewayAddress {
+        destination: Some(gateway_address::Destination::Address(NetworkAddress {
+            network: network.into(),
+            address: ip_bytes(ip),
+            length: None,
+        })),
+        hbone_mtls_port: port,
+    }
 }
 
 /// A namespace-wide DENY of the client's identity.
@@ -140,16 +158,7 @@ pub(super) fn config(dir: &std::path::Path, node: &str, double: &XdsDouble, extr
     let token = dir.join("istio-token");
     std::fs::write(&token, "tok").unwrap();
     let yaml = format!(
-        r#"node_name: {node}
-trust_domain: cluster.local
-listeners:
-  outbound: 127.0.0.1:0
-  inbound: 0.0.0.0:0
-  admin: 127.0.0.1:0
-  metrics: 127.0.0.1:0
-  readiness: 127.0.0.1:0
-certificates: {{source: dev-ca, state_dir: {ca}}}
-workloads:
+        r#"{head}workloads:
   source: istio
   istio:
     address: https://{addr}
@@ -161,7 +170,7 @@ drains:
   default_grace: 30s
 {extra}
 "#,
-        ca = dir.join("ca").display(),
+        head = config_head(dir, node),
         addr = double.addr,
         roots = roots.display(),
         token = token.display(),
@@ -181,7 +190,7 @@ struct Node {
 async fn nodes(double: &XdsDouble, octet: u8, vip: IpAddr, echo: SocketAddr) -> Node {
     init_tracing();
     let dir = tempfile::tempdir().unwrap();
-    let ports = echo_ports(echo.port());
+    let ports = serves("echo", echo.port());
     double.set_quietly(
         ADDRESS,
         &uid("client"),
@@ -192,20 +201,20 @@ async fn nodes(double: &XdsDouble, octet: u8, vip: IpAddr, echo: SocketAddr) -> 
         &uid("echo"),
         encode_workload(workload("echo", "node-b", ip(octet, 2), ports)),
     );
-    double.set_quietly(ADDRESS, &format!("demo/{HOST}"), service(vip, 0));
-    let server = tidegate::app::build(config(dir.path(), "node-b", double, ""))
-        .await
-        .unwrap();
-    until_ready(&server).await;
-    let extra = format!(
-        "hbone:\n  port: {}\n",
-        server.addrs.inbound.expect("node listeners").port()
+    double.set_quietly(
+        ADDRESS,
+        &format!("demo/{HOST}"),
+        service_resource("echo", vip, 0, &[], None),
     );
-    let client = tidegate::app::build(config(dir.path(), "node-a", double, &extra))
-        .await
-        .unwrap();
-    until_ready(&client).await;
-    let capture = Capture::start(client.outbound.clone(), SocketAddr::new(vip, 80)).await;
+    let TwoNodes {
+        server,
+        client,
+        capture,
+    } = two_nodes(
+        |node, extra| config(dir.path(), node, double, extra),
+        SocketAddr::new(vip, 80),
+    )
+    .await;
     Node {
         server,
         client,
@@ -402,7 +411,7 @@ async fn a_services_subject_alt_names_are_accepted_as_its_endpoints_identity() {
     let vip: IpAddr = format!("10.96.{octet}.1").parse().unwrap();
     let echo = echo_server(ip(octet, 2)).await;
     let (to_server, to_client) = (XdsDouble::start().await, XdsDouble::start().await);
-    let ports = echo_ports(echo.port());
+    let ports = serves("echo", echo.port());
     let mut as_v2 = workload("echo", "node-b", ip(octet, 2), ports.clone());
     as_v2.service_account = "echo-v2".into();
     let as_echo = workload("echo", "node-b", ip(octet, 2), ports);
@@ -410,23 +419,28 @@ async fn a_services_subject_alt_names_are_accepted_as_its_endpoints_identity() {
         let client = workload("client", "node-a", ip(octet, 3), BTreeMap::new());
         double.set_quietly(ADDRESS, &uid("client"), encode_workload(client));
         double.set_quietly(ADDRESS, &uid("echo"), encode_workload(echo_workload));
-        double.set_quietly(ADDRESS, &format!("demo/{HOST}"), service(vip, 0));
+        double.set_quietly(
+            ADDRESS,
+            &format!("demo/{HOST}"),
+            service_resource("echo", vip, 0, &[], None),
+        );
     }
     // One development CA for both (each gateway's directory has its own
     // istiod root and token).
     let (server_dir, client_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     std::os::unix::fs::symlink(server_dir.path().join("ca"), client_dir.path().join("ca")).unwrap();
-    let server = tidegate::app::build(config(server_dir.path(), "node-b", &to_server, ""))
-        .await
-        .unwrap();
-    until_ready(&server).await;
-    let port = server.addrs.inbound.expect("node listeners").port();
-    let extra = format!("hbone:\n  port: {port}\n");
-    let client = tidegate::app::build(config(client_dir.path(), "node-a", &to_client, &extra))
-        .await
-        .unwrap();
-    until_ready(&client).await;
-    let capture = Capture::start(client.outbound.clone(), SocketAddr::new(vip, 80)).await;
+    let TwoNodes {
+        server: _server,
+        client,
+        capture,
+    } = two_nodes(
+        |node, extra| match node {
+            "node-b" => config(server_dir.path(), node, &to_server, extra),
+            _ => config(client_dir.path(), node, &to_client, extra),
+        },
+        SocketAddr::new(vip, 80),
+    )
+    .await;
     let answers = || answered(&capture, octet);
     let unexpected = r#"tidegate_tls_handshake_failures_total{direction="outbound",reason="unexpected_identity"}"#;
 
@@ -434,7 +448,7 @@ async fn a_services_subject_alt_names_are_accepted_as_its_endpoints_identity() {
     assert!(metric_or_zero(&client.metrics_text(), unexpected) >= 1.0);
 
     let v2 = "spiffe://cluster.local/ns/demo/sa/echo-v2";
-    let with_sans = service_with_sans(vip, 0, &[v2, "not a SPIFFE id"]);
+    let with_sans = service_resource("echo", vip, 0, &[v2, "not a SPIFFE id"], None);
     let nonce = to_client
         .set(ADDRESS, &format!("demo/{HOST}"), with_sans)
         .expect("subscribed");

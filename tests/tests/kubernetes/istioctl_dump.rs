@@ -15,14 +15,13 @@ use tidegate_authz::xds::{
     Authorization, MatchType, XdsAddress, XdsClause, XdsMatch, XdsRule, XdsStringMatch,
 };
 use tidegate_e2e::xds_double::XdsDouble;
-use tidegate_e2e::{echo_server, eventually, http_get, init_tracing, ip, round_trip, Capture};
+use tidegate_e2e::{echo_server, eventually, http_get, init_tracing, ip, round_trip};
 use tidegate_xds::client::{ADDRESS, AUTHORIZATION};
-use tidegate_xds::workload::{
-    address, gateway_address, Address, GatewayAddress, NetworkAddress, Port, PortList, Service,
-};
 
-use super::istio_source::{config, encode_workload, ip_bytes, uid, workload};
-use super::{until_ready, WAIT};
+use super::istio_source::{
+    config, encode_workload, gateway_at, serves, service_resource, uid, workload,
+};
+use super::{two_nodes, TwoNodes, WAIT};
 
 /// Go's `string` without `omitempty`: present, `null` read as empty.
 fn go_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
@@ -302,48 +301,6 @@ const TCP_LABELS: &[&str] = &[
     "connection_security_policy",
 ];
 
-fn gateway(ip: IpAddr, port: u32) -> GatewayAddress {
-    GatewayAddress {
-        destination: Some(gateway_address::Destination::Address(NetworkAddress {
-            network: String::new(),
-            address: ip_bytes(ip),
-            length: None,
-        })),
-        hbone_mtls_port: port,
-    }
-}
-
-fn service(
-    name: &str,
-    vip: IpAddr,
-    target: u16,
-    sans: &[&str],
-    wp: Option<GatewayAddress>,
-) -> bytes::Bytes {
-    Address {
-        r#type: Some(address::Type::Service(Service {
-            name: name.into(),
-            namespace: "demo".into(),
-            hostname: format!("{name}.demo.svc.cluster.local"),
-            addresses: vec![NetworkAddress {
-                network: String::new(),
-                address: ip_bytes(vip),
-                length: None,
-            }],
-            ports: vec![Port {
-                service_port: 80,
-                target_port: u32::from(target),
-                app_protocol: 0,
-            }],
-            subject_alt_names: sans.iter().map(ToString::to_string).collect(),
-            waypoint: wp,
-            ..Default::default()
-        })),
-    }
-    .encode_to_vec()
-    .into()
-}
-
 /// A policy of `namespace demo` with one match; `scope` and `action` as
 /// istiod numbers them.
 fn authorization(name: &str, scope: i32, action: i32, m: XdsMatch, dry_run: bool) -> bytes::Bytes {
@@ -380,26 +337,9 @@ async fn istioctl_reads_the_dump_and_the_dashboards_find_their_series() {
     let dir = tempfile::tempdir().unwrap();
 
     let echo_host = "demo/echo.demo.svc.cluster.local".to_string();
-    let ports = |target: u16| PortList {
-        ports: vec![Port {
-            service_port: 80,
-            target_port: u32::from(target),
-            app_protocol: 0,
-        }],
-    };
-    let mut echo_w = workload(
-        "echo",
-        "node-b",
-        ip(octet, 2),
-        [(echo_host.clone(), ports(echo.port()))].into(),
-    );
+    let mut echo_w = workload("echo", "node-b", ip(octet, 2), serves("echo", echo.port()));
     echo_w.capacity = Some(3);
-    let mut web_w = workload(
-        "web",
-        "node-b",
-        ip(octet, 4),
-        [("demo/web.demo.svc.cluster.local".to_string(), ports(8080))].into(),
-    );
+    let mut web_w = workload("web", "node-b", ip(octet, 4), serves("web", 8080));
     web_w.authorization_policies = vec!["demo/broken".into()];
     for (name, w) in [
         (
@@ -415,13 +355,13 @@ async fn istioctl_reads_the_dump_and_the_dashboards_find_their_series() {
     double.set_quietly(
         ADDRESS,
         &echo_host,
-        service("echo", vip, echo.port(), &[canary], None),
+        service_resource("echo", vip, echo.port(), &[canary], None),
     );
-    let wp = Some(gateway(ip(octet, 5), 15008));
+    let wp = Some(gateway_at(ip(octet, 5), 15008, ""));
     double.set_quietly(
         ADDRESS,
         "demo/web.demo.svc.cluster.local",
-        service("web", web_vip, 8080, &[canary], wp),
+        service_resource("web", web_vip, 8080, &[canary], wp),
     );
     let principal = |p: &str| XdsMatch {
         principals: vec![XdsStringMatch {
@@ -457,19 +397,15 @@ async fn istioctl_reads_the_dump_and_the_dashboards_find_their_series() {
         authorization("broken", 2, 0, bad, false),
     );
 
-    let server = tidegate::app::build(config(dir.path(), "node-b", &double, ""))
-        .await
-        .unwrap();
-    until_ready(&server).await;
-    let extra = format!(
-        "hbone:\n  port: {}\n",
-        server.addrs.inbound.expect("node listeners").port()
-    );
-    let client = tidegate::app::build(config(dir.path(), "node-a", &double, &extra))
-        .await
-        .unwrap();
-    until_ready(&client).await;
-    let capture = Capture::start(client.outbound.clone(), SocketAddr::new(vip, 80)).await;
+    let TwoNodes {
+        server,
+        client,
+        capture,
+    } = two_nodes(
+        |node, extra| config(dir.path(), node, &double, extra),
+        SocketAddr::new(vip, 80),
+    )
+    .await;
     // A connection held open while the dumps are read.
     let mut conn = capture.connect(ip(octet, 3)).await;
     assert_eq!(round_trip(&mut conn, b"ping").await.unwrap(), b"ping");

@@ -35,10 +35,10 @@ mod xds_client;
 
 const WAIT: Duration = Duration::from_secs(10);
 
-/// A gateway on `node` discovering from `api_server`, with two policies:
-/// `keep` (the default) and `evict` (evict-on-delete, also on terminating peers).
-fn config(dir: &std::path::Path, node: &str, api_server: &str, extra: &str) -> Config {
-    let yaml = format!(
+/// The first lines of a test gateway's config: its node, the trust domain,
+/// every listener on port 0, and a development CA under `dir`.
+fn config_head(dir: &std::path::Path, node: &str) -> String {
+    format!(
         r#"node_name: {node}
 trust_domain: cluster.local
 listeners:
@@ -48,7 +48,16 @@ listeners:
   metrics: 127.0.0.1:0
   readiness: 127.0.0.1:0
 certificates: {{source: dev-ca, state_dir: {ca}}}
-workloads:
+"#,
+        ca = dir.join("ca").display(),
+    )
+}
+
+/// A gateway on `node` discovering from `api_server`, with two policies:
+/// `keep` (the default) and `evict` (evict-on-delete, also on terminating peers).
+fn config(dir: &std::path::Path, node: &str, api_server: &str, extra: &str) -> Config {
+    let yaml = format!(
+        r#"{head}workloads:
   source: kubernetes
   kubernetes:
     api_server: {api_server}
@@ -64,7 +73,7 @@ policies:
       config: '{{"on-peer-terminating": "evict-when-idle"}}'
 {extra}
 "#,
-        ca = dir.join("ca").display(),
+        head = config_head(dir, node),
         keep = plugin("keepalive-only").display(),
         evict = plugin("evict-on-delete").display(),
     );
@@ -111,6 +120,22 @@ async fn start(api: &FakeApiServer, dir: &std::path::Path, extra: &str) -> App {
         .unwrap()
 }
 
+/// An API server double holding the namespace `demo` with `labels`, and
+/// a directory for a gateway's state.
+async fn demo_cluster(labels: Value) -> (FakeApiServer, tempfile::TempDir) {
+    let api = FakeApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    api.apply(Kind::Namespace, namespace("demo", labels));
+    (api, dir)
+}
+
+/// The node-a gateway discovering from `api` ([`start`]), once ready.
+async fn discovering(api: &FakeApiServer, dir: &std::path::Path, extra: &str) -> App {
+    let app = start(api, dir, extra).await;
+    until_ready(&app).await;
+    app
+}
+
 async fn ready(app: &App) -> bool {
     http_get(app.addrs.readiness, "/healthz/ready").await.0 == 200
 }
@@ -121,6 +146,49 @@ async fn until_ready(app: &App) {
         ready(app).await.then_some(())
     })
     .await
+}
+
+/// A gateway built from `config`, once it reports ready.
+async fn ready_gateway(config: Config) -> App {
+    let app = tidegate::app::build(config).await.unwrap();
+    until_ready(&app).await;
+    app
+}
+
+/// The config lines that send a gateway's tunnels to `server`'s HBONE port.
+fn hbone_to(server: &App) -> String {
+    hbone_port(server.addrs.inbound.expect("node listeners").port())
+}
+
+/// The config lines that send a gateway's tunnels to HBONE port `port`.
+fn hbone_port(port: u16) -> String {
+    format!("hbone:\n  port: {port}\n")
+}
+
+/// A serving gateway (node-b) and a client gateway (node-a) that tunnels
+/// to it, with the client's traffic to one destination captured.
+struct TwoNodes {
+    server: App,
+    client: App,
+    capture: tidegate_e2e::Capture,
+}
+
+/// Starts node-b, then node-a pointed at node-b's HBONE port, each from
+/// `config(node, extra)` and each awaited ready; captures node-a's
+/// outbound traffic to `target`.
+async fn two_nodes(
+    config: impl Fn(&str, &str) -> Config,
+    target: std::net::SocketAddr,
+) -> TwoNodes {
+    init_tracing();
+    let server = ready_gateway(config("node-b", "")).await;
+    let client = ready_gateway(config("node-a", &hbone_to(&server))).await;
+    let capture = tidegate_e2e::Capture::start(client.outbound.clone(), target).await;
+    TwoNodes {
+        server,
+        client,
+        capture,
+    }
 }
 
 /// Two gateways: node-b serves the echo workload from its workload file;
@@ -159,14 +227,7 @@ async fn peers(api: &FakeApiServer, octet: u8, client_annotations: Value, echo_u
     client_pod["metadata"]["annotations"] = client_annotations;
     api.apply(Kind::Pod, client_pod);
     api.apply(Kind::Pod, pod("echo", echo_uid, "node-b", ip(octet, 2)));
-    let extra = format!(
-        "hbone:\n  port: {}\n",
-        server.addrs.inbound.expect("node listeners").port()
-    );
-    let client = tidegate::app::build(config(dir.path(), "node-a", &api.url(), &extra))
-        .await
-        .unwrap();
-    until_ready(&client).await;
+    let client = ready_gateway(config(dir.path(), "node-a", &api.url(), &hbone_to(&server))).await;
     let capture = Capture::start(client.outbound.clone(), echo).await;
     Peers {
         dir,

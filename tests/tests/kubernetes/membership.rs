@@ -11,7 +11,7 @@ use serde_json::json;
 use tidegate_e2e::kube_api::{FakeApiServer, Kind};
 use tidegate_e2e::{eventually, init_tracing, metric_or_zero};
 
-use super::{namespace, until_ready, WAIT};
+use super::{config_head, namespace, until_ready, WAIT};
 
 /// A pod as the kubelet holds it when it runs CNI ADD: scheduled to
 /// node-a, no address yet.
@@ -69,22 +69,13 @@ async fn the_cni_plugin_captures_only_what_discovery_puts_in_the_mesh() {
     api.apply(Kind::Pod, pending("batch", "uid-batch", "plain"));
     let socket = dir.path().join("cni.sock");
     let yaml = format!(
-        r#"node_name: node-a
-trust_domain: cluster.local
-listeners:
-  outbound: 127.0.0.1:0
-  inbound: 0.0.0.0:0
-  admin: 127.0.0.1:0
-  metrics: 127.0.0.1:0
-  readiness: 127.0.0.1:0
-certificates: {{source: dev-ca, state_dir: {ca}}}
-workloads:
+        r#"{head}workloads:
   source: kubernetes
   kubernetes: {{api_server: {api}, debounce: 10ms}}
 capture: {{mode: inpod, membership_wait: 300ms}}
 drains: {{cni_socket: {socket}}}
 "#,
-        ca = dir.path().join("ca").display(),
+        head = config_head(dir.path(), "node-a"),
         api = api.url(),
         socket = socket.display(),
     );

@@ -6,16 +6,10 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_lifecycle_create_terminate_delete_recreate() {
-    let api = FakeApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    api.apply(
-        Kind::Namespace,
-        namespace("demo", json!({"tidegate.io/mesh": "enabled"})),
-    );
+    let (api, dir) = demo_cluster(json!({"tidegate.io/mesh": "enabled"})).await;
     api.apply(Kind::Pod, pod("web-0", "uid-1", "node-a", ip(61, 2)));
     api.apply(Kind::Pod, pod("db-0", "uid-db", "node-b", ip(61, 3)));
-    let app = start(&api, dir.path(), "").await;
-    until_ready(&app).await;
+    let app = discovering(&api, dir.path(), "").await;
 
     let snap = app.workloads.snapshot();
     let w = snap.by_ip(ip(61, 2)).expect("local pod discovered");
@@ -110,18 +104,12 @@ async fn pod_lifecycle_create_terminate_delete_recreate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespace_label_binds_policy_below_the_pod_annotation() {
-    let api = FakeApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    api.apply(
-        Kind::Namespace,
-        namespace("demo", json!({"tidegate.io/drain-policy": "evict"})),
-    );
+    let (api, dir) = demo_cluster(json!({"tidegate.io/drain-policy": "evict"})).await;
     api.apply(Kind::Pod, pod("a", "uid-a", "node-a", ip(62, 2)));
     let mut b = pod("b", "uid-b", "node-a", ip(62, 3));
     b["metadata"]["annotations"] = json!({"tidegate.io/drain-policy": "keep"});
     api.apply(Kind::Pod, b);
-    let app = start(&api, dir.path(), "").await;
-    until_ready(&app).await;
+    let app = discovering(&api, dir.path(), "").await;
     let snap = app.workloads.snapshot();
     let a = snap.by_uid("uid-a").unwrap();
     assert_eq!(a.spec.namespace_policy.as_deref(), Some("evict"));
@@ -138,12 +126,9 @@ async fn namespace_label_binds_policy_below_the_pod_annotation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_running_pods_on_one_ip_hold_it_closed_until_one_terminates() {
     use tidegate::workloads::FormerlyKnown;
-    let api = FakeApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    api.apply(Kind::Namespace, namespace("demo", json!({})));
+    let (api, dir) = demo_cluster(json!({})).await;
     api.apply(Kind::Pod, pod("old", "uid-old", "node-b", ip(63, 7)));
-    let app = start(&api, dir.path(), "").await;
-    until_ready(&app).await;
+    let app = discovering(&api, dir.path(), "").await;
     api.apply(Kind::Pod, pod("new", "uid-new", "node-b", ip(63, 7)));
     eventually("the address held closed", WAIT, || {
         matches!(
@@ -181,12 +166,9 @@ async fn two_running_pods_on_one_ip_hold_it_closed_until_one_terminates() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ip_reuse_goes_to_the_running_pod() {
-    let api = FakeApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    api.apply(Kind::Namespace, namespace("demo", json!({})));
+    let (api, dir) = demo_cluster(json!({})).await;
     api.apply(Kind::Pod, pod("old", "uid-old", "node-b", ip(63, 2)));
-    let app = start(&api, dir.path(), "").await;
-    until_ready(&app).await;
+    let app = discovering(&api, dir.path(), "").await;
     api.start_pod_deletion("demo", "old", Duration::from_secs(30));
     // The CNI hands the IP to a new pod before the old pod object is gone.
     api.apply(Kind::Pod, pod("new", "uid-new", "node-b", ip(63, 2)));
@@ -286,13 +268,10 @@ async fn recreated_peer_with_the_same_ip_never_reuses_old_tunnels() {
 /// the first snapshot counts as a change from nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_already_terminating_at_start_drains() {
-    let api = FakeApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    api.apply(Kind::Namespace, namespace("demo", json!({})));
+    let (api, dir) = demo_cluster(json!({})).await;
     api.apply(Kind::Pod, pod("a", "uid-a", "node-a", ip(71, 2)));
     api.start_pod_deletion("demo", "a", Duration::from_secs(90));
-    let app = start(&api, dir.path(), "").await;
-    until_ready(&app).await;
+    let app = discovering(&api, dir.path(), "").await;
     eventually("drain of the terminating pod", WAIT, || {
         phase_of(&app, "uid-a").as_deref() == Some("shutting-down")
     })

@@ -228,9 +228,7 @@ async fn peer_endpointslice_terminating_evicts_pooled_tunnels() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn informer_skew_is_counted_then_resolved_and_oci_service_marks_pods() {
-    let api = FakeApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    api.apply(Kind::Namespace, namespace("demo", json!({})));
+    let (api, dir) = demo_cluster(json!({})).await;
     api.apply(
         Kind::Service,
         json!({"metadata": {"name": "web", "namespace": "demo",
@@ -247,8 +245,7 @@ async fn informer_skew_is_counted_then_resolved_and_oci_service_marks_pods() {
                 "targetRef": {"kind": "Pod", "namespace": "demo", "name": "web", "uid": "uid-web"}}]),
         ),
     );
-    let app = start(&api, dir.path(), "").await;
-    until_ready(&app).await;
+    let app = discovering(&api, dir.path(), "").await;
     eventually("skew counted", WAIT, || {
         metric(&app.metrics_text(), "tidegate_kubernetes_unknown_endpoints") == 1.0
     })

@@ -6,17 +6,14 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_restart_and_410_relist_neither_lose_nor_duplicate_drains() {
-    let api = FakeApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    api.apply(Kind::Namespace, namespace("demo", json!({})));
+    let (api, dir) = demo_cluster(json!({})).await;
     for i in 1..=4u8 {
         api.apply(
             Kind::Pod,
             pod(&format!("p{i}"), &format!("uid-p{i}"), "node-a", ip(65, i)),
         );
     }
-    let app = start(&api, dir.path(), "").await;
-    until_ready(&app).await;
+    let app = discovering(&api, dir.path(), "").await;
     api.start_pod_deletion("demo", "p1", Duration::from_secs(60));
     eventually("p1 drains", WAIT, || phase_of(&app, "uid-p1").is_some()).await;
 
@@ -137,9 +134,7 @@ async fn unreachable_api_server_backs_off_and_the_gateway_serves_unready() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_waits_for_the_first_full_sync() {
-    let api = FakeApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    api.apply(Kind::Namespace, namespace("demo", json!({})));
+    let (api, dir) = demo_cluster(json!({})).await;
     api.apply(Kind::Pod, pod("a", "uid-a", "node-a", ip(69, 2)));
     api.set_unavailable(true);
     let app = start(&api, dir.path(), "").await;
@@ -179,12 +174,9 @@ async fn readiness_waits_for_the_first_full_sync() {
 /// relist; without one, the stale resume gets 410 and relists.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bookmarks_spare_quiet_watches_a_relist() {
-    let api = FakeApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    api.apply(Kind::Namespace, namespace("demo", json!({})));
+    let (api, dir) = demo_cluster(json!({})).await;
     api.apply(Kind::Pod, pod("a", "uid-a", "node-a", ip(72, 2)));
-    let app = start(&api, dir.path(), "").await;
-    until_ready(&app).await;
+    let app = discovering(&api, dir.path(), "").await;
     let churn = |n: u32| {
         for i in 0..n {
             api.modify(Kind::Namespace, "", "demo", |ns| {
@@ -262,9 +254,7 @@ async fn kubeconfig_over_tls_with_a_bearer_token() {
 /// A rollout's burst of events is coalesced into few snapshots, never one per event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_events_is_published_as_few_snapshots() {
-    let api = FakeApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    api.apply(Kind::Namespace, namespace("demo", json!({})));
+    let (api, dir) = demo_cluster(json!({})).await;
     let mut cfg = config(dir.path(), "node-a", &api.url(), "");
     cfg.workloads.kubernetes.debounce = Duration::from_millis(200);
     init_tracing();

@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use prost::Message as _;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tidegate_e2e::xds_double::XdsDouble;
@@ -19,12 +18,11 @@ use tidegate_e2e::{ip, metric_or_zero, round_trip, Capture};
 use tidegate_protocol::identity::SpiffeId;
 use tidegate_protocol::tls::DevCa;
 use tidegate_xds::client::ADDRESS;
-use tidegate_xds::workload::{
-    address, gateway_address, Address, GatewayAddress, NetworkAddress, Port, PortList, Service,
-};
 
-use super::istio_source::{config, encode_workload, ip_bytes, uid, workload};
-use super::{until_ready, WAIT};
+use super::istio_source::{
+    config, encode_workload, gateway_at, serves, service_resource, uid, workload,
+};
+use super::{hbone_port, ready_gateway, WAIT};
 
 /// An HBONE server as a waypoint: the CONNECT authorities it was asked for.
 async fn waypoint(at: IpAddr, ca_dir: &std::path::Path) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
@@ -83,41 +81,6 @@ async fn waypoint(at: IpAddr, ca_dir: &std::path::Path) -> (SocketAddr, Arc<Mute
     (addr, seen)
 }
 
-fn gateway(ip: IpAddr, port: u32, network: &str) -> GatewayAddress {
-    GatewayAddress {
-        destination: Some(gateway_address::Destination::Address(NetworkAddress {
-            network: network.into(),
-            address: ip_bytes(ip),
-            length: None,
-        })),
-        hbone_mtls_port: port,
-    }
-}
-
-fn service(name: &str, vip: IpAddr, waypoint: Option<GatewayAddress>) -> Bytes {
-    Address {
-        r#type: Some(address::Type::Service(Service {
-            name: name.into(),
-            namespace: "demo".into(),
-            hostname: format!("{name}.demo.svc.cluster.local"),
-            addresses: vec![NetworkAddress {
-                network: String::new(),
-                address: ip_bytes(vip),
-                length: None,
-            }],
-            ports: vec![Port {
-                service_port: 80,
-                target_port: 8080,
-                app_protocol: 0,
-            }],
-            waypoint,
-            ..Default::default()
-        })),
-    }
-    .encode_to_vec()
-    .into()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn traffic_goes_through_the_waypoint_with_the_original_destination() {
     tidegate_e2e::init_tracing();
@@ -127,19 +90,8 @@ async fn traffic_goes_through_the_waypoint_with_the_original_destination() {
     let dir = tempfile::tempdir().unwrap();
     let (wp_addr, authorities) = waypoint(ip(octet, 5), &dir.path().join("ca")).await;
     let double = XdsDouble::start().await;
-    let ports: BTreeMap<String, PortList> = [(
-        "demo/echo.demo.svc.cluster.local".to_string(),
-        PortList {
-            ports: vec![Port {
-                service_port: 80,
-                target_port: 8080,
-                app_protocol: 0,
-            }],
-        },
-    )]
-    .into();
-    let mut echo = workload("echo", "node-b", ip(octet, 2), ports);
-    echo.waypoint = Some(gateway(ip(octet, 5), 15008, ""));
+    let mut echo = workload("echo", "node-b", ip(octet, 2), serves("echo", 8080));
+    echo.waypoint = Some(gateway_at(ip(octet, 5), 15008, ""));
     let mut waypoint_pod = workload("waypoint", "node-a", ip(octet, 5), BTreeMap::new());
     waypoint_pod.service_account = "waypoint".into();
     for (name, w) in [
@@ -152,23 +104,25 @@ async fn traffic_goes_through_the_waypoint_with_the_original_destination() {
     ] {
         double.set_quietly(ADDRESS, &uid(name), encode_workload(w));
     }
-    let wp = Some(gateway(ip(octet, 5), 15008, ""));
+    let wp = Some(gateway_at(ip(octet, 5), 15008, ""));
     double.set_quietly(
         ADDRESS,
         "demo/echo.demo.svc.cluster.local",
-        service("echo", vip, wp),
+        service_resource("echo", vip, 8080, &[], wp),
     );
-    let elsewhere = Some(gateway(ip(octet, 6), 15008, "network-2"));
+    let elsewhere = Some(gateway_at(ip(octet, 6), 15008, "network-2"));
     double.set_quietly(
         ADDRESS,
         "demo/far.demo.svc.cluster.local",
-        service("far", remote_vip, elsewhere),
+        service_resource("far", remote_vip, 8080, &[], elsewhere),
     );
-    let extra = format!("hbone:\n  port: {}\n", wp_addr.port());
-    let client = tidegate::app::build(config(dir.path(), "node-a", &double, &extra))
-        .await
-        .unwrap();
-    until_ready(&client).await;
+    let client = ready_gateway(config(
+        dir.path(),
+        "node-a",
+        &double,
+        &hbone_port(wp_addr.port()),
+    ))
+    .await;
     let snap = client.workloads.snapshot();
     let svc = snap.service_by_vip(vip, 80).expect("the Service");
     assert_eq!(svc.spec.waypoints.len(), 1, "its waypoint: {:?}", svc.spec);
