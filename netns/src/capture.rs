@@ -131,14 +131,22 @@ impl Family {
     }
 }
 
+/// IPv6 link-local destinations (`fe80::/10`).
+pub const LINK_LOCAL_V6: &str = "fe80::/10";
+
 /// The `iptables-restore --noflush` (IPv4) or `ip6tables-restore
 /// --noflush` (IPv6) input for the pod: the same rules, the family's
-/// loopback and probe addresses.
+/// loopback and probe addresses; for IPv6, also the link-local refusal
+/// ([`link_local_refusal`]).
 pub fn rules(family: Family, p: CapturePorts) -> String {
     let m = format!("0x{MESH_MARK:x}/0xfff");
     let t = format!("0x{TPROXY_MARK:x}/0xfff");
     let lo = family.loopback();
     let probe = format!("{}/{}", family.probe_snat(), family.host_prefix());
+    let (link_local_nat, link_local_filter) = match family {
+        Family::V4 => (String::new(), String::new()),
+        Family::V6 => link_local_refusal(&m),
+    };
     format!(
         "*mangle\n\
          :ISTIO_PRERT - [0:0]\n\
@@ -158,11 +166,44 @@ pub fn rules(family: Family, p: CapturePorts) -> String {
          -A ISTIO_OUTPUT -d {probe} -p tcp -m tcp -j ACCEPT\n\
          -A ISTIO_OUTPUT -p tcp -m mark --mark {t} -j ACCEPT\n\
          -A ISTIO_OUTPUT ! -d {lo} -o lo -j ACCEPT\n\
+         {link_local_nat}\
          -A ISTIO_OUTPUT ! -d {lo} -p tcp -m mark ! --mark {m} -j REDIRECT --to-ports {outbound}\n\
-         COMMIT\n",
+         COMMIT\n\
+         {link_local_filter}",
         hbone = p.hbone,
         inbound = p.inbound_plaintext,
         outbound = p.outbound,
+    )
+}
+
+/// The IPv6 rules that refuse a pod's TCP connection to a link-local
+/// address (another host on its link, `fe80::/10`) at once, with a reset,
+/// rather than redirect it: the nat `RETURN` before the outbound REDIRECT,
+/// and a filter chain of one `REJECT`.
+///
+/// A redirected link-local connection can never be served. The app's
+/// socket is bound to its interface (the scope of the link-local address),
+/// and the kernel routes the redirected SYN (now to `::1`) out of that
+/// interface: there is no such route (`Ip6OutNoRoutes`), the SYN is
+/// dropped, and the app's `connect` retries until it times out. Neither
+/// ztunnel nor istio-cni has a rule for it (istio-cni's rule set captures
+/// link-local like any address, so under istio-cni the connection waits,
+/// for ztunnel as for tidegate); and letting it pass uncaptured would open
+/// a way between pods on one bridge around the mesh. Only new connections
+/// (`--syn`) of the app (not the gateway's mark) leaving the pod (not `lo`,
+/// the pod's own link-local address) are refused; the packet counter of
+/// the `REJECT` rule (`ip6tables -t filter -L ISTIO_OUTPUT -v`) counts
+/// them.
+fn link_local_refusal(mesh_mark: &str) -> (String, String) {
+    (
+        format!("-A ISTIO_OUTPUT -d {LINK_LOCAL_V6} -p tcp -j RETURN\n"),
+        format!(
+            "*filter\n\
+             :ISTIO_OUTPUT - [0:0]\n\
+             -A OUTPUT -j ISTIO_OUTPUT\n\
+             -A ISTIO_OUTPUT -d {LINK_LOCAL_V6} ! -o lo -p tcp -m tcp --syn -m mark ! --mark {mesh_mark} -j REJECT --reject-with tcp-reset\n\
+             COMMIT\n"
+        ),
     )
 }
 
@@ -237,7 +278,7 @@ pub enum CaptureError {
     #[error(
         "IPv6 is on in the pod but its IPv6 capture rules cannot be installed ({detail}); \
          the pod is refused rather than let IPv6 bypass the mesh: the node needs \
-         ip6tables-restore and the kernel's ip6_tables (nat, mangle) support{rollback}"
+         ip6tables-restore and the kernel's ip6_tables (nat, mangle, filter) and REJECT support{rollback}"
     )]
     Ipv6 { detail: String, rollback: String },
 }
@@ -546,15 +587,19 @@ fn run(what: &str, argv: &[&str], stdin: Option<&str>) -> Result<(), CaptureErro
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| fail(format!("cannot start {}: {e}", argv[0])))?;
-    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(text.as_bytes())
-            .map_err(|e| fail(e.to_string()))?;
-    }
+    // A tool that fails before reading its input (a missing table) closes
+    // the pipe: its own reason, on stderr, is the one to give, not the
+    // broken pipe.
+    let written = match (stdin, child.stdin.take()) {
+        (Some(text), Some(mut pipe)) => pipe.write_all(text.as_bytes()),
+        _ => Ok(()),
+    };
     let out = child.wait_with_output().map_err(|e| fail(e.to_string()))?;
-    if out.status.success() {
-        return Ok(());
+    match (out.status.success(), written) {
+        (true, Ok(())) => Ok(()),
+        (true, Err(e)) => Err(fail(format!("writing its input: {e}"))),
+        (false, _) => Err(fail(String::from_utf8_lossy(&out.stderr).trim().to_owned())),
     }
-    Err(fail(String::from_utf8_lossy(&out.stderr).trim().to_owned()))
 }
 
 /// `ip rule add|del` / `ip route add|del`: one that exists already on add

@@ -32,12 +32,49 @@ fn the_ipv6_rule_set_is_the_same_with_ipv6_loopback_and_probe_addresses() {
         assert!(v6.lines().any(|l| l == line), "missing {line:?} in\n{v6}");
     }
     assert!(!v6.contains("127.0.0.1") && !v6.contains("169.254"), "{v6}");
-    // Line for line the IPv4 set, the addresses aside.
+    // Line for line the IPv4 set, the addresses aside, but for the
+    // link-local refusal.
     let translated = v4.replace("127.0.0.1/32", "::1/128").replace(
         "169.254.7.127/32",
         "fd16:9254:7127:1337:ffff:ffff:ffff:ffff/128",
     );
-    assert_eq!(translated, v6);
+    let without_link_local: Vec<&str> = v6
+        .split_inclusive('\n')
+        .take_while(|l| *l != "*filter\n")
+        .filter(|l| !l.contains("fe80::/10"))
+        .collect();
+    assert_eq!(translated, without_link_local.concat());
+}
+
+#[test]
+fn ipv6_link_local_is_refused_before_the_outbound_redirect_and_only_for_ipv6() {
+    let v4 = rules(Family::V4, CapturePorts::default());
+    let v6 = rules(Family::V6, CapturePorts::default());
+    assert!(!v4.contains("fe80") && !v4.contains("*filter"), "{v4}");
+    let lines: Vec<&str> = v6.lines().collect();
+    let position = |line: &str| {
+        lines
+            .iter()
+            .position(|l| *l == line)
+            .unwrap_or_else(|| panic!("missing {line:?} in\n{v6}"))
+    };
+    // Not redirected (a redirected link-local SYN is dropped: it waits)...
+    assert!(
+        position("-A ISTIO_OUTPUT -d fe80::/10 -p tcp -j RETURN")
+            < position("-A ISTIO_OUTPUT ! -d ::1/128 -p tcp -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15001")
+    );
+    // ...but reset, never let through uncaptured.
+    assert!(position("*filter") > position("*nat"));
+    position("-A OUTPUT -j ISTIO_OUTPUT");
+    position("-A ISTIO_OUTPUT -d fe80::/10 ! -o lo -p tcp -m tcp --syn -m mark ! --mark 0x539/0xfff -j REJECT --reject-with tcp-reset");
+    assert_eq!(v6.matches("COMMIT").count(), 3);
+    // Removal takes the filter chain out with the others.
+    let saved = "*filter\n:OUTPUT ACCEPT [0:0]\n:ISTIO_OUTPUT - [0:0]\n-A OUTPUT -j ISTIO_OUTPUT\n\
+        -A ISTIO_OUTPUT -d fe80::/10 ! -o lo -p tcp -m tcp --tcp-flags FIN,SYN,RST,ACK SYN -j REJECT --reject-with tcp-reset\nCOMMIT\n";
+    assert_eq!(
+        removal(saved).as_deref(),
+        Some("*filter\n-D OUTPUT -j ISTIO_OUTPUT\n-F ISTIO_OUTPUT\n-X ISTIO_OUTPUT\nCOMMIT\n")
+    );
 }
 
 #[test]

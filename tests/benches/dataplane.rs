@@ -36,7 +36,8 @@
 //! policy change takes to close the streams it refuses among 10,000 live
 //! ones: see [`authorization`]. With `-- --ipv6`, the gateway pair on
 //! IPv4 and on IPv6 addresses in one run: throughput and new connections
-//! per second, IPv6 / IPv4 ([`ipv6`]).
+//! per second, IPv6 / IPv4 ([`ipv6`]); with `--pair` as well, the pairs
+//! on an IPv6 topology ([`pair`]).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -1496,7 +1497,8 @@ fn main() -> anyhow::Result<()> {
         return pair::app_server(&args[1..]);
     }
     if let Some(pairs) = pair::parse_args(&args)? {
-        return pair::run(pairs, pair::Mode::of(&args));
+        let ipv6 = args.iter().any(|a| a == "--ipv6");
+        return pair::run(pairs, pair::Mode::of(&args), ipv6);
     }
     if args.iter().any(|a| a == "--ipv6") {
         return ipv6::run();

@@ -3,7 +3,7 @@
 //! single-stream throughput, warm 1 KiB request/response latency and new
 //! connections per second — every loop bounded in count and in time.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -60,8 +60,8 @@ pub fn median<T>(rounds: &[T], f: impl Fn(&T) -> f64) -> f64 {
 /// bytes, big-endian) once the client half-closes; both inside `pod`.
 pub async fn servers(pod: &NsThread) {
     pod.run("servers", STEP, async {
-        let echo = TcpListener::bind(("0.0.0.0", ECHO)).await.unwrap();
-        let sink = TcpListener::bind(("0.0.0.0", SINK)).await.unwrap();
+        let echo = listen(ECHO).await;
+        let sink = listen(SINK).await;
         tokio::spawn(async move {
             while let Ok((tcp, _)) = echo.accept().await {
                 tokio::spawn(async move {
@@ -91,6 +91,15 @@ pub async fn servers(pod: &NsThread) {
     .await;
 }
 
+/// A listener on `port` for both families (`[::]`, dual-stack), or on
+/// `0.0.0.0` where the namespace has no IPv6.
+async fn listen(port: u16) -> TcpListener {
+    match TcpListener::bind((Ipv6Addr::UNSPECIFIED, port)).await {
+        Ok(l) => l,
+        Err(_) => TcpListener::bind(("0.0.0.0", port)).await.unwrap(),
+    }
+}
+
 impl Figures {
     /// From what [`throughput`], [`warm_rr`] and [`new_conns`] returned.
     pub fn new(
@@ -112,7 +121,8 @@ impl Figures {
 }
 
 /// Throughput, warm RR and new connections/s against the [`servers`] at `ip`.
-pub async fn measure(ip: Ipv4Addr) -> Result<Figures, String> {
+pub async fn measure(ip: impl Into<IpAddr>) -> Result<Figures, String> {
+    let ip: IpAddr = ip.into();
     let tp = throughput(ip).await?;
     let rr = warm_rr(ip).await?;
     let (conns_s, conns) = new_conns(ip).await?;
@@ -124,7 +134,8 @@ fn err(what: &'static str) -> impl Fn(std::io::Error) -> String {
 }
 
 /// One direction into the sink: (bytes the sink counted, seconds).
-pub async fn throughput(ip: Ipv4Addr) -> Result<(u64, f64), String> {
+pub async fn throughput(ip: impl Into<IpAddr>) -> Result<(u64, f64), String> {
+    let ip: IpAddr = ip.into();
     let mut tcp = TcpStream::connect((ip, SINK))
         .await
         .map_err(err("connect sink"))?;
@@ -151,12 +162,13 @@ pub async fn throughput(ip: Ipv4Addr) -> Result<(u64, f64), String> {
 }
 
 /// Warm 1 KiB request/response on one connection: sorted latencies.
-pub async fn warm_rr(ip: Ipv4Addr) -> Result<Vec<Duration>, String> {
+pub async fn warm_rr(ip: impl Into<IpAddr>) -> Result<Vec<Duration>, String> {
+    let ip: IpAddr = ip.into();
     let mut tcp = TcpStream::connect((ip, ECHO))
         .await
         .map_err(err("connect echo"))?;
     tcp.set_nodelay(true).map_err(err("nodelay"))?;
-    let out = vec![7u8; RR_SIZE];
+    let out: Vec<u8> = (0..RR_SIZE).map(|i| (i % 251) as u8).collect();
     let mut back = vec![0u8; RR_SIZE];
     let mut lat = Vec::new();
     let started = Instant::now();
@@ -167,6 +179,11 @@ pub async fn warm_rr(ip: Ipv4Addr) -> Result<Vec<Duration>, String> {
         let t = Instant::now();
         tcp.write_all(&out).await.map_err(err("rr write"))?;
         tcp.read_exact(&mut back).await.map_err(err("rr read"))?;
+        if back != out {
+            return Err(format!(
+                "round trip {i}: the echo differs from what was sent"
+            ));
+        }
         if i >= RR_WARMUP {
             lat.push(t.elapsed());
         }
@@ -177,7 +194,8 @@ pub async fn warm_rr(ip: Ipv4Addr) -> Result<Vec<Duration>, String> {
 
 /// New connections per second from [`CONN_CONCURRENCY`] workers, each with
 /// one 1 KiB round trip: (rate, sorted latencies).
-pub async fn new_conns(ip: Ipv4Addr) -> Result<(f64, Vec<Duration>), String> {
+pub async fn new_conns(ip: impl Into<IpAddr>) -> Result<(f64, Vec<Duration>), String> {
+    let ip: IpAddr = ip.into();
     let deadline = Instant::now() + CONN_MAX_TIME;
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..CONN_CONCURRENCY {
@@ -219,11 +237,12 @@ pub async fn new_conns(ip: Ipv4Addr) -> Result<(f64, Vec<Duration>), String> {
 /// Opens `n` connections to the echo server at `ip` (each proven with a
 /// one-byte round trip, `concurrency` at a time) and returns them, idle.
 pub async fn idle_conns(
-    ip: Ipv4Addr,
+    ip: impl Into<IpAddr>,
     n: usize,
     concurrency: usize,
 ) -> Result<Vec<TcpStream>, String> {
-    let dst = SocketAddr::new(ip.into(), ECHO);
+    let ip: IpAddr = ip.into();
+    let dst = SocketAddr::new(ip, ECHO);
     let mut held = Vec::with_capacity(n);
     let mut tasks = tokio::task::JoinSet::new();
     let mut started = 0;

@@ -34,6 +34,9 @@ const ROLLOUT_SMOKE: &[&str] = &["--scenario", "rollout", "--replicas", "2"];
 /// What the third adds to the second: the gateways fed by the istiod
 /// double, 1,000 background workloads, 10 updates/s of churn (about 10 s).
 const ISTIO_SMOKE: &[&str] = &["--source", "istio", "--background", "1000", "--churn", "10"];
+/// What the fourth adds to the second: the same rolling restart on
+/// IPv6-only pods, nodes and Service.
+const IPV6_SMOKE: &[&str] = &["--ipv6"];
 /// Bound on the smoke run (SIGTERM, then SIGKILL 10 s later): the lab
 /// cleans up its namespaces on SIGTERM.
 const SMOKE_TIMEOUT_SECS: u32 = 120;
@@ -57,14 +60,16 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// The smoke stage: three bounded lab runs (a termination, a rolling
-/// restart, the same through the istiod double), a check each (skipped
-/// without root or without `ip`/`iptables`, as the netns tests skip).
+/// The smoke stage: four bounded lab runs (a termination, a rolling
+/// restart, the same through the istiod double, the same restart on
+/// IPv6-only pods), a check each (skipped without root or without
+/// `ip`/`iptables`, as the netns tests skip).
 pub fn smoke(root: &Path, checks: &mut Checks) -> Result<()> {
     for args in [
         SMOKE_ARGS.to_vec(),
         [ROLLOUT_SMOKE, SMOKE_ARGS].concat(),
         [ROLLOUT_SMOKE, ISTIO_SMOKE, SMOKE_ARGS].concat(),
+        [ROLLOUT_SMOKE, IPV6_SMOKE, SMOKE_ARGS].concat(),
     ] {
         smoke_run(root, checks, &args)?;
     }
@@ -73,7 +78,7 @@ pub fn smoke(root: &Path, checks: &mut Checks) -> Result<()> {
 
 fn smoke_run(root: &Path, checks: &mut Checks, args: &[&str]) -> Result<()> {
     let name = format!("drain lab smoke (`drain-lab {}`)", args.join(" "));
-    if let Some(why) = cannot_run() {
+    if let Some(why) = cannot_run(args.contains(&"--ipv6")) {
         checks.skip(&name, why);
         return Ok(());
     }
@@ -113,7 +118,8 @@ fn smoke_run(root: &Path, checks: &mut Checks, args: &[&str]) -> Result<()> {
 }
 
 /// Why the lab cannot run on this machine, if it cannot.
-fn cannot_run() -> Option<&'static str> {
+/// Why the lab cannot run here (with `ipv6`: an IPv6-only run), if so.
+fn cannot_run(ipv6: bool) -> Option<&'static str> {
     let uid = Command::new("id").arg("-u").output().ok()?;
     if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
         return Some("needs root for network namespaces and iptables");
@@ -126,6 +132,9 @@ fn cannot_run() -> Option<&'static str> {
     };
     if !works("ip", "-V") || !works("iptables", "--version") {
         return Some("`ip` (iproute2) or `iptables` is not installed");
+    }
+    if ipv6 && (!Path::new("/proc/sys/net/ipv6").exists() || !works("ip6tables", "--version")) {
+        return Some("the kernel has no IPv6 or `ip6tables` is not installed");
     }
     None
 }

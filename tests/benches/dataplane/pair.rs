@@ -54,13 +54,20 @@
 //! `DATAPLANE_PERF_STAT=1` adds a `perf stat` of both gateways during each
 //! transfer (page faults, context switches, syscalls, futex calls per MB)
 //! and during each latency phase (the same counts per request).
+//! With `--ipv6` (the data-path figures only), the topology is dual-stack
+//! (`InpodTopology::add_ipv6`) and the two pods are workloads by their IPv6
+//! addresses alone: every application connection, tunnel and delivery is
+//! IPv6 (`[fd00:X:2::2]:15008`), the counting rule is `ip6tables`'; the CA
+//! and istiod stay on the nodes' IPv4 addresses. ztunnel needs
+//! `IPV6_ENABLED=true` for it. A pair of two different gateways is one
+//! command that starts either by `$DP_NODE` (node A is the client's).
 //! `DATAPLANE_PERF_RR=<dir>` records a `perf` profile (call graphs) of both
 //! gateways during each pair's warm round trips, into `<dir>/<pair>-rr.data`
 //! (the last round's); `DATAPLANE_PERF_TP=<dir>` the same during the
 //! transfer, into `<dir>/<pair>-tp.data`, and `DATAPLANE_PERF_CONN=<dir>`
 //! during the new connections, into `<dir>/<pair>-conn.data`.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -165,6 +172,8 @@ struct Env {
     /// istiod (the xDS double) on node A, reached by node B over the link.
     xds: XdsDouble,
     bin: Option<PathBuf>,
+    /// `--ipv6`: the pods are workloads by their IPv6 addresses.
+    ipv6: bool,
     /// The CA and the API double (their runtime lives on this thread).
     _na: NsThread,
 }
@@ -191,7 +200,30 @@ impl Mode {
     }
 }
 
-pub fn run(pairs: Vec<PairSpec>, mode: Mode) -> anyhow::Result<()> {
+impl Env {
+    /// Pod A's workload address (IPv6 with `--ipv6`).
+    fn pod_a(&self) -> IpAddr {
+        pod_ip(&self.topo, self.ipv6, 1)
+    }
+    /// Pod B's workload address (IPv6 with `--ipv6`).
+    fn pod_b(&self) -> IpAddr {
+        pod_ip(&self.topo, self.ipv6, 2)
+    }
+}
+
+/// The workload address of the pod on subnet `subnet` (host 2).
+fn pod_ip(topo: &InpodTopology, ipv6: bool, subnet: u8) -> IpAddr {
+    match ipv6 {
+        true => topo.addr6(subnet, 2).into(),
+        false => topo.addr(subnet, 2).into(),
+    }
+}
+
+/// `ipv6`: `--ipv6` (the data-path figures only).
+pub fn run(pairs: Vec<PairSpec>, mode: Mode, ipv6: bool) -> anyhow::Result<()> {
+    if ipv6 && mode != Mode::DataPath {
+        bail!("--ipv6 with --pair measures the data path only (not --restart or --rollout)");
+    }
     let rounds = tidegate_e2e::env_count("DATAPLANE_ROUNDS", ROUNDS, MAX_ROUNDS)
         .map_err(anyhow::Error::msg)?;
     // SAFETY: geteuid has no preconditions.
@@ -204,18 +236,21 @@ pub fn run(pairs: Vec<PairSpec>, mode: Mode) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(bench(pairs, rounds, mode))
+    rt.block_on(bench(pairs, rounds, mode, ipv6))
 }
 
-async fn bench(pairs: Vec<PairSpec>, rounds: usize, mode: Mode) -> anyhow::Result<()> {
+async fn bench(pairs: Vec<PairSpec>, rounds: usize, mode: Mode, ipv6: bool) -> anyhow::Result<()> {
     let topo = InpodTopology::new("dp", 0);
     let _guard = topo.build();
+    if ipv6 {
+        topo.add_ipv6();
+    }
     let dir = tempfile::tempdir()?;
     let bin = match pairs.iter().any(|p| p.command.is_none()) {
         true => Some(super::gateway_binary()?),
         false => None,
     };
-    let env = setup(topo, dir.path(), bin, mode).await?;
+    let env = setup(topo, dir.path(), bin, mode, ipv6).await?;
     match mode {
         Mode::Restart => return restart::bench(&env, &pairs, rounds).await,
         Mode::Rollout => return rollout::bench(&env, &pairs, rounds).await,
@@ -224,8 +259,8 @@ async fn bench(pairs: Vec<PairSpec>, rounds: usize, mode: Mode) -> anyhow::Resul
     println!(
         "gateway pairs side by side: {} rounds, interleaved; pod A {} → pod B {} (in-pod capture, HBONE across two nodes); load {}",
         rounds,
-        env.topo.pod_a(),
-        env.topo.pod_b(),
+        env.pod_a(),
+        env.pod_b(),
         super::loadavg()
     );
     for p in &pairs {
@@ -300,6 +335,7 @@ async fn setup(
     dir: &Path,
     bin: Option<PathBuf>,
     mode: Mode,
+    ipv6: bool,
 ) -> anyhow::Result<Env> {
     let pod_a = NsThread::idle(&topo.pa);
     let pod_b = NsThread::idle(&topo.pb);
@@ -334,6 +370,7 @@ async fn setup(
     // Counts what reaches pod B's HBONE port.
     iptables(
         &topo.pb,
+        ipv6,
         &[
             "-t", "mangle", "-I", "INPUT", "1", "-p", "tcp", "--dport", "15008",
         ],
@@ -342,7 +379,7 @@ async fn setup(
     let ca_ip = topo.addr(0, 1);
     let ca_addr = SocketAddr::new(ca_ip.into(), CA_PORT);
     let na = NsThread::idle(&topo.na);
-    let (a_ip, b_ip) = (topo.pod_a(), topo.pod_b());
+    let (a_ip, b_ip) = (pod_ip(&topo, ipv6, 1), pod_ip(&topo, ipv6, 2));
     let root_pem = na
         .run("tidegate-ca", PHASE_WITHIN, async move {
             let api = FakeApiServer::start().await;
@@ -423,7 +460,7 @@ async fn setup(
     let mut local_xds = String::from("workloads:\n");
     for (name, ip, node) in pods {
         wl += &format!(
-            "- {{uid: {name}-uid, name: {name}, namespace: {NS}, service_account: {name}, ips: [{ip}], node: {node}}}\n"
+            "- {{uid: {name}-uid, name: {name}, namespace: {NS}, service_account: {name}, ips: ['{ip}'], node: {node}}}\n"
         );
         local_xds += &format!(
             "- {{uid: {name}-uid, name: {name}, namespace: {NS}, serviceAccount: {name}, workloadIps: [\"{ip}\"], protocol: HBONE, node: {node}, network: \"\", trustDomain: cluster.local, services: {{}}}}\n"
@@ -447,6 +484,7 @@ async fn setup(
         ca_addr,
         xds,
         bin,
+        ipv6,
         _na: na,
     })
 }
@@ -502,7 +540,17 @@ fn xds_uid(name: &str) -> String {
 /// A pod as istiod's WDS sends it; `ready` is its readiness (a pod not
 /// ready or being deleted is UNHEALTHY); `in_service`: an endpoint of the
 /// Service `echo`.
-fn xds_workload(name: &str, node: &str, ip: Ipv4Addr, ready: bool, in_service: bool) -> Workload {
+fn xds_workload(
+    name: &str,
+    node: &str,
+    ip: impl Into<IpAddr>,
+    ready: bool,
+    in_service: bool,
+) -> Workload {
+    let address = match ip.into() {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    };
     let services = match in_service {
         true => [(
             format!("{NS}/{SERVICE_HOST}"),
@@ -521,7 +569,7 @@ fn xds_workload(name: &str, node: &str, ip: Ipv4Addr, ready: bool, in_service: b
         uid: xds_uid(name),
         name: name.into(),
         namespace: NS.into(),
-        addresses: vec![ip.octets().to_vec().into()],
+        addresses: vec![address.into()],
         tunnel_protocol: TunnelProtocol::Hbone as i32,
         trust_domain: "cluster.local".into(),
         service_account: name.split('-').next().unwrap_or(name).into(),
@@ -544,15 +592,17 @@ fn encode_workload(w: &Workload) -> bytes::Bytes {
     .into()
 }
 
-fn iptables(ns: &str, args: &[&str]) -> anyhow::Result<String> {
+/// `iptables` (`ip6tables` with `ipv6`) in `ns`.
+fn iptables(ns: &str, ipv6: bool, args: &[&str]) -> anyhow::Result<String> {
+    let tool = if ipv6 { "ip6tables" } else { "iptables" };
     let out = Command::new("ip")
-        .args(["netns", "exec", ns, "iptables", "-w"])
+        .args(["netns", "exec", ns, tool, "-w"])
         .args(args)
         .output()
         .context("run iptables")?;
     if !out.status.success() {
         bail!(
-            "iptables {args:?} in {ns}: {}",
+            "{tool} {args:?} in {ns}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
@@ -563,6 +613,7 @@ fn iptables(ns: &str, args: &[&str]) -> anyhow::Result<String> {
 fn hbone_bytes(env: &Env, zero: bool) -> anyhow::Result<u64> {
     let out = iptables(
         &env.topo.pb,
+        env.ipv6,
         &["-t", "mangle", "-L", "INPUT", "1", "-v", "-x", "-n"],
     )?;
     let bytes = out
@@ -571,15 +622,23 @@ fn hbone_bytes(env: &Env, zero: bool) -> anyhow::Result<u64> {
         .and_then(|b| b.parse().ok())
         .with_context(|| format!("counting rule: {out:?}"))?;
     if zero {
-        iptables(&env.topo.pb, &["-t", "mangle", "-Z", "INPUT", "1"])?;
+        iptables(
+            &env.topo.pb,
+            env.ipv6,
+            &["-t", "mangle", "-Z", "INPUT", "1"],
+        )?;
     }
     Ok(bytes)
 }
 
 async fn raw_round(env: &Env) -> anyhow::Result<Round> {
+    let loopback: IpAddr = match env.ipv6 {
+        true => std::net::Ipv6Addr::LOCALHOST.into(),
+        false => Ipv4Addr::LOCALHOST.into(),
+    };
     let fig = env
         .pod_b
-        .run("raw loopback", PHASE_WITHIN, measure(Ipv4Addr::LOCALHOST))
+        .run("raw loopback", PHASE_WITHIN, measure(loopback))
         .await
         .map_err(|e| anyhow::anyhow!(e))?;
     Ok(Round {
@@ -782,7 +841,7 @@ async fn pair_round(env: &Env, pair: &PairSpec) -> anyhow::Result<Round> {
         ),
     };
     let pids: Vec<u32> = a.pids().into_iter().chain(b.pids()).collect();
-    let dst = env.topo.pod_b();
+    let dst = env.pod_b();
 
     hbone_bytes(env, true)?;
     let stat = PerfStat::start(&pids, &env.dir.join(format!("{}.perf-stat", pair.name)));
@@ -951,7 +1010,7 @@ impl PerfStat {
 
 /// Retries a 1-byte round trip pod A → pod B until one succeeds.
 async fn first_round_trip(env: &Env) -> anyhow::Result<()> {
-    let dst = SocketAddr::new(env.topo.pod_b().into(), tidegate_e2e::measure::ECHO);
+    let dst = SocketAddr::new(env.pod_b(), tidegate_e2e::measure::ECHO);
     let started = Instant::now();
     env.pod_a
         .run(

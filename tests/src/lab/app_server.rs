@@ -36,7 +36,8 @@ pub fn serve(name: &str, drain: Duration) -> Result<(), LabError> {
 }
 
 async fn serve_async(name: String, drain: Duration) -> Result<(), LabError> {
-    let addr = SocketAddr::from(([0, 0, 0, 0], APP_PORT));
+    // Both families (`[::]`, dual-stack): the lab runs IPv4 or IPv6 pods.
+    let addr = SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, APP_PORT));
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|e| LabError::Setup(format!("app {name}: bind {addr}: {e}")))?;

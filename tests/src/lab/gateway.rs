@@ -31,7 +31,7 @@ pub struct IstioSource {
     pub roots: PathBuf,
     pub token: PathBuf,
     /// The gateway's own address (its node's).
-    pub pod_ip: std::net::Ipv4Addr,
+    pub pod_ip: std::net::IpAddr,
     /// `policies.default`: istiod carries no annotations, so the run's
     /// policy is every pod's through the default.
     pub policy: String,
@@ -96,8 +96,8 @@ fn config_yaml(files: &NodeFiles, ca: &Path, gen: u16) -> String {
         r#"node_name: node-{node}
 trust_domain: cluster.local
 listeners:
-  outbound: 0.0.0.0:{OUTBOUND_PORT}
-  inbound: 0.0.0.0:{HBONE_PORT}
+  outbound: '[::]:{OUTBOUND_PORT}'
+  inbound: '[::]:{HBONE_PORT}'
   admin: 127.0.0.1:{admin}
   metrics: 127.0.0.1:{metrics}
   readiness: 127.0.0.1:{ready}

@@ -92,6 +92,9 @@ pub fn preflight(p: &Params) -> Result<(), LabError> {
     if crate::netns::tool_missing("iptables", "--version") {
         return Err(LabError::MissingTool("iptables"));
     }
+    if p.ipv6 && crate::netns::tool_missing("ip6tables", "--version") {
+        return Err(LabError::MissingTool("ip6tables"));
+    }
     Ok(())
 }
 
@@ -156,6 +159,9 @@ pub fn command_line(p: &Params) -> String {
     );
     if p.different_sa {
         s.push_str(" --different-sa");
+    }
+    if p.ipv6 {
+        s.push_str(" --ipv6");
     }
     if !p.endpoint_lag.is_zero() {
         s.push_str(&format!(" --endpoint-lag {}", cli_duration(p.endpoint_lag)));
@@ -302,6 +308,10 @@ mod tests {
         ] {
             assert!(check_source(&params(ok)).is_ok(), "{ok:?}");
         }
+        // `--ipv6` is on the reproducing command line.
+        let ipv6 = params(&["--scenario", "rollout", "--ipv6"]);
+        assert!(ipv6.ipv6 && command_line(&ipv6).contains(" --ipv6"));
+        assert!(!command_line(&params(&[])).contains("--ipv6"));
         // Bounds are clap's, naming the flag.
         let too_many = Cli::try_parse_from(["drain-lab", "--background", "200001"]);
         assert!(too_many.is_err_and(|e| e.to_string().contains("--background")));

@@ -137,6 +137,11 @@ pub struct Params {
     /// Longest wait, after deletion, for the client's tunnels to the old pod to go.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub settle: Duration,
+    /// IPv6 only: every address of the lab (pods, nodes, the Service VIP,
+    /// istiod) is IPv6 (`fd00:X:S::H/64` where the IPv4 lab has
+    /// `10.X.S.H/24`), captured with `ip6tables`.
+    #[arg(long)]
+    pub ipv6: bool,
     /// Replace the table of `docs/drain-lab.md` with this run's.
     #[arg(long)]
     pub write_doc: bool,

@@ -1,7 +1,6 @@
 //! The `gateway-restart` timeline: no pod terminates; one node's gateway is
 //! replaced by a new process under load.
 
-use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use super::gateway::{Gateway, NodeFiles};
@@ -53,7 +52,7 @@ impl Lab {
                 "tunnels opened: {opened_by_old_a} by the old client gateway + the new one's"
             ));
             row.opened = opened_by_old_a;
-            let old_ip = IpAddr::V4(self.topo.pod_ip(Pod::Old));
+            let old_ip = self.topo.pod_ip(Pod::Old);
             self.watcher = Some(PoolWatcher::start(new.admin.clone(), old_ip));
             let replaced = std::mem::replace(&mut self.gw_a, new);
             self.restarted.push(replaced);

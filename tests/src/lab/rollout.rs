@@ -16,7 +16,6 @@
 //! The load (new connections and keep-alive streams) goes through the VIP
 //! the whole time, so the client's gateway chooses among the replicas.
 
-use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use super::app_server::AppPod;
@@ -136,7 +135,7 @@ impl Lab {
         let (pod_uid, name) = (replica_uid(pod), replica_name(pod));
         // The gateways' uid (istiod's, through xDS); CNI names the pod's own.
         let uid = self.workloads.workload_uid(&pod_uid, &name);
-        let ip = IpAddr::V4(self.topo.pod_ip(pod));
+        let ip = self.topo.pod_ip(pod);
         let watcher = PoolWatcher::start(self.gw_a.admin.clone(), ip);
         let drains = DrainWatcher::start(self.gw_b.admin.clone(), uid.clone());
         let at = self

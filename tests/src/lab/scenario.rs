@@ -1,7 +1,7 @@
 //! One policy's run: the topology, the three gateways, the server apps and
 //! the client load, then the scenario's timeline, then the row.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use super::app_server::{AppPod, APP_PORT};
@@ -60,7 +60,7 @@ impl Lab {
             .tempdir()
             .map_err(|e| LabError::Setup(format!("temporary directory: {e}")))?;
         let rollout = p.scenario == Scenario::Rollout;
-        let mut topo = Topology::new(run);
+        let mut topo = Topology::new(run, p.ipv6);
         topo.build_nodes()?;
         let first_replicas: Vec<Pod> = (0..if rollout { p.replicas } else { 0 })
             .map(|index| Pod::Replica { gen: 0, index })
@@ -181,23 +181,20 @@ impl Lab {
             Pod::Reuse => "pod at the reused IP",
             Pod::Replica { .. } => "replica",
         };
-        (
-            name,
-            SocketAddr::new(IpAddr::V4(self.topo.pod_ip(pod)), APP_PORT),
-        )
+        (name, SocketAddr::new(self.topo.pod_ip(pod), APP_PORT))
     }
 
     /// Starts the load on both server pods and waits until it flows.
     async fn warm_up(&mut self, p: &Params) -> Result<(), LabError> {
         if p.scenario != Scenario::Rollout {
             // (`rollout` watches each replaced pod in turn.)
-            let old_ip = IpAddr::V4(self.topo.pod_ip(Pod::Old));
+            let old_ip = self.topo.pod_ip(Pod::Old);
             self.watcher = Some(PoolWatcher::start(self.gw_a.admin.clone(), old_ip));
         }
         let endpoints = if matches!(p.scenario, Scenario::Crash | Scenario::Rollout) {
             // Through the Service: the client's gateway chooses the pod.
             let vip = super::workloads::vip(&self.topo);
-            vec![("service", SocketAddr::new(IpAddr::V4(vip), APP_PORT))]
+            vec![("service", SocketAddr::new(vip, APP_PORT))]
         } else {
             vec![self.endpoint(Pod::Old), self.endpoint(Pod::Replacement)]
         };

@@ -10,8 +10,11 @@
 //!
 //! `rollout` puts its replicas on node B instead: replica `i` of generation
 //! `g` is `10.X.(10 + 10g + i).2`, each subnet routed from node A to node B.
+//!
+//! `--ipv6`: the same network with IPv6 only, `fd00:X:S::H/64` for every
+//! `10.X.S.H/24` (`nodad`: usable at once), `ip6tables` for the capture.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::process::Command;
 
 use super::LabError;
@@ -63,18 +66,21 @@ impl Pod {
 /// Names and addresses of one run (`run` numbers the policies of a lab).
 pub struct Topology {
     prefix: String,
-    /// Second octet of every address: 10.X.*.*.
+    /// Second octet of every address: 10.X.*.* (`fd00:X:*::*` with IPv6).
     pub x: u8,
+    /// IPv6 only (`--ipv6`).
+    pub ipv6: bool,
     /// Namespaces created so far, deleted on drop.
     created: Vec<String>,
 }
 
 impl Topology {
-    pub fn new(run: usize) -> Topology {
+    pub fn new(run: usize, ipv6: bool) -> Topology {
         let pid = std::process::id();
         Topology {
             prefix: format!("{PREFIX}{pid}r{run}"),
             x: 200 + (pid % 50) as u8,
+            ipv6,
             created: Vec::new(),
         }
     }
@@ -85,11 +91,50 @@ impl Topology {
     pub fn pod_ns(&self, pod: Pod) -> String {
         format!("{}{}", self.prefix, pod.suffix())
     }
-    pub fn addr(&self, subnet: u8, host: u8) -> Ipv4Addr {
-        Ipv4Addr::new(10, self.x, subnet, host)
+    pub fn addr(&self, subnet: u8, host: u8) -> IpAddr {
+        match self.ipv6 {
+            false => Ipv4Addr::new(10, self.x, subnet, host).into(),
+            true => Ipv6Addr::new(
+                0xfd00,
+                u16::from(self.x),
+                u16::from(subnet),
+                0,
+                0,
+                0,
+                0,
+                u16::from(host),
+            )
+            .into(),
+        }
     }
-    pub fn pod_ip(&self, pod: Pod) -> Ipv4Addr {
+    pub fn pod_ip(&self, pod: Pod) -> IpAddr {
         self.addr(pod.placement().1, 2)
+    }
+    /// The network of `subnet`: `10.X.S.0/24` or `fd00:X:S::/64`.
+    fn net(&self, subnet: u8) -> String {
+        format!("{}/{}", self.addr(subnet, 0), self.prefix_len())
+    }
+    fn prefix_len(&self) -> u8 {
+        if self.ipv6 {
+            64
+        } else {
+            24
+        }
+    }
+    /// `ip` for the family (`ip -6` with IPv6).
+    fn ip(&self) -> &'static str {
+        if self.ipv6 {
+            "ip -6"
+        } else {
+            "ip"
+        }
+    }
+    fn iptables(&self) -> &'static str {
+        if self.ipv6 {
+            "ip6tables"
+        } else {
+            "iptables"
+        }
     }
 
     /// Nodes, the links between them, routes, forwarding and capture rules.
@@ -100,43 +145,38 @@ impl Topology {
         let (na, nb, nc) = (self.node_ns('a'), self.node_ns('b'), self.node_ns('c'));
         self.veth(&na, "to-nb", self.addr(0, 1), &nb, "to-na", self.addr(0, 2))?;
         self.veth(&na, "to-nc", self.addr(4, 1), &nc, "to-na", self.addr(4, 2))?;
-        let x = self.x;
-        run(&format!(
-            "ip -n {na} route add 10.{x}.2.0/24 via {}",
-            self.addr(0, 2)
-        ))?;
-        run(&format!(
-            "ip -n {na} route add 10.{x}.3.0/24 via {}",
-            self.addr(4, 2)
-        ))?;
-        run(&format!(
-            "ip -n {nb} route add 10.{x}.1.0/24 via {}",
-            self.addr(0, 1)
-        ))?;
-        run(&format!(
-            "ip -n {nc} route add 10.{x}.1.0/24 via {}",
-            self.addr(4, 1)
-        ))?;
-        // Node C reaches node A's 10.X.0.1 (`--source istio`: the istiod
-        // double listens there).
-        run(&format!(
-            "ip -n {nc} route add 10.{x}.0.0/24 via {}",
-            self.addr(4, 1)
-        ))?;
-        for ns in [&na, &nb, &nc] {
+        let ip = self.ip();
+        for (ns, subnet, via) in [
+            (&na, 2, self.addr(0, 2)),
+            (&na, 3, self.addr(4, 2)),
+            (&nb, 1, self.addr(0, 1)),
+            (&nc, 1, self.addr(4, 1)),
+            // Node C reaches node A's 10.X.0.1 (`--source istio`: the
+            // istiod double listens there).
+            (&nc, 0, self.addr(4, 1)),
+        ] {
             run(&format!(
-                "ip netns exec {ns} sysctl -q -w net.ipv4.ip_forward=1"
+                "{ip} -n {ns} route add {} via {via}",
+                self.net(subnet)
             ))?;
         }
+        let forwarding = match self.ipv6 {
+            false => "net.ipv4.ip_forward=1",
+            true => "net.ipv6.conf.all.forwarding=1",
+        };
+        for ns in [&na, &nb, &nc] {
+            run(&format!("ip netns exec {ns} sysctl -q -w {forwarding}"))?;
+        }
+        let iptables = self.iptables();
         // Outbound capture: every TCP connection from the client pod lands on gateway A.
         run(&format!(
-            "ip netns exec {na} iptables -t nat -A PREROUTING -i to-pa -p tcp \
+            "ip netns exec {na} {iptables} -t nat -A PREROUTING -i to-pa -p tcp \
              -j REDIRECT --to-ports {OUTBOUND_PORT}"
         ))?;
         // HBONE to any pod of nodes B and C lands on that node's gateway.
         for ns in [&nb, &nc] {
             run(&format!(
-                "ip netns exec {ns} iptables -t nat -A PREROUTING -i to-na -p tcp \
+                "ip netns exec {ns} {iptables} -t nat -A PREROUTING -i to-na -p tcp \
                  --dport {HBONE_PORT} -j REDIRECT --to-ports {HBONE_PORT}"
             ))?;
         }
@@ -158,16 +198,17 @@ impl Topology {
             "eth0",
             self.addr(subnet, 2),
         )?;
+        let ip = self.ip();
         run(&format!(
-            "ip -n {ns} route add default via {}",
+            "{ip} -n {ns} route add default via {}",
             self.addr(subnet, 1)
         ))?;
         if let Pod::Replica { .. } = pod {
             // Node A reaches it through node B.
             run(&format!(
-                "ip -n {} route add 10.{}.{subnet}.0/24 via {}",
+                "{ip} -n {} route add {} via {}",
                 self.node_ns('a'),
-                self.x,
+                self.net(subnet),
                 self.addr(0, 2)
             ))?;
         }
@@ -193,16 +234,18 @@ impl Topology {
         &self,
         ns1: &str,
         if1: &str,
-        a1: Ipv4Addr,
+        a1: IpAddr,
         ns2: &str,
         if2: &str,
-        a2: Ipv4Addr,
+        a2: IpAddr,
     ) -> Result<(), LabError> {
         run(&format!(
             "ip -n {ns1} link add {if1} type veth peer name {if2} netns {ns2}"
         ))?;
-        run(&format!("ip -n {ns1} addr add {a1}/24 dev {if1}"))?;
-        run(&format!("ip -n {ns2} addr add {a2}/24 dev {if2}"))?;
+        let len = self.prefix_len();
+        let nodad = if self.ipv6 { " nodad" } else { "" };
+        run(&format!("ip -n {ns1} addr add {a1}/{len} dev {if1}{nodad}"))?;
+        run(&format!("ip -n {ns2} addr add {a2}/{len} dev {if2}{nodad}"))?;
         run(&format!("ip -n {ns1} link set {if1} up"))?;
         run(&format!("ip -n {ns2} link set {if2} up"))
     }
@@ -266,4 +309,22 @@ pub fn run(cmdline: &str) -> Result<(), LabError> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipv6_addresses_mirror_the_ipv4_ones() {
+        let (v4, v6) = (Topology::new(0, false), Topology::new(0, true));
+        let x = v4.x;
+        assert_eq!(v4.pod_ip(Pod::Old).to_string(), format!("10.{x}.2.2"));
+        assert_eq!(v6.pod_ip(Pod::Old).to_string(), format!("fd00:{x:x}:2::2"));
+        let replica = Pod::Replica { gen: 1, index: 2 };
+        assert_eq!(v6.pod_ip(replica).to_string(), format!("fd00:{x:x}:16::2"));
+        assert_eq!(v4.net(22), format!("10.{x}.22.0/24"));
+        assert_eq!(v6.net(22), format!("fd00:{x:x}:16::/64"));
+        assert_eq!(v6.addr(0, 1).to_string(), format!("fd00:{x:x}::1"));
+    }
 }

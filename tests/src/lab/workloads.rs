@@ -20,7 +20,7 @@ pub const REUSE_UID: &str = "lab-server-reuse";
 
 /// The Service's VIP: `10.x.9.10`, routed like any address out of the
 /// client pod, so gateway A captures it.
-pub fn vip(t: &Topology) -> std::net::Ipv4Addr {
+pub fn vip(t: &Topology) -> std::net::IpAddr {
     t.addr(9, 10)
 }
 
@@ -211,13 +211,13 @@ impl Workloads {
                 ));
             }
             s.push_str(&format!(
-                "- {{uid: {}, name: {}, namespace: lab, service_account: {}, ips: [{}], \
+                "- {{uid: {}, name: {}, namespace: lab, service_account: {}, ips: ['{}'], \
                  node: {}, labels: {{app: {app}}}{annotations}{extra}}}\n",
                 e.uid, e.name, e.service_account, e.ip, e.node
             ));
         }
         s + &format!(
-            "services:\n- {{name: server, namespace: lab, vips: [{}], ports: [{{port: {p}, target_port: {p}}}]}}\n",
+            "services:\n- {{name: server, namespace: lab, vips: ['{}'], ports: [{{port: {p}, target_port: {p}}}]}}\n",
             self.vip,
             p = super::app_server::APP_PORT
         )
@@ -240,7 +240,7 @@ impl Workloads {
                         &istio_uid(&e.name),
                         &e.name,
                         &e.service_account,
-                        e.ip.parse().expect("lab pod IPs are IPv4"),
+                        e.ip.parse().expect("lab pod IPs are addresses"),
                         e.node,
                         e.server,
                         healthy,
@@ -249,7 +249,7 @@ impl Workloads {
             })
             .collect();
         out.push(super::xds_feed::service(
-            self.vip.parse().expect("the VIP is IPv4"),
+            self.vip.parse().expect("the VIP is an address"),
         ));
         out
     }
@@ -315,7 +315,7 @@ impl Workloads {
     pub fn add_replica(
         &mut self,
         pod: Pod,
-        ip: std::net::Ipv4Addr,
+        ip: std::net::IpAddr,
         ready: bool,
     ) -> Result<(), LabError> {
         self.replicas_mut().push(Replica {

@@ -10,7 +10,7 @@
 //! gives push → ACK per gateway for the lab's own steps and for the churn.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -66,7 +66,7 @@ pub fn workload(
     uid: &str,
     name: &str,
     service_account: &str,
-    ip: Ipv4Addr,
+    ip: IpAddr,
     node: &str,
     server: bool,
     healthy: bool,
@@ -98,7 +98,7 @@ pub fn workload(
             uid: uid.to_owned(),
             name: name.to_owned(),
             namespace: "lab".into(),
-            addresses: vec![Bytes::copy_from_slice(&ip.octets())],
+            addresses: vec![octets(ip)],
             tunnel_protocol: TunnelProtocol::Hbone as i32,
             trust_domain: "cluster.local".into(),
             service_account: service_account.to_owned(),
@@ -117,8 +117,16 @@ pub fn workload(
     .into()
 }
 
+/// An address as istiod writes it: 4 or 16 bytes.
+fn octets(ip: IpAddr) -> Bytes {
+    match ip {
+        IpAddr::V4(v4) => Bytes::copy_from_slice(&v4.octets()),
+        IpAddr::V6(v6) => Bytes::copy_from_slice(&v6.octets()),
+    }
+}
+
 /// The Service `lab/server` at `vip` (resource name `lab/<hostname>`).
-pub fn service(vip: Ipv4Addr) -> (String, Bytes) {
+pub fn service(vip: IpAddr) -> (String, Bytes) {
     let p = u32::from(super::app_server::APP_PORT);
     let value = Address {
         r#type: Some(address::Type::Service(Service {
@@ -127,7 +135,7 @@ pub fn service(vip: Ipv4Addr) -> (String, Bytes) {
             hostname: SERVICE_HOST.into(),
             addresses: vec![NetworkAddress {
                 network: String::new(),
-                address: Bytes::copy_from_slice(&vip.octets()),
+                address: octets(vip),
                 length: None,
             }],
             ports: vec![Port {
@@ -180,14 +188,14 @@ impl XdsFeed {
     /// Starts the double on `ip` inside `ns`, holding `background`.
     pub async fn start(
         ns: &str,
-        ip: Ipv4Addr,
+        ip: IpAddr,
         dir: &Path,
         background: &Background,
     ) -> Result<XdsFeed, LabError> {
         let thread = NsThread::idle(ns);
         let double = thread
             .run("the xDS double", START_WITHIN, async move {
-                XdsDouble::start_on(ip.into()).await
+                XdsDouble::start_on(ip).await
             })
             .await;
         for (name, value) in background.items.iter() {

@@ -7,6 +7,7 @@
 //! ```text
 //!  v6c<pid>s<k>p (pod)                         v6c<pid>s<k>n (node)
 //!  eth0 10.99.0.2/24, fd00:99::2/64 ──veth── to-pod 10.99.0.1/24, fd00:99::1/64
+//!       fe80::99:2/64                                 fe80::99:1/64
 //! ```
 
 use std::net::{Ipv6Addr, SocketAddr};
@@ -22,6 +23,9 @@ use super::skip;
 const POD_V4: &str = "10.99.0.2";
 const POD_V6: &str = "fd00:99::2";
 const NODE_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 1);
+/// The node's and the pod's link-local addresses on the veth.
+const NODE_LINK_LOCAL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0x99, 1);
+const POD_LINK_LOCAL: &str = "fe80::99:2";
 const OUTSIDE_PORT: u16 = 8080;
 const PROBE_V6_RULE: &str = "-A TIDEGATE_PROBES -d fd00:99::2/128 -p tcp -m owner --socket-exists -j SNAT --to-source fd16:9254:7127:1337:ffff:ffff:ffff:ffff";
 
@@ -56,6 +60,12 @@ impl Pod {
         ));
         run(&format!(
             "ip -n {pod} -6 addr add {POD_V6}/64 dev eth0 nodad"
+        ));
+        run(&format!(
+            "ip -n {node} -6 addr add {NODE_LINK_LOCAL}/64 dev to-pod nodad"
+        ));
+        run(&format!(
+            "ip -n {pod} -6 addr add {POD_LINK_LOCAL}/64 dev eth0 nodad"
         ));
         run(&format!("ip -n {pod} route add default via 10.99.0.1"));
         run(&format!("ip -n {pod} -6 route add default via {NODE_V6}"));
@@ -168,13 +178,32 @@ const V6_OUTBOUND: &str =
 /// The packets `ip6tables`' (or `iptables`') outbound REDIRECT rule in the
 /// pod has seen: one per connection (nat sees a connection's first packet).
 fn redirected(ns: &str, save: &str, rule: &str) -> u64 {
-    let saved = in_ns(ns, &format!("{save} -c -t nat"));
+    counted(ns, save, "nat", rule)
+}
+
+/// The packets the rule ending in `rule` of `table` in the pod has seen.
+fn counted(ns: &str, save: &str, table: &str, rule: &str) -> u64 {
+    let saved = in_ns(ns, &format!("{save} -c -t {table}"));
     let line = saved
         .lines()
         .find(|l| l.ends_with(rule))
         .unwrap_or_else(|| panic!("{rule:?} not in {save} of {ns}:\n{saved}"));
     let counters = line.split(']').next().unwrap().trim_start_matches('[');
     counters.split(':').next().unwrap().parse().unwrap()
+}
+
+/// The IPv6 link-local refusal in the pod's filter table, as
+/// `ip6tables-save` writes it.
+const V6_LINK_LOCAL_REJECT: &str = "-A ISTIO_OUTPUT -d fe80::/10 ! -o lo -p tcp -m tcp --tcp-flags FIN,SYN,RST,ACK SYN -m mark ! --mark 0x539/0xfff -j REJECT --reject-with tcp-reset";
+
+/// The index of interface `name` in namespace `ns` (a link-local
+/// address's scope).
+fn ifindex(ns: &str, name: &str) -> u32 {
+    let out = in_ns(ns, &format!("ip -o link show {name}"));
+    let index = out.split(':').next().unwrap_or_default().trim();
+    index
+        .parse()
+        .unwrap_or_else(|e| panic!("{name}'s index in {out:?}: {e}"))
 }
 
 /// The host has IPv6 and ip6tables; says why when skipping.
@@ -272,12 +301,45 @@ async fn cni_add_captures_ipv6_with_ipv4_and_del_removes_both() {
         before4 + 1
     );
 
+    // IPv6 to another host on the pod's link (the node's link-local
+    // address) is refused at once by the pod's reject rule: redirected, its
+    // SYN would be dropped and connect would wait out its bound (TimedOut).
+    // It does not leak either.
+    let redirected6 = redirected(&p.pod, "ip6tables-save", V6_OUTBOUND);
+    let scope = ifindex(&p.pod, "eth0");
+    let link_local = app
+        .run("a link-local connection from the pod", STEP, async move {
+            let target = std::net::SocketAddrV6::new(NODE_LINK_LOCAL, OUTSIDE_PORT, 0, scope);
+            std::net::TcpStream::connect_timeout(&target.into(), STEP).map(drop)
+        })
+        .await;
+    assert_eq!(
+        link_local.map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::ConnectionRefused),
+        "a link-local connection from the pod to [{NODE_LINK_LOCAL}%eth0]:{OUTSIDE_PORT}"
+    );
+    assert_eq!(
+        outside.accept().map(|(_, peer)| peer).map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::WouldBlock),
+        "a link-local connection from the pod reached the node uncaptured"
+    );
+    assert_eq!(
+        counted(&p.pod, "ip6tables-save", "filter", V6_LINK_LOCAL_REJECT),
+        1
+    );
+    assert_eq!(
+        redirected(&p.pod, "ip6tables-save", V6_OUTBOUND),
+        redirected6,
+        "a link-local connection was redirected"
+    );
+
     // DEL: both families' rules, routes and probe exemptions go; twice is fine.
     for _ in 0..2 {
         ok("DEL", &p.cni("DEL", &[POD_V4, POD_V6], &[]).await);
         for save in ["iptables-save", "ip6tables-save"] {
             let saved = in_ns(&p.pod, save);
             assert!(!saved.contains("ISTIO_"), "{save} after DEL:\n{saved}");
+            assert!(!saved.contains("fe80::/10"), "{save} after DEL:\n{saved}");
         }
         for family in ["-4", "-6"] {
             let rules = in_ns(&p.pod, &format!("ip {family} rule"));
