@@ -15,7 +15,7 @@ use std::net::IpAddr;
 
 use serde_json::{json, Map, Value};
 
-use crate::workloads::services::{Service, TargetPort};
+use crate::workloads::services::{IpFamilies, Service, TargetPort};
 use crate::workloads::waypoint::{Waypoint, WaypointAddress};
 use crate::workloads::{LifecycleState, Workload, WorkloadSnapshot};
 
@@ -143,10 +143,13 @@ pub(super) fn service(svc: &Service, endpoint_choice: Value) -> Value {
         spec.vips.iter().any(IpAddr::is_ipv4),
         spec.vips.iter().any(IpAddr::is_ipv6),
     );
-    let ip_families = match families {
-        (true, true) => "Dual",
-        (false, true) => "IPv6",
-        _ => "IPv4",
+    // istiod's restriction when it sent one, else what the VIPs are.
+    let ip_families = match (spec.ip_families, families) {
+        (IpFamilies::Ipv4Only, _) => "IPv4",
+        (IpFamilies::Ipv6Only, _) => "IPv6",
+        (IpFamilies::Dual, _) | (IpFamilies::Automatic, (true, true)) => "Dual",
+        (IpFamilies::Automatic, (false, true)) => "IPv6",
+        (IpFamilies::Automatic, _) => "IPv4",
     };
     let mut v = json!({
         "name": spec.name,

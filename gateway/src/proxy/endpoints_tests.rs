@@ -77,6 +77,7 @@ fn web(ready: [bool; 2]) -> Arc<Service> {
         hostname: None,
         subject_alt_names: Vec::new(),
         waypoints: Vec::new(),
+        ip_families: Default::default(),
     };
     let store = WorkloadStore::new("cluster.local", "n");
     store.publish_all(

@@ -151,6 +151,44 @@ pub struct ServiceSpec {
     /// traffic to the VIP goes through one of them. Not a workload-file key.
     #[serde(default, skip_deserializing, skip_serializing_if = "Vec::is_empty")]
     pub waypoints: Vec<super::waypoint::Waypoint>,
+    /// The address families its endpoints are reached in (istiod's
+    /// `ip_families`): an endpoint address of another family is never
+    /// used. Not a workload-file key.
+    #[serde(
+        default,
+        skip_deserializing,
+        skip_serializing_if = "IpFamilies::is_automatic"
+    )]
+    pub ip_families: IpFamilies,
+}
+
+/// Which of an endpoint's addresses a Service may reach it at, as ztunnel
+/// restricts them (`src/state.rs`, `pick_workload_destination_or_resolve`):
+/// any (`Automatic`, `Dual`), or one family's only. Among those left, the
+/// address of the dialed VIP's family comes first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IpFamilies {
+    #[default]
+    Automatic,
+    Ipv4Only,
+    Ipv6Only,
+    Dual,
+}
+
+impl IpFamilies {
+    /// Whether an endpoint may be reached at `ip`.
+    pub fn accepts(self, ip: &IpAddr) -> bool {
+        match self {
+            IpFamilies::Automatic | IpFamilies::Dual => true,
+            IpFamilies::Ipv4Only => ip.is_ipv4(),
+            IpFamilies::Ipv6Only => ip.is_ipv6(),
+        }
+    }
+
+    fn is_automatic(&self) -> bool {
+        *self == IpFamilies::Automatic
+    }
 }
 
 /// Where one explicit endpoint is reached, beyond what its workload says.
@@ -333,7 +371,20 @@ fn endpoint_of(
         _ => &w.spec.ips,
     };
     let family_v4 = spec.vips.first().is_none_or(|v| v.is_ipv4());
-    let (ip, alt_ip) = pick_ips(ips, family_v4).ok_or("no_address")?;
+    let (ip, alt_ip) = if spec.ip_families.is_automatic() {
+        pick_ips(ips, family_v4).ok_or("no_address")?
+    } else {
+        let allowed: Vec<IpAddr> = ips
+            .iter()
+            .copied()
+            .filter(|ip| spec.ip_families.accepts(ip))
+            .collect();
+        match pick_ips(&allowed, family_v4) {
+            Some(picked) => picked,
+            None if ips.is_empty() => return Err("no_address"),
+            None => return Err("no_address_of_the_service_family"),
+        }
+    };
     Ok(Endpoint {
         workload: w.clone(),
         ip,
@@ -378,6 +429,7 @@ mod tests {
             hostname: None,
             subject_alt_names: Vec::new(),
             waypoints: Vec::new(),
+            ip_families: Default::default(),
         };
         store.publish_all(
             vec![
@@ -428,6 +480,7 @@ mod tests {
             hostname: None,
             subject_alt_names: Vec::new(),
             waypoints: Vec::new(),
+            ip_families: Default::default(),
         }
     }
 
@@ -582,6 +635,7 @@ mod tests {
             "hostname: web.default.svc.cluster.local",
             "subject_alt_names: [a]",
             "endpoint_targets: {}",
+            "ip_families: dual",
         ] {
             let yaml = format!("{{name: web, vips: [10.96.0.1], ports: [{{port: 80}}], {extra}}}");
             assert!(

@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use super::{pick_ips, Endpoint};
+use super::{pick_ips, Endpoint, IpFamilies};
 use crate::workloads::file::parse_file;
 use crate::workloads::WorkloadStore;
 
@@ -96,4 +96,57 @@ fn an_ipv6_only_service_reaches_its_ipv6_endpoints() {
     let got = endpoints(&store, "fd00:96::1");
     assert_eq!(got[0], ("a".to_owned(), ip("fd00::1")));
     assert_eq!(got[1], ("b".to_owned(), ip("fd00::2")));
+}
+
+/// istiod's `ip_families` restricts the addresses as ztunnel does: an
+/// IPv4-only Service reaches its dual-stack endpoint at its IPv4 address
+/// whichever VIP was dialed, and an endpoint with IPv6 alone is none of
+/// its endpoints (unresolved, with the reason), never reached in the
+/// family the Service excludes; `Dual` keeps both, as without a
+/// restriction.
+#[test]
+fn the_services_ip_families_restrict_its_endpoint_addresses() {
+    let parsed = parse_file(FILE).unwrap();
+    let mut services = parsed.services;
+    let store = WorkloadStore::new("cluster.local", "n");
+    let publish = |services: &[super::ServiceSpec]| {
+        store.publish_all(parsed.workloads.clone(), services.to_vec());
+        store.snapshot()
+    };
+    services[0].ip_families = IpFamilies::Ipv4Only;
+    let snap = publish(&services);
+    let svc = snap.service_by_vip(ip("fd00:96::1"), 80).unwrap();
+    let reached: Vec<(&str, IpAddr)> = svc.endpoints[&80]
+        .iter()
+        .map(|e| (e.workload.uid(), e.ip_for(ip("fd00:96::1"))))
+        .collect();
+    assert_eq!(reached, [("a", ip("10.0.0.1")), ("c", ip("10.0.0.3"))]);
+    assert_eq!(
+        svc.unresolved,
+        [("b".to_owned(), 80, "no_address_of_the_service_family")]
+    );
+
+    services[0].ip_families = IpFamilies::Ipv6Only;
+    let snap = publish(&services);
+    let svc = snap.service_by_vip(ip("10.96.0.1"), 80).unwrap();
+    let reached: Vec<(&str, IpAddr)> = svc.endpoints[&80]
+        .iter()
+        .map(|e| (e.workload.uid(), e.ip_for(ip("10.96.0.1"))))
+        .collect();
+    assert_eq!(reached, [("a", ip("fd00::1")), ("b", ip("fd00::2"))]);
+    assert_eq!(
+        svc.unresolved,
+        [("c".to_owned(), 80, "no_address_of_the_service_family")]
+    );
+
+    services[0].ip_families = IpFamilies::Dual;
+    publish(&services);
+    assert_eq!(
+        endpoints(&store, "fd00:96::1"),
+        [
+            ("a".to_owned(), ip("fd00::1")),
+            ("b".to_owned(), ip("fd00::2")),
+            ("c".to_owned(), ip("10.0.0.3"))
+        ]
+    );
 }

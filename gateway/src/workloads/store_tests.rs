@@ -86,6 +86,7 @@ fn a_removed_workload_leaves_its_services_now_and_stays_out_while_its_source_lis
         hostname: None,
         subject_alt_names: vec![],
         waypoints: vec![],
+        ip_families: Default::default(),
     };
     store.publish_all(vec![a.clone(), b.clone()], vec![web.clone()]);
     let endpoints = |store: &WorkloadStore| -> Vec<String> {

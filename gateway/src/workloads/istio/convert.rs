@@ -426,7 +426,19 @@ pub fn service(s: &wds::Service) -> Result<ServiceSpec, ConvertError> {
         hostname: Some(s.hostname.clone()),
         subject_alt_names: subject_alt_names(s),
         waypoints: service_waypoints(s),
+        ip_families: ip_families(s.ip_families),
     })
+}
+
+/// istiod's `ip_families` (checked known before).
+fn ip_families(v: i32) -> crate::workloads::services::IpFamilies {
+    use crate::workloads::services::IpFamilies as F;
+    match IpFamilies::try_from(v) {
+        Ok(IpFamilies::Ipv4Only) => F::Ipv4Only,
+        Ok(IpFamilies::Ipv6Only) => F::Ipv6Only,
+        Ok(IpFamilies::Dual) => F::Dual,
+        Ok(IpFamilies::Automatic) | Err(_) => F::Automatic,
+    }
 }
 
 /// The Service's `subject_alt_names` that are SPIFFE ids. Another SAN is

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use tidegate_xds::workload as wds;
 
 use super::*;
-use crate::workloads::services::{Conditions, EndpointTarget, TargetPort};
+use crate::workloads::services::{Conditions, EndpointTarget, IpFamilies as F, TargetPort};
 use crate::workloads::{LifecycleState, Protocol, WorkloadStore};
 use tidegate_protocol::identity::SpiffeId;
 
@@ -417,6 +417,15 @@ fn a_service_maps_onto_the_spec() {
         "explicit, none yet"
     );
     assert!(got.endpoint_targets.is_empty());
+    assert_eq!(got.ip_families, F::Automatic);
+    for (wire, want) in [
+        (wds::IpFamilies::Ipv4Only, F::Ipv4Only),
+        (wds::IpFamilies::Ipv6Only, F::Ipv6Only),
+        (wds::IpFamilies::Dual, F::Dual),
+    ] {
+        s.ip_families = wire as i32;
+        assert_eq!(service(&s).unwrap().ip_families, want, "{wire:?}");
+    }
 }
 
 #[test]

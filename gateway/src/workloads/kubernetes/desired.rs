@@ -230,6 +230,7 @@ fn service_spec<'a>(
         hostname: None,
         subject_alt_names: Vec::new(),
         waypoints: Vec::new(),
+        ip_families: Default::default(),
     })
 }
 
