@@ -343,6 +343,77 @@ async fn ipv6_node_mode_ipv6_only_carries_hbone_over_ipv6() {
     node_mode(1, Stack::V6Only).await;
 }
 
+/// Authorization on IPv6 addresses, end to end: pod A to pod B's IPv6
+/// address over HBONE, node B deciding. A DENY of pod B's IPv4 subnet does
+/// not match the IPv6 connection (it is served); a DENY of its IPv6
+/// subnet does (the CONNECT refused as `explicitly_denied`, pod A's
+/// connection closed without its echo, pod B never reached).
+#[tokio::test]
+async fn ipv6_authorization_ranges_decide_on_the_connections_family() {
+    if skip() || tidegate_e2e::netns::tool_missing("ip6tables", "--version") {
+        return;
+    }
+    tidegate_e2e::init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let t = V6Topology::new(5, Stack::Dual);
+    let _guard = t.build();
+    t.node_capture();
+    let deny = |range: String| {
+        format!(
+            "{}authorization:\n- {{name: no-range, namespace: demo, scope: namespace, action: deny, rules: [{{clauses: [{{matches: [{{destination_ips: ['{range}']}}]}}]}}]}}\n",
+            t.workloads()
+        )
+    };
+    let workloads = dir.path().join("workloads.yaml");
+    std::fs::write(&workloads, deny(format!("{}/24", t.v4(2, 0)))).unwrap();
+    let ca = dir.path().join("ca");
+    let cfg = |node| listening_on_both(gateway_config(node, &ca, &workloads, ""));
+    let _gw_a = Gateway::start("A", &t.na, cfg("node-a")).await;
+    let gw_b = Gateway::start("B", &t.nb, cfg("node-b")).await;
+    let pod_b = NsThread::idle(&t.pb);
+    let peers = start_echo6(&pod_b).await;
+    let pod_a = NsThread::idle(&t.pa);
+
+    byte_exact(&pod_a, t.echo(), 4 << 10, 0xa1).await;
+    let served = peers.lock().unwrap().len();
+    assert_eq!(served, 1, "an IPv4 range does not match an IPv6 connection");
+
+    let v6_range = format!("{}/64", t.v6(2, 0));
+    tidegate_e2e::write_atomically(&workloads, &deny(v6_range.clone()));
+    // Node B reads the file again on its change: the new range in its dump.
+    tidegate_e2e::wait_for("node B holds the IPv6 range", STEP, || async {
+        let dump = gw_b.admin_ok("GET", "/config_dump").await.to_string();
+        dump.contains(&v6_range).then_some(())
+    })
+    .await;
+    let data = Arc::new(pattern(1024, 0xa2));
+    let refused = pod_a
+        .run("round trip", STEP, echo_round_trip(t.echo(), data))
+        .await;
+    assert!(refused.is_err(), "denied, yet echoed: {refused:?}");
+    let b = gw_b
+        .wait_metrics("node B counts the refusal", |m| {
+            metric_or_zero(
+                m,
+                r#"tidegate_authorization_denied_total{transport="hbone",reason="explicitly_denied"}"#,
+            ) == 1.0
+        })
+        .await;
+    assert_eq!(
+        metric_or_zero(
+            &b,
+            r#"tidegate_authorization_denied_total{transport="hbone",reason="not_allowed"}"#
+        ),
+        0.0,
+        "{b}"
+    );
+    assert_eq!(
+        peers.lock().unwrap().len(),
+        served,
+        "no connection reached pod B once its IPv6 subnet is denied"
+    );
+}
+
 /// A node's gateway in in-pod mode fed by its own ZDS double.
 struct ZdsNode {
     gw: Gateway,
