@@ -107,46 +107,38 @@ fn an_ipv6_only_service_reaches_its_ipv6_endpoints() {
 #[test]
 fn the_services_ip_families_restrict_its_endpoint_addresses() {
     let parsed = parse_file(FILE).unwrap();
-    let mut services = parsed.services;
     let store = WorkloadStore::new("cluster.local", "n");
-    let publish = |services: &[super::ServiceSpec]| {
-        store.publish_all(parsed.workloads.clone(), services.to_vec());
-        store.snapshot()
+    // Under `families`, dialing `vip`: each endpoint's address, and the
+    // endpoints left out with why.
+    let under = |families: IpFamilies, vip: &str| {
+        let mut services = parsed.services.clone();
+        services[0].ip_families = families;
+        store.publish_all(parsed.workloads.clone(), services);
+        let snap = store.snapshot();
+        let svc = snap.service_by_vip(ip(vip), 80).unwrap();
+        let reached: Vec<(String, IpAddr)> = svc.endpoints[&80]
+            .iter()
+            .map(|e| (e.workload.uid().to_owned(), e.ip_for(ip(vip))))
+            .collect();
+        (reached, svc.unresolved.clone())
     };
-    services[0].ip_families = IpFamilies::Ipv4Only;
-    let snap = publish(&services);
-    let svc = snap.service_by_vip(ip("fd00:96::1"), 80).unwrap();
-    let reached: Vec<(&str, IpAddr)> = svc.endpoints[&80]
-        .iter()
-        .map(|e| (e.workload.uid(), e.ip_for(ip("fd00:96::1"))))
-        .collect();
-    assert_eq!(reached, [("a", ip("10.0.0.1")), ("c", ip("10.0.0.3"))]);
+    let by = |list: &[(&str, &str)]| -> Vec<(String, IpAddr)> {
+        list.iter().map(|(u, a)| (u.to_string(), ip(a))).collect()
+    };
+    let left_out = |uid: &str| vec![(uid.to_owned(), 80, "no_address_of_the_service_family")];
     assert_eq!(
-        svc.unresolved,
-        [("b".to_owned(), 80, "no_address_of_the_service_family")]
+        under(IpFamilies::Ipv4Only, "fd00:96::1"),
+        (by(&[("a", "10.0.0.1"), ("c", "10.0.0.3")]), left_out("b"))
     );
-
-    services[0].ip_families = IpFamilies::Ipv6Only;
-    let snap = publish(&services);
-    let svc = snap.service_by_vip(ip("10.96.0.1"), 80).unwrap();
-    let reached: Vec<(&str, IpAddr)> = svc.endpoints[&80]
-        .iter()
-        .map(|e| (e.workload.uid(), e.ip_for(ip("10.96.0.1"))))
-        .collect();
-    assert_eq!(reached, [("a", ip("fd00::1")), ("b", ip("fd00::2"))]);
     assert_eq!(
-        svc.unresolved,
-        [("c".to_owned(), 80, "no_address_of_the_service_family")]
+        under(IpFamilies::Ipv6Only, "10.96.0.1"),
+        (by(&[("a", "fd00::1"), ("b", "fd00::2")]), left_out("c"))
     );
-
-    services[0].ip_families = IpFamilies::Dual;
-    publish(&services);
     assert_eq!(
-        endpoints(&store, "fd00:96::1"),
-        [
-            ("a".to_owned(), ip("fd00::1")),
-            ("b".to_owned(), ip("fd00::2")),
-            ("c".to_owned(), ip("10.0.0.3"))
-        ]
+        under(IpFamilies::Dual, "fd00:96::1"),
+        (
+            by(&[("a", "fd00::1"), ("b", "fd00::2"), ("c", "10.0.0.3")]),
+            vec![]
+        )
     );
 }
