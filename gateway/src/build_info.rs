@@ -7,8 +7,9 @@ use serde::Serialize;
 
 /// The crate version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-/// The git commit (12 hex digits), or "unknown" when built outside a git
-/// checkout (`gateway/build.rs`).
+/// The git commit (12 hex digits) in a release build, "unknown" when built
+/// outside a git checkout, "dev" in a debug build unless asked
+/// (`gateway/build.rs`).
 pub const COMMIT: &str = env!("BUILD_GIT_COMMIT");
 /// `debug` or `release`: whether debug assertions are compiled in.
 pub const PROFILE: &str = if cfg!(debug_assertions) {

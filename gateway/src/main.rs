@@ -84,6 +84,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Config(args) => {
+            print!(
+                "{}",
+                tidegate::cli::config_view::fetch(
+                    admin(args.read.admin),
+                    args.section,
+                    args.read.output
+                )?
+            );
+            Ok(())
+        }
         Command::Drain(args) => {
             let out = tidegate::cli::workload_ops::drain(admin(args.admin), &args)?;
             println!("{out}");

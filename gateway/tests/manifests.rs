@@ -26,6 +26,8 @@ use std::time::Duration;
 
 #[path = "manifests/ca.rs"]
 mod ca;
+#[path = "manifests/dashboard.rs"]
+mod dashboard;
 #[path = "manifests/image.rs"]
 mod image;
 #[path = "manifests/install_docs.rs"]

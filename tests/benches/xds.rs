@@ -71,7 +71,14 @@
 //! 100-workload set), push → ACK per update (its blocks interleaved with
 //! tidegate's), its CPU per update, and both churn phases (each right
 //! after tidegate's). The table gives tidegate / the other gateway.
+//!
+//! With `-- --dump --pair NAME=COMMAND` the bench runs nothing of the
+//! above: both gateways are fed a small set of their own (a waypointed
+//! Service with SANs, a capacity, authorization policies) and their
+//! `/config_dump`s are compared key by key (see [`dump`]).
 
+#[path = "xds/dump.rs"]
+mod dump;
 #[path = "xds/pair.rs"]
 mod pair;
 
@@ -472,6 +479,16 @@ fn main() -> anyhow::Result<()> {
     if pair.is_some() && unsafe { libc::geteuid() } != 0 {
         println!("SKIPPED: --pair needs root (a network namespace)");
         return Ok(());
+    }
+    if args.iter().any(|a| a == "--dump") {
+        let spec = pair.ok_or_else(|| {
+            anyhow::anyhow!("--dump compares with another gateway: give --pair NAME=COMMAND")
+        })?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        return rt.block_on(dump::run(spec));
     }
     let services =
         env_count("XDS_SERVICES", workloads / 5, workloads / 5).map_err(anyhow::Error::msg)?;

@@ -3,6 +3,7 @@
 //! [`workload_ops`] (`tidegate drain|bind|unbind`, over [`admin_api`]),
 //! [`workload_table`] (`tidegate workloads`), [`drains_table`]
 //! (`tidegate drains`), [`policy_ops`] (`tidegate policy upload|list`),
+//! [`config_view`] (`tidegate config workloads|services|policies|certificates`),
 //! [`version`] (`tidegate version`); [`output`]: `-o table|json|yaml`;
 //! [`exit`]: the exit codes.
 //!
@@ -10,6 +11,7 @@
 //! with `tidegate run`.
 
 pub mod admin_api;
+pub mod config_view;
 pub mod connect;
 pub mod drains_table;
 pub mod exit;
@@ -68,6 +70,9 @@ pub enum Command {
     Workloads(WorkloadsArgs),
     /// Show the drains of a running gateway: its workloads' and its peers'.
     Drains(ReadArgs),
+    /// Show what istiod's resources became on a running gateway, in ztunnel's shape
+    /// (the sections `istioctl ztunnel-config` reads from /config_dump).
+    Config(ConfigViewArgs),
     /// Print this binary's version, commit, profile and the protocol versions it speaks.
     Version(VersionArgs),
     /// Start a workload's drain on a running gateway: its shutdown starts, its policy decides.
@@ -124,6 +129,15 @@ pub struct ReadArgs {
     /// Output form (json and yaml keys: docs/cli.md).
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
     pub output: Output,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ConfigViewArgs {
+    /// The section of /config_dump: workloads, services, policies or certificates.
+    #[arg(value_enum)]
+    pub section: config_view::Section,
+    #[command(flatten)]
+    pub read: ReadArgs,
 }
 
 #[derive(Debug, Clone, Args)]

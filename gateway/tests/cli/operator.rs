@@ -408,6 +408,7 @@ fn exit_codes_tell_usage_unreachable_and_refused_apart() {
     for args in [
         vec!["workloads"],
         vec!["drains"],
+        vec!["config", "services"],
         vec!["drain", "echo"],
         vec!["policy", "list"],
     ] {
@@ -479,4 +480,57 @@ fn a_take_over_that_fails_to_start_leaves_the_running_gateway_its_ports() {
     let v = json(&admin_request(&admin, "GET", "/version", b"").1);
     assert_eq!(v["pid"], first.child.id(), "{v}");
     assert_eq!(v["handed_over"], false, "{v}");
+}
+
+#[test]
+fn config_shows_the_sections_istioctl_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path());
+    let gw = start(&config);
+    let admin = field(&gw.wait_for("tidegate ready"), "admin");
+
+    let (code, out, err) = tidegate(&["config", "workloads", "-o", "json", "--admin", &admin]);
+    assert_eq!(code, 0, "{err}");
+    let all = json(&out);
+    let echo = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["name"] == "echo")
+        .unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(echo["workloadIps"][0], "127.51.0.2", "{out}");
+    assert_eq!(echo["protocol"], "HBONE");
+    let (code, table, _) = tidegate(&["config", "workloads", "--admin", &admin]);
+    assert_eq!(code, 0);
+    assert!(table.starts_with("NAMESPACE"), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.contains("echo") && l.contains("127.51.0.2") && l.contains("HBONE")),
+        "{table}"
+    );
+
+    let (code, out, _) = tidegate(&["config", "certificates", "-o", "yaml", "--admin", &admin]);
+    assert_eq!(code, 0);
+    let certs: serde_json::Value = serde_yaml::from_str(&out).unwrap();
+    let certs = certs.as_array().unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        certs.iter().any(|c| c["identity"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("spiffe://"))
+            && c["certChain"].is_array()),
+        "{out}"
+    );
+    for section in ["services", "policies"] {
+        let (code, out, err) = tidegate(&["config", section, "-o", "json", "--admin", &admin]);
+        assert_eq!(code, 0, "{section}: {err}");
+        assert!(json(&out).is_array(), "{section}: {out}");
+    }
+
+    let (code, _, err) = tidegate(&["config", "routes", "--admin", &admin]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("workloads, services, policies, certificates"),
+        "{err}"
+    );
 }

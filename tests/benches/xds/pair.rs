@@ -171,6 +171,16 @@ impl PairEnv {
         Arc::new(double)
     }
 
+    /// `GET path` of `addr` from inside the namespace: status and body.
+    pub async fn get(&self, addr: SocketAddr, path: &str) -> (u16, String) {
+        let path = path.to_owned();
+        let task = self
+            .thread
+            .handle
+            .spawn(async move { tidegate_e2e::http_get(addr, &path).await });
+        task.await.unwrap_or((0, String::new()))
+    }
+
     /// Starts the command against `double` and waits until it is ready.
     pub async fn start(&mut self, double: &Arc<XdsDouble>) -> anyhow::Result<PairStarted> {
         self.starts += 1;
