@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use serde_json::Value;
 
 use super::admin_api::{self, AdminError};
-use super::output::{table, Output};
+use super::output::{joined, list, str_of, table, Output};
 
 /// A section of the dump in ztunnel's shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -41,23 +41,6 @@ pub fn fetch(admin: SocketAddr, section: Section, output: Output) -> Result<Stri
     Ok(output.render(&entries, || render(section, &entries)))
 }
 
-fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
-    v[key].as_str().unwrap_or("-")
-}
-
-fn list(v: &Value) -> &[Value] {
-    v.as_array().map(Vec::as_slice).unwrap_or(&[])
-}
-
-fn joined(v: &Value) -> String {
-    let all: Vec<&str> = list(v).iter().filter_map(Value::as_str).collect();
-    if all.is_empty() {
-        "-".into()
-    } else {
-        all.join(",")
-    }
-}
-
 /// A waypoint as istioctl shows it: its destination, or `None`.
 fn waypoint(v: &Value) -> String {
     v["waypoint"]["destination"]
@@ -79,7 +62,7 @@ fn render(section: Section, entries: &Value) -> String {
                     [
                         str_of(w, "namespace").to_owned(),
                         str_of(w, "name").to_owned(),
-                        joined(&w["workloadIps"]),
+                        joined(&w["workloadIps"], ","),
                         str_of(w, "node").to_owned(),
                         waypoint(w),
                         str_of(w, "protocol").to_owned(),
@@ -116,10 +99,10 @@ fn render(section: Section, entries: &Value) -> String {
                     [
                         str_of(s, "namespace").to_owned(),
                         str_of(s, "name").to_owned(),
-                        joined(&s["vips"]),
+                        joined(&s["vips"], ","),
                         waypoint(s),
                         format!("{healthy}/{total}"),
-                        joined(&s["subjectAltNames"]),
+                        joined(&s["subjectAltNames"], ","),
                     ]
                 })
                 .collect();

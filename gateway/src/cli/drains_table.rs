@@ -8,28 +8,11 @@ use std::net::SocketAddr;
 use serde_json::Value;
 
 use super::admin_api::{self, AdminError};
-use super::output::{table, Output};
+use super::output::{joined, list, str_of, table, Output};
 
 pub fn fetch(admin: SocketAddr, output: Output) -> Result<String, AdminError> {
     let answer = admin_api::call(admin_api::dial_addr(admin), "GET", "/drains", b"")?;
     Ok(output.render(&answer, || render(&answer)))
-}
-
-fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
-    v[key].as_str().unwrap_or("-")
-}
-
-fn list(v: &Value) -> &[Value] {
-    v.as_array().map(Vec::as_slice).unwrap_or(&[])
-}
-
-fn strings(v: &Value) -> String {
-    let all: Vec<&str> = list(v).iter().filter_map(Value::as_str).collect();
-    if all.is_empty() {
-        "-".into()
-    } else {
-        all.join("; ")
-    }
 }
 
 /// Two tables: the local drains, then the peers' (when there are any).
@@ -48,7 +31,7 @@ fn render(answer: &Value) -> String {
                 str_of(d, "policy").to_owned(),
                 str_of(d, "trigger").to_owned(),
                 format!("{}/{}", d["tunnels_remaining"], d["streams_remaining"]),
-                strings(&d["actions_taken"]),
+                joined(&d["actions_taken"], "; "),
             ]
         })
         .collect();
@@ -79,7 +62,7 @@ fn render(answer: &Value) -> String {
                         .to_owned(),
                     str_of(d, "event").to_owned(),
                     format!("{} ({})", str_of(d, "policy"), str_of(d, "selected_by")),
-                    strings(&d["actions"]),
+                    joined(&d["actions"], "; "),
                 ]
             })
         })

@@ -50,6 +50,29 @@ pub fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String 
     out
 }
 
+/// A table cell from a string field of `v`: `-` when absent.
+pub fn str_of<'a>(v: &'a serde_json::Value, key: &str) -> &'a str {
+    v[key].as_str().unwrap_or("-")
+}
+
+/// The elements of an array value (none when it is not one).
+pub fn list(v: &serde_json::Value) -> &[serde_json::Value] {
+    v.as_array().map(Vec::as_slice).unwrap_or(&[])
+}
+
+/// A table cell from an array of strings, joined by `sep`: `-` when empty.
+pub fn joined(v: &serde_json::Value, sep: &str) -> String {
+    let all: Vec<&str> = list(v)
+        .iter()
+        .filter_map(serde_json::Value::as_str)
+        .collect();
+    if all.is_empty() {
+        "-".into()
+    } else {
+        all.join(sep)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
