@@ -530,8 +530,11 @@ impl WorkloadSnapshot {
             }
         }
         // The first answer puts every workload into an empty snapshot:
-        // nothing to compare with.
+        // nothing to compare with. Into a snapshot without Services
+        // either, every Service is put and resolved whole: none is to be
+        // marked touched.
         let first = self.by_uid.is_empty();
+        let untouched = first && self.services.is_empty();
         let mut workloads = delta.workloads;
         let bulk = workloads.len() >= BULK;
         if bulk {
@@ -553,7 +556,9 @@ impl WorkloadSnapshot {
                     next.members.remove(&old.spec.uid);
                 }
             }
-            touched(&w);
+            if !untouched {
+                touched(&w);
+            }
             if let (true, Some(reason)) = (w.local, reason) {
                 let m = Membership {
                     member: w.spec.protocol == Protocol::Hbone,

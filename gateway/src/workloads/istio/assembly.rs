@@ -44,6 +44,10 @@ pub struct Assembly {
     /// Address → the workloads (resource names) claiming it; almost
     /// always one.
     claims: HashMap<IpAddr, Vec<Name>>,
+    /// The addresses more than one workload claims (a handful, usually
+    /// none): any other claimed address is its one claimant's, found
+    /// without probing `claims`.
+    shared: HashSet<IpAddr>,
     /// Changed since the last [`Assembly::take_delta`]: workloads (by
     /// resource name) to assemble again, hosts whose Service is to be
     /// assembled whole (it changed), endpoints to assemble one by one
@@ -51,7 +55,9 @@ pub struct Assembly {
     /// Service that did not), and what left.
     dirty_workloads: HashSet<Name>,
     dirty_hosts: HashSet<Name>,
-    dirty_endpoints: HashSet<(Name, Name, Name)>,
+    /// Possibly twice over, and possibly in a Service assembled whole
+    /// after all: sorted out once, in [`Assembly::take_delta`].
+    dirty_endpoints: Vec<(Name, Name, Name)>,
     dirty_ips: BTreeSet<IpAddr>,
     removed_workloads: Vec<String>,
     removed_services: Vec<String>,
@@ -169,6 +175,28 @@ impl Kept {
         self.services
             .iter()
             .find_map(|(h, p)| (**h == *host).then_some(&**p))
+    }
+}
+
+/// The key of the Service held under a host, as last looked up: the
+/// workloads assembled one after another name the same few hosts.
+#[derive(Default)]
+struct ServiceKeys {
+    last: Option<(Name, Option<String>)>,
+}
+
+impl ServiceKeys {
+    /// The key of the Service held under host `h`, from `look_up` unless
+    /// `h` was the host asked for last.
+    fn get(&mut self, h: &Name, look_up: impl FnOnce() -> Option<String>) -> Option<String> {
+        match &self.last {
+            Some((held, key)) if Arc::ptr_eq(held, h) => key.clone(),
+            _ => {
+                let key = look_up();
+                self.last = Some((h.clone(), key.clone()));
+                key
+            }
+        }
     }
 }
 
@@ -362,7 +390,7 @@ impl Assembly {
             }
             if !self.dirty_hosts.contains(h) {
                 self.dirty_endpoints
-                    .insert((h.clone(), name.clone(), w.uid.clone()));
+                    .push((h.clone(), name.clone(), w.uid.clone()));
             }
         }
         for ip in w.claims() {
@@ -374,9 +402,19 @@ impl Assembly {
                 }
                 _ => {}
             }
-            self.dirty_workloads.extend(names.iter().cloned());
-            if names.is_empty() {
-                self.claims.remove(ip);
+            match names.len() {
+                0 => {
+                    self.claims.remove(ip);
+                    self.shared.remove(ip);
+                }
+                1 => {
+                    self.dirty_workloads.insert(names[0].clone());
+                    self.shared.remove(ip);
+                }
+                _ => {
+                    self.dirty_workloads.extend(names.iter().cloned());
+                    self.shared.insert(*ip);
+                }
             }
             self.dirty_ips.insert(*ip);
         }
@@ -399,8 +437,16 @@ impl Assembly {
             ..Default::default()
         };
         let mut pending = std::mem::take(&mut self.pending);
-        delta.workloads.reserve(self.dirty_workloads.len());
-        for name in std::mem::take(&mut self.dirty_workloads) {
+        // In name order (the uid's, as istiod names them): a Deployment's
+        // replicas come one after another and name the same Services, and
+        // the store puts them in that order.
+        let mut dirty: Vec<Name> = std::mem::take(&mut self.dirty_workloads)
+            .into_iter()
+            .collect();
+        dirty.sort_unstable();
+        delta.workloads.reserve(dirty.len());
+        let mut keys = ServiceKeys::default();
+        for name in dirty {
             let Some(k) = self.workloads.get(&name) else {
                 continue;
             };
@@ -409,14 +455,18 @@ impl Assembly {
                     "a workload to assemble again is not in the store; it is published at its next update");
                 continue;
             };
-            delta.workloads.push(self.workload_spec(&name, k, base));
+            delta
+                .workloads
+                .push(self.workload_spec(&name, k, base, &mut keys));
         }
         let whole = std::mem::take(&mut self.dirty_hosts);
-        for (h, name, uid) in std::mem::take(&mut self.dirty_endpoints) {
-            if !whole.contains(&h) {
-                if let Some(change) = self.endpoint_change(&h, &name, uid) {
-                    delta.endpoints.push(change);
-                }
+        let mut endpoints = std::mem::take(&mut self.dirty_endpoints);
+        endpoints.retain(|(h, _, _)| !whole.contains(h));
+        endpoints.sort_unstable();
+        endpoints.dedup();
+        for (h, name, uid) in endpoints {
+            if let Some(change) = self.endpoint_change(&h, &name, uid) {
+                delta.endpoints.push(change);
             }
         }
         for h in whole {
@@ -441,21 +491,26 @@ impl Assembly {
 
     /// Workload `name` (`k`, its spec `base`) as the store takes it: the
     /// held Services it names, the addresses it owns.
-    fn workload_spec(&self, name: &str, k: &Kept, mut spec: WorkloadSpec) -> WorkloadSpec {
+    fn workload_spec(
+        &self,
+        name: &str,
+        k: &Kept,
+        mut spec: WorkloadSpec,
+        keys: &mut ServiceKeys,
+    ) -> WorkloadSpec {
         spec.services = k
             .services
             .iter()
-            .filter_map(|(h, _)| Some(self.services.get(self.hosts.get(&**h)?)?.key()))
+            .filter_map(|(h, _)| {
+                keys.get(h, || Some(self.services.get(self.hosts.get(&**h)?)?.key()))
+            })
             .collect();
         spec.ips = k
             .claims()
             .iter()
             .copied()
-            .filter(|ip| match self.claims.get(ip).map(Vec::as_slice) {
-                // Its own alone (almost always): no standing to compare.
-                Some([only]) => **only == *name,
-                _ => self.owner(ip) == Some(name),
-            })
+            // Its own alone (almost always): no standing to compare.
+            .filter(|ip| !self.shared.contains(ip) || self.owner(ip) == Some(name))
             .collect();
         spec
     }
