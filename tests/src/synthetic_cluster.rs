@@ -55,9 +55,18 @@ impl Set {
         }
     }
 
+    /// Pod `i`'s name, as a ReplicaSet names its pods: the Deployment's
+    /// name, a hash of the pod template, a suffix of its own (so a
+    /// Deployment's replicas sort together, as in a real cluster).
+    pub fn pod_name(&self, i: usize) -> String {
+        let svc = self.service_of(i);
+        let template = (svc as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 24;
+        format!("deploy-{svc}-{template:010x}-{i:06x}")
+    }
+
     pub fn uid(&self, i: usize) -> String {
         let ns = self.namespace(self.service_of(i));
-        format!("Kubernetes//Pod/{ns}/pod-{i}")
+        format!("Kubernetes//Pod/{ns}/{}", self.pod_name(i))
     }
 
     pub fn local_every(&self) -> usize {
@@ -97,7 +106,7 @@ impl Set {
         };
         let w = Workload {
             uid: self.uid(i),
-            name: format!("pod-{i}"),
+            name: self.pod_name(i),
             namespace: ns.clone(),
             addresses: vec![Bytes::copy_from_slice(&Self::pod_ip(i).octets())],
             tunnel_protocol: TunnelProtocol::Hbone as i32,
@@ -162,8 +171,9 @@ impl Set {
         for i in 0..self.workloads {
             let svc = self.service_of(i);
             y += &format!(
-                "- {{uid: '{}', name: pod-{i}, namespace: {}, service_account: sa-{svc}, ips: [{}], node: {}, services: [svc-{svc}], workload_name: deploy-{svc}}}\n",
+                "- {{uid: '{}', name: {}, namespace: {}, service_account: sa-{svc}, ips: [{}], node: {}, services: [svc-{svc}], workload_name: deploy-{svc}}}\n",
                 self.uid(i),
+                self.pod_name(i),
                 self.namespace(svc),
                 Self::pod_ip(i),
                 self.node_of(i),

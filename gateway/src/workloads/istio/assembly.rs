@@ -75,6 +75,9 @@ pub struct Assembly {
     /// Deployment's replicas: istiod gives each its canonical name and
     /// revision).
     labels: Interned,
+    /// The host a workload named last: its replicas, one after another,
+    /// share it without a lookup.
+    last_host: Option<Name>,
 }
 
 /// Label sets held once however many workloads carry them. A set no
@@ -84,10 +87,25 @@ pub struct Assembly {
 struct Interned {
     sets: HashSet<Arc<BTreeMap<String, String>>>,
     swept_at: usize,
+    /// The set shared last: a Deployment's replicas come one after
+    /// another, and are matched without hashing their labels.
+    last: Option<Arc<BTreeMap<String, String>>>,
 }
 
 impl Interned {
     fn share(&mut self, labels: Arc<BTreeMap<String, String>>) -> Arc<BTreeMap<String, String>> {
+        if let Some(last) = self.last.as_ref().filter(|l| **l == labels) {
+            return last.clone();
+        }
+        let shared = self.share_held(labels);
+        self.last = Some(shared.clone());
+        shared
+    }
+
+    fn share_held(
+        &mut self,
+        labels: Arc<BTreeMap<String, String>>,
+    ) -> Arc<BTreeMap<String, String>> {
         if let Some(held) = self.sets.get(&labels) {
             return held.clone();
         }
@@ -246,7 +264,7 @@ impl Assembly {
 
     /// Resource `name` is no longer refused (accepted or removed).
     fn lift(&mut self, name: &str) {
-        if self.refused.remove(name).is_some() {
+        if !self.refused.is_empty() && self.refused.remove(name).is_some() {
             self.refusals.insert(name.to_owned(), Vec::new());
         }
     }
@@ -278,10 +296,16 @@ impl Assembly {
             w.mark_starting();
         }
         let naming = &self.naming;
+        let last_host = &mut self.last_host;
         let (kept, mut spec) = Kept::split(&name, w, digest, |h| {
-            naming
+            if let Some(last) = last_host.as_ref().filter(|l| ***l == *h) {
+                return last.clone();
+            }
+            let shared = naming
                 .get_key_value(h.as_str())
-                .map_or_else(|| Name::from(h), |(held, _)| held.clone())
+                .map_or_else(|| Name::from(h), |(held, _)| held.clone());
+            *last_host = Some(shared.clone());
+            shared
         });
         spec.labels = self.labels.share(spec.labels);
         if let Some(old) = self.workloads.remove(&name) {
