@@ -11,7 +11,7 @@ use super::Wiring;
 use tokio::sync::watch;
 
 use crate::config::{CertificatesConfig, Config, IstioCaConfig};
-use crate::workloads::{Protocol, WorkloadStore};
+use crate::workloads::{Protocol, WorkloadSnapshot, WorkloadStore};
 use tidegate_ca::certs::{IstioCaCerts, IstioCaSettings};
 use tidegate_ca::client::CaClientConfig;
 use tidegate_ca::metrics::CaMetrics;
@@ -131,15 +131,15 @@ fn local_identities(
     store: Arc<WorkloadStore>,
     w: &mut Wiring,
 ) -> watch::Receiver<BTreeSet<SpiffeId>> {
-    let wanted = |store: &WorkloadStore| -> BTreeSet<SpiffeId> {
-        store
-            .snapshot()
+    let wanted = |snapshot: &WorkloadSnapshot| -> BTreeSet<SpiffeId> {
+        snapshot
             .locals()
             .filter(|w| w.spec.protocol == Protocol::Hbone)
             .map(|w| w.identity.clone())
             .collect()
     };
-    let (tx, rx) = watch::channel(wanted(&store));
+    let mut previous = store.snapshot();
+    let (tx, rx) = watch::channel(wanted(&previous));
     let mut changed = store.subscribe();
     let mut drain = w.drain.clone();
     w.tasks.spawn(async move {
@@ -148,7 +148,14 @@ fn local_identities(
                 r = changed.changed() => if r.is_err() { return },
                 _ = drain.signaled() => return,
             }
-            let now = wanted(&store);
+            // A publish that changed no local workload (most of them, in
+            // a large cluster) changes no identity: no walk.
+            let current = store.snapshot();
+            if current.same_locals(&previous) {
+                continue;
+            }
+            previous = current;
+            let now = wanted(&previous);
             tx.send_if_modified(|old| {
                 let differs = *old != now;
                 if differs {

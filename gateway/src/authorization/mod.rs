@@ -3,15 +3,17 @@
 //! policies of the current workload snapshot.
 //!
 //! Every inbound connection is registered before its first check
-//! ([`Authorizer::admit`]); whenever the snapshot changes (policies, or a
-//! workload's list of policies), every registered connection is checked
-//! again and those no longer allowed are told to close, logged with the
-//! reason and counted ([`Authorizer::recheck_on_change`]). Registered
-//! first, a connection cannot slip between its check and a change.
+//! ([`Authorizer::admit`]); whenever the snapshot changes what a decision
+//! reads (the policies, or the workload a connection goes to), the
+//! connections it concerns are checked again and those no longer allowed
+//! are told to close, logged with the reason and counted
+//! ([`Authorizer::recheck_on_change`]). Registered first, a connection
+//! cannot slip between its check and a change.
 
 mod live;
 mod metrics;
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -113,39 +115,83 @@ impl Authorizer {
         }
     }
 
-    /// Checks every live connection again after each change of the
-    /// workload snapshot ([`Self::recheck`]), until drained.
+    /// Checks the live connections again after each change of the
+    /// workload snapshot, until drained: all of them when the policies
+    /// changed ([`Self::recheck`]), else those going to a workload that
+    /// changed (O(change) to find out, nothing to check for a publish that
+    /// changed only other workloads).
     pub async fn recheck_on_change(self: Arc<Self>, mut drain: ShutdownWatch) {
         let mut changed = self.workloads.subscribe();
-        self.metrics
-            .policies(self.workloads.snapshot().policies.len());
+        let mut previous = self.workloads.snapshot();
+        self.metrics.policies(previous.policies.len());
         loop {
             tokio::select! {
                 r = changed.changed() => if r.is_err() { return },
                 _ = drain.signaled() => return,
             }
-            self.recheck();
+            let current = self.workloads.snapshot();
+            self.on_change(&previous, &current);
+            previous = current;
         }
+    }
+
+    /// Checks what the change from `previous` to `current` concerns: every
+    /// live connection when the policies changed, else those going to a
+    /// workload that changed.
+    fn on_change(&self, previous: &WorkloadSnapshot, current: &WorkloadSnapshot) -> Rechecked {
+        if !Arc::ptr_eq(&current.policies, &previous.policies) {
+            return self.recheck_where(current, |_| true);
+        }
+        let workloads: HashSet<&str> = current
+            .changes_from(previous)
+            .filter_map(|(old, new)| old.or(new))
+            .map(|w| w.uid())
+            .collect();
+        if workloads.is_empty() {
+            return Rechecked::default();
+        }
+        self.recheck_where(current, |uid| workloads.contains(uid))
     }
 
     /// Checks every live connection against the current snapshot and
     /// tells those now refused to close; how many were.
     pub fn recheck(&self) -> usize {
-        let snapshot = self.workloads.snapshot();
+        self.recheck_where(&self.workloads.snapshot(), |_| true)
+            .closed
+    }
+
+    /// Checks the live connections to the workloads `concerned` (by uid)
+    /// against `snapshot`, and tells those now refused to close.
+    fn recheck_where(
+        &self,
+        snapshot: &WorkloadSnapshot,
+        concerned: impl Fn(&str) -> bool,
+    ) -> Rechecked {
         self.metrics.policies(snapshot.policies.len());
-        let mut closed = 0;
+        let mut done = Rechecked::default();
         for entry in self.live.entries() {
-            if let Some(Decision::Deny(denial)) = decide(&snapshot, entry.facts()) {
+            if !concerned(&entry.facts().workload_uid) {
+                continue;
+            }
+            done.checked += 1;
+            if let Some(Decision::Deny(denial)) = decide(snapshot, entry.facts()) {
                 let facts = entry.facts();
                 info!(src = %facts.src, dst = %facts.dst, workload = %facts.workload_uid,
                     reason = %denial, "live connection closed by authorization policy");
                 self.metrics.closed(facts.transport.label(), &denial);
                 entry.close(denial);
-                closed += 1;
+                done.closed += 1;
             }
         }
-        closed
+        done
     }
+}
+
+/// What one recheck did: connections checked, and closed.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Rechecked {
+    checked: usize,
+    closed: usize,
 }
 
 /// The decision for `facts` on `snapshot`; `None` when the workload is

@@ -53,3 +53,36 @@ fn a_policy_refuses_at_admission_and_a_change_closes_the_live_ones() {
     let denial = futures::executor::block_on(live.refused());
     assert_eq!(denial.to_string(), "explicitly denied by: shop/closed");
 }
+
+/// A publish that changes only other workloads checks no live connection;
+/// one that changes the workload a connection goes to (here, the policies
+/// it names) checks that connection, and closes it when now refused.
+#[test]
+fn a_change_rechecks_only_the_connections_it_concerns() {
+    let file = "workloads:\n\
+         - {uid: web-uid, name: web, namespace: shop, ips: [10.0.0.1], node: n}\n\
+         - {uid: db-uid, name: db, namespace: shop, ips: [10.0.0.2], node: n}\n\
+         authorization:\n\
+         - {name: web-closed, namespace: shop, scope: workload_selector, action: deny, rules: [{}]}\n";
+    let parsed = parse_file(file).unwrap();
+    let (web, db) = (parsed.workloads[0].clone(), parsed.workloads[1].clone());
+    let (store, authz) = authorizer(file);
+    let live = authz.admit(facts("web-uid")).unwrap();
+    let publish = |spec: crate::workloads::WorkloadSpec| {
+        let before = store.snapshot();
+        store.apply(crate::workloads::Delta {
+            workloads: vec![spec],
+            ..Default::default()
+        });
+        authz.on_change(&before, &store.snapshot())
+    };
+    let mut db_moved = db;
+    db_moved.ips = vec!["10.0.0.3".parse().unwrap()];
+    assert_eq!(publish(db_moved), Rechecked::default(), "another workload");
+    let mut web_closed = web;
+    web_closed.authorization_policies = vec!["shop/web-closed".into()];
+    let done = publish(web_closed);
+    assert_eq!((done.checked, done.closed), (1, 1));
+    let denial = futures::executor::block_on(live.refused());
+    assert_eq!(denial.to_string(), "explicitly denied by: shop/web-closed");
+}

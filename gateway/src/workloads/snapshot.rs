@@ -108,19 +108,23 @@ pub type WorkloadChange<'a> = (Option<&'a Arc<Workload>>, Option<&'a Arc<Workloa
 /// An immutable view of all workloads.
 #[derive(Clone, Debug, Default)]
 pub struct WorkloadSnapshot {
-    by_uid: OrdMap<String, Held<Workload>>,
+    /// Keys are shared allocations: a publish copies the path down to the
+    /// entry it changes, and a copied node's keys are reference counts
+    /// bumped, not strings allocated again (the same for `local` and
+    /// `services`).
+    by_uid: OrdMap<Arc<str>, Held<Workload>>,
     /// B-trees, not HAMTs, for the maps with an entry a workload or a
     /// Service port: imbl's HAMT holds about 220 bytes an entry at 100,000
     /// entries (sparse 16- and 32-slot nodes), its B-tree about 80.
     by_ip: OrdMap<IpAddr, Arc<Workload>>,
     /// This node's workloads by uid.
-    local: OrdMap<String, Arc<Workload>>,
+    local: OrdMap<Arc<str>, Arc<Workload>>,
     /// This node's workloads by (namespace, name): how a pod handed over
     /// under its Kubernetes uid finds its workload when the source keys
     /// workloads otherwise (istiod: `<cluster>//Pod/<ns>/<name>`).
     local_by_name: SharedHashMap<(String, String), Arc<Workload>>,
     /// Services by key (`namespace/name`).
-    services: OrdMap<String, Held<Service>>,
+    services: OrdMap<Arc<str>, Held<Service>>,
     by_vip: OrdMap<(IpAddr, u16), Arc<Service>>,
     /// The mesh membership of each pod on this node, by uid — pods without
     /// an address yet included (a pod's CNI ADD comes before its IP). What
@@ -275,6 +279,13 @@ impl WorkloadSnapshot {
         self.by_uid.len()
     }
 
+    /// Whether this snapshot holds the very local workloads `other` holds
+    /// (their map shared, not compared): O(1). False says only that they
+    /// may differ.
+    pub fn same_locals(&self, other: &WorkloadSnapshot) -> bool {
+        self.local.ptr_eq(&other.local)
+    }
+
     /// The mesh membership of the local pod `uid`, when its source knows it.
     pub fn membership(&self, uid: &str) -> Option<Membership> {
         self.members.get(uid).copied()
@@ -358,9 +369,10 @@ impl WorkloadSnapshot {
     /// Puts `w` in place of whatever was held under its uid; the one it
     /// replaced.
     fn put(&mut self, w: Arc<Workload>) -> Option<Arc<Workload>> {
+        let uid: Arc<str> = Arc::from(w.spec.uid.as_str());
         let old = self
             .by_uid
-            .insert(w.spec.uid.clone(), Held(w.clone()))
+            .insert(uid.clone(), Held(w.clone()))
             .map(|h| h.0);
         if let Some(old) = &old {
             self.unindex(old, &w.spec.ips);
@@ -372,7 +384,7 @@ impl WorkloadSnapshot {
         if w.local {
             let key = (w.spec.namespace.clone(), w.spec.name.clone());
             self.local_by_name.insert(key, w.clone());
-            self.local.insert(w.spec.uid.clone(), w.clone());
+            self.local.insert(uid, w.clone());
         }
         old
     }
@@ -403,14 +415,17 @@ impl WorkloadSnapshot {
             if own(self.local_by_name.get(&key)) {
                 self.local_by_name.remove(&key);
             }
-            if own(self.local.get(&old.spec.uid)) {
-                self.local.remove(&old.spec.uid);
+            if own(self.local.get(old.spec.uid.as_str())) {
+                self.local.remove(old.spec.uid.as_str());
             }
         }
     }
 
     fn put_service(&mut self, svc: Arc<Service>) {
-        if let Some(old) = self.services.insert(svc.key(), Held(svc.clone())) {
+        if let Some(old) = self
+            .services
+            .insert(Arc::from(svc.key()), Held(svc.clone()))
+        {
             self.unindex_service(&old.0);
         }
         for vip in &svc.spec.vips {
@@ -452,10 +467,10 @@ impl WorkloadSnapshot {
         let mut next = self.next();
         let listed: std::collections::HashSet<String> =
             specs.iter().map(|s| s.uid.clone()).collect();
-        let gone: Vec<String> = self
+        let gone: Vec<Arc<str>> = self
             .by_uid
             .keys()
-            .filter(|uid| !listed.contains(uid.as_str()))
+            .filter(|uid| !listed.contains(&***uid))
             .cloned()
             .collect();
         for uid in gone {

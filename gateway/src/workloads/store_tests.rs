@@ -297,3 +297,23 @@ fn departed_addresses_are_bounded() {
     assert_eq!(snap.formerly_known(ip(0)), None, "the oldest forgotten");
     assert!(snap.formerly_known(ip(total - 1)).is_some());
 }
+
+/// An update of a workload on another node leaves the local workloads
+/// shared with the snapshot before (what lets the certificates skip a
+/// walk); one of a local workload does not.
+#[test]
+fn only_a_local_update_changes_the_local_workloads() {
+    let store = WorkloadStore::new("td", "n1");
+    let put = |spec: WorkloadSpec| {
+        let before = store.snapshot();
+        store.apply(Delta {
+            workloads: vec![spec],
+            ..Default::default()
+        });
+        store.snapshot().same_locals(&before)
+    };
+    assert!(!put(spec("local", "n1", Protocol::Hbone)));
+    assert!(put(spec("remote", "n2", Protocol::Hbone)));
+    assert!(put(spec("remote", "n2", Protocol::Tcp)));
+    assert!(!put(spec("local", "n1", Protocol::Tcp)));
+}
