@@ -31,7 +31,7 @@ fn proxy() -> &'static Arc<DnsProxy> {
     static P: OnceLock<Arc<DnsProxy>> = OnceLock::new();
     P.get_or_init(|| {
         let store = WorkloadStore::new("cluster.local", "node-a");
-        store.publish_file(parse_file(WORKLOADS).unwrap());
+        store.publish(parse_file(WORKLOADS).unwrap());
         // No upstream: the handler never does I/O.
         DnsProxy::with(&DnsConfig::default(), vec![], store, DnsMetrics::default())
     })

@@ -38,6 +38,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tidegate::workloads::WholeSet;
 
 use tidegate::config::{EndpointChoice, PoolConfig};
 use tidegate::proxy::endpoints::{EndpointMetrics, EndpointPicker, Skips};
@@ -69,7 +70,7 @@ fn store(n: usize) -> Arc<WorkloadStore> {
     }
     yaml += "services:\n- {name: svc, namespace: demo, vips: [10.96.0.1], ports: [{port: 80, target_port: 8080}]}\n";
     let parsed = tidegate::workloads::parse_file(&yaml).expect("bench workload file");
-    store.publish_all(parsed.workloads, parsed.services);
+    store.publish(WholeSet::new(parsed.workloads).services(parsed.services));
     store
 }
 

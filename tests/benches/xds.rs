@@ -26,7 +26,7 @@
 //!   empty authorization answer after it, which republishes the set again
 //!   (against build → ready: readiness waits for both) — and the workload
 //!   file's path (`parse_file` of the same set as YAML,
-//!   `publish_file`). Medians of 3.
+//!   `publish`). Medians of 3.
 //! - **Memory per workload**: jemalloc's `stats.allocated` (live
 //!   allocations) and the process's RSS, before the gateway starts (the
 //!   double already holding the encoded set) and once it is ready (plus a
@@ -47,7 +47,7 @@
 //!   handler applied the update and republished the whole set. p50 / p99 /
 //!   max, beside the same on a gateway of 100 workloads and 20 Services
 //!   (blocks of 100 interleaved). The in-process handler's figure for the
-//!   same updates, and `assemble` and `publish_istio` of the full set
+//!   same updates, and `assemble` and `publish` of the full set
 //!   alone, say where the time goes. CPU per update: the process's CPU
 //!   time (user + system, the double's share included) over the updates.
 //! - **Churn**: updates pushed at a rate without waiting for ACKs — 50
@@ -86,6 +86,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tidegate::workloads::WholeSet;
 
 use bytes::Bytes;
 use prost::Message as _;
@@ -367,13 +368,13 @@ fn file_apply(yaml: &str, set: Set) -> Duration {
     let store = WorkloadStore::new("cluster.local", GATEWAY_NODE);
     let t = Instant::now();
     let parsed = tidegate::workloads::parse_file(yaml).expect("bench workload file");
-    store.publish_file(parsed);
+    store.publish(parsed);
     let took = t.elapsed();
     assert_eq!(store.snapshot().len(), set.workloads);
     took
 }
 
-/// `assemble`, `publish_istio` and dropping the snapshot it replaced, of
+/// `assemble`, `publish` and dropping the snapshot it replaced, of
 /// the full set, each alone (median of 5 each, ms).
 fn republish_parts(items: &[(String, Bytes)]) -> (f64, f64, f64) {
     let mut workloads = BTreeMap::new();
@@ -397,7 +398,12 @@ fn republish_parts(items: &[(String, Bytes)]) -> (f64, f64, f64) {
         assemble.push(ms(t.elapsed()));
         let previous = store.snapshot();
         let t = Instant::now();
-        store.publish_istio(specs, svcs, policies.clone());
+        store.publish(
+            WholeSet::new(specs)
+                .services(svcs)
+                .policies(policies.clone())
+                .members_by_protocol(tidegate::workloads::membership::Reason::Istio),
+        );
         publish.push(ms(t.elapsed()));
         let t = Instant::now();
         drop(previous);
@@ -672,7 +678,7 @@ async fn run(
         open_to_ack / address
     );
     println!(
-        "| workload file: `parse_file` + `publish_file`, same set as YAML | {file:.0} | in-process `handle` of both answers | {:.2} |",
+        "| workload file: `parse_file` + `publish`, same set as YAML | {file:.0} | in-process `handle` of both answers | {:.2} |",
         file / handler
     );
     println!(
@@ -757,7 +763,7 @@ async fn run(
         i50 / b50
     );
     println!(
-        "the full republish alone: `assemble` {assemble_ms:.2} ms + `publish_istio` {publish_ms:.2} ms = {:.2} ms ({:.0} % of the xDS p50); dropping the snapshot it replaced, {drop_ms:.2} ms more (off the ACK's path in the gateway)",
+        "the full republish alone: `assemble` {assemble_ms:.2} ms + `publish` {publish_ms:.2} ms = {:.2} ms ({:.0} % of the xDS p50); dropping the snapshot it replaced, {drop_ms:.2} ms more (off the ACK's path in the gateway)",
         assemble_ms + publish_ms,
         (assemble_ms + publish_ms) / b50 * 100.0
     );

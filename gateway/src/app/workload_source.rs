@@ -103,6 +103,6 @@ pub fn load_workloads(config: &Config, store: &Arc<WorkloadStore>) -> anyhow::Re
         }
         None => parse_file(DEFAULT_WORKLOADS)?,
     };
-    store.publish_file(parsed);
+    store.publish(parsed);
     Ok(())
 }

@@ -23,7 +23,7 @@ fn facts(uid: &str) -> Facts {
 
 fn authorizer(file: &str) -> (Arc<WorkloadStore>, Arc<Authorizer>) {
     let store = WorkloadStore::new("cluster.local", "n");
-    store.publish_file(parse_file(file).unwrap());
+    store.publish(parse_file(file).unwrap());
     let authz = Authorizer::new(store.clone(), AuthorizationMetrics::default());
     (store, authz)
 }
@@ -48,7 +48,7 @@ fn a_policy_refuses_at_admission_and_a_change_closes_the_live_ones() {
     let (store, authz) = authorizer(WORKLOADS);
     let live = authz.admit(facts("web-uid")).unwrap();
     assert_eq!(authz.recheck(), 0, "nothing changed");
-    store.publish_file(parse_file(&format!("{WORKLOADS}{DENY_ALL}")).unwrap());
+    store.publish(parse_file(&format!("{WORKLOADS}{DENY_ALL}")).unwrap());
     assert_eq!(authz.recheck(), 1);
     let denial = futures::executor::block_on(live.refused());
     assert_eq!(denial.to_string(), "explicitly denied by: shop/closed");

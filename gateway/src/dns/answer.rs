@@ -399,6 +399,7 @@ fn addresses(snapshot: &WorkloadSnapshot, svc: &Service, family: Family) -> Vec<
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::workloads::WholeSet;
     use crate::workloads::WorkloadSpec;
 
     /// A Service as the workload file gives it (port 80).
@@ -421,17 +422,17 @@ pub(crate) mod tests {
 
     fn names() -> Names {
         let store = WorkloadStore::new("cluster.local", "n");
-        store.publish_all(
-            vec![
+        store.publish(
+            WholeSet::new(vec![
                 workload("db-0", "shop", &["10.134.1.10", "fd00::10"], &["db"]),
                 workload("db-1", "shop", &["10.134.1.11"], &["db"]),
-            ],
-            vec![
+            ])
+            .services(vec![
                 service("web", "shop", &["10.134.0.1", "fd00::1"]),
                 service("web", "blog", &["10.134.0.2"]),
                 service("v4only", "shop", &["10.134.0.3"]),
                 service("db", "shop", &[]),
-            ],
+            ]),
         );
         Names::new(store, "cluster.local")
     }
@@ -486,7 +487,7 @@ pub(crate) mod tests {
             vec![],
         ];
         for (i, services) in steps.into_iter().enumerate() {
-            store.publish_all(vec![], services);
+            store.publish(WholeSet::new(vec![]).services(services));
             let fresh = Names::new(store.clone(), "cluster.local");
             for (ns, name) in asked {
                 assert_eq!(
@@ -618,13 +619,10 @@ pub(crate) mod tests {
     #[test]
     fn dual_stack_and_ipv6_only_services_answer_aaaa_from_the_store() {
         let store = WorkloadStore::new("cluster.local", "n");
-        store.publish_all(
-            vec![],
-            vec![
-                service("dual", "shop", &["fd00::5", "10.134.0.5"]),
-                service("six", "shop", &["fd00::6"]),
-            ],
-        );
+        store.publish(WholeSet::new(vec![]).services(vec![
+            service("dual", "shop", &["fd00::5", "10.134.0.5"]),
+            service("six", "shop", &["fd00::6"]),
+        ]));
         let n = Names::new(store, "cluster.local");
         let dual = "dual.shop.svc.cluster.local.";
         assert_eq!(
@@ -695,7 +693,11 @@ pub(crate) mod tests {
         let n = Names::new(store.clone(), "cluster.local");
         let query = q("late.shop.svc.cluster.local.", RecordType::A);
         assert_eq!(n.lookup("shop", &query), Lookup::NotOurs);
-        store.publish_all(vec![], vec![service("late", "shop", &["10.134.0.9"])]);
+        store.publish(WholeSet::new(vec![]).services(vec![service(
+            "late",
+            "shop",
+            &["10.134.0.9"],
+        )]));
         assert_eq!(
             lines(n.lookup("shop", &query)),
             ["late.shop.svc.cluster.local. A 10.134.0.9"]
@@ -705,7 +707,11 @@ pub(crate) mod tests {
     #[test]
     fn another_cluster_domain() {
         let store = WorkloadStore::new("td", "n");
-        store.publish_all(vec![], vec![service("web", "shop", &["10.134.0.1"])]);
+        store.publish(WholeSet::new(vec![]).services(vec![service(
+            "web",
+            "shop",
+            &["10.134.0.1"],
+        )]));
         let n = Names::new(store, "corp.example");
         assert_eq!(
             lines(n.lookup("blog", &q("web.shop.svc.corp.example.", RecordType::A))),

@@ -226,19 +226,17 @@ mod tests {
 
     use super::*;
     use crate::dns::answer::tests::service;
+    use crate::workloads::WholeSet;
     use crate::workloads::WorkloadStore;
 
     fn names() -> Names {
         let store = WorkloadStore::new("cluster.local", "n");
         let many: Vec<String> = (1..=60).map(|i| format!("10.134.0.{i}")).collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
-        store.publish_all(
-            vec![],
-            vec![
-                service("web", "shop", &["10.134.0.1"]),
-                service("many", "shop", &many),
-            ],
-        );
+        store.publish(WholeSet::new(vec![]).services(vec![
+            service("web", "shop", &["10.134.0.1"]),
+            service("many", "shop", &many),
+        ]));
         Names::new(Arc::clone(&store), "cluster.local")
     }
 

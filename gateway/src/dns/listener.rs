@@ -335,6 +335,7 @@ mod tests {
     use crate::config::DnsConfig;
     use crate::dns::metrics::{LimitLabel, QueryLabels, ReasonLabel};
     use crate::dns::DnsMetrics;
+    use crate::workloads::WholeSet;
     use crate::workloads::WorkloadStore;
     use tidegate_base::shutdown::{self, ShutdownTrigger};
 
@@ -442,13 +443,12 @@ mod tests {
 
     fn proxy(config: DnsConfig, upstream: SocketAddr) -> Arc<DnsProxy> {
         let store = WorkloadStore::new("cluster.local", "n");
-        store.publish_all(
-            vec![],
-            vec![crate::dns::answer::tests::service(
+        store.publish(
+            WholeSet::new(vec![]).services(vec![crate::dns::answer::tests::service(
                 "web",
                 "shop",
                 &["10.134.0.1"],
-            )],
+            )]),
         );
         DnsProxy::with(&config, vec![upstream], store, DnsMetrics::default())
     }

@@ -8,6 +8,7 @@ use prometheus_client::registry::Registry;
 
 use super::*;
 use crate::workloads::services::{Conditions, EndpointTarget, ServicePort, ServiceSpec};
+use crate::workloads::WholeSet;
 use crate::workloads::{WorkloadSpec, WorkloadStore};
 use tidegate_protocol::tls::{DevCa, TlsContext, TlsMetrics};
 
@@ -80,9 +81,9 @@ fn web(ready: [bool; 2]) -> Arc<Service> {
         ip_families: Default::default(),
     };
     let store = WorkloadStore::new("cluster.local", "n");
-    store.publish_all(
-        vec![workload("a", "10.0.0.1"), workload("b", "10.0.0.2")],
-        vec![spec],
+    store.publish(
+        WholeSet::new(vec![workload("a", "10.0.0.1"), workload("b", "10.0.0.2")])
+            .services(vec![spec]),
     );
     store.snapshot().services().next().unwrap().clone()
 }
@@ -138,7 +139,7 @@ services:
 ";
     let parsed = crate::workloads::parse_file(file).unwrap();
     let store = WorkloadStore::new("cluster.local", "n");
-    store.publish_all(parsed.workloads, parsed.services);
+    store.publish(WholeSet::new(parsed.workloads).services(parsed.services));
     let svc = store.snapshot().services().next().unwrap().clone();
     let dump = serde_json::to_value(picker(EndpointChoice::P2c).explain(&svc)).unwrap();
     assert_eq!(dump[0]["addr"], "10.0.0.1:8080", "{dump}");

@@ -306,7 +306,7 @@ impl WorkloadFileWatcher {
     ) -> Result<Self, WorkloadFileError> {
         let text = read(path)?;
         let parsed = parse_file(&text)?;
-        store.publish_file(parsed);
+        store.publish(parsed);
         Ok(WorkloadFileWatcher {
             path: path.to_owned(),
             interval,
@@ -369,7 +369,7 @@ impl WorkloadFileWatcher {
                     services = parsed.services.len(), policies = parsed.policies.len(),
                     "workload file reloaded");
                 self.metrics.reloads.inc();
-                self.store.publish_file(parsed);
+                self.store.publish(parsed);
             }
             Err(e) => {
                 self.metrics.rejected(&e);

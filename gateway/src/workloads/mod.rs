@@ -28,7 +28,7 @@ pub use snapshot::{
     Delta, EndpointChange, FormerlyKnown, WorkloadChange, WorkloadSnapshot, DEPARTED_MAX,
     DEPARTED_RETENTION,
 };
-pub use store::WorkloadStore;
+pub use store::{WholeSet, WorkloadStore};
 
 pub use file::{
     parse_file, parse_workload_file, Parsed, WorkloadFile, WorkloadFileError, WorkloadFileMetrics,

@@ -402,6 +402,7 @@ mod family_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workloads::WholeSet;
     use crate::workloads::{LifecycleState, WorkloadSpec, WorkloadStore};
 
     fn spec(uid: &str, ip: &str, state: LifecycleState) -> WorkloadSpec {
@@ -431,13 +432,13 @@ mod tests {
             waypoints: Vec::new(),
             ip_families: Default::default(),
         };
-        store.publish_all(
-            vec![
+        store.publish(
+            WholeSet::new(vec![
                 spec("a", "10.0.0.1", LifecycleState::Running),
                 // Its pod has a deletionTimestamp; the slice has not caught up.
                 spec("b", "10.0.0.2", LifecycleState::Terminating),
-            ],
-            vec![svc],
+            ])
+            .services(vec![svc]),
         );
         let snap = store.snapshot();
         let web = snap
@@ -510,7 +511,7 @@ mod tests {
         let mut a = spec_of("a", "10.0.0.1");
         a.ports.insert("http".into(), 8080);
         let store = WorkloadStore::new("cluster.local", "n");
-        store.publish_all(vec![a, spec_of("b", "10.0.0.2")], vec![spec]);
+        store.publish(WholeSet::new(vec![a, spec_of("b", "10.0.0.2")]).services(vec![spec]));
         let snap = store.snapshot();
         let svc = snap.services().next().unwrap().clone();
         let eps = svc.endpoints[&port]
@@ -591,9 +592,9 @@ mod tests {
     /// The resolved Service of `spec` (workloads a and b).
     fn resolved(spec: ServiceSpec) -> Arc<Service> {
         let store = WorkloadStore::new("cluster.local", "n");
-        store.publish_all(
-            vec![spec_of("a", "10.0.0.1"), spec_of("b", "10.0.0.2")],
-            vec![spec],
+        store.publish(
+            WholeSet::new(vec![spec_of("a", "10.0.0.1"), spec_of("b", "10.0.0.2")])
+                .services(vec![spec]),
         );
         store.snapshot().services().next().unwrap().clone()
     }

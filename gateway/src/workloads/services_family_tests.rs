@@ -1,6 +1,7 @@
 //! The endpoint address of a Service by IP family, as ztunnel picks it: the
 //! address of the dialed VIP's family, else the endpoint's other one.
 
+use crate::workloads::WholeSet;
 use std::net::IpAddr;
 
 use super::{pick_ips, Endpoint, IpFamilies};
@@ -73,7 +74,7 @@ fn endpoints(store: &WorkloadStore, vip: &str) -> Vec<(String, IpAddr)> {
 fn a_dual_stack_service_reaches_each_endpoint_by_the_dialed_vips_family() {
     let parsed = parse_file(FILE).unwrap();
     let store = WorkloadStore::new("cluster.local", "n");
-    store.publish_all(parsed.workloads, parsed.services);
+    store.publish(WholeSet::new(parsed.workloads).services(parsed.services));
     let by = |list: &[(&str, &str)]| -> Vec<(String, IpAddr)> {
         list.iter().map(|(u, a)| (u.to_string(), ip(a))).collect()
     };
@@ -92,7 +93,7 @@ fn an_ipv6_only_service_reaches_its_ipv6_endpoints() {
     let file = FILE.replace("vips: [10.96.0.1, 'fd00:96::1']", "vips: ['fd00:96::1']");
     let parsed = parse_file(&file).unwrap();
     let store = WorkloadStore::new("cluster.local", "n");
-    store.publish_all(parsed.workloads, parsed.services);
+    store.publish(WholeSet::new(parsed.workloads).services(parsed.services));
     let got = endpoints(&store, "fd00:96::1");
     assert_eq!(got[0], ("a".to_owned(), ip("fd00::1")));
     assert_eq!(got[1], ("b".to_owned(), ip("fd00::2")));
@@ -113,7 +114,7 @@ fn the_services_ip_families_restrict_its_endpoint_addresses() {
     let under = |families: IpFamilies, vip: &str| {
         let mut services = parsed.services.clone();
         services[0].ip_families = families;
-        store.publish_all(parsed.workloads.clone(), services);
+        store.publish(WholeSet::new(parsed.workloads.clone()).services(services));
         let snap = store.snapshot();
         let svc = snap.service_by_vip(ip(vip), 80).unwrap();
         let reached: Vec<(String, IpAddr)> = svc.endpoints[&80]

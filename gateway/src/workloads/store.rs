@@ -17,6 +17,90 @@ use super::{file, Protocol, WorkloadSpec};
 use crate::config::Cidr;
 use tidegate_base::sync::Locked;
 
+/// A source's whole set, for [`WorkloadStore::publish`]: its workloads,
+/// and what else it gives. Built from the workloads alone (a `Vec` of
+/// specs: the Services, policies and addresses held closed stay as held,
+/// the local workloads' membership follows their protocol) or from a
+/// parsed workload file (its workloads, Services and policies).
+#[derive(Debug)]
+pub struct WholeSet {
+    workloads: Vec<WorkloadSpec>,
+    services: Option<Vec<ServiceSpec>>,
+    members: Members,
+    policies: Option<Arc<PolicyStore>>,
+    held_closed: Option<Vec<(String, Vec<IpAddr>)>>,
+}
+
+/// How the local pods' membership is known.
+#[derive(Debug)]
+enum Members {
+    /// From each local workload's protocol (HBONE is a member), for this
+    /// reason.
+    ByProtocol(membership::Reason),
+    /// As the source decided, by uid ([`membership::decide`]).
+    Decided(BTreeMap<String, Membership>),
+}
+
+impl WholeSet {
+    pub fn new(workloads: Vec<WorkloadSpec>) -> WholeSet {
+        WholeSet {
+            workloads,
+            services: None,
+            members: Members::ByProtocol(membership::Reason::WorkloadFile),
+            policies: None,
+            held_closed: None,
+        }
+    }
+
+    /// The Services, in place of those held.
+    pub fn services(mut self, services: Vec<ServiceSpec>) -> WholeSet {
+        self.services = Some(services);
+        self
+    }
+
+    /// The authorization policies, in place of those held.
+    pub fn policies(mut self, policies: Arc<PolicyStore>) -> WholeSet {
+        self.policies = Some(policies);
+        self
+    }
+
+    /// The local pods' membership as the source decided it, by uid (pods
+    /// without an address yet included).
+    pub fn members(mut self, members: BTreeMap<String, Membership>) -> WholeSet {
+        self.members = Members::Decided(members);
+        self
+    }
+
+    /// The local workloads' membership from their protocol, for `reason`.
+    pub fn members_by_protocol(mut self, reason: membership::Reason) -> WholeSet {
+        self.members = Members::ByProtocol(reason);
+        self
+    }
+
+    /// The addresses held closed (name → addresses: Kubernetes discovery's
+    /// addresses two running pods claim, under the istio source's name for
+    /// a conflict, `address <ip>`), in place of those held: a name not in
+    /// it is no longer held closed.
+    pub fn held_closed(mut self, held_closed: Vec<(String, Vec<IpAddr>)>) -> WholeSet {
+        self.held_closed = Some(held_closed);
+        self
+    }
+}
+
+impl From<Vec<WorkloadSpec>> for WholeSet {
+    fn from(workloads: Vec<WorkloadSpec>) -> WholeSet {
+        WholeSet::new(workloads)
+    }
+}
+
+impl From<file::Parsed> for WholeSet {
+    fn from(file: file::Parsed) -> WholeSet {
+        WholeSet::new(file.workloads)
+            .services(file.services)
+            .policies(Arc::new(file.policies))
+    }
+}
+
 /// The single place workloads are published. Readers call [`WorkloadStore::snapshot`].
 #[derive(Debug)]
 pub struct WorkloadStore {
@@ -81,26 +165,33 @@ impl WorkloadStore {
         }
     }
 
-    /// Replaces the workloads, keeping the Services (resolved again
-    /// against the new workloads). The specs were validated by their
-    /// source (the file parser; Kubernetes discovery gives each IP at most one owner).
-    pub fn publish(&self, specs: Vec<WorkloadSpec>) {
-        let services = self
-            .current
-            .load()
-            .services()
-            .map(|s| s.spec.clone())
-            .collect();
-        self.publish_all(specs, services);
-    }
-
-    /// Replaces the workloads and the Services together. The membership of
-    /// each local workload is its `protocol` (the workload file's rule:
-    /// HBONE is a member).
-    pub fn publish_all(&self, specs: Vec<WorkloadSpec>, services: Vec<ServiceSpec>) {
-        let members = self.members_by_protocol(&specs, membership::Reason::WorkloadFile);
-        let policies = self.current.load().policies.clone();
-        self.publish_with_members(specs, services, members, policies);
+    /// Replaces what a source holds with its whole `set` (the workload
+    /// file, Kubernetes discovery; istiod's delta xDS is applied with
+    /// [`WorkloadStore::apply`]): the workloads, and the Services, the
+    /// local pods' membership, the authorization policies and the
+    /// addresses held closed where the set gives them; what it does not
+    /// give stays (the Services resolved again against the new workloads).
+    /// The specs were validated by their source (the file parser;
+    /// Kubernetes discovery gives each IP at most one owner).
+    pub fn publish(&self, set: impl Into<WholeSet>) {
+        let set = set.into();
+        let mut one = self.publishing.locked();
+        let current = self.current.load_full();
+        let members = match set.members {
+            Members::ByProtocol(reason) => self.members_by_protocol(&set.workloads, reason),
+            Members::Decided(members) => members,
+        };
+        let services = set
+            .services
+            .unwrap_or_else(|| current.services().map(|s| s.spec.clone()).collect());
+        let policies = set.policies.unwrap_or_else(|| current.policies.clone());
+        let specs = self.without_removed(set.workloads);
+        let mut next =
+            current.replaced(&mut self.node(&mut one), specs, services, members, policies);
+        if let Some(held_closed) = set.held_closed {
+            next.refuse_all(held_closed);
+        }
+        self.swap_in(next);
     }
 
     /// The local workloads' membership from their protocol (HBONE is a
@@ -121,80 +212,6 @@ impl WorkloadStore {
                 (s.uid.clone(), m)
             })
             .collect()
-    }
-
-    /// Replaces the workloads, the Services, the local pods' mesh
-    /// membership and the authorization policies together (Kubernetes
-    /// discovery: [`membership::decide`]).
-    pub fn publish_with_members(
-        &self,
-        specs: Vec<WorkloadSpec>,
-        services: Vec<ServiceSpec>,
-        members: BTreeMap<String, Membership>,
-        policies: Arc<PolicyStore>,
-    ) {
-        self.publish_replaced(specs, services, members, policies, None);
-    }
-
-    /// [`WorkloadStore::publish_with_members`], and the addresses held
-    /// closed replaced by `held_closed` (name → addresses: Kubernetes
-    /// discovery's addresses two running pods claim, under the istio
-    /// source's name for a conflict, `address <ip>`). A whole set, like
-    /// the rest: a name not in it is no longer held closed.
-    pub fn publish_whole(
-        &self,
-        specs: Vec<WorkloadSpec>,
-        services: Vec<ServiceSpec>,
-        members: BTreeMap<String, Membership>,
-        policies: Arc<PolicyStore>,
-        held_closed: Vec<(String, Vec<IpAddr>)>,
-    ) {
-        self.publish_replaced(specs, services, members, policies, Some(held_closed));
-    }
-
-    fn publish_replaced(
-        &self,
-        specs: Vec<WorkloadSpec>,
-        services: Vec<ServiceSpec>,
-        members: BTreeMap<String, Membership>,
-        policies: Arc<PolicyStore>,
-        held_closed: Option<Vec<(String, Vec<IpAddr>)>>,
-    ) {
-        let mut one = self.publishing.locked();
-        let specs = self.without_removed(specs);
-        let current = self.current.load_full();
-        let mut next =
-            current.replaced(&mut self.node(&mut one), specs, services, members, policies);
-        if let Some(held_closed) = held_closed {
-            next.refuse_all(held_closed);
-        }
-        self.swap_in(next);
-    }
-
-    /// Replaces the workloads, the Services and the authorization policies
-    /// together (the workload file).
-    pub fn publish_file(&self, file: file::Parsed) {
-        let members = self.members_by_protocol(&file.workloads, membership::Reason::WorkloadFile);
-        self.publish_with_members(
-            file.workloads,
-            file.services,
-            members,
-            Arc::new(file.policies),
-        );
-    }
-
-    /// Replaces the workloads, the Services and the authorization policies
-    /// together from a whole set (istiod's delta xDS is applied with
-    /// [`WorkloadStore::apply`]; this is the whole-set form, for tests and
-    /// baselines).
-    pub fn publish_istio(
-        &self,
-        specs: Vec<WorkloadSpec>,
-        services: Vec<ServiceSpec>,
-        policies: Arc<PolicyStore>,
-    ) {
-        let members = self.members_by_protocol(&specs, membership::Reason::Istio);
-        self.publish_with_members(specs, services, members, policies);
     }
 
     /// Applies what changed (istiod's updates): only the workloads and

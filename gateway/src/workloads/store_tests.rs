@@ -88,7 +88,7 @@ fn a_removed_workload_leaves_its_services_now_and_stays_out_while_its_source_lis
         waypoints: vec![],
         ip_families: Default::default(),
     };
-    store.publish_all(vec![a.clone(), b.clone()], vec![web.clone()]);
+    store.publish(WholeSet::new(vec![a.clone(), b.clone()]).services(vec![web.clone()]));
     let endpoints = |store: &WorkloadStore| -> Vec<String> {
         let snap = store.snapshot();
         let svc = snap
@@ -111,7 +111,7 @@ fn a_removed_workload_leaves_its_services_now_and_stays_out_while_its_source_lis
     // latest spec kept.
     let mut a2 = a.clone();
     Arc::make_mut(&mut a2.labels).insert("v".into(), "2".into());
-    store.publish_all(vec![a2.clone(), b.clone()], vec![web.clone()]);
+    store.publish(WholeSet::new(vec![a2.clone(), b.clone()]).services(vec![web.clone()]));
     assert_eq!(endpoints(&store), ["b"]);
     // Handed over again: back, as the source last listed it.
     store.restore("other-uid", "ns", "a");
@@ -120,8 +120,8 @@ fn a_removed_workload_leaves_its_services_now_and_stays_out_while_its_source_lis
     // Removed again, then the source drops it: forgotten (listed
     // again later, it is a new workload and published).
     assert!(store.remove("a"));
-    store.publish_all(vec![b.clone()], vec![web.clone()]);
-    store.publish_all(vec![a.clone(), b.clone()], vec![web]);
+    store.publish(WholeSet::new(vec![b.clone()]).services(vec![web.clone()]));
+    store.publish(WholeSet::new(vec![a.clone(), b.clone()]).services(vec![web]));
     assert_eq!(endpoints(&store), ["a", "b"]);
 }
 

@@ -78,7 +78,7 @@ fn deny_client(nodes: &TwoNodes) -> anyhow::Result<()> {
         workloads_yaml(OCTET, "echo")
     );
     let parsed = tidegate::workloads::parse_file(&text)?;
-    nodes.server.workloads.publish_file(parsed);
+    nodes.server.workloads.publish(parsed);
     Ok(())
 }
 

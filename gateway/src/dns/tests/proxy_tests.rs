@@ -11,6 +11,7 @@ mod hostile;
 #[path = "loops_tests.rs"]
 mod loops;
 
+use crate::workloads::WholeSet;
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
@@ -160,13 +161,10 @@ fn proxy(config: DnsConfig, upstream: SocketAddr) -> Arc<DnsProxy> {
     let store = WorkloadStore::new("cluster.local", "n");
     let many: Vec<String> = (1..=60).map(|i| format!("10.134.1.{i}")).collect();
     let many: Vec<&str> = many.iter().map(String::as_str).collect();
-    store.publish_all(
-        vec![],
-        vec![
-            crate::dns::answer::tests::service("web", "shop", &["10.134.0.1"]),
-            crate::dns::answer::tests::service("many", "shop", &many),
-        ],
-    );
+    store.publish(WholeSet::new(vec![]).services(vec![
+        crate::dns::answer::tests::service("web", "shop", &["10.134.0.1"]),
+        crate::dns::answer::tests::service("many", "shop", &many),
+    ]));
     DnsProxy::with(&config, vec![upstream], store, DnsMetrics::default())
 }
 

@@ -7,6 +7,7 @@ use tidegate_xds::workload as wds;
 
 use super::*;
 use crate::workloads::istio::convert::{self as cv, IstioWorkload};
+use crate::workloads::WholeSet;
 use crate::workloads::{WorkloadSnapshot, WorkloadStore};
 
 fn ipb(ip: IpAddr) -> Bytes {
@@ -124,7 +125,12 @@ fn whole(
 ) -> Arc<WorkloadSnapshot> {
     let store = WorkloadStore::new("cluster.local", "node-0");
     let (specs, services) = cv::assemble(workloads, services);
-    store.publish_istio(specs, services, Default::default());
+    store.publish(
+        WholeSet::new(specs)
+            .services(services)
+            .policies(Default::default())
+            .members_by_protocol(crate::workloads::membership::Reason::Istio),
+    );
     store.snapshot()
 }
 

@@ -6,6 +6,7 @@ use tidegate_xds::workload as wds;
 
 use super::*;
 use crate::workloads::services::{Conditions, EndpointTarget, IpFamilies as F, TargetPort};
+use crate::workloads::WholeSet;
 use crate::workloads::{LifecycleState, Protocol, WorkloadStore};
 use tidegate_protocol::identity::SpiffeId;
 
@@ -643,7 +644,7 @@ fn the_store_routes_each_endpoint_by_its_own_port_mapping() {
     let (specs, services) = assemble(&held(&[a, b, h]), &services);
 
     let store = WorkloadStore::new("cluster.local", "node-a");
-    store.publish_all(specs, services);
+    store.publish(WholeSet::new(specs).services(services));
     let snap = store.snapshot();
     let svc = snap.service_by_vip(ipa("10.96.0.10"), 80).unwrap();
     let eps = |port: u16| -> Vec<(String, IpAddr, u16, u32)> {

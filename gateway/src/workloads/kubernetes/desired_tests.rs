@@ -1,4 +1,5 @@
 use super::*;
+use crate::workloads::WholeSet;
 
 fn cfg() -> KubernetesConfig {
     KubernetesConfig::default()
@@ -172,12 +173,12 @@ fn a_published_conflict_is_held_closed_until_one_pod_leaves() {
             .iter()
             .map(|c| (c.resource(), vec![c.ip]))
             .collect();
-        store.publish_whole(
-            d.specs,
-            d.services,
-            Default::default(),
-            Default::default(),
-            closed,
+        store.publish(
+            WholeSet::new(d.specs)
+                .services(d.services)
+                .members(Default::default())
+                .policies(Default::default())
+                .held_closed(closed),
         );
     };
     publish(build_pods(vec![

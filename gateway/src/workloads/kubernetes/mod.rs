@@ -45,6 +45,7 @@ mod metrics;
 
 pub use metrics::KubernetesMetrics;
 
+use crate::workloads::WholeSet;
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Debug;
 use std::hash::Hash;
@@ -323,12 +324,12 @@ impl KubernetesSource {
                 self.metrics.workloads.set(set.0.len() as i64);
                 self.metrics.services.set(set.1.len() as i64);
                 self.metrics.publishes.inc();
-                self.store.publish_whole(
-                    set.0.clone(),
-                    set.1.clone(),
-                    set.2.clone(),
-                    Arc::new(set.3.clone()),
-                    set.5.iter().map(|c| (c.resource(), vec![c.ip])).collect(),
+                self.store.publish(
+                    WholeSet::new(set.0.clone())
+                        .services(set.1.clone())
+                        .members(set.2.clone())
+                        .policies(Arc::new(set.3.clone()))
+                        .held_closed(set.5.iter().map(|c| (c.resource(), vec![c.ip])).collect()),
                 );
                 if last.is_none() {
                     info!(
