@@ -29,7 +29,7 @@
 use std::collections::BTreeMap;
 
 /// Namespaces whose pods are never members (shared with `tidegate-cni`).
-pub use tidegate_netns::never_meshed::never_meshed_namespace;
+use tidegate_netns::never_meshed::never_meshed_namespace;
 
 /// The mesh label's default name (`workloads.kubernetes.mesh_label`).
 pub const MESH_LABEL: &str = "tidegate.io/mesh";
