@@ -1119,7 +1119,7 @@ fn the_istio_ambient_example_takes_certificates_from_istiod() {
         istio.roots, ca.roots,
         "istiod verified against its own root"
     );
-    assert_eq!(istio.token.as_ref(), Some(&ca.token));
+    assert_eq!(istio.token, ca.token);
     let env = environment(&r, gw);
     for key in ["POD_IP", "POD_NAME", "POD_NAMESPACE"] {
         let name = format!("TIDEGATE_WORKLOADS__ISTIO__{key}");

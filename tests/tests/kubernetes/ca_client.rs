@@ -37,7 +37,7 @@ impl Client {
             client: CaClientConfig {
                 address: format!("https://{}", ca.addr),
                 roots,
-                token,
+                token: Some(token),
                 cluster_id: "Kubernetes".into(),
                 server_name: None,
                 timeout,
@@ -45,6 +45,7 @@ impl Client {
             validity: Duration::from_secs(3600),
             first_use_wait: Duration::from_secs(5),
             reload_interval: Duration::from_secs(60),
+            trust_answer_root: false,
         };
         let certs = IstioCaCerts::new(settings, CaMetrics::register(&mut registry)).unwrap();
         Client {
