@@ -18,6 +18,14 @@
 //! The mesh's trust anchors are the roots file alone (re-read every
 //! `reload_interval`): a CA's answer never adds one. Rotating the root is
 //! adding the new one to that file first.
+//!
+//! But for [`IstioCaSettings::trust_answer_root`] (Cilium's agent, whose
+//! roots file is the bootstrap certificate its CA serves TLS with, not the
+//! root that signs the workloads'): the last certificate of an answer,
+//! received over TLS verified against the roots file, is taken as a trust
+//! anchor once the answer checks against it — as ztunnel trusts its CA's
+//! answer. The [`LEARNED_ROOTS`] newest such roots are kept beside the
+//! file's.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -53,7 +61,14 @@ pub struct IstioCaSettings {
     pub first_use_wait: Duration,
     /// How often the roots file is re-read.
     pub reload_interval: Duration,
+    /// Trust the root an answer ends with (verified over the CA's TLS,
+    /// itself verified against the roots file): Cilium's agent.
+    pub trust_answer_root: bool,
 }
+
+/// How many roots learned from answers are kept (the current one and the
+/// one before it, so a rotation overlaps).
+pub const LEARNED_ROOTS: usize = 2;
 
 /// Why one issuance failed.
 #[derive(Debug, thiserror::Error)]
@@ -139,6 +154,18 @@ struct RootSet {
     /// Digest of the roots file's bytes.
     file_digest: u64,
     file: Vec<CertificateDer<'static>>,
+    /// Roots learned from answers ([`IstioCaSettings::trust_answer_root`]), newest last.
+    learned: Vec<CertificateDer<'static>>,
+}
+
+impl RootSet {
+    fn holds(&self, root: &CertificateDer<'_>) -> bool {
+        self.file.iter().chain(&self.learned).any(|c| c == root)
+    }
+
+    fn all(&self) -> Vec<CertificateDer<'static>> {
+        self.file.iter().chain(&self.learned).cloned().collect()
+    }
 }
 
 /// The certificate source. Cheap to clone.
@@ -175,6 +202,7 @@ impl IstioCaCerts {
             root_set: Mutex::new(RootSet {
                 file_digest: digest,
                 file,
+                learned: Vec::new(),
             }),
             roots: ArcSwap::from_pointee(Roots::default()),
             entries: Mutex::new(HashMap::new()),
@@ -352,13 +380,27 @@ impl Inner {
             &id.to_string(),
         );
         let pems = self.client.create_certificate(request).await?;
-        let accepted = issued::check(
-            id,
-            &generated.public_key,
-            &pems,
-            &self.roots.load(),
-            SystemTime::now(),
-        )?;
+        let new_root = if self.settings.trust_answer_root {
+            issued::answer_root(&pems).filter(|root| !self.root_set.locked().holds(root))
+        } else {
+            None
+        };
+        let roots = match &new_root {
+            Some(root) => {
+                let mut certs = self.root_set.locked().all();
+                certs.push(root.clone());
+                Arc::new(
+                    Roots::from_certs(certs).map_err(|e| Refused::UntrustedChain {
+                        reason: format!("the root the answer ends with is no trust anchor: {e}"),
+                    })?,
+                )
+            }
+            None => self.roots.load_full(),
+        };
+        let accepted = issued::check(id, &generated.public_key, &pems, &roots, SystemTime::now())?;
+        if let Some(root) = new_root {
+            self.learn_root(root);
+        }
         let key = PrivateKeyDer::from_pem_slice(generated.key_pem.as_bytes())
             .map_err(|e| IssueError::Key(rustls::Error::General(e.to_string())))?;
         let signer = provider().key_provider.load_private_key(key)?;
@@ -387,9 +429,25 @@ impl Inner {
         }
     }
 
+    /// Keeps `root`, the answer's, beside the file's (the
+    /// [`LEARNED_ROOTS`] newest) and publishes the roots.
+    fn learn_root(&self, root: CertificateDer<'static>) {
+        {
+            let mut set = self.root_set.locked();
+            if set.holds(&root) {
+                return;
+            }
+            set.learned.push(root);
+            let excess = set.learned.len().saturating_sub(LEARNED_ROOTS);
+            set.learned.drain(..excess);
+        }
+        info!("the CA's root trusted from its answer (trust_answer_root)");
+        self.publish_roots();
+    }
+
     fn publish_roots(&self) {
-        let file = self.root_set.locked().file.clone();
-        match Roots::from_certs(file) {
+        let all = self.root_set.locked().all();
+        match Roots::from_certs(all) {
             Ok(r) => self.roots.store(Arc::new(r)),
             Err(e) => {
                 warn!(error = %e, "a CA root is not a usable trust anchor; keeping the previous roots")

@@ -22,8 +22,9 @@ pub struct CaClientConfig {
     pub address: String,
     /// PEM roots that verify the CA's serving certificate.
     pub roots: PathBuf,
-    /// The projected service-account token (audience `istio-ca`).
-    pub token: PathBuf,
+    /// The projected service-account token (audience `istio-ca`). Unset:
+    /// no `authorization` header (Cilium's agent checks no token).
+    pub token: Option<PathBuf>,
     pub cluster_id: String,
     /// Verify the CA as this name instead of the address's host
     /// (ztunnel's `ALT_CA_HOSTNAME`).
@@ -124,25 +125,32 @@ impl CaClient {
     }
 
     async fn call(&self, request: IstioCertificateRequest) -> Result<Vec<String>, CaClientError> {
-        let token =
-            std::fs::read_to_string(&self.cfg.token).map_err(|source| CaClientError::Token {
-                path: self.cfg.token.clone(),
-                source,
-            })?;
+        let token = match &self.cfg.token {
+            Some(path) => Some((
+                path,
+                std::fs::read_to_string(path).map_err(|source| CaClientError::Token {
+                    path: path.clone(),
+                    source,
+                })?,
+            )),
+            None => None,
+        };
         channel::client_config(&self.cfg.roots).map_err(|e| CaClientError::Roots {
             path: self.cfg.roots.clone(),
             message: e.to_string(),
         })?;
         let mut req = tonic::Request::new(request);
         let md = req.metadata_mut();
-        let bearer = format!("Bearer {}", token.trim());
-        md.insert(
-            "authorization",
-            bearer.parse().map_err(|_| CaClientError::Token {
-                path: self.cfg.token.clone(),
-                source: std::io::Error::other("the token is not a valid header value"),
-            })?,
-        );
+        if let Some((path, token)) = token {
+            let bearer = format!("Bearer {}", token.trim());
+            md.insert(
+                "authorization",
+                bearer.parse().map_err(|_| CaClientError::Token {
+                    path: path.clone(),
+                    source: std::io::Error::other("the token is not a valid header value"),
+                })?,
+            );
+        }
         if let Ok(v) = self.cfg.cluster_id.parse() {
             md.insert("clusterid", v);
         }

@@ -114,6 +114,16 @@ pub fn check(
     })
 }
 
+/// The certificate an answer of more than one ends with: the root a CA
+/// that sends `[leaf, root]` (Cilium's agent, istiod) signs with.
+pub fn answer_root(pems: &[String]) -> Option<CertificateDer<'static>> {
+    let chain = parse(pems).ok()?;
+    if chain.len() < 2 {
+        return None;
+    }
+    chain.into_iter().last()
+}
+
 fn parse(pems: &[String]) -> Result<Vec<CertificateDer<'static>>, Refused> {
     let mut chain = Vec::new();
     for pem in pems {

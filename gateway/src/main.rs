@@ -54,7 +54,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     // Every other command reads the same config `run` would use
     // (`--config`, `TIDEGATE_*`, `--set`, else the embedded default): the
     // admin address, the plugins' limits.
-    let mut config = cli.config.load()?;
+    let mut config = match &cli.command {
+        Command::Proxy(_) => cli.config.load_as_ztunnel()?,
+        _ => cli.config.load()?,
+    };
     let configured_admin = config.listeners.admin;
     let admin = move |given: Option<std::net::SocketAddr>| given.unwrap_or(configured_admin);
     match cli.command {
@@ -67,6 +70,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             app.run_until_signal().await
         }
+        Command::Proxy(_) => tidegate::app::build(config).await?.run_until_signal().await,
         Command::Connect(args) => tidegate::cli::connect::run(config, *args).await,
         Command::Workloads(args) => {
             let out = tidegate::cli::workload_table::fetch(

@@ -238,6 +238,27 @@ fn bad_config_names_the_key_and_exits_non_zero() {
     assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
 }
 
+/// `proxy ztunnel`, the arguments Cilium's DaemonSet passes: the gateway
+/// with `control_plane: cilium`, ztunnel's variables read (a bad one named
+/// with its variable); another component is a usage error.
+#[test]
+fn proxy_ztunnel_runs_as_ciliums_ztunnel() {
+    let out = Command::new(BIN)
+        .args(["proxy", "ztunnel"])
+        .env("XDS_ADDRESS", "unix://cilium/xds.sock")
+        .env("NODE_NAME", "10.0.0.7")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`workloads.istio.address`") && err.contains("XDS_ADDRESS"),
+        "{err}"
+    );
+    let out = Command::new(BIN).args(["proxy", "envoy"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "a usage error");
+}
+
 /// A port another process holds: `run` fails naming the port, the key and
 /// the holder (here, this test), for a listener and for the demo echo backend.
 #[test]

@@ -67,6 +67,11 @@ const PROVIDED_ELSEWHERE: &[(&str, &str, &str)] = &[
     ),
     (
         "Secret",
+        "cilium-ztunnel-bootstrap",
+        "the operator copies Cilium's bootstrap certificate into it with kubectl (deploy/README.md)",
+    ),
+    (
+        "Secret",
         "tidegate-oci-api-key",
         "the operator creates it with kubectl (deploy/README.md); a key is never committed",
     ),
@@ -670,11 +675,19 @@ fn check_invariants(r: &Rendered) -> Config {
             assert!(volume_of(&pod, gw, state).0.host_path.is_some());
         }
         if let Some(zds) = &config.capture.zds_socket {
+            // The node agent's socket directory on the node: istio-cni's,
+            // or Cilium's agent's.
             let (v, _) = volume_of(&pod, gw, zds);
+            let dir = zds.parent().and_then(Path::to_str);
+            assert!(
+                matches!(dir, Some("/var/run/ztunnel" | "/var/run/cilium")),
+                "{}: a node agent's socket directory: {zds:?}",
+                r.dir
+            );
             assert_eq!(
                 v.host_path.as_ref().map(|h| h.path.as_str()),
-                Some("/var/run/ztunnel"),
-                "{}: istio-cni's socket directory on the node",
+                dir,
+                "{}: the node agent's socket directory on the node",
                 r.dir
             );
         }
@@ -960,6 +973,7 @@ fn every_kustomization_renders_and_keeps_its_invariants() {
         "overlays/uninstall",
         "examples/oci-draining",
         "examples/istio-ambient",
+        "examples/cilium",
     ] {
         assert!(dirs.iter().any(|d| d == expected), "{expected}: {dirs:?}");
     }
@@ -1067,6 +1081,64 @@ fn the_oci_draining_example_turns_draining_on_with_its_key_and_rbac() {
         .contains(&(String::new(), "services".to_owned())));
 }
 
+/// The Cilium example: `control_plane: cilium` over the base's file, the
+/// agent's sockets and bootstrap certificate mounted, the node named by its
+/// host IP, no token, tidegate-cni's DEL hook only, and the nodes handed over.
+#[test]
+fn the_cilium_example_takes_everything_from_the_agent() {
+    let Some(r) = kustomize("examples/cilium") else {
+        return;
+    };
+    let config = check_invariants(&r);
+    assert_eq!(config.workloads.source, WorkloadSourceKind::Istio);
+    let istio = &config.workloads.istio;
+    assert_eq!(istio.address, "unix:///var/run/cilium/xds.sock");
+    assert!(istio.workloads_only);
+    assert_eq!(istio.token, None);
+    assert_eq!(
+        config.capture.zds_socket.as_deref(),
+        Some(Path::new("/var/run/cilium/ztunnel.sock"))
+    );
+    assert!(!config.dns.enabled);
+    let CertificatesConfig::IstioCa(ca) = &config.certificates else {
+        panic!("certificates from the agent's CA")
+    };
+    assert_eq!(ca.address, "https://127.0.0.1:15012");
+    assert_eq!(ca.token, None);
+    assert_eq!(istio.roots, ca.roots, "both verified against the bootstrap");
+    let (_, pod) = r.pod();
+    let gw = container(&pod, "tidegate");
+    let (v, _) = volume_of(&pod, gw, Path::new("/var/run/cilium/ztunnel.sock"));
+    assert_eq!(
+        v.host_path.as_ref().map(|h| h.path.as_str()),
+        Some("/var/run/cilium")
+    );
+    let node = gw
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "TIDEGATE_NODE_NAME")
+        .and_then(|e| e.value_from.as_ref())
+        .and_then(|f| f.field_ref.as_ref())
+        .map(|f| f.field_path.clone());
+    assert_eq!(node.as_deref(), Some("status.hostIP"));
+    assert_eq!(
+        arg_after(container(&pod, "install-cni"), "--capture"),
+        "node"
+    );
+    let selector = pod.node_selector.clone().unwrap_or_default();
+    assert_eq!(
+        selector.get("tidegate.io/node-proxy").map(String::as_str),
+        Some("tidegate")
+    );
+    for kind in ["Deployment", "Service", "ClusterRole"] {
+        assert!(
+            !r.contains(kind, "tidegate-ca"),
+            "{kind} tidegate-ca left out"
+        );
+    }
+}
+
 #[test]
 fn the_istio_ambient_example_takes_certificates_from_istiod() {
     let Some(r) = kustomize("examples/istio-ambient") else {
@@ -1119,7 +1191,7 @@ fn the_istio_ambient_example_takes_certificates_from_istiod() {
         istio.roots, ca.roots,
         "istiod verified against its own root"
     );
-    assert_eq!(istio.token.as_ref(), Some(&ca.token));
+    assert_eq!(istio.token, ca.token);
     let env = environment(&r, gw);
     for key in ["POD_IP", "POD_NAME", "POD_NAMESPACE"] {
         let name = format!("TIDEGATE_WORKLOADS__ISTIO__{key}");
@@ -1279,7 +1351,7 @@ fn every_component_has_a_worked_example() {
         names.push(name);
     }
     names.sort();
-    assert_eq!(names, ["istio-ambient", "oci-draining"]);
+    assert_eq!(names, ["cilium", "istio-ambient", "oci-draining"]);
 }
 
 /// `.dockerignore` as Docker reads it, for the patterns used there: literal

@@ -88,7 +88,7 @@ pub fn agent(
     tidegate_ca::client::CaClient::new(tidegate_ca::client::CaClientConfig {
         address: format!("https://{addr}"),
         roots,
-        token: token_file,
+        token: Some(token_file),
         cluster_id: "Kubernetes".into(),
         server_name: None,
         timeout: Duration::from_secs(5),

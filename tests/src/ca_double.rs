@@ -3,6 +3,12 @@
 //! leaf, or one of the answers a client must refuse — and counts requests.
 //! No authentication: what is under test is what the client does with the
 //! answer.
+//!
+//! [`CaDouble::start_cilium`] is Cilium's agent as a CA instead: TLS with
+//! a self-signed RSA "bootstrap" certificate (`CA:FALSE`, serverAuth, for
+//! `localhost` and the address), the leaf copying the CSR's subject and
+//! SANs, with no key usage and no EKU, valid 30 days, signed by an RSA
+//! root other than the bootstrap certificate, `[leaf, root]`.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -45,6 +51,9 @@ pub struct CaDouble {
     pub root_pem: String,
     /// The root of [`Answer::UnconfiguredRoot`].
     pub other_root_pem: String,
+    /// [`CaDouble::start_cilium`]: the bootstrap certificate the client
+    /// trusts (`CA_ROOT_CA`); `root_pem` is then the root that signs leaves.
+    pub bootstrap_pem: Option<String>,
     state: Arc<State>,
 }
 
@@ -56,6 +65,8 @@ struct State {
     other: Issuer<'static, KeyPair>,
     other_pem: String,
     validity: Duration,
+    /// Cilium's leaves: the CSR's SANs, no key usage, no EKU.
+    cilium: bool,
 }
 
 impl CaDouble {
@@ -83,12 +94,51 @@ impl CaDouble {
             other,
             other_pem: other_pem.clone(),
             validity,
+            cilium: false,
         });
         tokio::spawn(serve(listener, tls, state.clone()));
         CaDouble {
             addr,
             root_pem,
             other_root_pem: other_pem,
+            bootstrap_pem: None,
+            state,
+        }
+    }
+
+    /// Cilium's agent as a CA, on `ip` (an ephemeral port): see the module doc.
+    pub async fn start_cilium(ip: std::net::IpAddr) -> CaDouble {
+        let root_key = rsa_key();
+        let mut p = CertificateParams::default();
+        p.distinguished_name = DistinguishedName::new();
+        p.distinguished_name
+            .push(DnType::CommonName, "cilium-ztunnel-ca");
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.key_usages = vec![KeyUsagePurpose::KeyCertSign];
+        let root_pem = p.self_signed(&root_key).unwrap().pem();
+        let root = Issuer::new(p, root_key);
+        let (other, other_pem) = ca("unconfigured root");
+        let (tls, bootstrap_pem) = bootstrap_tls(ip);
+        let listener = TcpListener::bind(std::net::SocketAddr::new(ip, 0))
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(State {
+            answer: Mutex::new(Answer::Good),
+            requests: AtomicUsize::new(0),
+            root,
+            root_pem: root_pem.clone(),
+            other,
+            other_pem: other_pem.clone(),
+            validity: CILIUM_VALIDITY,
+            cilium: true,
+        });
+        tokio::spawn(serve(listener, tls, state.clone()));
+        CaDouble {
+            addr,
+            root_pem,
+            other_root_pem: other_pem,
+            bootstrap_pem: Some(bootstrap_pem),
             state,
         }
     }
@@ -102,6 +152,44 @@ impl CaDouble {
     pub fn requests(&self) -> usize {
         self.state.requests.load(Ordering::SeqCst)
     }
+}
+
+/// The validity of Cilium's leaves.
+pub const CILIUM_VALIDITY: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// A fresh RSA-2048 key, as Cilium's CA and bootstrap certificate use.
+fn rsa_key() -> KeyPair {
+    use rsa::pkcs8::EncodePrivateKey;
+    let key = rsa::RsaPrivateKey::new(&mut rsa::rand_core::OsRng, 2048).unwrap();
+    let der = key.to_pkcs8_der().unwrap();
+    KeyPair::from_pkcs8_der_and_sign_algo(&der.as_bytes().into(), &rcgen::PKCS_RSA_SHA256).unwrap()
+}
+
+/// Cilium's bootstrap certificate: self-signed RSA, `CA:FALSE`,
+/// serverAuth, `localhost` and `ip`; the TLS it serves and its PEM.
+fn bootstrap_tls(ip: std::net::IpAddr) -> (tokio_rustls::TlsAcceptor, String) {
+    let key = rsa_key();
+    let mut p = CertificateParams::default();
+    p.distinguished_name = DistinguishedName::new();
+    p.distinguished_name
+        .push(DnType::CommonName, "cilium-ztunnel-bootstrap");
+    p.is_ca = IsCa::ExplicitNoCa;
+    p.subject_alt_names = vec![
+        SanType::DnsName("localhost".try_into().unwrap()),
+        SanType::IpAddress(ip),
+    ];
+    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let cert = p.self_signed(&key).unwrap();
+    let pem = cert.pem();
+    let key = PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).unwrap();
+    let mut cfg = rustls::ServerConfig::builder_with_provider(tidegate_protocol::tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.der().clone()], key)
+        .unwrap();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    (tokio_rustls::TlsAcceptor::from(Arc::new(cfg)), pem)
 }
 
 pub fn ca(name: &str) -> (Issuer<'static, KeyPair>, String) {
@@ -200,10 +288,12 @@ impl tonic::server::UnaryService<IstioCertificateRequest> for Unary {
                 std::future::pending::<()>().await;
             }
             let req = req.into_inner();
-            let identity = req
-                .impersonated_identity()
-                .ok_or_else(|| tonic::Status::invalid_argument("no ImpersonatedIdentity"))?
-                .to_owned();
+            // Cilium's agent reads the identity from the CSR alone.
+            let identity = match req.impersonated_identity() {
+                Some(id) => id.to_owned(),
+                None if state.cilium => String::new(),
+                None => return Err(tonic::Status::invalid_argument("no ImpersonatedIdentity")),
+            };
             Ok(tonic::Response::new(IstioCertificateResponse {
                 cert_chain: chain(&state, answer, &identity, &req.csr),
             }))
@@ -230,14 +320,20 @@ fn chain(state: &State, answer: Answer, identity: &str, csr_pem: &str) -> Vec<St
             .unwrap()
             .public_key;
     }
-    let mut p = CertificateParams::default();
-    p.distinguished_name = DistinguishedName::new();
-    p.subject_alt_names = vec![SanType::URI(identity.try_into().unwrap())];
-    p.extended_key_usages = vec![
-        ExtendedKeyUsagePurpose::ServerAuth,
-        ExtendedKeyUsagePurpose::ClientAuth,
-    ];
-    p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    let mut p = if state.cilium {
+        // The CSR's subject and SANs, nothing else.
+        request.params.clone()
+    } else {
+        let mut p = CertificateParams::default();
+        p.distinguished_name = DistinguishedName::new();
+        p.subject_alt_names = vec![SanType::URI(identity.try_into().unwrap())];
+        p.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        p
+    };
     p.not_before = from.into();
     p.not_after = to.into();
     p.serial_number = Some(rcgen::SerialNumber::from_slice(

@@ -4,6 +4,7 @@
 
 pub mod ca;
 pub mod ca_double;
+pub mod cilium_double;
 pub mod cni;
 pub mod dns_double;
 pub mod inpod;

@@ -19,6 +19,9 @@
 //!
 //! No authentication: the headers and the node of each stream are kept
 //! for the test to check.
+//!
+//! [`XdsDouble::serve_unix`] serves the same resources in plaintext on a
+//! Unix socket besides, as Cilium's agent does (one socket a node).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -137,6 +140,24 @@ impl XdsDouble {
             state,
             events: rx,
         }
+    }
+
+    /// Also serves plaintext on a Unix socket at `path` (a stale file there
+    /// is removed), as Cilium's agent serves `/var/run/cilium/xds.sock`;
+    /// until the double is dropped.
+    pub fn serve_unix(&self, path: &std::path::Path) -> std::io::Result<()> {
+        let _ = std::fs::remove_file(path);
+        let listener = tokio::net::UnixListener::bind(path)?;
+        let state = Arc::downgrade(&self.state);
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let Some(state) = state.upgrade() else {
+                    return;
+                };
+                tokio::spawn(serve_connection(stream, state));
+            }
+        });
+        Ok(())
     }
 
     /// Holds `value` as `name` of `type_url` at a new version and pushes it
@@ -357,25 +378,31 @@ async fn serve(listener: TcpListener, tls: tokio_rustls::TlsAcceptor, state: Arc
             let Ok(stream) = tls.accept(tcp).await else {
                 return;
             };
-            let svc = hyper::service::service_fn(move |req: http::Request<Incoming>| {
-                let state = state.clone();
-                async move {
-                    let codec = tonic_prost::ProstCodec::<
-                        DeltaDiscoveryResponse,
-                        DeltaDiscoveryRequest,
-                    >::default();
-                    Ok::<_, std::convert::Infallible>(
-                        tonic::server::Grpc::new(codec)
-                            .streaming(Ads(state), req)
-                            .await,
-                    )
-                }
-            });
-            let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
+            serve_connection(stream, state).await;
         });
     }
+}
+
+/// One HTTP/2 connection of delta ADS streams.
+async fn serve_connection<S>(stream: S, state: Arc<State>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+        let state = state.clone();
+        async move {
+            let codec =
+                tonic_prost::ProstCodec::<DeltaDiscoveryResponse, DeltaDiscoveryRequest>::default();
+            Ok::<_, std::convert::Infallible>(
+                tonic::server::Grpc::new(codec)
+                    .streaming(Ads(state), req)
+                    .await,
+            )
+        }
+    });
+    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .serve_connection(TokioIo::new(stream), svc)
+        .await;
 }
 
 /// The streaming method, as tonic's handler wants it.

@@ -120,6 +120,9 @@ mod inpod;
 #[path = "netns/istio_node.rs"]
 mod istio_node;
 
+#[path = "netns/cilium_node.rs"]
+mod cilium_node;
+
 #[path = "netns/ipv6.rs"]
 mod ipv6;
 

@@ -38,6 +38,13 @@
 //! the channel's pulse ([`channel::Pulse`]) notices a connection that went
 //! silent after that, and a stream stopped half-way through a message
 //! fails after the pulse's `message_timeout` ([`mid_message`]).
+//!
+//! With [`ClientConfig::workloads_only`] (Cilium's agent, whose server
+//! sends Workloads and nothing else) an `istio.workload.Address` holding
+//! a Service is refused on its own, and a response of a type not
+//! subscribed is NACKed naming each of its resources instead of ACKed;
+//! the rest is applied. The address is `https://` or a Unix socket
+//! ([`crate::transport`]).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -116,6 +123,9 @@ pub struct ClientConfig {
     /// failed and opened again ([`FIRST_ANSWER_TIMEOUT`] by default).
     pub first_answer_timeout: Duration,
     pub limits: Limits,
+    /// The server sends Workloads only (Cilium's agent): a Service, or a
+    /// response of a type not subscribed, is refused with its reason.
+    pub workloads_only: bool,
 }
 
 /// A resource of a response, to apply.
@@ -244,7 +254,7 @@ impl AdsClient {
 
     /// Streams from istiod into `handler`, reconnecting, until dropped.
     pub async fn run(mut self, handler: &mut dyn Handler) {
-        let channel = match channel::connect_lazy(&self.cfg.target) {
+        let channel = match crate::transport::connect_lazy(&self.cfg.target) {
             Ok(c) => c,
             Err(e) => {
                 // Checked when the configuration is read; a client built
@@ -404,6 +414,32 @@ impl AdsClient {
             response_nonce: response.nonce.clone(),
             ..Default::default()
         };
+        if !self.cfg.types.contains(&url) && self.cfg.workloads_only {
+            let rejected: Vec<Rejected> = response
+                .resources
+                .iter()
+                .map(|r| Rejected {
+                    name: r.name.clone(),
+                    reason: format!(
+                        "of type {url:?}, not subscribed (the server sends Workloads only)"
+                    ),
+                })
+                .collect();
+            XdsMetrics::url(&self.metrics.rejected, &url, rejected.len() as u64);
+            let message = if rejected.is_empty() {
+                format!("a response of type {url:?}, not subscribed")
+            } else {
+                nack_message(&rejected)
+            };
+            if let Some(repeated) =
+                self.repeats
+                    .log(&format!("unsubscribed {url}"), &message, Instant::now())
+            {
+                warn!(type_url = %url, repeated, %message, "xDS response of a type not subscribed; refused (NACK)");
+            }
+            ack.error_detail = Some(Status { code: 0, message });
+            return ack;
+        }
         if !self.cfg.types.contains(&url) {
             let message = format!("a response of type {url:?}, not subscribed");
             if let Some(repeated) =
@@ -415,11 +451,23 @@ impl AdsClient {
             return ack;
         }
         let Triage {
-            updates,
+            mut updates,
             removed,
             mut rejected,
             oversized,
         } = triage(response, self.cfg.limits);
+        if self.cfg.workloads_only && url == ADDRESS {
+            updates.retain(|u| {
+                if !holds_service(&u.value) {
+                    return true;
+                }
+                rejected.push(Rejected {
+                    name: u.name.clone(),
+                    reason: SERVICE_REFUSED.to_owned(),
+                });
+                false
+            });
+        }
         for _ in 0..oversized {
             self.metrics.oversized(Oversized::Resource);
         }
@@ -501,6 +549,28 @@ pub fn triage(response: DeltaDiscoveryResponse, limits: Limits) -> Triage {
         }
     }
     t
+}
+
+/// Why a Service is refused from a server that sends Workloads only.
+pub const SERVICE_REFUSED: &str = "a Service, from a server that sends Workloads only (Cilium's socket load balancer resolves Services before the proxy sees them)";
+
+/// Whether an encoded `istio.workload.Address` holds a Service (its
+/// oneof's tag 2), read from its field keys without decoding the rest.
+fn holds_service(value: &[u8]) -> bool {
+    use prost::encoding::{decode_key, skip_field, DecodeContext};
+    let mut buf = value;
+    while !buf.is_empty() {
+        let Ok((tag, wire_type)) = decode_key(&mut buf) else {
+            return false;
+        };
+        if tag == 2 {
+            return true;
+        }
+        if skip_field(wire_type, tag, &mut buf, DecodeContext::default()).is_err() {
+            return false;
+        }
+    }
+    false
 }
 
 /// A NACK's `error_detail`: `<name>: <reason>; …`, the first
@@ -586,6 +656,27 @@ mod tests {
         assert_eq!(r.log("t", "m", later), Some(3));
         assert_eq!(r.log("t", "m", later), None);
         assert_eq!(r.log("t", "other", later), Some(0), "another message");
+    }
+
+    #[test]
+    fn a_service_is_told_from_a_workload_by_its_oneof_tag() {
+        use crate::workload::{address, Address, Service, Workload};
+        let encode = |t| Address { r#type: Some(t) }.encode_to_vec();
+        let workload = encode(address::Type::Workload(Workload {
+            uid: "pod-uid".into(),
+            ..Default::default()
+        }));
+        let service = encode(address::Type::Service(Service {
+            hostname: "a.ns.svc.cluster.local".into(),
+            ..Default::default()
+        }));
+        assert!(!holds_service(&workload));
+        assert!(holds_service(&service));
+        assert!(!holds_service(&[]), "an empty Address holds nothing");
+        assert!(
+            !holds_service(&[0xff]),
+            "a broken key is left to the decoder"
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! - [`mid_message`]: a stream stopped half-way through a message fails;
 //! - [`lifted`]: each response decoded from the frames that brought it
 //!   (the stream keeps no buffer at the size of its largest);
+//! - [`transport`]: TLS to istiod, or plaintext on a Unix socket (Cilium's agent);
 //! - [`metrics`]: `istio_xds_*` (ztunnel's names) and `tidegate_xds_*`.
 
 #![forbid(unsafe_code)]
@@ -18,6 +19,7 @@ pub mod envelope;
 pub mod lifted;
 pub mod metrics;
 pub mod mid_message;
+pub mod transport;
 pub mod workload;
 
 pub use client::{AdsClient, ClientConfig, Handler, Limits, Rejected, Update};

@@ -11,7 +11,7 @@ use super::socket::MAX_MESSAGE;
 #[derive(Debug, thiserror::Error)]
 pub enum ZdsError {
     #[error(
-        "cannot connect to the ZDS socket {}: {source} (is istio-cni's node agent running on this node, and is its socket directory mounted into the gateway?)",
+        "cannot connect to the ZDS socket {}: {source} (is the node agent — istio-cni's, or Cilium's — running on this node, and is its socket directory mounted into the gateway?)",
         path.display()
     )]
     Connect { path: PathBuf, source: io::Error },

@@ -122,6 +122,7 @@ fn settings(c: &IstioCaConfig) -> IstioCaSettings {
         validity: c.validity,
         first_use_wait: c.first_use_wait,
         reload_interval: c.reload_interval,
+        trust_answer_root: c.trust_answer_root,
     }
 }
 

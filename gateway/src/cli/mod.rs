@@ -28,7 +28,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, ControlPlaneKind};
 use tidegate_protocol::identity::SpiffeId;
 
 #[derive(Debug, Parser)]
@@ -85,6 +85,19 @@ pub enum Command {
     /// Work with drain-policy plugins without starting the gateway.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// `proxy ztunnel`: the arguments ztunnel's DaemonSet passes (Cilium's keeps them
+    /// when its image is overridden). Runs the gateway as `run` does, with
+    /// `control_plane: cilium` unless a layer names another, and no embedded default file.
+    #[command(hide = true)]
+    Proxy(ProxyArgs),
+}
+
+/// `tidegate proxy ztunnel`.
+#[derive(Debug, Args)]
+pub struct ProxyArgs {
+    /// The component ztunnel's binary runs: only `ztunnel`.
+    #[arg(value_parser = ["ztunnel"])]
+    pub component: String,
 }
 
 #[derive(Debug, Subcommand)]
@@ -235,6 +248,18 @@ pub struct ConnectArgs {
 }
 
 impl ConfigArgs {
+    /// `tidegate proxy ztunnel`'s config: `--config` if given (else no
+    /// file), ztunnel's variables, `TIDEGATE_*`, `--set`, with Cilium as
+    /// the control plane unless one of them names another.
+    pub fn load_as_ztunnel(&self) -> Result<Config, ConfigError> {
+        Config::load_as(
+            self.config.as_deref(),
+            std::env::vars(),
+            &self.sets,
+            ControlPlaneKind::Cilium,
+        )
+    }
+
     /// The typed config: embedded default or `--config`, then `TIDEGATE_*`, then `--set`.
     pub fn load(&self) -> Result<Config, ConfigError> {
         let env = std::env::vars();

@@ -47,8 +47,9 @@ pub struct IstioCaConfig {
     /// `reload_interval` (ztunnel's `CA_ROOT_CA`). Also trusted for peers.
     pub roots: PathBuf,
     /// The projected service-account token, audience `istio-ca`, re-read
-    /// for every request (ztunnel's `AUTH_TOKEN`).
-    pub token: PathBuf,
+    /// for every request (ztunnel's `AUTH_TOKEN`). Unset: no token is sent
+    /// (Cilium's agent checks none).
+    pub token: Option<PathBuf>,
     /// Sent as the `clusterid` header.
     pub cluster_id: String,
     /// Verify the CA as this name instead of the address's host.
@@ -64,6 +65,12 @@ pub struct IstioCaConfig {
     pub timeout: Duration,
     #[serde(with = "duration")]
     pub reload_interval: Duration,
+    /// Trust the root each answer ends with, once the answer checks
+    /// against it (the CA's TLS is verified against `roots`): Cilium's
+    /// agent, whose `roots` is the bootstrap certificate it serves TLS
+    /// with, not the root that signs workloads (set by
+    /// `control_plane: cilium`). Off: only `roots` are trust anchors.
+    pub trust_answer_root: bool,
 }
 
 impl Default for IstioCaConfig {
@@ -71,13 +78,14 @@ impl Default for IstioCaConfig {
         IstioCaConfig {
             address: "https://istiod.istio-system.svc:15012".into(),
             roots: "/var/run/secrets/istio/root-cert.pem".into(),
-            token: "/var/run/secrets/tokens/istio-token".into(),
+            token: Some("/var/run/secrets/tokens/istio-token".into()),
             cluster_id: "Kubernetes".into(),
             server_name: None,
             validity: Duration::from_secs(24 * 3600),
             first_use_wait: Duration::from_secs(5),
             timeout: Duration::from_secs(10),
             reload_interval: default_reload_interval(),
+            trust_answer_root: false,
         }
     }
 }

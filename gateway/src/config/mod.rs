@@ -21,6 +21,7 @@
 
 mod capture;
 mod certificates;
+mod control_plane;
 mod data_path;
 mod dns;
 mod drains;
@@ -30,6 +31,7 @@ mod workloads;
 
 pub use capture::{CaptureConfig, CaptureMode, DEFAULT_MAX_PODS, MAX_PODS_LIMIT};
 pub use certificates::{CertificatesConfig, IstioCaConfig};
+pub use control_plane::{ControlPlaneKind, CILIUM_XDS_ADDRESS, CILIUM_ZDS_SOCKET};
 pub use data_path::{
     EndpointChoice, HboneConfig, Listeners, OutboundConfig, PoolConfig, TcpConfig, UnknownInCluster,
 };
@@ -149,7 +151,21 @@ impl Config {
     where
         E: IntoIterator<Item = (String, String)>,
     {
-        let mut root = match file {
+        Self::load_as(file, env, sets, ControlPlaneKind::Standalone)
+    }
+
+    /// [`Config::load`] with the control plane taken when no layer names
+    /// one (`tidegate proxy ztunnel`: Cilium's).
+    pub fn load_as<E>(
+        file: Option<&Path>,
+        env: E,
+        sets: &[String],
+        default_kind: ControlPlaneKind,
+    ) -> Result<Config, ConfigError>
+    where
+        E: IntoIterator<Item = (String, String)>,
+    {
+        let mut from_file = match file {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                     path: path.to_owned(),
@@ -160,42 +176,100 @@ impl Config {
                     source,
                 })?;
                 match v {
-                    Value::Null => Value::Mapping(Mapping::new()),
+                    Value::Null => control_plane::empty(),
                     v => v,
                 }
             }
-            None => Value::Mapping(Mapping::new()),
+            None => control_plane::empty(),
         };
-        let mut env: Vec<(String, String)> = env
-            .into_iter()
-            .filter_map(|(k, v)| env_key(&k).map(|k| (k, v)))
+        let all_env: Vec<(String, String)> = env.into_iter().collect();
+        let mut env: Vec<(String, String)> = all_env
+            .iter()
+            .filter_map(|(k, v)| env_key(k).map(|k| (k, v.clone())))
             .collect();
         env.sort();
-        for (key, value) in &env {
+        let mut sets = sets
+            .iter()
+            .map(|s| {
+                s.split_once('=')
+                    .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
+                    .ok_or_else(|| ConfigError::Override { input: s.clone() })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // The switch, from the highest layer that names it; taken out of
+        // the layers, so `control_plane:` is read as the limits section.
+        let mut switch = control_plane::take_scalar(&mut from_file).map(|v| {
+            let text = match v {
+                Value::String(s) => s,
+                other => serde_yaml::to_string(&other)
+                    .unwrap_or_default()
+                    .trim()
+                    .to_owned(),
+            };
+            (text, String::new())
+        });
+        for (layer, origin) in [
+            (
+                &mut env,
+                " (set by the environment variable TIDEGATE_CONTROL_PLANE)",
+            ),
+            (&mut sets, " (set by --set)"),
+        ] {
+            layer.retain(|(k, v)| {
+                if k != "control_plane" || v.trim_start().starts_with('{') {
+                    return true;
+                }
+                switch = Some((v.clone(), origin.to_owned()));
+                false
+            });
+        }
+        let kind = match switch {
+            None => default_kind,
+            Some((value, origin)) => ControlPlaneKind::parse(&value).ok_or_else(|| {
+                invalid(
+                    "control_plane",
+                    format!(
+                        "{value:?} is not a control plane: {} (or a mapping of the control plane listeners' limits){origin}",
+                        control_plane::ACCEPTED
+                    ),
+                )
+            })?,
+        };
+        let mut root = control_plane::preset(kind).unwrap_or_else(control_plane::empty);
+        control_plane::merge(&mut root, from_file);
+        let ztunnel = match kind {
+            ControlPlaneKind::Cilium => control_plane::ztunnel_layers(&all_env),
+            ControlPlaneKind::Standalone => Vec::new(),
+        };
+        for (_, key, value) in &ztunnel {
             set_path(&mut root, key, value)?;
         }
-        for s in sets {
-            let (key, value) = s
-                .split_once('=')
-                .ok_or_else(|| ConfigError::Override { input: s.clone() })?;
-            set_path(&mut root, key.trim(), value)?;
+        for (key, value) in env.iter().chain(&sets) {
+            set_path(&mut root, key, value)?;
         }
         Self::from_value(root).map_err(|e| match e {
             // Say where a key came from when the environment set it.
             ConfigError::Invalid { key, message } => {
-                let from_env = env.iter().find(|(k, _)| {
+                // The higher layer first: TIDEGATE_* outranks ztunnel's.
+                let origins = env
+                    .iter()
+                    .map(|(k, _)| {
+                        (
+                            k.as_str(),
+                            format!("TIDEGATE_{}", k.to_ascii_uppercase().replace('.', "__")),
+                        )
+                    })
+                    .chain(ztunnel.iter().map(|(name, k, _)| (*k, (*name).to_owned())));
+                let from_env = origins.into_iter().find(|(k, _)| {
                     let (parent, last) = k.rsplit_once('.').unwrap_or(("", k));
                     let parent_matches = key.trim_matches('.') == parent;
                     *k == key
                         || parent_matches && message.contains(&format!("unknown field `{last}`"))
                 });
                 match from_env {
-                    Some((k, _)) => ConfigError::Invalid {
+                    Some((_, variable)) => ConfigError::Invalid {
                         key,
-                        message: format!(
-                            "{message} (set by the environment variable TIDEGATE_{})",
-                            k.to_ascii_uppercase().replace('.', "__")
-                        ),
+                        message: format!("{message} (set by the environment variable {variable})"),
                     },
                     None => ConfigError::Invalid { key, message },
                 }
@@ -382,7 +456,16 @@ impl Config {
                 "cannot be combined with workloads.source: istio",
             ));
         }
-        check_https_address("workloads.istio.address", &i.address)?;
+        match tidegate_xds::transport::unix_path(&i.address) {
+            Some(Ok(_)) => {}
+            Some(Err(message)) => {
+                return Err(invalid(
+                    "workloads.istio.address",
+                    format!("{:?}: {message}", i.address),
+                ))
+            }
+            None => check_https_address("workloads.istio.address", &i.address)?,
+        }
         if i.pod_ip.parse::<std::net::IpAddr>().is_err() {
             return Err(invalid(
                 "workloads.istio.pod_ip",

@@ -107,7 +107,10 @@ impl Default for KubernetesConfig {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct IstioConfig {
-    /// `https://host:port` (ztunnel's `XDS_ADDRESS`); plaintext is refused.
+    /// `https://host:port` (ztunnel's `XDS_ADDRESS`), or a Unix socket
+    /// spoken in plaintext (`unix:///var/run/cilium/xds.sock`, Cilium's
+    /// agent; also `unix:/path`, `unix://localhost/path`); plaintext over
+    /// TCP is refused.
     pub address: String,
     /// PEM roots that verify istiod, read for every connection (ztunnel's
     /// `XDS_ROOT_CA`).
@@ -140,6 +143,10 @@ pub struct IstioConfig {
     /// (NACKed naming the limit); its previous version stays.
     #[serde(deserialize_with = "size::deserialize_u32")]
     pub max_resource_size: u32,
+    /// The server sends Workloads only (Cilium's agent; set by
+    /// `control_plane: cilium`): a Service, or a response of a type not
+    /// subscribed, is refused (NACKed with its reason), the rest applied.
+    pub workloads_only: bool,
 }
 
 impl Default for IstioConfig {
@@ -155,6 +162,7 @@ impl Default for IstioConfig {
             pod_namespace: "istio-system".into(),
             max_message_size: tidegate_xds::client::MAX_MESSAGE as u32,
             max_resource_size: tidegate_xds::client::MAX_RESOURCE as u32,
+            workloads_only: false,
         }
     }
 }

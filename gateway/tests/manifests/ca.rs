@@ -99,8 +99,28 @@ pub(super) fn check_istio_ca(
     gateway_sa: &ServiceAccount,
     trust_domain: &str,
 ) {
+    let Some(token_path) = &cfg.token else {
+        // Cilium's agent: no token; its CA on the node's loopback, verified
+        // against its bootstrap certificate (a Secret's), the workloads'
+        // root learned from its answers; tidegate-ca is not installed.
+        assert!(
+            cfg.trust_answer_root,
+            "{}: no token but not Cilium's CA",
+            r.dir
+        );
+        assert!(host_port(&cfg.address).0.starts_with("127."), "{}", r.dir);
+        let (v, key) = volume_of(pod, gw, &cfg.roots);
+        assert!(
+            v.secret.is_some(),
+            "{}: the bootstrap certificate is a Secret's",
+            r.dir
+        );
+        assert_eq!(key, Path::new("bootstrap-root.crt"));
+        assert!(!r.contains("Deployment", "tidegate-ca"), "{}", r.dir);
+        return;
+    };
     // The token: this pod's own projected token, for the CA's audience.
-    let (v, key) = volume_of(pod, gw, &cfg.token);
+    let (v, key) = volume_of(pod, gw, token_path);
     let projected = v
         .projected
         .as_ref()

@@ -45,7 +45,7 @@ fn client(ca: &RunningCa, roots: &Path, token: &Path) -> CaClient {
     CaClient::new(CaClientConfig {
         address: format!("https://{}", ca.addr),
         roots: roots.into(),
-        token: token.into(),
+        token: Some(token.into()),
         cluster_id: "Kubernetes".into(),
         server_name: None,
         timeout: Duration::from_secs(5),

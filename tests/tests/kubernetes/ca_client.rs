@@ -3,6 +3,8 @@
 //! `certificates.roots`, an expired leaf, no answer at all. The certificate
 //! held stays, the trust anchors stay, the refusal is counted by reason and
 //! retried with backoff, and a good answer is installed again afterwards.
+//! And Cilium's agent, whose answer ends with a root the roots file does
+//! not hold: trusted only with `trust_answer_root`.
 
 use std::time::Duration;
 
@@ -26,10 +28,20 @@ struct Client {
 
 impl Client {
     fn new(ca: &CaDouble, timeout: Duration) -> Client {
+        Client::trusting(ca, &ca.root_pem, timeout, false)
+    }
+
+    /// A client whose roots file holds `roots_pem`.
+    fn trusting(
+        ca: &CaDouble,
+        roots_pem: &str,
+        timeout: Duration,
+        trust_answer_root: bool,
+    ) -> Client {
         init_tracing();
         let dir = tempfile::tempdir().unwrap();
         let roots = dir.path().join("root-cert.pem");
-        std::fs::write(&roots, &ca.root_pem).unwrap();
+        std::fs::write(&roots, roots_pem).unwrap();
         let token = dir.path().join("token");
         std::fs::write(&token, "tok").unwrap();
         let mut registry = Registry::with_prefix("tidegate");
@@ -37,7 +49,7 @@ impl Client {
             client: CaClientConfig {
                 address: format!("https://{}", ca.addr),
                 roots,
-                token,
+                token: Some(token),
                 cluster_id: "Kubernetes".into(),
                 server_name: None,
                 timeout,
@@ -45,6 +57,7 @@ impl Client {
             validity: Duration::from_secs(3600),
             first_use_wait: Duration::from_secs(5),
             reload_interval: Duration::from_secs(60),
+            trust_answer_root,
         };
         let certs = IstioCaCerts::new(settings, CaMetrics::register(&mut registry)).unwrap();
         Client {
@@ -86,6 +99,42 @@ fn der(pem: &str) -> Vec<u8> {
     rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes())
         .unwrap()
         .to_vec()
+}
+
+/// Cilium's agent: its TLS certificate (the bootstrap, `CA_ROOT_CA`) is not
+/// the root that signs workloads. Without `trust_answer_root` its answer is
+/// refused as a chain to no configured root; with it the answer (a leaf
+/// without key usage or EKU, 30 days, from an RSA root) is installed and
+/// the root it ends with becomes a trust anchor beside the roots file's.
+#[tokio::test]
+async fn ciliums_answer_is_trusted_only_with_trust_answer_root() {
+    let ca = CaDouble::start_cilium([127, 0, 0, 1].into()).await;
+    let bootstrap = ca.bootstrap_pem.clone().unwrap();
+    let id = web();
+    let refused = Client::trusting(&ca, &bootstrap, Duration::from_secs(5), false);
+    assert!(refused.certs.fetch(&id).await.is_err());
+    eventually("the refusal counted", WAIT, || {
+        metric_or_zero(
+            &refused.metrics(),
+            r#"tidegate_ca_fetches_total{result="untrusted_chain"}"#,
+        ) >= 1.0
+    })
+    .await;
+    assert_eq!(refused.anchors(), [der(&bootstrap)], "nothing learned");
+
+    let trusted = Client::trusting(&ca, &bootstrap, Duration::from_secs(5), true);
+    trusted
+        .certs
+        .fetch(&id)
+        .await
+        .expect("Cilium's answer installed");
+    assert_eq!(
+        trusted.anchors(),
+        [der(&bootstrap), der(&ca.root_pem)],
+        "the answer's root learned"
+    );
+    let row = trusted.row(&id);
+    assert_eq!(row["state"], "ready", "{row}");
 }
 
 /// Gets a good certificate, then has the double answer `bad` from the next

@@ -94,6 +94,7 @@ fn start(double: &XdsDouble) -> Running {
             types: vec![ADDRESS.into(), AUTHORIZATION.into()],
             first_answer_timeout: FIRST_ANSWER_TIMEOUT,
             limits: Default::default(),
+            workloads_only: false,
         },
         XdsMetrics::register(&mut registry),
     );

@@ -146,6 +146,7 @@ impl Client {
             types: vec![ADDRESS.into()],
             first_answer_timeout,
             limits,
+            workloads_only: false,
         };
         let client = AdsClient::new(cfg, XdsMetrics::register(&mut registry));
         let (tx, held) = watch::channel(Held::default());

@@ -6,6 +6,7 @@
 mod hostile;
 mod istiod;
 mod scripted;
+mod unix;
 
 use std::time::Duration;
 
@@ -88,6 +89,7 @@ fn config(server: &Istiod, pulse: Pulse) -> ClientConfig {
         types: vec![ADDRESS.into()],
         first_answer_timeout: FIRST_ANSWER_TIMEOUT,
         limits: Default::default(),
+        workloads_only: false,
     }
 }
 

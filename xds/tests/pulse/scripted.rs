@@ -2,7 +2,8 @@
 //! hostile one sends what the script says — oversized messages, a bad
 //! resource again and again, types never subscribed, half a message —
 //! and records every request (the client's subscriptions, ACKs and
-//! NACKs) with the stream it came on.
+//! NACKs) with the stream it came on. It serves TLS on loopback, as
+//! istiod, or plaintext on a Unix socket, as Cilium's agent.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -34,6 +35,8 @@ pub type Script = Arc<dyn Fn(usize, usize, &DeltaDiscoveryRequest) -> Vec<Says> 
 
 pub struct Scripted {
     pub addr: SocketAddr,
+    /// The Unix socket served instead of TLS ([`Scripted::start_unix`]).
+    pub socket: Option<PathBuf>,
     pub roots: PathBuf,
     pub received: watch::Receiver<Vec<Received>>,
     _dir: tempfile::TempDir,
@@ -56,27 +59,46 @@ impl Scripted {
                 let Ok(stream) = tls.accept(tcp).await else {
                     continue;
                 };
-                let (script, tx, streams) = (script.clone(), tx.clone(), streams.clone());
-                tokio::spawn(async move {
-                    let Ok(mut conn) = h2::server::handshake(stream).await else {
-                        return;
-                    };
-                    while let Some(Ok((request, respond))) = conn.accept().await {
-                        let index = streams.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        tokio::spawn(serve_stream(
-                            index,
-                            request,
-                            respond,
-                            script.clone(),
-                            tx.clone(),
-                        ));
-                    }
-                });
+                tokio::spawn(serve_connection(
+                    stream,
+                    script.clone(),
+                    tx.clone(),
+                    streams.clone(),
+                ));
             }
         });
         Scripted {
             addr,
+            socket: None,
             roots,
+            received,
+            _dir: dir,
+        }
+    }
+
+    /// The same server in plaintext on a Unix socket (`addr` unused).
+    pub async fn start_unix(script: Script) -> Scripted {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("xds.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let (tx, received) = watch::channel(Vec::new());
+        let tx = Arc::new(tx);
+        let streams = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                tokio::spawn(serve_connection(
+                    stream,
+                    script.clone(),
+                    tx.clone(),
+                    streams.clone(),
+                ));
+            }
+        });
+        Scripted {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            socket: Some(socket),
+            roots: dir.path().join("no-roots.pem"),
             received,
             _dir: dir,
         }
@@ -95,6 +117,30 @@ impl Scripted {
             .unwrap()
             .clone();
         r
+    }
+}
+
+/// One HTTP/2 connection: each stream served by the script.
+async fn serve_connection<S>(
+    stream: S,
+    script: Script,
+    tx: Arc<watch::Sender<Vec<Received>>>,
+    streams: Arc<std::sync::atomic::AtomicUsize>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let Ok(mut conn) = h2::server::handshake(stream).await else {
+        return;
+    };
+    while let Some(Ok((request, respond))) = conn.accept().await {
+        let index = streams.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tokio::spawn(serve_stream(
+            index,
+            request,
+            respond,
+            script.clone(),
+            tx.clone(),
+        ));
     }
 }
 

@@ -67,6 +67,7 @@ pub fn client(
                 max_message: cfg.max_message_size as usize,
                 max_resource: cfg.max_resource_size as usize,
             },
+            workloads_only: cfg.workloads_only,
         },
         metrics,
     )
