@@ -33,9 +33,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use prost::Message as _;
 use serde_json::Value;
-use tidegate_authz::xds::{Authorization, MatchType, XdsClause, XdsMatch, XdsRule, XdsStringMatch};
 use tidegate_e2e::http_get;
 use tidegate_e2e::synthetic_cluster::GATEWAY_NODE;
+use tidegate_e2e::xds_double::{authorization, principal};
 use tidegate_xds::client::{ADDRESS, AUTHORIZATION};
 use tidegate_xds::workload::{
     address, gateway_address, service::Visibility, Address, GatewayAddress, IpFamilies,
@@ -131,29 +131,6 @@ fn service(name: &str, vip: u8, sans: &[&str], waypoint: Option<IpAddr>) -> Serv
     }
 }
 
-/// A policy of `demo` allowing or denying one principal; `scope` and
-/// `action` as istiod numbers them.
-fn policy(name: &str, scope: i32, action: i32, principal: &str, dry_run: bool) -> Bytes {
-    let m = XdsMatch {
-        principals: vec![XdsStringMatch {
-            match_type: Some(MatchType::Exact(principal.into())),
-        }],
-        ..Default::default()
-    };
-    Authorization {
-        name: name.into(),
-        namespace: "demo".into(),
-        scope,
-        action,
-        rules: vec![XdsRule {
-            clauses: vec![XdsClause { matches: vec![m] }],
-        }],
-        dry_run,
-    }
-    .encode_to_vec()
-    .into()
-}
-
 /// The set both doubles hold: (type URL, resource name, value).
 fn resources() -> Vec<(&'static str, String, Bytes)> {
     let mut echo = pod("echo", GATEWAY_NODE, 2, Some("echo"));
@@ -187,7 +164,7 @@ fn resources() -> Vec<(&'static str, String, Bytes)> {
         address_of(address::Type::Service(web_svc)),
     ));
     let client_sa = "cluster.local/ns/demo/sa/client";
-    for (name, scope, action, principal, dry_run) in [
+    for (name, scope, action, p, dry_run) in [
         (
             "deny-nobody",
             1,
@@ -201,7 +178,7 @@ fn resources() -> Vec<(&'static str, String, Bytes)> {
         out.push((
             AUTHORIZATION,
             format!("demo/{name}"),
-            policy(name, scope, action, principal, dry_run),
+            authorization("demo", name, scope, action, principal(p), dry_run),
         ));
     }
     out

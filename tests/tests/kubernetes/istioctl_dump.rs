@@ -14,10 +14,8 @@ use std::net::{IpAddr, SocketAddr};
 
 use prost::Message as _;
 use serde::Deserialize;
-use tidegate_authz::xds::{
-    Authorization, MatchType, XdsAddress, XdsClause, XdsMatch, XdsRule, XdsStringMatch,
-};
-use tidegate_e2e::xds_double::XdsDouble;
+use tidegate_authz::xds::{XdsAddress, XdsMatch};
+use tidegate_e2e::xds_double::{principal, XdsDouble};
 use tidegate_e2e::{echo_server, eventually, http_get, init_tracing, ip, round_trip};
 use tidegate_xds::client::{ADDRESS, AUTHORIZATION};
 use tidegate_xds::workload::{address, service::Visibility, Address, IpFamilies, WorkloadType};
@@ -318,18 +316,7 @@ const TCP_LABELS: &[&str] = &[
 /// A policy of `namespace demo` with one match; `scope` and `action` as
 /// istiod numbers them.
 fn authorization(name: &str, scope: i32, action: i32, m: XdsMatch, dry_run: bool) -> bytes::Bytes {
-    Authorization {
-        name: name.into(),
-        namespace: "demo".into(),
-        scope,
-        action,
-        rules: vec![XdsRule {
-            clauses: vec![XdsClause { matches: vec![m] }],
-        }],
-        dry_run,
-    }
-    .encode_to_vec()
-    .into()
+    tidegate_e2e::xds_double::authorization("demo", name, scope, action, m, dry_run)
 }
 
 async fn dump(app: &tidegate::app::App) -> (ZtunnelDump, serde_json::Value) {
@@ -387,12 +374,6 @@ async fn istioctl_reads_the_dump_and_the_dashboards_find_their_series() {
         "demo/web.demo.svc.cluster.local",
         bytes::Bytes::from(web_svc.encode_to_vec()),
     );
-    let principal = |p: &str| XdsMatch {
-        principals: vec![XdsStringMatch {
-            match_type: Some(MatchType::Exact(p.into())),
-        }],
-        ..Default::default()
-    };
     // Applied: a DENY of an identity nobody has; dry-run: an ALLOW;
     // refused (a five-byte address) and held closed: an ALLOW only web
     // names (it allows nothing to web; the traffic here goes to echo).
