@@ -33,6 +33,8 @@ use futures::channel::mpsc;
 use futures::StreamExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use prost::Message as _;
+use tidegate_authz::xds::{Authorization, MatchType, XdsClause, XdsMatch, XdsRule, XdsStringMatch};
 use tidegate_xds::envelope::{Any, DeltaDiscoveryRequest, DeltaDiscoveryResponse, Node, Resource};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -317,6 +319,42 @@ impl XdsDouble {
                 )
             })
             .collect()
+    }
+}
+
+/// An `istio.security.Authorization` of `namespace`, one rule of one
+/// clause of `m`, encoded as the double serves it; `scope` and `action` as
+/// istiod numbers them (scope 1 namespace, 2 workload selector; action 0
+/// ALLOW, 1 DENY).
+pub fn authorization(
+    namespace: &str,
+    name: &str,
+    scope: i32,
+    action: i32,
+    m: XdsMatch,
+    dry_run: bool,
+) -> Bytes {
+    Authorization {
+        name: name.into(),
+        namespace: namespace.into(),
+        scope,
+        action,
+        rules: vec![XdsRule {
+            clauses: vec![XdsClause { matches: vec![m] }],
+        }],
+        dry_run,
+    }
+    .encode_to_vec()
+    .into()
+}
+
+/// A match of one principal, exactly (`<trust domain>/ns/<ns>/sa/<sa>`).
+pub fn principal(p: &str) -> XdsMatch {
+    XdsMatch {
+        principals: vec![XdsStringMatch {
+            match_type: Some(MatchType::Exact(p.into())),
+        }],
+        ..Default::default()
     }
 }
 

@@ -32,7 +32,7 @@ pub(super) async fn dump(state: &AdminState, q: &DumpQuery) -> Value {
     };
     let shown = |w: &Workload| {
         let capacity = capacities.get(w.uid()).copied().unwrap_or(1);
-        workload(state, w, capacity)
+        workload(state, w, &snapshot, capacity)
     };
     let mut out = Map::new();
     out.insert("node".into(), json!(state.node));
@@ -65,6 +65,7 @@ pub(super) async fn dump(state: &AdminState, q: &DumpQuery) -> Value {
             "policies" => json!(ztunnel_policies::policies(&snapshot.policies)),
             "workloadState" => json!(workload_state::workload_state(
                 &snapshot,
+                &state.live.list(),
                 &state.registry.dump(),
                 &state.pool.dump(),
                 state.hbone_port,
@@ -130,9 +131,14 @@ fn services(
 /// - `state`: the drain engine's phase (`running`, `shutting-down`,
 ///   `torn-down`, `deleted`), and `source_state` what the source says;
 /// - `policy`: [`tidegate_policy_host::PolicyReport`].
-fn workload(state: &AdminState, w: &Workload, capacity: u32) -> Value {
+fn workload(
+    state: &AdminState,
+    w: &Workload,
+    snapshot: &crate::workloads::WorkloadSnapshot,
+    capacity: u32,
+) -> Value {
     let mut v = serde_json::to_value(w).expect("workloads serialize");
-    ztunnel_view::workload(&mut v, w, &state.cluster_id, capacity);
+    ztunnel_view::workload(&mut v, w, snapshot, &state.cluster_id, capacity);
     if w.local {
         let (phase, pinned) = state.drains.phase_of(w.uid());
         let report = state.policies.report(w, pinned.as_ref());

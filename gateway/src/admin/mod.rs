@@ -64,6 +64,8 @@ pub struct AdminState {
     pub cluster_id: String,
     /// `hbone.port`: where an inbound tunnel lands (`workloadState`).
     pub hbone_port: u16,
+    /// The connections open now (`workloadState`).
+    pub live: Arc<crate::proxy::connections::LiveConnections>,
     pub metrics: prometheus_client::registry::Registry,
     pub ready: AtomicBool,
     /// `POST /hand-over` releases the admin, metrics and readiness listeners.

@@ -5,17 +5,25 @@
 //! so both readers find theirs in one object. istioctl ignores the keys it
 //! does not know, and so does tidegate's CLI.
 //!
+//! A workload's `services` is ztunnel's list, `namespace/hostname` of
+//! each Service it is an endpoint of (a Service without a hostname, from
+//! the workload file: its `namespace/name`); tidegate's own names are
+//! `service_keys`.
+//!
 //! What tidegate does not carry is written as ztunnel writes an unset
-//! value: `workloadType`, `hostname` of a workload and a Service from the
-//! workload file empty; no `locality` or `network` (one network is
-//! assumed); `clusterId` the configured `cluster_id`.
+//! value: `workloadType` of a workload from another source than istiod
+//! and `hostname` of a workload empty, a Service from the workload file
+//! without `hostname`; no `locality` or `network` (one network is
+//! assumed); `clusterId` the configured `cluster_id`. A Service's
+//! `ipFamilies` is written only when istiod restricted it, as ztunnel
+//! writes it (`IPv4`, `IPv6`, `Dual`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use serde_json::{json, Map, Value};
 
-use crate::workloads::services::{IpFamilies, Service, TargetPort};
+use crate::workloads::services::{IpFamilies, Service, TargetPort, Visibility};
 use crate::workloads::waypoint::{Waypoint, WaypointAddress};
 use crate::workloads::{LifecycleState, Workload, WorkloadSnapshot};
 
@@ -37,8 +45,15 @@ pub(super) fn network_address(ip: IpAddr) -> String {
     format!("/{ip}")
 }
 
-/// Adds ztunnel's workload fields to `v` (tidegate's workload object).
-pub(super) fn workload(v: &mut Value, w: &Workload, cluster_id: &str, capacity: u32) {
+/// Adds ztunnel's workload fields to `v` (tidegate's workload object);
+/// `snapshot` gives the hostnames of the Services it is an endpoint of.
+pub(super) fn workload(
+    v: &mut Value,
+    w: &Workload,
+    snapshot: &WorkloadSnapshot,
+    cluster_id: &str,
+    capacity: u32,
+) {
     let s = &w.spec;
     let label = |keys: &[&str]| {
         keys.iter()
@@ -64,7 +79,9 @@ pub(super) fn workload(v: &mut Value, w: &Workload, cluster_id: &str, capacity: 
     o.insert("workloadIps".into(), json!(s.ips));
     o.insert("serviceAccount".into(), json!(s.service_account));
     o.insert("workloadName".into(), json!(workload_name));
-    o.insert("workloadType".into(), json!(""));
+    let workload_type = s.workload_type.map(|t| json!(t)).unwrap_or(json!(""));
+    o.insert("workloadType".into(), workload_type);
+    o.insert("networkMode".into(), json!(s.network_mode));
     o.insert("canonicalName".into(), json!(canonical_name));
     o.insert("canonicalRevision".into(), json!(canonical_revision));
     o.insert("clusterId".into(), json!(cluster_id));
@@ -84,6 +101,33 @@ pub(super) fn workload(v: &mut Value, w: &Workload, cluster_id: &str, capacity: 
     }
     if let (Some(wp), Some(Value::Object(shown))) = (&s.waypoint, o.get_mut("waypoint")) {
         gateway_address(shown, wp);
+    }
+    if let Some(own) = o.remove("services") {
+        o.insert("service_keys".into(), own);
+        let hosts: Vec<String> = s
+            .services
+            .iter()
+            .map(|name| service_host(snapshot, &s.namespace, name))
+            .collect();
+        o.insert("services".into(), json!(hosts));
+    }
+}
+
+/// ztunnel's name of a Service a workload of `namespace` names `name`
+/// (`<name>` or `<namespace>/<name>`): `namespace/hostname`, or its key
+/// when it has no hostname (or is not held).
+fn service_host(snapshot: &WorkloadSnapshot, namespace: &str, name: &str) -> String {
+    let key = if name.contains('/') {
+        name.to_owned()
+    } else {
+        format!("{namespace}/{name}")
+    };
+    match snapshot.service(&key) {
+        Some(svc) => match &svc.spec.hostname {
+            Some(h) => format!("{}/{h}", svc.spec.namespace),
+            None => key,
+        },
+        None => key,
     }
 }
 
@@ -106,6 +150,10 @@ fn gateway_address(o: &mut Map<String, Value>, wp: &Waypoint) {
 pub(super) fn service(svc: &Service, endpoint_choice: Value) -> Value {
     let spec = &svc.spec;
     let hostname = spec.hostname.clone().unwrap_or_default();
+    let visibility = match spec.visibility {
+        Visibility::Public => "Public",
+        Visibility::Namespace => "Namespace",
+    };
     let ports: BTreeMap<String, u16> = spec
         .ports
         .iter()
@@ -139,17 +187,12 @@ pub(super) fn service(svc: &Service, endpoint_choice: Value) -> Value {
             entry["port"][port.to_string()] = json!(e.target_port);
         }
     }
-    let families = (
-        spec.vips.iter().any(IpAddr::is_ipv4),
-        spec.vips.iter().any(IpAddr::is_ipv6),
-    );
-    // istiod's restriction when it sent one, else what the VIPs are.
-    let ip_families = match (spec.ip_families, families) {
-        (IpFamilies::Ipv4Only, _) => "IPv4",
-        (IpFamilies::Ipv6Only, _) => "IPv6",
-        (IpFamilies::Dual, _) | (IpFamilies::Automatic, (true, true)) => "Dual",
-        (IpFamilies::Automatic, (false, true)) => "IPv6",
-        (IpFamilies::Automatic, _) => "IPv4",
+    // istiod's restriction when it sent one; none is not written.
+    let ip_families = match spec.ip_families {
+        IpFamilies::Ipv4Only => Some("IPv4"),
+        IpFamilies::Ipv6Only => Some("IPv6"),
+        IpFamilies::Dual => Some("Dual"),
+        IpFamilies::Automatic => None,
     };
     let mut v = json!({
         "name": spec.name,
@@ -159,11 +202,15 @@ pub(super) fn service(svc: &Service, endpoint_choice: Value) -> Value {
         "ports": ports,
         "endpoints": endpoints,
         "subjectAltNames": spec.subject_alt_names,
-        "ipFamilies": ip_families,
+        "canonical": spec.canonical,
+        "visibility": visibility,
         "service_ports": spec.ports,
         "endpoint_choice": endpoint_choice,
         "unresolved": svc.unresolved.iter().map(|(uid, port, why)| json!({"workload_uid": uid, "port": port, "reason": why})).collect::<Vec<_>>(),
     });
+    if let Some(families) = ip_families {
+        v["ipFamilies"] = json!(families);
+    }
     if let Some(first) = spec.waypoints.first() {
         let mut o = Map::new();
         gateway_address(&mut o, first);

@@ -45,6 +45,7 @@ pub(super) fn state(
         descriptors,
         cluster_id: config.cluster_id.clone(),
         hbone_port: config.hbone.port,
+        live: core.families.live(),
         metrics,
         ready: Default::default(),
         hand_over: Default::default(),

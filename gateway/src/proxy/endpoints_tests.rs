@@ -79,6 +79,8 @@ fn web(ready: [bool; 2]) -> Arc<Service> {
         subject_alt_names: Vec::new(),
         waypoints: Vec::new(),
         ip_families: Default::default(),
+        canonical: false,
+        visibility: Default::default(),
     };
     let store = WorkloadStore::new("cluster.local", "n");
     store.publish(

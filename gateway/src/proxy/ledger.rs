@@ -3,6 +3,9 @@
 //! its acceptance to its one end — tidegate's counters, the drain's stream
 //! count, Istio's report and the access line.
 //!
+//! Once routed, the connection is listed among those open now
+//! ([`super::connections`], under its local workload) until it ends.
+//!
 //! A ledger ends one of three ways, each recorded once: refused
 //! ([`ConnectionLedger::refuse`]: no byte was carried), finished
 //! ([`ConnectionLedger::finish`]), or dropped without either when its task
@@ -16,8 +19,9 @@ use std::time::{Duration, Instant};
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 
+use crate::proxy::connections::{Direction, LiveConnection, Registered};
 use crate::proxy::copy::{ByteCounters, CopyError, Transferred};
-use crate::proxy::istio_tcp::{Connection, Flags, Report};
+use crate::proxy::istio_tcp::{Connection, Flags, Report, Reporter};
 use crate::proxy::metrics::ProxyMetrics;
 use crate::workloads::Workload;
 use tidegate_base::shutdown::StreamGuard;
@@ -40,6 +44,8 @@ pub struct ConnectionLedger<'a> {
     report: Option<Report>,
     /// Counted in `streams_open` since its bytes began to move.
     carrying: bool,
+    /// Its entry among the connections open now, once it is routed.
+    listed: Option<Registered>,
     line: Line,
     ended: bool,
 }
@@ -151,6 +157,7 @@ impl<'a> ConnectionLedger<'a> {
             started: Instant::now(),
             report: None,
             carrying: false,
+            listed: None,
             line: Line {
                 src,
                 dst,
@@ -175,13 +182,52 @@ impl<'a> ConnectionLedger<'a> {
 
     /// The connection is routed: Istio's report opens (counted opened),
     /// and closes when the ledger ends.
+    /// It is also listed among the connections open now, under its local
+    /// workload (the source of an outbound one, the destination of an
+    /// inbound one; one unknown: not listed), or its entry is updated (a
+    /// later attempt).
     pub fn report(&mut self, c: Connection<'_>) {
+        self.list(&c);
         self.report = Some(self.metrics.istio.open(c));
+    }
+
+    fn list(&mut self, c: &Connection<'_>) {
+        let actual_dst = self
+            .line
+            .endpoint
+            .as_ref()
+            .map_or(self.line.dst, |(_, addr)| *addr);
+        let hbone = c.mutual_tls;
+        if let Some(at) = self.listed {
+            self.metrics.live.update(at, |e| {
+                e.actual_dst = actual_dst;
+                e.hbone = hbone;
+            });
+            return;
+        }
+        let (local, direction, original_dst) = match c.reporter {
+            Reporter::Source => (c.source, Direction::Outbound, Some(self.line.dst)),
+            Reporter::Destination => (c.destination, Direction::Inbound, None),
+        };
+        let Some(local) = local else {
+            return;
+        };
+        self.listed = Some(self.metrics.live.insert(LiveConnection {
+            workload_uid: local.uid().into(),
+            direction,
+            src: self.line.src,
+            original_dst,
+            actual_dst,
+            hbone,
+        }));
     }
 
     /// The connection goes to `w` at `addr`, an endpoint of a Service.
     pub fn trying(&mut self, w: &Arc<Workload>, addr: SocketAddr) {
         self.line.endpoint = Some((w.clone(), addr));
+        if let Some(at) = self.listed {
+            self.metrics.live.update(at, |e| e.actual_dst = addr);
+        }
     }
 
     /// The endpoint being tried failed its connect with `reason`, before
@@ -262,6 +308,9 @@ impl<'a> ConnectionLedger<'a> {
 
     fn end(&mut self, e: Ended<'_>) {
         self.ended = true;
+        if let Some(at) = self.listed.take() {
+            self.metrics.live.remove(at);
+        }
         if let Some(report) = self.report.take() {
             report.close(e.flags);
         }

@@ -296,3 +296,81 @@ fn carrying_stream<'a>(metrics: &'a ProxyMetrics, streams: &ActiveStreams) -> Co
     ledger.carrying();
     ledger
 }
+
+#[tokio::test]
+async fn a_routed_connection_is_listed_under_its_local_workload_until_it_ends() {
+    let (_rec, metrics) = Recorded::new("outbound");
+    let (held, _client) = accepted().await;
+    let streams = ActiveStreams::default();
+    let (src, dst) = (addr("10.0.0.1:40000"), addr("10.96.0.1:80"));
+    let client = workload("client", "10.0.0.1");
+    let (a, b) = (workload("web-a", "10.0.1.1"), workload("web-b", "10.0.1.2"));
+    let from_client = |mutual_tls| Connection {
+        source: Some(&client),
+        mutual_tls,
+        ..unnamed(Reporter::Source)
+    };
+    let mut ledger = ConnectionLedger::connection(&metrics, &held, streams.track(), src, dst);
+    assert!(metrics.live.is_empty(), "not routed yet: not listed");
+    ledger.trying(&a, addr("10.0.1.1:8080"));
+    ledger.report(from_client(true));
+    let listed = metrics.live.list();
+    assert_eq!(
+        listed,
+        [LiveConnection {
+            workload_uid: "client".into(),
+            direction: Direction::Outbound,
+            src,
+            original_dst: Some(dst),
+            actual_dst: addr("10.0.1.1:8080"),
+            hbone: true,
+        }]
+    );
+    ledger.endpoint_refused(Flags::TlsFailure, "tls_handshake");
+    ledger.trying(&b, addr("10.0.1.2:8080"));
+    ledger.report(from_client(true));
+    let listed = metrics.live.list();
+    assert_eq!(listed.len(), 1, "one connection, one entry: {listed:?}");
+    assert_eq!(listed[0].actual_dst, addr("10.0.1.2:8080"), "the retry's");
+    ledger.finish(Ended::new(OK, Transferred::default()));
+    assert!(metrics.live.is_empty(), "finished: gone");
+
+    // Dropped unended (a cancelled task): gone too.
+    let mut ledger = ConnectionLedger::connection(&metrics, &held, streams.track(), src, dst);
+    ledger.report(from_client(false));
+    assert_eq!(metrics.live.list()[0].protocol(), "TCP");
+    drop(ledger);
+    assert!(metrics.live.is_empty(), "dropped: gone");
+
+    // No local workload known: nothing to list it under.
+    let mut ledger = ConnectionLedger::connection(&metrics, &held, streams.track(), src, dst);
+    ledger.report(unnamed(Reporter::Source));
+    assert!(metrics.live.is_empty());
+    ledger.refuse("no_route", Flags::None, None);
+}
+
+#[tokio::test]
+async fn an_inbound_stream_is_listed_under_its_destination_without_an_original_destination() {
+    let (_rec, metrics) = Recorded::new("inbound");
+    let streams = ActiveStreams::default();
+    let (peer, asked) = (addr("10.0.9.9:51000"), addr("10.0.0.2:8080"));
+    let echo = workload("echo", "10.0.0.2");
+    let mut ledger = ConnectionLedger::stream(&metrics, streams.track(), peer, asked);
+    ledger.report(Connection {
+        destination: Some(&echo),
+        ..unnamed(Reporter::Destination)
+    });
+    assert_eq!(
+        metrics.live.list(),
+        [LiveConnection {
+            workload_uid: "echo".into(),
+            direction: Direction::Inbound,
+            src: peer,
+            original_dst: None,
+            actual_dst: asked,
+            hbone: true,
+        }]
+    );
+    ledger.refuse("denied", Flags::Deny, None);
+    assert!(metrics.live.is_empty());
+}

@@ -3,12 +3,15 @@
 //! Each module registers its own metrics into the registry passed in; there
 //! is no global registry.
 
+use std::sync::Arc;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::proxy::connections::LiveConnections;
 use crate::proxy::copy::ByteCounters;
 use crate::proxy::istio_tcp::IstioTcpMetrics;
 
@@ -40,6 +43,9 @@ pub struct ProxyMetrics {
     pub bytes: ByteCounters,
     /// Istio's TCP metrics, shared by every direction.
     pub istio: IstioTcpMetrics,
+    /// The connections open now (`/config_dump`'s `workloadState`),
+    /// shared by every direction: a ledger registers its own.
+    pub live: Arc<LiveConnections>,
     connections_failed: Family<ReasonLabels, Counter>,
     streams_ended: Family<ReasonLabels, Counter>,
 }
@@ -54,6 +60,7 @@ pub struct ProxyFamilies {
     streams_ended: Family<ReasonLabels, Counter>,
     bytes: Family<BytesLabels, Counter>,
     istio: IstioTcpMetrics,
+    live: Arc<LiveConnections>,
 }
 
 impl ProxyFamilies {
@@ -83,6 +90,11 @@ impl ProxyFamilies {
         );
         registry.register("bytes", "Bytes proxied", f.bytes.clone());
         f
+    }
+
+    /// The connections open now, every direction's.
+    pub fn live(&self) -> Arc<LiveConnections> {
+        self.live.clone()
     }
 
     pub fn direction(&self, direction: &'static str) -> ProxyMetrics {
@@ -116,6 +128,7 @@ impl ProxyFamilies {
                 h2_to_tcp,
             },
             istio: self.istio.clone(),
+            live: self.live.clone(),
             connections_failed: self.failed.clone(),
             streams_ended: self.streams_ended.clone(),
         }

@@ -21,6 +21,7 @@
 //! - [`congestion`]: the congestion control of app-side and tunnel sockets.
 
 pub mod congestion;
+pub mod connections;
 pub mod copy;
 pub mod endpoints;
 pub mod inbound;

@@ -54,6 +54,26 @@ pub enum Protocol {
     Tcp,
 }
 
+/// What a workload's `workload_name` names, as istiod says it
+/// (`workload_type`): written as ztunnel writes `workloadType`, lowercase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkloadType {
+    Deployment,
+    Cronjob,
+    Pod,
+    Job,
+}
+
+/// Whether a workload has an address of its own or shares its node's
+/// (istiod's `network_mode`): written as ztunnel writes `networkMode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Default)]
+pub enum NetworkMode {
+    #[default]
+    Standard,
+    HostNetwork,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum LifecycleState {
@@ -137,6 +157,15 @@ pub struct WorkloadSpec {
         skip_serializing_if = "std::ops::Not::not"
     )]
     pub other_network: bool,
+    /// What `workload_name` names (istiod's `workload_type`); unset from
+    /// the other sources. Not a workload-file key.
+    #[serde(skip)]
+    pub workload_type: Option<WorkloadType>,
+    /// istiod's `network_mode` (a host-network pod's `ips` are empty, its
+    /// addresses are its Service endpoints'); `Standard` from the other
+    /// sources. Not a workload-file key.
+    #[serde(skip)]
+    pub network_mode: NetworkMode,
 }
 
 /// A shared map, read and written as the map itself.

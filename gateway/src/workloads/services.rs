@@ -160,6 +160,26 @@ pub struct ServiceSpec {
         skip_serializing_if = "IpFamilies::is_automatic"
     )]
     pub ip_families: IpFamilies,
+    /// Marked canonical by istiod, the one of several Services with the
+    /// same hostname that resolves it (`canonical`). Carried for the
+    /// dump only. Not a workload-file key.
+    #[serde(skip)]
+    pub canonical: bool,
+    /// Who may resolve and reach it (istiod's `visibility`). Carried for
+    /// the dump only: tidegate does not restrict a `Namespace` Service to
+    /// its namespace's clients. Not a workload-file key.
+    #[serde(skip)]
+    pub visibility: Visibility,
+}
+
+/// istiod's `visibility` of a Service, written as ztunnel writes it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+pub enum Visibility {
+    /// Every namespace's clients.
+    #[default]
+    Public,
+    /// Its own namespace's clients only.
+    Namespace,
 }
 
 /// Which of an endpoint's addresses a Service may reach it at, as ztunnel
@@ -431,6 +451,8 @@ mod tests {
             subject_alt_names: Vec::new(),
             waypoints: Vec::new(),
             ip_families: Default::default(),
+            canonical: false,
+            visibility: Default::default(),
         };
         store.publish(
             WholeSet::new(vec![
@@ -482,6 +504,8 @@ mod tests {
             subject_alt_names: Vec::new(),
             waypoints: Vec::new(),
             ip_families: Default::default(),
+            canonical: false,
+            visibility: Default::default(),
         }
     }
 

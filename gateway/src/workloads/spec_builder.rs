@@ -38,6 +38,8 @@ impl WorkloadSpec {
             workload_name: None,
             waypoint: None,
             other_network: false,
+            workload_type: None,
+            network_mode: Default::default(),
         }
     }
 

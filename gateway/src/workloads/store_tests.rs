@@ -87,6 +87,8 @@ fn a_removed_workload_leaves_its_services_now_and_stays_out_while_its_source_lis
         subject_alt_names: vec![],
         waypoints: vec![],
         ip_families: Default::default(),
+        canonical: false,
+        visibility: Default::default(),
     };
     store.publish(WholeSet::new(vec![a.clone(), b.clone()]).services(vec![web.clone()]));
     let endpoints = |store: &WorkloadStore| -> Vec<String> {

@@ -7,9 +7,10 @@
 //! ```
 //!
 //! Two doubles hold the same small set — three pods (two on the gateway's
-//! node, one with capacity 3, one naming a workload-selector policy), a
-//! Service without a waypoint and one with a waypoint and a
-//! `subject_alt_names` entry, a namespace-wide DENY, a dry-run ALLOW and
+//! node, one with capacity 3, one a bare pod naming a workload-selector
+//! policy), a Service without a waypoint and one with a waypoint, a
+//! `subject_alt_names` entry, IPv4 only, visible in its namespace only and
+//! canonical, a namespace-wide DENY, a dry-run ALLOW and
 //! a workload-selector ALLOW — one feeding tidegate in this process, the
 //! other the command in its namespace (see [`super::pair`]). Once both
 //! are ready (and both list a certificate for each local identity, or
@@ -32,13 +33,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use prost::Message as _;
 use serde_json::Value;
-use tidegate_authz::xds::{Authorization, MatchType, XdsClause, XdsMatch, XdsRule, XdsStringMatch};
 use tidegate_e2e::http_get;
 use tidegate_e2e::synthetic_cluster::GATEWAY_NODE;
+use tidegate_e2e::xds_double::{authorization, principal};
 use tidegate_xds::client::{ADDRESS, AUTHORIZATION};
 use tidegate_xds::workload::{
-    address, gateway_address, Address, GatewayAddress, NetworkAddress, Port, PortList, Service,
-    TunnelProtocol, Workload, WorkloadStatus,
+    address, gateway_address, service::Visibility, Address, GatewayAddress, IpFamilies,
+    NetworkAddress, Port, PortList, Service, TunnelProtocol, Workload, WorkloadStatus,
+    WorkloadType,
 };
 
 use super::pair::{PairEnv, PairSpec};
@@ -105,8 +107,8 @@ fn pod(name: &str, node: &str, d: u8, service: Option<&str>) -> Workload {
     }
 }
 
-fn service(name: &str, vip: u8, sans: &[&str], waypoint: Option<IpAddr>) -> Bytes {
-    address_of(address::Type::Service(Service {
+fn service(name: &str, vip: u8, sans: &[&str], waypoint: Option<IpAddr>) -> Service {
+    Service {
         name: name.into(),
         namespace: "demo".into(),
         hostname: format!("{name}.demo.svc.cluster.local"),
@@ -126,30 +128,7 @@ fn service(name: &str, vip: u8, sans: &[&str], waypoint: Option<IpAddr>) -> Byte
             hbone_mtls_port: 15008,
         }),
         ..Default::default()
-    }))
-}
-
-/// A policy of `demo` allowing or denying one principal; `scope` and
-/// `action` as istiod numbers them.
-fn policy(name: &str, scope: i32, action: i32, principal: &str, dry_run: bool) -> Bytes {
-    let m = XdsMatch {
-        principals: vec![XdsStringMatch {
-            match_type: Some(MatchType::Exact(principal.into())),
-        }],
-        ..Default::default()
-    };
-    Authorization {
-        name: name.into(),
-        namespace: "demo".into(),
-        scope,
-        action,
-        rules: vec![XdsRule {
-            clauses: vec![XdsClause { matches: vec![m] }],
-        }],
-        dry_run,
     }
-    .encode_to_vec()
-    .into()
 }
 
 /// The set both doubles hold: (type URL, resource name, value).
@@ -159,6 +138,7 @@ fn resources() -> Vec<(&'static str, String, Bytes)> {
     let client = pod("client", GATEWAY_NODE, 3, None);
     let mut web = pod("web", "node-0002", 4, Some("web"));
     web.authorization_policies = vec!["demo/only-client".into()];
+    web.workload_type = WorkloadType::Pod as i32;
     let canary = "spiffe://cluster.local/ns/demo/sa/echo-canary";
     let mut out: Vec<(&'static str, String, Bytes)> = [echo, client, web]
         .into_iter()
@@ -170,15 +150,21 @@ fn resources() -> Vec<(&'static str, String, Bytes)> {
     out.push((
         ADDRESS,
         "demo/echo.demo.svc.cluster.local".into(),
-        service("echo", 1, &[], None),
+        address_of(address::Type::Service(service("echo", 1, &[], None))),
     ));
+    let web_svc = Service {
+        ip_families: IpFamilies::Ipv4Only as i32,
+        visibility: Visibility::Namespace as i32,
+        canonical: true,
+        ..service("web", 2, &[canary], Some(v4(5)))
+    };
     out.push((
         ADDRESS,
         "demo/web.demo.svc.cluster.local".into(),
-        service("web", 2, &[canary], Some(v4(5))),
+        address_of(address::Type::Service(web_svc)),
     ));
     let client_sa = "cluster.local/ns/demo/sa/client";
-    for (name, scope, action, principal, dry_run) in [
+    for (name, scope, action, p, dry_run) in [
         (
             "deny-nobody",
             1,
@@ -192,7 +178,7 @@ fn resources() -> Vec<(&'static str, String, Bytes)> {
         out.push((
             AUTHORIZATION,
             format!("demo/{name}"),
-            policy(name, scope, action, principal, dry_run),
+            authorization("demo", name, scope, action, principal(p), dry_run),
         ));
     }
     out
@@ -377,16 +363,21 @@ fn join(s: &BTreeSet<String>) -> String {
     s.iter().cloned().collect::<Vec<_>>().join(" ")
 }
 
+/// The path of key `k` of the object at `path` (`""`: the entry itself).
+fn child(path: &str, k: &str) -> String {
+    if path.is_empty() {
+        k.to_owned()
+    } else {
+        format!("{path}.{k}")
+    }
+}
+
 /// Where `t` (tidegate's) differs from `z` (the other's) on `z`'s keys.
 fn value_diff(path: &str, t: &Value, z: &Value, out: &mut Vec<String>) {
     match (t, z) {
         (Value::Object(to), Value::Object(zo)) => {
             for (k, zv) in zo {
-                let p = if path.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{path}.{k}")
-                };
+                let p = child(path, k);
                 match to.get(k) {
                     None => out.push(format!("{p}: missing (theirs {})", short(zv))),
                     Some(tv) => value_diff(&p, tv, zv, out),
@@ -420,11 +411,7 @@ fn shape_diff(path: &str, t: &Value, z: &Value, out: &mut Vec<String>) {
     match (t, z) {
         (Value::Object(to), Value::Object(zo)) => {
             for (k, zv) in zo {
-                let p = if path.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{path}.{k}")
-                };
+                let p = child(path, k);
                 match to.get(k) {
                     None => out.push(format!("{p}: missing ({})", kind(zv))),
                     Some(tv) => shape_diff(&p, tv, zv, out),

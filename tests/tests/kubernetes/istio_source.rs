@@ -11,8 +11,7 @@ use std::net::{IpAddr, SocketAddr};
 use prost::Message as _;
 use tidegate::app::App;
 use tidegate::config::Config;
-use tidegate_authz::xds::{Authorization, MatchType, XdsClause, XdsMatch, XdsRule, XdsStringMatch};
-use tidegate_e2e::xds_double::XdsDouble;
+use tidegate_e2e::xds_double::{authorization, principal, XdsDouble};
 use tidegate_e2e::{
     echo_server, eventually, init_tracing, ip, metric_or_zero, metric_sum, round_trip, Capture,
 };
@@ -129,27 +128,8 @@ pub(super) fn gateway_at(ip: IpAddr, port: u32, network: &str) -> GatewayAddress
 
 /// A namespace-wide DENY of the client's identity.
 fn deny_client() -> bytes::Bytes {
-    Authorization {
-        name: "deny-client".into(),
-        namespace: "demo".into(),
-        scope: 1,
-        action: 1,
-        rules: vec![XdsRule {
-            clauses: vec![XdsClause {
-                matches: vec![XdsMatch {
-                    principals: vec![XdsStringMatch {
-                        match_type: Some(MatchType::Exact(
-                            "cluster.local/ns/demo/sa/client".into(),
-                        )),
-                    }],
-                    ..Default::default()
-                }],
-            }],
-        }],
-        dry_run: false,
-    }
-    .encode_to_vec()
-    .into()
+    let client = principal("cluster.local/ns/demo/sa/client");
+    authorization("demo", "deny-client", 1, 1, client, false)
 }
 
 pub(super) fn config(dir: &std::path::Path, node: &str, double: &XdsDouble, extra: &str) -> Config {

@@ -3,20 +3,22 @@
 //! istioctl decodes ztunnel's dump into (istio/istio
 //! `istioctl/pkg/writer/ztunnel/configdump/api.go`: the same JSON names
 //! and types; a field without `omitempty` there is required here, unknown
-//! fields are ignored as Go ignores them), and `/stats/prometheus` carries
-//! every series and label the dashboards query.
+//! fields are ignored as Go ignores them) and the fields ztunnel writes
+//! beside them (`networkMode`, a workload's `services`, a Service's
+//! `canonical` and `visibility`, typed as ztunnel writes them), and
+//! `/stats/prometheus` carries every series and label the dashboards
+//! query.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
 use prost::Message as _;
 use serde::Deserialize;
-use tidegate_authz::xds::{
-    Authorization, MatchType, XdsAddress, XdsClause, XdsMatch, XdsRule, XdsStringMatch,
-};
-use tidegate_e2e::xds_double::XdsDouble;
+use tidegate_authz::xds::{XdsAddress, XdsMatch};
+use tidegate_e2e::xds_double::{principal, XdsDouble};
 use tidegate_e2e::{echo_server, eventually, http_get, init_tracing, ip, round_trip};
 use tidegate_xds::client::{ADDRESS, AUTHORIZATION};
+use tidegate_xds::workload::{address, service::Visibility, Address, IpFamilies, WorkloadType};
 
 use super::istio_source::{
     config, encode_workload, gateway_at, serves, service_resource, uid, workload,
@@ -72,6 +74,11 @@ struct ZtunnelWorkload {
     application_tunnel: Option<ApplicationTunnel>,
     #[serde(default)]
     authorization_policies: Option<Vec<String>>,
+    // ztunnel's, beyond istioctl's struct.
+    network_mode: String,
+    /// `namespace/hostname` of each Service; absent when none.
+    #[serde(default)]
+    services: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -134,7 +141,12 @@ struct ZtunnelService {
     endpoints: BTreeMap<String, ZtunnelEndpoint>,
     #[serde(default)]
     subject_alt_names: Option<Vec<String>>,
-    ip_families: String,
+    /// Absent when istiod sent none (AUTOMATIC), as ztunnel writes it.
+    #[serde(default)]
+    ip_families: Option<String>,
+    // ztunnel's, beyond istioctl's struct.
+    canonical: bool,
+    visibility: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -304,18 +316,7 @@ const TCP_LABELS: &[&str] = &[
 /// A policy of `namespace demo` with one match; `scope` and `action` as
 /// istiod numbers them.
 fn authorization(name: &str, scope: i32, action: i32, m: XdsMatch, dry_run: bool) -> bytes::Bytes {
-    Authorization {
-        name: name.into(),
-        namespace: "demo".into(),
-        scope,
-        action,
-        rules: vec![XdsRule {
-            clauses: vec![XdsClause { matches: vec![m] }],
-        }],
-        dry_run,
-    }
-    .encode_to_vec()
-    .into()
+    tidegate_e2e::xds_double::authorization("demo", name, scope, action, m, dry_run)
 }
 
 async fn dump(app: &tidegate::app::App) -> (ZtunnelDump, serde_json::Value) {
@@ -341,6 +342,7 @@ async fn istioctl_reads_the_dump_and_the_dashboards_find_their_series() {
     echo_w.capacity = Some(3);
     let mut web_w = workload("web", "node-b", ip(octet, 4), serves("web", 8080));
     web_w.authorization_policies = vec!["demo/broken".into()];
+    web_w.workload_type = WorkloadType::Pod as i32;
     for (name, w) in [
         (
             "client",
@@ -358,17 +360,20 @@ async fn istioctl_reads_the_dump_and_the_dashboards_find_their_series() {
         service_resource("echo", vip, echo.port(), &[canary], None),
     );
     let wp = Some(gateway_at(ip(octet, 5), 15008, ""));
+    // web's Service restricted as istiod can: IPv4 only, its namespace
+    // only, canonical.
+    let mut web_svc =
+        Address::decode(service_resource("web", web_vip, 8080, &[canary], wp)).unwrap();
+    if let Some(address::Type::Service(s)) = &mut web_svc.r#type {
+        s.ip_families = IpFamilies::Ipv4Only as i32;
+        s.visibility = Visibility::Namespace as i32;
+        s.canonical = true;
+    }
     double.set_quietly(
         ADDRESS,
         "demo/web.demo.svc.cluster.local",
-        service_resource("web", web_vip, 8080, &[canary], wp),
+        bytes::Bytes::from(web_svc.encode_to_vec()),
     );
-    let principal = |p: &str| XdsMatch {
-        principals: vec![XdsStringMatch {
-            match_type: Some(MatchType::Exact(p.into())),
-        }],
-        ..Default::default()
-    };
     // Applied: a DENY of an identity nobody has; dry-run: an ALLOW;
     // refused (a five-byte address) and held closed: an ALLOW only web
     // names (it allows nothing to web; the traffic here goes to echo).
@@ -430,6 +435,16 @@ async fn istioctl_reads_the_dump_and_the_dashboards_find_their_series() {
         Some(&["demo/broken".to_string()][..])
     );
     assert_eq!(by_uid(&uid("client")).capacity, 1, "in no Service: 1");
+    // istiod's kind, network mode and Services, as ztunnel writes them.
+    assert_eq!(echo_z.workload_type, "deployment", "istiod's default");
+    assert_eq!(web_z.workload_type, "pod");
+    assert_eq!(echo_z.network_mode, "Standard");
+    assert_eq!(
+        echo_z.services.as_deref(),
+        Some(&[echo_host.clone()][..]),
+        "namespace/hostname"
+    );
+    assert_eq!(by_uid(&uid("client")).services, None, "none: absent");
     let echo_raw = raw["workloads"]
         .as_array()
         .unwrap()
@@ -440,6 +455,7 @@ async fn istioctl_reads_the_dump_and_the_dashboards_find_their_series() {
         echo_raw["service_account"], "echo",
         "tidegate's own fields stay"
     );
+    assert_eq!(echo_raw["service_keys"], serde_json::json!(["demo/echo"]));
 
     // Services: waypoint, hostname, SANs, endpoints with their ports.
     let web = zc.services.iter().find(|s| s.name == "web").unwrap();
@@ -454,12 +470,21 @@ async fn istioctl_reads_the_dump_and_the_dashboards_find_their_series() {
         Some(&[canary.to_string()][..])
     );
     assert_eq!(web.ports, BTreeMap::from([("80".to_string(), 8080)]));
+    assert_eq!(web.ip_families.as_deref(), Some("IPv4"));
+    assert_eq!(
+        (web.canonical, web.visibility.as_str()),
+        (true, "Namespace")
+    );
     let echo_svc = zc.services.iter().find(|s| s.name == "echo").unwrap();
     let ep = &echo_svc.endpoints[&uid("echo")];
     assert_eq!(ep.port, BTreeMap::from([(80, echo.port())]));
     assert_eq!(ep.service, echo_host);
     assert!(echo_svc.waypoint.is_none());
-    assert_eq!(echo_svc.ip_families, "IPv4");
+    assert_eq!(echo_svc.ip_families, None, "AUTOMATIC: not written");
+    assert_eq!(
+        (echo_svc.canonical, echo_svc.visibility.as_str()),
+        (false, "Public")
+    );
     let echo_svc_raw = raw["services"]
         .as_array()
         .unwrap()
@@ -523,25 +548,70 @@ async fn istioctl_reads_the_dump_and_the_dashboards_find_their_series() {
     assert!(cert.cert_chain[0].expiration_time.ends_with('Z'));
     assert!(!cert.root_certs.is_empty());
 
-    // Connections: the client's tunnel out, the echo's tunnel in.
+    // Connections, one entry each as ztunnel lists them: the client's
+    // out (to the VIP, gone to echo's endpoint), the echo's in.
+    let echo_at = SocketAddr::new(ip(octet, 2), echo.port()).to_string();
     let client_state = &zc.workload_state[&uid("client")];
     assert_eq!(client_state.info.service_account, "client");
     let out = &client_state.connections.as_ref().unwrap().outbound;
     assert_eq!(out.len(), 1, "{raw}");
-    assert_eq!(out[0].protocol, "HBONE");
+    let c = &out[0];
+    assert_eq!(c.src, conn.local_addr().unwrap().to_string());
+    assert_eq!(c.original_dst, SocketAddr::new(vip, 80).to_string());
+    assert_eq!(
+        (c.actual_dst.as_str(), c.protocol.as_str()),
+        (&*echo_at, "HBONE")
+    );
+    assert_eq!(
+        raw["workloadState"][uid("client")]["tunnels"]["outbound"][0]["streams"],
+        1,
+        "tidegate's own: the tunnel carrying it"
+    );
     let (zs, _) = dump(&server).await;
     let echo_state = &zs.workload_state[&uid("echo")];
     let inbound = &echo_state.connections.as_ref().unwrap().inbound;
     assert_eq!(inbound.len(), 1, "{:?}", zs.workload_state);
-    assert!(inbound[0].actual_dst.starts_with(&ip(octet, 2).to_string()));
+    let c = &inbound[0];
+    assert_eq!(
+        (c.actual_dst.as_str(), c.protocol.as_str()),
+        (&*echo_at, "HBONE")
+    );
+    assert_eq!(c.original_dst, "", "null: no waypoint asked for a Service");
+    assert!(c.src.parse::<SocketAddr>().is_ok(), "the peer: {}", c.src);
     assert!(
         !zs.workload_state.contains_key(&uid("client")),
         "another node's"
     );
+    // A second connection: a second entry; both closed: none.
+    let mut conn2 = capture.connect(ip(octet, 3)).await;
+    assert_eq!(round_trip(&mut conn2, b"ping").await.unwrap(), b"ping");
+    let outbound_of = |d: &ZtunnelDump| {
+        d.workload_state[&uid("client")]
+            .connections
+            .as_ref()
+            .map_or(0, |c| c.outbound.len())
+    };
+    assert_eq!(outbound_of(&dump(&client).await.0), 2);
+    drop(conn2);
 
     // Dashboards: every series and label they query, at ztunnel's path,
     // once the connection has closed and istiod's stream has been cut.
     drop(conn);
+    for (app, uid) in [(&client, uid("client")), (&server, uid("echo"))] {
+        let gone = tidegate_e2e::poll_within(WAIT, || {
+            let uid = uid.clone();
+            async move {
+                let c = dump(app).await.0.workload_state.remove(&uid)?.connections?;
+                (c.inbound.is_empty() && c.outbound.is_empty()).then_some(())
+            }
+        })
+        .await;
+        assert!(
+            gone.is_some(),
+            "closed connections still listed: {}",
+            dump(app).await.1["workloadState"]
+        );
+    }
     double.cut();
     for app in [&client, &server] {
         eventually("a close and a stream's end counted", WAIT, || {

@@ -14,8 +14,9 @@
 //!   refuses it (tunnel protocol, status, network mode, application tunnel
 //!   protocol, a Service's IP families and load balancing), never read as
 //!   the default. Fields tidegate does not use and ztunnel does not check
-//!   (`workload_type`, `app_protocol`, a Service's `visibility`) are not
-//!   read at all. Waypoints and network gateways are checked as ztunnel
+//!   are read as ztunnel reads them, for the dump only: `workload_type`
+//!   (an unknown value is a Deployment) and a Service's `visibility` (an
+//!   unknown value is public) and `canonical`; `app_protocol` is not read. Waypoints and network gateways are checked as ztunnel
 //!   checks them (a destination, a well-sized address).
 //! - Waypoints are carried ([`Waypoint`]: a Service's `weighted_waypoints`
 //!   when one has a weight, else its `waypoint`; a workload's `waypoint`),
@@ -36,11 +37,11 @@ use std::sync::Arc;
 
 use tidegate_xds::workload::{
     self as wds, application_tunnel, load_balancing, IpFamilies, NetworkMode, TunnelProtocol,
-    WorkloadStatus,
+    WorkloadStatus, WorkloadType,
 };
 
 use crate::workloads::services::{
-    Conditions, EndpointTarget, ServicePort, ServiceSpec, TargetPort,
+    Conditions, EndpointTarget, ServicePort, ServiceSpec, TargetPort, Visibility,
 };
 use crate::workloads::waypoint::{Waypoint, WaypointAddress};
 use crate::workloads::{LifecycleState, Protocol, WorkloadSpec};
@@ -315,6 +316,12 @@ pub fn workload(w: &wds::Workload) -> Result<IstioWorkload, ConvertError> {
             .and_then(|g| waypoint(g, &w.network, 1))
             .map(Box::new),
         other_network: w.network_gateway.is_some(),
+        workload_type: Some(workload_type(w.workload_type)),
+        network_mode: if host_network {
+            crate::workloads::NetworkMode::HostNetwork
+        } else {
+            crate::workloads::NetworkMode::Standard
+        },
     };
     Ok(IstioWorkload {
         spec,
@@ -427,7 +434,24 @@ pub fn service(s: &wds::Service) -> Result<ServiceSpec, ConvertError> {
         subject_alt_names: subject_alt_names(s),
         waypoints: service_waypoints(s),
         ip_families: ip_families(s.ip_families),
+        canonical: s.canonical,
+        visibility: match wds::service::Visibility::try_from(s.visibility) {
+            Ok(wds::service::Visibility::Namespace) => Visibility::Namespace,
+            Ok(wds::service::Visibility::Public) | Err(_) => Visibility::Public,
+        },
     })
+}
+
+/// istiod's `workload_type`; an unknown value reads as the enum's
+/// default, a Deployment, as ztunnel reads it.
+fn workload_type(v: i32) -> crate::workloads::WorkloadType {
+    use crate::workloads::WorkloadType as T;
+    match WorkloadType::try_from(v) {
+        Ok(WorkloadType::Deployment) | Err(_) => T::Deployment,
+        Ok(WorkloadType::Cronjob) => T::Cronjob,
+        Ok(WorkloadType::Pod) => T::Pod,
+        Ok(WorkloadType::Job) => T::Job,
+    }
 }
 
 /// istiod's `ip_families` (checked known before).

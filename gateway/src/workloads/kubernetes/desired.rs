@@ -231,6 +231,8 @@ fn service_spec<'a>(
         subject_alt_names: Vec::new(),
         waypoints: Vec::new(),
         ip_families: Default::default(),
+        canonical: false,
+        visibility: Default::default(),
     })
 }
 
@@ -378,6 +380,8 @@ fn pod_spec(
         workload_name: workload_name(pod),
         waypoint: None,
         other_network: false,
+        workload_type: None,
+        network_mode: Default::default(),
     })
 }
 
