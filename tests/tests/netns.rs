@@ -109,6 +109,32 @@ async fn echo_round_trip(dst: SocketAddr, data: Arc<Vec<u8>>) -> Result<Vec<u8>,
         .unwrap_or_else(|_| Err(format!("round trip to {dst} timed out after {STEP:?}")))
 }
 
+/// A round trip of `len` bytes from `from` (a thread in some namespace) to
+/// `dst`, byte-exact.
+async fn round_trip(from: &NsThread, dst: SocketAddr, len: usize, seed: u64) -> Result<(), String> {
+    let data = Arc::new(pattern(len, seed));
+    let back = from
+        .run("round trip", STEP, echo_round_trip(dst, data.clone()))
+        .await?;
+    (back == *data).then_some(()).ok_or_else(|| {
+        format!(
+            "{} bytes sent, {} different came back",
+            data.len(),
+            back.len()
+        )
+    })
+}
+
+/// One exchange on a held connection: `msg` out, the same back.
+fn echo_on(held: &mut std::net::TcpStream, msg: &[u8]) -> std::io::Result<()> {
+    use std::io::{Read, Write};
+    held.write_all(msg)?;
+    let mut back = vec![0u8; msg.len()];
+    held.read_exact(&mut back)?;
+    assert_eq!(back, msg, "the held connection echoed something else");
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------
 
 #[path = "netns/pod_sockets.rs"]

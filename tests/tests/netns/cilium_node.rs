@@ -11,7 +11,6 @@
 //!                  the agent's CA 10.X.141.1 on na's lo; xDS and ZDS on Unix sockets a node
 //! ```
 
-use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -25,7 +24,7 @@ use tidegate_e2e::zds_double::{Request, ZdsConn};
 use tidegate_e2e::{metric_or_zero, metric_sum};
 use tidegate_xds::client::ADDRESS;
 
-use super::{echo_round_trip, pattern, skip, start_echo};
+use super::{echo_on, round_trip, skip, start_echo};
 
 fn agent_ip(t: &InpodTopology) -> Ipv4Addr {
     t.addr(141, 1)
@@ -77,28 +76,6 @@ async fn ready(gw: &Gateway) {
         || async { (gw.readiness().await == 200).then_some(()) },
     )
     .await;
-}
-
-async fn round_trip(pa: &NsThread, dst: SocketAddr, len: usize, seed: u64) -> Result<(), String> {
-    let data = std::sync::Arc::new(pattern(len, seed));
-    let back = pa
-        .run("round trip", STEP, echo_round_trip(dst, data.clone()))
-        .await?;
-    (back == *data).then_some(()).ok_or_else(|| {
-        format!(
-            "{} bytes sent, {} different came back",
-            data.len(),
-            back.len()
-        )
-    })
-}
-
-fn echo_on(held: &mut std::net::TcpStream, msg: &[u8]) -> std::io::Result<()> {
-    held.write_all(msg)?;
-    let mut back = vec![0u8; msg.len()];
-    held.read_exact(&mut back)?;
-    assert_eq!(back, msg, "the held connection echoed something else");
-    Ok(())
 }
 
 #[tokio::test]

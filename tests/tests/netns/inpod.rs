@@ -18,10 +18,7 @@ use tidegate_e2e::{metric_or_zero, write_atomically};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::{
-    congestion_controls, echo_round_trip, hold_connection, host_congestion, pattern, skip,
-    start_echo,
-};
+use super::{congestion_controls, hold_connection, host_congestion, round_trip, skip, start_echo};
 
 #[path = "dns.rs"]
 pub(crate) mod dns;
@@ -286,23 +283,6 @@ impl Scenario {
             .last()
             .expect("the echo server saw a connection")
     }
-}
-
-/// A round trip from `from` (a thread in some namespace) to `dst`.
-async fn round_trip(from: &NsThread, dst: SocketAddr, len: usize, seed: u64) -> Result<(), String> {
-    let data = Arc::new(pattern(len, seed));
-    let sent = data.clone();
-    let back = from
-        .run("round trip", STEP, echo_round_trip(dst, sent))
-        .await?;
-    if back != *data {
-        return Err(format!(
-            "{} bytes sent, {} came back different",
-            data.len(),
-            back.len()
-        ));
-    }
-    Ok(())
 }
 
 fn inbound_failed(text: &str, reason: &str) -> f64 {

@@ -13,7 +13,6 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -33,7 +32,7 @@ use tidegate_xds::workload::{
     address, Address, NetworkAddress, Port, PortList, Service, TunnelProtocol, Workload,
 };
 
-use super::{echo_round_trip, pattern, skip, start_echo};
+use super::{echo_on, round_trip, skip, start_echo};
 
 const HOST: &str = "echo.demo.svc.cluster.local";
 
@@ -182,30 +181,6 @@ async fn ready(gw: &Gateway) {
         || async { (gw.readiness().await == 200).then_some(()) },
     )
     .await;
-}
-
-/// A round trip of `len` bytes from pod A to `dst`, byte-exact.
-async fn round_trip(pa: &NsThread, dst: SocketAddr, len: usize, seed: u64) -> Result<(), String> {
-    let data = std::sync::Arc::new(pattern(len, seed));
-    let back = pa
-        .run("round trip", STEP, echo_round_trip(dst, data.clone()))
-        .await?;
-    (back == *data).then_some(()).ok_or_else(|| {
-        format!(
-            "{} bytes sent, {} different came back",
-            data.len(),
-            back.len()
-        )
-    })
-}
-
-/// One exchange on a held connection: `msg` out, the same back.
-fn echo_on(held: &mut std::net::TcpStream, msg: &[u8]) -> std::io::Result<()> {
-    held.write_all(msg)?;
-    let mut back = vec![0u8; msg.len()];
-    held.read_exact(&mut back)?;
-    assert_eq!(back, msg, "the held connection echoed something else");
-    Ok(())
 }
 
 /// A gateway's drains (`GET /drains`) and the drains it ever started.
