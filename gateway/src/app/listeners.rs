@@ -7,10 +7,10 @@ use tokio::net::TcpListener;
 use super::BoundAddrs;
 
 use crate::config::{CaptureMode, Config};
-use crate::inpod::capture::CapturePorts;
 use crate::proxy::congestion::TcpTuning;
 use crate::proxy::inbound::OwnPorts;
 use crate::proxy::listener::bind;
+use tidegate_netns::capture::CapturePorts;
 
 /// The ports each in-pod pod's listeners take (HBONE's as configured).
 pub(super) fn capture_ports(config: &Config) -> CapturePorts {

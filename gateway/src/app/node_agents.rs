@@ -14,10 +14,10 @@ use crate::config::{CaptureMode, Config};
 use crate::descriptor_budget::DescriptorBudget;
 use crate::dns::DnsProxy;
 use crate::drains::DrainEngine;
-use crate::inpod::capture::CapturePorts;
 use crate::inpod::intake::cni_socket::{self, CniLimits};
 use crate::inpod::intake::{state_dir, zds::ZdsIntake};
 use crate::inpod::pods::{DataPath, PodLimits, PodProxies};
+use tidegate_netns::capture::CapturePorts;
 use tidegate_zds::{ZdsClient, ZdsConfig};
 
 /// A readiness condition: what it waits for, and the flag that says so.

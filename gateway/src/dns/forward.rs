@@ -50,8 +50,9 @@ use tracing::warn;
 
 use super::handler::{is_truncated, Forward};
 use super::wire::{Transport, HEADER_LEN};
-use crate::inpod::netns::{DialOpts, NetnsSockets, PodNetns, MESH_MARK};
+use crate::inpod::netns::{DialOpts, NetnsSockets};
 use tidegate_base::sync::Locked;
+use tidegate_netns::namespace::{PodNetns, MESH_MARK};
 
 /// How often a forwarding loop is logged at most.
 const LOOP_WARNING_EVERY: Duration = Duration::from_secs(60);

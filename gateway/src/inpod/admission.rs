@@ -6,7 +6,7 @@
 //!    there would capture the node's own traffic.
 //! 2. One network namespace is one pod. A second uid handed a namespace
 //!    another served pod has — same (device, inode), see
-//!    [`crate::inpod::netns::NetnsId`] — is refused, naming that pod: two sets of
+//!    [`tidegate_netns::namespace::NetnsId`] — is refused, naming that pod: two sets of
 //!    listeners on one namespace both bind (`SO_REUSEPORT`) and the kernel
 //!    splits the pod's connections between them. The same uid in another
 //!    namespace is a re-created sandbox and replaces its old one, as ztunnel
@@ -46,9 +46,9 @@
 use std::sync::Arc;
 
 use crate::descriptor_budget::DescriptorBudget;
-use crate::inpod::netns::NetnsId;
 use crate::proxy::inbound::limits::ConnectionLimits;
 use tidegate_base::descriptors::Usage;
+use tidegate_netns::namespace::NetnsId;
 
 /// The pod that already has a namespace.
 #[derive(Clone, Debug)]

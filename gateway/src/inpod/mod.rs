@@ -25,5 +25,3 @@ pub mod admission;
 pub mod intake;
 pub mod netns;
 pub mod pods;
-
-pub use tidegate_netns::capture;

@@ -20,9 +20,9 @@
 //! (`IP_TRANSPARENT` + `IP_FREEBIND`: inbound delivery with the original
 //! client's IP, so the app sees its real peer).
 //!
-//! The namespace itself ([`PodNetns`], its [`NetnsId`], [`MESH_MARK`]) is
-//! `tidegate_netns::namespace`, shared with `tidegate-cni` and re-exported
-//! here.
+//! The namespace itself ([`PodNetns`], its `NetnsId`, `MESH_MARK`) is
+//! `tidegate_netns::namespace`, shared with `tidegate-cni`: imported from
+//! there by its users.
 
 use std::fs::File;
 use std::io;
@@ -31,9 +31,7 @@ use std::os::fd::OwnedFd;
 
 use socket2::{Domain, Protocol, Socket, Type};
 use tidegate_netns::namespace::setns;
-pub use tidegate_netns::namespace::{
-    current_id, open_nonblocking, NetnsError, NetnsId, PodNetns, MESH_MARK,
-};
+use tidegate_netns::namespace::{NetnsError, PodNetns};
 use tracing::error;
 
 /// What a listener in a pod namespace gets.

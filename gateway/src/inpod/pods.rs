@@ -33,9 +33,8 @@ use serde::Serialize;
 use tracing::{debug, info, warn};
 
 use super::admission::{Admission, Candidate, InboundClaim, Owner, Refusal};
-use super::capture::CapturePorts;
 use super::intake::source::Source;
-use super::netns::{ListenOpts, NetnsError, NetnsId, NetnsSockets, PodNetns, MESH_MARK};
+use super::netns::{ListenOpts, NetnsSockets};
 use crate::config::DNS_CAPTURE_PORT;
 use crate::descriptor_budget::listeners_per_pod;
 use crate::descriptor_budget::DescriptorBudget;
@@ -51,6 +50,8 @@ use crate::proxy::pool::Pool;
 use crate::proxy::tunnels::InboundTunnels;
 use crate::workloads::WorkloadStore;
 use tidegate_base::shutdown::{self, ActiveStreams, ShutdownTrigger, ShutdownWatch};
+use tidegate_netns::capture::CapturePorts;
+use tidegate_netns::namespace::{NetnsError, NetnsId, PodNetns, MESH_MARK};
 
 mod intake;
 
@@ -351,7 +352,7 @@ impl PodProxies {
         drain: ShutdownWatch,
         root: &mut Registry,
     ) -> Arc<Self> {
-        let own_netns = super::netns::current_id()
+        let own_netns = tidegate_netns::namespace::current_id()
             .inspect_err(|e| warn!(error = %e, "cannot read the gateway's own network namespace; a pod handed it would not be refused"))
             .ok();
         let budget = limits.budget;

@@ -15,8 +15,9 @@ use std::sync::Arc;
 
 use tokio::net::{TcpSocket, TcpStream};
 
-use crate::inpod::netns::{DialOpts, NetnsId, NetnsSockets, PodNetns, MESH_MARK};
+use crate::inpod::netns::{DialOpts, NetnsSockets};
 use crate::proxy::congestion::Congestion;
+use tidegate_netns::namespace::{NetnsId, PodNetns, MESH_MARK};
 
 /// A pod served in its own namespace, as its node agent handed it over.
 #[derive(Debug)]

@@ -9,7 +9,7 @@
 //! The topology is a real node pair in network namespaces (the in-pod one of
 //! `tidegate_e2e::inpod`): pod A (client) on node A, pod B (echo + sink
 //! servers) on node B, the nodes joined by a veth. Both pods get istio-cni's
-//! in-pod capture rules (`tidegate::inpod::capture`, the rules istio-cni
+//! in-pod capture rules (`tidegate_netns::capture`, the rules istio-cni
 //! installs), so an application connection from pod A goes to pod A's
 //! 15001, over HBONE (mTLS, HTTP/2 CONNECT) to pod B's 15008, and from
 //! there to the server: client pod → gateway A → HBONE → gateway B → server.
@@ -361,7 +361,7 @@ async fn setup(
         )?;
     }
     for pod in [&topo.pa, &topo.pb] {
-        tidegate::inpod::capture::install(
+        tidegate_netns::capture::install(
             Path::new(&InpodTopology::netns_path(pod)),
             Default::default(),
         )

@@ -406,7 +406,7 @@ fn create_pod_netns(
         "ip netns exec {} sysctl -q -w net.ipv4.tcp_max_tw_buckets=0",
         r.ns
     ));
-    tidegate::inpod::capture::install(
+    tidegate_netns::capture::install(
         Path::new(&InpodTopology::netns_path(&r.ns)),
         Default::default(),
     )

@@ -866,9 +866,9 @@ async fn install_pod_b_rules(s: &Scenario) {
     let pb_path = InpodTopology::netns_path(&s.t.pb);
     s.b.shell
         .run("istio-cni's rules in pod B", STEP, async move {
-            tidegate::inpod::capture::install(
+            tidegate_netns::capture::install(
                 Path::new(&pb_path),
-                tidegate::inpod::capture::CapturePorts::default(),
+                tidegate_netns::capture::CapturePorts::default(),
             )
         })
         .await

@@ -569,9 +569,9 @@ async fn ipv6_inpod_pods_without_ipv6_are_served_on_ipv4() {
         let path = InpodTopology::netns_path(ns);
         NsThread::idle(node_ns)
             .run("istio-cni's IPv4 rules", STEP, async move {
-                tidegate::inpod::capture::install(
+                tidegate_netns::capture::install(
                     std::path::Path::new(&path),
-                    tidegate::inpod::capture::CapturePorts::default(),
+                    tidegate_netns::capture::CapturePorts::default(),
                 )
             })
             .await

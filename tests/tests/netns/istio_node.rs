@@ -164,9 +164,9 @@ async fn hand_over(zds: &ZdsDouble, shell: &NsThread, pod: PodSpec, pod_ns: &str
     let path = InpodTopology::netns_path(pod_ns);
     shell
         .run("istio-cni's in-pod rules", STEP, async move {
-            tidegate::inpod::capture::install(
+            tidegate_netns::capture::install(
                 Path::new(&path),
-                tidegate::inpod::capture::CapturePorts::default(),
+                tidegate_netns::capture::CapturePorts::default(),
             )
         })
         .await

@@ -7,8 +7,9 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use socket2::SockRef;
-use tidegate::inpod::netns::{DialOpts, ListenOpts, NetnsError, NetnsSockets, PodNetns, MESH_MARK};
+use tidegate::inpod::netns::{DialOpts, ListenOpts, NetnsSockets};
 use tidegate_e2e::netns::run;
+use tidegate_netns::namespace::{NetnsError, PodNetns, MESH_MARK};
 
 /// A namespace named after the test and the process, deleted on drop.
 struct Ns(String);
@@ -186,7 +187,7 @@ fn a_namespace_has_one_identity_and_anything_else_is_refused() {
 /// (a repeated ADD) is fine.
 #[tokio::test]
 async fn the_capture_rules_send_the_apps_outbound_tcp_to_15001_but_not_the_gateways() {
-    use tidegate::inpod::capture::{install, CapturePorts};
+    use tidegate_netns::capture::{install, CapturePorts};
     if super::skip() || super::tool_missing("iptables-restore", "--version") {
         return;
     }

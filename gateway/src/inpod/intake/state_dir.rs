@@ -9,8 +9,8 @@ use tidegate_netns::pod_records::PodRecord;
 use tracing::{info, warn};
 
 use super::{PodIntake, Source, Taken};
-use crate::inpod::netns::open_nonblocking;
 use crate::inpod::pods::PodMeta;
+use tidegate_netns::namespace::open_nonblocking;
 
 /// Hands every pod recorded in `dir` to `pods`; the number served. A record
 /// whose namespace is gone is removed: its pod is gone too.

@@ -65,7 +65,7 @@ pub struct PoolKey {
     pub dst_addr: SocketAddr,
     /// In-pod mode: the source pod's namespace (its tunnels leave with its
     /// own address and are never shared with another pod).
-    pub src_netns: Option<crate::inpod::netns::NetnsId>,
+    pub src_netns: Option<tidegate_netns::namespace::NetnsId>,
 }
 
 #[derive(Debug, thiserror::Error)]
